@@ -1,0 +1,84 @@
+"""swarm-queue's own error tree.
+
+Third-party errors (redis, openai, httpx) are translated into these at one boundary each
+(:mod:`common.store` for Redis, :mod:`worker.endpoint` for the inference endpoints), and retry
+decisions are taken from the class, never from message text.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ConfigError",
+    "EndpointError",
+    "EndpointRejected",
+    "EndpointRetryable",
+    "EndpointUnusable",
+    "InputError",
+    "JobConflictError",
+    "JobNameError",
+    "JobNotFoundError",
+    "StoreUnavailable",
+    "SwarmError",
+]
+
+
+class SwarmError(Exception):
+    """Base of every error swarm-queue raises on purpose."""
+
+
+class ConfigError(SwarmError):
+    """A setting, URL, hostfile or command-line value is invalid."""
+
+
+class InputError(SwarmError):
+    """A prompt input line is malformed; the message names the file and line."""
+
+    def __init__(self, source: str, line: int, reason: str) -> None:
+        super().__init__(f"{source}:{line}: {reason}")
+        self.source = source
+        self.line = line
+        self.reason = reason
+
+
+class JobNameError(ConfigError):
+    """A job name that could reach keys outside its own job."""
+
+
+class JobNotFoundError(SwarmError):
+    """The named job does not exist in this Redis."""
+
+
+class JobConflictError(SwarmError):
+    """The job exists with settings different from the ones asked for."""
+
+
+class StoreUnavailable(SwarmError):
+    """Redis could not be reached or answered with a connection-level error."""
+
+
+class EndpointError(SwarmError):
+    """An inference endpoint call failed.
+
+    ``status`` is the HTTP status when the server answered, else ``None``.
+    """
+
+    def __init__(self, endpoint: str, message: str, status: int | None = None) -> None:
+        super().__init__(f"{endpoint}: {message}" if status is None else f"{endpoint}: HTTP {status}: {message}")
+        self.endpoint = endpoint
+        self.message = message
+        self.status = status
+
+
+class EndpointRetryable(EndpointError):
+    """Transient: connection refused or reset, timeout, 429 or 5xx. Worth retrying."""
+
+
+class EndpointRejected(EndpointError):
+    """The server refused this request's content (400, 413, 422): retrying it as is will not help.
+
+    For a list request, some prompts of the batch may be fine: the worker bisects.
+    """
+
+
+class EndpointUnusable(EndpointError):
+    """The endpoint cannot serve this job at all (401, 403, 404: wrong key, model or URL)."""

@@ -1,0 +1,79 @@
+"""The users' existing hostfile format, and endpoint URL normalisation.
+
+One endpoint per line, tab-separated: ``host<TAB>port<TAB>key=value...``. The port column is
+optional (default 8000); blank lines and lines starting with ``#`` are ignored.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit
+
+import msgspec
+
+from common.errors import ConfigError
+
+__all__ = ["DEFAULT_PORT", "Endpoint", "normalize_url", "parse_endpoints", "parse_hostfile"]
+
+DEFAULT_PORT = 8000
+
+
+class Endpoint(msgspec.Struct, frozen=True):
+    """An inference server's base URL (no ``/v1``) and the hostfile tags it was listed with."""
+
+    url: str
+    tags: dict[str, str] = msgspec.field(default_factory=dict)
+
+
+def normalize_url(raw: str) -> str:
+    """``host:port`` or ``http://host:port[/v1]`` -> ``http://host:port`` (no trailing slash)."""
+    text = raw.strip()
+    if not text:
+        raise ConfigError("empty endpoint URL")
+    if "://" not in text:
+        text = f"http://{text}"
+    parts = urlsplit(text)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(f"invalid endpoint URL {raw!r}: expected http(s)://host:port")
+    try:
+        parts.port  # noqa: B018 - raises ValueError on a bad port
+    except ValueError as exc:
+        raise ConfigError(f"invalid endpoint URL {raw!r}: {exc}") from None
+    path = parts.path.rstrip("/")
+    if path.endswith("/v1"):
+        path = path[: -len("/v1")]
+    return f"{parts.scheme}://{parts.netloc}{path}"
+
+
+def parse_endpoints(csv: str) -> list[Endpoint]:
+    """Comma-separated base URLs, as in ``SWARM_ENDPOINTS``."""
+    return [Endpoint(normalize_url(p)) for p in csv.split(",") if p.strip()]
+
+
+def parse_hostfile(text: str, source: str = "<hostfile>") -> list[Endpoint]:
+    """Parse hostfile text; errors name ``source`` and the line number."""
+    endpoints: list[Endpoint] = []
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        stripped = line.strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        cols = [c.strip() for c in line.split("\t")]
+        host, rest = cols[0], [c for c in cols[1:] if c]
+        port = DEFAULT_PORT
+        if rest and "=" not in rest[0]:
+            try:
+                port = int(rest[0])
+            except ValueError:
+                raise ConfigError(f"{source}:{lineno}: invalid port {rest[0]!r}") from None
+            if not 0 < port < 65536:
+                raise ConfigError(f"{source}:{lineno}: port {port} out of range")
+            rest = rest[1:]
+        tags: dict[str, str] = {}
+        for col in rest:
+            key, sep, value = col.partition("=")
+            if not sep or not key:
+                raise ConfigError(f"{source}:{lineno}: expected key=value, got {col!r}")
+            tags[key] = value
+        if not host or any(ch.isspace() for ch in host):
+            raise ConfigError(f"{source}:{lineno}: invalid host {host!r} (columns are tab-separated)")
+        endpoints.append(Endpoint(normalize_url(f"{host}:{port}"), tags))
+    return endpoints

@@ -1,0 +1,151 @@
+"""Settings, parsed once at each entry point into one typed, immutable object.
+
+Nothing else in swarm-queue reads ``os.environ``: the commands call :meth:`Settings.from_env`
+with the environment and their command-line overrides, and hand the result down.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import msgspec
+
+from common.errors import ConfigError
+from common.hostfile import Endpoint, parse_endpoints, parse_hostfile
+from common.keys import DEFAULT_PREFIX, Keys
+
+__all__ = ["DEFAULT_REDIS_URL", "Settings", "mask_url"]
+
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+
+
+def mask_url(url: str) -> str:
+    """``url`` with any password replaced by ``***``: the only form a URL is ever printed in."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<invalid url>"
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.hostname or ""
+    if parts.port is not None:
+        host = f"{host}:{parts.port}"
+    netloc = f"{user}:***@{host}"
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+
+
+def _validate_redis_url(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.scheme not in ("redis", "rediss", "unix"):
+        raise ConfigError(
+            f"invalid Redis URL {mask_url(url)!r}: expected redis://, rediss:// or unix://"
+        )
+    return url
+
+
+class Settings(msgspec.Struct, frozen=True, kw_only=True):
+    """Every tunable of swarm-queue, with units in the names."""
+
+    redis_url: str = DEFAULT_REDIS_URL
+    prefix: str = DEFAULT_PREFIX
+    endpoints: tuple[Endpoint, ...] = ()
+    # Prompts per /v1/completions request, and requests in flight per endpoint. Together they
+    # should exceed vLLM's max_num_seqs (default 256) a little so the engine never runs dry.
+    batch_size: int = 32
+    inflight: int = 10
+    request_timeout_s: float = 600.0
+    max_attempts: int = 6
+    backoff_base_s: float = 0.5
+    backoff_cap_s: float = 30.0
+    # How long an idle drain loop blocks on a stream before looking at other jobs.
+    poll_ms: int = 200
+    api_key: str = "EMPTY"
+    worker_name: str = ""
+    # Grace period for in-flight batches on SIGTERM/SIGINT before they are cancelled.
+    shutdown_grace_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        _validate_redis_url(self.redis_url)
+        Keys(self.prefix)  # validates the prefix
+        for name in ("batch_size", "inflight", "max_attempts", "poll_ms"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("request_timeout_s", "backoff_base_s", "backoff_cap_s"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
+        if self.backoff_cap_s < self.backoff_base_s:
+            raise ConfigError("backoff_cap_s must be >= backoff_base_s")
+
+    @property
+    def keys(self) -> Keys:
+        return Keys(self.prefix)
+
+    @property
+    def redis_url_masked(self) -> str:
+        return mask_url(self.redis_url)
+
+    def __repr__(self) -> str:  # never print secrets
+        return (
+            f"Settings(redis_url={self.redis_url_masked!r}, prefix={self.prefix!r}, "
+            f"endpoints={[e.url for e in self.endpoints]!r}, batch_size={self.batch_size}, "
+            f"inflight={self.inflight}, worker_name={self.worker_name!r})"
+        )
+
+    __str__ = __repr__
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str], **overrides: Any) -> Settings:
+        """Build settings from ``SWARM_*`` variables, then apply non-None ``overrides``."""
+        values: dict[str, Any] = {}
+        simple: dict[str, tuple[str, type]] = {
+            "SWARM_REDIS_URL": ("redis_url", str),
+            "SWARM_PREFIX": ("prefix", str),
+            "SWARM_BATCH_SIZE": ("batch_size", int),
+            "SWARM_INFLIGHT": ("inflight", int),
+            "SWARM_REQUEST_TIMEOUT_S": ("request_timeout_s", float),
+            "SWARM_MAX_ATTEMPTS": ("max_attempts", int),
+            "SWARM_POLL_MS": ("poll_ms", int),
+            "SWARM_API_KEY": ("api_key", str),
+            "SWARM_WORKER_NAME": ("worker_name", str),
+            "SWARM_SHUTDOWN_GRACE_S": ("shutdown_grace_s", float),
+        }
+        for var, (field, typ) in simple.items():
+            raw = env.get(var, "").strip()
+            if not raw:
+                continue
+            try:
+                values[field] = typ(raw)
+            except ValueError:
+                raise ConfigError(f"{var}={raw!r} is not a valid {typ.__name__}") from None
+        endpoints = _endpoints_from_env(env)
+        if endpoints:
+            values["endpoints"] = tuple(endpoints)
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        if not values.get("worker_name"):
+            values["worker_name"] = socket.gethostname()
+        try:
+            return cls(**values)
+        except (TypeError, msgspec.ValidationError) as exc:
+            raise ConfigError(str(exc)) from None
+
+
+def _endpoints_from_env(env: Mapping[str, str]) -> list[Endpoint]:
+    csv = env.get("SWARM_ENDPOINTS", "").strip()
+    hostfile = env.get("SWARM_HOSTFILE", "").strip()
+    if csv and hostfile:
+        raise ConfigError("set SWARM_ENDPOINTS or SWARM_HOSTFILE, not both")
+    if csv:
+        return parse_endpoints(csv)
+    if hostfile:
+        path = Path(hostfile)
+        try:
+            text = path.read_text()
+        except OSError as exc:
+            raise ConfigError(f"cannot read SWARM_HOSTFILE {hostfile}: {exc.strerror}") from None
+        return parse_hostfile(text, source=hostfile)
+    return []

@@ -1,0 +1,360 @@
+"""All of swarm-queue's Redis traffic: one class, one place where redis errors are translated.
+
+Layout of one job (keys from :class:`common.keys.Keys`, all in the job's hash slot):
+
+* stream ``q``: one entry per prompt, entry ID ``0-(index+1)``, field ``d`` = msgpack
+  :class:`~common.models.PromptItem`. Explicit IDs make enqueueing idempotent: a rerun resumes
+  after the stream's last generated ID. Entries are deleted as they are acknowledged, so the
+  stream holds only work not yet done, and its length is "pending + in flight".
+* hash ``results``: decimal index -> msgpack :class:`~common.models.Result`; first write wins.
+* hash ``meta``: ``spec``, ``total`` (set when the producer has read all input), counters
+  ``done``/``failed``/``prompt_tokens``/``completion_tokens``, timestamps ``*_s``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import time
+from collections.abc import AsyncIterator, Iterable, Sequence
+from typing import Any
+
+import msgspec
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from common.errors import JobConflictError, JobNotFoundError, StoreUnavailable, SwarmError
+from common.keys import GROUP, Keys, validate_job_name
+from common.models import JobSpec, PromptItem, Result, decode_item, decode_spec, encode
+from common.settings import mask_url
+
+__all__ = ["Commit", "JobStatus", "JobStore", "connect", "index_of", "redis_errors"]
+
+# The worker's atomic "write results + ack": first write wins (HSETNX), counters move only for
+# new results, acknowledged entries are deleted, and the job is marked finished when the last
+# result lands. ARGV: group, now_s, prompt_tokens, completion_tokens, then per entry
+# (entry_id, index, result blob, "1" if success else "0").
+_COMMIT_LUA = """
+local results, meta, stream = KEYS[1], KEYS[2], KEYS[3]
+local group, now = ARGV[1], ARGV[2]
+local done, failed, ids = 0, 0, {}
+for b = 5, #ARGV, 4 do
+  ids[#ids + 1] = ARGV[b]
+  if redis.call('HSETNX', results, ARGV[b + 1], ARGV[b + 2]) == 1 then
+    if ARGV[b + 3] == '1' then done = done + 1 else failed = failed + 1 end
+  end
+end
+for i = 1, #ids, 500 do
+  local chunk = {unpack(ids, i, math.min(i + 499, #ids))}
+  redis.call('XACK', stream, group, unpack(chunk))
+  redis.call('XDEL', stream, unpack(chunk))
+end
+if tonumber(ARGV[3]) > 0 then redis.call('HINCRBY', meta, 'prompt_tokens', ARGV[3]) end
+if tonumber(ARGV[4]) > 0 then redis.call('HINCRBY', meta, 'completion_tokens', ARGV[4]) end
+if done + failed > 0 then
+  if done > 0 then redis.call('HINCRBY', meta, 'done', done) end
+  if failed > 0 then redis.call('HINCRBY', meta, 'failed', failed) end
+  redis.call('HSETNX', meta, 'first_result_s', now)
+  redis.call('HSET', meta, 'last_result_s', now)
+  local total = redis.call('HGET', meta, 'total')
+  if total then
+    local d = tonumber(redis.call('HGET', meta, 'done') or '0')
+    local f = tonumber(redis.call('HGET', meta, 'failed') or '0')
+    if d + f >= tonumber(total) then redis.call('HSETNX', meta, 'finished_s', now) end
+  end
+end
+return {done, failed}
+"""
+
+# Records the total once all input is queued, and finishes the job if its results are all in
+# already (a rerun of swarm-enqueue on a job the workers completed meanwhile).
+_SEAL_LUA = """
+local meta = KEYS[1]
+local total, now = ARGV[1], ARGV[2]
+local old = redis.call('HGET', meta, 'total')
+if old and old ~= total then return redis.error_reply('total mismatch: ' .. old) end
+redis.call('HSET', meta, 'total', total)
+redis.call('HSETNX', meta, 'sealed_s', now)
+local d = tonumber(redis.call('HGET', meta, 'done') or '0')
+local f = tonumber(redis.call('HGET', meta, 'failed') or '0')
+if d + f >= tonumber(total) then redis.call('HSETNX', meta, 'finished_s', now) end
+return 1
+"""
+
+# Takes or refreshes the per-job producer lock. ARGV: token, ttl_ms.
+_LOCK_LUA = """
+local cur = redis.call('GET', KEYS[1])
+if cur and cur ~= ARGV[1] then return cur end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return false
+"""
+
+
+def connect(url: str, *, retries: int = 20) -> aioredis.Redis:
+    """A Redis client for ``url`` that retries connection errors with capped backoff.
+
+    Responses stay bytes (``decode_responses=False``): payloads are msgpack.
+    """
+    retry = Retry(ExponentialBackoff(cap=5.0, base=0.05), retries)
+    try:
+        return aioredis.from_url(
+            url,
+            retry=retry,
+            retry_on_error=[RedisConnectionError, RedisTimeoutError],
+            health_check_interval=30,
+            socket_keepalive=True,
+        )
+    except ValueError as exc:
+        raise StoreUnavailable(f"invalid Redis URL {mask_url(url)}: {exc}") from None
+
+
+@contextlib.asynccontextmanager
+async def redis_errors(url: str) -> AsyncIterator[None]:
+    """Translate redis connection failures into :class:`StoreUnavailable` (the one boundary)."""
+    try:
+        yield
+    except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+        raise StoreUnavailable(f"Redis at {mask_url(url)} unavailable: {exc}") from None
+
+
+def index_of(entry_id: bytes | str) -> int:
+    """The prompt index encoded in a stream entry ID ``0-(index+1)``."""
+    text = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+    return int(text.partition("-")[2]) - 1
+
+
+class JobStatus(msgspec.Struct, frozen=True):
+    """A job's progress as ``swarm-status`` shows it."""
+
+    job: str
+    enqueued: int
+    total: int | None
+    done: int
+    failed: int
+    in_flight: int
+    pending: int
+    rate_per_s: float
+    finished: bool
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+class Commit(msgspec.Struct, frozen=True):
+    """What one commit changed: new results written (duplicates of a redelivery are not counted)."""
+
+    done: int
+    failed: int
+
+
+class JobStore:
+    """Job operations on one Redis, shared by producer, workers and collector."""
+
+    def __init__(self, redis: aioredis.Redis, keys: Keys, url: str = "") -> None:
+        self.redis = redis
+        self.keys = keys
+        self.url = url
+        self._commit = redis.register_script(_COMMIT_LUA)
+        self._seal = redis.register_script(_SEAL_LUA)
+        self._lock = redis.register_script(_LOCK_LUA)
+
+    async def close(self) -> None:
+        await self.redis.aclose()
+
+    # -- jobs ---------------------------------------------------------------------------
+
+    async def create_job(self, spec: JobSpec) -> JobSpec:
+        """Register ``spec`` (first time) or check it matches the stored one; returns the stored."""
+        job = validate_job_name(spec.job)
+        meta = self.keys.meta(job)
+        async with redis_errors(self.url):
+            created = await self.redis.hsetnx(meta, "spec", encode(spec))
+            stored = spec if created else decode_spec(await self.redis.hget(meta, "spec"))
+            if not created and not stored.same_settings(spec):
+                raise JobConflictError(
+                    f"job {job!r} already exists with model={stored.model!r}, "
+                    f"params={msgspec.to_builtins(stored.params)}; you asked for "
+                    f"model={spec.model!r}, params={msgspec.to_builtins(spec.params)}. "
+                    "Use another job name."
+                )
+            await self.ensure_group(job)
+            await self.redis.sadd(self.keys.jobs, job)
+        return stored
+
+    async def ensure_group(self, job: str) -> None:
+        with contextlib.suppress(ResponseError):  # BUSYGROUP: it exists already
+            await self.redis.xgroup_create(self.keys.stream(job), GROUP, id="0", mkstream=True)
+
+    async def load_spec(self, job: str) -> JobSpec:
+        async with redis_errors(self.url):
+            raw = await self.redis.hget(self.keys.meta(job), "spec")
+        if raw is None:
+            raise JobNotFoundError(f"no job named {job!r} in this Redis (prefix {self.keys.prefix!r})")
+        return decode_spec(raw)
+
+    async def list_jobs(self) -> list[str]:
+        async with redis_errors(self.url):
+            names = await self.redis.smembers(self.keys.jobs)
+        return sorted(n.decode() for n in names)
+
+    async def meta(self, job: str) -> dict[str, bytes]:
+        async with redis_errors(self.url):
+            raw = await self.redis.hgetall(self.keys.meta(job))
+        return {k.decode(): v for k, v in raw.items()}
+
+    # -- producer -----------------------------------------------------------------------
+
+    async def enqueued_count(self, job: str) -> int:
+        """How many prompts the stream has ever received: the resume point of a rerun."""
+        async with redis_errors(self.url):
+            try:
+                info = await self.redis.xinfo_stream(self.keys.stream(job))
+            except ResponseError:  # no such key
+                return 0
+        last = info["last-generated-id"]
+        return index_of(last) + 1
+
+    async def acquire_producer_lock(self, job: str, token: str, ttl_ms: int) -> str | None:
+        """Take or refresh the job's producer lock; returns the other holder's token if held."""
+        async with redis_errors(self.url):
+            holder = await self._lock(keys=[self.keys.meta(job) + ":lock"], args=[token, ttl_ms])
+        return holder.decode() if holder else None
+
+    async def release_producer_lock(self, job: str, token: str) -> None:
+        key = self.keys.meta(job) + ":lock"
+        async with redis_errors(self.url):
+            if await self.redis.get(key) == token.encode():
+                await self.redis.delete(key)
+
+    async def add_items(self, job: str, items: Sequence[PromptItem]) -> None:
+        """Append ``items`` (consecutive indices) in one pipelined round trip."""
+        stream = self.keys.stream(job)
+        async with redis_errors(self.url):
+            pipe = self.redis.pipeline(transaction=False)
+            for item in items:
+                pipe.xadd(stream, {b"d": encode(item)}, id=f"0-{item.index + 1}")
+            replies = await pipe.execute(raise_on_error=False)
+        for item, reply in zip(items, replies, strict=True):
+            if isinstance(reply, ResponseError):
+                raise SwarmError(
+                    f"job {job!r}: could not queue prompt {item.index}: {reply} "
+                    "(is another swarm-enqueue writing to this job?)"
+                )
+
+    async def seal(self, job: str, total: int) -> None:
+        async with redis_errors(self.url):
+            try:
+                await self._seal(keys=[self.keys.meta(job)], args=[total, f"{time.time():.3f}"])
+            except ResponseError as exc:
+                raise JobConflictError(
+                    f"job {job!r} was sealed with a different prompt count ({exc}); "
+                    f"this input has {total}. Use another job name."
+                ) from None
+
+    # -- worker -------------------------------------------------------------------------
+
+    async def read_new(
+        self, job: str, consumer: str, count: int, block_ms: int | None = None
+    ) -> list[tuple[bytes, bytes | None]]:
+        """Up to ``count`` never-delivered entries for ``consumer``: ``(entry_id, payload)``.
+
+        ``block_ms`` None returns at once; otherwise waits up to that long for new entries.
+        """
+        async with redis_errors(self.url):
+            reply = await self.redis.xreadgroup(
+                GROUP, consumer, {self.keys.stream(job): ">"}, count=count, block=block_ms
+            )
+        if not reply:
+            return []
+        return [(eid, fields.get(b"d") if fields else None) for eid, fields in reply[0][1]]
+
+    async def commit(
+        self,
+        job: str,
+        entries: Iterable[tuple[bytes, Result]],
+        prompt_tokens: int = 0,
+        completion_tokens: int = 0,
+    ) -> Commit:
+        """Write each result under its index (first write wins) and ack its entry, atomically."""
+        args: list[Any] = [GROUP, f"{time.time():.3f}", prompt_tokens, completion_tokens]
+        for entry_id, result in entries:
+            args += [entry_id, str(result.index), encode(result), "1" if result.ok else "0"]
+        keys = [self.keys.results(job), self.keys.meta(job), self.keys.stream(job)]
+        async with redis_errors(self.url):
+            done, failed = await self._commit(keys=keys, args=args)
+        return Commit(int(done), int(failed))
+
+    async def job_has_work(self, job: str) -> bool:
+        """True while the job may still produce work: not yet sealed, or entries not yet acked."""
+        async with redis_errors(self.url):
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.hmget(self.keys.meta(job), ["total", "finished_s"])
+            pipe.xlen(self.keys.stream(job))
+            (total, finished), length = await pipe.execute()
+        if finished is not None:
+            return False
+        return total is None or int(length) > 0
+
+    # -- collector and status -----------------------------------------------------------
+
+    async def fetch_results(self, job: str, start: int, count: int) -> list[bytes | None]:
+        """Raw result blobs for indices ``start .. start+count-1`` (None where not yet written)."""
+        fields = [str(i) for i in range(start, start + count)]
+        async with redis_errors(self.url):
+            return list(await self.redis.hmget(self.keys.results(job), fields))
+
+    async def status(self, job: str) -> JobStatus:
+        meta_key, stream = self.keys.meta(job), self.keys.stream(job)
+        async with redis_errors(self.url):
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.hgetall(meta_key)
+            pipe.xlen(stream)
+            pipe.xpending(stream, GROUP)
+            raw, length, pending = await pipe.execute(raise_on_error=False)
+        if not raw or b"spec" not in raw:
+            raise JobNotFoundError(f"no job named {job!r} in this Redis (prefix {self.keys.prefix!r})")
+        meta = {k.decode(): v.decode() for k, v in raw.items() if k != b"spec"}
+        in_flight = 0 if isinstance(pending, Exception) else int(pending["pending"])
+        length = 0 if isinstance(length, Exception) else int(length)
+        done, failed = int(meta.get("done", 0)), int(meta.get("failed", 0))
+        rate = 0.0
+        if "first_result_s" in meta:
+            end = float(meta.get("finished_s") or time.time())
+            span = end - float(meta["first_result_s"])
+            rate = (done + failed) / span if span > 0 else 0.0
+        total = int(meta["total"]) if "total" in meta else None
+        return JobStatus(
+            job=job,
+            enqueued=await self.enqueued_count(job),
+            total=total,
+            done=done,
+            failed=failed,
+            in_flight=in_flight,
+            pending=max(0, length - in_flight),
+            rate_per_s=rate,
+            finished="finished_s" in meta,
+            prompt_tokens=int(meta.get("prompt_tokens", 0)),
+            completion_tokens=int(meta.get("completion_tokens", 0)),
+        )
+
+
+def producer_token() -> str:
+    """Identifies this process as lock holder: ``host:pid``."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def decode_entry(entry_id: bytes, payload: bytes | None) -> PromptItem | str:
+    """The entry's :class:`PromptItem`, or a reason string when it cannot be decoded."""
+    if payload is None:
+        return "stream entry has no payload"
+    try:
+        item = decode_item(payload)
+    except msgspec.DecodeError as exc:
+        return f"undecodable stream entry: {exc}"
+    if item.index != index_of(entry_id):
+        return f"stream entry {entry_id.decode()} holds index {item.index}"
+    return item

@@ -1,0 +1,142 @@
+"""A continuous-batching engine that behaves like vLLM's scheduler, in simulated time.
+
+At most ``max_num_seqs`` sequences decode at once; the rest wait in FIFO order. Each decode step
+produces one token for every running sequence and costs ``step_base_ms + step_per_seq_ms *
+running`` (divided by ``speed``), so a fuller batch is slower per step but faster per sequence,
+as on a GPU. A request (one prompt or a list) answers when all its sequences have finished.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+from collections import deque
+
+import msgspec
+
+__all__ = ["Engine", "EngineConfig", "EngineStopped"]
+
+
+class EngineStopped(Exception):
+    """The engine was stopped (the endpoint "died") while a request was in it."""
+
+
+class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
+    """One simulated GPU server."""
+
+    max_num_seqs: int = 256
+    max_model_len: int = 4096
+    speed: float = 1.0
+    step_base_ms: float = 10.0
+    step_per_seq_ms: float = 0.05
+    # Answer at once, with no decode time: measures the cost of everything but the model.
+    instant: bool = False
+
+    def __post_init__(self) -> None:
+        if self.max_num_seqs < 1 or self.max_model_len < 2:
+            raise ValueError("max_num_seqs must be >= 1 and max_model_len >= 2")
+        if self.speed <= 0:
+            raise ValueError(f"speed must be > 0, got {self.speed}")
+
+    def step_s(self, running: int) -> float:
+        """Wall time of one decode step with ``running`` sequences."""
+        return (self.step_base_ms + self.step_per_seq_ms * running) / 1000.0 / self.speed
+
+    def capacity_seqs_per_s(self, mean_tokens: float) -> float:
+        """Upper bound on finished sequences per second: a full batch, every step."""
+        if self.instant:
+            return float("inf")
+        return self.max_num_seqs / (mean_tokens * self.step_s(self.max_num_seqs))
+
+
+class _Request:
+    __slots__ = ("future", "remaining")
+
+    def __init__(self, n: int, future: asyncio.Future[None]) -> None:
+        self.remaining = n
+        self.future = future
+
+
+class Engine:
+    """The scheduler loop of one simulated server. Call :meth:`start` inside a running loop."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self._waiting: deque[tuple[int, _Request]] = deque()
+        self._running: list[tuple[int, int, _Request]] = []  # heap of (finish_step, seq, req)
+        self._seq = itertools.count()
+        self._step = 0
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self.finished_seqs = 0
+        self.generated_tokens = 0
+
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._loop(), name="sim-engine")
+
+    async def stop(self) -> None:
+        """Stop stepping and fail every request still inside."""
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+        for _, req in self._waiting:
+            if not req.future.done():
+                req.future.set_exception(EngineStopped())
+        for _, _, req in self._running:
+            if not req.future.done():
+                req.future.set_exception(EngineStopped())
+        self._waiting.clear()
+        self._running.clear()
+
+    async def generate(self, lengths: list[int]) -> None:
+        """Run one request with a sequence of each length (tokens); return when all finished."""
+        if self.config.instant or not lengths:
+            self.finished_seqs += len(lengths)
+            self.generated_tokens += sum(lengths)
+            return
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        req = _Request(len(lengths), future)
+        self._waiting.extend((max(1, n), req) for n in lengths)
+        self._wake.set()
+        await future
+
+    def _admit(self) -> None:
+        while self._waiting and len(self._running) < self.config.max_num_seqs:
+            n, req = self._waiting.popleft()
+            heapq.heappush(self._running, (self._step + n, next(self._seq), req))
+
+    async def _loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        next_t = loop.time()
+        while True:
+            self._admit()
+            if not self._running:
+                self._wake.clear()
+                await self._wake.wait()
+                next_t = loop.time()
+                continue
+            # Keep to the simulated clock even when the event loop is late, so capacity stays
+            # what the config says; but never bank more than a second of lost steps.
+            next_t = max(next_t, loop.time() - 1.0) + self.config.step_s(len(self._running))
+            delay = next_t - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            self._step += 1
+            self.generated_tokens += len(self._running)
+            while self._running and self._running[0][0] <= self._step:
+                _, _, req = heapq.heappop(self._running)
+                self.finished_seqs += 1
+                req.remaining -= 1
+                if req.remaining == 0 and not req.future.done():
+                    req.future.set_result(None)

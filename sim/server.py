@@ -1,0 +1,494 @@
+"""``swarm-sim``: an OpenAI-compatible stand-in for vLLM, one simulated engine per port.
+
+Faithful where swarm-queue depends on it: ``/v1/completions`` with a string or a list of prompts
+(choices carry ``index``; ``usage`` is the request's total), ``/v1/chat/completions``,
+``/v1/models`` with ``max_model_len``, ``/health``, ``/metrics`` with vLLM's gauge names, and
+vLLM's 400 for a prompt that does not fit the context, which fails the WHOLE list request.
+
+Fault switches (command line, or ``POST /sim/faults`` at run time): a rate of HTTP 500s, a rate
+of connection resets, and an endpoint that dies (stops listening, drops connections) or stalls
+(accepts requests, never answers) after N seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import random
+import signal
+import sys
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+import msgspec
+from aiohttp import web
+
+from sim.engine import Engine, EngineConfig, EngineStopped
+from sim.text import completion_for, count_tokens
+
+__all__ = ["FaultConfig", "SimEndpoint", "SimFleet", "main"]
+
+_json = msgspec.json.Encoder()
+
+
+class FaultConfig(msgspec.Struct, kw_only=True):
+    """Failure behaviour of one endpoint; ``None`` times mean never."""
+
+    error_rate: float = 0.0
+    reset_rate: float = 0.0
+    die_after_s: float | None = None
+    stall_after_s: float | None = None
+
+
+class _CompletionRequest(msgspec.Struct, kw_only=True):
+    model: str
+    prompt: str | list[str]
+    max_tokens: int | None = 16
+    temperature: float | None = None
+    stream: bool = False
+
+
+class _Message(msgspec.Struct):
+    role: str
+    content: str | None = None
+
+
+class _ChatRequest(msgspec.Struct, kw_only=True):
+    model: str
+    messages: list[_Message]
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    temperature: float | None = None
+    stream: bool = False
+
+
+_completion_decoder = msgspec.json.Decoder(_CompletionRequest)
+_chat_decoder = msgspec.json.Decoder(_ChatRequest)
+
+
+class SimEndpoint:
+    """One simulated vLLM server: an engine, its fault switches and its HTTP app."""
+
+    def __init__(
+        self,
+        port: int,
+        config: EngineConfig,
+        faults: FaultConfig | None = None,
+        *,
+        host: str = "127.0.0.1",
+        model: str = "swarm-sim",
+        error_format: str = "nested",
+        seed: int = 0,
+    ) -> None:
+        self.host, self.port, self.model = host, port, model
+        self.config = config
+        self.faults = faults or FaultConfig()
+        self.error_format = error_format
+        self.engine = Engine(config)
+        self.rng = random.Random(seed + port)
+        self.started = time.monotonic()
+        self.dead = False
+        self.requests_total = 0
+        self.prompt_tokens_total = 0
+        self._runner: web.AppRunner | None = None
+        self._die_task: asyncio.Task[None] | None = None
+        self._stalled: list[asyncio.Future[None]] = []
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=256 * 1024 * 1024)
+        app.router.add_post("/v1/completions", self._completions)
+        app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_post("/sim/faults", self._set_faults)
+        return app
+
+    async def start(self) -> None:
+        self.engine.start()
+        self._runner = web.AppRunner(self.app(), access_log=None, shutdown_timeout=0.5)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self.port, reuse_address=True)
+        await site.start()
+        self.started = time.monotonic()
+        self._schedule_death()
+
+    async def stop(self) -> None:
+        if self._die_task is not None:
+            self._die_task.cancel()
+        await self._die()
+
+    def _schedule_death(self) -> None:
+        if self._die_task is not None:
+            self._die_task.cancel()
+            self._die_task = None
+        if self.faults.die_after_s is not None and not self.dead:
+            delay = max(0.0, self.faults.die_after_s - (time.monotonic() - self.started))
+            self._die_task = asyncio.get_running_loop().create_task(self._die_later(delay))
+
+    async def _die_later(self, delay: float) -> None:
+        await asyncio.sleep(delay)
+        await self._die()
+
+    async def _die(self) -> None:
+        """Like a node that vanished: in-flight requests drop, new connections are refused."""
+        self.dead = True
+        await self.engine.stop()
+        for fut in self._stalled:
+            if not fut.done():
+                fut.set_exception(EngineStopped())
+        if self._runner is not None:
+            runner, self._runner = self._runner, None
+            await runner.cleanup()
+
+    # -- helpers --------------------------------------------------------------------------
+
+    def _error(self, status: int, message: str, err_type: str, param: str | None = None) -> web.Response:
+        body: dict[str, Any] = {"message": message, "type": err_type, "param": param, "code": status}
+        payload = {"error": body} if self.error_format == "nested" else {"object": "error", **body}
+        return web.Response(status=status, body=_json.encode(payload), content_type="application/json")
+
+    def _ok(self, payload: Any) -> web.Response:
+        return web.Response(body=_json.encode(payload), content_type="application/json")
+
+    def _stalled_now(self) -> bool:
+        after = self.faults.stall_after_s
+        return after is not None and time.monotonic() - self.started >= after
+
+    async def _stall(self) -> None:
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._stalled.append(fut)
+        await fut
+
+    async def _faults_gate(self, request: web.Request) -> web.Response | None:
+        """Applies the fault switches; returns an error response, or None to go on."""
+        if self.dead:
+            _abort(request)
+            raise EngineStopped()
+        if self._stalled_now():
+            await self._stall()
+        if self.faults.reset_rate and self.rng.random() < self.faults.reset_rate:
+            _abort(request)
+            raise EngineStopped()
+        if self.faults.error_rate and self.rng.random() < self.faults.error_rate:
+            return self._error(500, "simulated internal server error", "InternalServerError")
+        return None
+
+    def _check_model(self, model: str) -> web.Response | None:
+        if model != self.model:
+            return self._error(
+                404, f"The model `{model}` does not exist.", "NotFoundError", "model"
+            )
+        return None
+
+    def _context_error(self, prompt_tokens: int, max_tokens: int) -> web.Response | None:
+        limit = self.config.max_model_len
+        if prompt_tokens + max_tokens <= limit:
+            return None
+        max_input = max(0, limit - max_tokens)
+        return self._error(
+            400,
+            f"You passed {prompt_tokens} input tokens and requested {max_tokens} output tokens. "
+            f"However, the model's context length is only {limit} tokens, resulting in a maximum "
+            f"input length of {max_input} tokens. Please reduce the length of the input prompt. "
+            f"(parameter=input_tokens, value={prompt_tokens})",
+            "BadRequestError",
+            "input_tokens",
+        )
+
+    # -- routes ---------------------------------------------------------------------------
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        try:
+            gate = await self._faults_gate(request)
+            if gate is not None:
+                return gate
+            try:
+                req = _completion_decoder.decode(await request.read())
+            except msgspec.DecodeError as exc:
+                return self._error(400, f"invalid request: {exc}", "BadRequestError")
+            if (err := self._check_model(req.model)) is not None:
+                return err
+            if req.stream:
+                return self._error(400, "swarm-sim does not stream", "BadRequestError", "stream")
+            prompts = [req.prompt] if isinstance(req.prompt, str) else req.prompt
+            max_tokens = 16 if req.max_tokens is None else req.max_tokens
+            if not prompts:
+                return self._error(400, "prompt must not be empty", "BadRequestError", "prompt")
+            if max_tokens < 1:
+                return self._error(
+                    400, f"max_tokens must be at least 1, got {max_tokens}.", "BadRequestError",
+                    "max_tokens",
+                )
+            ptoks = [count_tokens(p) for p in prompts]
+            for n in ptoks:  # one over-long prompt fails the whole list, as in vLLM
+                if (err := self._context_error(n, max_tokens)) is not None:
+                    return err
+            outs = [completion_for(p, max_tokens) for p in prompts]
+            await self.engine.generate([n for _, n, _ in outs])
+            if self.dead:
+                _abort(request)
+                raise EngineStopped()
+            self.requests_total += 1
+            self.prompt_tokens_total += sum(ptoks)
+            ctoks = sum(n for _, n, _ in outs)
+            return self._ok(
+                {
+                    "id": f"cmpl-{uuid.uuid4().hex}",
+                    "object": "text_completion",
+                    "created": int(time.time()),
+                    "model": self.model,
+                    "choices": [
+                        {
+                            "index": i,
+                            "text": text,
+                            "logprobs": None,
+                            "finish_reason": reason,
+                            "stop_reason": None,
+                            "prompt_logprobs": None,
+                        }
+                        for i, (text, _, reason) in enumerate(outs)
+                    ],
+                    "usage": {
+                        "prompt_tokens": sum(ptoks),
+                        "completion_tokens": ctoks,
+                        "total_tokens": sum(ptoks) + ctoks,
+                    },
+                }
+            )
+        except EngineStopped:
+            _abort(request)
+            return web.Response(status=503)
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        try:
+            gate = await self._faults_gate(request)
+            if gate is not None:
+                return gate
+            try:
+                req = _chat_decoder.decode(await request.read())
+            except msgspec.DecodeError as exc:
+                return self._error(400, f"invalid request: {exc}", "BadRequestError")
+            if (err := self._check_model(req.model)) is not None:
+                return err
+            if req.stream:
+                return self._error(400, "swarm-sim does not stream", "BadRequestError", "stream")
+            # A stand-in chat template: what the model sees is a pure function of the messages.
+            prompt = "".join(f"<|{m.role}|>\n{m.content or ''}\n" for m in req.messages)
+            prompt += "<|assistant|>\n"
+            ptoks = count_tokens(prompt)
+            max_tokens = req.max_completion_tokens or req.max_tokens
+            if max_tokens is None:
+                max_tokens = max(1, self.config.max_model_len - ptoks)
+            if (err := self._context_error(ptoks, max_tokens)) is not None:
+                return err
+            text, n, reason = completion_for(prompt, max_tokens)
+            await self.engine.generate([n])
+            if self.dead:
+                _abort(request)
+                raise EngineStopped()
+            self.requests_total += 1
+            self.prompt_tokens_total += ptoks
+            return self._ok(
+                {
+                    "id": f"chatcmpl-{uuid.uuid4().hex}",
+                    "object": "chat.completion",
+                    "created": int(time.time()),
+                    "model": self.model,
+                    "choices": [
+                        {
+                            "index": 0,
+                            "message": {"role": "assistant", "content": text.lstrip(), "tool_calls": []},
+                            "logprobs": None,
+                            "finish_reason": reason,
+                            "stop_reason": None,
+                        }
+                    ],
+                    "usage": {"prompt_tokens": ptoks, "completion_tokens": n, "total_tokens": ptoks + n},
+                }
+            )
+        except EngineStopped:
+            _abort(request)
+            return web.Response(status=503)
+
+    async def _models(self, request: web.Request) -> web.StreamResponse:
+        try:
+            if self.dead:
+                raise EngineStopped()
+            if self._stalled_now():
+                await self._stall()
+        except EngineStopped:
+            _abort(request)
+            return web.Response(status=503)
+        return self._ok(
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": self.model,
+                        "object": "model",
+                        "created": int(self.started),
+                        "owned_by": "vllm",
+                        "root": self.model,
+                        "parent": None,
+                        "max_model_len": self.config.max_model_len,
+                    }
+                ],
+            }
+        )
+
+    async def _health(self, request: web.Request) -> web.StreamResponse:
+        try:
+            if self.dead:
+                raise EngineStopped()
+            if self._stalled_now():
+                await self._stall()
+        except EngineStopped:
+            _abort(request)
+            return web.Response(status=503)
+        return web.Response(status=200)
+
+    async def _metrics(self, request: web.Request) -> web.StreamResponse:
+        label = f'{{model_name="{self.model}"}}'
+        lines = [
+            "# HELP vllm:num_requests_running Number of requests in model execution batches.",
+            "# TYPE vllm:num_requests_running gauge",
+            f"vllm:num_requests_running{label} {self.engine.num_running}",
+            "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.",
+            "# TYPE vllm:num_requests_waiting gauge",
+            f"vllm:num_requests_waiting{label} {self.engine.num_waiting}",
+            "# TYPE vllm:request_success_total counter",
+            f"vllm:request_success_total{label} {self.engine.finished_seqs}",
+            "# TYPE vllm:generation_tokens_total counter",
+            f"vllm:generation_tokens_total{label} {self.engine.generated_tokens}",
+            "# TYPE vllm:prompt_tokens_total counter",
+            f"vllm:prompt_tokens_total{label} {self.prompt_tokens_total}",
+        ]
+        return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
+
+    async def _set_faults(self, request: web.Request) -> web.StreamResponse:
+        try:
+            self.faults = msgspec.json.decode(await request.read(), type=FaultConfig)
+        except msgspec.DecodeError as exc:
+            return self._error(400, f"invalid faults: {exc}", "BadRequestError")
+        self.started = time.monotonic()  # die/stall delays count from now
+        self._schedule_death()
+        return self._ok(msgspec.to_builtins(self.faults))
+
+
+def _abort(request: web.Request) -> None:
+    """Drop the connection without an answer, as a crashed or reset server does."""
+    if request.transport is not None:
+        request.transport.abort()
+
+
+class SimFleet:
+    """Several :class:`SimEndpoint` in one event loop; an async context manager for tests."""
+
+    def __init__(self, endpoints: Sequence[SimEndpoint]) -> None:
+        self.endpoints = list(endpoints)
+
+    @property
+    def urls(self) -> list[str]:
+        return [e.url for e in self.endpoints]
+
+    async def __aenter__(self) -> SimFleet:
+        for e in self.endpoints:
+            await e.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        for e in self.endpoints:
+            await e.stop()
+
+
+def _float_list(text: str, n: int, name: str) -> list[float | None]:
+    """``"1,,0.5"`` -> per-port values; one value applies to every port; empty means None."""
+    parts = text.split(",")
+    if len(parts) == 1:
+        parts = parts * n
+    if len(parts) != n:
+        raise SystemExit(f"swarm-sim: --{name} has {len(parts)} values for {n} ports")
+    try:
+        return [float(p) if p.strip() else None for p in parts]
+    except ValueError:
+        raise SystemExit(f"swarm-sim: --{name} must be numbers, got {text!r}") from None
+
+
+def build_fleet(argv: Sequence[str] | None = None) -> SimFleet:
+    p = argparse.ArgumentParser(prog="swarm-sim", description=__doc__.split("\n\n")[0])
+    p.add_argument("--ports", required=True, help="comma-separated ports, one engine each")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--model", default="swarm-sim", help="served model name")
+    p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--max-model-len", type=int, default=4096)
+    p.add_argument("--speed", default="1.0", help="per-port speed factors, e.g. 1,1,1,0.5")
+    p.add_argument("--step-ms", type=float, default=10.0, help="decode step base cost (ms)")
+    p.add_argument("--step-per-seq-ms", type=float, default=0.05, help="added cost per running seq")
+    p.add_argument("--instant", action="store_true", help="answer at once (overhead benchmarks)")
+    p.add_argument("--error-rate", default="0", help="fraction of requests answered with HTTP 500")
+    p.add_argument("--reset-rate", default="0", help="fraction of connections reset")
+    p.add_argument("--die-after", default="", help="seconds until a port dies (per port)")
+    p.add_argument("--stall-after", default="", help="seconds until a port stalls (per port)")
+    p.add_argument("--error-format", choices=["nested", "flat"], default="nested",
+                   help="vLLM's current {'error': {...}} body, or the older flat one")
+    p.add_argument("--seed", type=int, default=0)
+    a = p.parse_args(argv)
+    try:
+        ports = [int(x) for x in a.ports.split(",") if x.strip()]
+    except ValueError:
+        raise SystemExit(f"swarm-sim: --ports must be integers, got {a.ports!r}") from None
+    n = len(ports)
+    speeds = _float_list(a.speed, n, "speed")
+    errors = _float_list(a.error_rate, n, "error-rate")
+    resets = _float_list(a.reset_rate, n, "reset-rate")
+    dies = _float_list(a.die_after, n, "die-after")
+    stalls = _float_list(a.stall_after, n, "stall-after")
+    endpoints = []
+    for i, port in enumerate(ports):
+        config = EngineConfig(
+            max_num_seqs=a.max_num_seqs,
+            max_model_len=a.max_model_len,
+            speed=speeds[i] or 1.0,
+            step_base_ms=a.step_ms,
+            step_per_seq_ms=a.step_per_seq_ms,
+            instant=a.instant,
+        )
+        faults = FaultConfig(
+            error_rate=errors[i] or 0.0,
+            reset_rate=resets[i] or 0.0,
+            die_after_s=dies[i],
+            stall_after_s=stalls[i],
+        )
+        endpoints.append(
+            SimEndpoint(port, config, faults, host=a.host, model=a.model,
+                        error_format=a.error_format, seed=a.seed)
+        )
+    return SimFleet(endpoints)
+
+
+async def _serve(fleet: SimFleet) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    async with fleet:
+        print(f"swarm-sim: serving {', '.join(fleet.urls)}", flush=True)
+        await stop.wait()
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    fleet = build_fleet(argv)
+    with contextlib.suppress(KeyboardInterrupt):
+        try:
+            asyncio.run(_serve(fleet))
+        except OSError as exc:
+            print(f"swarm-sim: {exc}", file=sys.stderr)
+            raise SystemExit(1) from None
