@@ -63,7 +63,9 @@ class EndpointError(SwarmError):
     """
 
     def __init__(self, endpoint: str, message: str, status: int | None = None) -> None:
-        super().__init__(f"{endpoint}: {message}" if status is None else f"{endpoint}: HTTP {status}: {message}")
+        super().__init__(
+            f"{endpoint}: {message}" if status is None else f"{endpoint}: HTTP {status}: {message}"
+        )
         self.endpoint = endpoint
         self.message = message
         self.status = status

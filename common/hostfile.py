@@ -74,6 +74,8 @@ def parse_hostfile(text: str, source: str = "<hostfile>") -> list[Endpoint]:
                 raise ConfigError(f"{source}:{lineno}: expected key=value, got {col!r}")
             tags[key] = value
         if not host or any(ch.isspace() for ch in host):
-            raise ConfigError(f"{source}:{lineno}: invalid host {host!r} (columns are tab-separated)")
+            raise ConfigError(
+                f"{source}:{lineno}: invalid host {host!r} (columns are tab-separated)"
+            )
         endpoints.append(Endpoint(normalize_url(f"{host}:{port}"), tags))
     return endpoints

@@ -68,14 +68,19 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     worker_name: str = ""
     # Grace period for in-flight batches on SIGTERM/SIGINT before they are cancelled.
     shutdown_grace_s: float = 30.0
+    # An entry unacknowledged this long is presumed orphaned (its worker died) and reclaimed.
+    # Live workers refresh their claims every claim_idle_ms / 3, so slow batches are never stolen.
+    claim_idle_ms: int = 60_000
+    # How often (s) the worker re-reads the job registry for new and finished jobs.
+    jobs_refresh_s: float = 1.0
 
     def __post_init__(self) -> None:
         _validate_redis_url(self.redis_url)
         Keys(self.prefix)  # validates the prefix
-        for name in ("batch_size", "inflight", "max_attempts", "poll_ms"):
+        for name in ("batch_size", "inflight", "max_attempts", "poll_ms", "claim_idle_ms"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("request_timeout_s", "backoff_base_s", "backoff_cap_s"):
+        for name in ("request_timeout_s", "backoff_base_s", "backoff_cap_s", "jobs_refresh_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
         if self.backoff_cap_s < self.backoff_base_s:
@@ -113,6 +118,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             "SWARM_API_KEY": ("api_key", str),
             "SWARM_WORKER_NAME": ("worker_name", str),
             "SWARM_SHUTDOWN_GRACE_S": ("shutdown_grace_s", float),
+            "SWARM_CLAIM_IDLE_MS": ("claim_idle_ms", int),
+            "SWARM_JOBS_REFRESH_S": ("jobs_refresh_s", float),
+            "SWARM_BACKOFF_BASE_S": ("backoff_base_s", float),
+            "SWARM_BACKOFF_CAP_S": ("backoff_cap_s", float),
         }
         for var, (field, typ) in simple.items():
             raw = env.get(var, "").strip()

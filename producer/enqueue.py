@@ -1,0 +1,205 @@
+"""``swarm-enqueue``: read prompts and queue them for a job, idempotently.
+
+Each prompt gets its 0-based input index and the stream entry ID ``0-(index+1)``. A rerun of the
+same command after a crash skips the prompts the stream already holds and queues the rest: no
+duplicate, no gap. When the whole input is queued the job is sealed with its total.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import socket
+import sys
+import time
+from collections.abc import Iterable, Sequence
+from typing import BinaryIO
+
+import msgspec
+
+from common.cli import add_redis_arg, run, settings_from_args
+from common.errors import ConfigError, JobConflictError, SwarmError
+from common.keys import validate_job_name
+from common.models import JobSpec, PromptItem, SamplingParams
+from common.settings import Settings
+from common.store import JobStore, connect, producer_token
+from producer.inputs import DEFAULT_MAX_PROMPT_BYTES, Format, iter_prompts
+
+__all__ = ["EnqueueReport", "enqueue", "enqueue_prompts", "main"]
+
+CHUNK = 1000
+LOCK_TTL_MS = 30_000
+
+
+class EnqueueReport(msgspec.Struct, frozen=True):
+    job: str
+    total: int
+    added: int
+    already_queued: int
+
+
+def _holder_is_dead(holder: str) -> bool:
+    """True when the lock holder ``host:pid`` is a process on this host that no longer runs."""
+    host, _, pid = holder.rpartition(":")
+    if host != socket.gethostname() or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+async def _take_lock(store: JobStore, job: str, token: str) -> None:
+    holder = await store.acquire_producer_lock(job, token, LOCK_TTL_MS)
+    if holder is not None and _holder_is_dead(holder):
+        await store.redis.delete(store.keys.meta(job) + ":lock")
+        holder = await store.acquire_producer_lock(job, token, LOCK_TTL_MS)
+    if holder is not None:
+        raise JobConflictError(
+            f"another swarm-enqueue ({holder}) is writing job {job!r}; if it died, its lock "
+            f"expires {LOCK_TTL_MS // 1000} s after its last write"
+        )
+
+
+async def enqueue_prompts(
+    store: JobStore,
+    spec: JobSpec,
+    prompts: Iterable[tuple[str, str | None]],
+    *,
+    chunk: int = CHUNK,
+    progress: bool = False,
+) -> EnqueueReport:
+    """Queue ``(prompt, custom_id)`` pairs for ``spec.job``, resuming after what is queued."""
+    job = spec.job
+    await store.create_job(spec)
+    token = producer_token()
+    await _take_lock(store, job, token)
+    try:
+        meta = await store.meta(job)
+        sealed_total = int(meta["total"]) if "total" in meta else None
+        start = await store.enqueued_count(job)
+        count, added = 0, 0
+        buf: list[PromptItem] = []
+        shown = time.monotonic()
+        for prompt, custom_id in prompts:
+            index = count
+            count += 1
+            if sealed_total is not None and index >= sealed_total:
+                raise JobConflictError(
+                    f"job {job!r} was sealed with {sealed_total} prompts; this input has more. "
+                    "Use another job name."
+                )
+            if index < start:
+                continue
+            buf.append(PromptItem(index, prompt, custom_id))
+            if len(buf) >= chunk:
+                await store.add_items(job, buf)
+                added += len(buf)
+                buf.clear()
+                await _take_lock(store, job, token)  # refresh
+                if progress and time.monotonic() - shown > 1.0:
+                    print(f"swarm-enqueue: {job}: {count} prompts read", file=sys.stderr)
+                    shown = time.monotonic()
+        if buf:
+            await store.add_items(job, buf)
+            added += len(buf)
+        if count < start:
+            raise JobConflictError(
+                f"job {job!r} already holds {start} prompts but this input has only {count}. "
+                "Use another job name."
+            )
+        await store.seal(job, count)
+        return EnqueueReport(job=job, total=count, added=added, already_queued=count - added)
+    finally:
+        with contextlib.suppress(SwarmError):
+            await store.release_producer_lock(job, token)
+
+
+async def enqueue(
+    settings: Settings,
+    spec: JobSpec,
+    source: str,
+    stream: BinaryIO,
+    *,
+    fmt: Format = "auto",
+    max_prompt_bytes: int = DEFAULT_MAX_PROMPT_BYTES,
+    progress: bool = False,
+) -> EnqueueReport:
+    """Queue every prompt of ``stream`` (a binary line iterator) for ``spec.job``."""
+    store = JobStore(connect(settings.redis_url), settings.keys, settings.redis_url)
+    try:
+        parsed = iter_prompts(stream, source, fmt, max_prompt_bytes=max_prompt_bytes)
+        return await enqueue_prompts(
+            store, spec, ((p.prompt, p.custom_id) for p in parsed), progress=progress
+        )
+    finally:
+        await store.close()
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="swarm-enqueue",
+        description="Queue prompts for a job. Safe to run again after a crash: it resumes.",
+    )
+    p.add_argument("input", help="prompt file (.txt, .jsonl, OpenAI batch .jsonl) or - for stdin")
+    p.add_argument("--job", required=True, help="job name: letters, digits, '.', '_', '-'")
+    p.add_argument("--model", help="model name (default: whatever each endpoint serves)")
+    p.add_argument("--max-tokens", type=int, default=256, help="tokens to generate (default 256)")
+    p.add_argument("--temperature", type=float, help="sampling temperature")
+    p.add_argument("--format", choices=["auto", "txt", "jsonl"], default="auto")
+    p.add_argument("--max-prompt-bytes", type=int, default=DEFAULT_MAX_PROMPT_BYTES)
+    add_redis_arg(p)
+    return p
+
+
+async def _main(args: argparse.Namespace) -> int:
+    settings = settings_from_args(args)
+    job = validate_job_name(args.job)
+    if args.max_tokens < 1:
+        raise ConfigError(f"--max-tokens must be >= 1, got {args.max_tokens}")
+    spec = JobSpec(
+        job=job,
+        model=args.model,
+        params=SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature),
+        created_s=time.time(),
+        source=args.input,
+    )
+    if args.input == "-":
+        report = await enqueue(
+            settings,
+            spec,
+            "<stdin>",
+            sys.stdin.buffer,
+            fmt=args.format,
+            max_prompt_bytes=args.max_prompt_bytes,
+            progress=True,
+        )
+    else:
+        try:
+            fh = open(args.input, "rb")  # noqa: SIM115, ASYNC230 - closed below; a CLI, nothing else runs
+        except OSError as exc:
+            raise ConfigError(f"cannot read {args.input}: {exc.strerror}") from None
+        with fh:
+            report = await enqueue(
+                settings,
+                spec,
+                args.input,
+                fh,
+                fmt=args.format,
+                max_prompt_bytes=args.max_prompt_bytes,
+                progress=True,
+            )
+    print(
+        f"job {report.job}: {report.total} prompts queued "
+        f"({report.added} new, {report.already_queued} already queued)"
+    )
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = _parser().parse_args(argv)
+    raise SystemExit(run("swarm-enqueue", _main(args)))

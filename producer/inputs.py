@@ -1,0 +1,131 @@
+"""Reading prompts from input files: plain text, JSON Lines, OpenAI Batch API request lines.
+
+Accepted lines:
+
+* ``.txt``: one prompt per line;
+* JSON Lines: a JSON string (the prompt), an object with ``"prompt"`` (and optional
+  ``"custom_id"``), or an OpenAI Batch request ``{"custom_id", "method", "url", "body"}`` whose
+  ``body.prompt`` or ``body.messages`` (a single user message) holds the prompt.
+
+Blank lines are skipped. Every other line must yield one non-empty prompt, or the reader raises
+:class:`~common.errors.InputError` naming the file and line.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any, Literal, NamedTuple
+
+import msgspec
+
+from common.errors import InputError
+
+__all__ = ["DEFAULT_MAX_PROMPT_BYTES", "Format", "Parsed", "detect_format", "iter_prompts"]
+
+Format = Literal["auto", "txt", "jsonl"]
+DEFAULT_MAX_PROMPT_BYTES = 1 << 20
+
+_decode_json = msgspec.json.Decoder().decode
+
+
+class Parsed(NamedTuple):
+    """One prompt read from the input, with the line it came from."""
+
+    line: int
+    prompt: str
+    custom_id: str | None
+
+
+def detect_format(name: str, first_line: bytes | None) -> Literal["txt", "jsonl"]:
+    """By extension; otherwise (stdin, unknown extension) by whether the first line is JSON."""
+    lower = name.lower()
+    if lower.endswith(".txt"):
+        return "txt"
+    if lower.endswith((".jsonl", ".json", ".ndjson")):
+        return "jsonl"
+    if first_line is not None and first_line.lstrip()[:1] in (b'"', b"{"):
+        try:
+            _decode_json(first_line)
+            return "jsonl"
+        except msgspec.DecodeError:
+            pass
+    return "txt"
+
+
+def _prompt_from_json(obj: Any) -> tuple[str, str | None]:
+    if isinstance(obj, str):
+        return obj, None
+    if not isinstance(obj, dict):
+        raise ValueError(f"expected a JSON string or object, got {type(obj).__name__}")
+    custom_id = obj.get("custom_id")
+    if custom_id is not None and not isinstance(custom_id, str):
+        raise ValueError("custom_id must be a string")
+    if "body" in obj:
+        body = obj["body"]
+        if not isinstance(body, dict):
+            raise ValueError("OpenAI batch line: body must be an object")
+        if "prompt" in body:
+            prompt = body["prompt"]
+            if isinstance(prompt, list):
+                raise ValueError("OpenAI batch line: body.prompt must be one string, not a list")
+        elif "messages" in body:
+            prompt = _single_user_message(body["messages"])
+        else:
+            raise ValueError("OpenAI batch line: body has neither 'prompt' nor 'messages'")
+    elif "prompt" in obj:
+        prompt = obj["prompt"]
+    else:
+        raise ValueError("JSON object has no 'prompt' (or OpenAI batch 'body')")
+    if not isinstance(prompt, str):
+        raise ValueError(f"prompt must be a string, got {type(prompt).__name__}")
+    return prompt, custom_id
+
+
+def _single_user_message(messages: Any) -> str:
+    if not isinstance(messages, list) or not messages:
+        raise ValueError("body.messages must be a non-empty list")
+    if len(messages) != 1 or not isinstance(messages[0], dict) or messages[0].get("role") != "user":
+        raise ValueError(
+            "body.messages: only a single user message can be sent as a completion prompt"
+        )
+    content = messages[0].get("content")
+    if not isinstance(content, str):
+        raise ValueError("body.messages[0].content must be a string")
+    return content
+
+
+def iter_prompts(
+    lines: Iterable[bytes],
+    source: str,
+    fmt: Format = "auto",
+    *,
+    max_prompt_bytes: int = DEFAULT_MAX_PROMPT_BYTES,
+) -> Iterator[Parsed]:
+    """Yield every prompt of ``lines`` in order; ``source`` names the input in errors."""
+    resolved: Literal["txt", "jsonl"] | None = None if fmt == "auto" else fmt
+    for lineno, raw in enumerate(lines, start=1):
+        line = raw.rstrip(b"\r\n")
+        if not line.strip():
+            continue
+        if resolved is None:
+            resolved = detect_format(source, line)
+        if len(line) > max_prompt_bytes:
+            raise InputError(
+                source, lineno, f"line is {len(line)} bytes, over the limit of {max_prompt_bytes}"
+            )
+        custom_id: str | None = None
+        if resolved == "txt":
+            try:
+                prompt = line.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise InputError(source, lineno, f"not valid UTF-8 ({exc.reason})") from None
+        else:
+            try:
+                prompt, custom_id = _prompt_from_json(_decode_json(line))
+            except msgspec.DecodeError as exc:
+                raise InputError(source, lineno, f"invalid JSON: {exc}") from None
+            except ValueError as exc:
+                raise InputError(source, lineno, str(exc)) from None
+        if not prompt.strip():
+            raise InputError(source, lineno, "empty prompt")
+        yield Parsed(lineno, prompt, custom_id)

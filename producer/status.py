@@ -1,0 +1,52 @@
+"""``swarm-status JOB``: a job's progress in one screen."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+
+from common.cli import add_redis_arg, run, settings_from_args
+from common.keys import validate_job_name
+from common.store import JobStatus, JobStore, connect
+
+__all__ = ["format_status", "main"]
+
+
+def format_status(s: JobStatus) -> str:
+    total = f"{s.total}" if s.total is not None else f"{s.enqueued}+ (still being enqueued)"
+    state = "finished" if s.finished else "running"
+    eta = ""
+    if not s.finished and s.total is not None and s.rate_per_s > 0:
+        left = s.total - s.done - s.failed
+        eta = f"   eta {left / s.rate_per_s:,.0f} s"
+    return "\n".join(
+        [
+            f"job {s.job}: {state}",
+            f"  total      {total}",
+            f"  done       {s.done}",
+            f"  failed     {s.failed}",
+            f"  in flight  {s.in_flight}",
+            f"  pending    {s.pending}",
+            f"  rate       {s.rate_per_s:,.1f} prompts/s{eta}",
+            f"  tokens     {s.prompt_tokens} prompt, {s.completion_tokens} completion",
+        ]
+    )
+
+
+async def _main(args: argparse.Namespace) -> int:
+    settings = settings_from_args(args)
+    job = validate_job_name(args.job)
+    store = JobStore(connect(settings.redis_url), settings.keys, settings.redis_url)
+    try:
+        print(format_status(await store.status(job)))
+    finally:
+        await store.close()
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="swarm-status", description=__doc__)
+    p.add_argument("job")
+    add_redis_arg(p)
+    args = p.parse_args(argv)
+    raise SystemExit(run("swarm-status", _main(args)))

@@ -1,0 +1,470 @@
+"""The drain engine: one loop per endpoint, several batches in flight, every job served.
+
+Each endpoint's :class:`EndpointDrainer` runs ``inflight`` slots. A slot takes a batch (its own
+unacknowledged leftovers first, then entries orphaned by dead workers, then new entries), sends
+ONE list-prompt ``/v1/completions`` request, maps the choices by ``choice.index`` and commits
+the results and the acks atomically. Because a slot only takes work when it is free, fast
+endpoints take more batches than slow ones: no static split, no straggler share.
+
+Failures: transient errors are retried with capped, jittered backoff; a batch the server rejects
+(HTTP 400, e.g. one prompt over the context) is bisected so only the offending prompts fail;
+an endpoint that keeps failing releases its batches to other workers at once and is probed
+until it answers again (a circuit breaker).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import random
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+
+from common.backoff import backoff_s
+from common.errors import (
+    ConfigError,
+    EndpointError,
+    EndpointRejected,
+    EndpointRetryable,
+    EndpointUnusable,
+    JobNotFoundError,
+    StoreUnavailable,
+)
+from common.models import JobSpec, PromptItem, Result, Usage
+from common.settings import Settings
+from common.store import JobStore, decode_entry, index_of
+from worker.endpoint import CompletionBody, EndpointClient
+
+__all__ = ["EndpointDrainer", "Engine"]
+
+log = logging.getLogger("swarm.worker")
+
+Entries = list[tuple[bytes, bytes | None]]
+
+
+class _GiveUp(Exception):
+    """Retries on this endpoint are exhausted: hand the batch to someone else."""
+
+    def __init__(self, cause: EndpointError) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+
+
+class _Tally:
+    """Token totals of one batch, across retries and bisection."""
+
+    __slots__ = ("completion_tokens", "prompt_tokens")
+
+    def __init__(self) -> None:
+        self.prompt_tokens = 0
+        self.completion_tokens = 0
+
+
+class Engine:
+    """Serves every active job from every configured endpoint until stopped (or idle, in burst)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        store: JobStore,
+        clients: list[EndpointClient] | None = None,
+        *,
+        rand: Callable[[], float] = random.random,
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.rand = rand
+        if clients is None:
+            clients = [
+                EndpointClient(e.url, settings.api_key, timeout_s=settings.request_timeout_s)
+                for e in settings.endpoints
+            ]
+        if not clients:
+            raise ConfigError("no endpoints: set SWARM_ENDPOINTS or SWARM_HOSTFILE")
+        self.drainers = [EndpointDrainer(self, c) for c in clients]
+        self.jobs: dict[str, JobSpec] = {}
+        self._refreshed_at = -math.inf
+        self._refresh_lock = asyncio.Lock()
+        self._stopping = asyncio.Event()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping.is_set()
+
+    def request_stop(self) -> None:
+        """Stop taking work; batches in flight still finish and commit."""
+        if not self._stopping.is_set():
+            log.info("stopping: finishing batches in flight, taking no new work")
+        self._stopping.set()
+
+    async def sleep(self, seconds: float) -> bool:
+        """Sleep, but wake early on stop; returns True if stopping."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stopping.wait(), timeout=seconds)
+        return self.stopping
+
+    async def refresh_jobs(self, *, force: bool = False) -> None:
+        """Pick up new jobs and drop finished ones, at most every ``jobs_refresh_s``."""
+        if not force and time.monotonic() - self._refreshed_at < self.settings.jobs_refresh_s:
+            return
+        async with self._refresh_lock:
+            if not force and time.monotonic() - self._refreshed_at < self.settings.jobs_refresh_s:
+                return
+            names = await self.store.list_jobs()
+            unfinished = await self.store.unfinished(names)
+            for name in unfinished:
+                if name not in self.jobs:
+                    try:
+                        self.jobs[name] = await self.store.load_spec(name)
+                    except JobNotFoundError:
+                        continue  # registered but its spec is gone (deleted meanwhile)
+                    await self.store.ensure_group(name)
+                    log.info("serving job %s", name)
+            for name in list(self.jobs):
+                if name not in unfinished:
+                    del self.jobs[name]
+                    log.info("job %s finished", name)
+            self._refreshed_at = time.monotonic()
+
+    async def any_work(self) -> bool:
+        """True while some job still has entries queued or in flight, or is still being fed."""
+        await self.refresh_jobs(force=True)
+        for job in list(self.jobs):
+            if await self.store.job_has_work(job):
+                return True
+        return False
+
+    async def run(self, *, burst: bool = False) -> None:
+        """Drain until stopped; with ``burst``, return once no job has work left."""
+        await self.refresh_jobs(force=True)
+        await asyncio.gather(*(d.run(burst=burst) for d in self.drainers))
+
+    async def close(self) -> None:
+        for d in self.drainers:
+            await d.client.close()
+
+
+class EndpointDrainer:
+    """The drain loop of one endpoint: ``inflight`` slots sharing one consumer name."""
+
+    def __init__(self, engine: Engine, client: EndpointClient) -> None:
+        self.engine = engine
+        self.client = client
+        self.settings = engine.settings
+        self.store = engine.store
+        self.consumer = f"{self.settings.worker_name}|{client.url}"
+        self.broken: str | None = None
+        self._model: str | None = None
+        self._healthy = asyncio.Event()
+        self._healthy.set()
+        self._ready: set[str] = set()
+        self._recovery_lock = asyncio.Lock()
+        self._recovered: deque[tuple[str, Entries]] = deque()
+        self._last_reclaim: dict[str, float] = {}
+        self._rr = 0
+        self.prompts_done = 0
+        self.prompts_failed = 0
+        self.requests = 0
+        self.retries = 0
+
+    # -- loops --------------------------------------------------------------------------
+
+    async def run(self, *, burst: bool = False) -> None:
+        await asyncio.gather(*(self._slot(burst) for _ in range(self.settings.inflight)))
+
+    async def _slot(self, burst: bool) -> None:
+        while not self.engine.stopping and self.broken is None:
+            try:
+                if not self._healthy.is_set():
+                    await self._wait_healthy()
+                    continue
+                if await self.step(block_ms=self.settings.poll_ms):
+                    continue
+                if burst and not await self.engine.any_work():
+                    return
+            except StoreUnavailable as exc:
+                # redis-py already retried with backoff; keep trying, slower.
+                log.warning("%s: %s; retrying", self.client.label, exc)
+                await self.engine.sleep(self._backoff(3))
+
+    async def step(self, block_ms: int | None = None) -> bool:
+        """Take one batch and finish it; False when there was nothing to take."""
+        await self.engine.refresh_jobs()
+        got = await self._next_batch(block_ms)
+        if got is None:
+            return False
+        await self.process(*got)
+        return True
+
+    # -- taking work --------------------------------------------------------------------
+
+    async def _recover(self, job: str) -> None:
+        """Queue this consumer's own unacknowledged entries of ``job`` (left by a previous run)."""
+        async with self._recovery_lock:
+            if job in self._ready:
+                return
+            after = b"0"
+            while True:
+                entries = await self.store.read_own_pending(
+                    job, self.consumer, self.settings.batch_size, after
+                )
+                if not entries:
+                    break
+                self._recovered.append((job, entries))
+                after = entries[-1][0]
+            if self._recovered:
+                log.info(
+                    "%s: resuming %d own unfinished batches of job %s",
+                    self.client.label,
+                    len(self._recovered),
+                    job,
+                )
+            self._ready.add(job)
+
+    async def _next_batch(self, block_ms: int | None) -> tuple[str, Entries] | None:
+        jobs = [j for j in self.engine.jobs]
+        for job in jobs:
+            if job not in self._ready:
+                await self._recover(job)
+        if self._recovered:
+            return self._recovered.popleft()
+        if not jobs:
+            if block_ms:
+                await self.engine.sleep(block_ms / 1000)
+            return None
+        now = time.monotonic()
+        batch = self.settings.batch_size
+        for job in jobs:  # entries orphaned by workers that died
+            if now - self._last_reclaim.get(job, -math.inf) < self.settings.claim_idle_ms / 4000:
+                continue
+            entries = await self.store.autoclaim(
+                job, self.consumer, self.settings.claim_idle_ms, batch
+            )
+            # A full batch may mean more orphans wait: look again next step.
+            self._last_reclaim[job] = -math.inf if len(entries) == batch else now
+            if entries:
+                log.info(
+                    "%s: took over %d orphaned entries of job %s",
+                    self.client.label,
+                    len(entries),
+                    job,
+                )
+                return job, entries
+        start = self._rr % len(jobs)
+        self._rr += 1
+        order = jobs[start:] + jobs[:start]
+        for job in order:
+            entries = await self.store.read_new(job, self.consumer, batch)
+            if entries:
+                return job, entries
+        if block_ms:
+            entries = await self.store.read_new(order[0], self.consumer, batch, block_ms=block_ms)
+            if entries:
+                return order[0], entries
+        return None
+
+    # -- doing work ---------------------------------------------------------------------
+
+    async def process(self, job: str, entries: Entries) -> None:
+        """Complete one batch and commit it; on giving up, release it to other workers."""
+        spec = self.engine.jobs.get(job) or await self.store.load_spec(job)
+        ids = [eid for eid, _ in entries]
+        results: list[tuple[bytes, Result]] = []
+        items: list[tuple[bytes, PromptItem]] = []
+        for eid, payload in entries:
+            decoded = decode_entry(eid, payload)
+            if isinstance(decoded, str):
+                results.append(
+                    (
+                        eid,
+                        Result(
+                            index=index_of(eid),
+                            endpoint=self.client.label,
+                            error=decoded,
+                            error_kind="bad_entry",
+                        ),
+                    )
+                )
+            else:
+                items.append((eid, decoded))
+        tally = _Tally()
+        heartbeat = asyncio.create_task(self._keep_claimed(job, ids))
+        try:
+            if items:
+                done = await self._complete(spec, [it for _, it in items], 0, tally)
+                results.extend(zip([eid for eid, _ in items], done, strict=True))
+        except (_GiveUp, EndpointUnusable) as exc:
+            cause = exc.cause if isinstance(exc, _GiveUp) else exc
+            await self._release(job, ids, cause)
+            return
+        finally:
+            heartbeat.cancel()
+        # Shielded: once results exist, finishing the (atomic) commit beats redoing the batch.
+        commit = await asyncio.shield(
+            self.store.commit(job, results, tally.prompt_tokens, tally.completion_tokens)
+        )
+        self.prompts_done += commit.done
+        self.prompts_failed += commit.failed
+
+    async def _keep_claimed(self, job: str, ids: list[bytes]) -> None:
+        """Refresh our claim on a long batch so no other worker takes it as orphaned."""
+        period = self.settings.claim_idle_ms / 3000
+        while True:
+            await asyncio.sleep(period)
+            with contextlib.suppress(StoreUnavailable):
+                await self.store.touch(job, self.consumer, ids)
+
+    async def _release(self, job: str, ids: list[bytes], cause: EndpointError) -> None:
+        with contextlib.suppress(StoreUnavailable):
+            await self.store.release(job, self.consumer, ids)
+        if isinstance(cause, EndpointUnusable):
+            self.broken = str(cause)
+            log.error(
+                "%s: endpoint unusable, no more work taken from it: %s", self.client.label, cause
+            )
+        else:
+            log.warning(
+                "%s: giving up after %d attempts (%s); released %d entries, probing the endpoint",
+                self.client.label,
+                self.settings.max_attempts,
+                cause,
+                len(ids),
+            )
+            self._healthy.clear()
+
+    async def _wait_healthy(self) -> None:
+        """Circuit open: probe the endpoint with backoff until it answers (one prober per slot
+        group; the other slots wait on the event)."""
+        attempt = 0
+        while not self._healthy.is_set() and not self.engine.stopping:
+            try:
+                await self.client.models()
+            except EndpointUnusable as exc:
+                self.broken = str(exc)
+                self._healthy.set()
+                return
+            except EndpointError:
+                attempt += 1
+                if await self.engine.sleep(self._backoff(attempt)):
+                    return
+                continue
+            log.info("%s: endpoint answers again; resuming", self.client.label)
+            self._healthy.set()
+
+    def _backoff(self, attempt: int) -> float:
+        return backoff_s(
+            attempt,
+            base_s=self.settings.backoff_base_s,
+            cap_s=self.settings.backoff_cap_s,
+            rand=self.engine.rand,
+        )
+
+    async def _model_for(self, spec: JobSpec) -> str:
+        if spec.model:
+            return spec.model
+        if self._model is None:
+            models = await self.client.models()
+            if not models:
+                raise EndpointUnusable(self.client.label, "serves no model (/v1/models is empty)")
+            self._model = models[0].id
+        return self._model
+
+    async def _retrying(
+        self, call: Callable[[], Awaitable[CompletionBody]]
+    ) -> tuple[CompletionBody, int]:
+        """Run ``call`` with the retry policy; returns the body and the attempts it took."""
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                self.requests += 1
+                return await call(), attempt
+            except EndpointRetryable as exc:
+                if attempt >= self.settings.max_attempts:
+                    raise _GiveUp(exc) from None
+                self.retries += 1
+                delay = self._backoff(attempt - 1)
+                log.debug("%s: %s; retry %d in %.2f s", self.client.label, exc, attempt, delay)
+                await asyncio.sleep(delay)
+
+    async def _complete(
+        self, spec: JobSpec, items: list[PromptItem], prior: int, tally: _Tally
+    ) -> list[Result]:
+        """Results for ``items`` in order; bisects a rejected batch to isolate bad prompts."""
+        prompts = [it.prompt for it in items]
+        timeout = self.settings.request_timeout_s * max(1, math.ceil(len(items) / 256))
+        try:
+            model = await self._retrying_model(spec)
+            body, attempts = await self._retrying(
+                lambda: self.client.complete(model, prompts, spec.params, timeout_s=timeout)
+            )
+        except EndpointRejected as exc:
+            attempts = prior + 1
+            if len(items) == 1:
+                return [self._failed(items[0], exc.message, "rejected", attempts)]
+            mid = len(items) // 2
+            left, right = await asyncio.gather(
+                self._complete(spec, items[:mid], attempts, tally),
+                self._complete(spec, items[mid:], attempts, tally),
+            )
+            return left + right
+        if body.usage is not None:
+            tally.prompt_tokens += body.usage.prompt_tokens
+            tally.completion_tokens += body.usage.completion_tokens
+        return self._map_choices(items, body, prior + attempts)
+
+    async def _retrying_model(self, spec: JobSpec) -> str:
+        attempt = 0
+        while True:
+            try:
+                return await self._model_for(spec)
+            except EndpointRetryable as exc:
+                attempt += 1
+                if attempt >= self.settings.max_attempts:
+                    raise _GiveUp(exc) from None
+                await asyncio.sleep(self._backoff(attempt - 1))
+
+    def _map_choices(
+        self, items: list[PromptItem], body: CompletionBody, attempts: int
+    ) -> list[Result]:
+        """One result per item, matched by ``choice.index`` (never by position)."""
+        by_index = {c.index: c for c in body.choices}
+        exact_usage = len(items) == 1 and body.usage is not None
+        out = []
+        for i, item in enumerate(items):
+            choice = by_index.get(i)
+            if choice is None:
+                out.append(
+                    self._failed(
+                        item, f"endpoint returned no choice with index {i}", "no_choice", attempts
+                    )
+                )
+                continue
+            usage = None
+            if exact_usage and body.usage is not None:
+                usage = Usage(body.usage.prompt_tokens, body.usage.completion_tokens)
+            out.append(
+                Result(
+                    index=item.index,
+                    text=choice.text,
+                    finish_reason=choice.finish_reason,
+                    usage=usage,
+                    endpoint=self.client.label,
+                    attempts=attempts,
+                    custom_id=item.custom_id,
+                )
+            )
+        return out
+
+    def _failed(self, item: PromptItem, reason: str, kind: str, attempts: int) -> Result:
+        return Result(
+            index=item.index,
+            endpoint=self.client.label,
+            attempts=attempts,
+            error=reason,
+            error_kind=kind,
+            custom_id=item.custom_id,
+        )

@@ -1,0 +1,136 @@
+"""One inference endpoint, and the one boundary where openai/httpx errors become ours.
+
+Calls go through ``AsyncOpenAI`` with its own retries turned off (``max_retries=0``): the worker
+owns the single retry loop. Responses are read raw and decoded with msgspec, which is several
+times cheaper than building pydantic models for hundreds of choices per request.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+import openai
+
+from common.errors import EndpointRejected, EndpointRetryable, EndpointUnusable
+from common.models import SamplingParams
+from common.settings import mask_url
+
+__all__ = ["Choice", "CompletionBody", "EndpointClient", "ModelInfo"]
+
+
+class Choice(msgspec.Struct):
+    index: int
+    text: str = ""
+    finish_reason: str | None = None
+
+
+class CompletionUsage(msgspec.Struct):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+class CompletionBody(msgspec.Struct):
+    """The parts of a ``/v1/completions`` response swarm-queue uses."""
+
+    choices: list[Choice] = []
+    usage: CompletionUsage | None = None
+
+
+class ModelInfo(msgspec.Struct):
+    id: str
+    max_model_len: int | None = None
+
+
+class _ModelList(msgspec.Struct):
+    data: list[ModelInfo] = []
+
+
+_completion_decoder = msgspec.json.Decoder(CompletionBody)
+_models_decoder = msgspec.json.Decoder(_ModelList)
+
+# 408 Request Timeout and 409 Conflict are the server's transient states, not the prompt's fault.
+_RETRYABLE_4XX = frozenset({408, 409, 425, 429})
+_UNUSABLE = frozenset({401, 403, 404})
+
+
+def _server_message(exc: openai.APIStatusError) -> str:
+    """The server's own message, from vLLM's nested ``{"error": {...}}`` or older flat body."""
+    body = exc.body
+    if isinstance(body, dict):
+        msg = body.get("message")
+        if isinstance(msg, str) and msg:
+            return msg
+    return exc.response.text[:500] if exc.response is not None else str(exc)
+
+
+def _translate(endpoint: str, exc: openai.OpenAIError, timeout_s: float) -> Exception:
+    if isinstance(exc, openai.APITimeoutError):
+        return EndpointRetryable(endpoint, f"no answer within {timeout_s:g} s")
+    if isinstance(exc, openai.APIConnectionError):
+        cause = exc.__cause__ or exc
+        return EndpointRetryable(endpoint, f"connection failed: {type(cause).__name__}: {cause}")
+    if isinstance(exc, openai.APIStatusError):
+        status, message = exc.status_code, _server_message(exc)
+        if status >= 500 or status in _RETRYABLE_4XX:
+            return EndpointRetryable(endpoint, message, status)
+        if status in _UNUSABLE:
+            return EndpointUnusable(endpoint, message, status)
+        return EndpointRejected(endpoint, message, status)
+    return EndpointRetryable(endpoint, f"{type(exc).__name__}: {exc}")
+
+
+class EndpointClient:
+    """Talks to one OpenAI-compatible server at ``url`` (base URL without ``/v1``)."""
+
+    def __init__(self, url: str, api_key: str = "EMPTY", *, timeout_s: float = 600.0) -> None:
+        self.url = url
+        self.label = mask_url(url)
+        self._timeout_s = timeout_s
+        self._client = openai.AsyncOpenAI(
+            base_url=f"{url}/v1", api_key=api_key or "EMPTY", max_retries=0, timeout=timeout_s
+        )
+
+    async def close(self) -> None:
+        await self._client.close()
+
+    async def models(self) -> list[ModelInfo]:
+        """The models served, with ``max_model_len`` where the server reports it (vLLM does)."""
+        try:
+            raw = await self._client.models.with_raw_response.list(
+                timeout=min(30.0, self._timeout_s)
+            )
+            return _models_decoder.decode(raw.http_response.content).data
+        except openai.OpenAIError as exc:
+            raise _translate(self.label, exc, self._timeout_s) from None
+        except msgspec.DecodeError as exc:
+            raise EndpointUnusable(self.label, f"unreadable /v1/models answer: {exc}") from None
+
+    async def complete(
+        self,
+        model: str,
+        prompts: list[str],
+        params: SamplingParams,
+        *,
+        timeout_s: float | None = None,
+    ) -> CompletionBody:
+        """One ``/v1/completions`` request holding every prompt of ``prompts``."""
+        timeout = timeout_s or self._timeout_s
+        extra: dict[str, Any] = {}
+        if params.temperature is not None:
+            extra["temperature"] = params.temperature
+        try:
+            raw = await self._client.completions.with_raw_response.create(
+                model=model,
+                prompt=prompts,
+                max_tokens=params.max_tokens,
+                timeout=timeout,
+                **extra,
+            )
+            content = raw.http_response.content
+        except openai.OpenAIError as exc:
+            raise _translate(self.label, exc, timeout) from None
+        try:
+            return _completion_decoder.decode(content)
+        except msgspec.DecodeError as exc:
+            raise EndpointRetryable(self.label, f"unreadable completion answer: {exc}") from None
