@@ -99,28 +99,54 @@ class Engine:
         self._waiting.clear()
         self._running.clear()
 
-    async def generate(self, lengths: list[int]) -> None:
-        """Run one request with a sequence of each length (tokens); return when all finished."""
+    def submit(self, lengths: list[int]) -> asyncio.Future[None]:
+        """Queue one request with a sequence of each length (tokens); the future resolves when
+        all its sequences have finished."""
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         if self.config.instant or not lengths:
             self.finished_seqs += len(lengths)
             self.generated_tokens += sum(lengths)
-            return
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            future.set_result(None)
+            return future
         req = _Request(len(lengths), future)
         self._waiting.extend((max(1, n), req) for n in lengths)
         self._wake.set()
-        await future
+        return future
 
-    def _admit(self) -> None:
+    async def generate(self, lengths: list[int]) -> None:
+        """Run one request to completion (see :meth:`submit`)."""
+        await self.submit(lengths)
+
+    def admit(self) -> None:
+        """Move waiting sequences into the running batch while there is room, FIFO."""
         while self._waiting and len(self._running) < self.config.max_num_seqs:
             n, req = self._waiting.popleft()
             heapq.heappush(self._running, (self._step + n, next(self._seq), req))
+
+    def step(self) -> int:
+        """One decode step: admit, one token for every running sequence, retire finished ones.
+
+        Returns how many sequences finished. The loop calls this on the simulated clock; tests
+        call it directly.
+        """
+        self.admit()
+        self._step += 1
+        self.generated_tokens += len(self._running)
+        finished = 0
+        while self._running and self._running[0][0] <= self._step:
+            _, _, req = heapq.heappop(self._running)
+            finished += 1
+            req.remaining -= 1
+            if req.remaining == 0 and not req.future.done():
+                req.future.set_result(None)
+        self.finished_seqs += finished
+        return finished
 
     async def _loop(self) -> None:
         loop = asyncio.get_running_loop()
         next_t = loop.time()
         while True:
-            self._admit()
+            self.admit()
             if not self._running:
                 self._wake.clear()
                 await self._wake.wait()
@@ -132,11 +158,4 @@ class Engine:
             delay = next_t - loop.time()
             if delay > 0:
                 await asyncio.sleep(delay)
-            self._step += 1
-            self.generated_tokens += len(self._running)
-            while self._running and self._running[0][0] <= self._step:
-                _, _, req = heapq.heappop(self._running)
-                self.finished_seqs += 1
-                req.remaining -= 1
-                if req.remaining == 0 and not req.future.done():
-                    req.future.set_result(None)
+            self.step()

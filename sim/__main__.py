@@ -1,0 +1,5 @@
+"""python -m sim: run swarm-sim."""
+
+from sim.server import main
+
+main()

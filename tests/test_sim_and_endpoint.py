@@ -1,0 +1,199 @@
+"""swarm-sim's fidelity to vLLM, and the endpoint boundary that translates errors.
+
+The endpoint tests run the real openai client against an in-process swarm-sim.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import msgspec
+import pytest
+
+from common.embedded import free_port
+from common.errors import EndpointRejected, EndpointRetryable, EndpointUnusable
+from common.models import SamplingParams
+from sim.engine import Engine, EngineConfig
+from sim.server import FaultConfig, SimFleet
+from sim.text import completion_for, count_tokens
+from worker.endpoint import EndpointClient
+
+# -- the deterministic model ----------------------------------------------------------
+
+
+def test_completion_is_deterministic_and_respects_max_tokens() -> None:
+    text, n, reason = completion_for("hello", 1000)
+    assert completion_for("hello", 1000) == (text, n, reason)
+    assert reason == "stop" and len(text.split()) == n
+    short, n2, reason2 = completion_for("hello", 3)
+    assert (n2, reason2) == (3, "length") and text.startswith(short)
+    assert completion_for("hello!", 1000)[0] != text
+    assert count_tokens("abcd") == 1 and count_tokens("abcde") == 2
+
+
+# -- continuous batching, driven step by step --------------------------------------------
+
+
+async def test_engine_runs_at_most_max_num_seqs_and_answers_when_all_sequences_finish() -> None:
+    engine = Engine(EngineConfig(max_num_seqs=2))
+    first = engine.submit([2, 5])  # one list request: two sequences
+    second = engine.submit([1])
+    engine.admit()
+    assert (engine.num_running, engine.num_waiting) == (2, 1)
+    assert engine.step() == 0
+    assert engine.step() == 1  # the 2-token sequence ends; the waiting one is admitted next
+    assert not first.done()
+    engine.step()  # admits [1] and finishes it
+    assert second.done() and not first.done()
+    while not first.done():
+        engine.step()
+    assert engine.finished_seqs == 3 and (engine.num_running, engine.num_waiting) == (0, 0)
+
+
+def test_step_cost_grows_with_running_count_and_capacity_follows() -> None:
+    c = EngineConfig(max_num_seqs=256, step_base_ms=10, step_per_seq_ms=0.05, speed=2.0)
+    assert c.step_s(0) == pytest.approx(0.005)
+    assert c.step_s(256) == pytest.approx((10 + 12.8) / 1000 / 2)
+    assert c.capacity_seqs_per_s(20) == pytest.approx(256 / (20 * c.step_s(256)))
+
+
+# -- the HTTP surface --------------------------------------------------------------------
+
+
+async def _post(url: str, path: str, body: object) -> tuple[int, dict]:
+    reader, writer = await asyncio.open_connection(*url.removeprefix("http://").split(":"))
+    data = msgspec.json.encode(body)
+    writer.write(
+        f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n".encode()
+        + data
+    )
+    raw = await reader.read()
+    writer.close()
+    head, _, payload = raw.partition(b"\r\n\r\n")
+    return int(head.split()[1]), msgspec.json.decode(payload) if payload else {}
+
+
+async def test_over_long_prompt_fails_the_whole_list_in_both_error_formats(
+    sim_fleet: Callable[..., SimFleet],
+) -> None:
+    cfg = EngineConfig(max_model_len=50, step_base_ms=0.5)
+    async with sim_fleet(1, cfg) as nested, sim_fleet(1, cfg, error_format="flat") as flat:
+        body = {"model": "swarm-sim", "prompt": ["ok", "x" * 400, "fine"], "max_tokens": 10}
+        status, new = await _post(nested.urls[0], "/v1/completions", body)
+        assert status == 400
+        assert new["error"]["type"] == "BadRequestError" and new["error"]["code"] == 400
+        assert (
+            "You passed 100 input tokens and requested 10 output tokens" in new["error"]["message"]
+        )
+        status, old = await _post(flat.urls[0], "/v1/completions", body)
+        assert status == 400 and old["object"] == "error"
+        assert old["message"] == new["error"]["message"]
+
+
+async def test_chat_completions_and_models(sim_fleet: Callable[..., SimFleet]) -> None:
+    async with sim_fleet(1, EngineConfig(max_model_len=1234, step_base_ms=0.5)) as fleet:
+        status, chat = await _post(
+            fleet.urls[0],
+            "/v1/chat/completions",
+            {
+                "model": "swarm-sim",
+                "messages": [{"role": "user", "content": "hi"}],
+                "max_tokens": 5,
+            },
+        )
+        assert status == 200
+        assert chat["choices"][0]["message"]["role"] == "assistant"
+        assert chat["usage"]["completion_tokens"] == 5
+        client = EndpointClient(fleet.urls[0])
+        try:
+            models = await client.models()
+        finally:
+            await client.close()
+        assert [(m.id, m.max_model_len) for m in models] == [("swarm-sim", 1234)]
+
+
+# -- the endpoint boundary ---------------------------------------------------------------
+
+
+async def test_list_request_returns_indexed_choices_and_total_usage(
+    sim_fleet: Callable[..., SimFleet],
+) -> None:
+    async with sim_fleet(1) as fleet:
+        client = EndpointClient(fleet.urls[0])
+        try:
+            prompts = [f"prompt {i}" for i in range(5)]
+            body = await client.complete("swarm-sim", prompts, SamplingParams(max_tokens=12))
+        finally:
+            await client.close()
+    assert [c.index for c in body.choices] == [0, 1, 2, 3, 4]
+    for c in body.choices:
+        assert c.text == completion_for(prompts[c.index], 12)[0]
+    assert body.usage is not None
+    assert body.usage.prompt_tokens == sum(count_tokens(p) for p in prompts)
+    assert body.usage.completion_tokens == sum(completion_for(p, 12)[1] for p in prompts)
+
+
+@pytest.mark.parametrize("error_format", ["nested", "flat"])
+async def test_rejection_carries_the_servers_message(
+    sim_fleet: Callable[..., SimFleet], error_format: str
+) -> None:
+    cfg = EngineConfig(max_model_len=40, step_base_ms=0.5)
+    async with sim_fleet(1, cfg, error_format=error_format) as fleet:
+        client = EndpointClient(fleet.urls[0])
+        try:
+            with pytest.raises(EndpointRejected) as err:
+                await client.complete("swarm-sim", ["a", "y" * 200], SamplingParams(max_tokens=8))
+            with pytest.raises(EndpointUnusable) as missing:
+                await client.complete("no-such-model", ["a"], SamplingParams())
+        finally:
+            await client.close()
+    assert err.value.status == 400
+    assert err.value.message.startswith("You passed 50 input tokens and requested 8 output tokens")
+    assert missing.value.status == 404 and "does not exist" in missing.value.message
+
+
+async def test_server_errors_resets_and_refused_connections_are_retryable(
+    sim_fleet: Callable[..., SimFleet],
+) -> None:
+    faults = [FaultConfig(error_rate=1.0), FaultConfig(reset_rate=1.0)]
+    async with sim_fleet(2, faults=faults) as fleet:
+        for url, status in zip(fleet.urls, [500, None], strict=True):
+            client = EndpointClient(url)
+            try:
+                with pytest.raises(EndpointRetryable) as err:
+                    await client.complete("swarm-sim", ["a"], SamplingParams())
+            finally:
+                await client.close()
+            assert err.value.status == status
+    client = EndpointClient(f"http://127.0.0.1:{free_port()}")
+    try:
+        with pytest.raises(EndpointRetryable, match="connection failed"):
+            await client.complete("swarm-sim", ["a"], SamplingParams())
+    finally:
+        await client.close()
+
+
+async def test_timeout_is_retryable(sim_fleet: Callable[..., SimFleet]) -> None:
+    async with sim_fleet(1, faults=[FaultConfig(stall_after_s=0.0)]) as fleet:
+        client = EndpointClient(fleet.urls[0])
+        try:
+            with pytest.raises(EndpointRetryable, match="no answer within 0.2 s"):
+                await client.complete("swarm-sim", ["a"], SamplingParams(), timeout_s=0.2)
+        finally:
+            await client.close()
+
+
+async def test_metrics_expose_vllm_gauges(sim_fleet: Callable[..., SimFleet]) -> None:
+    async with sim_fleet(1, EngineConfig(max_num_seqs=1, step_base_ms=50.0)) as fleet:
+        ep = fleet.endpoints[0]
+        pending = ep.engine.submit([100, 100])  # occupy the engine: 1 running, 1 waiting
+        ep.engine.admit()
+        reader, writer = await asyncio.open_connection("127.0.0.1", ep.port)
+        writer.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        text = (await reader.read()).decode()
+        writer.close()
+        pending.cancel()
+    assert 'vllm:num_requests_running{model_name="swarm-sim"} 1' in text
+    assert 'vllm:num_requests_waiting{model_name="swarm-sim"} 1' in text
