@@ -179,7 +179,7 @@ async def test_timeout_is_retryable(sim_fleet: Callable[..., SimFleet]) -> None:
     async with sim_fleet(1, faults=[FaultConfig(stall_after_s=0.0)]) as fleet:
         client = EndpointClient(fleet.urls[0])
         try:
-            with pytest.raises(EndpointRetryable, match="no answer within 0.2 s"):
+            with pytest.raises(EndpointRetryable, match=r"no answer within 0\.2 s"):
                 await client.complete("swarm-sim", ["a"], SamplingParams(), timeout_s=0.2)
         finally:
             await client.close()

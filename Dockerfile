@@ -1,0 +1,13 @@
+# swarm-queue worker image (also runs swarm-sim and the client commands).
+FROM python:3.11-slim
+WORKDIR /app
+COPY pyproject.toml README.md ./
+COPY common common
+COPY producer producer
+COPY worker worker
+COPY sim sim
+RUN pip install --no-cache-dir .
+# Never run as root inside the container.
+RUN useradd --create-home swarm
+USER swarm
+CMD ["arq", "worker.WorkerSettings"]

@@ -1,0 +1,195 @@
+"""End to end with real processes: swarm-sim, `arq worker.WorkerSettings --burst` workers, and
+the swarm-enqueue / swarm-collect command lines, against a real Redis."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import msgspec
+import pytest
+import redis
+
+from common.embedded import free_port
+from sim.text import completion_for
+
+pytestmark = pytest.mark.slow
+
+BIN = Path(sys.executable).parent
+
+
+def _wait_port(port: int, proc: subprocess.Popen[bytes], timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"process exited with {proc.returncode}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return
+        except OSError:
+            time.sleep(0.02)
+    raise RuntimeError(f"nothing listening on {port}")
+
+
+@pytest.fixture
+def sim_ports() -> Iterator[list[int]]:
+    ports = [free_port() for _ in range(4)]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sim", "--ports", ",".join(map(str, ports)), "--step-ms", "2"],
+        stdout=subprocess.DEVNULL,
+    )
+    try:
+        for p in ports:
+            _wait_port(p, proc)
+        yield ports
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+@pytest.fixture
+def env(redis_url: str, prefix: str) -> dict[str, str]:
+    e = {k: v for k, v in os.environ.items() if not k.startswith("SWARM_")}
+    return {**e, "SWARM_REDIS_URL": redis_url, "SWARM_PREFIX": prefix}
+
+
+def _prompt(i: int) -> str:
+    return f"Describe protein P{i:06d} briefly."
+
+
+def test_cli_job_over_four_endpoints_and_two_worker_processes(
+    tmp_path: Path, sim_ports: list[int], env: dict[str, str]
+) -> None:
+    n = 2400
+    src = tmp_path / "prompts.jsonl"
+    src.write_text(
+        "".join(
+            msgspec.json.encode({"prompt": _prompt(i), "custom_id": f"c{i}"}).decode() + "\n"
+            for i in range(n)
+        )
+    )
+    out = subprocess.run(
+        [BIN / "swarm-enqueue", src, "--job", "e2e", "--max-tokens", "12"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert out.stdout.strip() == f"job e2e: {n} prompts queued ({n} new, 0 already queued)"
+
+    workers = []
+    for pair in (sim_ports[:2], sim_ports[2:]):
+        wenv = {**env, "SWARM_ENDPOINTS": ",".join(f"127.0.0.1:{p}" for p in pair)}
+        workers.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "arq", "worker.WorkerSettings", "--burst"],
+                env=wenv,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
+    results = tmp_path / "results.jsonl"
+    collected = subprocess.run(
+        [BIN / "swarm-collect", "e2e", "--out", results, "--wait"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    logs = [w.communicate(timeout=60)[0] for w in workers]
+    assert collected.returncode == 0, collected.stderr
+    assert f"wrote {n} of {n} results ({n} ok, 0 failed)" in collected.stderr
+    assert [w.returncode for w in workers] == [0, 0], logs
+
+    lines = [msgspec.json.decode(x) for x in results.read_bytes().splitlines()]
+    assert [x["index"] for x in lines] == list(range(n))
+    for x in lines:
+        text, _, reason = completion_for(_prompt(x["index"]), 12)
+        assert (x["text"], x["finish_reason"], x["error"]) == (text, reason, None)
+        assert x["custom_id"] == f"c{x['index']}"
+    endpoints = {x["endpoint"] for x in lines}
+    assert endpoints == {f"http://127.0.0.1:{p}" for p in sim_ports}
+
+    status = subprocess.run(
+        [BIN / "swarm-status", "e2e"], env=env, capture_output=True, text=True, check=True
+    ).stdout
+    assert "job e2e: finished" in status and f"done       {n}" in status
+
+
+def test_enqueue_killed_halfway_then_rerun_leaves_exactly_n_entries(
+    tmp_path: Path, env: dict[str, str], redis_url: str, prefix: str
+) -> None:
+    n = 300_000
+    src = tmp_path / "big.txt"
+    src.write_text("".join(f"{_prompt(i)}\n" for i in range(n)))
+    client = redis.Redis.from_url(redis_url)
+    stream = f"{prefix}:{{big}}:q"
+    try:
+        proc = subprocess.Popen(
+            [BIN / "swarm-enqueue", src, "--job", "big"],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 60
+        while client.xlen(stream) < 20_000 and time.monotonic() < deadline:
+            assert proc.poll() is None, "finished before it could be killed"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        partial = client.xlen(stream)
+        assert 20_000 <= partial < n
+        rerun = subprocess.run(
+            [BIN / "swarm-enqueue", src, "--job", "big"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert rerun.returncode == 0, rerun.stderr
+        assert f"{n} prompts queued ({n - partial} new, {partial} already queued)" in rerun.stdout
+        assert client.xlen(stream) == n
+        first = client.xrange(stream, count=1)[0][0]
+        last = client.xrevrange(stream, count=1)[0][0]
+        # IDs are strictly increasing, so n entries from 0-1 to 0-n are exactly 0..n-1, once each.
+        assert (first, last) == (b"0-1", f"0-{n}".encode())
+        assert client.hget(f"{prefix}:{{big}}:meta", "total") == str(n).encode()
+    finally:
+        client.close()
+
+
+def test_enqueue_reports_a_malformed_line_with_file_and_line(
+    tmp_path: Path, env: dict[str, str]
+) -> None:
+    src = tmp_path / "bad.jsonl"
+    src.write_text('{"prompt": "ok"}\n{"prompt": 3}\n')
+    out = subprocess.run(
+        [BIN / "swarm-enqueue", src, "--job", "bad"], env=env, capture_output=True, text=True
+    )
+    assert out.returncode == 2
+    assert out.stderr.strip() == (
+        f"swarm-enqueue: error: {src}:2: prompt must be a string, got int"
+    )
+    bad_job = subprocess.run(
+        [BIN / "swarm-enqueue", src, "--job", "x}{y"], env=env, capture_output=True, text=True
+    )
+    assert bad_job.returncode == 2 and "invalid job name 'x}{y'" in bad_job.stderr
+
+
+def test_password_in_the_redis_url_is_never_printed(tmp_path: Path, env: dict[str, str]) -> None:
+    port = free_port()  # nothing listens: the command must fail, and say where, masked
+    src = tmp_path / "p.txt"
+    src.write_text("hello\n")
+    bad = {**env, "SWARM_REDIS_URL": f"redis://user:hunter2@127.0.0.1:{port}/0"}
+    out = subprocess.run(
+        [BIN / "swarm-status", "j"], env=bad, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 1
+    assert "hunter2" not in out.stderr + out.stdout
+    assert f"redis://user:***@127.0.0.1:{port}/0" in out.stderr

@@ -1,0 +1,325 @@
+"""The pipeline against a real Redis: store semantics, enqueue, the drain engine, the collector.
+
+The drain engine runs in-process here (``Engine.run(burst=True)`` or single ``step()`` calls)
+against an in-process swarm-sim; tests with real worker processes are in test_e2e.py.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable, Iterator
+
+import msgspec
+import pytest
+
+from common.errors import JobConflictError
+from common.models import JobSpec, PromptItem, Result, SamplingParams
+from common.settings import Settings
+from common.store import JobStore
+from producer.collect import collect
+from producer.enqueue import enqueue_prompts
+from sim.engine import EngineConfig
+from sim.server import FaultConfig, SimFleet
+from sim.text import completion_for
+from worker.drain import Engine
+from worker.endpoint import Choice, CompletionBody, EndpointClient
+
+
+def spec(job: str = "j", max_tokens: int = 16, model: str | None = None) -> JobSpec:
+    return JobSpec(job=job, params=SamplingParams(max_tokens=max_tokens), model=model)
+
+
+def prompts(n: int, start: int = 0) -> Iterator[tuple[str, str | None]]:
+    return ((f"question {i}: what is {i} squared?", None) for i in range(start, n))
+
+
+async def collect_lines(store: JobStore, job: str) -> list[dict]:
+    buf = io.BytesIO()
+    await collect(store, job, buf)
+    return [msgspec.json.decode(line) for line in buf.getvalue().splitlines()]
+
+
+# -- store and enqueue -------------------------------------------------------------------
+
+
+async def test_enqueue_gives_explicit_ids_and_a_rerun_adds_nothing(store: JobStore) -> None:
+    first = await enqueue_prompts(store, spec(), prompts(2500), chunk=1000)
+    assert (first.total, first.added, first.already_queued) == (2500, 2500, 0)
+    again = await enqueue_prompts(store, spec(), prompts(2500), chunk=1000)
+    assert (again.total, again.added, again.already_queued) == (2500, 0, 2500)
+    stream = store.keys.stream("j")
+    assert await store.redis.xlen(stream) == 2500
+    ids = [eid for eid, _ in await store.redis.xrange(stream, count=3)]
+    assert ids == [b"0-1", b"0-2", b"0-3"]
+    assert (await store.status("j")).total == 2500
+
+
+async def test_enqueue_resumes_after_a_crash_with_no_gap_and_no_duplicate(store: JobStore) -> None:
+    def crashing() -> Iterator[tuple[str, str | None]]:
+        for i, p in enumerate(prompts(3000)):
+            if i == 1700:
+                raise KeyboardInterrupt  # the producer dies mid-input
+            yield p
+
+    with pytest.raises(KeyboardInterrupt):
+        await enqueue_prompts(store, spec(), crashing(), chunk=500)
+    assert await store.enqueued_count("j") == 1500  # three whole chunks reached Redis
+    assert (await store.status("j")).total is None  # not sealed
+    report = await enqueue_prompts(store, spec(), prompts(3000), chunk=500)
+    assert (report.added, report.already_queued) == (1500, 1500)
+    entries = await store.redis.xrange(store.keys.stream("j"))
+    indices = [msgspec.msgpack.decode(f[b"d"])[0] for _, f in entries]
+    assert indices == list(range(3000))
+
+
+async def test_job_settings_conflicts_are_refused(store: JobStore) -> None:
+    await enqueue_prompts(store, spec(max_tokens=16), prompts(10))
+    with pytest.raises(JobConflictError, match="already exists with model=None"):
+        await enqueue_prompts(store, spec(max_tokens=32), prompts(10))
+    with pytest.raises(JobConflictError, match="sealed with 10 prompts; this input has more"):
+        await enqueue_prompts(store, spec(), prompts(11))
+    with pytest.raises(JobConflictError, match="holds 10 prompts but this input has only 9"):
+        await enqueue_prompts(store, spec(), prompts(9))
+
+
+async def test_commit_is_first_write_wins_and_counts_only_new_results(store: JobStore) -> None:
+    await enqueue_prompts(store, spec(), prompts(3))
+    got = await store.read_new("j", "c1", 3)
+    assert [eid for eid, _ in got] == [b"0-1", b"0-2", b"0-3"]
+    first = [
+        (got[0][0], Result(index=0, text="first")),
+        (got[1][0], Result(index=1, error="bad", error_kind="rejected")),
+    ]
+    c = await store.commit("j", first, prompt_tokens=5, completion_tokens=7)
+    assert (c.done, c.failed) == (1, 1)
+    # A redelivered entry's late result never replaces the one already written.
+    c = await store.commit("j", [(got[0][0], Result(index=0, text="second"))])
+    assert (c.done, c.failed) == (0, 0)
+    lines = [line for line in await collect_lines(store, "j")]
+    assert [(x["index"], x["text"], x["error"]) for x in lines] == [
+        (0, "first", None),
+        (1, None, "bad"),
+    ]
+    status = await store.status("j")
+    assert (status.done, status.failed, status.in_flight, status.pending) == (1, 1, 1, 0)
+    assert (status.prompt_tokens, status.completion_tokens) == (5, 7)
+    assert not status.finished
+    await store.commit("j", [(got[2][0], Result(index=2, text="third"))])
+    status = await store.status("j")
+    assert status.finished and status.in_flight == 0
+    assert await store.redis.xlen(store.keys.stream("j")) == 0  # acked entries are trimmed
+
+
+async def test_collector_writes_only_the_contiguous_prefix(store: JobStore) -> None:
+    await enqueue_prompts(store, spec(), prompts(4))
+    got = await store.read_new("j", "c", 4)
+    await store.commit("j", [(got[i][0], Result(index=i, text=f"t{i}")) for i in (0, 1, 3)])
+    buf = io.BytesIO()
+    report = await collect(store, "j", buf)
+    assert [msgspec.json.decode(x)["index"] for x in buf.getvalue().splitlines()] == [0, 1]
+    assert (report.written, report.total, report.complete) == (2, 4, False)
+
+
+# -- the drain engine --------------------------------------------------------------------
+
+
+async def run_engine(settings: Settings, store: JobStore, urls: list[str]) -> Engine:
+    engine = Engine(settings, store, [EndpointClient(u) for u in urls])
+    try:
+        await engine.run(burst=True)
+    finally:
+        await engine.close()
+    return engine
+
+
+async def test_engine_drains_two_jobs_over_two_endpoints_in_order(
+    make_settings: Callable[..., Settings], store: JobStore, sim_fleet: Callable[..., SimFleet]
+) -> None:
+    settings = make_settings(batch_size=16, inflight=3)
+    await enqueue_prompts(store, spec("a", max_tokens=9), prompts(700))
+    await enqueue_prompts(store, spec("b", max_tokens=20), prompts(300))
+    async with sim_fleet(2) as fleet:
+        engine = await run_engine(settings, store, fleet.urls)
+    for job, n, max_tokens in (("a", 700, 9), ("b", 300, 20)):
+        lines = await collect_lines(store, job)
+        assert [x["index"] for x in lines] == list(range(n))
+        for x, (p, _) in zip(lines, prompts(n), strict=True):
+            text, _, reason = completion_for(p, max_tokens)
+            assert (x["text"], x["finish_reason"], x["error"]) == (text, reason, None)
+        assert (await store.status(job)).finished
+    per_endpoint = [d.prompts_done for d in engine.drainers]
+    assert sum(per_endpoint) == 1000 and min(per_endpoint) > 0
+
+
+async def test_over_long_prompts_fail_alone_with_the_servers_message(
+    make_settings: Callable[..., Settings], store: JobStore, sim_fleet: Callable[..., SimFleet]
+) -> None:
+    poison = {5, 37, 38, 63}
+    items = [("y" * 400 if i in poison else f"fine {i}", f"id-{i}") for i in range(64)]
+    await enqueue_prompts(store, spec(max_tokens=8), items)
+    async with sim_fleet(1, EngineConfig(max_model_len=64, step_base_ms=0.5)) as fleet:
+        await run_engine(make_settings(batch_size=32, inflight=2), store, fleet.urls)
+    lines = await collect_lines(store, "j")
+    assert [x["index"] for x in lines] == list(range(64))
+    failed = {x["index"] for x in lines if x["error"]}
+    assert failed == poison
+    for x in lines:
+        assert x["custom_id"] == f"id-{x['index']}"
+        if x["index"] in poison:
+            assert x["error"].startswith("You passed 100 input tokens and requested 8 output")
+            assert x["text"] is None
+        else:
+            assert x["text"] == completion_for(items[x["index"]][0], 8)[0]
+    status = await store.status("j")
+    assert (status.done, status.failed, status.finished) == (60, 4, True)
+
+
+async def test_transient_errors_are_retried_until_every_prompt_succeeds(
+    make_settings: Callable[..., Settings], store: JobStore, sim_fleet: Callable[..., SimFleet]
+) -> None:
+    await enqueue_prompts(store, spec(), prompts(400))
+    faults = [FaultConfig(error_rate=0.3, reset_rate=0.1)]
+    async with sim_fleet(1, faults=faults) as fleet:
+        engine = await run_engine(make_settings(batch_size=10, max_attempts=30), store, fleet.urls)
+    lines = await collect_lines(store, "j")
+    assert [x["error"] for x in lines] == [None] * 400
+    assert engine.drainers[0].retries > 0
+    assert max(x["attempts"] for x in lines) > 1
+
+
+class _ShuffledClient(EndpointClient):
+    """Answers with choices in reverse order, as a server may: mapping must use choice.index."""
+
+    async def complete(
+        self,
+        model: str,
+        prompts: list[str],
+        params: SamplingParams,
+        *,
+        timeout_s: float | None = None,
+    ) -> CompletionBody:
+        body = await super().complete(model, prompts, params, timeout_s=timeout_s)
+        return CompletionBody(choices=list(reversed(body.choices)), usage=body.usage)
+
+
+class _DroppingClient(EndpointClient):
+    """Loses the choice for every prompt mentioning 13."""
+
+    async def complete(
+        self,
+        model: str,
+        prompts: list[str],
+        params: SamplingParams,
+        *,
+        timeout_s: float | None = None,
+    ) -> CompletionBody:
+        body = await super().complete(model, prompts, params, timeout_s=timeout_s)
+        keep: list[Choice] = [c for c in body.choices if "13" not in prompts[c.index]]
+        return CompletionBody(choices=keep, usage=body.usage)
+
+
+async def _drain_with(settings: Settings, store: JobStore, client: EndpointClient) -> None:
+    engine = Engine(settings, store, [client])
+    try:
+        await engine.run(burst=True)
+    finally:
+        await engine.close()
+
+
+async def test_results_are_mapped_by_choice_index_never_by_position(
+    settings: Settings, store: JobStore, sim_fleet: Callable[..., SimFleet]
+) -> None:
+    await enqueue_prompts(store, spec(), prompts(50))
+    async with sim_fleet(1) as fleet:
+        await _drain_with(settings, store, _ShuffledClient(fleet.urls[0]))
+    lines = await collect_lines(store, "j")
+    assert [x["text"] for x in lines] == [completion_for(p, 16)[0] for p, _ in prompts(50)]
+
+
+async def test_a_missing_choice_fails_only_its_prompt(
+    settings: Settings, store: JobStore, sim_fleet: Callable[..., SimFleet]
+) -> None:
+    await enqueue_prompts(store, spec(), prompts(50))
+    async with sim_fleet(1) as fleet:
+        await _drain_with(settings, store, _DroppingClient(fleet.urls[0]))
+    lines = await collect_lines(store, "j")
+    failed = [x["index"] for x in lines if x["error"]]
+    assert failed == [i for i, (p, _) in enumerate(prompts(50)) if "13" in p]
+    assert lines[13]["error"].startswith("endpoint returned no choice with index")
+    for x, (p, _) in zip(lines, prompts(50), strict=True):
+        if not x["error"]:
+            assert x["text"] == completion_for(p, 16)[0]
+
+
+async def test_a_failing_endpoint_releases_its_batch_to_another_worker(
+    make_settings: Callable[..., Settings], store: JobStore, sim_fleet: Callable[..., SimFleet]
+) -> None:
+    await enqueue_prompts(store, spec(), prompts(20))
+    async with sim_fleet(2, faults=[FaultConfig(error_rate=1.0), FaultConfig()]) as fleet:
+        s = make_settings(batch_size=20, max_attempts=2, claim_idle_ms=60_000)
+        bad = Engine(s, store, [EndpointClient(fleet.urls[0])])
+        try:
+            assert await bad.drainers[0].step() is True  # takes the batch, fails, releases it
+        finally:
+            await bad.close()
+        assert bad.drainers[0].prompts_done == 0
+        status = await store.status("j")
+        assert (status.in_flight, status.done) == (20, 0)
+        # Released entries are taken over at once, not after claim_idle_ms (60 s here).
+        good = Engine(
+            make_settings(worker_name="other", claim_idle_ms=60_000),
+            store,
+            [EndpointClient(fleet.urls[1])],
+        )
+        try:
+            await good.run(burst=True)
+        finally:
+            await good.close()
+    lines = await collect_lines(store, "j")
+    assert [x["endpoint"] for x in lines] == [fleet.urls[1]] * 20
+    assert all(x["error"] is None for x in lines)
+
+
+async def test_a_restarted_worker_finishes_its_own_unacked_entries_first(
+    make_settings: Callable[..., Settings], store: JobStore, sim_fleet: Callable[..., SimFleet]
+) -> None:
+    await enqueue_prompts(store, spec(), prompts(30))
+    async with sim_fleet(1) as fleet:
+        consumer = f"test|{fleet.urls[0]}"
+        taken = await store.read_new("j", consumer, 10)  # a worker took 10 entries, then died
+        assert len(taken) == 10
+        engine = Engine(
+            make_settings(batch_size=10, inflight=1), store, [EndpointClient(fleet.urls[0])]
+        )
+        try:
+            assert await engine.drainers[0].step() is True
+        finally:
+            await engine.close()
+    lines = await collect_lines(store, "j")
+    assert [x["index"] for x in lines] == list(range(10))  # its own leftovers came first
+
+
+async def test_orphans_of_a_dead_worker_are_reclaimed_after_the_idle_time(
+    make_settings: Callable[..., Settings], store: JobStore, sim_fleet: Callable[..., SimFleet]
+) -> None:
+    await enqueue_prompts(store, spec(), prompts(40))
+    await store.read_new("j", "dead-host|http://gone:1", 15)  # taken by a worker that died
+    async with sim_fleet(1) as fleet:
+        await run_engine(make_settings(claim_idle_ms=1), store, fleet.urls)
+    lines = await collect_lines(store, "j")
+    assert [x["index"] for x in lines] == list(range(40))
+    assert all(x["error"] is None for x in lines)
+
+
+async def test_undecodable_entries_fail_under_their_index(
+    settings: Settings, store: JobStore, sim_fleet: Callable[..., SimFleet]
+) -> None:
+    await store.create_job(spec())
+    await store.add_items("j", [PromptItem(0, "good")])
+    await store.redis.xadd(store.keys.stream("j"), {b"d": b"\xc1garbage"}, id="0-2")
+    await store.seal("j", 2)
+    async with sim_fleet(1) as fleet:
+        await run_engine(settings, store, fleet.urls)
+    lines = await collect_lines(store, "j")
+    assert lines[0]["error"] is None
+    assert lines[1]["index"] == 1 and lines[1]["error"].startswith("undecodable stream entry")
