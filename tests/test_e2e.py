@@ -193,3 +193,94 @@ def test_password_in_the_redis_url_is_never_printed(tmp_path: Path, env: dict[st
     assert out.returncode == 1
     assert "hunter2" not in out.stderr + out.stdout
     assert f"redis://user:***@127.0.0.1:{port}/0" in out.stderr
+
+
+def _collect(env: dict[str, str], job: str, out: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [BIN / "swarm-collect", job, "--out", out, "--wait"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_long_running_worker_serves_new_jobs_then_stops_cleanly_on_sigterm(
+    tmp_path: Path, sim_ports: list[int], env: dict[str, str]
+) -> None:
+    wenv = {**env, "SWARM_ENDPOINTS": f"127.0.0.1:{sim_ports[0]}", "SWARM_JOBS_REFRESH_S": "0.1"}
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "arq", "worker.WorkerSettings"],
+        env=wenv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        for job, n in (("first", 300), ("second", 200)):  # the second is queued after the first
+            src = tmp_path / f"{job}.txt"
+            src.write_text("".join(f"{job} {_prompt(i)}\n" for i in range(n)))
+            subprocess.run(
+                [BIN / "swarm-enqueue", src, "--job", job, "--max-tokens", "8"],
+                env=env,
+                check=True,
+                capture_output=True,
+            )
+            done = _collect(env, job, tmp_path / f"{job}.jsonl")
+            assert done.returncode == 0, done.stderr
+            lines = (tmp_path / f"{job}.jsonl").read_bytes().splitlines()
+            texts = [msgspec.json.decode(x)["text"] for x in lines]
+            assert texts == [completion_for(f"{job} {_prompt(i)}", 8)[0] for i in range(n)]
+        assert worker.poll() is None  # not in burst mode: still running
+        worker.send_signal(signal.SIGTERM)
+        log = worker.communicate(timeout=30)[0]
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+    assert worker.returncode == 0, log
+    assert "stopping: finishing batches in flight" in log
+    assert "500 prompts done, 0 failed" in log
+
+
+def test_arq_payloads_are_msgpack_never_pickle(
+    env: dict[str, str], redis_url: str, prefix: str
+) -> None:
+    import asyncio
+
+    from arq import create_pool
+    from arq.connections import RedisSettings
+
+    from worker.app import job_deserializer, job_serializer
+
+    async def enqueue_ping() -> str:
+        pool = await create_pool(
+            RedisSettings.from_dsn(redis_url),
+            job_serializer=job_serializer,
+            job_deserializer=job_deserializer,
+            default_queue_name=f"{prefix}:arq:queue",
+        )
+        try:
+            job = await pool.enqueue_job("ping")
+            assert job is not None
+            return job.job_id
+        finally:
+            await pool.aclose()
+
+    job_id = asyncio.run(enqueue_ping())
+    wenv = {**env, "SWARM_ENDPOINTS": "127.0.0.1:9"}  # never called: no swarm job exists
+    subprocess.run(
+        [sys.executable, "-m", "arq", "worker.WorkerSettings", "--burst"],
+        env=wenv,
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+    client = redis.Redis.from_url(redis_url)
+    try:
+        raw = client.get(f"arq:result:{job_id}")
+    finally:
+        client.delete(f"arq:result:{job_id}")  # arq's own fixed key, outside our prefix
+        client.close()
+    assert raw is not None and not raw.startswith(b"\x80")  # pickle's protocol marker
+    stored = msgspec.msgpack.decode(raw)
+    assert (stored["f"], stored["s"], stored["r"]) == ("ping", True, "pong")
