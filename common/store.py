@@ -87,13 +87,13 @@ _SEAL_LUA = """
 local meta = KEYS[1]
 local total, now = ARGV[1], ARGV[2]
 local old = redis.call('HGET', meta, 'total')
-if old and old ~= total then return redis.error_reply('total mismatch: ' .. old) end
+if old and old ~= total then return {0, old} end
 redis.call('HSET', meta, 'total', total)
 redis.call('HSETNX', meta, 'sealed_s', now)
 local d = tonumber(redis.call('HGET', meta, 'done') or '0')
 local f = tonumber(redis.call('HGET', meta, 'failed') or '0')
 if d + f >= tonumber(total) then redis.call('HSETNX', meta, 'finished_s', now) end
-return 1
+return {1, total}
 """
 
 # Takes or refreshes the per-job producer lock. ARGV: token, ttl_ms.
@@ -274,13 +274,14 @@ class JobStore:
 
     async def seal(self, job: str, total: int) -> None:
         async with redis_errors(self.url):
-            try:
-                await self._seal(keys=[self.keys.meta(job)], args=[total, f"{time.time():.3f}"])
-            except ResponseError as exc:
-                raise JobConflictError(
-                    f"job {job!r} was sealed with a different prompt count ({exc}); "
-                    f"this input has {total}. Use another job name."
-                ) from None
+            ok, stored = await self._seal(
+                keys=[self.keys.meta(job)], args=[total, f"{time.time():.3f}"]
+            )
+        if not ok:
+            raise JobConflictError(
+                f"job {job!r} was sealed with {int(stored)} prompts; this input has {total}. "
+                "Use another job name."
+            )
 
     # -- worker -------------------------------------------------------------------------
 

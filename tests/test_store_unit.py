@@ -1,0 +1,78 @@
+"""Store bookkeeping on fakeredis (with Lua): locks, sealing, counters, finishing.
+
+Stream delivery, consumer groups and reclaim are tested against a real Redis in
+test_pipeline.py; here only the hash and script logic, which fakeredis runs faithfully.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import fakeredis
+import pytest
+
+from common.errors import JobConflictError, JobNotFoundError
+from common.keys import Keys
+from common.models import JobSpec, PromptItem, Result, SamplingParams
+from common.store import JobStore
+
+
+@pytest.fixture
+async def fake() -> AsyncIterator[JobStore]:
+    store = JobStore(fakeredis.FakeAsyncRedis(), Keys("u"))
+    yield store
+    await store.close()
+
+
+async def test_producer_lock_is_exclusive_and_refreshable(fake: JobStore) -> None:
+    assert await fake.acquire_producer_lock("j", "host:1", 30_000) is None
+    assert await fake.acquire_producer_lock("j", "host:1", 30_000) is None  # refresh
+    assert await fake.acquire_producer_lock("j", "host:2", 30_000) == "host:1"
+    await fake.release_producer_lock("j", "host:2")  # not the holder: no effect
+    assert await fake.acquire_producer_lock("j", "host:2", 30_000) == "host:1"
+    await fake.release_producer_lock("j", "host:1")
+    assert await fake.acquire_producer_lock("j", "host:2", 30_000) is None
+
+
+async def test_seal_records_the_total_once(fake: JobStore) -> None:
+    await fake.create_job(JobSpec(job="j"))
+    await fake.seal("j", 5)
+    await fake.seal("j", 5)  # a rerun seals again with the same count
+    with pytest.raises(JobConflictError, match="sealed with 5 prompts; this input has 6"):
+        await fake.seal("j", 6)
+    assert (await fake.status("j")).total == 5
+
+
+async def test_job_finishes_when_the_last_result_lands_before_or_after_sealing(
+    fake: JobStore,
+) -> None:
+    for job, seal_first in (("a", True), ("b", False)):
+        await fake.create_job(JobSpec(job=job))
+        await fake.add_items(job, [PromptItem(i, f"p{i}") for i in range(2)])
+        if seal_first:
+            await fake.seal(job, 2)
+        got = await fake.read_new(job, "c", 2)
+        await fake.commit(job, [(got[0][0], Result(index=0, text="x"))])
+        assert not (await fake.status(job)).finished
+        await fake.commit(job, [(got[1][0], Result(index=1, error="e"))])
+        assert (await fake.status(job)).finished is seal_first
+        if not seal_first:
+            await fake.seal(job, 2)  # the producer's seal finishes a job whose results are in
+        status = await fake.status(job)
+        assert (status.finished, status.done, status.failed) == (True, 1, 1)
+        assert await fake.unfinished([job]) == []
+
+
+async def test_create_job_refuses_other_settings_and_unknown_jobs_are_named(
+    fake: JobStore,
+) -> None:
+    await fake.create_job(JobSpec(job="j", model="m1"))
+    same = await fake.create_job(JobSpec(job="j", model="m1", created_s=99.0, source="other"))
+    assert same.model == "m1"
+    with pytest.raises(JobConflictError, match="already exists with model='m1'"):
+        await fake.create_job(JobSpec(job="j", model="m2"))
+    with pytest.raises(JobConflictError, match="max_tokens"):
+        await fake.create_job(JobSpec(job="j", model="m1", params=SamplingParams(max_tokens=1)))
+    assert await fake.list_jobs() == ["j"]
+    with pytest.raises(JobNotFoundError, match="no job named 'nope' in this Redis"):
+        await fake.status("nope")
