@@ -96,6 +96,33 @@ if d + f >= tonumber(total) then redis.call('HSETNX', meta, 'finished_s', now) e
 return {1, total}
 """
 
+# Re-claims, for the calling consumer, those of the given entries it still owns: resets their
+# idle time (a heartbeat) or, with an idle time, marks them long idle (a release). Entries another
+# worker has taken over meanwhile are left alone, so a slow worker never steals them back.
+# ARGV: group, consumer, idle_ms ('' for none), then the entry IDs (sorted).
+_CLAIM_MINE_LUA = """
+local stream, group, consumer, idle = KEYS[1], ARGV[1], ARGV[2], ARGV[3]
+local wanted = {}
+for i = 4, #ARGV do wanted[ARGV[i]] = true end
+local pending = redis.call('XPENDING', stream, group, ARGV[4], ARGV[#ARGV], 100000, consumer)
+local ids = {}
+for _, e in ipairs(pending) do
+  if wanted[e[1]] then ids[#ids + 1] = e[1] end
+end
+for i = 1, #ids, 500 do
+  -- unpack() only expands as the last argument, so build the whole argument list first.
+  local args = {'XCLAIM', stream, group, consumer, 0}
+  for j = i, math.min(i + 499, #ids) do args[#args + 1] = ids[j] end
+  if idle ~= '' then
+    args[#args + 1] = 'IDLE'
+    args[#args + 1] = idle
+  end
+  args[#args + 1] = 'JUSTID'
+  redis.call(unpack(args))
+end
+return #ids
+"""
+
 # Takes or refreshes the per-job producer lock. ARGV: token, ttl_ms.
 _LOCK_LUA = """
 local cur = redis.call('GET', KEYS[1])
@@ -175,6 +202,7 @@ class JobStore:
         self._commit = redis.register_script(_COMMIT_LUA)
         self._seal = redis.register_script(_SEAL_LUA)
         self._lock = redis.register_script(_LOCK_LUA)
+        self._claim_mine = redis.register_script(_CLAIM_MINE_LUA)
 
     async def close(self) -> None:
         await self.redis.aclose()
@@ -322,27 +350,28 @@ class JobStore:
             )
         return [(eid, fields.get(b"d") if fields else None) for eid, fields in reply[1]]
 
-    async def touch(self, job: str, consumer: str, entry_ids: Sequence[bytes]) -> None:
-        """Reset the idle time of entries this consumer is still working on, so none steals them."""
-        if entry_ids:
-            async with redis_errors(self.url):
-                await self.redis.xclaim(
-                    self.keys.stream(job), GROUP, consumer, 0, list(entry_ids), justid=True
-                )
+    async def touch(self, job: str, consumer: str, entry_ids: Sequence[bytes]) -> int:
+        """Reset the idle time of entries this consumer still owns, so none takes them as
+        orphaned; returns how many it still owns."""
+        return await self._claim_own(job, consumer, entry_ids, "")
 
-    async def release(self, job: str, consumer: str, entry_ids: Sequence[bytes]) -> None:
-        """Hand entries back at once: mark them long idle so any worker's reclaim takes them."""
-        if entry_ids:
-            async with redis_errors(self.url):
-                await self.redis.xclaim(
-                    self.keys.stream(job),
-                    GROUP,
-                    consumer,
-                    0,
-                    list(entry_ids),
-                    idle=RELEASED_IDLE_MS,
-                    justid=True,
+    async def release(self, job: str, consumer: str, entry_ids: Sequence[bytes]) -> int:
+        """Hand entries back at once: mark the ones still ours long idle, so any worker's
+        reclaim takes them without waiting for the claim idle time."""
+        return await self._claim_own(job, consumer, entry_ids, str(RELEASED_IDLE_MS))
+
+    async def _claim_own(
+        self, job: str, consumer: str, entry_ids: Sequence[bytes], idle: str
+    ) -> int:
+        if not entry_ids:
+            return 0
+        ids = sorted(entry_ids, key=index_of)
+        async with redis_errors(self.url):
+            return int(
+                await self._claim_mine(
+                    keys=[self.keys.stream(job)], args=[GROUP, consumer, idle, *ids]
                 )
+            )
 
     async def commit(
         self,

@@ -323,3 +323,21 @@ async def test_undecodable_entries_fail_under_their_index(
     lines = await collect_lines(store, "j")
     assert lines[0]["error"] is None
     assert lines[1]["index"] == 1 and lines[1]["error"].startswith("undecodable stream entry")
+
+
+async def test_heartbeat_and_release_touch_only_entries_still_owned(store: JobStore) -> None:
+    await enqueue_prompts(store, spec(), prompts(6))
+    mine = [eid for eid, _ in await store.read_new("j", "slow", 6)]
+    # Another worker takes over the first three (say the slow one looked dead for a while).
+    taken = await store.redis.xclaim(
+        store.keys.stream("j"), "workers", "fast", 0, mine[:3], justid=True
+    )
+    assert taken == mine[:3]
+    assert await store.touch("j", "slow", mine) == 3  # the heartbeat keeps only its own 3
+    assert await store.release("j", "slow", mine) == 3
+    detail = await store.redis.xpending_range(store.keys.stream("j"), "workers", "-", "+", 10)
+    owner = {d["message_id"]: d["consumer"] for d in detail}
+    assert [owner[e] for e in mine] == [b"fast"] * 3 + [b"slow"] * 3
+    # Released entries are instantly reclaimable; the taken-over ones are not.
+    reclaimed = await store.autoclaim("j", "third", 60_000, 10)
+    assert [eid for eid, _ in reclaimed] == mine[3:]

@@ -189,6 +189,11 @@ class EndpointDrainer:
                 # redis-py already retried with backoff; keep trying, slower.
                 log.warning("%s: %s; retrying", self.client.label, exc)
                 await self.engine.sleep(self._backoff(3))
+            except Exception:
+                # A bug or an unforeseen answer must not silently kill a slot in a days-long
+                # run: log it loudly and carry on; unacked work is reclaimed as usual.
+                log.exception("%s: unexpected error in drain loop; continuing", self.client.label)
+                await self.engine.sleep(self._backoff(3))
 
     async def step(self, block_ms: int | None = None) -> bool:
         """Take one batch and finish it; False when there was nothing to take."""
