@@ -20,7 +20,7 @@ import signal
 import sys
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import msgspec
@@ -214,130 +214,129 @@ class SimEndpoint:
 
     # -- routes ---------------------------------------------------------------------------
 
-    async def _completions(self, request: web.Request) -> web.StreamResponse:
+    async def _serve(
+        self,
+        request: web.Request,
+        decoder: msgspec.json.Decoder[Any],
+        respond: Callable[[Any], Awaitable[web.Response]],
+    ) -> web.StreamResponse:
+        """What both generation routes share: fault switches, decoding, model and stream checks,
+        and dropping the connection when the endpoint dies mid-request."""
         try:
             gate = await self._faults_gate(request)
             if gate is not None:
                 return gate
             try:
-                req = _completion_decoder.decode(await request.read())
+                req = decoder.decode(await request.read())
             except msgspec.DecodeError as exc:
                 return self._error(400, f"invalid request: {exc}", "BadRequestError")
             if (err := self._check_model(req.model)) is not None:
                 return err
             if req.stream:
                 return self._error(400, "swarm-sim does not stream", "BadRequestError", "stream")
-            prompts = [req.prompt] if isinstance(req.prompt, str) else req.prompt
-            max_tokens = 16 if req.max_tokens is None else req.max_tokens
-            if not prompts:
-                return self._error(400, "prompt must not be empty", "BadRequestError", "prompt")
-            if max_tokens < 1:
-                return self._error(
-                    400,
-                    f"max_tokens must be at least 1, got {max_tokens}.",
-                    "BadRequestError",
-                    "max_tokens",
-                )
-            ptoks = [count_tokens(p) for p in prompts]
-            for n in ptoks:  # one over-long prompt fails the whole list, as in vLLM
-                if (err := self._context_error(n, max_tokens)) is not None:
-                    return err
-            outs = [completion_for(p, max_tokens) for p in prompts]
-            await self.engine.generate([n for _, n, _ in outs])
-            if self.dead:
-                _abort(request)
-                raise EngineStopped()
-            self.requests_total += 1
-            self.prompt_tokens_total += sum(ptoks)
-            ctoks = sum(n for _, n, _ in outs)
-            return self._ok(
-                {
-                    "id": f"cmpl-{uuid.uuid4().hex}",
-                    "object": "text_completion",
-                    "created": int(time.time()),
-                    "model": self.model,
-                    "choices": [
-                        {
-                            "index": i,
-                            "text": text,
-                            "logprobs": None,
-                            "finish_reason": reason,
-                            "stop_reason": None,
-                            "prompt_logprobs": None,
-                        }
-                        for i, (text, _, reason) in enumerate(outs)
-                    ],
-                    "usage": {
-                        "prompt_tokens": sum(ptoks),
-                        "completion_tokens": ctoks,
-                        "total_tokens": sum(ptoks) + ctoks,
-                    },
-                }
-            )
+            return await respond(req)
         except EngineStopped:
             _abort(request)
             return web.Response(status=503)
+
+    async def _generate(self, lengths: list[int], prompt_tokens: int) -> None:
+        await self.engine.generate(lengths)
+        if self.dead:
+            raise EngineStopped()
+        self.requests_total += 1
+        self.prompt_tokens_total += prompt_tokens
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._serve(request, _completion_decoder, self._complete)
+
+    async def _complete(self, req: _CompletionRequest) -> web.Response:
+        prompts = [req.prompt] if isinstance(req.prompt, str) else req.prompt
+        max_tokens = 16 if req.max_tokens is None else req.max_tokens
+        if not prompts:
+            return self._error(400, "prompt must not be empty", "BadRequestError", "prompt")
+        if max_tokens < 1:
+            return self._error(
+                400,
+                f"max_tokens must be at least 1, got {max_tokens}.",
+                "BadRequestError",
+                "max_tokens",
+            )
+        ptoks = [count_tokens(p) for p in prompts]
+        for n in ptoks:  # one over-long prompt fails the whole list, as in vLLM
+            if (err := self._context_error(n, max_tokens)) is not None:
+                return err
+        outs = [completion_for(p, max_tokens) for p in prompts]
+        await self._generate([n for _, n, _ in outs], sum(ptoks))
+        ctoks = sum(n for _, n, _ in outs)
+        return self._ok(
+            {
+                "id": f"cmpl-{uuid.uuid4().hex}",
+                "object": "text_completion",
+                "created": int(time.time()),
+                "model": self.model,
+                "choices": [
+                    {
+                        "index": i,
+                        "text": text,
+                        "logprobs": None,
+                        "finish_reason": reason,
+                        "stop_reason": None,
+                        "prompt_logprobs": None,
+                    }
+                    for i, (text, _, reason) in enumerate(outs)
+                ],
+                "usage": {
+                    "prompt_tokens": sum(ptoks),
+                    "completion_tokens": ctoks,
+                    "total_tokens": sum(ptoks) + ctoks,
+                },
+            }
+        )
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
-        try:
-            gate = await self._faults_gate(request)
-            if gate is not None:
-                return gate
-            try:
-                req = _chat_decoder.decode(await request.read())
-            except msgspec.DecodeError as exc:
-                return self._error(400, f"invalid request: {exc}", "BadRequestError")
-            if (err := self._check_model(req.model)) is not None:
-                return err
-            if req.stream:
-                return self._error(400, "swarm-sim does not stream", "BadRequestError", "stream")
-            # A stand-in chat template: what the model sees is a pure function of the messages.
-            prompt = "".join(f"<|{m.role}|>\n{m.content or ''}\n" for m in req.messages)
-            prompt += "<|assistant|>\n"
-            ptoks = count_tokens(prompt)
-            max_tokens = req.max_completion_tokens or req.max_tokens
-            if max_tokens is None:
-                max_tokens = max(1, self.config.max_model_len - ptoks)
-            if (err := self._context_error(ptoks, max_tokens)) is not None:
-                return err
-            text, n, reason = completion_for(prompt, max_tokens)
-            await self.engine.generate([n])
-            if self.dead:
-                _abort(request)
-                raise EngineStopped()
-            self.requests_total += 1
-            self.prompt_tokens_total += ptoks
-            return self._ok(
-                {
-                    "id": f"chatcmpl-{uuid.uuid4().hex}",
-                    "object": "chat.completion",
-                    "created": int(time.time()),
-                    "model": self.model,
-                    "choices": [
-                        {
-                            "index": 0,
-                            "message": {
-                                "role": "assistant",
-                                "content": text.lstrip(),
-                                "tool_calls": [],
-                            },
-                            "logprobs": None,
-                            "finish_reason": reason,
-                            "stop_reason": None,
-                        }
-                    ],
-                    "usage": {
-                        "prompt_tokens": ptoks,
-                        "completion_tokens": n,
-                        "total_tokens": ptoks + n,
-                    },
-                }
-            )
-        except EngineStopped:
-            _abort(request)
-            return web.Response(status=503)
+        return await self._serve(request, _chat_decoder, self._chat_complete)
 
-    async def _models(self, request: web.Request) -> web.StreamResponse:
+    async def _chat_complete(self, req: _ChatRequest) -> web.Response:
+        # A stand-in chat template: what the model sees is a pure function of the messages.
+        prompt = "".join(f"<|{m.role}|>\n{m.content or ''}\n" for m in req.messages)
+        prompt += "<|assistant|>\n"
+        ptoks = count_tokens(prompt)
+        max_tokens = req.max_completion_tokens or req.max_tokens
+        if max_tokens is None:
+            max_tokens = max(1, self.config.max_model_len - ptoks)
+        if (err := self._context_error(ptoks, max_tokens)) is not None:
+            return err
+        text, n, reason = completion_for(prompt, max_tokens)
+        await self._generate([n], ptoks)
+        return self._ok(
+            {
+                "id": f"chatcmpl-{uuid.uuid4().hex}",
+                "object": "chat.completion",
+                "created": int(time.time()),
+                "model": self.model,
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {
+                            "role": "assistant",
+                            "content": text.lstrip(),
+                            "tool_calls": [],
+                        },
+                        "logprobs": None,
+                        "finish_reason": reason,
+                        "stop_reason": None,
+                    }
+                ],
+                "usage": {
+                    "prompt_tokens": ptoks,
+                    "completion_tokens": n,
+                    "total_tokens": ptoks + n,
+                },
+            }
+        )
+
+    async def _alive(self, request: web.Request) -> web.Response | None:
+        """For /health and /v1/models: a dead endpoint drops the connection, a stalled one hangs."""
         try:
             if self.dead:
                 raise EngineStopped()
@@ -346,6 +345,11 @@ class SimEndpoint:
         except EngineStopped:
             _abort(request)
             return web.Response(status=503)
+        return None
+
+    async def _models(self, request: web.Request) -> web.StreamResponse:
+        if (gone := await self._alive(request)) is not None:
+            return gone
         return self._ok(
             {
                 "object": "list",
@@ -364,14 +368,8 @@ class SimEndpoint:
         )
 
     async def _health(self, request: web.Request) -> web.StreamResponse:
-        try:
-            if self.dead:
-                raise EngineStopped()
-            if self._stalled_now():
-                await self._stall()
-        except EngineStopped:
-            _abort(request)
-            return web.Response(status=503)
+        if (gone := await self._alive(request)) is not None:
+            return gone
         return web.Response(status=200)
 
     async def _metrics(self, request: web.Request) -> web.StreamResponse:

@@ -187,8 +187,12 @@ async def test_transient_errors_are_retried_until_every_prompt_succeeds(
     assert max(x["attempts"] for x in lines) > 1
 
 
-class _ShuffledClient(EndpointClient):
-    """Answers with choices in reverse order, as a server may: mapping must use choice.index."""
+class _RewritingClient(EndpointClient):
+    """A real client whose answers are rewritten, to play a server that behaves differently."""
+
+    def __init__(self, url: str, rewrite: Callable[[list[str], list[Choice]], list[Choice]]):
+        super().__init__(url)
+        self.rewrite = rewrite
 
     async def complete(
         self,
@@ -199,23 +203,15 @@ class _ShuffledClient(EndpointClient):
         timeout_s: float | None = None,
     ) -> CompletionBody:
         body = await super().complete(model, prompts, params, timeout_s=timeout_s)
-        return CompletionBody(choices=list(reversed(body.choices)), usage=body.usage)
+        return CompletionBody(choices=self.rewrite(prompts, body.choices), usage=body.usage)
 
 
-class _DroppingClient(EndpointClient):
-    """Loses the choice for every prompt mentioning 13."""
+def _reversed(prompts: list[str], choices: list[Choice]) -> list[Choice]:
+    return list(reversed(choices))  # answers in another order: mapping must use choice.index
 
-    async def complete(
-        self,
-        model: str,
-        prompts: list[str],
-        params: SamplingParams,
-        *,
-        timeout_s: float | None = None,
-    ) -> CompletionBody:
-        body = await super().complete(model, prompts, params, timeout_s=timeout_s)
-        keep: list[Choice] = [c for c in body.choices if "13" not in prompts[c.index]]
-        return CompletionBody(choices=keep, usage=body.usage)
+
+def _drop_13(prompts: list[str], choices: list[Choice]) -> list[Choice]:
+    return [c for c in choices if "13" not in prompts[c.index]]  # loses some choices
 
 
 async def _drain_with(settings: Settings, store: JobStore, client: EndpointClient) -> None:
@@ -231,7 +227,7 @@ async def test_results_are_mapped_by_choice_index_never_by_position(
 ) -> None:
     await enqueue_prompts(store, spec(), prompts(50))
     async with sim_fleet(1) as fleet:
-        await _drain_with(settings, store, _ShuffledClient(fleet.urls[0]))
+        await _drain_with(settings, store, _RewritingClient(fleet.urls[0], _reversed))
     lines = await collect_lines(store, "j")
     assert [x["text"] for x in lines] == [completion_for(p, 16)[0] for p, _ in prompts(50)]
 
@@ -241,7 +237,7 @@ async def test_a_missing_choice_fails_only_its_prompt(
 ) -> None:
     await enqueue_prompts(store, spec(), prompts(50))
     async with sim_fleet(1) as fleet:
-        await _drain_with(settings, store, _DroppingClient(fleet.urls[0]))
+        await _drain_with(settings, store, _RewritingClient(fleet.urls[0], _drop_13))
     lines = await collect_lines(store, "j")
     failed = [x["index"] for x in lines if x["error"]]
     assert failed == [i for i, (p, _) in enumerate(prompts(50)) if "13" in p]
