@@ -14,6 +14,7 @@ __all__ = [
     "EndpointRetryable",
     "EndpointUnusable",
     "InputError",
+    "JobCancelledError",
     "JobConflictError",
     "JobNameError",
     "JobNotFoundError",
@@ -50,6 +51,10 @@ class JobNotFoundError(SwarmError):
 
 class JobConflictError(SwarmError):
     """The job exists with settings different from the ones asked for."""
+
+
+class JobCancelledError(SwarmError):
+    """The job was cancelled with ``swarm-cancel``."""
 
 
 class StoreUnavailable(SwarmError):

@@ -60,6 +60,15 @@ class Keys:
         """Hash: the job spec, counters and timestamps (see :mod:`common.store`)."""
         return self._job(job, "meta")
 
+    def failed(self, job: str) -> str:
+        """Hash: decimal index -> the original queued entry of each failed prompt, so that
+        ``swarm-retry`` can queue it again (acknowledged entries are deleted from the stream)."""
+        return self._job(job, "failed")
+
+    def producer_lock(self, job: str) -> str:
+        """String: ``host:pid`` of the swarm-enqueue writing the job, with a TTL."""
+        return self._job(job, "lock")
+
     @property
     def jobs(self) -> str:
         """Set of all known job names; the one key outside any job's hash slot."""

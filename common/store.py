@@ -28,9 +28,22 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from common.errors import JobConflictError, JobNotFoundError, StoreUnavailable, SwarmError
+from common.errors import (
+    JobCancelledError,
+    JobConflictError,
+    JobNotFoundError,
+    StoreUnavailable,
+)
 from common.keys import GROUP, Keys, validate_job_name
-from common.models import JobSpec, PromptItem, Result, decode_item, decode_spec, encode
+from common.models import (
+    JobSpec,
+    PromptItem,
+    Result,
+    decode_item,
+    decode_result,
+    decode_spec,
+    encode,
+)
 from common.settings import mask_url
 
 __all__ = [
@@ -46,17 +59,25 @@ __all__ = [
 ]
 
 # The worker's atomic "write results + ack": first write wins (HSETNX), counters move only for
-# new results, acknowledged entries are deleted, and the job is marked finished when the last
-# result lands. ARGV: group, now_s, prompt_tokens, completion_tokens, then per entry
-# (entry_id, index, result blob, "1" if success else "0").
+# new results, a failure keeps its original entry (for swarm-retry) and counts under its kind,
+# acknowledged entries are deleted, and the job is marked finished when the last result lands.
+# KEYS: results, meta, stream, failed. ARGV: group, now_s, prompt_tokens, completion_tokens, then
+# per entry (entry_id, index, result blob, error kind or '' on success, original entry payload).
 _COMMIT_LUA = """
-local results, meta, stream = KEYS[1], KEYS[2], KEYS[3]
+local results, meta, stream, failed_h = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local group, now = ARGV[1], ARGV[2]
 local done, failed, ids = 0, 0, {}
-for b = 5, #ARGV, 4 do
+for b = 5, #ARGV, 5 do
   ids[#ids + 1] = ARGV[b]
   if redis.call('HSETNX', results, ARGV[b + 1], ARGV[b + 2]) == 1 then
-    if ARGV[b + 3] == '1' then done = done + 1 else failed = failed + 1 end
+    local kind = ARGV[b + 3]
+    if kind == '' then
+      done = done + 1
+    else
+      failed = failed + 1
+      redis.call('HINCRBY', meta, 'failed:' .. kind, 1)
+      redis.call('HSET', failed_h, ARGV[b + 1], ARGV[b + 4])
+    end
   end
 end
 for i = 1, #ids, 500 do
@@ -79,6 +100,30 @@ if done + failed > 0 then
   end
 end
 return {done, failed}
+"""
+
+# Queues failed prompts again: drops their results, re-adds their original entries to the stream
+# under IDs ``round-(index+1)`` (greater than every earlier ID, same index), and reopens the job.
+# KEYS: results, meta, stream, failed. ARGV: round, then per prompt (index, kind).
+_RETRY_LUA = """
+local results, meta, stream, failed_h = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local round, n = ARGV[1], 0
+for b = 2, #ARGV, 2 do
+  local idx, kind = ARGV[b], ARGV[b + 1]
+  local payload = redis.call('HGET', failed_h, idx)
+  if payload then
+    redis.call('HDEL', results, idx)
+    redis.call('HDEL', failed_h, idx)
+    redis.call('XADD', stream, round .. '-' .. (tonumber(idx) + 1), 'd', payload)
+    redis.call('HINCRBY', meta, 'failed:' .. kind, -1)
+    n = n + 1
+  end
+end
+if n > 0 then
+  redis.call('HINCRBY', meta, 'failed', -n)
+  redis.call('HDEL', meta, 'finished_s', 'cancelled_s')
+end
+return n
 """
 
 # Records the total once all input is queued, and finishes the job if its results are all in
@@ -121,6 +166,22 @@ for i = 1, #ids, 500 do
   redis.call(unpack(args))
 end
 return #ids
+"""
+
+# Appends one chunk of prompts, all or nothing: refused if the job was cancelled or if the chunk
+# does not start exactly where the stream ends (a resume from the wrong point). KEYS: meta,
+# stream. ARGV: first index, then the payloads in index order. Returns {status, enqueued}.
+_ADD_LUA = """
+local meta, stream = KEYS[1], KEYS[2]
+if redis.call('HEXISTS', meta, 'cancelled_s') == 1 then return {-1, 0} end
+local have = tonumber(redis.call('HGET', meta, 'enqueued') or '0')
+local first = tonumber(ARGV[1])
+if have ~= first then return {-2, have} end
+for i = 2, #ARGV do
+  redis.call('XADD', stream, string.format('0-%d', first + i - 1), 'd', ARGV[i])
+end
+redis.call('HSET', meta, 'enqueued', first + #ARGV - 1)
+return {1, first + #ARGV - 1}
 """
 
 # Takes or refreshes the per-job producer lock. ARGV: token, ttl_ms.
@@ -183,6 +244,8 @@ class JobStatus(msgspec.Struct, frozen=True):
     finished: bool
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cancelled: bool = False
+    failed_by_kind: dict[str, int] = msgspec.field(default_factory=dict)
 
 
 class Commit(msgspec.Struct, frozen=True):
@@ -203,6 +266,8 @@ class JobStore:
         self._seal = redis.register_script(_SEAL_LUA)
         self._lock = redis.register_script(_LOCK_LUA)
         self._claim_mine = redis.register_script(_CLAIM_MINE_LUA)
+        self._retry = redis.register_script(_RETRY_LUA)
+        self._add = redis.register_script(_ADD_LUA)
 
     async def close(self) -> None:
         await self.redis.aclose()
@@ -252,9 +317,9 @@ class JobStore:
         async with redis_errors(self.url):
             pipe = self.redis.pipeline(transaction=False)
             for name in names:
-                pipe.hexists(self.keys.meta(name), "finished_s")
+                pipe.hmget(self.keys.meta(name), ["finished_s", "cancelled_s"])
             flags = await pipe.execute()
-        return [n for n, finished in zip(names, flags, strict=True) if not finished]
+        return [n for n, f in zip(names, flags, strict=True) if f[0] is None and f[1] is None]
 
     async def meta(self, job: str) -> dict[str, bytes]:
         async with redis_errors(self.url):
@@ -264,41 +329,70 @@ class JobStore:
     # -- producer -----------------------------------------------------------------------
 
     async def enqueued_count(self, job: str) -> int:
-        """How many prompts the stream has ever received: the resume point of a rerun."""
+        """How many prompts the producer has queued: the resume point of a rerun."""
         async with redis_errors(self.url):
-            try:
-                info = await self.redis.xinfo_stream(self.keys.stream(job))
-            except ResponseError:  # no such key
-                return 0
-        last = info["last-generated-id"]
-        return index_of(last) + 1
+            return int(await self.redis.hget(self.keys.meta(job), "enqueued") or 0)
 
     async def acquire_producer_lock(self, job: str, token: str, ttl_ms: int) -> str | None:
         """Take or refresh the job's producer lock; returns the other holder's token if held."""
         async with redis_errors(self.url):
-            holder = await self._lock(keys=[self.keys.meta(job) + ":lock"], args=[token, ttl_ms])
+            holder = await self._lock(keys=[self.keys.producer_lock(job)], args=[token, ttl_ms])
         return holder.decode() if holder else None
 
     async def release_producer_lock(self, job: str, token: str) -> None:
-        key = self.keys.meta(job) + ":lock"
+        key = self.keys.producer_lock(job)
         async with redis_errors(self.url):
             if await self.redis.get(key) == token.encode():
                 await self.redis.delete(key)
 
     async def add_items(self, job: str, items: Sequence[PromptItem]) -> None:
-        """Append ``items`` (consecutive indices) in one pipelined round trip."""
-        stream = self.keys.stream(job)
+        """Append ``items`` (consecutive indices from the current end) in one atomic step."""
+        if not items:
+            return
+        args: list[Any] = [items[0].index, *(encode(item) for item in items)]
         async with redis_errors(self.url):
-            pipe = self.redis.pipeline(transaction=False)
-            for item in items:
-                pipe.xadd(stream, {b"d": encode(item)}, id=f"0-{item.index + 1}")
-            replies = await pipe.execute(raise_on_error=False)
-        for item, reply in zip(items, replies, strict=True):
-            if isinstance(reply, ResponseError):
-                raise SwarmError(
-                    f"job {job!r}: could not queue prompt {item.index}: {reply} "
-                    "(is another swarm-enqueue writing to this job?)"
+            status, have = await self._add(
+                keys=[self.keys.meta(job), self.keys.stream(job)], args=args
+            )
+        if status == -1:
+            raise JobCancelledError(
+                f"job {job!r} was cancelled (swarm-cancel); nothing more queued"
+            )
+        if status == -2:
+            raise JobConflictError(
+                f"job {job!r}: prompts from index {items[0].index} were to be queued but the job "
+                f"holds {have}; is another swarm-enqueue writing to it?"
+            )
+
+    async def cancel(self, job: str) -> tuple[bool, int]:
+        """Stop ``job``: every prompt not yet answered gets a failed result of kind ``cancelled``
+        (its entry kept for ``swarm-retry``). Returns (newly cancelled, prompts cancelled now)."""
+        meta = self.keys.meta(job)
+        await self.load_spec(job)
+        async with redis_errors(self.url):
+            newly = bool(await self.redis.hsetnx(meta, "cancelled_s", f"{time.time():.3f}"))
+            total = await self.redis.hget(meta, "total")
+        if total is None:  # the producer had not finished: the job ends where its input stopped
+            await self.seal(job, await self.enqueued_count(job))
+        count = 0
+        while True:
+            async with redis_errors(self.url):
+                entries = await self.redis.xrange(self.keys.stream(job), count=1000)
+            if not entries:
+                return newly, count
+            batch = [
+                (
+                    eid,
+                    Result(
+                        index=index_of(eid),
+                        error="cancelled by operator (swarm-cancel)",
+                        error_kind="cancelled",
+                    ),
+                    fields.get(b"d"),
                 )
+                for eid, fields in entries
+            ]
+            count += (await self.commit(job, batch)).failed
 
     async def seal(self, job: str, total: int) -> None:
         async with redis_errors(self.url):
@@ -376,27 +470,81 @@ class JobStore:
     async def commit(
         self,
         job: str,
-        entries: Iterable[tuple[bytes, Result]],
+        entries: Iterable[tuple[bytes, Result, bytes | None]],
         prompt_tokens: int = 0,
         completion_tokens: int = 0,
     ) -> Commit:
-        """Write each result under its index (first write wins) and ack its entry, atomically."""
+        """Write each result under its index (first write wins) and ack its entry, atomically.
+
+        ``entries`` are ``(entry_id, result, original payload)``; a failure's payload is kept so
+        that ``swarm-retry`` can queue the prompt again.
+        """
         args: list[Any] = [GROUP, f"{time.time():.3f}", prompt_tokens, completion_tokens]
-        for entry_id, result in entries:
-            args += [entry_id, str(result.index), encode(result), "1" if result.ok else "0"]
-        keys = [self.keys.results(job), self.keys.meta(job), self.keys.stream(job)]
+        for entry_id, result, payload in entries:
+            kind = "" if result.ok else (result.error_kind or "error")
+            args += [
+                entry_id,
+                str(result.index),
+                encode(result),
+                kind,
+                b"" if result.ok else (payload or b""),
+            ]
+        keys = [
+            self.keys.results(job),
+            self.keys.meta(job),
+            self.keys.stream(job),
+            self.keys.failed(job),
+        ]
         async with redis_errors(self.url):
             done, failed = await self._commit(keys=keys, args=args)
         return Commit(int(done), int(failed))
+
+    async def failed_indices(
+        self, job: str, kinds: set[str] | None = None
+    ) -> list[tuple[int, str]]:
+        """``(index, kind)`` of every failed prompt that can be queued again, in index order."""
+        found: list[tuple[int, str]] = []
+        async with redis_errors(self.url):
+            indices = sorted(
+                [int(i) async for i, _ in self.redis.hscan_iter(self.keys.failed(job))]
+            )
+            for start in range(0, len(indices), 1000):
+                chunk = indices[start : start + 1000]
+                blobs = await self.redis.hmget(self.keys.results(job), [str(i) for i in chunk])
+                for i, blob in zip(chunk, blobs, strict=True):
+                    kind = (decode_result(blob).error_kind or "error") if blob else "error"
+                    if kinds is None or kind in kinds:
+                        found.append((i, kind))
+        return found
+
+    async def requeue(self, job: str, failed: Sequence[tuple[int, str]]) -> int:
+        """Queue the given failed prompts again (see ``_RETRY_LUA``); returns how many."""
+        if not failed:
+            return 0
+        keys = [
+            self.keys.results(job),
+            self.keys.meta(job),
+            self.keys.stream(job),
+            self.keys.failed(job),
+        ]
+        async with redis_errors(self.url):
+            round_ = await self.redis.hincrby(self.keys.meta(job), "retry_round", 1)
+            n = 0
+            for start in range(0, len(failed), 1000):
+                args: list[Any] = [round_]
+                for index, kind in failed[start : start + 1000]:
+                    args += [index, kind]
+                n += int(await self._retry(keys=keys, args=args))
+        return n
 
     async def job_has_work(self, job: str) -> bool:
         """True while the job may still produce work: not yet sealed, or entries not yet acked."""
         async with redis_errors(self.url):
             pipe = self.redis.pipeline(transaction=False)
-            pipe.hmget(self.keys.meta(job), ["total", "finished_s"])
+            pipe.hmget(self.keys.meta(job), ["total", "finished_s", "cancelled_s"])
             pipe.xlen(self.keys.stream(job))
-            (total, finished), length = await pipe.execute()
-        if finished is not None:
+            (total, finished, cancelled), length = await pipe.execute()
+        if finished is not None or cancelled is not None:
             return False
         return total is None or int(length) > 0
 
@@ -442,6 +590,12 @@ class JobStore:
             finished="finished_s" in meta,
             prompt_tokens=int(meta.get("prompt_tokens", 0)),
             completion_tokens=int(meta.get("completion_tokens", 0)),
+            cancelled="cancelled_s" in meta,
+            failed_by_kind={
+                k.removeprefix("failed:"): int(v)
+                for k, v in sorted(meta.items())
+                if k.startswith("failed:") and int(v) > 0
+            },
         )
 
 

@@ -19,7 +19,7 @@ from typing import BinaryIO
 import msgspec
 
 from common.cli import add_redis_arg, run, settings_from_args
-from common.errors import ConfigError, JobConflictError, SwarmError
+from common.errors import ConfigError, JobCancelledError, JobConflictError, SwarmError
 from common.keys import validate_job_name
 from common.models import JobSpec, PromptItem, SamplingParams
 from common.settings import Settings
@@ -56,7 +56,7 @@ def _holder_is_dead(holder: str) -> bool:
 async def _take_lock(store: JobStore, job: str, token: str) -> None:
     holder = await store.acquire_producer_lock(job, token, LOCK_TTL_MS)
     if holder is not None and _holder_is_dead(holder):
-        await store.redis.delete(store.keys.meta(job) + ":lock")
+        await store.redis.delete(store.keys.producer_lock(job))
         holder = await store.acquire_producer_lock(job, token, LOCK_TTL_MS)
     if holder is not None:
         raise JobConflictError(
@@ -80,6 +80,11 @@ async def enqueue_prompts(
     await _take_lock(store, job, token)
     try:
         meta = await store.meta(job)
+        if "cancelled_s" in meta:
+            raise JobCancelledError(
+                f"job {job!r} was cancelled (swarm-cancel); 'swarm-retry {job} --kind cancelled' "
+                "resumes what it had queued"
+            )
         sealed_total = int(meta["total"]) if "total" in meta else None
         start = await store.enqueued_count(job)
         count, added = 0, 0

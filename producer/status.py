@@ -14,7 +14,8 @@ __all__ = ["format_status", "main"]
 
 def format_status(s: JobStatus) -> str:
     total = f"{s.total}" if s.total is not None else f"{s.enqueued}+ (still being enqueued)"
-    state = "finished" if s.finished else "running"
+    state = "cancelled" if s.cancelled else "finished" if s.finished else "running"
+    kinds = ", ".join(f"{k} {n}" for k, n in s.failed_by_kind.items())
     eta = ""
     if not s.finished and s.total is not None and s.rate_per_s > 0:
         left = s.total - s.done - s.failed
@@ -24,7 +25,7 @@ def format_status(s: JobStatus) -> str:
             f"job {s.job}: {state}",
             f"  total      {total}",
             f"  done       {s.done}",
-            f"  failed     {s.failed}",
+            f"  failed     {s.failed}" + (f"  ({kinds})" if kinds else ""),
             f"  in flight  {s.in_flight}",
             f"  pending    {s.pending}",
             f"  rate       {s.rate_per_s:,.1f} prompts/s{eta}",

@@ -87,13 +87,13 @@ async def test_commit_is_first_write_wins_and_counts_only_new_results(store: Job
     got = await store.read_new("j", "c1", 3)
     assert [eid for eid, _ in got] == [b"0-1", b"0-2", b"0-3"]
     first = [
-        (got[0][0], Result(index=0, text="first")),
-        (got[1][0], Result(index=1, error="bad", error_kind="rejected")),
+        (got[0][0], Result(index=0, text="first"), got[0][1]),
+        (got[1][0], Result(index=1, error="bad", error_kind="rejected"), got[1][1]),
     ]
     c = await store.commit("j", first, prompt_tokens=5, completion_tokens=7)
     assert (c.done, c.failed) == (1, 1)
     # A redelivered entry's late result never replaces the one already written.
-    c = await store.commit("j", [(got[0][0], Result(index=0, text="second"))])
+    c = await store.commit("j", [(got[0][0], Result(index=0, text="second"), None)])
     assert (c.done, c.failed) == (0, 0)
     lines = [line for line in await collect_lines(store, "j")]
     assert [(x["index"], x["text"], x["error"]) for x in lines] == [
@@ -104,7 +104,7 @@ async def test_commit_is_first_write_wins_and_counts_only_new_results(store: Job
     assert (status.done, status.failed, status.in_flight, status.pending) == (1, 1, 1, 0)
     assert (status.prompt_tokens, status.completion_tokens) == (5, 7)
     assert not status.finished
-    await store.commit("j", [(got[2][0], Result(index=2, text="third"))])
+    await store.commit("j", [(got[2][0], Result(index=2, text="third"), None)])
     status = await store.status("j")
     assert status.finished and status.in_flight == 0
     assert await store.redis.xlen(store.keys.stream("j")) == 0  # acked entries are trimmed
@@ -113,7 +113,7 @@ async def test_commit_is_first_write_wins_and_counts_only_new_results(store: Job
 async def test_collector_writes_only_the_contiguous_prefix(store: JobStore) -> None:
     await enqueue_prompts(store, spec(), prompts(4))
     got = await store.read_new("j", "c", 4)
-    await store.commit("j", [(got[i][0], Result(index=i, text=f"t{i}")) for i in (0, 1, 3)])
+    await store.commit("j", [(got[i][0], Result(index=i, text=f"t{i}"), None) for i in (0, 1, 3)])
     buf = io.BytesIO()
     report = await collect(store, "j", buf)
     assert [msgspec.json.decode(x)["index"] for x in buf.getvalue().splitlines()] == [0, 1]

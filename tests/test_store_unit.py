@@ -52,9 +52,9 @@ async def test_job_finishes_when_the_last_result_lands_before_or_after_sealing(
         if seal_first:
             await fake.seal(job, 2)
         got = await fake.read_new(job, "c", 2)
-        await fake.commit(job, [(got[0][0], Result(index=0, text="x"))])
+        await fake.commit(job, [(got[0][0], Result(index=0, text="x"), None)])
         assert not (await fake.status(job)).finished
-        await fake.commit(job, [(got[1][0], Result(index=1, error="e"))])
+        await fake.commit(job, [(got[1][0], Result(index=1, error="e"), got[1][1])])
         assert (await fake.status(job)).finished is seal_first
         if not seal_first:
             await fake.seal(job, 2)  # the producer's seal finishes a job whose results are in

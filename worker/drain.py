@@ -277,22 +277,19 @@ class EndpointDrainer:
         """Complete one batch and commit it; on giving up, release it to other workers."""
         spec = self.engine.jobs.get(job) or await self.store.load_spec(job)
         ids = [eid for eid, _ in entries]
-        results: list[tuple[bytes, Result]] = []
+        payloads = dict(entries)
+        results: list[tuple[bytes, Result, bytes | None]] = []
         items: list[tuple[bytes, PromptItem]] = []
         for eid, payload in entries:
             decoded = decode_entry(eid, payload)
             if isinstance(decoded, str):
-                results.append(
-                    (
-                        eid,
-                        Result(
-                            index=index_of(eid),
-                            endpoint=self.client.label,
-                            error=decoded,
-                            error_kind="bad_entry",
-                        ),
-                    )
+                bad = Result(
+                    index=index_of(eid),
+                    endpoint=self.client.label,
+                    error=decoded,
+                    error_kind="bad_entry",
                 )
+                results.append((eid, bad, payload))
             else:
                 items.append((eid, decoded))
         tally = _Tally()
@@ -300,7 +297,8 @@ class EndpointDrainer:
         try:
             if items:
                 done = await self._complete(spec, [it for _, it in items], 0, tally)
-                results.extend(zip([eid for eid, _ in items], done, strict=True))
+                for (eid, _), result in zip(items, done, strict=True):
+                    results.append((eid, result, payloads[eid]))
         except (_GiveUp, EndpointUnusable) as exc:
             cause = exc.cause if isinstance(exc, _GiveUp) else exc
             await self._release(job, ids, cause)

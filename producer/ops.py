@@ -1,0 +1,83 @@
+"""Operator commands: ``swarm-retry`` (queue failed prompts again) and ``swarm-cancel``.
+
+Both are safe to run twice: a second retry finds nothing left to retry, a second cancel finds
+nothing left to cancel.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections import Counter
+from collections.abc import Sequence
+
+from common.cli import add_redis_arg, run, settings_from_args
+from common.errors import JobConflictError
+from common.keys import validate_job_name
+from common.store import JobStore, connect
+
+__all__ = ["cancel_main", "retry_main"]
+
+
+async def _retry(args: argparse.Namespace) -> int:
+    settings = settings_from_args(args)
+    job = validate_job_name(args.job)
+    store = JobStore(connect(settings.redis_url), settings.keys, settings.redis_url)
+    try:
+        status = await store.status(job)
+        if status.total is None and not status.cancelled:
+            raise JobConflictError(
+                f"job {job!r} is still being enqueued; retry once swarm-enqueue has finished"
+            )
+        failed = await store.failed_indices(job, set(args.kind) if args.kind else None)
+        n = await store.requeue(job, failed)
+    finally:
+        await store.close()
+    if n == 0:
+        which = f" of kind {', '.join(args.kind)}" if args.kind else ""
+        print(f"job {job}: no failed prompts{which} to retry")
+    else:
+        kinds = Counter(kind for _, kind in failed)
+        detail = ", ".join(f"{k} {c}" for k, c in sorted(kinds.items()))
+        print(f"job {job}: {n} failed prompts queued again ({detail})")
+    return 0
+
+
+async def _cancel(args: argparse.Namespace) -> int:
+    settings = settings_from_args(args)
+    job = validate_job_name(args.job)
+    store = JobStore(connect(settings.redis_url), settings.keys, settings.redis_url)
+    try:
+        newly, count = await store.cancel(job)
+    finally:
+        await store.close()
+    state = "cancelled" if newly else "already cancelled"
+    print(
+        f"job {job}: {state}; {count} unanswered prompts recorded as failed (kind 'cancelled'); "
+        f"'swarm-retry {job} --kind cancelled' resumes them"
+    )
+    return 0
+
+
+def retry_main(argv: Sequence[str] | None = None) -> None:
+    p = argparse.ArgumentParser(
+        prog="swarm-retry", description="Queue a job's failed prompts again."
+    )
+    p.add_argument("job")
+    p.add_argument(
+        "--kind",
+        action="append",
+        help="only failures of this kind (repeatable): rejected, endpoint, "
+        "no_choice, dead_letter, cancelled, bad_entry",
+    )
+    add_redis_arg(p)
+    raise SystemExit(run("swarm-retry", _retry(p.parse_args(argv))))
+
+
+def cancel_main(argv: Sequence[str] | None = None) -> None:
+    p = argparse.ArgumentParser(
+        prog="swarm-cancel",
+        description="Stop a job: unanswered prompts are recorded as failed (kind 'cancelled').",
+    )
+    p.add_argument("job")
+    add_redis_arg(p)
+    raise SystemExit(run("swarm-cancel", _cancel(p.parse_args(argv))))
