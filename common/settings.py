@@ -58,8 +58,16 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # should exceed vLLM's max_num_seqs (default 256) a little so the engine never runs dry.
     batch_size: int = 32
     inflight: int = 10
-    request_timeout_s: float = 600.0
+    # 0 sizes each request's timeout from the batch: 120 s + 0.5 s per max_token, per wave of
+    # 256 sequences (a stalled endpoint is then noticed in minutes, a slow one is not cut off).
+    request_timeout_s: float = 0.0
     max_attempts: int = 6
+    # Consecutive failed requests (all slots together) that open an endpoint's circuit: its
+    # batches in flight are released to other workers and it is probed until it answers.
+    circuit_failures: int = 5
+    probe_timeout_s: float = 10.0
+    # An entry delivered more often than this (its workers kept dying on it) is dead-lettered.
+    max_deliveries: int = 8
     backoff_base_s: float = 0.5
     backoff_cap_s: float = 30.0
     # How long an idle drain loop blocks on a stream before looking at other jobs.
@@ -74,13 +82,30 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # How often (s) the worker re-reads the job registry for new and finished jobs.
     jobs_refresh_s: float = 1.0
 
+    def request_timeout_for(self, n_prompts: int, max_tokens: int) -> float:
+        """The timeout of one request of ``n_prompts`` prompts (see ``request_timeout_s``)."""
+        if self.request_timeout_s > 0:
+            return self.request_timeout_s
+        waves = max(1, -(-n_prompts // 256))
+        return (120.0 + 0.5 * max_tokens) * waves
+
     def __post_init__(self) -> None:
         _validate_redis_url(self.redis_url)
         Keys(self.prefix)  # validates the prefix
-        for name in ("batch_size", "inflight", "max_attempts", "poll_ms", "claim_idle_ms"):
+        for name in (
+            "batch_size",
+            "inflight",
+            "max_attempts",
+            "poll_ms",
+            "claim_idle_ms",
+            "circuit_failures",
+            "max_deliveries",
+        ):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("request_timeout_s", "backoff_base_s", "backoff_cap_s", "jobs_refresh_s"):
+        if self.request_timeout_s < 0:
+            raise ConfigError(f"request_timeout_s must be >= 0, got {self.request_timeout_s}")
+        for name in ("probe_timeout_s", "backoff_base_s", "backoff_cap_s", "jobs_refresh_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
         if self.backoff_cap_s < self.backoff_base_s:
@@ -114,6 +139,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             "SWARM_INFLIGHT": ("inflight", int),
             "SWARM_REQUEST_TIMEOUT_S": ("request_timeout_s", float),
             "SWARM_MAX_ATTEMPTS": ("max_attempts", int),
+            "SWARM_CIRCUIT_FAILURES": ("circuit_failures", int),
+            "SWARM_PROBE_TIMEOUT_S": ("probe_timeout_s", float),
+            "SWARM_MAX_DELIVERIES": ("max_deliveries", int),
             "SWARM_POLL_MS": ("poll_ms", int),
             "SWARM_API_KEY": ("api_key", str),
             "SWARM_WORKER_NAME": ("worker_name", str),

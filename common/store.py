@@ -224,6 +224,11 @@ async def redis_errors(url: str) -> AsyncIterator[None]:
         raise StoreUnavailable(f"Redis at {mask_url(url)} unavailable: {exc}") from None
 
 
+def _id_key(entry_id: bytes) -> tuple[int, int]:
+    ms, _, seq = entry_id.partition(b"-")
+    return int(ms), int(seq)
+
+
 def index_of(entry_id: bytes | str) -> int:
     """The prompt index encoded in a stream entry ID ``0-(index+1)``."""
     text = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
@@ -422,27 +427,42 @@ class JobStore:
             return []
         return [(eid, fields.get(b"d") if fields else None) for eid, fields in reply[0][1]]
 
-    async def read_own_pending(
-        self, job: str, consumer: str, count: int, after: bytes = b"0"
-    ) -> list[tuple[bytes, bytes | None]]:
-        """Entries delivered to ``consumer`` and never acked (a restarted worker's leftovers)."""
+    async def claim_own_pending(
+        self, job: str, consumer: str, count: int, after: bytes = b"-"
+    ) -> list[tuple[bytes, bytes | None, int]]:
+        """Re-deliver to ``consumer`` its own unacknowledged entries (a restarted worker's
+        leftovers): ``(entry_id, payload, deliveries)``. Re-claiming counts as a delivery, so an
+        entry that kills every worker that takes it is eventually seen as such."""
+        stream = self.keys.stream(job)
+        start = after if after == b"-" else b"(" + after
         async with redis_errors(self.url):
-            reply = await self.redis.xreadgroup(
-                GROUP, consumer, {self.keys.stream(job): after}, count=count
-            )
-        if not reply:
-            return []
-        return [(eid, fields.get(b"d") if fields else None) for eid, fields in reply[0][1]]
+            pending = await self.redis.xpending_range(stream, GROUP, start, "+", count, consumer)
+            if not pending:
+                return []
+            ids = [p["message_id"] for p in pending]
+            claimed = await self.redis.xclaim(stream, GROUP, consumer, 0, ids)
+        times = {p["message_id"]: p["times_delivered"] + 1 for p in pending}
+        return [(eid, f.get(b"d") if f else None, times.get(eid, 1)) for eid, f in claimed]
 
     async def autoclaim(
         self, job: str, consumer: str, min_idle_ms: int, count: int
-    ) -> list[tuple[bytes, bytes | None]]:
-        """Take over up to ``count`` entries idle for ``min_idle_ms`` in any consumer's hands."""
+    ) -> list[tuple[bytes, bytes | None, int]]:
+        """Take over up to ``count`` entries idle for ``min_idle_ms`` in any consumer's hands:
+        ``(entry_id, payload, deliveries)``."""
+        stream = self.keys.stream(job)
         async with redis_errors(self.url):
             reply = await self.redis.xautoclaim(
-                self.keys.stream(job), GROUP, consumer, min_idle_ms, start_id="0-0", count=count
+                stream, GROUP, consumer, min_idle_ms, start_id="0-0", count=count
             )
-        return [(eid, fields.get(b"d") if fields else None) for eid, fields in reply[1]]
+            entries = reply[1]
+            if not entries:
+                return []
+            ids = sorted((eid for eid, _ in entries), key=_id_key)
+            pending = await self.redis.xpending_range(
+                stream, GROUP, ids[0], ids[-1], len(entries) * 4 + 100, consumer
+            )
+        times = {p["message_id"]: p["times_delivered"] for p in pending}
+        return [(eid, f.get(b"d") if f else None, times.get(eid, 1)) for eid, f in entries]
 
     async def touch(self, job: str, consumer: str, entry_ids: Sequence[bytes]) -> int:
         """Reset the idle time of entries this consumer still owns, so none takes them as
@@ -459,7 +479,7 @@ class JobStore:
     ) -> int:
         if not entry_ids:
             return 0
-        ids = sorted(entry_ids, key=index_of)
+        ids = sorted(entry_ids, key=_id_key)
         async with redis_errors(self.url):
             return int(
                 await self._claim_mine(

@@ -301,7 +301,7 @@ async def test_orphans_of_a_dead_worker_are_reclaimed_after_the_idle_time(
     await enqueue_prompts(store, spec(), prompts(40))
     await store.read_new("j", "dead-host|http://gone:1", 15)  # taken by a worker that died
     async with sim_fleet(1) as fleet:
-        await run_engine(make_settings(claim_idle_ms=1), store, fleet.urls)
+        await run_engine(make_settings(claim_idle_ms=200), store, fleet.urls)
     lines = await collect_lines(store, "j")
     assert [x["index"] for x in lines] == list(range(40))
     assert all(x["error"] is None for x in lines)
@@ -336,4 +336,4 @@ async def test_heartbeat_and_release_touch_only_entries_still_owned(store: JobSt
     assert [owner[e] for e in mine] == [b"fast"] * 3 + [b"slow"] * 3
     # Released entries are instantly reclaimable; the taken-over ones are not.
     reclaimed = await store.autoclaim("j", "third", 60_000, 10)
-    assert [eid for eid, _ in reclaimed] == mine[3:]
+    assert [(eid, n) for eid, _, n in reclaimed] == [(e, 2) for e in mine[3:]]

@@ -22,6 +22,7 @@ import random
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 from common.backoff import backoff_s
 from common.errors import (
@@ -42,7 +43,9 @@ __all__ = ["EndpointDrainer", "Engine"]
 
 log = logging.getLogger("swarm.worker")
 
-Entries = list[tuple[bytes, bytes | None]]
+# (entry ID, payload, how many times it has been delivered)
+Delivery = tuple[bytes, bytes | None, int]
+T = TypeVar("T")
 
 
 class _GiveUp(Exception):
@@ -79,7 +82,7 @@ class Engine:
         self.rand = rand
         if clients is None:
             clients = [
-                EndpointClient(e.url, settings.api_key, timeout_s=settings.request_timeout_s)
+                EndpointClient(e.url, settings.api_key, timeout_s=settings.request_timeout_s or 600)
                 for e in settings.endpoints
             ]
         if not clients:
@@ -158,17 +161,27 @@ class EndpointDrainer:
         self.consumer = f"{self.settings.worker_name}|{client.url}"
         self.broken: str | None = None
         self._model: str | None = None
-        self._healthy = asyncio.Event()
-        self._healthy.set()
+        # Set while the circuit is open: the endpoint failed repeatedly and is being probed.
+        self._open = asyncio.Event()
+        self._probe_lock = asyncio.Lock()
+        self._failures = 0  # consecutive failed requests, all slots together
         self._ready: set[str] = set()
         self._recovery_lock = asyncio.Lock()
-        self._recovered: deque[tuple[str, Entries]] = deque()
+        self._recovered: deque[tuple[str, list[Delivery]]] = deque()
         self._last_reclaim: dict[str, float] = {}
+        # Entries this drainer is working on: a reclaim that returns them (their idle time
+        # outran the heartbeat) must not start them twice.
+        self._in_hand: set[bytes] = set()
         self._rr = 0
         self.prompts_done = 0
         self.prompts_failed = 0
         self.requests = 0
         self.retries = 0
+        self.dead_lettered = 0
+
+    @property
+    def circuit_open(self) -> bool:
+        return self._open.is_set()
 
     # -- loops --------------------------------------------------------------------------
 
@@ -178,7 +191,7 @@ class EndpointDrainer:
     async def _slot(self, burst: bool) -> None:
         while not self.engine.stopping and self.broken is None:
             try:
-                if not self._healthy.is_set():
+                if self._open.is_set():
                     await self._wait_healthy()
                     continue
                 if await self.step(block_ms=self.settings.poll_ms):
@@ -211,9 +224,9 @@ class EndpointDrainer:
         async with self._recovery_lock:
             if job in self._ready:
                 return
-            after = b"0"
+            after = b"-"
             while True:
-                entries = await self.store.read_own_pending(
+                entries = await self.store.claim_own_pending(
                     job, self.consumer, self.settings.batch_size, after
                 )
                 if not entries:
@@ -229,8 +242,8 @@ class EndpointDrainer:
                 )
             self._ready.add(job)
 
-    async def _next_batch(self, block_ms: int | None) -> tuple[str, Entries] | None:
-        jobs = [j for j in self.engine.jobs]
+    async def _next_batch(self, block_ms: int | None) -> tuple[str, list[Delivery]] | None:
+        jobs = list(self.engine.jobs)
         for job in jobs:
             if job not in self._ready:
                 await self._recover(job)
@@ -242,45 +255,77 @@ class EndpointDrainer:
             return None
         now = time.monotonic()
         batch = self.settings.batch_size
-        for job in jobs:  # entries orphaned by workers that died
+        for job in jobs:  # entries orphaned by workers that died, or released by failing ones
             if now - self._last_reclaim.get(job, -math.inf) < self.settings.claim_idle_ms / 4000:
                 continue
-            entries = await self.store.autoclaim(
+            claimed = await self.store.autoclaim(
                 job, self.consumer, self.settings.claim_idle_ms, batch
             )
             # A full batch may mean more orphans wait: look again next step.
-            self._last_reclaim[job] = -math.inf if len(entries) == batch else now
-            if entries:
+            self._last_reclaim[job] = -math.inf if len(claimed) == batch else now
+            claimed = [d for d in claimed if d[0] not in self._in_hand]
+            if claimed:
                 log.info(
-                    "%s: took over %d orphaned entries of job %s",
+                    "%s: took over %d entries of job %s from other workers",
                     self.client.label,
-                    len(entries),
+                    len(claimed),
                     job,
                 )
-                return job, entries
+                return job, claimed
         start = self._rr % len(jobs)
         self._rr += 1
         order = jobs[start:] + jobs[:start]
         for job in order:
             entries = await self.store.read_new(job, self.consumer, batch)
             if entries:
-                return job, entries
+                return job, [(eid, payload, 1) for eid, payload in entries]
         if block_ms:
             entries = await self.store.read_new(order[0], self.consumer, batch, block_ms=block_ms)
             if entries:
-                return order[0], entries
+                return order[0], [(eid, payload, 1) for eid, payload in entries]
         return None
 
     # -- doing work ---------------------------------------------------------------------
 
-    async def process(self, job: str, entries: Entries) -> None:
+    async def process(self, job: str, deliveries: list[Delivery]) -> None:
+        """Finish one batch. Entries delivered before (their worker died, or they were released)
+        run alone, so that one prompt that kills workers cannot take its neighbours with it; an
+        entry delivered more than ``max_deliveries`` times is dead-lettered."""
+        limit = self.settings.max_deliveries
+        dead = [d for d in deliveries if d[2] > limit]
+        fresh = [d for d in deliveries if d[2] == 1]
+        suspects = [d for d in deliveries if 1 < d[2] <= limit]
+        if dead:
+            results = [
+                (
+                    eid,
+                    Result(
+                        index=index_of(eid),
+                        endpoint=self.client.label,
+                        error=f"dead-lettered after {n - 1} deliveries: the workers that "
+                        "took it died or gave up every time",
+                        error_kind="dead_letter",
+                    ),
+                    payload,
+                )
+                for eid, payload, n in dead
+            ]
+            commit = await asyncio.shield(self.store.commit(job, results))
+            self.dead_lettered += commit.failed
+            self.prompts_failed += commit.failed
+            log.warning("%s: dead-lettered %d entries of job %s", self.client.label, len(dead), job)
+        if fresh:
+            await self._run_batch(job, fresh)
+        for suspect in suspects:
+            await self._run_batch(job, [suspect])
+
+    async def _run_batch(self, job: str, deliveries: list[Delivery]) -> None:
         """Complete one batch and commit it; on giving up, release it to other workers."""
         spec = self.engine.jobs.get(job) or await self.store.load_spec(job)
-        ids = [eid for eid, _ in entries]
-        payloads = dict(entries)
+        ids = [eid for eid, _, _ in deliveries]
         results: list[tuple[bytes, Result, bytes | None]] = []
-        items: list[tuple[bytes, PromptItem]] = []
-        for eid, payload in entries:
+        items: list[tuple[bytes, bytes | None, PromptItem]] = []
+        for eid, payload, _ in deliveries:
             decoded = decode_entry(eid, payload)
             if isinstance(decoded, str):
                 bad = Result(
@@ -291,24 +336,27 @@ class EndpointDrainer:
                 )
                 results.append((eid, bad, payload))
             else:
-                items.append((eid, decoded))
+                items.append((eid, payload, decoded))
         tally = _Tally()
         heartbeat = asyncio.create_task(self._keep_claimed(job, ids))
+        self._in_hand.update(ids)
         try:
-            if items:
-                done = await self._complete(spec, [it for _, it in items], 0, tally)
-                for (eid, _), result in zip(items, done, strict=True):
-                    results.append((eid, result, payloads[eid]))
-        except (_GiveUp, EndpointUnusable) as exc:
-            cause = exc.cause if isinstance(exc, _GiveUp) else exc
-            await self._release(job, ids, cause)
-            return
+            try:
+                if items:
+                    done = await self._complete(spec, [it for _, _, it in items], 0, tally)
+                    for (eid, payload, _), result in zip(items, done, strict=True):
+                        results.append((eid, result, payload))
+            except (_GiveUp, EndpointUnusable) as exc:
+                cause = exc.cause if isinstance(exc, _GiveUp) else exc
+                await self._release(job, ids, cause)
+                return
+            # Shielded: once results exist, finishing the (atomic) commit beats redoing them.
+            commit = await asyncio.shield(
+                self.store.commit(job, results, tally.prompt_tokens, tally.completion_tokens)
+            )
         finally:
             heartbeat.cancel()
-        # Shielded: once results exist, finishing the (atomic) commit beats redoing the batch.
-        commit = await asyncio.shield(
-            self.store.commit(job, results, tally.prompt_tokens, tally.completion_tokens)
-        )
+            self._in_hand.difference_update(ids)
         self.prompts_done += commit.done
         self.prompts_failed += commit.failed
 
@@ -328,34 +376,40 @@ class EndpointDrainer:
             log.error(
                 "%s: endpoint unusable, no more work taken from it: %s", self.client.label, cause
             )
-        else:
+            return
+        log.warning(
+            "%s: released %d entries to other workers (%s)", self.client.label, len(ids), cause
+        )
+        self._open_circuit(cause)
+
+    def _open_circuit(self, cause: EndpointError) -> None:
+        if not self._open.is_set():
             log.warning(
-                "%s: giving up after %d attempts (%s); released %d entries, probing the endpoint",
+                "%s: circuit open after repeated failures (%s); probing the endpoint",
                 self.client.label,
-                self.settings.max_attempts,
                 cause,
-                len(ids),
             )
-            self._healthy.clear()
+            self._open.set()
 
     async def _wait_healthy(self) -> None:
-        """Circuit open: probe the endpoint with backoff until it answers (one prober per slot
-        group; the other slots wait on the event)."""
-        attempt = 0
-        while not self._healthy.is_set() and not self.engine.stopping:
-            try:
-                await self.client.models()
-            except EndpointUnusable as exc:
-                self.broken = str(exc)
-                self._healthy.set()
-                return
-            except EndpointError:
-                attempt += 1
-                if await self.engine.sleep(self._backoff(attempt)):
+        """Circuit open: one slot probes the endpoint with backoff until it answers; the
+        others wait for it."""
+        async with self._probe_lock:
+            attempt = 0
+            while self._open.is_set() and not self.engine.stopping:
+                try:
+                    await self.client.models(timeout_s=self.settings.probe_timeout_s)
+                except EndpointUnusable as exc:
+                    self.broken = str(exc)
                     return
-                continue
-            log.info("%s: endpoint answers again; resuming", self.client.label)
-            self._healthy.set()
+                except EndpointError:
+                    attempt += 1
+                    if await self.engine.sleep(self._backoff(attempt)):
+                        return
+                    continue
+                log.info("%s: endpoint answers again; circuit closed", self.client.label)
+                self._failures = 0
+                self._open.clear()
 
     def _backoff(self, attempt: int) -> float:
         return backoff_s(
@@ -369,38 +423,47 @@ class EndpointDrainer:
         if spec.model:
             return spec.model
         if self._model is None:
-            models = await self.client.models()
+            models = await self.client.models(timeout_s=self.settings.probe_timeout_s)
             if not models:
                 raise EndpointUnusable(self.client.label, "serves no model (/v1/models is empty)")
             self._model = models[0].id
         return self._model
 
-    async def _retrying(
-        self, call: Callable[[], Awaitable[CompletionBody]]
-    ) -> tuple[CompletionBody, int]:
-        """Run ``call`` with the retry policy; returns the body and the attempts it took."""
+    async def _retrying(self, call: Callable[[], Awaitable[T]]) -> tuple[T, int]:
+        """Run ``call`` with the one retry policy of the worker; returns its value and the
+        attempts it took. Gives up (to release the batch) when the attempts run out or when the
+        endpoint's circuit opens meanwhile."""
         attempt = 0
         while True:
+            if self._open.is_set():
+                raise _GiveUp(EndpointRetryable(self.client.label, "circuit open"))
             attempt += 1
             try:
                 self.requests += 1
-                return await call(), attempt
+                value = await call()
             except EndpointRetryable as exc:
-                if attempt >= self.settings.max_attempts:
+                self._failures += 1
+                if self._failures >= self.settings.circuit_failures:
+                    self._open_circuit(exc)
+                if attempt >= self.settings.max_attempts or self._open.is_set():
                     raise _GiveUp(exc) from None
                 self.retries += 1
                 delay = self._backoff(attempt - 1)
                 log.debug("%s: %s; retry %d in %.2f s", self.client.label, exc, attempt, delay)
-                await asyncio.sleep(delay)
+                with contextlib.suppress(TimeoutError):  # wake early if the circuit opens
+                    await asyncio.wait_for(self._open.wait(), timeout=delay)
+                continue
+            self._failures = 0
+            return value, attempt
 
     async def _complete(
         self, spec: JobSpec, items: list[PromptItem], prior: int, tally: _Tally
     ) -> list[Result]:
         """Results for ``items`` in order; bisects a rejected batch to isolate bad prompts."""
         prompts = [it.prompt for it in items]
-        timeout = self.settings.request_timeout_s * max(1, math.ceil(len(items) / 256))
+        timeout = self.settings.request_timeout_for(len(items), spec.params.max_tokens)
         try:
-            model = await self._retrying_model(spec)
+            model, _ = await self._retrying(lambda: self._model_for(spec))
             body, attempts = await self._retrying(
                 lambda: self.client.complete(model, prompts, spec.params, timeout_s=timeout)
             )
@@ -418,17 +481,6 @@ class EndpointDrainer:
             tally.prompt_tokens += body.usage.prompt_tokens
             tally.completion_tokens += body.usage.completion_tokens
         return self._map_choices(items, body, prior + attempts)
-
-    async def _retrying_model(self, spec: JobSpec) -> str:
-        attempt = 0
-        while True:
-            try:
-                return await self._model_for(spec)
-            except EndpointRetryable as exc:
-                attempt += 1
-                if attempt >= self.settings.max_attempts:
-                    raise _GiveUp(exc) from None
-                await asyncio.sleep(self._backoff(attempt - 1))
 
     def _map_choices(
         self, items: list[PromptItem], body: CompletionBody, attempts: int

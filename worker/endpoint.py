@@ -94,15 +94,13 @@ class EndpointClient:
     async def close(self) -> None:
         await self._client.close()
 
-    async def models(self) -> list[ModelInfo]:
+    async def models(self, timeout_s: float = 30.0) -> list[ModelInfo]:
         """The models served, with ``max_model_len`` where the server reports it (vLLM does)."""
         try:
-            raw = await self._client.models.with_raw_response.list(
-                timeout=min(30.0, self._timeout_s)
-            )
+            raw = await self._client.models.with_raw_response.list(timeout=timeout_s)
             return _models_decoder.decode(raw.http_response.content).data
         except openai.OpenAIError as exc:
-            raise _translate(self.label, exc, self._timeout_s) from None
+            raise _translate(self.label, exc, timeout_s) from None
         except msgspec.DecodeError as exc:
             raise EndpointUnusable(self.label, f"unreadable /v1/models answer: {exc}") from None
 
