@@ -132,6 +132,11 @@ class Engine:
                     log.info("job %s finished", name)
             self._refreshed_at = time.monotonic()
 
+    def reclaim_soon(self, job: str) -> None:
+        """Released entries wait: every drainer of this worker looks for them on its next step."""
+        for d in self.drainers:
+            d.reclaim_soon(job)
+
     async def any_work(self) -> bool:
         """True while some job still has entries queued or in flight, or is still being fed."""
         await self.refresh_jobs(force=True)
@@ -172,12 +177,18 @@ class EndpointDrainer:
         # Entries this drainer is working on: a reclaim that returns them (their idle time
         # outran the heartbeat) must not start them twice.
         self._in_hand: set[bytes] = set()
+        self._reclaim_lock = asyncio.Lock()
+        # Released entries are reclaimable at once: look for them (and for orphans) often.
+        self._reclaim_every_s = min(self.settings.claim_idle_ms / 4000, 2.0)
         self._rr = 0
         self.prompts_done = 0
         self.prompts_failed = 0
         self.requests = 0
         self.retries = 0
         self.dead_lettered = 0
+
+    def reclaim_soon(self, job: str) -> None:
+        self._last_reclaim.pop(job, None)
 
     @property
     def circuit_open(self) -> bool:
@@ -192,7 +203,9 @@ class EndpointDrainer:
         while not self.engine.stopping and self.broken is None:
             try:
                 if self._open.is_set():
-                    await self._wait_healthy()
+                    if burst and not await self.engine.any_work():
+                        return
+                    await self._wait_healthy(burst)
                     continue
                 if await self.step(block_ms=self.settings.poll_ms):
                     continue
@@ -256,14 +269,16 @@ class EndpointDrainer:
         now = time.monotonic()
         batch = self.settings.batch_size
         for job in jobs:  # entries orphaned by workers that died, or released by failing ones
-            if now - self._last_reclaim.get(job, -math.inf) < self.settings.claim_idle_ms / 4000:
+            if now - self._last_reclaim.get(job, -math.inf) < self._reclaim_every_s:
                 continue
-            claimed = await self.store.autoclaim(
-                job, self.consumer, self.settings.claim_idle_ms, batch
-            )
-            # A full batch may mean more orphans wait: look again next step.
-            self._last_reclaim[job] = -math.inf if len(claimed) == batch else now
-            claimed = [d for d in claimed if d[0] not in self._in_hand]
+            async with self._reclaim_lock:  # one slot at a time, so no two take the same entry
+                claimed = await self.store.autoclaim(
+                    job, self.consumer, self.settings.claim_idle_ms, batch
+                )
+                # A full batch may mean more orphans wait: look again next step.
+                self._last_reclaim[job] = -math.inf if len(claimed) == batch else time.monotonic()
+                claimed = [d for d in claimed if d[0] not in self._in_hand]
+                self._in_hand.update(eid for eid, _, _ in claimed)
             if claimed:
                 log.info(
                     "%s: took over %d entries of job %s from other workers",
@@ -295,29 +310,41 @@ class EndpointDrainer:
         dead = [d for d in deliveries if d[2] > limit]
         fresh = [d for d in deliveries if d[2] == 1]
         suspects = [d for d in deliveries if 1 < d[2] <= limit]
-        if dead:
-            results = [
-                (
-                    eid,
-                    Result(
-                        index=index_of(eid),
-                        endpoint=self.client.label,
-                        error=f"dead-lettered after {n - 1} deliveries: the workers that "
-                        "took it died or gave up every time",
-                        error_kind="dead_letter",
-                    ),
-                    payload,
-                )
-                for eid, payload, n in dead
-            ]
-            commit = await asyncio.shield(self.store.commit(job, results))
-            self.dead_lettered += commit.failed
-            self.prompts_failed += commit.failed
-            log.warning("%s: dead-lettered %d entries of job %s", self.client.label, len(dead), job)
-        if fresh:
-            await self._run_batch(job, fresh)
-        for suspect in suspects:
-            await self._run_batch(job, [suspect])
+        ids = [eid for eid, _, _ in deliveries]
+        # Everything taken stays ours until done: refreshed claims, and never restarted by a
+        # sibling slot's reclaim while it waits for its turn here.
+        heartbeat = asyncio.create_task(self._keep_claimed(job, ids))
+        self._in_hand.update(ids)
+        try:
+            if dead:
+                await self._dead_letter(job, dead)
+            if fresh:
+                await self._run_batch(job, fresh)
+            for suspect in suspects:
+                await self._run_batch(job, [suspect])
+        finally:
+            heartbeat.cancel()
+            self._in_hand.difference_update(ids)
+
+    async def _dead_letter(self, job: str, dead: list[Delivery]) -> None:
+        results = [
+            (
+                eid,
+                Result(
+                    index=index_of(eid),
+                    endpoint=self.client.label,
+                    error=f"dead-lettered on delivery {n}: the workers that took it before "
+                    "died or gave up every time",
+                    error_kind="dead_letter",
+                ),
+                payload,
+            )
+            for eid, payload, n in dead
+        ]
+        commit = await asyncio.shield(self.store.commit(job, results))
+        self.dead_lettered += commit.failed
+        self.prompts_failed += commit.failed
+        log.warning("%s: dead-lettered %d entries of job %s", self.client.label, len(dead), job)
 
     async def _run_batch(self, job: str, deliveries: list[Delivery]) -> None:
         """Complete one batch and commit it; on giving up, release it to other workers."""
@@ -338,25 +365,19 @@ class EndpointDrainer:
             else:
                 items.append((eid, payload, decoded))
         tally = _Tally()
-        heartbeat = asyncio.create_task(self._keep_claimed(job, ids))
-        self._in_hand.update(ids)
         try:
-            try:
-                if items:
-                    done = await self._complete(spec, [it for _, _, it in items], 0, tally)
-                    for (eid, payload, _), result in zip(items, done, strict=True):
-                        results.append((eid, result, payload))
-            except (_GiveUp, EndpointUnusable) as exc:
-                cause = exc.cause if isinstance(exc, _GiveUp) else exc
-                await self._release(job, ids, cause)
-                return
-            # Shielded: once results exist, finishing the (atomic) commit beats redoing them.
-            commit = await asyncio.shield(
-                self.store.commit(job, results, tally.prompt_tokens, tally.completion_tokens)
-            )
-        finally:
-            heartbeat.cancel()
-            self._in_hand.difference_update(ids)
+            if items:
+                done = await self._complete(spec, [it for _, _, it in items], 0, tally)
+                for (eid, payload, _), result in zip(items, done, strict=True):
+                    results.append((eid, result, payload))
+        except (_GiveUp, EndpointUnusable) as exc:
+            cause = exc.cause if isinstance(exc, _GiveUp) else exc
+            await self._release(job, ids, cause)
+            return
+        # Shielded: once results exist, finishing the (atomic) commit beats redoing them.
+        commit = await asyncio.shield(
+            self.store.commit(job, results, tally.prompt_tokens, tally.completion_tokens)
+        )
         self.prompts_done += commit.done
         self.prompts_failed += commit.failed
 
@@ -391,12 +412,14 @@ class EndpointDrainer:
             )
             self._open.set()
 
-    async def _wait_healthy(self) -> None:
+    async def _wait_healthy(self, burst: bool = False) -> None:
         """Circuit open: one slot probes the endpoint with backoff until it answers; the
-        others wait for it."""
+        others wait for it. In burst mode, probing stops once no job has work left."""
         async with self._probe_lock:
             attempt = 0
             while self._open.is_set() and not self.engine.stopping:
+                if burst and attempt and not await self.engine.any_work():
+                    return
                 try:
                     await self.client.models(timeout_s=self.settings.probe_timeout_s)
                 except EndpointUnusable as exc:

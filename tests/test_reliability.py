@@ -1,0 +1,106 @@
+"""Failure handling of the drain engine against a real Redis and in-process swarm-sim endpoints:
+dead letters, suspects run alone, dead and stalled endpoints, graceful stop.
+
+Crashes of real worker processes are in test_faults.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from common.settings import Settings
+from common.store import JobStore
+from producer.enqueue import enqueue_prompts
+from sim.engine import EngineConfig
+from sim.server import FaultConfig, SimFleet
+from sim.text import completion_for
+from tests.test_pipeline import collect_lines, prompts, run_engine, spec
+from worker.drain import Engine
+from worker.endpoint import EndpointClient
+
+
+async def _deliver(store: JobStore, n_times: int, ids: list[bytes]) -> None:
+    """Deliver ``ids`` ``n_times`` more, to workers that 'die' holding them."""
+    for k in range(n_times):
+        await store.redis.xclaim(store.keys.stream("j"), "workers", f"crashed-{k}", 0, ids)
+
+
+async def test_entries_that_keep_killing_workers_are_dead_lettered_and_suspects_run_alone(
+    make_settings: Callable[..., Settings], store: JobStore, sim_fleet: Callable[..., SimFleet]
+) -> None:
+    await enqueue_prompts(store, spec(), prompts(20))
+    taken = [eid for eid, _ in await store.read_new("j", "crashed", 20)]  # delivery 1
+    await _deliver(store, 8, taken[:2])  # 9 deliveries: past the limit of 8
+    await _deliver(store, 1, taken[2:5])  # 2 deliveries: suspects
+    settings = make_settings(claim_idle_ms=100, max_deliveries=8, batch_size=20)
+    async with sim_fleet(1) as fleet:
+        engine = await run_engine(settings, store, fleet.urls)
+        requests = fleet.endpoints[0].requests_total
+    lines = await collect_lines(store, "j")
+    assert [x["error"] is not None for x in lines] == [True] * 2 + [False] * 18
+    assert lines[0]["error"].startswith("dead-lettered on delivery 10: the workers that took")
+    for x, (p, _) in zip(lines[2:], list(prompts(20))[2:], strict=True):
+        assert x["text"] == completion_for(p, 16)[0]
+    status = await store.status("j")
+    assert status.failed_by_kind == {"dead_letter": 2} and status.finished
+    assert engine.drainers[0].dead_lettered == 2
+    # The 15 entries seen twice were all redelivered: each ran in a request of its own.
+    assert requests == 18
+
+
+async def test_a_dead_and_a_stalled_endpoint_hand_their_work_to_the_healthy_one(
+    make_settings: Callable[..., Settings], store: JobStore, sim_fleet: Callable[..., SimFleet]
+) -> None:
+    await enqueue_prompts(store, spec(), prompts(600))
+    faults = [FaultConfig(die_after_s=0.3), FaultConfig(stall_after_s=0.3), FaultConfig()]
+    settings = make_settings(
+        batch_size=10,
+        inflight=4,
+        request_timeout_s=1.0,
+        probe_timeout_s=0.3,
+        circuit_failures=3,
+        max_attempts=3,
+        claim_idle_ms=60_000,
+    )
+    async with sim_fleet(
+        3, EngineConfig(step_base_ms=5.0, step_per_seq_ms=0.0), faults=faults
+    ) as fleet:
+        engine = Engine(settings, store, [EndpointClient(u) for u in fleet.urls])
+        try:
+            await asyncio.wait_for(engine.run(burst=True), timeout=60)
+        finally:
+            await engine.close()
+    lines = await collect_lines(store, "j")
+    assert [x["text"] for x in lines] == [completion_for(p, 16)[0] for p, _ in prompts(600)]
+    dead, stalled, healthy = engine.drainers
+    assert dead.circuit_open and stalled.circuit_open and not healthy.circuit_open
+    assert healthy.prompts_done > 300
+    assert dead.prompts_done + stalled.prompts_done + healthy.prompts_done == 600
+
+
+async def test_graceful_stop_finishes_and_commits_batches_in_flight(
+    make_settings: Callable[..., Settings], store: JobStore, sim_fleet: Callable[..., SimFleet]
+) -> None:
+    await enqueue_prompts(store, spec(max_tokens=30), prompts(400))
+    settings = make_settings(batch_size=10, inflight=3)
+    async with sim_fleet(1, EngineConfig(step_base_ms=20.0, step_per_seq_ms=0.0)) as fleet:
+        sim = fleet.endpoints[0].engine
+        engine = Engine(settings, store, [EndpointClient(fleet.urls[0])])
+        run = asyncio.create_task(engine.run())
+        try:
+            while sim.num_running < 30:  # wait until three batches of 10 are decoding  # noqa: ASYNC110
+                await asyncio.sleep(0.005)
+            engine.request_stop()
+            await asyncio.wait_for(run, timeout=30)
+        finally:
+            await engine.close()
+    status = await store.status("j")
+    assert status.in_flight == 0  # nothing half-done: every batch taken was committed
+    assert status.done == engine.drainers[0].prompts_done >= 30
+    assert status.done + status.pending == 400
+    lines = await collect_lines(store, "j")
+    assert all(
+        x["text"] == completion_for(p, 30)[0]
+        for x, (p, _) in zip(lines, prompts(400), strict=False)
+    )
