@@ -48,6 +48,7 @@ from common.settings import mask_url
 
 __all__ = [
     "RELEASED_IDLE_MS",
+    "RETRY_ON",
     "Commit",
     "JobStatus",
     "JobStore",
@@ -56,6 +57,7 @@ __all__ = [
     "index_of",
     "producer_token",
     "redis_errors",
+    "redis_retry",
 ]
 
 # The worker's atomic "write results + ack": first write wins (HSETNX), counters move only for
@@ -197,17 +199,26 @@ return false
 RELEASED_IDLE_MS = 10**10
 
 
-def connect(url: str, *, retries: int = 20) -> aioredis.Redis:
-    """A Redis client for ``url`` that retries connection errors with capped backoff.
+# Retried by redis-py itself: a Redis restart (or failover) of up to about a minute and a half
+# is ridden out inside a single command; swarm-queue's own loops retry beyond that.
+RETRY_ON: list[type[Exception]] = [RedisConnectionError, RedisTimeoutError]
+
+
+def redis_retry(retries: int = 30) -> Retry:
+    """Capped exponential backoff for reconnecting to Redis (shared with arq's pool)."""
+    return Retry(ExponentialBackoff(cap=5.0, base=0.05), retries)
+
+
+def connect(url: str) -> aioredis.Redis:
+    """A Redis client for ``url`` that rides out connection loss with capped backoff.
 
     Responses stay bytes (``decode_responses=False``): payloads are msgpack.
     """
-    retry = Retry(ExponentialBackoff(cap=5.0, base=0.05), retries)
     try:
         return aioredis.from_url(
             url,
-            retry=retry,
-            retry_on_error=[RedisConnectionError, RedisTimeoutError],
+            retry=redis_retry(),
+            retry_on_error=RETRY_ON,
             health_check_interval=30,
             socket_keepalive=True,
         )

@@ -12,20 +12,32 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import BinaryIO
 
 import msgspec
 from tqdm import tqdm
 
+from common.backoff import backoff_s
 from common.cli import add_redis_arg, run, settings_from_args
-from common.errors import ConfigError
+from common.errors import ConfigError, StoreUnavailable
 from common.keys import validate_job_name
 from common.models import OutputLine, decode_result, encode_json_line
 from common.store import JobStore, connect
 
-__all__ = ["EXIT_FAILED", "EXIT_INCOMPLETE", "CollectReport", "collect", "main"]
+__all__ = [
+    "EXIT_FAILED",
+    "EXIT_INCOMPLETE",
+    "CollectReport",
+    "Cursor",
+    "CursorFile",
+    "collect",
+    "collect_to_file",
+    "main",
+]
 
 EXIT_FAILED = 1
 EXIT_INCOMPLETE = 3
@@ -33,15 +45,69 @@ CHUNK = 2000
 
 
 class CollectReport(msgspec.Struct, frozen=True):
+    """What one run wrote: ``written`` lines from index ``start`` on (``ok``/``failed`` count
+    this run's lines only)."""
+
     job: str
     written: int
     ok: int
     failed: int
     total: int | None
+    start: int = 0
 
     @property
     def complete(self) -> bool:
-        return self.total is not None and self.written >= self.total
+        return self.total is not None and self.start + self.written >= self.total
+
+
+class Cursor(msgspec.Struct, frozen=True):
+    """How far an output file is known to be complete: ``index`` lines, ``offset`` bytes."""
+
+    job: str
+    index: int
+    offset: int
+
+
+_cursor_decoder = msgspec.json.Decoder(Cursor)
+
+
+class CursorFile:
+    """The durable cursor of an output file, kept beside it as ``FILE.cursor``.
+
+    It is replaced atomically after the lines it counts are fsynced, so after a crash at any
+    point the output can be cut back to the last committed line and continued: a rerun writes
+    a file byte-identical to an uninterrupted run.
+    """
+
+    def __init__(self, out_path: str) -> None:
+        self.path = out_path + ".cursor"
+
+    def load(self, job: str) -> Cursor | None:
+        try:
+            with open(self.path, "rb") as fh:
+                cursor = _cursor_decoder.decode(fh.read())
+        except FileNotFoundError:
+            return None
+        except msgspec.DecodeError as exc:
+            raise ConfigError(f"{self.path} is corrupt ({exc}); delete it to start over") from None
+        if cursor.job != job:
+            raise ConfigError(
+                f"{self.path} belongs to job {cursor.job!r}, not {job!r}; "
+                "choose another --out or delete the cursor file"
+            )
+        return cursor
+
+    def save(self, cursor: Cursor) -> None:
+        tmp = self.path + ".tmp"
+        with open(tmp, "wb") as fh:
+            fh.write(msgspec.json.encode(cursor))
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, self.path)
+
+    def remove(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(self.path)
 
 
 async def collect(
@@ -52,11 +118,19 @@ async def collect(
     wait: bool = False,
     poll_s: float = 0.2,
     progress: bool = False,
+    start: int = 0,
+    on_commit: Callable[[int], None] | None = None,
 ) -> CollectReport:
-    """Write results of ``job`` to ``out`` from index 0 on, in order; see module doc."""
+    """Write results of ``job`` to ``out`` from index ``start`` on, in order; see module doc.
+
+    ``on_commit(index)`` is called after each chunk is written and flushed, with the number of
+    lines now complete: the collector's durable cursor hangs off it.
+    """
     await store.load_spec(job)  # raises JobNotFoundError for an unknown job
-    cursor = ok = failed = 0
+    cursor = start
+    ok = failed = 0
     total: int | None = None
+    failures = 0
     bar = tqdm(
         desc=job,
         unit=" prompts",
@@ -66,24 +140,35 @@ async def collect(
     )
     try:
         while True:
-            blobs = await store.fetch_results(job, cursor, CHUNK)
-            lines = []
-            for blob in blobs:
-                if blob is None:
-                    break
-                result = decode_result(blob)
-                if result.ok:
-                    ok += 1
-                else:
-                    failed += 1
-                lines.append(encode_json_line(OutputLine.of(result)))
-            if lines:
-                out.write(b"".join(lines))
-                out.flush()
-                cursor += len(lines)
-            if len(lines) == CHUNK:
+            try:
+                blobs = await store.fetch_results(job, cursor, CHUNK)
+                lines = []
+                for blob in blobs:
+                    if blob is None:
+                        break
+                    result = decode_result(blob)
+                    if result.ok:
+                        ok += 1
+                    else:
+                        failed += 1
+                    lines.append(encode_json_line(OutputLine.of(result)))
+                if lines:
+                    out.write(b"".join(lines))
+                    out.flush()
+                    cursor += len(lines)
+                    if on_commit is not None:
+                        on_commit(cursor)
+                if len(lines) == CHUNK:
+                    continue
+                status = await store.status(job)
+                failures = 0
+            except StoreUnavailable as exc:
+                if not wait:
+                    raise
+                failures += 1  # Redis restarting: keep following the job, slower
+                print(f"swarm-collect: {exc}; retrying", file=sys.stderr)
+                await asyncio.sleep(backoff_s(failures, base_s=0.5, cap_s=10.0))
                 continue
-            status = await store.status(job)
             total = status.total
             if bar.total != (total or status.enqueued):
                 bar.total = total or status.enqueued
@@ -91,12 +176,54 @@ async def collect(
             bar.set_postfix(written=cursor, failed=status.failed, refresh=False)
             bar.refresh()
             if total is not None and cursor >= total:
-                return CollectReport(job, cursor, ok, failed, total)
+                return CollectReport(job, cursor - start, ok, failed, total, start)
             if not wait:
-                return CollectReport(job, cursor, ok, failed, total)
+                return CollectReport(job, cursor - start, ok, failed, total, start)
             await asyncio.sleep(poll_s)
     finally:
         bar.close()
+
+
+async def collect_to_file(
+    store: JobStore, job: str, path: str, *, wait: bool, progress: bool
+) -> CollectReport:
+    """Collect into ``path``, resuming from its durable cursor after an interrupted run."""
+    cursors = CursorFile(path)
+    cursor = cursors.load(job)
+    fh: BinaryIO
+    if cursor is None:
+        fh = open(path, "wb")  # noqa: SIM115, ASYNC230 - closed below; a CLI, nothing else runs
+        start, offset = 0, 0
+    else:
+        try:
+            fh = open(path, "r+b")  # noqa: SIM115, ASYNC230 - closed below
+        except FileNotFoundError:
+            raise ConfigError(
+                f"{cursors.path} exists but {path} does not; delete the cursor file to start over"
+            ) from None
+        fh.seek(0, os.SEEK_END)
+        if fh.tell() < cursor.offset:
+            fh.close()
+            raise ConfigError(
+                f"{path} is shorter than its cursor says; delete {cursors.path} to start over"
+            )
+        start, offset = cursor.index, cursor.offset
+        fh.truncate(offset)  # drop lines written after the last committed cursor
+        fh.seek(offset)
+
+    def commit(index: int) -> None:
+        os.fsync(fh.fileno())
+        cursors.save(Cursor(job, index, fh.tell()))
+
+    with fh:
+        if cursor is None:
+            cursors.save(Cursor(job, 0, 0))
+        report = await collect(
+            store, job, fh, wait=wait, progress=progress, start=start, on_commit=commit
+        )
+    if report.complete:
+        cursors.remove()
+    return report
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -119,23 +246,25 @@ async def _main(args: argparse.Namespace) -> int:
             report = await collect(store, job, sys.stdout.buffer, wait=args.wait)
         else:
             try:
-                fh = open(args.out, "wb")  # noqa: SIM115, ASYNC230 - closed below; a CLI, nothing else runs
+                report = await collect_to_file(
+                    store, job, args.out, wait=args.wait, progress=args.wait
+                )
             except OSError as exc:
                 raise ConfigError(f"cannot write {args.out}: {exc.strerror}") from None
-            with fh:
-                report = await collect(store, job, fh, wait=args.wait, progress=args.wait)
+        status = await store.status(job)
     finally:
         await store.close()
     total = "?" if report.total is None else str(report.total)
+    resumed = f", resumed at {report.start}" if report.start else ""
     print(
-        f"job {job}: wrote {report.written} of {total} results "
-        f"({report.ok} ok, {report.failed} failed)",
+        f"job {job}: wrote {report.start + report.written} of {total} results "
+        f"({status.done} ok, {status.failed} failed{resumed})",
         file=sys.stderr,
     )
     if not report.complete:
         print(f"job {job}: not finished; run again (or with --wait) for the rest", file=sys.stderr)
         return EXIT_INCOMPLETE
-    return EXIT_FAILED if report.failed else 0
+    return EXIT_FAILED if status.failed else 0
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -284,3 +284,80 @@ def test_arq_payloads_are_msgpack_never_pickle(
     assert raw is not None and not raw.startswith(b"\x80")  # pickle's protocol marker
     stored = msgspec.msgpack.decode(raw)
     assert (stored["f"], stored["s"], stored["r"]) == ("ping", True, "pong")
+
+
+def test_collector_killed_mid_write_resumes_to_a_byte_identical_file(
+    tmp_path: Path, env: dict[str, str], redis_url: str, prefix: str
+) -> None:
+    from common.models import JobSpec, Result, encode
+
+    n = 200_000
+    client = redis.Redis.from_url(redis_url)
+    meta, results = f"{prefix}:{{big}}:meta", f"{prefix}:{{big}}:results"
+    try:
+        client.hset(
+            meta,
+            mapping={
+                "spec": encode(JobSpec(job="big")),
+                "total": n,
+                "done": n,
+                "enqueued": n,
+                "finished_s": "1",
+            },
+        )
+        for start in range(0, n, 20_000):
+            client.hset(
+                results,
+                mapping={
+                    str(i): encode(
+                        Result(
+                            index=i,
+                            text=f" answer {i} " + "w" * (i % 50),
+                            finish_reason="stop",
+                            endpoint="e",
+                            attempts=1,
+                        )
+                    )
+                    for i in range(start, start + 20_000)
+                },
+            )
+        reference, out = tmp_path / "reference.jsonl", tmp_path / "out.jsonl"
+        cursor = Path(f"{out}.cursor")
+        ref = subprocess.run(
+            [BIN / "swarm-collect", "big", "--out", reference],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert ref.returncode == 0, ref.stderr
+        proc = subprocess.Popen(
+            [BIN / "swarm-collect", "big", "--out", out],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not (
+            cursor.exists() and out.exists() and out.stat().st_size > 2_000_000
+        ):
+            assert proc.poll() is None, "finished before it could be killed"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        assert out.stat().st_size < reference.stat().st_size
+        with open(out, "ab") as fh:  # as if it died after writing lines, before their cursor
+            fh.write(b'{"index": 999999, "text": "torn')
+        again = subprocess.run(
+            [BIN / "swarm-collect", "big", "--out", out],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert again.returncode == 0, again.stderr
+        assert "resumed at" in again.stderr
+        assert out.read_bytes() == reference.read_bytes()
+        assert not cursor.exists()  # a finished file keeps no cursor
+    finally:
+        client.delete(meta, results)
+        client.close()

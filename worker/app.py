@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import signal
@@ -27,7 +28,7 @@ from arq.worker import Worker
 
 from common.errors import ConfigError
 from common.settings import Settings
-from common.store import JobStore, connect
+from common.store import RETRY_ON, JobStore, connect, redis_retry
 from worker.drain import Engine
 
 __all__ = ["WorkerSettings", "job_deserializer", "job_serializer"]
@@ -162,7 +163,13 @@ class WorkerSettings:
     functions = [ping]
     on_startup = startup
     on_shutdown = shutdown
-    redis_settings = RedisSettings.from_dsn(SETTINGS.redis_url)
+    redis_settings = dataclasses.replace(
+        RedisSettings.from_dsn(SETTINGS.redis_url),
+        retry=redis_retry(),
+        retry_on_error=RETRY_ON,
+        retry_on_timeout=True,
+        conn_retries=30,
+    )
     queue_name = SETTINGS.keys.arq_queue
     health_check_key = SETTINGS.keys.arq_queue + ":health-check"
     job_serializer = job_serializer
