@@ -17,7 +17,7 @@ import contextlib
 import os
 import socket
 import time
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Container, Iterable, Sequence
 from typing import Any
 
 import msgspec
@@ -44,7 +44,7 @@ from common.models import (
     decode_spec,
     encode,
 )
-from common.settings import mask_url
+from common.settings import Settings, mask_url
 
 __all__ = [
     "RELEASED_IDLE_MS",
@@ -201,7 +201,9 @@ RELEASED_IDLE_MS = 10**10
 
 # Retried by redis-py itself: a Redis restart (or failover) of up to about a minute and a half
 # is ridden out inside a single command; swarm-queue's own loops retry beyond that.
-RETRY_ON: list[type[Exception]] = [RedisConnectionError, RedisTimeoutError]
+# OSError matters: redis-py's connect retry only catches its own ConnectionError, but a refused
+# connection (Redis restarting) arrives as the builtin ConnectionRefusedError.
+RETRY_ON: list[type[Exception]] = [RedisConnectionError, RedisTimeoutError, OSError]
 
 
 def redis_retry(retries: int = 30) -> Retry:
@@ -209,15 +211,17 @@ def redis_retry(retries: int = 30) -> Retry:
     return Retry(ExponentialBackoff(cap=5.0, base=0.05), retries)
 
 
-def connect(url: str) -> aioredis.Redis:
+def connect(url: str, *, patient: bool = True) -> aioredis.Redis:
     """A Redis client for ``url`` that rides out connection loss with capped backoff.
 
+    ``patient`` (workers, producer, collector) waits out a Redis restart of a minute or two;
+    otherwise (one-shot commands such as swarm-status) a missing Redis is reported at once.
     Responses stay bytes (``decode_responses=False``): payloads are msgpack.
     """
     try:
         return aioredis.from_url(
             url,
-            retry=redis_retry(),
+            retry=redis_retry(30 if patient else 3),
             retry_on_error=RETRY_ON,
             health_check_interval=30,
             socket_keepalive=True,
@@ -284,6 +288,11 @@ class JobStore:
         self._claim_mine = redis.register_script(_CLAIM_MINE_LUA)
         self._retry = redis.register_script(_RETRY_LUA)
         self._add = redis.register_script(_ADD_LUA)
+
+    @classmethod
+    def from_settings(cls, settings: Settings, *, patient: bool = True) -> JobStore:
+        """The store of ``settings``' Redis and key prefix (see :func:`connect` for patience)."""
+        return cls(connect(settings.redis_url, patient=patient), settings.keys, settings.redis_url)
 
     async def close(self) -> None:
         await self.redis.aclose()
@@ -439,21 +448,29 @@ class JobStore:
         return [(eid, fields.get(b"d") if fields else None) for eid, fields in reply[0][1]]
 
     async def claim_own_pending(
-        self, job: str, consumer: str, count: int, after: bytes = b"-"
-    ) -> list[tuple[bytes, bytes | None, int]]:
+        self,
+        job: str,
+        consumer: str,
+        count: int,
+        after: bytes = b"-",
+        exclude: Container[bytes] = (),
+    ) -> tuple[list[tuple[bytes, bytes | None, int]], bytes | None]:
         """Re-deliver to ``consumer`` its own unacknowledged entries (a restarted worker's
-        leftovers): ``(entry_id, payload, deliveries)``. Re-claiming counts as a delivery, so an
-        entry that kills every worker that takes it is eventually seen as such."""
+        leftovers, or entries whose read reply was lost): ``(entry_id, payload, deliveries)``,
+        and the last ID looked at (None when done). Re-claiming counts as a delivery, so an
+        entry that kills every worker that takes it is eventually seen as such. ``exclude``:
+        entries this consumer is still working on."""
         stream = self.keys.stream(job)
         start = after if after == b"-" else b"(" + after
         async with redis_errors(self.url):
             pending = await self.redis.xpending_range(stream, GROUP, start, "+", count, consumer)
             if not pending:
-                return []
-            ids = [p["message_id"] for p in pending]
-            claimed = await self.redis.xclaim(stream, GROUP, consumer, 0, ids)
+                return [], None
+            ids = [p["message_id"] for p in pending if p["message_id"] not in exclude]
+            claimed = await self.redis.xclaim(stream, GROUP, consumer, 0, ids) if ids else []
         times = {p["message_id"]: p["times_delivered"] + 1 for p in pending}
-        return [(eid, f.get(b"d") if f else None, times.get(eid, 1)) for eid, f in claimed]
+        entries = [(eid, f.get(b"d") if f else None, times.get(eid, 1)) for eid, f in claimed]
+        return entries, pending[-1]["message_id"]
 
     async def autoclaim(
         self, job: str, consumer: str, min_idle_ms: int, count: int

@@ -23,10 +23,10 @@ from tqdm import tqdm
 
 from common.backoff import backoff_s
 from common.cli import add_redis_arg, run, settings_from_args
-from common.errors import ConfigError, StoreUnavailable
+from common.errors import ConfigError, JobNotFoundError, StoreUnavailable
 from common.keys import validate_job_name
 from common.models import OutputLine, decode_result, encode_json_line
-from common.store import JobStore, connect
+from common.store import JobStore
 
 __all__ = [
     "EXIT_FAILED",
@@ -110,6 +110,27 @@ class CursorFile:
             os.remove(self.path)
 
 
+async def _wait_for_job(store: JobStore, job: str, wait: bool, poll_s: float) -> None:
+    """Raise JobNotFoundError for an unknown job, unless following it (``--wait``): then the
+    collector may start before the producer, and says what it waits for."""
+    told = False
+    while True:
+        try:
+            await store.load_spec(job)
+            return
+        except JobNotFoundError:
+            if not wait:
+                raise
+            if not told:
+                print(f"swarm-collect: waiting for job {job!r} to be enqueued", file=sys.stderr)
+                told = True
+        except StoreUnavailable as exc:
+            if not wait:
+                raise
+            print(f"swarm-collect: {exc}; retrying", file=sys.stderr)
+        await asyncio.sleep(max(poll_s, 0.5))
+
+
 async def collect(
     store: JobStore,
     job: str,
@@ -126,7 +147,7 @@ async def collect(
     ``on_commit(index)`` is called after each chunk is written and flushed, with the number of
     lines now complete: the collector's durable cursor hangs off it.
     """
-    await store.load_spec(job)  # raises JobNotFoundError for an unknown job
+    await _wait_for_job(store, job, wait, poll_s)
     cursor = start
     ok = failed = 0
     total: int | None = None
@@ -240,7 +261,7 @@ def _parser() -> argparse.ArgumentParser:
 async def _main(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
     job = validate_job_name(args.job)
-    store = JobStore(connect(settings.redis_url), settings.keys, settings.redis_url)
+    store = JobStore.from_settings(settings)
     try:
         if args.out == "-":
             report = await collect(store, job, sys.stdout.buffer, wait=args.wait)

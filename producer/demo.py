@@ -25,7 +25,7 @@ from common.cli import run
 from common.embedded import EmbeddedRedis, free_port
 from common.models import JobSpec, SamplingParams
 from common.settings import Settings
-from common.store import JobStore, connect
+from common.store import JobStore
 from producer.collect import collect
 from producer.enqueue import enqueue_prompts
 from sim.text import completion_for
@@ -80,7 +80,7 @@ async def _demo(args: argparse.Namespace) -> int:
     ports = [free_port() for _ in range(4)]
     job = f"demo-{int(time.time())}"
     n = args.prompts
-    store = JobStore(connect(settings.redis_url), settings.keys, settings.redis_url)
+    store = JobStore.from_settings(settings)
     workers: list[subprocess.Popen[bytes]] = []
     try:
         with _sim(ports, out_dir / "sim.log"):

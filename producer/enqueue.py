@@ -23,7 +23,7 @@ from common.errors import ConfigError, JobCancelledError, JobConflictError, Swar
 from common.keys import validate_job_name
 from common.models import JobSpec, PromptItem, SamplingParams
 from common.settings import Settings
-from common.store import JobStore, connect, producer_token
+from common.store import JobStore, producer_token
 from producer.inputs import DEFAULT_MAX_PROMPT_BYTES, Format, iter_prompts
 
 __all__ = ["EnqueueReport", "enqueue", "enqueue_prompts", "main"]
@@ -135,7 +135,7 @@ async def enqueue(
     progress: bool = False,
 ) -> EnqueueReport:
     """Queue every prompt of ``stream`` (a binary line iterator) for ``spec.job``."""
-    store = JobStore(connect(settings.redis_url), settings.keys, settings.redis_url)
+    store = JobStore.from_settings(settings)
     try:
         parsed = iter_prompts(stream, source, fmt, max_prompt_bytes=max_prompt_bytes)
         return await enqueue_prompts(

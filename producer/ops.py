@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from common.cli import add_redis_arg, run, settings_from_args
 from common.errors import JobConflictError
 from common.keys import validate_job_name
-from common.store import JobStore, connect
+from common.store import JobStore
 
 __all__ = ["cancel_main", "retry_main"]
 
@@ -21,7 +21,7 @@ __all__ = ["cancel_main", "retry_main"]
 async def _retry(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
     job = validate_job_name(args.job)
-    store = JobStore(connect(settings.redis_url), settings.keys, settings.redis_url)
+    store = JobStore.from_settings(settings, patient=False)
     try:
         status = await store.status(job)
         if status.total is None and not status.cancelled:
@@ -45,7 +45,7 @@ async def _retry(args: argparse.Namespace) -> int:
 async def _cancel(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
     job = validate_job_name(args.job)
-    store = JobStore(connect(settings.redis_url), settings.keys, settings.redis_url)
+    store = JobStore.from_settings(settings, patient=False)
     try:
         newly, count = await store.cancel(job)
     finally:

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from common.cli import add_redis_arg, run, settings_from_args
 from common.keys import validate_job_name
-from common.store import JobStatus, JobStore, connect
+from common.store import JobStatus, JobStore
 
 __all__ = ["format_status", "main"]
 
@@ -37,7 +37,7 @@ def format_status(s: JobStatus) -> str:
 async def _main(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
     job = validate_job_name(args.job)
-    store = JobStore(connect(settings.redis_url), settings.keys, settings.redis_url)
+    store = JobStore.from_settings(settings, patient=False)
     try:
         print(format_status(await store.status(job)))
     finally:

@@ -235,7 +235,7 @@ class SimEndpoint:
             if req.stream:
                 return self._error(400, "swarm-sim does not stream", "BadRequestError", "stream")
             return await respond(req)
-        except EngineStopped:
+        except (EngineStopped, ConnectionResetError):  # we died, or the client hung up
             _abort(request)
             return web.Response(status=503)
 

@@ -19,7 +19,7 @@ import redis
 
 from common.embedded import EmbeddedRedis, free_port
 from common.settings import Settings
-from common.store import JobStore, connect
+from common.store import JobStore
 from sim.engine import EngineConfig
 from sim.server import FaultConfig, SimEndpoint, SimFleet
 
@@ -83,7 +83,7 @@ def settings(make_settings: Callable[..., Settings]) -> Settings:
 
 @pytest.fixture
 async def store(settings: Settings) -> AsyncIterator[JobStore]:
-    s = JobStore(connect(settings.redis_url), settings.keys, settings.redis_url)
+    s = JobStore.from_settings(settings)
     yield s
     await s.close()
 

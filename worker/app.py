@@ -28,7 +28,7 @@ from arq.worker import Worker
 
 from common.errors import ConfigError
 from common.settings import Settings
-from common.store import RETRY_ON, JobStore, connect, redis_retry
+from common.store import RETRY_ON, JobStore, redis_retry
 from worker.drain import Engine
 
 __all__ = ["WorkerSettings", "job_deserializer", "job_serializer"]
@@ -84,7 +84,7 @@ def _setup_logging() -> None:
 async def startup(ctx: dict[str, Any]) -> None:
     _setup_logging()
     settings = SETTINGS
-    store = JobStore(connect(settings.redis_url), settings.keys, settings.redis_url)
+    store = JobStore.from_settings(settings)
     try:
         engine = Engine(settings, store)
     except ConfigError as exc:

@@ -36,7 +36,7 @@ from common.errors import (
 )
 from common.models import JobSpec, PromptItem, Result, Usage
 from common.settings import Settings
-from common.store import JobStore, decode_entry, index_of
+from common.store import Commit, JobStore, decode_entry, index_of
 from worker.endpoint import CompletionBody, EndpointClient
 
 __all__ = ["EndpointDrainer", "Engine"]
@@ -212,8 +212,10 @@ class EndpointDrainer:
                 if burst and not await self.engine.any_work():
                     return
             except StoreUnavailable as exc:
-                # redis-py already retried with backoff; keep trying, slower.
+                # redis-py already retried with backoff; keep trying, slower. A read whose
+                # reply was lost left entries pending for us: look for them again.
                 log.warning("%s: %s; retrying", self.client.label, exc)
+                self._ready.clear()
                 await self.engine.sleep(self._backoff(3))
             except Exception:
                 # A bug or an unforeseen answer must not silently kill a slot in a days-long
@@ -237,15 +239,14 @@ class EndpointDrainer:
         async with self._recovery_lock:
             if job in self._ready:
                 return
-            after = b"-"
-            while True:
-                entries = await self.store.claim_own_pending(
-                    job, self.consumer, self.settings.batch_size, after
+            after: bytes | None = b"-"
+            while after is not None:
+                entries, after = await self.store.claim_own_pending(
+                    job, self.consumer, self.settings.batch_size, after, exclude=self._in_hand
                 )
-                if not entries:
-                    break
-                self._recovered.append((job, entries))
-                after = entries[-1][0]
+                if entries:
+                    self._in_hand.update(eid for eid, _, _ in entries)
+                    self._recovered.append((job, entries))
             if self._recovered:
                 log.info(
                     "%s: resuming %d own unfinished batches of job %s",
@@ -341,7 +342,7 @@ class EndpointDrainer:
             )
             for eid, payload, n in dead
         ]
-        commit = await asyncio.shield(self.store.commit(job, results))
+        commit = await self._commit(job, results)
         self.dead_lettered += commit.failed
         self.prompts_failed += commit.failed
         log.warning("%s: dead-lettered %d entries of job %s", self.client.label, len(dead), job)
@@ -375,11 +376,35 @@ class EndpointDrainer:
             await self._release(job, ids, cause)
             return
         # Shielded: once results exist, finishing the (atomic) commit beats redoing them.
-        commit = await asyncio.shield(
-            self.store.commit(job, results, tally.prompt_tokens, tally.completion_tokens)
-        )
+        commit = await self._commit(job, results, tally.prompt_tokens, tally.completion_tokens)
         self.prompts_done += commit.done
         self.prompts_failed += commit.failed
+
+    async def _commit(
+        self,
+        job: str,
+        results: list[tuple[bytes, Result, bytes | None]],
+        prompt_tokens: int = 0,
+        completion_tokens: int = 0,
+    ) -> Commit:
+        """Commit, retrying through a Redis outage: the results are computed and the commit is
+        idempotent (first write wins), so keeping them beats redoing the batch. Shielded, so a
+        cancellation does not cut a commit short either."""
+        attempt = 0
+        while True:
+            try:
+                return await asyncio.shield(
+                    self.store.commit(job, results, prompt_tokens, completion_tokens)
+                )
+            except StoreUnavailable as exc:
+                attempt += 1
+                log.warning(
+                    "%s: commit of %d results waits for Redis (%s)",
+                    self.client.label,
+                    len(results),
+                    exc,
+                )
+                await asyncio.sleep(self._backoff(attempt))
 
     async def _keep_claimed(self, job: str, ids: list[bytes]) -> None:
         """Refresh our claim on a long batch so no other worker takes it as orphaned."""

@@ -1,0 +1,291 @@
+"""Fault injection with real processes: workers SIGKILLed mid-job, HTTP 500s, connection resets,
+over-long prompts, a dead and a stalled endpoint, and Redis restarted mid-job.
+
+Every test checks the exact count of results, every text, that no index appears twice, and that
+exactly the over-long prompts failed, with the server's message.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import msgspec
+import pytest
+import redis
+
+from common.embedded import EmbeddedRedis, free_port
+from sim.text import completion_for
+from tests.test_e2e import BIN, _wait_port
+
+pytestmark = pytest.mark.slow
+
+MAX_TOKENS = 12
+MAX_MODEL_LEN = 600
+
+
+def _prompt(i: int, poison: set[int]) -> str:
+    # Over the simulator's context (600 tokens = 2,400 characters) with 12 output tokens.
+    return "p" * 3000 if i in poison else f"Explain observation #{i} of the survey."
+
+
+class Fleet:
+    """A swarm-sim process, worker processes and helpers around one Redis and key prefix."""
+
+    def __init__(self, tmp: Path, redis_url: str, prefix: str, n_ports: int, *sim_args: str):
+        self.tmp, self.redis_url, self.prefix = tmp, redis_url, prefix
+        self.ports = [free_port() for _ in range(n_ports)]
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("SWARM_")}
+        self.env.update(
+            SWARM_REDIS_URL=redis_url,
+            SWARM_PREFIX=prefix,
+            SWARM_POLL_MS="50",
+            SWARM_JOBS_REFRESH_S="0.2",
+            SWARM_BACKOFF_BASE_S="0.05",
+            SWARM_BACKOFF_CAP_S="0.5",
+        )
+        self.sim = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "sim",
+                "--ports",
+                ",".join(map(str, self.ports)),
+                "--step-ms",
+                "2",
+                "--max-model-len",
+                str(MAX_MODEL_LEN),
+                *sim_args,
+            ],
+            stdout=subprocess.DEVNULL,
+        )
+        for p in self.ports:
+            _wait_port(p, self.sim)
+        self.workers: list[subprocess.Popen[bytes]] = []
+        self.logs: list[Path] = []
+
+    def url(self, i: int) -> str:
+        return f"http://127.0.0.1:{self.ports[i]}"
+
+    def worker(self, name: str, endpoints: list[int], **extra: str) -> subprocess.Popen[bytes]:
+        env = {
+            **self.env,
+            "SWARM_WORKER_NAME": name,
+            "SWARM_ENDPOINTS": ",".join(self.url(i) for i in endpoints),
+            **extra,
+        }
+        log = self.tmp / f"worker-{name}-{len(self.logs)}.log"
+        self.logs.append(log)
+        with open(log, "wb") as fh:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "arq", "worker.WorkerSettings", "--burst"],
+                env=env,
+                stdout=fh,
+                stderr=subprocess.STDOUT,
+            )
+        self.workers.append(proc)
+        return proc
+
+    def enqueue(self, job: str, n: int, poison: set[int]) -> subprocess.Popen[bytes]:
+        src = self.tmp / f"{job}.txt"
+        src.write_text("".join(_prompt(i, poison) + "\n" for i in range(n)))
+        with open(self.tmp / f"enqueue-{job}.log", "wb") as log:
+            return subprocess.Popen(
+                [BIN / "swarm-enqueue", src, "--job", job, "--max-tokens", str(MAX_TOKENS)],
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+
+    def collect(self, job: str) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            [BIN / "swarm-collect", job, "--out", self.tmp / f"{job}.jsonl", "--wait"],
+            env=self.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+
+    def done(self, job: str) -> int:
+        client = redis.Redis.from_url(self.redis_url)
+        try:
+            raw = client.hmget(f"{self.prefix}:{{{job}}}:meta", ["done", "failed"])
+        except redis.ConnectionError:
+            return 0
+        finally:
+            client.close()
+        return sum(int(x or 0) for x in raw)
+
+    def faults(self, i: int, **faults: object) -> None:
+        req = urllib.request.Request(
+            f"{self.url(i)}/sim/faults",
+            data=msgspec.json.encode(faults),
+            headers={"Content-Type": "application/json"},
+        )
+        urllib.request.urlopen(req, timeout=5).read()
+
+    def close(self) -> None:
+        for proc in [*self.workers, self.sim]:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+@pytest.fixture
+def fleet_factory(tmp_path: Path, redis_url: str, prefix: str) -> Iterator[type[Fleet]]:
+    fleets: list[Fleet] = []
+
+    class _Fleet(Fleet):
+        def __init__(self, n_ports: int, *sim_args: str, url: str = redis_url) -> None:
+            super().__init__(tmp_path, url, prefix, n_ports, *sim_args)
+            fleets.append(self)
+
+    yield _Fleet
+    for f in fleets:
+        f.close()
+
+
+def check_output(path: Path, n: int, poison: set[int]) -> None:
+    lines = [msgspec.json.decode(x) for x in path.read_bytes().splitlines()]
+    assert len(lines) == n
+    assert [x["index"] for x in lines] == list(range(n))  # in order, so no index twice
+    failed = {x["index"] for x in lines if x["error"] is not None}
+    assert failed == poison
+    for x in lines:
+        if x["index"] in poison:
+            assert x["error"].startswith("You passed 750 input tokens and requested 12 output")
+        else:
+            assert x["text"] == completion_for(_prompt(x["index"], poison), MAX_TOKENS)[0]
+
+
+def test_workers_killed_repeatedly_with_server_errors_resets_and_poison_prompts(
+    fleet_factory: type[Fleet],
+) -> None:
+    n = 20_000
+    poison = set(range(7, n, 1000))  # 0.1%
+    fleet = fleet_factory(4, "--error-rate", "0.05", "--reset-rate", "0.01")
+    assert fleet.enqueue("chaos", n, poison).wait(timeout=120) == 0
+    collector = fleet.collect("chaos")
+    fast = {
+        "SWARM_CLAIM_IDLE_MS": "1500",
+        "SWARM_MAX_ATTEMPTS": "20",
+        "SWARM_CIRCUIT_FAILURES": "50",
+    }
+    live = {"a": fleet.worker("a", [0, 1], **fast), "b": fleet.worker("b", [2, 3], **fast)}
+    kills = 0
+    for threshold in range(2000, 16_001, 2000):  # a kill every 2,000 results
+        deadline = time.monotonic() + 120
+        while fleet.done("chaos") < threshold and time.monotonic() < deadline:
+            time.sleep(0.01)
+        victim = "a" if kills % 2 == 0 else "b"
+        live[victim].send_signal(signal.SIGKILL)
+        live[victim].wait()
+        kills += 1
+        # Alternate: the successor has the same name (resumes its own leftovers) or a new one
+        # (the orphans are taken over by XAUTOCLAIM after the idle time).
+        name = victim if kills % 4 < 2 else f"{victim}{kills}"
+        live[victim] = fleet.worker(name, [0, 1] if victim == "a" else [2, 3], **fast)
+    _out, err = collector.communicate(timeout=300)
+    codes = [w.wait(timeout=120) for w in live.values()]
+    assert collector.returncode == 1, err  # 1: some prompts failed (the poison ones)
+    assert f"wrote {n} of {n} results ({n - len(poison)} ok, {len(poison)} failed)" in err
+    assert codes == [0, 0], [log.read_text()[-2000:] for log in fleet.logs]
+    assert kills == 8
+    check_output(fleet.tmp / "chaos.jsonl", n, poison)
+
+
+def test_a_dead_and_a_stalled_endpoint_leave_the_job_to_the_healthy_ones(
+    fleet_factory: type[Fleet],
+) -> None:
+    n = 6000
+    poison = {11, 4444}
+    fleet = fleet_factory(4)
+    assert fleet.enqueue("nodes", n, poison).wait(timeout=120) == 0
+    collector = fleet.collect("nodes")
+    quick = {
+        "SWARM_REQUEST_TIMEOUT_S": "2",
+        "SWARM_PROBE_TIMEOUT_S": "1",
+        "SWARM_CIRCUIT_FAILURES": "3",
+    }
+    dying = fleet.worker("dying", [0], **quick)
+    stalling = fleet.worker("stalling", [1], **quick)
+    healthy = [fleet.worker("h1", [2], **quick), fleet.worker("h2", [3], **quick)]
+    while fleet.done("nodes") < 500:
+        time.sleep(0.01)
+    fleet.faults(0, die_after_s=0.0)
+    fleet.faults(1, stall_after_s=0.0)
+    _out, err = collector.communicate(timeout=300)
+    assert collector.returncode == 1, err
+    assert [w.wait(timeout=120) for w in (dying, stalling, *healthy)] == [0, 0, 0, 0]
+    check_output(fleet.tmp / "nodes.jsonl", n, poison)
+    logs = [log.read_text() for log in fleet.logs]
+    assert "circuit open" in logs[0] and "circuit open" in logs[1]
+    assert "released" in logs[0] + logs[1]
+
+
+def test_redis_restarted_mid_job_everyone_reconnects_and_nothing_is_lost(
+    fleet_factory: type[Fleet], tmp_path: Path
+) -> None:
+    n = 20_000
+    poison = {3, 19_999}
+    workdir = tmp_path / "redis"
+    workdir.mkdir()
+    server = EmbeddedRedis(appendonly=True, workdir=str(workdir)).start()
+    try:
+        fleet = fleet_factory(2, url=server.url)
+        producer = fleet.enqueue("restart", n, poison)
+        workers = [fleet.worker("w1", [0]), fleet.worker("w2", [1])]
+        collector = fleet.collect("restart")
+        while fleet.done("restart") < 3000:
+            time.sleep(0.01)
+        server.stop()  # a clean restart: AOF flushed, the same data comes back
+        server.start()
+        assert producer.wait(timeout=120) == 0, (tmp_path / "enqueue-restart.log").read_text()
+        _out, err = collector.communicate(timeout=300)
+        assert collector.returncode == 1, err
+        assert f"wrote {n} of {n} results" in err
+        assert [w.wait(timeout=120) for w in workers] == [0, 0], [
+            log.read_text()[-2000:] for log in fleet.logs
+        ]
+        check_output(fleet.tmp / "restart.jsonl", n, poison)
+    finally:
+        server.close()
+
+
+def test_sigterm_finishes_batches_in_flight_or_leaves_them_for_the_successor(
+    fleet_factory: type[Fleet],
+) -> None:
+    fleet = fleet_factory(1, "--step-ms", "40")  # a batch takes about half a second
+    n = 1200
+    assert fleet.enqueue("stop", n, set()).wait(timeout=60) == 0
+    client = redis.Redis.from_url(fleet.redis_url)
+    stream = f"{fleet.prefix}:{{stop}}:q"
+
+    def in_flight() -> int:
+        return int(client.xpending(stream, "workers")["pending"])
+
+    try:
+        for grace, expect_left in (("30", False), ("0.1", True)):
+            worker = fleet.worker("w", [0], SWARM_SHUTDOWN_GRACE_S=grace)
+            while in_flight() == 0:
+                time.sleep(0.005)
+            worker.send_signal(signal.SIGTERM)
+            assert worker.wait(timeout=60) == 0
+            log = fleet.logs[-1].read_text()
+            assert "stopping: finishing batches in flight" in log
+            if expect_left:  # cancelled after the grace period: still pending, not lost
+                assert "grace period over" in log and in_flight() > 0
+            else:  # finished and committed within the grace period
+                assert in_flight() == 0 and fleet.done("stop") > 0
+        successor = fleet.worker("w", [0])  # same name: resumes its own leftovers first
+        assert successor.wait(timeout=120) == 0
+        assert "resuming" in fleet.logs[-1].read_text()
+        assert fleet.done("stop") == n and in_flight() == 0
+    finally:
+        client.close()
