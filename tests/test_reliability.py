@@ -104,3 +104,34 @@ async def test_graceful_stop_finishes_and_commits_batches_in_flight(
         x["text"] == completion_for(p, 30)[0]
         for x, (p, _) in zip(lines, prompts(400), strict=False)
     )
+
+
+async def test_a_slow_batch_keeps_its_claim_and_is_never_computed_twice(
+    make_settings: Callable[..., Settings], store: JobStore, sim_fleet: Callable[..., SimFleet]
+) -> None:
+    n = 120
+    await enqueue_prompts(store, spec(max_tokens=30), prompts(n))
+    slow_cfg = EngineConfig(step_base_ms=40.0, step_per_seq_ms=0.0)  # ~1.2 s a batch
+    async with sim_fleet(1, slow_cfg) as slow, sim_fleet(1) as fast:
+        # Claims go stale after 300 ms: far less than a batch takes on the slow endpoint.
+        a = Engine(
+            make_settings(worker_name="a", batch_size=40, inflight=3, claim_idle_ms=300),
+            store,
+            [EndpointClient(slow.urls[0])],
+        )
+        b = Engine(
+            make_settings(worker_name="b", claim_idle_ms=300), store, [EndpointClient(fast.urls[0])]
+        )
+        try:
+            run_a = asyncio.create_task(a.run(burst=True))
+            while (await store.status("j")).pending > 0:  # a has taken every entry  # noqa: ASYNC110
+                await asyncio.sleep(0.01)
+            await asyncio.gather(run_a, b.run(burst=True))  # b idles beside a's slow batches
+        finally:
+            await a.close()
+            await b.close()
+        computed = slow.endpoints[0].engine.finished_seqs + fast.endpoints[0].engine.finished_seqs
+    assert computed == n  # nothing was taken over and computed twice
+    assert (a.drainers[0].prompts_done, b.drainers[0].prompts_done) == (n, 0)
+    lines = await collect_lines(store, "j")
+    assert [x["text"] for x in lines] == [completion_for(p, 30)[0] for p, _ in prompts(n)]
