@@ -43,6 +43,9 @@ __all__ = ["EndpointDrainer", "Engine"]
 
 log = logging.getLogger("swarm.worker")
 
+# From this delivery on, an entry is suspected of killing the workers that take it.
+SUSPECT_DELIVERIES = 3
+
 # (entry ID, payload, how many times it has been delivered)
 Delivery = tuple[bytes, bytes | None, int]
 T = TypeVar("T")
@@ -304,13 +307,14 @@ class EndpointDrainer:
     # -- doing work ---------------------------------------------------------------------
 
     async def process(self, job: str, deliveries: list[Delivery]) -> None:
-        """Finish one batch. Entries delivered before (their worker died, or they were released)
-        run alone, so that one prompt that kills workers cannot take its neighbours with it; an
-        entry delivered more than ``max_deliveries`` times is dead-lettered."""
+        """Finish one batch. A second delivery is usually innocent (a worker hit its walltime,
+        a batch was released) and runs as usual; an entry seen three times or more runs alone,
+        one after another, so that a prompt that kills workers cannot take its neighbours with
+        it; past ``max_deliveries`` it is dead-lettered."""
         limit = self.settings.max_deliveries
         dead = [d for d in deliveries if d[2] > limit]
-        fresh = [d for d in deliveries if d[2] == 1]
-        suspects = [d for d in deliveries if 1 < d[2] <= limit]
+        fresh = [d for d in deliveries if d[2] < SUSPECT_DELIVERIES]
+        suspects = [d for d in deliveries if SUSPECT_DELIVERIES <= d[2] <= limit]
         ids = [eid for eid, _, _ in deliveries]
         # Everything taken stays ours until done: refreshed claims, and never restarted by a
         # sibling slot's reclaim while it waits for its turn here.
