@@ -54,10 +54,12 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     redis_url: str = DEFAULT_REDIS_URL
     prefix: str = DEFAULT_PREFIX
     endpoints: tuple[Endpoint, ...] = ()
-    # Prompts per /v1/completions request, and requests in flight per endpoint. Together they
-    # should exceed vLLM's max_num_seqs (default 256) a little so the engine never runs dry.
+    # Prompts per /v1/completions request, and requests in flight per endpoint. A list request
+    # answers when its LONGEST sequence ends, so its short ones have freed their slots long
+    # before: batch x inflight must exceed vLLM's max_num_seqs (default 256) by the ratio of
+    # the longest to the mean output length to keep the engine full (docs/BENCHMARKS.md).
     batch_size: int = 32
-    inflight: int = 10
+    inflight: int = 16
     # 0 sizes each request's timeout from the batch: 120 s + 0.5 s per max_token, per wave of
     # 256 sequences (a stalled endpoint is then noticed in minutes, a slow one is not cut off).
     request_timeout_s: float = 0.0

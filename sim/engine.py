@@ -12,6 +12,7 @@ import asyncio
 import heapq
 import itertools
 from collections import deque
+from collections.abc import Sequence
 
 import msgspec
 
@@ -53,7 +54,7 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
 class _Request:
     __slots__ = ("future", "remaining")
 
-    def __init__(self, n: int, future: asyncio.Future[None]) -> None:
+    def __init__(self, n: int, future: asyncio.Future[None] | None) -> None:
         self.remaining = n
         self.future = future
 
@@ -90,14 +91,17 @@ class Engine:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
-        for _, req in self._waiting:
-            if not req.future.done():
-                req.future.set_exception(EngineStopped())
-        for _, _, req in self._running:
-            if not req.future.done():
+        for req in [r for _, r in self._waiting] + [r for _, _, r in self._running]:
+            if req.future is not None and not req.future.done():
                 req.future.set_exception(EngineStopped())
         self._waiting.clear()
         self._running.clear()
+
+    def load(self, lengths: Sequence[int]) -> None:
+        """Queue sequences with no request waiting on them: for offline what-if runs of
+        :meth:`step` with no event loop."""
+        req = _Request(len(lengths), None)
+        self._waiting.extend((max(1, n), req) for n in lengths)
 
     def submit(self, lengths: list[int]) -> asyncio.Future[None]:
         """Queue one request with a sequence of each length (tokens); the future resolves when
@@ -137,7 +141,7 @@ class Engine:
             _, _, req = heapq.heappop(self._running)
             finished += 1
             req.remaining -= 1
-            if req.remaining == 0 and not req.future.done():
+            if req.remaining == 0 and req.future is not None and not req.future.done():
                 req.future.set_result(None)
         self.finished_seqs += finished
         return finished

@@ -1,0 +1,359 @@
+"""What every benchmark scenario shares: a private Redis, a swarm-sim fleet in its own process,
+long-running worker processes, throughput sampled from the simulator's /metrics, and the
+fleet's theoretical capacity.
+
+Not product code: a measuring stick. Each scenario runs the system and its baselines against
+the same kind of fleet in the same run, so ratios hold on a noisy shared machine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+
+from common.embedded import EmbeddedRedis, free_port
+from common.models import JobSpec, SamplingParams
+from common.settings import Settings
+from common.store import JobStore
+from producer.collect import collect
+from producer.enqueue import enqueue_prompts
+from sim.engine import Engine, EngineConfig
+from sim.text import completion_for
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "bench" / "out"
+
+_METRIC = re.compile(r"^(vllm:[a-z_]+)\{[^}]*\} ([0-9.e+]+)$", re.M)
+
+
+def prompt_set(n: int, size: int = 0) -> list[str]:
+    """``n`` distinct prompts; ``size`` pads each to about that many bytes."""
+    base = [f"Question {i}: describe sample {i * 7919 % 100003} in one line." for i in range(n)]
+    if size:
+        pad = "lorem ipsum dolor sit amet " * (size // 27 + 1)
+        base = [(p + " " + pad)[:size] for p in base]
+    return base
+
+
+def total_tokens(prompts: Sequence[str], max_tokens: int) -> int:
+    return sum(completion_for(p, max_tokens)[1] for p in prompts)
+
+
+def token_capacity(config: EngineConfig) -> float:
+    """Tokens per second of one endpoint at a full batch: the most it can ever generate."""
+    return config.max_num_seqs / config.step_s(config.max_num_seqs)
+
+
+def offline_makespan(lengths: Sequence[int], config: EngineConfig) -> float:
+    """Simulated seconds one engine needs for sequences of these lengths, all queued at t=0:
+    continuous batching at its best, ramp-down tail included."""
+    engine = Engine(config)
+    engine.load(lengths)
+    t = 0.0
+    while engine.num_running or engine.num_waiting:
+        engine.admit()
+        t += config.step_s(engine.num_running)
+        engine.step()
+    return t
+
+
+def ideal_makespan(
+    prompts: Sequence[str], max_tokens: int, configs: Sequence[EngineConfig]
+) -> float:
+    """The theoretical minimum wall time of a fleet: every prompt already inside the engines at
+    t=0, split in proportion to each engine's capacity, each engine at its best."""
+    caps = [token_capacity(c) for c in configs]
+    shares: list[list[int]] = [[] for _ in configs]
+    credit = [0.0] * len(configs)
+    for p in prompts:  # weighted round-robin: each engine gets its capacity's share
+        for i, cap in enumerate(caps):
+            credit[i] += cap / sum(caps)
+        i = max(range(len(caps)), key=credit.__getitem__)
+        credit[i] -= 1.0
+        shares[i].append(completion_for(p, max_tokens)[1])
+    return max(offline_makespan(s, c) for s, c in zip(shares, configs, strict=True))
+
+
+@dataclass
+class SimFleetProc:
+    """A swarm-sim process with one engine per port."""
+
+    ports: list[int]
+    speeds: list[float]
+    config: EngineConfig
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def urls(self) -> list[str]:
+        return [f"http://127.0.0.1:{p}" for p in self.ports]
+
+    def start(self, *extra: str) -> SimFleetProc:
+        args = [
+            sys.executable,
+            "-m",
+            "sim",
+            "--ports",
+            ",".join(map(str, self.ports)),
+            "--speed",
+            ",".join(map(str, self.speeds)),
+            "--max-num-seqs",
+            str(self.config.max_num_seqs),
+            "--step-ms",
+            str(self.config.step_base_ms),
+            "--step-per-seq-ms",
+            str(self.config.step_per_seq_ms),
+            *extra,
+        ]
+        if self.config.instant:
+            args.append("--instant")
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 20
+        for url in self.urls:
+            while True:
+                try:
+                    urllib.request.urlopen(url + "/health", timeout=1).read()
+                    break
+                except OSError:
+                    if time.monotonic() > deadline or self.proc.poll() is not None:
+                        raise RuntimeError("swarm-sim did not start") from None
+                    time.sleep(0.05)
+        return self
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=10)
+
+    def configs(self, alive: Sequence[bool] | None = None) -> list[EngineConfig]:
+        """The engine of each endpoint that is ``alive`` (all by default)."""
+        return [
+            EngineConfig(
+                max_num_seqs=self.config.max_num_seqs,
+                step_base_ms=self.config.step_base_ms,
+                step_per_seq_ms=self.config.step_per_seq_ms,
+                speed=speed,
+            )
+            for i, speed in enumerate(self.speeds)
+            if alive is None or alive[i]
+        ]
+
+    def capacity(self, alive: Sequence[bool] | None = None) -> float:
+        """Summed token capacity (tokens/s) of the endpoints that are ``alive``."""
+        return sum(token_capacity(c) for c in self.configs(alive))
+
+    def kill_endpoint(self, i: int) -> None:
+        req = urllib.request.Request(
+            self.urls[i] + "/sim/faults",
+            data=b'{"die_after_s": 0.0}',
+            headers={"Content-Type": "application/json"},
+        )
+        urllib.request.urlopen(req, timeout=5).read()
+
+
+async def metrics(client: aiohttp.ClientSession, url: str) -> dict[str, float]:
+    try:
+        async with client.get(url + "/metrics", timeout=aiohttp.ClientTimeout(total=2)) as resp:
+            text = await resp.text()
+    except (aiohttp.ClientError, TimeoutError):
+        return {}
+    return {name: float(value) for name, value in _METRIC.findall(text)}
+
+
+@dataclass
+class Sampler:
+    """Samples each endpoint's finished sequences and the Redis memory every ``period_s``."""
+
+    urls: list[str]
+    redis_url: str | None = None
+    period_s: float = 0.25
+    t0: float = field(default_factory=time.monotonic)
+    series: list[tuple[float, list[float], list[float], int]] = field(default_factory=list)
+    _task: asyncio.Task[None] | None = None
+
+    async def _run(self) -> None:
+        from redis.asyncio import Redis
+
+        r = Redis.from_url(self.redis_url) if self.redis_url else None
+        last = [0.0] * len(self.urls)
+        async with aiohttp.ClientSession() as client:
+            try:
+                while True:
+                    ms = await asyncio.gather(*(metrics(client, u) for u in self.urls))
+                    done = [m.get("vllm:request_success_total", last[i]) for i, m in enumerate(ms)]
+                    last = done
+                    waiting = [m.get("vllm:num_requests_waiting", 0.0) for m in ms]
+                    mem = int((await r.info("memory"))["used_memory"]) if r else 0
+                    self.series.append((time.monotonic() - self.t0, done, waiting, mem))
+                    await asyncio.sleep(self.period_s)
+            finally:
+                if r is not None:
+                    await r.aclose()
+
+    def start(self) -> Sampler:
+        self.t0 = time.monotonic()
+        self._task = asyncio.get_running_loop().create_task(self._run())
+        return self
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    @property
+    def peak_memory(self) -> int:
+        return max((m for *_, m in self.series), default=0)
+
+    @property
+    def max_waiting(self) -> float:
+        return max((max(w) for _, _, w, _ in self.series if w), default=0.0)
+
+
+@dataclass
+class Workers:
+    """Long-running ``arq worker.WorkerSettings`` processes, one per endpoint group."""
+
+    redis_url: str
+    prefix: str
+    groups: list[list[str]]
+    env: dict[str, str] = field(default_factory=dict)
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    def start(self) -> Workers:
+        OUT.mkdir(parents=True, exist_ok=True)
+        base = {k: v for k, v in os.environ.items() if not k.startswith("SWARM_")}
+        for i, group in enumerate(self.groups):
+            env = {
+                **base,
+                "SWARM_REDIS_URL": self.redis_url,
+                "SWARM_PREFIX": self.prefix,
+                "SWARM_ENDPOINTS": ",".join(group),
+                "SWARM_WORKER_NAME": f"bench-{i}",
+                "SWARM_JOBS_REFRESH_S": "0.1",
+                **self.env,
+            }
+            with open(OUT / f"worker-{self.prefix}-{i}.log", "wb") as log:
+                self.procs.append(
+                    subprocess.Popen(
+                        [sys.executable, "-m", "arq", "worker.WorkerSettings"],
+                        env=env,
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                    )
+                )
+        return self
+
+    def stop(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in self.procs:
+            try:
+                p.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+@dataclass
+class SwarmRun:
+    wall_s: float
+    enqueue_s: float
+    first_result_s: float
+    results: int
+    failed: int
+    peak_memory: int = 0
+    max_waiting: float = 0.0
+    series: list[tuple[float, list[float], list[float], int]] = field(default_factory=list)
+
+
+async def wait_workers_ready(store: JobStore, n: int, timeout_s: float = 30.0) -> None:
+    """Until ``n`` arq workers have registered their health-check key (they are polling)."""
+    deadline = time.monotonic() + timeout_s
+    key = store.keys.arq_queue + ":health-check"
+    while time.monotonic() < deadline:
+        if await store.redis.exists(key):
+            await asyncio.sleep(0.5)  # let the others finish importing too
+            return
+        await asyncio.sleep(0.05)
+    raise RuntimeError("workers did not start")
+
+
+async def run_swarm(
+    redis_url: str,
+    prefix: str,
+    fleet: SimFleetProc,
+    groups: list[list[str]],
+    prompts: list[str],
+    max_tokens: int,
+    *,
+    worker_env: dict[str, str] | None = None,
+    during: object = None,
+) -> SwarmRun:
+    """One job through the system: workers already running, then enqueue and collect, timed
+    from the first enqueue to the last collected line."""
+    settings = Settings(redis_url=redis_url, prefix=prefix)
+    store = JobStore.from_settings(settings)
+    workers = Workers(redis_url, prefix, groups, worker_env or {}).start()
+    try:
+        await wait_workers_ready(store, len(groups))
+        sampler = Sampler(fleet.urls, redis_url).start()
+        t0 = time.monotonic()
+        spec = JobSpec(job="bench", params=SamplingParams(max_tokens=max_tokens))
+        await enqueue_prompts(store, spec, ((p, None) for p in prompts))
+        t_enq = time.monotonic() - t0
+        first: list[float] = []
+
+        def mark(index: int) -> None:
+            if not first:
+                first.append(time.monotonic() - t0)
+
+        extra = asyncio.create_task(during(store, t0)) if callable(during) else None  # type: ignore[arg-type]
+        with open(os.devnull, "wb") as sink:
+            report = await collect(store, "bench", sink, wait=True, poll_s=0.02, on_commit=mark)
+        wall = time.monotonic() - t0
+        if extra is not None:
+            await extra
+        await sampler.stop()
+        status = await store.status("bench")
+        return SwarmRun(
+            wall,
+            t_enq,
+            first[0] if first else wall,
+            report.written,
+            status.failed,
+            sampler.peak_memory,
+            sampler.max_waiting,
+            sampler.series,
+        )
+    finally:
+        workers.stop()
+        await store.close()
+
+
+class Bench:
+    """A private Redis for one benchmark session."""
+
+    def __enter__(self) -> Bench:
+        self.redis = EmbeddedRedis().start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.redis.close()
+
+    @property
+    def url(self) -> str:
+        return self.redis.url
+
+
+def new_fleet(n: int, config: EngineConfig, speeds: Sequence[float] | None = None) -> SimFleetProc:
+    return SimFleetProc([free_port() for _ in range(n)], list(speeds or [1.0] * n), config)

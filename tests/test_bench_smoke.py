@@ -1,0 +1,34 @@
+"""A smoke run of every benchmark scenario at tiny size: the harness, the baselines and the
+system all work end to end. (The speed targets are proven by the full run, not here.)"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+pytestmark = pytest.mark.slow
+
+
+def test_every_benchmark_scenario_runs_at_tiny_size() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.run", "--smoke"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    scenarios = {s["name"]: s for s in json.loads((ROOT / "bench/out/smoke.json").read_text())}
+    assert list(scenarios) == ["homogeneous", "heterogeneous", "dead_node", "overhead"]
+    for sc in scenarios.values():
+        rows = {r["system"]: r for r in sc["rows"]}
+        assert rows["swarm-queue"]["answered"] == rows["swarm-queue"]["prompts"] > 0
+        assert {"static round-robin", "naive gather"} <= set(rows)
+        assert all(r["wall_s"] > 0 for r in rows.values())
+    assert "arq, one job per prompt" in {r["system"] for r in scenarios["overhead"]["rows"]}

@@ -1,0 +1,97 @@
+"""The adaptive in-flight window: reading vLLM's gauges, the policy, the gate, and the effect
+on a real (simulated) engine."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from common.settings import Settings
+from common.store import JobStore
+from producer.enqueue import enqueue_prompts
+from sim.engine import EngineConfig
+from sim.server import SimFleet
+from sim.text import completion_for
+from tests.test_pipeline import collect_lines, prompts, spec
+from worker.drain import Engine, Window, next_window
+from worker.endpoint import EndpointClient, Load, parse_load
+
+VLLM_METRICS = b"""# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="m"} 200.0
+vllm:num_requests_running{engine="1",model_name="m"} 56.0
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="m"} 3.0
+vllm:num_requests_waiting_by_reason{reason="capacity"} 99.0
+vllm:gpu_cache_usage_perc{model_name="m"} 0.5
+"""
+
+
+def test_gauges_are_summed_over_label_sets_and_missing_ones_mean_no_load() -> None:
+    assert parse_load(VLLM_METRICS) == Load(running=256.0, waiting=3.0)
+    assert parse_load(b"vllm:num_requests_running 1\n") is None
+    assert parse_load(b"<html>not found</html>") is None
+
+
+def test_policy_grows_when_idle_shrinks_when_queuing_far_ahead_and_stays_in_bounds() -> None:
+    kw = {"lo": 2, "hi": 20, "batch": 32}
+    assert next_window(10, Load(running=180, waiting=0), **kw) == 11  # idle slots
+    assert next_window(10, Load(running=256, waiting=40), **kw) == 10  # full, short queue
+    assert next_window(10, Load(running=256, waiting=65), **kw) == 9  # queuing far ahead
+    assert next_window(20, Load(running=100, waiting=0), **kw) == 20
+    assert next_window(2, Load(running=256, waiting=500), **kw) == 2
+
+
+async def test_window_gate_admits_at_most_size_and_follows_a_resize() -> None:
+    window = Window(2)
+    inside = 0
+    peak = 0
+    release = asyncio.Event()
+
+    async def hold() -> None:
+        nonlocal inside, peak
+        async with window.token():
+            inside += 1
+            peak = max(peak, inside)
+            await release.wait()
+            inside -= 1
+
+    tasks = [asyncio.create_task(hold()) for _ in range(5)]
+    while window.in_use < 2:  # noqa: ASYNC110 - waiting for the tasks to reach the gate
+        await asyncio.sleep(0)
+    for _ in range(10):
+        await asyncio.sleep(0)
+    assert (window.in_use, peak) == (2, 2)
+    await window.resize(4)
+    while window.in_use < 4:  # noqa: ASYNC110
+        await asyncio.sleep(0)
+    assert peak == 4
+    release.set()
+    await asyncio.gather(*tasks)
+    assert window.in_use == 0
+
+
+async def test_an_underfed_engine_gets_more_batches_in_flight(
+    make_settings: Callable[..., Settings], store: JobStore, sim_fleet: Callable[..., SimFleet]
+) -> None:
+    n = 3000
+    await enqueue_prompts(store, spec(max_tokens=32), prompts(n))
+    settings = make_settings(batch_size=8, inflight=2, inflight_max=32, adapt_period_s=0.05)
+    cfg = EngineConfig(max_num_seqs=64, step_base_ms=5.0, step_per_seq_ms=0.0)
+    async with sim_fleet(1, cfg) as fleet:
+        sim = fleet.endpoints[0].engine
+        engine = Engine(settings, store, [EndpointClient(fleet.urls[0])])
+        window = engine.drainers[0].window
+        run = asyncio.create_task(engine.run(burst=True))
+        try:
+            # 2 batches of 8 leave most of the 64 slots idle; the window must open up until
+            # the engine is full.
+            while sim.num_running < 64:  # noqa: ASYNC110 - observing the simulator
+                assert not run.done()
+                await asyncio.sleep(0.01)
+            assert window.size > 8
+            await run
+        finally:
+            await engine.close()
+    lines = await collect_lines(store, "j")
+    assert [x["text"] for x in lines] == [completion_for(p, 32)[0] for p, _ in prompts(n)]
