@@ -60,6 +60,11 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # the longest to the mean output length to keep the engine full (docs/BENCHMARKS.md).
     batch_size: int = 32
     inflight: int = 16
+    # Opt-in (not yet proven under endpoint faults, see docs/BENCHMARKS.md): with vLLM's
+    # /metrics readable, the window of requests in flight adapts between 2 and inflight_max so
+    # the engine stays full without queuing far ahead. 0, the default, keeps it at inflight.
+    inflight_max: int = 0
+    adapt_period_s: float = 0.5
     # 0 sizes each request's timeout from the batch: 120 s + 0.5 s per max_token, per wave of
     # 256 sequences (a stalled endpoint is then noticed in minutes, a slow one is not cut off).
     request_timeout_s: float = 0.0
@@ -105,9 +110,19 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
         ):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.inflight_max and self.inflight_max < self.inflight:
+            raise ConfigError(
+                f"inflight_max ({self.inflight_max}) must be 0 or >= inflight ({self.inflight})"
+            )
         if self.request_timeout_s < 0:
             raise ConfigError(f"request_timeout_s must be >= 0, got {self.request_timeout_s}")
-        for name in ("probe_timeout_s", "backoff_base_s", "backoff_cap_s", "jobs_refresh_s"):
+        for name in (
+            "probe_timeout_s",
+            "backoff_base_s",
+            "backoff_cap_s",
+            "jobs_refresh_s",
+            "adapt_period_s",
+        ):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
         if self.backoff_cap_s < self.backoff_base_s:
@@ -139,6 +154,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             "SWARM_PREFIX": ("prefix", str),
             "SWARM_BATCH_SIZE": ("batch_size", int),
             "SWARM_INFLIGHT": ("inflight", int),
+            "SWARM_INFLIGHT_MAX": ("inflight_max", int),
+            "SWARM_ADAPT_PERIOD_S": ("adapt_period_s", float),
             "SWARM_REQUEST_TIMEOUT_S": ("request_timeout_s", float),
             "SWARM_MAX_ATTEMPTS": ("max_attempts", int),
             "SWARM_CIRCUIT_FAILURES": ("circuit_failures", int),

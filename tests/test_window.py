@@ -34,12 +34,19 @@ def test_gauges_are_summed_over_label_sets_and_missing_ones_mean_no_load() -> No
 
 
 def test_policy_grows_when_idle_shrinks_when_queuing_far_ahead_and_stays_in_bounds() -> None:
-    kw = {"lo": 2, "hi": 20, "batch": 32}
+    kw = {"busy": True, "lo": 2, "hi": 20, "batch": 32}
     assert next_window(10, Load(running=180, waiting=0), **kw) == 11  # idle slots
     assert next_window(10, Load(running=256, waiting=40), **kw) == 10  # full, short queue
     assert next_window(10, Load(running=256, waiting=65), **kw) == 9  # queuing far ahead
     assert next_window(20, Load(running=100, waiting=0), **kw) == 20
     assert next_window(2, Load(running=256, waiting=500), **kw) == 2
+
+
+def test_policy_does_not_grow_for_a_stalled_engine_or_an_unused_window() -> None:
+    kw = {"lo": 2, "hi": 64, "batch": 32}
+    assert next_window(16, Load(running=0, waiting=0), busy=True, **kw) == 16  # stalled
+    assert next_window(16, Load(running=90, waiting=0), busy=False, **kw) == 16  # no work
+    assert next_window(16, Load(running=256, waiting=99), busy=False, **kw) == 15
 
 
 async def test_window_gate_admits_at_most_size_and_follows_a_resize() -> None:
@@ -86,7 +93,7 @@ async def test_an_underfed_engine_gets_more_batches_in_flight(
         try:
             # 2 batches of 8 leave most of the 64 slots idle; the window must open up until
             # the engine is full.
-            while sim.num_running < 64:  # noqa: ASYNC110 - observing the simulator
+            while sim.num_running < 64:  # observing the simulator
                 assert not run.done()
                 await asyncio.sleep(0.01)
             assert window.size > 8

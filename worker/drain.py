@@ -21,7 +21,7 @@ import math
 import random
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TypeVar
 
 from common.backoff import backoff_s
@@ -37,7 +37,7 @@ from common.errors import (
 from common.models import JobSpec, PromptItem, Result, Usage
 from common.settings import Settings
 from common.store import Commit, JobStore, decode_entry, index_of
-from worker.endpoint import CompletionBody, EndpointClient
+from worker.endpoint import CompletionBody, EndpointClient, Load
 
 __all__ = ["EndpointDrainer", "Engine"]
 
@@ -49,6 +49,49 @@ SUSPECT_DELIVERIES = 3
 # (entry ID, payload, how many times it has been delivered)
 Delivery = tuple[bytes, bytes | None, int]
 T = TypeVar("T")
+
+
+def next_window(window: int, load: Load, *, busy: bool, lo: int, hi: int, batch: int) -> int:
+    """The next in-flight window of an endpoint, from vLLM's scheduler gauges.
+
+    Nothing waiting while the engine runs and every slot of the window is busy means the engine
+    has idle capacity (a list request holds its slots until its longest sequence ends, so
+    batches in flight overstate the sequences running): one more batch. An engine running
+    nothing is stalled or starved, not short of batches: no growth then. More than two batches
+    waiting is queuing far ahead, which only lengthens a job's tail and delays results: one
+    batch fewer.
+    """
+    if load.waiting > 2 * batch:
+        return max(lo, window - 1)
+    if load.waiting <= 0 and load.running > 0 and busy:
+        return min(hi, window + 1)
+    return window
+
+
+class Window:
+    """A resizable gate: at most ``size`` slots hold a token (have a batch in flight) at once."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.in_use = 0
+        self._cond = asyncio.Condition()
+
+    async def resize(self, size: int) -> None:
+        async with self._cond:
+            self.size = size
+            self._cond.notify_all()
+
+    @contextlib.asynccontextmanager
+    async def token(self) -> AsyncIterator[None]:
+        async with self._cond:
+            await self._cond.wait_for(lambda: self.in_use < self.size)
+            self.in_use += 1
+        try:
+            yield
+        finally:
+            async with self._cond:
+                self.in_use -= 1
+                self._cond.notify_all()
 
 
 class _GiveUp(Exception):
@@ -184,6 +227,7 @@ class EndpointDrainer:
         # Released entries are reclaimable at once: look for them (and for orphans) often.
         self._reclaim_every_s = min(self.settings.claim_idle_ms / 4000, 2.0)
         self._rr = 0
+        self.window = Window(self.settings.inflight)
         self.prompts_done = 0
         self.prompts_failed = 0
         self.requests = 0
@@ -200,7 +244,44 @@ class EndpointDrainer:
     # -- loops --------------------------------------------------------------------------
 
     async def run(self, *, burst: bool = False) -> None:
-        await asyncio.gather(*(self._slot(burst) for _ in range(self.settings.inflight)))
+        adapt = self.settings.inflight_max > 0
+        slots = self.settings.inflight_max if adapt else self.settings.inflight
+        adapter = asyncio.create_task(self._adapt()) if adapt else None
+        try:
+            await asyncio.gather(*(self._slot(burst) for _ in range(slots)))
+        finally:
+            if adapter is not None:
+                adapter.cancel()
+                await asyncio.gather(adapter, return_exceptions=True)
+
+    async def _adapt(self) -> None:
+        """Follow the endpoint's load (see :func:`next_window`); stop if it has no gauges."""
+        misses = 0
+        while not self.engine.stopping:
+            load = await self.client.load()
+            if load is None:
+                misses += 1
+                if misses >= 3:
+                    log.info(
+                        "%s: no vLLM gauges at /metrics; keeping %d requests in flight",
+                        self.client.label,
+                        self.window.size,
+                    )
+                    return
+            else:
+                misses = 0
+                size = next_window(
+                    self.window.size,
+                    load,
+                    busy=self.window.in_use >= self.window.size,
+                    lo=2,
+                    hi=self.settings.inflight_max,
+                    batch=self.settings.batch_size,
+                )
+                if size != self.window.size:
+                    await self.window.resize(size)
+            if await self.engine.sleep(self.settings.adapt_period_s):
+                return
 
     async def _slot(self, burst: bool) -> None:
         while not self.engine.stopping and self.broken is None:
@@ -210,7 +291,12 @@ class EndpointDrainer:
                         return
                     await self._wait_healthy(burst)
                     continue
-                if await self.step(block_ms=self.settings.poll_ms):
+                async with self.window.token():
+                    # A stop may have come while this slot waited for the window.
+                    did = not self.engine.stopping and await self.step(
+                        block_ms=self.settings.poll_ms
+                    )
+                if did:
                     continue
                 if burst and not await self.engine.any_work():
                     return
@@ -447,7 +533,7 @@ class EndpointDrainer:
         async with self._probe_lock:
             attempt = 0
             while self._open.is_set() and not self.engine.stopping:
-                if burst and attempt and not await self.engine.any_work():
+                if burst and not await self.engine.any_work():
                     return
                 try:
                     await self.client.models(timeout_s=self.settings.probe_timeout_s)

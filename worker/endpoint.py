@@ -7,8 +7,10 @@ times cheaper than building pydantic models for hundreds of choices per request.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
+import aiohttp
 import msgspec
 import openai
 
@@ -16,7 +18,7 @@ from common.errors import EndpointRejected, EndpointRetryable, EndpointUnusable
 from common.models import SamplingParams
 from common.settings import mask_url
 
-__all__ = ["Choice", "CompletionBody", "EndpointClient", "ModelInfo"]
+__all__ = ["Choice", "CompletionBody", "EndpointClient", "Load", "ModelInfo", "parse_load"]
 
 
 class Choice(msgspec.Struct):
@@ -44,6 +46,28 @@ class ModelInfo(msgspec.Struct):
 
 class _ModelList(msgspec.Struct):
     data: list[ModelInfo] = []
+
+
+class Load(msgspec.Struct, frozen=True):
+    """vLLM's scheduler gauges: sequences decoding now, and sequences queued behind them."""
+
+    running: float
+    waiting: float
+
+
+_GAUGE = re.compile(
+    rb"^vllm:num_requests_(running|waiting)(?:\{[^}]*\})?\s+([0-9.eE+-]+)\s*$", re.M
+)
+
+
+def parse_load(text: bytes) -> Load | None:
+    """Sum each gauge over its label sets; None when the text has neither (not a vLLM)."""
+    found: dict[bytes, float] = {}
+    for name, value in _GAUGE.findall(text):
+        found[name] = found.get(name, 0.0) + float(value)
+    if b"running" not in found or b"waiting" not in found:
+        return None
+    return Load(found[b"running"], found[b"waiting"])
 
 
 _completion_decoder = msgspec.json.Decoder(CompletionBody)
@@ -87,12 +111,30 @@ class EndpointClient:
         self.url = url
         self.label = mask_url(url)
         self._timeout_s = timeout_s
+        self._auth = {"Authorization": f"Bearer {api_key or 'EMPTY'}"}
+        self._session: aiohttp.ClientSession | None = None
         self._client = openai.AsyncOpenAI(
             base_url=f"{url}/v1", api_key=api_key or "EMPTY", max_retries=0, timeout=timeout_s
         )
 
     async def close(self) -> None:
         await self._client.close()
+        if self._session is not None:
+            await self._session.close()
+
+    async def load(self, timeout_s: float = 5.0) -> Load | None:
+        """The endpoint's scheduler load from ``/metrics`` (vLLM's Prometheus gauges), or None
+        when it cannot be read: then the in-flight window simply stays where it is."""
+        if self._session is None:
+            self._session = aiohttp.ClientSession(headers=self._auth)
+        try:
+            timeout = aiohttp.ClientTimeout(total=timeout_s)
+            async with self._session.get(self.url + "/metrics", timeout=timeout) as resp:
+                if resp.status != 200:
+                    return None
+                return parse_load(await resp.read())
+        except (aiohttp.ClientError, TimeoutError):
+            return None
 
     async def models(self, timeout_s: float = 30.0) -> list[ModelInfo]:
         """The models served, with ``max_model_len`` where the server reports it (vLLM does)."""
