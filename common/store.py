@@ -297,6 +297,11 @@ class JobStore:
     async def close(self) -> None:
         await self.redis.aclose()
 
+    def _script_keys(self, job: str) -> list[str]:
+        """KEYS of the commit and retry scripts, in their order: results, meta, stream, failed."""
+        k = self.keys
+        return [k.results(job), k.meta(job), k.stream(job), k.failed(job)]
+
     # -- jobs ---------------------------------------------------------------------------
 
     async def create_job(self, spec: JobSpec) -> JobSpec:
@@ -537,12 +542,7 @@ class JobStore:
                 kind,
                 b"" if result.ok else (payload or b""),
             ]
-        keys = [
-            self.keys.results(job),
-            self.keys.meta(job),
-            self.keys.stream(job),
-            self.keys.failed(job),
-        ]
+        keys = self._script_keys(job)
         async with redis_errors(self.url):
             done, failed = await self._commit(keys=keys, args=args)
         return Commit(int(done), int(failed))
@@ -569,12 +569,7 @@ class JobStore:
         """Queue the given failed prompts again (see ``_RETRY_LUA``); returns how many."""
         if not failed:
             return 0
-        keys = [
-            self.keys.results(job),
-            self.keys.meta(job),
-            self.keys.stream(job),
-            self.keys.failed(job),
-        ]
+        keys = self._script_keys(job)
         async with redis_errors(self.url):
             round_ = await self.redis.hincrby(self.keys.meta(job), "retry_round", 1)
             n = 0
