@@ -60,7 +60,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # the longest to the mean output length to keep the engine full (docs/BENCHMARKS.md).
     batch_size: int = 32
     inflight: int = 16
-    # Opt-in (not yet proven under endpoint faults, see docs/BENCHMARKS.md): with vLLM's
+    # Opt-in (it moved throughput by under a point on the benchmark fleets): with vLLM's
     # /metrics readable, the window of requests in flight adapts between 2 and inflight_max so
     # the engine stays full without queuing far ahead. 0, the default, keeps it at inflight.
     inflight_max: int = 0

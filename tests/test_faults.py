@@ -212,6 +212,7 @@ def test_a_dead_and_a_stalled_endpoint_leave_the_job_to_the_healthy_ones(
         "SWARM_REQUEST_TIMEOUT_S": "2",
         "SWARM_PROBE_TIMEOUT_S": "1",
         "SWARM_CIRCUIT_FAILURES": "3",
+        "SWARM_INFLIGHT_MAX": "64",
     }
     dying = fleet.worker("dying", [0], **quick)
     stalling = fleet.worker("stalling", [1], **quick)

@@ -313,7 +313,11 @@ class EndpointDrainer:
                 await self.engine.sleep(self._backoff(3))
 
     async def step(self, block_ms: int | None = None) -> bool:
-        """Take one batch and finish it; False when there was nothing to take."""
+        """Take one batch and finish it; False when there was nothing to take. Takes nothing
+        while the circuit is open: a slot that was waiting for the window when it opened would
+        otherwise take back the batches its siblings had just released."""
+        if self._open.is_set() or self.broken is not None:
+            return False
         await self.engine.refresh_jobs()
         got = await self._next_batch(block_ms)
         if got is None:
