@@ -8,6 +8,7 @@ duplicate, no gap. When the whole input is queued the job is sealed with its tot
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import os
 import socket
@@ -65,6 +66,16 @@ async def _take_lock(store: JobStore, job: str, token: str) -> None:
         )
 
 
+async def _wait_for_room(store: JobStore, job: str, token: str, upto: int, window: int) -> None:
+    """Wait until queuing prompts up to index ``upto`` leaves at most ``window`` unfinished."""
+    while True:
+        status = await store.status(job)
+        if upto - status.done - status.failed <= window or status.cancelled:
+            return
+        await _take_lock(store, job, token)  # still alive: keep the lock while waiting
+        await asyncio.sleep(0.1)
+
+
 async def enqueue_prompts(
     store: JobStore,
     spec: JobSpec,
@@ -72,8 +83,17 @@ async def enqueue_prompts(
     *,
     chunk: int = CHUNK,
     progress: bool = False,
+    window: int | None = None,
 ) -> EnqueueReport:
-    """Queue ``(prompt, custom_id)`` pairs for ``spec.job``, resuming after what is queued."""
+    """Queue ``(prompt, custom_id)`` pairs for ``spec.job``, resuming after what is queued.
+
+    ``window``: keep at most this many prompts of the job unfinished in Redis, waiting for
+    results before queuing more, so a huge input streams through with bounded memory.
+    """
+    if window is not None:
+        if window < 1:
+            raise ConfigError(f"--window must be >= 1, got {window}")
+        chunk = min(chunk, window)
     job = spec.job
     await store.create_job(spec)
     token = producer_token()
@@ -102,6 +122,8 @@ async def enqueue_prompts(
                 continue
             buf.append(PromptItem(index, prompt, custom_id))
             if len(buf) >= chunk:
+                if window is not None:
+                    await _wait_for_room(store, job, token, index + 1, window)
                 await store.add_items(job, buf)
                 added += len(buf)
                 buf.clear()
@@ -110,6 +132,8 @@ async def enqueue_prompts(
                     print(f"swarm-enqueue: {job}: {count} prompts read", file=sys.stderr)
                     shown = time.monotonic()
         if buf:
+            if window is not None:
+                await _wait_for_room(store, job, token, count, window)
             await store.add_items(job, buf)
             added += len(buf)
         if count < start:
@@ -133,13 +157,18 @@ async def enqueue(
     fmt: Format = "auto",
     max_prompt_bytes: int = DEFAULT_MAX_PROMPT_BYTES,
     progress: bool = False,
+    window: int | None = None,
 ) -> EnqueueReport:
     """Queue every prompt of ``stream`` (a binary line iterator) for ``spec.job``."""
     store = JobStore.from_settings(settings)
     try:
         parsed = iter_prompts(stream, source, fmt, max_prompt_bytes=max_prompt_bytes)
         return await enqueue_prompts(
-            store, spec, ((p.prompt, p.custom_id) for p in parsed), progress=progress
+            store,
+            spec,
+            ((p.prompt, p.custom_id) for p in parsed),
+            progress=progress,
+            window=window,
         )
     finally:
         await store.close()
@@ -157,6 +186,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=float, help="sampling temperature")
     p.add_argument("--format", choices=["auto", "txt", "jsonl"], default="auto")
     p.add_argument("--max-prompt-bytes", type=int, default=DEFAULT_MAX_PROMPT_BYTES)
+    p.add_argument(
+        "--window",
+        type=int,
+        metavar="N",
+        help="keep at most N unfinished prompts in Redis: stream a huge input with "
+        "bounded memory, waiting for results before queuing more",
+    )
     add_redis_arg(p)
     return p
 
@@ -182,6 +218,7 @@ async def _main(args: argparse.Namespace) -> int:
             fmt=args.format,
             max_prompt_bytes=args.max_prompt_bytes,
             progress=True,
+            window=args.window,
         )
     else:
         try:
@@ -197,6 +234,7 @@ async def _main(args: argparse.Namespace) -> int:
                 fmt=args.format,
                 max_prompt_bytes=args.max_prompt_bytes,
                 progress=True,
+                window=args.window,
             )
     print(
         f"job {report.job}: {report.total} prompts queued "

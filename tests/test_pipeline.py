@@ -337,3 +337,33 @@ async def test_heartbeat_and_release_touch_only_entries_still_owned(store: JobSt
     # Released entries are instantly reclaimable; the taken-over ones are not.
     reclaimed = await store.autoclaim("j", "third", 60_000, 10)
     assert [(eid, n) for eid, _, n in reclaimed] == [(e, 2) for e in mine[3:]]
+
+
+async def test_enqueue_window_keeps_at_most_n_unfinished_prompts_in_redis(
+    make_settings: Callable[..., Settings], store: JobStore, sim_fleet: Callable[..., SimFleet]
+) -> None:
+    import asyncio
+
+    n, window = 1200, 100
+    stream = store.keys.stream("j")
+    seen: list[int] = []
+    async with sim_fleet(1) as fleet:
+        engine = Engine(
+            make_settings(batch_size=16, inflight=2), store, [EndpointClient(fleet.urls[0])]
+        )
+        drain = asyncio.create_task(engine.run(burst=True))
+        producing = asyncio.create_task(
+            enqueue_prompts(store, spec(), prompts(n), chunk=50, window=window)
+        )
+        try:
+            while not producing.done():  # observe the stream while the producer streams
+                seen.append(await store.redis.xlen(stream))
+                await asyncio.sleep(0.002)
+            report = await producing
+            await drain
+        finally:
+            await engine.close()
+    assert report.total == n
+    assert 0 < max(seen) <= window
+    lines = await collect_lines(store, "j")
+    assert [x["text"] for x in lines] == [completion_for(p, 16)[0] for p, _ in prompts(n)]
