@@ -313,7 +313,7 @@ async def run_swarm(
         t_enq = time.monotonic() - t0
         first: list[float] = []
 
-        def mark(index: int) -> None:
+        async def mark(index: int) -> None:
             if not first:
                 first.append(time.monotonic() - t0)
 

@@ -599,6 +599,13 @@ class JobStore:
         async with redis_errors(self.url):
             return list(await self.redis.hmget(self.keys.results(job), fields))
 
+    async def evict_results(self, job: str, start: int, end: int) -> None:
+        """Delete the results of indices ``start .. end-1`` (written out by a collector)."""
+        async with redis_errors(self.url):
+            for lo in range(start, end, 5000):
+                fields = [str(i) for i in range(lo, min(end, lo + 5000))]
+                await self.redis.hdel(self.keys.results(job), *fields)
+
     async def status(self, job: str) -> JobStatus:
         meta_key, stream = self.keys.meta(job), self.keys.stream(job)
         async with redis_errors(self.url):

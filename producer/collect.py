@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import BinaryIO
 
 import msgspec
@@ -140,7 +140,7 @@ async def collect(
     poll_s: float = 0.2,
     progress: bool = False,
     start: int = 0,
-    on_commit: Callable[[int], None] | None = None,
+    on_commit: Callable[[int], Awaitable[None]] | None = None,
 ) -> CollectReport:
     """Write results of ``job`` to ``out`` from index ``start`` on, in order; see module doc.
 
@@ -178,7 +178,7 @@ async def collect(
                     out.flush()
                     cursor += len(lines)
                     if on_commit is not None:
-                        on_commit(cursor)
+                        await on_commit(cursor)
                 if len(lines) == CHUNK:
                     continue
                 status = await store.status(job)
@@ -206,9 +206,13 @@ async def collect(
 
 
 async def collect_to_file(
-    store: JobStore, job: str, path: str, *, wait: bool, progress: bool
+    store: JobStore, job: str, path: str, *, wait: bool, progress: bool, evict: bool = False
 ) -> CollectReport:
-    """Collect into ``path``, resuming from its durable cursor after an interrupted run."""
+    """Collect into ``path``, resuming from its durable cursor after an interrupted run.
+
+    ``evict`` deletes each result from Redis once its line is fsynced in ``path``: the file
+    becomes the only copy, and Redis memory stays bounded on a huge job.
+    """
     cursors = CursorFile(path)
     cursor = cursors.load(job)
     fh: BinaryIO
@@ -232,13 +236,22 @@ async def collect_to_file(
         fh.truncate(offset)  # drop lines written after the last committed cursor
         fh.seek(offset)
 
-    def commit(index: int) -> None:
+    evicted = 0
+
+    async def commit(index: int) -> None:
+        nonlocal evicted
         os.fsync(fh.fileno())
         cursors.save(Cursor(job, index, fh.tell()))
+        if evict:  # only lines already durable in the file leave Redis
+            await store.evict_results(job, evicted, index)
+            evicted = index
 
     with fh:
         if cursor is None:
             cursors.save(Cursor(job, 0, 0))
+        elif evict:
+            await store.evict_results(job, 0, start)  # a crash may have come between the two
+            evicted = start
         report = await collect(
             store, job, fh, wait=wait, progress=progress, start=start, on_commit=commit
         )
@@ -254,6 +267,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("job")
     p.add_argument("--out", required=True, help="output file, or - for stdout")
     p.add_argument("--wait", action="store_true", help="follow the job until every prompt is done")
+    p.add_argument(
+        "--evict",
+        action="store_true",
+        help="delete results from Redis once written to FILE (bounds Redis memory; "
+        "the file becomes the only copy)",
+    )
     add_redis_arg(p)
     return p
 
@@ -264,11 +283,16 @@ async def _main(args: argparse.Namespace) -> int:
     store = JobStore.from_settings(settings)
     try:
         if args.out == "-":
+            if args.evict:
+                raise ConfigError(
+                    "--evict needs --out FILE: results leave Redis only once a "
+                    "file holds them durably"
+                )
             report = await collect(store, job, sys.stdout.buffer, wait=args.wait)
         else:
             try:
                 report = await collect_to_file(
-                    store, job, args.out, wait=args.wait, progress=args.wait
+                    store, job, args.out, wait=args.wait, progress=args.wait, evict=args.evict
                 )
             except OSError as exc:
                 raise ConfigError(f"cannot write {args.out}: {exc.strerror}") from None

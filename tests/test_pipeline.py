@@ -6,6 +6,7 @@ against an in-process swarm-sim; tests with real worker processes are in test_e2
 
 from __future__ import annotations
 
+import asyncio
 import io
 from collections.abc import Callable, Iterator
 
@@ -367,3 +368,34 @@ async def test_enqueue_window_keeps_at_most_n_unfinished_prompts_in_redis(
     assert 0 < max(seen) <= window
     lines = await collect_lines(store, "j")
     assert [x["text"] for x in lines] == [completion_for(p, 16)[0] for p, _ in prompts(n)]
+
+
+async def test_collect_evict_leaves_only_unwritten_results_in_redis(
+    store: JobStore, tmp_path: pytest.TempPathFactory
+) -> None:
+    from producer.collect import CursorFile, collect_to_file
+
+    n = 5000
+    await enqueue_prompts(store, spec(), prompts(n))
+    got = await store.read_new("j", "c", n)
+    await store.commit(
+        "j",
+        [(eid, Result(index=i, text=f"t{i}"), None) for i, (eid, _) in enumerate(got) if i < 4500],
+    )
+    out = str(tmp_path / "out.jsonl")  # type: ignore[operator]
+    first = await collect_to_file(store, "j", out, wait=False, progress=False, evict=True)
+    assert (first.written, first.complete) == (4500, False)
+    assert await store.redis.hlen(store.keys.results("j")) == 0  # all written lines evicted
+    assert CursorFile(out).load("j") is not None
+    await store.commit(
+        "j",
+        [(eid, Result(index=i, text=f"t{i}"), None) for i, (eid, _) in enumerate(got) if i >= 4500],
+    )
+    second = await collect_to_file(store, "j", out, wait=False, progress=False, evict=True)
+    assert (second.start, second.written, second.complete) == (4500, 500, True)
+    assert await store.redis.hlen(store.keys.results("j")) == 0
+    from pathlib import Path
+
+    raw = await asyncio.to_thread(Path(out).read_bytes)
+    lines = [msgspec.json.decode(x) for x in raw.splitlines()]
+    assert [x["text"] for x in lines] == [f"t{i}" for i in range(n)]
