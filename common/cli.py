@@ -4,15 +4,25 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import sys
-from collections.abc import Coroutine
+from collections.abc import AsyncIterator, Coroutine
 from typing import Any
 
 from common.errors import ConfigError, InputError, JobConflictError, JobNotFoundError, SwarmError
+from common.keys import validate_job_name
 from common.settings import Settings
+from common.store import JobStore
 
-__all__ = ["EXIT_ERROR", "EXIT_USAGE", "add_redis_arg", "run", "settings_from_args"]
+__all__ = [
+    "EXIT_ERROR",
+    "EXIT_USAGE",
+    "add_redis_arg",
+    "open_job_store",
+    "run",
+    "settings_from_args",
+]
 
 EXIT_ERROR = 1
 EXIT_USAGE = 2
@@ -30,6 +40,21 @@ def add_redis_arg(parser: argparse.ArgumentParser) -> None:
 def settings_from_args(args: argparse.Namespace, **overrides: Any) -> Settings:
     """The one place a command turns environment + flags into :class:`Settings`."""
     return Settings.from_env(os.environ, redis_url=getattr(args, "redis", None), **overrides)
+
+
+@contextlib.asynccontextmanager
+async def open_job_store(
+    args: argparse.Namespace, *, patient: bool = True
+) -> AsyncIterator[tuple[str, JobStore]]:
+    """``(job, store)`` for a command working on ``args.job``: settings parsed, the job name
+    validated, the store closed on the way out (see :func:`common.store.connect` for patience)."""
+    settings = settings_from_args(args)
+    job = validate_job_name(args.job)
+    store = JobStore.from_settings(settings, patient=patient)
+    try:
+        yield job, store
+    finally:
+        await store.close()
 
 
 def run(prog: str, coro: Coroutine[Any, Any, int]) -> int:

@@ -22,9 +22,8 @@ import msgspec
 from tqdm import tqdm
 
 from common.backoff import backoff_s
-from common.cli import add_redis_arg, run, settings_from_args
+from common.cli import add_redis_arg, open_job_store, run
 from common.errors import ConfigError, JobNotFoundError, StoreUnavailable
-from common.keys import validate_job_name
 from common.models import OutputLine, decode_result, encode_json_line
 from common.store import JobStore
 
@@ -278,10 +277,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 async def _main(args: argparse.Namespace) -> int:
-    settings = settings_from_args(args)
-    job = validate_job_name(args.job)
-    store = JobStore.from_settings(settings)
-    try:
+    async with open_job_store(args) as (job, store):
         if args.out == "-":
             if args.evict:
                 raise ConfigError(
@@ -297,8 +293,6 @@ async def _main(args: argparse.Namespace) -> int:
             except OSError as exc:
                 raise ConfigError(f"cannot write {args.out}: {exc.strerror}") from None
         status = await store.status(job)
-    finally:
-        await store.close()
     total = "?" if report.total is None else str(report.total)
     resumed = f", resumed at {report.start}" if report.start else ""
     print(

@@ -10,19 +10,14 @@ import argparse
 from collections import Counter
 from collections.abc import Sequence
 
-from common.cli import add_redis_arg, run, settings_from_args
+from common.cli import add_redis_arg, open_job_store, run
 from common.errors import JobConflictError
-from common.keys import validate_job_name
-from common.store import JobStore
 
 __all__ = ["cancel_main", "retry_main"]
 
 
 async def _retry(args: argparse.Namespace) -> int:
-    settings = settings_from_args(args)
-    job = validate_job_name(args.job)
-    store = JobStore.from_settings(settings, patient=False)
-    try:
+    async with open_job_store(args, patient=False) as (job, store):
         status = await store.status(job)
         if status.total is None and not status.cancelled:
             raise JobConflictError(
@@ -30,8 +25,6 @@ async def _retry(args: argparse.Namespace) -> int:
             )
         failed = await store.failed_indices(job, set(args.kind) if args.kind else None)
         n = await store.requeue(job, failed)
-    finally:
-        await store.close()
     if n == 0:
         which = f" of kind {', '.join(args.kind)}" if args.kind else ""
         print(f"job {job}: no failed prompts{which} to retry")
@@ -43,13 +36,8 @@ async def _retry(args: argparse.Namespace) -> int:
 
 
 async def _cancel(args: argparse.Namespace) -> int:
-    settings = settings_from_args(args)
-    job = validate_job_name(args.job)
-    store = JobStore.from_settings(settings, patient=False)
-    try:
+    async with open_job_store(args, patient=False) as (job, store):
         newly, count = await store.cancel(job)
-    finally:
-        await store.close()
     state = "cancelled" if newly else "already cancelled"
     print(
         f"job {job}: {state}; {count} unanswered prompts recorded as failed (kind 'cancelled'); "

@@ -5,9 +5,8 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from common.cli import add_redis_arg, run, settings_from_args
-from common.keys import validate_job_name
-from common.store import JobStatus, JobStore
+from common.cli import add_redis_arg, open_job_store, run
+from common.store import JobStatus
 
 __all__ = ["format_status", "main"]
 
@@ -35,13 +34,8 @@ def format_status(s: JobStatus) -> str:
 
 
 async def _main(args: argparse.Namespace) -> int:
-    settings = settings_from_args(args)
-    job = validate_job_name(args.job)
-    store = JobStore.from_settings(settings, patient=False)
-    try:
+    async with open_job_store(args, patient=False) as (job, store):
         print(format_status(await store.status(job)))
-    finally:
-        await store.close()
     return 0
 
 
