@@ -9,14 +9,66 @@ as on a GPU. A request (one prompt or a list) answers when all its sequences hav
 from __future__ import annotations
 
 import asyncio
+import bisect
 import heapq
 import itertools
+import time
 from collections import deque
 from collections.abc import Sequence
 
 import msgspec
 
-__all__ = ["Engine", "EngineConfig", "EngineStopped"]
+__all__ = ["LATENCY_BUCKETS_S", "Engine", "EngineConfig", "EngineStopped", "Histogram"]
+
+# vLLM's bucket bounds for its request latency histograms.
+LATENCY_BUCKETS_S = (
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
+)
+
+
+class Histogram:
+    """A Prometheus-style histogram: counts per upper bound, plus sum and count."""
+
+    __slots__ = ("bounds", "buckets", "count", "sum")
+
+    def __init__(self, bounds: Sequence[float] = LATENCY_BUCKETS_S) -> None:
+        self.bounds = tuple(bounds)
+        self.buckets = [0] * (len(self.bounds) + 1)  # the last one is +Inf
+        self.count = 0
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        self.buckets[bisect.bisect_left(self.bounds, value)] += 1
+        self.count += 1
+        self.sum += value
+
+    def cumulative(self) -> list[tuple[str, int]]:
+        """(le, cumulative count) pairs, as Prometheus exposes them."""
+        out, total = [], 0
+        for bound, n in zip([*map(str, self.bounds), "+Inf"], self.buckets, strict=True):
+            total += n
+            out.append((bound, total))
+        return out
 
 
 class EngineStopped(Exception):
@@ -52,11 +104,12 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class _Request:
-    __slots__ = ("future", "remaining")
+    __slots__ = ("arrived", "future", "remaining")
 
     def __init__(self, n: int, future: asyncio.Future[None] | None) -> None:
         self.remaining = n
         self.future = future
+        self.arrived = time.monotonic()
 
 
 class Engine:
@@ -72,6 +125,10 @@ class Engine:
         self._task: asyncio.Task[None] | None = None
         self.finished_seqs = 0
         self.generated_tokens = 0
+        # Per sequence, as vLLM's histograms of the same names: time spent waiting for a slot,
+        # and from arrival to the last token.
+        self.queue_time = Histogram()
+        self.e2e_latency = Histogram()
 
     @property
     def num_running(self) -> int:
@@ -123,8 +180,10 @@ class Engine:
 
     def admit(self) -> None:
         """Move waiting sequences into the running batch while there is room, FIFO."""
+        now = time.monotonic() if self._waiting else 0.0
         while self._waiting and len(self._running) < self.config.max_num_seqs:
             n, req = self._waiting.popleft()
+            self.queue_time.observe(now - req.arrived)
             heapq.heappush(self._running, (self._step + n, next(self._seq), req))
 
     def step(self) -> int:
@@ -137,8 +196,10 @@ class Engine:
         self._step += 1
         self.generated_tokens += len(self._running)
         finished = 0
+        now = time.monotonic() if self._running else 0.0
         while self._running and self._running[0][0] <= self._step:
             _, _, req = heapq.heappop(self._running)
+            self.e2e_latency.observe(now - req.arrived)
             finished += 1
             req.remaining -= 1
             if req.remaining == 0 and req.future is not None and not req.future.done():

@@ -388,6 +388,16 @@ class SimEndpoint:
             "# TYPE vllm:prompt_tokens_total counter",
             f"vllm:prompt_tokens_total{label} {self.prompt_tokens_total}",
         ]
+        for name, hist in (
+            ("vllm:request_queue_time_seconds", self.engine.queue_time),
+            ("vllm:e2e_request_latency_seconds", self.engine.e2e_latency),
+        ):
+            lines.append(f"# TYPE {name} histogram")
+            lines += [
+                f'{name}_bucket{{le="{le}",model_name="{self.model}"}} {n}'
+                for le, n in hist.cumulative()
+            ]
+            lines += [f"{name}_sum{label} {hist.sum}", f"{name}_count{label} {hist.count}"]
         return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
 
     async def _set_faults(self, request: web.Request) -> web.StreamResponse:
