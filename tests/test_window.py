@@ -33,18 +33,30 @@ def test_gauges_are_summed_over_label_sets_and_missing_ones_mean_no_load() -> No
     assert parse_load(b"<html>not found</html>") is None
 
 
-def test_policy_grows_when_idle_shrinks_when_queuing_far_ahead_and_stays_in_bounds() -> None:
+def test_policy_grows_when_idle_sheds_half_the_surplus_queue_and_stays_in_bounds() -> None:
     kw = {"busy": True, "lo": 2, "hi": 20, "batch": 32}
     assert next_window(10, Load(running=180, waiting=0), **kw) == 11  # idle slots
     assert next_window(10, Load(running=256, waiting=40), **kw) == 10  # full, short queue
-    assert next_window(10, Load(running=256, waiting=65), **kw) == 9  # queuing far ahead
+    assert next_window(10, Load(running=256, waiting=65), **kw) == 9  # 2 batches: 1 surplus
+    assert next_window(16, Load(running=256, waiting=256), **kw) == 13  # 8 batches: 7 surplus
     assert next_window(20, Load(running=100, waiting=0), **kw) == 20
-    assert next_window(2, Load(running=256, waiting=500), **kw) == 2
+    assert next_window(3, Load(running=256, waiting=500), **kw) == 2
+
+
+def test_policy_doubles_while_ramping_up() -> None:
+    kw = {"busy": True, "lo": 2, "hi": 32, "batch": 32, "ramping": True}
+    sizes = [2]
+    while sizes[-1] < 32:
+        sizes.append(next_window(sizes[-1], Load(running=1, waiting=0), **kw))
+    assert sizes == [2, 4, 8, 16, 32]
+    assert next_window(16, Load(running=256, waiting=256), **kw) == 13  # a queue ends the ramp
 
 
 def test_policy_does_not_grow_for_a_stalled_engine_or_an_unused_window() -> None:
     kw = {"lo": 2, "hi": 64, "batch": 32}
     assert next_window(16, Load(running=0, waiting=0), busy=True, **kw) == 16  # stalled
+    # ... unless results keep coming: an engine faster than its gauges can show
+    assert next_window(16, Load(running=0, waiting=0), busy=True, answering=True, **kw) == 17
     assert next_window(16, Load(running=90, waiting=0), busy=False, **kw) == 16  # no work
     assert next_window(16, Load(running=256, waiting=99), busy=False, **kw) == 15
 
@@ -102,3 +114,25 @@ async def test_an_underfed_engine_gets_more_batches_in_flight(
             await engine.close()
     lines = await collect_lines(store, "j")
     assert [x["text"] for x in lines] == [completion_for(p, 32)[0] for p, _ in prompts(n)]
+
+
+async def test_without_gauges_the_adaptive_window_falls_back_to_the_fixed_one(
+    make_settings: Callable[..., Settings], store: JobStore
+) -> None:
+    settings = make_settings(inflight=12, inflight_max=32, adapt_period_s=0.01)
+    engine = Engine(settings, store, [EndpointClient("http://127.0.0.1:9")])
+    drainer = engine.drainers[0]
+    reads = 0
+
+    async def no_gauges(timeout_s: float = 5.0) -> Load | None:
+        nonlocal reads
+        reads += 1
+        return None
+
+    drainer.client.load = no_gauges  # type: ignore[method-assign]
+    try:
+        await drainer.window.resize(2)
+        await asyncio.wait_for(drainer._adapt(32), timeout=10)
+        assert (reads, drainer.window.size) == (3, 12)
+    finally:
+        await engine.close()

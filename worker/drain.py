@@ -46,25 +46,42 @@ log = logging.getLogger("swarm.worker")
 # From this delivery on, an entry is suspected of killing the workers that take it.
 SUSPECT_DELIVERIES = 3
 
+# The adaptive window opens with this many requests in flight and never goes below it.
+ADAPT_START = 2
+
 # (entry ID, payload, how many times it has been delivered)
 Delivery = tuple[bytes, bytes | None, int]
 T = TypeVar("T")
 
 
-def next_window(window: int, load: Load, *, busy: bool, lo: int, hi: int, batch: int) -> int:
+def next_window(
+    window: int,
+    load: Load,
+    *,
+    busy: bool,
+    lo: int,
+    hi: int,
+    batch: int,
+    ramping: bool = False,
+    answering: bool = False,
+) -> int:
     """The next in-flight window of an endpoint, from vLLM's scheduler gauges.
 
     Nothing waiting while the engine runs and every slot of the window is busy means the engine
     has idle capacity (a list request holds its slots until its longest sequence ends, so
-    batches in flight overstate the sequences running): one more batch. An engine running
-    nothing is stalled or starved, not short of batches: no growth then. More than two batches
-    waiting is queuing far ahead, which only lengthens a job's tail and delays results: one
-    batch fewer.
+    batches in flight overstate the sequences running): one more batch, or twice as many while
+    ``ramping`` (a slow start, so the first results come back at an idle engine's pace and the
+    job does not open with a queue). An engine seen running nothing is stalled, not short of
+    batches, unless it is ``answering`` (results came back since the last look: it is merely
+    faster than the gauges can show). More than two batches waiting is queuing far ahead, which only
+    delays results and lengthens a job's tail: shed half the surplus beyond one batch (requests
+    in flight are never cancelled, so the window closes as they finish).
     """
     if load.waiting > 2 * batch:
-        return max(lo, window - 1)
-    if load.waiting <= 0 and load.running > 0 and busy:
-        return min(hi, window + 1)
+        surplus = int(load.waiting // batch) - 1
+        return max(lo, window - max(1, surplus // 2))
+    if load.waiting <= 0 and (load.running > 0 or answering) and busy:
+        return min(hi, window * 2 if ramping else window + 1)
     return window
 
 
@@ -245,8 +262,10 @@ class EndpointDrainer:
 
     async def run(self, *, burst: bool = False) -> None:
         adapt = self.settings.inflight_max > 0
-        slots = self.settings.inflight_max if adapt else self.settings.inflight
-        adapter = asyncio.create_task(self._adapt()) if adapt else None
+        slots = max(self.settings.inflight_max, self.settings.inflight)
+        if adapt:
+            await self.window.resize(ADAPT_START)
+        adapter = asyncio.create_task(self._adapt(slots)) if adapt else None
         try:
             await asyncio.gather(*(self._slot(burst) for _ in range(slots)))
         finally:
@@ -254,9 +273,12 @@ class EndpointDrainer:
                 adapter.cancel()
                 await asyncio.gather(adapter, return_exceptions=True)
 
-    async def _adapt(self) -> None:
-        """Follow the endpoint's load (see :func:`next_window`); stop if it has no gauges."""
+    async def _adapt(self, hi: int) -> None:
+        """Follow the endpoint's load (see :func:`next_window`); with no gauges to read, fall
+        back to the fixed window."""
         misses = 0
+        ramping = True
+        answered = self.prompts_done
         while not self.engine.stopping:
             load = await self.client.load()
             if load is None:
@@ -265,8 +287,9 @@ class EndpointDrainer:
                     log.info(
                         "%s: no vLLM gauges at /metrics; keeping %d requests in flight",
                         self.client.label,
-                        self.window.size,
+                        self.settings.inflight,
                     )
+                    await self.window.resize(self.settings.inflight)
                     return
             else:
                 misses = 0
@@ -274,10 +297,14 @@ class EndpointDrainer:
                     self.window.size,
                     load,
                     busy=self.window.in_use >= self.window.size,
-                    lo=2,
-                    hi=self.settings.inflight_max,
+                    lo=ADAPT_START,
+                    hi=hi,
                     batch=self.settings.batch_size,
+                    ramping=ramping,
+                    answering=self.prompts_done > answered,
                 )
+                ramping = ramping and load.waiting <= 0
+                answered = self.prompts_done
                 if size != self.window.size:
                     await self.window.resize(size)
             if await self.engine.sleep(self.settings.adapt_period_s):
