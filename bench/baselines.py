@@ -7,7 +7,8 @@
 * arq, one job per prompt: the obvious way to put a queue in front of the same calls.
 
 Each returns ``(wall_s, answered)``; a prompt whose request failed counts as not answered
-(baselines do not retry: that is part of what they measure).
+(baselines do not retry: that is part of what they measure). ``first``, when given, receives
+the seconds to the first answer.
 """
 
 from __future__ import annotations
@@ -34,8 +35,17 @@ def _client(url: str) -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(base_url=url + "/v1", api_key="EMPTY", max_retries=0, timeout=3600)
 
 
+def _mark_first(first: list[float] | None, t0: float) -> None:
+    if first is not None and not first:
+        first.append(time.monotonic() - t0)
+
+
 async def static_round_robin(
-    urls: list[str], prompts: list[str], max_tokens: int, model: str = "swarm-sim"
+    urls: list[str],
+    prompts: list[str],
+    max_tokens: int,
+    model: str = "swarm-sim",
+    first: list[float] | None = None,
 ) -> tuple[float, int]:
     shares = [prompts[i :: len(urls)] for i in range(len(urls))]
     clients = [_client(u) for u in urls]
@@ -43,6 +53,7 @@ async def static_round_robin(
     async def one(client: openai.AsyncOpenAI, share: list[str]) -> int:
         try:
             r = await client.completions.create(model=model, prompt=share, max_tokens=max_tokens)
+            _mark_first(first, t0)
             return len(r.choices)
         except openai.OpenAIError:
             return 0
@@ -62,6 +73,7 @@ async def naive_gather(
     max_tokens: int,
     concurrency: int = 512,
     model: str = "swarm-sim",
+    first: list[float] | None = None,
 ) -> tuple[float, int]:
     clients = [_client(u) for u in urls]
     sem = asyncio.Semaphore(concurrency)
@@ -72,6 +84,7 @@ async def naive_gather(
                 await clients[i % len(clients)].completions.create(
                     model=model, prompt=prompt, max_tokens=max_tokens
                 )
+                _mark_first(first, t0)
                 return 1
             except openai.OpenAIError:
                 return 0

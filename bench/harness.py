@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,7 +26,7 @@ from common.embedded import EmbeddedRedis, free_port
 from common.models import JobSpec, SamplingParams
 from common.settings import Settings
 from common.store import JobStore
-from producer.collect import collect
+from producer.collect import collect, collect_to_file
 from producer.enqueue import enqueue_prompts
 from sim.engine import Engine, EngineConfig
 from sim.text import completion_for
@@ -44,6 +44,14 @@ def prompt_set(n: int, size: int = 0) -> list[str]:
         pad = "lorem ipsum dolor sit amet " * (size // 27 + 1)
         base = [(p + " " + pad)[:size] for p in base]
     return base
+
+
+def prompt_iter(n: int, size: int) -> Iterator[tuple[str, str | None]]:
+    """``(prompt, None)`` pairs of about ``size`` bytes, made as they are read: a million of
+    them never sit in the benchmark's own memory."""
+    pad = "lorem ipsum dolor sit amet " * (size // 27 + 1)
+    for i in range(n):
+        yield (f"Question {i}: describe sample {i * 7919 % 100003} in one line. {pad}")[:size], None
 
 
 def total_tokens(prompts: Sequence[str], max_tokens: int) -> int:
@@ -170,6 +178,59 @@ async def metrics(client: aiohttp.ClientSession, url: str) -> dict[str, float]:
     return {name: float(value) for name, value in _METRIC.findall(text)}
 
 
+_HIST = re.compile(
+    r'^vllm:request_queue_time_seconds_(bucket|sum|count)\{(?:le="([^"]+)",)?[^}]*\} ([0-9.e+]+)$',
+    re.M,
+)
+
+
+@dataclass
+class QueueTimes:
+    """Each sequence's wait for a slot inside the endpoints (vLLM's request_queue_time)."""
+
+    count: int = 0
+    total_s: float = 0.0
+    over_1s: int = 0
+
+    @property
+    def mean_s(self) -> float:
+        return self.total_s / self.count if self.count else 0.0
+
+
+async def queue_times(urls: Sequence[str]) -> QueueTimes:
+    """Summed over the endpoints: read once, after a run, from a fleet that served only it.
+    An endpoint that died meanwhile took its numbers with it."""
+    out = QueueTimes()
+    async with aiohttp.ClientSession() as client:
+        for url in urls:
+            try:
+                async with client.get(url + "/metrics") as resp:
+                    text = await resp.text()
+            except aiohttp.ClientError:
+                continue
+            le_1s = 0
+            for kind, le, value in _HIST.findall(text):
+                if kind == "sum":
+                    out.total_s += float(value)
+                elif kind == "count":
+                    out.count += int(float(value))
+                    out.over_1s += int(float(value)) - le_1s
+                elif le == "1.0":
+                    le_1s = int(float(value))
+    return out
+
+
+async def batch_service_s(url: str, prompts: Sequence[str], max_tokens: int) -> float:
+    """Wall time of one list request of ``prompts`` on an idle endpoint."""
+    body = {"model": "swarm-sim", "prompt": list(prompts), "max_tokens": max_tokens}
+    async with aiohttp.ClientSession() as client:
+        t0 = time.monotonic()
+        async with client.post(url + "/v1/completions", json=body) as resp:
+            resp.raise_for_status()
+            await resp.read()
+        return time.monotonic() - t0
+
+
 @dataclass
 class Sampler:
     """Samples each endpoint's finished sequences and the Redis memory every ``period_s``."""
@@ -274,6 +335,7 @@ class SwarmRun:
     peak_memory: int = 0
     max_waiting: float = 0.0
     series: list[tuple[float, list[float], list[float], int]] = field(default_factory=list)
+    queue: QueueTimes = field(default_factory=QueueTimes)
 
 
 async def wait_workers_ready(store: JobStore, n: int, timeout_s: float = 30.0) -> None:
@@ -334,10 +396,64 @@ async def run_swarm(
             sampler.peak_memory,
             sampler.max_waiting,
             sampler.series,
+            await queue_times(fleet.urls),
         )
     finally:
         workers.stop()
         await store.close()
+
+
+async def run_scale(
+    redis_url: str,
+    prefix: str,
+    fleet: SimFleetProc,
+    n: int,
+    size: int,
+    window: int | None,
+    *,
+    worker_env: dict[str, str] | None = None,
+) -> SwarmRun:
+    """A huge job with enqueue and collect running at once, as a user streams one: with a
+    ``window``, the collector also evicts what it has written."""
+    settings = Settings(redis_url=redis_url, prefix=prefix)
+    store = JobStore.from_settings(settings)
+    workers = Workers(redis_url, prefix, [[u] for u in fleet.urls], worker_env or {}).start()
+    out = OUT / f"{prefix}.jsonl"
+    for stale in (out, out.with_name(out.name + ".cursor")):
+        stale.unlink(missing_ok=True)
+    try:
+        await wait_workers_ready(store, len(fleet.urls))
+        sampler = Sampler(fleet.urls, redis_url).start()
+        t0 = time.monotonic()
+        spec = JobSpec(job="bench", params=SamplingParams(max_tokens=16))
+
+        async def produce() -> float:
+            await enqueue_prompts(store, spec, prompt_iter(n, size), window=window)
+            return time.monotonic() - t0
+
+        enq = asyncio.create_task(produce())
+        report = await collect_to_file(
+            store, "bench", str(out), wait=True, progress=False, evict=window is not None
+        )
+        wall = time.monotonic() - t0
+        enq_s = await enq
+        await sampler.stop()
+        status = await store.status("bench")
+        return SwarmRun(
+            wall,
+            enq_s,
+            wall,
+            report.written,
+            status.failed,
+            sampler.peak_memory,
+            sampler.max_waiting,
+            sampler.series,
+        )
+    finally:
+        workers.stop()
+        await store.close()
+        out.unlink(missing_ok=True)
+        out.with_name(out.name + ".cursor").unlink(missing_ok=True)
 
 
 class Bench:

@@ -27,13 +27,21 @@ from bench.harness import (
     OUT,
     ROOT,
     Bench,
+    Sampler,
     SwarmRun,
+    batch_service_s,
     ideal_makespan,
     new_fleet,
+    prompt_iter,
     prompt_set,
+    queue_times,
+    run_scale,
     run_swarm,
 )
+from common.models import JobSpec, SamplingParams
+from common.settings import Settings
 from common.store import JobStore
+from producer.enqueue import enqueue_prompts
 from sim.engine import EngineConfig
 
 DOCS = ROOT / "docs"
@@ -41,6 +49,9 @@ DOCS = ROOT / "docs"
 # in the range of a large model on one GPU node.
 REAL = EngineConfig(max_num_seqs=256, step_base_ms=20.0, step_per_seq_ms=0.1)
 INSTANT = EngineConfig(instant=True)
+
+
+SCENARIOS = ("homogeneous", "heterogeneous", "dead_node", "overhead", "scale", "latency")
 
 
 @dataclass
@@ -69,6 +80,10 @@ class Scenario:
     rows: list[Row] = field(default_factory=list)
     series: list[tuple[float, list[float], list[float], int]] = field(default_factory=list)
     checks: dict[str, bool] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+    # Per system: (seconds, sequences waiting summed over the endpoints) / (seconds, bytes)
+    waiting: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
+    memory: dict[str, list[tuple[float, int]]] = field(default_factory=dict)
 
 
 Baseline = Callable[[], Awaitable[tuple[float, int]]]
@@ -92,6 +107,7 @@ def _swarm_row(run: SwarmRun, n: int, ideal: float | None) -> Row:
             "enqueue_s": run.enqueue_s,
             "peak_redis_bytes": run.peak_memory,
             "max_waiting": run.max_waiting,
+            "mean_wait_s": run.queue.mean_s,
         },
     )
 
@@ -247,30 +263,190 @@ async def overhead_scenario(bench: Bench, n: int, baseline_n: int) -> Scenario:
     return sc
 
 
+async def scale_scenario(bench: Bench, n: int, size: int, window: int) -> Scenario:
+    """Scenario 5: a million 1 KB prompts: the enqueue rate, the end-to-end rate on instant
+    endpoints, and Redis memory with and without the bounds (``--window``, ``--evict``)."""
+    sc = Scenario(
+        "scale",
+        "5. Scale",
+        f"{n:,} prompts of {size:,} bytes. First `swarm-enqueue` alone (no worker running: "
+        "the producer's and Redis's own rate, and what a queued prompt costs in Redis). Then "
+        "end to end on 2 instant endpoints with 2 workers, enqueue and collect running "
+        f"together: once bounded (`--window {window:,}` and `swarm-collect --evict`), once "
+        "unbounded. *Per prompt held* is the peak of Redis `used_memory` above the empty "
+        "server, over the most prompts Redis held at once (the window, or every prompt).",
+    )
+    spec = JobSpec(job="bench", params=SamplingParams(max_tokens=16))
+    store = JobStore.from_settings(Settings(redis_url=bench.url, prefix="b-scale"))
+    try:
+        await store.redis.flushdb()
+        base = await _used_memory(store)
+        t0 = time.monotonic()
+        await enqueue_prompts(store, spec, prompt_iter(n, size))
+        enq_s = time.monotonic() - t0
+        held = await _used_memory(store) - base
+        sc.rows.append(
+            Row(
+                "swarm-enqueue alone",
+                enq_s,
+                n,
+                n,
+                extra={"per_prompt_bytes": held / n, "peak_redis_bytes": held + base},
+            )
+        )
+        await store.redis.flushdb()
+        base = await _used_memory(store)
+    finally:
+        await store.close()
+    env = {"SWARM_BATCH_SIZE": "256"}
+    for label, bounded in (
+        (f"end to end, --window {window:,} --evict", True),
+        ("end to end, unbounded", False),
+    ):
+        fleet = new_fleet(2, INSTANT).start()
+        try:
+            run = await run_scale(
+                bench.url,
+                f"b-scale-{int(bounded)}",
+                fleet,
+                n,
+                size,
+                window if bounded else None,
+                worker_env=env,
+            )
+        finally:
+            fleet.stop()
+        extra = {
+            "enqueue_s": run.enqueue_s,
+            "peak_redis_bytes": run.peak_memory,
+            "per_prompt_bytes": (run.peak_memory - base) / (window if bounded else n),
+        }
+        sc.rows.append(Row(label, run.wall_s, run.results - run.failed, n, None, extra))
+        sc.memory[label] = [(t, m) for t, _, _, m in run.series]
+    sc.checks[">= 25,000 prompts/s enqueued"] = sc.rows[0].rate >= 25_000
+    sc.checks["every prompt answered, both ways"] = all(r.answered == n for r in sc.rows[1:])
+    sc.checks["bounded peak under a tenth of the unbounded one"] = (
+        sc.rows[1].extra["peak_redis_bytes"] - base
+        < (sc.rows[2].extra["peak_redis_bytes"] - base) / 10
+    )
+    return sc
+
+
+async def _used_memory(store: JobStore) -> int:
+    return int((await store.redis.info("memory"))["used_memory"])
+
+
+async def latency_scenario(bench: Bench, n: int, max_tokens: int = 32) -> Scenario:
+    """Scenario 6: how soon results come, and how long prompts queue inside the endpoints."""
+    prompts = prompt_set(n)
+    speeds = [1.0] * 4
+    fleet = new_fleet(len(speeds), REAL, speeds).start()
+    try:  # one batch of the job on an idle endpoint, the median of three
+        service = sorted(
+            [await batch_service_s(fleet.urls[0], prompts[:32], max_tokens) for _ in range(3)]
+        )[1]
+    finally:
+        fleet.stop()
+    ideal = ideal_makespan(prompts, max_tokens, fleet.configs())
+    sc = Scenario(
+        "latency",
+        "6. Latency",
+        f"4 endpoints at speed 1, {n:,} prompts. One batch of 32 of these prompts takes "
+        f"{service:.2f} s on an idle endpoint. *Mean wait* is each sequence's time in the "
+        "endpoint's waiting queue before it got a slot (vLLM's `request_queue_time`), read "
+        "from the endpoints after the run. The first two rows are the same system with the "
+        "in-flight window adapted to vLLM's gauges (the default) and fixed at 16 batches.",
+    )
+    sc.extra["batch_service_s"] = service
+    variants = {
+        "swarm-queue": {},
+        "swarm-queue, fixed window of 16": {"SWARM_INFLIGHT_MAX": "0"},
+    }
+    for label, env in variants.items():
+        fleet = new_fleet(len(speeds), REAL, speeds).start()
+        try:
+            run = await run_swarm(
+                bench.url,
+                f"b-lat-{len(sc.rows)}",
+                fleet,
+                [[u] for u in fleet.urls],
+                prompts,
+                max_tokens,
+                worker_env=env,
+            )
+        finally:
+            fleet.stop()
+        row = _swarm_row(run, n, ideal)
+        row.system = label
+        row.extra["waited_over_1s"] = run.queue.over_1s / max(1, run.queue.count)
+        sc.rows.append(row)
+        sc.waiting[label] = [(t, sum(w)) for t, _, w, _ in run.series]
+    for label, base in (("static round-robin", static_round_robin), ("naive gather", naive_gather)):
+        fleet = new_fleet(len(speeds), REAL, speeds).start()
+        try:
+            first: list[float] = []
+            sampler = Sampler(fleet.urls).start()
+            wall, answered = await base(fleet.urls, prompts, max_tokens, first=first)
+            await sampler.stop()
+            queue = await queue_times(fleet.urls)
+        finally:
+            fleet.stop()
+        extra = {
+            "first_result_s": first[0] if first else wall,
+            "max_waiting": sampler.max_waiting,
+            "mean_wait_s": queue.mean_s,
+            "waited_over_1s": queue.over_1s / max(1, queue.count),
+        }
+        sc.rows.append(Row(label, wall, answered, n, ideal, extra))
+    swarm = sc.rows[0]
+    sc.checks["first result within 2x one batch's service time on an idle endpoint"] = (
+        swarm.extra["first_result_s"] <= 2 * service
+    )
+    sc.checks["mean wait inside an endpoint under one batch's service time"] = (
+        swarm.extra["mean_wait_s"] < service
+    )
+    sc.checks[">= 95% of fleet capacity with the adaptive window"] = (
+        swarm.capacity_fraction or 0.0
+    ) >= 0.95
+    return sc
+
+
 # -- report ---------------------------------------------------------------------------------
 
 
 def _plot(sc: Scenario, path: Path) -> None:
+    """Throughput per endpoint (scenarios 1-3), queue over time (6) or memory over time (5)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 3.2))
-    times = [t for t, *_ in sc.series]
-    for e in range(len(sc.series[0][1]) if sc.series else 0):
-        done = [d[e] for _, d, _, _ in sc.series]
-        rate = [0.0] + [
-            (done[i] - done[i - 1]) / (times[i] - times[i - 1]) for i in range(1, len(done))
-        ]
-        ax.plot(times, rate, label=f"endpoint {e + 1}")
+    if sc.series:
+        times = [t for t, *_ in sc.series]
+        for e in range(len(sc.series[0][1])):
+            done = [d[e] for _, d, _, _ in sc.series]
+            rate = [0.0] + [
+                (done[i] - done[i - 1]) / (times[i] - times[i - 1]) for i in range(1, len(done))
+            ]
+            ax.plot(times, rate, label=f"endpoint {e + 1}")
+        ax.set_ylabel("sequences finished / s")
+    for label, points in sc.waiting.items():
+        ax.plot([t for t, _ in points], [w for _, w in points], label=label)
+        ax.set_ylabel("sequences waiting (all endpoints)")
+    for label, mem in sc.memory.items():
+        ax.plot([t for t, _ in mem], [m / 2**20 for _, m in mem], label=label)
+        ax.set_ylabel("Redis used_memory (MiB)")
     ax.set_xlabel("seconds since first enqueue")
-    ax.set_ylabel("sequences finished / s")
     ax.set_title(sc.title)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _has_plot(sc: Scenario) -> bool:
+    return bool(sc.series or sc.waiting or sc.memory)
 
 
 DEFAULTS_NOTE = """## Defaults, and why
@@ -342,7 +518,7 @@ def report(scenarios: list[Scenario], command: str, elapsed_s: float) -> str:
         lines.append("")
         for check, ok in sc.checks.items():
             lines.append(f"- {'met' if ok else '**not met**'}: {check}")
-        if sc.series:
+        if _has_plot(sc):
             lines += ["", f"![{sc.title}](img/bench-{sc.name}.png)"]
         lines.append("")
     return "\n".join(lines) + "\n" + DEFAULTS_NOTE
@@ -353,6 +529,12 @@ def _note(key: str, value: Any) -> str:
         return f"Redis peak {value / 2**20:.1f} MiB"
     if key == "max_waiting":
         return f"max waiting at an endpoint {value:.0f}"
+    if key == "mean_wait_s":
+        return f"mean wait inside the endpoint {value:.2f} s"
+    if key == "per_prompt_bytes":
+        return f"{value:,.0f} bytes per prompt held"
+    if key == "waited_over_1s":
+        return f"{value:.0%} waited over 1 s"
     return f"{key.replace('_', ' ')} {value:.2f}"
 
 
@@ -366,7 +548,7 @@ async def main_async(args: argparse.Namespace) -> list[Scenario]:
     s = 0.02 if args.smoke else 1.0
     OUT.mkdir(parents=True, exist_ok=True)
     scenarios = []
-    want = set(args.only or ["homogeneous", "heterogeneous", "dead_node", "overhead"])
+    want = set(args.only or SCENARIOS)
     with Bench() as bench:
         if "homogeneous" in want:
             scenarios.append(await fleet_scenario(bench, "homogeneous", int(20_000 * s), [1.0] * 4))
@@ -380,6 +562,10 @@ async def main_async(args: argparse.Namespace) -> list[Scenario]:
             )
         if "overhead" in want:
             scenarios.append(await overhead_scenario(bench, int(100_000 * s), int(10_000 * s)))
+        if "scale" in want:
+            scenarios.append(await scale_scenario(bench, int(1_000_000 * s), 1000, int(50_000 * s)))
+        if "latency" in want:
+            scenarios.append(await latency_scenario(bench, int(20_000 * s)))
     return scenarios
 
 
@@ -414,7 +600,7 @@ def main() -> None:
     if not args.smoke and not args.only:
         (DOCS / "img").mkdir(parents=True, exist_ok=True)
         for sc in scenarios:
-            if sc.series:
+            if _has_plot(sc):
                 _plot(sc, DOCS / "img" / f"bench-{sc.name}.png")
         (DOCS / "BENCHMARKS.md").write_text(report(scenarios, "python -m bench.run", elapsed))
 

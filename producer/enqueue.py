@@ -73,7 +73,7 @@ async def _wait_for_room(store: JobStore, job: str, token: str, upto: int, windo
         if upto - status.done - status.failed <= window or status.cancelled:
             return
         await _take_lock(store, job, token)  # still alive: keep the lock while waiting
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(0.05)
 
 
 async def enqueue_prompts(
@@ -93,7 +93,8 @@ async def enqueue_prompts(
     if window is not None:
         if window < 1:
             raise ConfigError(f"--window must be >= 1, got {window}")
-        chunk = min(chunk, window)
+        # Small enough chunks that the window stays mostly full while the producer waits.
+        chunk = min(chunk, max(1, window // 4))
     job = spec.job
     await store.create_job(spec)
     token = producer_token()

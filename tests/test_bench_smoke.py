@@ -25,10 +25,24 @@ def test_every_benchmark_scenario_runs_at_tiny_size() -> None:
     )
     assert out.returncode == 0, out.stderr[-3000:]
     scenarios = {s["name"]: s for s in json.loads((ROOT / "bench/out/smoke.json").read_text())}
-    assert list(scenarios) == ["homogeneous", "heterogeneous", "dead_node", "overhead"]
-    for sc in scenarios.values():
+    assert list(scenarios) == [
+        "homogeneous",
+        "heterogeneous",
+        "dead_node",
+        "overhead",
+        "scale",
+        "latency",
+    ]
+    for name, sc in scenarios.items():
         rows = {r["system"]: r for r in sc["rows"]}
+        assert all(r["wall_s"] > 0 for r in rows.values())
+        if name == "scale":
+            assert [r["answered"] for r in sc["rows"]] == [r["prompts"] for r in sc["rows"]]
+            assert sc["rows"][0]["prompts"] > 0 and len(sc["rows"]) == 3
+            continue
         assert rows["swarm-queue"]["answered"] == rows["swarm-queue"]["prompts"] > 0
         assert {"static round-robin", "naive gather"} <= set(rows)
-        assert all(r["wall_s"] > 0 for r in rows.values())
     assert "arq, one job per prompt" in {r["system"] for r in scenarios["overhead"]["rows"]}
+    latency = {r["system"]: r["extra"] for r in scenarios["latency"]["rows"]}
+    assert latency["swarm-queue"]["first_result_s"] > 0
+    assert latency["swarm-queue"]["mean_wait_s"] >= 0
