@@ -451,25 +451,31 @@ def _has_plot(sc: Scenario) -> bool:
 
 DEFAULTS_NOTE = """## Defaults, and why
 
-- **`SWARM_BATCH_SIZE=32`, `SWARM_INFLIGHT=16`.** A list request answers only when its longest
-  sequence has finished, so its short sequences free their slots long before the request ends.
-  With outputs of 8 to 32 tokens a batch keeps on average only about 20/32 of its slots busy.
-  At 10 batches of 32 in flight (320 sequences for 256 slots) the engines ran below capacity
-  most of the time (`num_requests_waiting` at 0) and the job took 92% of the capacity. At
-  16 x 32 = 512 in flight it took 99.6%, faster than static round-robin, which queues
-  everything at once. Batch size matters far less than the total in flight: 16 x 32, 20 x 32
-  and 32 x 16 all landed within 0.3% of each other.
-- **In flight, adapted (opt-in).** The longer the outputs and the more their lengths vary, the
-  more must be in flight, and the more a fixed number overshoots at the end of a job (the slow
-  node of scenario 2 held 480 waiting sequences, which is its tail). `SWARM_INFLIGHT_MAX=N`
-  lets the window follow vLLM's gauges at `/metrics`, between 2 and N. On these fleets it moved
-  throughput by under a point (99.4% against 99.2% homogeneous, 96.1% against 95.1%
-  heterogeneous, single runs) and did not lower the peak queue, which forms at the start. It
-  stays off by default until a scenario with long, varied outputs shows it pays; the
-  dead-and-stalled endpoint test runs with it on.
+- **`SWARM_BATCH_SIZE=32`.** A list request answers only when its longest sequence has
+  finished, so its short sequences free their slots long before the request ends: with
+  outputs of 8 to 32 tokens a batch keeps on average only about 20/32 of its slots busy. What
+  keeps an engine full is the total in flight, not the batch size: in earlier single runs
+  16 x 32, 20 x 32 and 32 x 16 in flight landed within 0.3% of each other. 32 keeps a
+  failure's blast radius (a retried or bisected batch) small and the requests short.
+- **Adaptive in-flight window (`SWARM_INFLIGHT_MAX=32`), on by default.** Each worker reads
+  its endpoint's `vllm:num_requests_running` / `vllm:num_requests_waiting` every 0.25 s. It
+  opens with 2 batches and doubles while the engine has free slots and nothing waiting (a slow
+  start: the first results come back at a lightly loaded engine's pace), then grows by one
+  batch at a time; when more than two batches wait it sheds half the surplus. Scenario 6 puts
+  it beside a fixed window of 16 batches: the same throughput, and a fraction of the wait
+  inside the endpoint, because the fixed window keeps a queue of about one full batch of
+  sequences waiting at every endpoint for the whole job. A fixed window of 10 x 32 (320
+  sequences for 256 slots) left the engines underfed, at 92% of capacity, in an earlier run:
+  how much must be in flight depends on the output lengths, which is why the window follows
+  the gauges rather than a constant.
+- **`SWARM_INFLIGHT=16`.** The fixed window, used when an endpoint has no vLLM gauges at
+  `/metrics` (another server, a proxy) or with `SWARM_INFLIGHT_MAX=0`: 16 x 32 = 512 sequences
+  in flight, twice vLLM's default `max_num_seqs` of 256, kept these engines full.
 - **`SWARM_CLAIM_IDLE_MS=60000`.** A live worker refreshes its claims every third of this, so
   its length only decides how soon the batches of a worker that died silently are taken over.
   A batch handed back by a failing endpoint is reclaimable at once, whatever this value.
+- **`swarm-enqueue --window N`** queues in chunks of a quarter of the window, so the window
+  stays mostly full while the producer waits for room; scenario 5 shows what it costs.
 """
 
 
