@@ -18,6 +18,7 @@ __all__ = [
     "JobConflictError",
     "JobNameError",
     "JobNotFoundError",
+    "ProducerBusyError",
     "StoreUnavailable",
     "SwarmError",
 ]
@@ -51,6 +52,10 @@ class JobNotFoundError(SwarmError):
 
 class JobConflictError(SwarmError):
     """The job exists with settings different from the ones asked for."""
+
+
+class ProducerBusyError(JobConflictError):
+    """Another live producer holds the job's producer lock."""
 
 
 class JobCancelledError(SwarmError):

@@ -3,6 +3,10 @@
 All keys of one job carry the hash tag ``{job}`` (``swarm:{job}:...``) so that a job lives in
 one Redis Cluster slot and the multi-key Lua commit can touch its stream, results and meta
 together. Job names are validated so that no name can reach another job's keys or a global key.
+
+A job's reduce stages are jobs of their own to the workers, named ``job:r1``, ``job:r2``...
+(see :func:`stage_name`); their keys sit under the parent's hash tag, ``swarm:{job}:r1:q``, so
+the whole job, stages included, stays in one slot. Users cannot name a job with a ``:``.
 """
 
 from __future__ import annotations
@@ -11,13 +15,21 @@ import re
 
 from common.errors import ConfigError, JobNameError
 
-__all__ = ["DEFAULT_PREFIX", "GROUP", "Keys", "validate_job_name"]
+__all__ = [
+    "DEFAULT_PREFIX",
+    "GROUP",
+    "Keys",
+    "parse_stage",
+    "stage_name",
+    "validate_job_name",
+]
 
 DEFAULT_PREFIX = "swarm"
 # The consumer group every worker of every job reads through.
 GROUP = "workers"
 
 _JOB_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+_STAGE_RE = re.compile(r"r[1-9][0-9]{0,3}")
 _PREFIX_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
@@ -35,6 +47,23 @@ def validate_job_name(job: str) -> str:
     return job
 
 
+def stage_name(job: str, level: int) -> str:
+    """The name of ``job``'s reduce stage ``level`` (level 0 is the job itself)."""
+    validate_job_name(job)
+    return job if level == 0 else f"{job}:r{level}"
+
+
+def parse_stage(name: str) -> tuple[str, int]:
+    """``(job, level)`` of a job or stage name; raises :class:`JobNameError` if invalid."""
+    job, sep, stage = name.partition(":")
+    validate_job_name(job)
+    if not sep:
+        return job, 0
+    if not _STAGE_RE.fullmatch(stage):
+        raise JobNameError(f"invalid stage name {name!r}: expected JOB:rN")
+    return job, int(stage[1:])
+
+
 class Keys:
     """Key names under one prefix (``SWARM_PREFIX``, default ``swarm``)."""
 
@@ -46,7 +75,9 @@ class Keys:
         self.prefix = prefix
 
     def _job(self, job: str, part: str) -> str:
-        return f"{self.prefix}:{{{validate_job_name(job)}}}:{part}"
+        parent, level = parse_stage(job)
+        stage = f"r{level}:" if level else ""
+        return f"{self.prefix}:{{{parent}}}:{stage}{part}"
 
     def stream(self, job: str) -> str:
         """The job's Redis Stream of queued prompts; entry ID ``0-(index+1)``."""
@@ -65,6 +96,11 @@ class Keys:
         ``swarm-retry`` can queue it again (acknowledged entries are deleted from the stream)."""
         return self._job(job, "failed")
 
+    def final(self, job: str) -> str:
+        """String: the JSON :class:`common.models.ReduceOutput` of a job with a reduce stage,
+        written once when the reduce has finished."""
+        return self._job(job, "final")
+
     def producer_lock(self, job: str) -> str:
         """String: ``host:pid`` of the swarm-enqueue writing the job, with a TTL."""
         return self._job(job, "lock")
@@ -80,5 +116,5 @@ class Keys:
         return f"{self.prefix}:arq:queue"
 
     def job_pattern(self, job: str) -> str:
-        """A SCAN pattern matching every key of ``job``."""
+        """A SCAN pattern matching every key of ``job``, its reduce stages' included."""
         return f"{self.prefix}:{{{validate_job_name(job)}}}:*"

@@ -6,15 +6,25 @@ built once here and reused. New fields must get defaults so that old records sti
 
 from __future__ import annotations
 
+import re
+
 import msgspec
 
+from common.errors import ConfigError
+
 __all__ = [
+    "REDUCE_KINDS",
+    "FailedPrompt",
     "JobSpec",
+    "LevelInfo",
     "OutputLine",
     "PromptItem",
+    "ReduceOutput",
+    "ReduceSpec",
     "Result",
     "SamplingParams",
     "Usage",
+    "decode_final",
     "decode_item",
     "decode_result",
     "decode_spec",
@@ -30,6 +40,47 @@ class SamplingParams(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unk
     temperature: float | None = None
 
 
+REDUCE_KINDS = ("concat", "vote", "json", "stats", "tree", "function")
+_FUNCTION_RE = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
+
+
+class ReduceSpec(msgspec.Struct, frozen=True, omit_defaults=True, kw_only=True):
+    """The reduce stage of a job: what to make of its ordered results once all are in.
+
+    ``kind`` is one of :data:`REDUCE_KINDS`. ``function`` (``package.module:function``) is the
+    user's aggregator for ``function``; ``prompt`` (with ``{responses}`` and ``{level}``) and
+    ``fanin`` drive ``tree``, whose supervisor prompts may generate ``max_tokens`` each (0:
+    twice the job's own).
+    """
+
+    kind: str
+    function: str | None = None
+    prompt: str | None = None
+    fanin: int = 10
+    max_tokens: int = 0
+    separator: str = "\n"
+
+    def __post_init__(self) -> None:
+        if self.kind not in REDUCE_KINDS:
+            raise ConfigError(
+                f"unknown reduce {self.kind!r}: use one of {', '.join(REDUCE_KINDS)} "
+                "or package.module:function"
+            )
+        if self.kind == "function" and (
+            not self.function or not _FUNCTION_RE.fullmatch(self.function)
+        ):
+            raise ConfigError(
+                f"reduce function {self.function!r} must be given as package.module:function"
+            )
+        if self.kind == "tree":
+            if not self.prompt or "{responses}" not in self.prompt:
+                raise ConfigError("a tree reduce needs a prompt template containing {responses}")
+            if self.fanin < 2:
+                raise ConfigError(f"fanin must be >= 2, got {self.fanin}")
+        if self.max_tokens < 0:
+            raise ConfigError(f"reduce max_tokens must be >= 0, got {self.max_tokens}")
+
+
 class JobSpec(msgspec.Struct, frozen=True, omit_defaults=True):
     """What a job is: written once by the first ``swarm-enqueue``, read by every worker.
 
@@ -41,10 +92,16 @@ class JobSpec(msgspec.Struct, frozen=True, omit_defaults=True):
     model: str | None = None
     created_s: float = 0.0
     source: str = ""
+    reduce: ReduceSpec | None = None
 
     def same_settings(self, other: JobSpec) -> bool:
-        """True when ``other`` asks for the same model and sampling (creation details aside)."""
-        return self.model == other.model and self.params == other.params
+        """True when ``other`` asks for the same model, sampling and reduce (creation details
+        aside)."""
+        return (
+            self.model == other.model
+            and self.params == other.params
+            and self.reduce == other.reduce
+        )
 
 
 class PromptItem(msgspec.Struct, frozen=True, array_like=True):
@@ -107,6 +164,44 @@ class OutputLine(msgspec.Struct, frozen=True):
         )
 
 
+class FailedPrompt(msgspec.Struct, frozen=True, omit_defaults=True):
+    """A prompt a reduce could not use: its index (in its stage), why, and its stage level
+    (0: the job's own prompts)."""
+
+    index: int
+    error: str
+    kind: str | None = None
+    level: int = 0
+
+
+class LevelInfo(msgspec.Struct, frozen=True):
+    """One stage of a tree reduce: how many supervisor prompts it ran and how many failed."""
+
+    level: int
+    prompts: int
+    failed: int = 0
+    split_groups: int = 0
+    truncated: int = 0
+
+
+class ReduceOutput(msgspec.Struct, frozen=True, omit_defaults=True):
+    """What a job's reduce stage produced, written once, as JSON, to the job's ``final`` key.
+
+    ``value`` is the aggregate (a string for ``concat`` and ``tree``, an object for the others);
+    ``error`` is set, and ``value`` None, when the reduce itself could not finish. Every input
+    it could not use is in ``failed``: nothing is dropped silently.
+    """
+
+    job: str
+    kind: str
+    value: object = None
+    used: int = 0
+    failed: list[FailedPrompt] = msgspec.field(default_factory=list)
+    levels: list[LevelInfo] = msgspec.field(default_factory=list)
+    error: str | None = None
+    finished_s: float = 0.0
+
+
 _msgpack_encoder = msgspec.msgpack.Encoder()
 _json_encoder = msgspec.json.Encoder()
 _spec_decoder = msgspec.msgpack.Decoder(JobSpec)
@@ -129,6 +224,13 @@ def decode_item(data: bytes) -> PromptItem:
 
 def decode_result(data: bytes) -> Result:
     return _result_decoder.decode(data)
+
+
+_final_decoder = msgspec.json.Decoder(ReduceOutput)
+
+
+def decode_final(data: bytes) -> ReduceOutput:
+    return _final_decoder.decode(data)
 
 
 def encode_json_line(line: OutputLine) -> bytes:

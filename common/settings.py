@@ -66,6 +66,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # proxy) the window is inflight. 0 turns adaptation off: always inflight.
     inflight_max: int = 32
     adapt_period_s: float = 0.25
+    # The longest one step of a reduce may take (grouping and queuing a tree level, or running
+    # an aggregator); a worker killed inside one hands it over after this plus 10 s.
+    reduce_timeout_s: float = 600.0
     # 0 sizes each request's timeout from the batch: 120 s + 0.5 s per max_token, per wave of
     # 256 sequences (a stalled endpoint is then noticed in minutes, a slow one is not cut off).
     request_timeout_s: float = 0.0
@@ -123,6 +126,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             "backoff_cap_s",
             "jobs_refresh_s",
             "adapt_period_s",
+            "reduce_timeout_s",
         ):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
@@ -157,6 +161,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             "SWARM_INFLIGHT": ("inflight", int),
             "SWARM_INFLIGHT_MAX": ("inflight_max", int),
             "SWARM_ADAPT_PERIOD_S": ("adapt_period_s", float),
+            "SWARM_REDUCE_TIMEOUT_S": ("reduce_timeout_s", float),
             "SWARM_REQUEST_TIMEOUT_S": ("request_timeout_s", float),
             "SWARM_MAX_ATTEMPTS": ("max_attempts", int),
             "SWARM_CIRCUIT_FAILURES": ("circuit_failures", int),

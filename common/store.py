@@ -34,11 +34,13 @@ from common.errors import (
     JobNotFoundError,
     StoreUnavailable,
 )
-from common.keys import GROUP, Keys, validate_job_name
+from common.keys import GROUP, Keys, parse_stage, stage_name
 from common.models import (
     JobSpec,
     PromptItem,
+    ReduceOutput,
     Result,
+    decode_final,
     decode_item,
     decode_result,
     decode_spec,
@@ -266,6 +268,11 @@ class JobStatus(msgspec.Struct, frozen=True):
     completion_tokens: int = 0
     cancelled: bool = False
     failed_by_kind: dict[str, int] = msgspec.field(default_factory=dict)
+    # The reduce stage, if the job has one: its kind, the tree level running (0: the job's own
+    # prompts), and whether its output is written.
+    reduce: str | None = None
+    stage: int = 0
+    reduced: bool = False
 
 
 class Commit(msgspec.Struct, frozen=True):
@@ -305,11 +312,15 @@ class JobStore:
     # -- jobs ---------------------------------------------------------------------------
 
     async def create_job(self, spec: JobSpec) -> JobSpec:
-        """Register ``spec`` (first time) or check it matches the stored one; returns the stored."""
-        job = validate_job_name(spec.job)
+        """Register ``spec`` (first time) or check it matches the stored one; returns the stored.
+        A job with a reduce stage is flagged in its meta, where the workers look for it."""
+        job = spec.job
+        parse_stage(job)  # validates: a user's name, or one of its reduce stages
         meta = self.keys.meta(job)
         async with redis_errors(self.url):
             created = await self.redis.hsetnx(meta, "spec", encode(spec))
+            if created and spec.reduce is not None:
+                await self.redis.hset(meta, "reduce", spec.reduce.kind)
             stored = spec if created else decode_spec(await self.redis.hget(meta, "spec"))
             if not created and not stored.same_settings(spec):
                 raise JobConflictError(
@@ -580,6 +591,75 @@ class JobStore:
                 n += int(await self._retry(keys=keys, args=args))
         return n
 
+    # -- reduce stage ---------------------------------------------------------------------
+
+    async def reduces_pending(self, names: Sequence[str]) -> list[tuple[str, int, bool]]:
+        """For each job among ``names`` whose reduce has not finished (nor been cancelled):
+        ``(job, level of its current stage, whether that stage has finished)``."""
+        parents = [n for n in names if ":" not in n]
+        if not parents:
+            return []
+        async with redis_errors(self.url):
+            pipe = self.redis.pipeline(transaction=False)
+            for name in parents:
+                pipe.hmget(self.keys.meta(name), ["reduce", "stage", "reduced_s", "cancelled_s"])
+            rows = await pipe.execute()
+            todo = [
+                (name, int(stage or 0))
+                for name, (kind, stage, reduced, cancelled) in zip(parents, rows, strict=True)
+                if kind is not None and reduced is None and cancelled is None
+            ]
+            if not todo:
+                return []
+            pipe = self.redis.pipeline(transaction=False)
+            for name, level in todo:
+                pipe.hget(self.keys.meta(stage_name(name, level)), "finished_s")
+            finished = await pipe.execute()
+        return [(n, lv, f is not None) for (n, lv), f in zip(todo, finished, strict=True)]
+
+    async def set_stage(self, job: str, level: int, **info: int) -> None:
+        """Record that ``job``'s reduce now runs stage ``level`` (``info``: counts about how it
+        was built, kept in the stage's meta)."""
+        async with redis_errors(self.url):
+            pipe = self.redis.pipeline(transaction=True)
+            if info:
+                pipe.hset(self.keys.meta(stage_name(job, level)), mapping=info)
+            pipe.hset(self.keys.meta(job), "stage", level)
+            await pipe.execute()
+
+    async def read_results(self, job: str, total: int, chunk: int = 2000) -> list[Result]:
+        """Every result of ``job`` in index order; an index with none (evicted by a collector)
+        comes back as a failure saying so, never silently skipped."""
+        out: list[Result] = []
+        for start in range(0, total, chunk):
+            blobs = await self.fetch_results(job, start, min(chunk, total - start))
+            for i, blob in enumerate(blobs, start):
+                if blob is None:
+                    out.append(
+                        Result(
+                            index=i,
+                            error="no result in Redis (evicted by swarm-collect --evict?)",
+                            error_kind="missing",
+                        )
+                    )
+                else:
+                    out.append(decode_result(blob))
+        return out
+
+    async def write_final(self, job: str, output: ReduceOutput) -> bool:
+        """Store the reduce output, once; False if one was there already."""
+        async with redis_errors(self.url):
+            pipe = self.redis.pipeline(transaction=True)
+            pipe.set(self.keys.final(job), msgspec.json.encode(output), nx=True)
+            pipe.hsetnx(self.keys.meta(job), "reduced_s", f"{time.time():.3f}")
+            written, _ = await pipe.execute()
+        return bool(written)
+
+    async def read_final(self, job: str) -> ReduceOutput | None:
+        async with redis_errors(self.url):
+            raw = await self.redis.get(self.keys.final(job))
+        return None if raw is None else decode_final(raw)
+
     async def job_has_work(self, job: str) -> bool:
         """True while the job may still produce work: not yet sealed, or entries not yet acked."""
         async with redis_errors(self.url):
@@ -646,6 +726,9 @@ class JobStore:
                 for k, v in sorted(meta.items())
                 if k.startswith("failed:") and int(v) > 0
             },
+            reduce=meta.get("reduce"),
+            stage=int(meta.get("stage", 0)),
+            reduced="reduced_s" in meta,
         )
 
 

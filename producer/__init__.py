@@ -1,1 +1,26 @@
-"""swarm-queue."""
+"""swarm-queue's client side: the producer, the collector, the operator commands, and the
+Python API (:class:`Swarm`, :func:`scatter_gather`, the reduce specs), imported lazily so the
+command-line tools start without loading the drain engine."""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "Concat",
+    "JsonMerge",
+    "Stats",
+    "Swarm",
+    "TreeReduce",
+    "UserReduce",
+    "Vote",
+    "scatter_gather",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name in __all__:
+        from producer import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'producer' has no attribute {name!r}")

@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import os
 import sys
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import BinaryIO
 
 import msgspec
@@ -24,8 +24,8 @@ from tqdm import tqdm
 from common.backoff import backoff_s
 from common.cli import add_redis_arg, open_job_store, run
 from common.errors import ConfigError, JobNotFoundError, StoreUnavailable
-from common.models import OutputLine, decode_result, encode_json_line
-from common.store import JobStore
+from common.models import OutputLine, ReduceOutput, Result, decode_result, encode_json_line
+from common.store import JobStatus, JobStore
 
 __all__ = [
     "EXIT_FAILED",
@@ -35,7 +35,9 @@ __all__ = [
     "CursorFile",
     "collect",
     "collect_to_file",
+    "follow",
     "main",
+    "wait_final",
 ]
 
 EXIT_FAILED = 1
@@ -130,6 +132,51 @@ async def _wait_for_job(store: JobStore, job: str, wait: bool, poll_s: float) ->
         await asyncio.sleep(max(poll_s, 0.5))
 
 
+async def follow(
+    store: JobStore,
+    job: str,
+    *,
+    start: int = 0,
+    wait: bool = False,
+    poll_s: float = 0.2,
+    on_status: Callable[[JobStatus, int], None] | None = None,
+) -> AsyncIterator[list[Result]]:
+    """The results of ``job`` from index ``start`` on, in order, a chunk at a time as they
+    arrive. Ends when every prompt has its result or, without ``wait``, when the next one is
+    not in yet. With ``wait``, a Redis outage is waited out. ``on_status(status, next_index)``
+    sees the job's status between chunks."""
+    await _wait_for_job(store, job, wait, poll_s)
+    cursor = start
+    failures = 0
+    while True:
+        try:
+            blobs = await store.fetch_results(job, cursor, CHUNK)
+            chunk = []
+            for blob in blobs:
+                if blob is None:
+                    break
+                chunk.append(decode_result(blob))
+            if chunk:
+                cursor += len(chunk)
+                yield chunk
+            if len(chunk) == CHUNK:
+                continue
+            status = await store.status(job)
+            failures = 0
+        except StoreUnavailable as exc:
+            if not wait:
+                raise
+            failures += 1  # Redis restarting: keep following the job, slower
+            print(f"swarm-collect: {exc}; retrying", file=sys.stderr)
+            await asyncio.sleep(backoff_s(failures, base_s=0.5, cap_s=10.0))
+            continue
+        if on_status is not None:
+            on_status(status, cursor)
+        if (status.total is not None and cursor >= status.total) or not wait:
+            return
+        await asyncio.sleep(poll_s)
+
+
 async def collect(
     store: JobStore,
     job: str,
@@ -146,11 +193,9 @@ async def collect(
     ``on_commit(index)`` is called after each chunk is written and flushed, with the number of
     lines now complete: the collector's durable cursor hangs off it.
     """
-    await _wait_for_job(store, job, wait, poll_s)
     cursor = start
     ok = failed = 0
     total: int | None = None
-    failures = 0
     bar = tqdm(
         desc=job,
         unit=" prompts",
@@ -158,50 +203,31 @@ async def collect(
         disable=None if progress else True,
         dynamic_ncols=True,
     )
+
+    def show(status: JobStatus, written: int) -> None:
+        nonlocal total
+        total = status.total
+        if bar.total != (total or status.enqueued):
+            bar.total = total or status.enqueued
+        bar.n = status.done + status.failed
+        bar.set_postfix(written=written, failed=status.failed, refresh=False)
+        bar.refresh()
+
     try:
-        while True:
-            try:
-                blobs = await store.fetch_results(job, cursor, CHUNK)
-                lines = []
-                for blob in blobs:
-                    if blob is None:
-                        break
-                    result = decode_result(blob)
-                    if result.ok:
-                        ok += 1
-                    else:
-                        failed += 1
-                    lines.append(encode_json_line(OutputLine.of(result)))
-                if lines:
-                    out.write(b"".join(lines))
-                    out.flush()
-                    cursor += len(lines)
-                    if on_commit is not None:
-                        await on_commit(cursor)
-                if len(lines) == CHUNK:
-                    continue
-                status = await store.status(job)
-                failures = 0
-            except StoreUnavailable as exc:
-                if not wait:
-                    raise
-                failures += 1  # Redis restarting: keep following the job, slower
-                print(f"swarm-collect: {exc}; retrying", file=sys.stderr)
-                await asyncio.sleep(backoff_s(failures, base_s=0.5, cap_s=10.0))
-                continue
-            total = status.total
-            if bar.total != (total or status.enqueued):
-                bar.total = total or status.enqueued
-            bar.n = status.done + status.failed
-            bar.set_postfix(written=cursor, failed=status.failed, refresh=False)
-            bar.refresh()
-            if total is not None and cursor >= total:
-                return CollectReport(job, cursor - start, ok, failed, total, start)
-            if not wait:
-                return CollectReport(job, cursor - start, ok, failed, total, start)
-            await asyncio.sleep(poll_s)
+        async for chunk in follow(
+            store, job, start=start, wait=wait, poll_s=poll_s, on_status=show
+        ):
+            n_ok = sum(1 for r in chunk if r.ok)
+            ok += n_ok
+            failed += len(chunk) - n_ok
+            out.write(b"".join(encode_json_line(OutputLine.of(r)) for r in chunk))
+            out.flush()
+            cursor += len(chunk)
+            if on_commit is not None:
+                await on_commit(cursor)
     finally:
         bar.close()
+    return CollectReport(job, cursor - start, ok, failed, total, start)
 
 
 async def collect_to_file(
@@ -264,8 +290,13 @@ def _parser() -> argparse.ArgumentParser:
         prog="swarm-collect", description="Write a job's results as JSON Lines in input order."
     )
     p.add_argument("job")
-    p.add_argument("--out", required=True, help="output file, or - for stdout")
+    p.add_argument("--out", help="output file, or - for stdout (required, but for --final: stdout)")
     p.add_argument("--wait", action="store_true", help="follow the job until every prompt is done")
+    p.add_argument(
+        "--final",
+        action="store_true",
+        help="write the job's reduce output (JSON) instead of its per-prompt results",
+    )
     p.add_argument(
         "--evict",
         action="store_true",
@@ -276,8 +307,73 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-async def _main(args: argparse.Namespace) -> int:
+async def wait_final(
+    store: JobStore, job: str, *, wait: bool, poll_s: float = 0.5
+) -> ReduceOutput | None:
+    """The job's reduce output; with ``wait``, waits for it. ConfigError if it has no reduce."""
+    await _wait_for_job(store, job, wait, poll_s)
+    spec = await store.load_spec(job)
+    if spec.reduce is None:
+        raise ConfigError(
+            f"job {job!r} has no reduce stage (swarm-enqueue --reduce); collect its results "
+            "without --final"
+        )
+    while True:
+        final = await store.read_final(job)
+        if final is not None or not wait:
+            return final
+        await asyncio.sleep(poll_s)
+
+
+async def _final(args: argparse.Namespace) -> int:
+    if args.evict:
+        raise ConfigError("--evict is for per-prompt results, not --final")
     async with open_job_store(args) as (job, store):
+        final = await wait_final(store, job, wait=args.wait)
+        status = await store.status(job)
+    if final is None:
+        print(
+            f"job {job}: the {status.reduce} reduce has not finished (stage {status.stage}); "
+            "run again, or with --wait",
+            file=sys.stderr,
+        )
+        return EXIT_INCOMPLETE
+    text = msgspec.json.format(msgspec.json.encode(final), indent=2) + b"\n"
+    if args.out in (None, "-"):
+        sys.stdout.buffer.write(text)
+        sys.stdout.flush()
+    else:
+        try:
+            with open(args.out, "wb") as fh:  # noqa: ASYNC230 - a CLI, nothing else runs
+                fh.write(text)
+        except OSError as exc:
+            raise ConfigError(f"cannot write {args.out}: {exc.strerror}") from None
+    if final.error is not None:
+        print(f"job {job}: the reduce failed: {final.error}", file=sys.stderr)
+        return EXIT_FAILED
+    if final.failed:
+        print(
+            f"job {job}: reduce output written; {len(final.failed)} prompts could not be used "
+            "(listed under 'failed')",
+            file=sys.stderr,
+        )
+        return EXIT_FAILED
+    return 0
+
+
+async def _main(args: argparse.Namespace) -> int:
+    if args.final:
+        return await _final(args)
+    if args.out is None:
+        raise ConfigError("--out FILE (or - for stdout) is required")
+    async with open_job_store(args) as (job, store):
+        if args.evict:
+            status = await store.status(job)
+            if status.reduce is not None and not status.reduced:
+                raise ConfigError(
+                    f"job {job!r} has a {status.reduce} reduce still to run, which reads the "
+                    "results from Redis: --evict once 'swarm-collect --final' has its output"
+                )
         if args.out == "-":
             if args.evict:
                 raise ConfigError(

@@ -20,9 +20,15 @@ from typing import BinaryIO
 import msgspec
 
 from common.cli import add_redis_arg, run, settings_from_args
-from common.errors import ConfigError, JobCancelledError, JobConflictError, SwarmError
+from common.errors import (
+    ConfigError,
+    JobCancelledError,
+    JobConflictError,
+    ProducerBusyError,
+    SwarmError,
+)
 from common.keys import validate_job_name
-from common.models import JobSpec, PromptItem, SamplingParams
+from common.models import JobSpec, PromptItem, ReduceSpec, SamplingParams
 from common.settings import Settings
 from common.store import JobStore, producer_token
 from producer.inputs import DEFAULT_MAX_PROMPT_BYTES, Format, iter_prompts
@@ -41,8 +47,9 @@ class EnqueueReport(msgspec.Struct, frozen=True):
 
 
 def _holder_is_dead(holder: str) -> bool:
-    """True when the lock holder ``host:pid`` is a process on this host that no longer runs."""
-    host, _, pid = holder.rpartition(":")
+    """True when the lock holder ``host:pid[/writer]`` is a process on this host that no longer
+    runs."""
+    host, _, pid = holder.partition("/")[0].rpartition(":")
     if host != socket.gethostname() or not pid.isdigit():
         return False
     try:
@@ -60,7 +67,7 @@ async def _take_lock(store: JobStore, job: str, token: str) -> None:
         await store.redis.delete(store.keys.producer_lock(job))
         holder = await store.acquire_producer_lock(job, token, LOCK_TTL_MS)
     if holder is not None:
-        raise JobConflictError(
+        raise ProducerBusyError(
             f"another swarm-enqueue ({holder}) is writing job {job!r}; if it died, its lock "
             f"expires {LOCK_TTL_MS // 1000} s after its last write"
         )
@@ -84,11 +91,13 @@ async def enqueue_prompts(
     chunk: int = CHUNK,
     progress: bool = False,
     window: int | None = None,
+    token: str | None = None,
 ) -> EnqueueReport:
     """Queue ``(prompt, custom_id)`` pairs for ``spec.job``, resuming after what is queued.
 
     ``window``: keep at most this many prompts of the job unfinished in Redis, waiting for
     results before queuing more, so a huge input streams through with bounded memory.
+    ``token`` names this writer in the job's producer lock (default: ``host:pid``).
     """
     if window is not None:
         if window < 1:
@@ -97,7 +106,7 @@ async def enqueue_prompts(
         chunk = min(chunk, max(1, window // 4))
     job = spec.job
     await store.create_job(spec)
-    token = producer_token()
+    token = token or producer_token()
     await _take_lock(store, job, token)
     try:
         meta = await store.meta(job)
@@ -194,8 +203,59 @@ def _parser() -> argparse.ArgumentParser:
         help="keep at most N unfinished prompts in Redis: stream a huge input with "
         "bounded memory, waiting for results before queuing more",
     )
+    r = p.add_argument_group("reduce stage (run by the workers once every prompt is answered)")
+    r.add_argument(
+        "--reduce",
+        metavar="KIND",
+        help="concat, vote, json, stats, tree, or package.module:function (see swarm-collect "
+        "--final)",
+    )
+    r.add_argument(
+        "--reduce-prompt",
+        metavar="FILE",
+        help="tree: supervisor prompt template; {responses} and {level} are filled in",
+    )
+    r.add_argument("--fanin", type=int, default=10, help="tree: answers per supervisor prompt")
+    r.add_argument(
+        "--reduce-max-tokens",
+        type=int,
+        default=0,
+        metavar="N",
+        help="tree: tokens a supervisor prompt may generate (default: twice --max-tokens)",
+    )
+    r.add_argument("--separator", default="\n", help="concat: text between answers")
     add_redis_arg(p)
     return p
+
+
+def reduce_from_args(args: argparse.Namespace) -> ReduceSpec | None:
+    """The ``--reduce*`` options as a :class:`ReduceSpec` (validated), or None."""
+    if args.reduce is None:
+        if args.reduce_prompt is not None:
+            raise ConfigError("--reduce-prompt needs --reduce tree")
+        return None
+    kind, function = args.reduce, None
+    if ":" in kind:
+        kind, function = "function", args.reduce
+    prompt = None
+    if args.reduce_prompt is not None:
+        if kind != "tree":
+            raise ConfigError("--reduce-prompt is for --reduce tree")
+        try:
+            with open(args.reduce_prompt, encoding="utf-8") as fh:
+                prompt = fh.read()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"cannot read --reduce-prompt {args.reduce_prompt}: {exc}") from None
+    elif kind == "tree":
+        raise ConfigError("--reduce tree needs --reduce-prompt FILE (a template with {responses})")
+    return ReduceSpec(
+        kind=kind,
+        function=function,
+        prompt=prompt,
+        fanin=args.fanin,
+        max_tokens=args.reduce_max_tokens,
+        separator=args.separator,
+    )
 
 
 async def _main(args: argparse.Namespace) -> int:
@@ -209,6 +269,7 @@ async def _main(args: argparse.Namespace) -> int:
         params=SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature),
         created_s=time.time(),
         source=args.input,
+        reduce=reduce_from_args(args),
     )
     if args.input == "-":
         report = await enqueue(

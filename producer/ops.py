@@ -7,11 +7,14 @@ nothing left to cancel.
 from __future__ import annotations
 
 import argparse
+import time
 from collections import Counter
 from collections.abc import Sequence
 
 from common.cli import add_redis_arg, open_job_store, run
 from common.errors import JobConflictError
+from common.keys import stage_name
+from common.models import ReduceOutput
 
 __all__ = ["cancel_main", "retry_main"]
 
@@ -22,6 +25,12 @@ async def _retry(args: argparse.Namespace) -> int:
         if status.total is None and not status.cancelled:
             raise JobConflictError(
                 f"job {job!r} is still being enqueued; retry once swarm-enqueue has finished"
+            )
+        if status.reduce is not None and (status.reduced or status.stage > 0):
+            raise JobConflictError(
+                f"job {job!r}: its {status.reduce} reduce has already used these results, so "
+                "retried answers would not reach it. Collect the failed prompts and submit "
+                "them as a new job."
             )
         failed = await store.failed_indices(job, set(args.kind) if args.kind else None)
         n = await store.requeue(job, failed)
@@ -38,6 +47,19 @@ async def _retry(args: argparse.Namespace) -> int:
 async def _cancel(args: argparse.Namespace) -> int:
     async with open_job_store(args, patient=False) as (job, store):
         newly, count = await store.cancel(job)
+        status = await store.status(job)
+        if status.stage > 0:  # the tree level running now stops too
+            count += (await store.cancel(stage_name(job, status.stage)))[1]
+        if status.reduce is not None and not status.reduced:
+            await store.write_final(
+                job,
+                ReduceOutput(
+                    job=job,
+                    kind=status.reduce,
+                    error="cancelled by operator (swarm-cancel)",
+                    finished_s=round(time.time(), 3),
+                ),
+            )
     state = "cancelled" if newly else "already cancelled"
     print(
         f"job {job}: {state}; {count} unanswered prompts recorded as failed (kind 'cancelled'); "

@@ -51,6 +51,12 @@ class _CompletionRequest(msgspec.Struct, kw_only=True):
     stream: bool = False
 
 
+class _TokenizeRequest(msgspec.Struct, kw_only=True):
+    prompt: str
+    model: str | None = None
+    add_special_tokens: bool = True
+
+
 class _Message(msgspec.Struct):
     role: str
     content: str | None = None
@@ -106,6 +112,7 @@ class SimEndpoint:
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_get("/v1/models", self._models)
+        app.router.add_post("/tokenize", self._tokenize)
         app.router.add_get("/health", self._health)
         app.router.add_get("/metrics", self._metrics)
         app.router.add_post("/sim/faults", self._set_faults)
@@ -365,6 +372,19 @@ class SimEndpoint:
                     }
                 ],
             }
+        )
+
+    async def _tokenize(self, request: web.Request) -> web.StreamResponse:
+        """vLLM's ``/tokenize`` for a prompt: the count the context check uses."""
+        if (gone := await self._alive(request)) is not None:
+            return gone
+        try:
+            req = msgspec.json.decode(await request.read(), type=_TokenizeRequest)
+        except msgspec.DecodeError as exc:
+            return self._error(400, f"invalid request: {exc}", "BadRequestError")
+        n = count_tokens(req.prompt)
+        return self._ok(
+            {"count": n, "max_model_len": self.config.max_model_len, "tokens": list(range(n))}
         )
 
     async def _health(self, request: web.Request) -> web.StreamResponse:

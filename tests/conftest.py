@@ -12,7 +12,8 @@ import os
 import socket
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import redis
@@ -22,6 +23,9 @@ from common.settings import Settings
 from common.store import JobStore
 from sim.engine import EngineConfig
 from sim.server import FaultConfig, SimEndpoint, SimFleet
+
+if TYPE_CHECKING:
+    from tests.test_faults import Fleet
 
 
 def _pings(host: str, port: int) -> bool:
@@ -111,3 +115,21 @@ def sim_fleet() -> Callable[..., SimFleet]:
         )
 
     return make
+
+
+@pytest.fixture
+def fleet_factory(tmp_path: Path, redis_url: str, prefix: str) -> Iterator[type[Fleet]]:
+    """Factory: ``fleet_factory(n_ports, *sim_args)`` -> a swarm-sim process with helpers for
+    worker processes around this test's Redis and prefix; everything is killed at the end."""
+    from tests.test_faults import Fleet
+
+    fleets: list[Fleet] = []
+
+    class _Fleet(Fleet):
+        def __init__(self, n_ports: int, *sim_args: str, url: str = redis_url) -> None:
+            super().__init__(tmp_path, url, prefix, n_ports, *sim_args)
+            fleets.append(self)
+
+    yield _Fleet
+    for f in fleets:
+        f.close()

@@ -13,7 +13,6 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 import msgspec
@@ -135,20 +134,6 @@ class Fleet:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-
-
-@pytest.fixture
-def fleet_factory(tmp_path: Path, redis_url: str, prefix: str) -> Iterator[type[Fleet]]:
-    fleets: list[Fleet] = []
-
-    class _Fleet(Fleet):
-        def __init__(self, n_ports: int, *sim_args: str, url: str = redis_url) -> None:
-            super().__init__(tmp_path, url, prefix, n_ports, *sim_args)
-            fleets.append(self)
-
-    yield _Fleet
-    for f in fleets:
-        f.close()
 
 
 def check_output(path: Path, n: int, poison: set[int]) -> None:

@@ -23,13 +23,15 @@ import sys
 from typing import Any
 
 import msgspec
-from arq.connections import RedisSettings
-from arq.worker import Worker
+from arq import Retry
+from arq.connections import ArqRedis, RedisSettings
+from arq.worker import Worker, func
 
-from common.errors import ConfigError
+from common.errors import ConfigError, EndpointRetryable, StoreUnavailable
 from common.settings import Settings
 from common.store import RETRY_ON, JobStore, redis_retry
 from worker.drain import Engine
+from worker.reduce import StageBusy
 
 __all__ = ["WorkerSettings", "job_deserializer", "job_serializer"]
 
@@ -103,6 +105,20 @@ async def startup(ctx: dict[str, Any]) -> None:
         settings.redis_url_masked,
         ", burst" if burst else "",
     )
+    arq_redis: ArqRedis = ctx["redis"]
+
+    async def schedule_advance(job: str, level: int) -> None:
+        # One arq job per (job, stage): its ID makes arq refuse a second while one is queued
+        # or running, however many workers notice the finished stage.
+        await arq_redis.enqueue_job(
+            "advance",
+            job,
+            level,
+            _job_id=f"{settings.keys.prefix}:{job}:advance:{level}",
+            _queue_name=settings.keys.arq_queue,
+        )
+
+    engine.on_stage_done = schedule_advance
     task = asyncio.create_task(engine.run(burst=burst), name="swarm-engine")
 
     if worker is not None:
@@ -149,6 +165,27 @@ async def shutdown(ctx: dict[str, Any]) -> None:
         )
 
 
+async def advance(ctx: dict[str, Any], job: str, level: int) -> str:
+    """arq job: move ``job`` on from its finished stage ``level`` (see :mod:`worker.reduce`).
+
+    Transient trouble (Redis or the endpoints unreachable, another worker on the same stage)
+    is retried by arq; the last try ends the reduce with the error instead of leaving the job
+    waiting forever.
+    """
+    engine: Engine = ctx["swarm"][0]
+    try:
+        return await engine.reducer.advance(job, level)
+    except (StoreUnavailable, EndpointRetryable, StageBusy) as exc:
+        if ctx.get("job_try", 1) >= ADVANCE_TRIES:
+            return await engine.reducer.fail(job, f"stage {level} could not advance: {exc}")
+        log.info("job %s: stage %d not advanced yet (%s); retrying", job, level, exc)
+        raise Retry(defer=ctx.get("job_try", 1) * 5) from None
+
+
+# A busy stage's lock expires in 30 s; Redis or an endpoint gets a few minutes to come back.
+ADVANCE_TRIES = 20
+
+
 async def ping(ctx: dict[str, Any]) -> str:
     """A trivial arq function: arq needs one, and it lets an operator check a worker answers."""
     return "pong"
@@ -160,7 +197,12 @@ SETTINGS = _load_settings()
 class WorkerSettings:
     """Read by ``arq``; configured from ``SWARM_*`` environment variables."""
 
-    functions = [ping]
+    functions = [
+        ping,
+        # keep_result=0: the job ID blocks a duplicate only while queued or running; once done,
+        # the stage it advanced is recorded and no worker schedules it again.
+        func(advance, keep_result=0, max_tries=ADVANCE_TRIES, timeout=SETTINGS.reduce_timeout_s),
+    ]
     on_startup = startup
     on_shutdown = shutdown
     redis_settings = dataclasses.replace(
@@ -174,4 +216,6 @@ class WorkerSettings:
     health_check_key = SETTINGS.keys.arq_queue + ":health-check"
     job_serializer = job_serializer
     job_deserializer = job_deserializer
+    # arq hands a killed worker's job to another after the longest function timeout + 10 s.
+    job_timeout = SETTINGS.reduce_timeout_s
     poll_delay = 0.5

@@ -33,11 +33,13 @@ from common.errors import (
     EndpointUnusable,
     JobNotFoundError,
     StoreUnavailable,
+    SwarmError,
 )
 from common.models import JobSpec, PromptItem, Result, Usage
 from common.settings import Settings
 from common.store import Commit, JobStore, decode_entry, index_of
 from worker.endpoint import CompletionBody, EndpointClient, Load
+from worker.reduce import Reducer, StageBusy
 
 __all__ = ["EndpointDrainer", "Engine"]
 
@@ -151,6 +153,13 @@ class Engine:
         if not clients:
             raise ConfigError("no endpoints: set SWARM_ENDPOINTS or SWARM_HOSTFILE")
         self.drainers = [EndpointDrainer(self, c) for c in clients]
+        self.reducer = Reducer(store, clients)
+        # Called with (job, level) whenever a job's stage ``level`` is seen finished with its
+        # reduce not yet advanced; by default advances it here, in the background. The arq
+        # worker replaces it with queuing one arq job per (job, level).
+        self.on_stage_done: Callable[[str, int], Awaitable[None]] = self._advance_here
+        self._advancing: dict[tuple[str, int], asyncio.Task[str]] = {}
+        self._reduces_pending = False
         self.jobs: dict[str, JobSpec] = {}
         self._refreshed_at = -math.inf
         self._refresh_lock = asyncio.Lock()
@@ -193,7 +202,36 @@ class Engine:
                 if name not in unfinished:
                     del self.jobs[name]
                     log.info("job %s finished", name)
+            pending = await self.store.reduces_pending(names)
+            self._reduces_pending = bool(pending)
+            for job, level, finished in pending:
+                if finished:
+                    try:
+                        await self.on_stage_done(job, level)
+                    except SwarmError as exc:
+                        log.warning("job %s: cannot advance stage %d yet: %s", job, level, exc)
             self._refreshed_at = time.monotonic()
+
+    async def _advance_here(self, job: str, level: int) -> None:
+        key = (job, level)
+        if key in self._advancing and not self._advancing[key].done():
+            return
+        task = asyncio.create_task(self.reducer.advance(job, level), name=f"advance {job}")
+        self._advancing[key] = task
+
+        def done(t: asyncio.Task[str]) -> None:
+            self._advancing.pop(key, None)
+            exc = None if t.cancelled() else t.exception()
+            if exc is not None:  # the next sweep tries again
+                log.log(
+                    logging.DEBUG if isinstance(exc, StageBusy) else logging.WARNING,
+                    "job %s: stage %d not advanced yet: %s",
+                    job,
+                    level,
+                    exc,
+                )
+
+        task.add_done_callback(done)
 
     def reclaim_soon(self, job: str) -> None:
         """Released entries wait: every drainer of this worker looks for them on its next step."""
@@ -201,8 +239,11 @@ class Engine:
             d.reclaim_soon(job)
 
     async def any_work(self) -> bool:
-        """True while some job still has entries queued or in flight, or is still being fed."""
+        """True while some job still has entries queued or in flight, is still being fed, or
+        has a reduce stage still to run."""
         await self.refresh_jobs(force=True)
+        if self._reduces_pending:
+            return True
         for job in list(self.jobs):
             if await self.store.job_has_work(job):
                 return True
@@ -214,6 +255,9 @@ class Engine:
         await asyncio.gather(*(d.run(burst=burst) for d in self.drainers))
 
     async def close(self) -> None:
+        for task in list(self._advancing.values()):
+            task.cancel()
+        await asyncio.gather(*self._advancing.values(), return_exceptions=True)
         for d in self.drainers:
             await d.client.close()
 

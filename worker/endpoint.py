@@ -70,6 +70,11 @@ def parse_load(text: bytes) -> Load | None:
     return Load(found[b"running"], found[b"waiting"])
 
 
+class _Tokenized(msgspec.Struct):
+    count: int
+
+
+_tokenize_decoder = msgspec.json.Decoder(_Tokenized)
 _completion_decoder = msgspec.json.Decoder(CompletionBody)
 _models_decoder = msgspec.json.Decoder(_ModelList)
 
@@ -122,14 +127,30 @@ class EndpointClient:
         if self._session is not None:
             await self._session.close()
 
+    def _http(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(headers=self._auth)
+        return self._session
+
+    async def tokenize(self, prompt: str, model: str, timeout_s: float = 30.0) -> int | None:
+        """The exact prompt token count from vLLM's ``/tokenize``; None when the server has no
+        such route (not a vLLM) or does not answer, so the caller falls back to an estimate."""
+        body = {"model": model, "prompt": prompt}
+        try:
+            timeout = aiohttp.ClientTimeout(total=timeout_s)
+            async with self._http().post(self.url + "/tokenize", json=body, timeout=timeout) as r:
+                if r.status != 200:
+                    return None
+                return _tokenize_decoder.decode(await r.read()).count
+        except (aiohttp.ClientError, TimeoutError, msgspec.DecodeError):
+            return None
+
     async def load(self, timeout_s: float = 5.0) -> Load | None:
         """The endpoint's scheduler load from ``/metrics`` (vLLM's Prometheus gauges), or None
         when it cannot be read: then the in-flight window simply stays where it is."""
-        if self._session is None:
-            self._session = aiohttp.ClientSession(headers=self._auth)
         try:
             timeout = aiohttp.ClientTimeout(total=timeout_s)
-            async with self._session.get(self.url + "/metrics", timeout=timeout) as resp:
+            async with self._http().get(self.url + "/metrics", timeout=timeout) as resp:
                 if resp.status != 200:
                     return None
                 return parse_load(await resp.read())

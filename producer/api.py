@@ -1,0 +1,236 @@
+"""The Python API, for notebooks and scripts: what the CLI does, as calls.
+
+    async with Swarm("redis://login-node:6379") as swarm:       # workers run elsewhere
+        job = await swarm.submit(prompts, reduce=TreeReduce(template, fanin=50))
+        async for r in swarm.results(job):                         # in input order
+            print(r.index, r.text)
+        summary = await swarm.final(job)
+
+    results = await scatter_gather(prompts, endpoints=["http://node1:8000"])   # one call
+
+With ``endpoints``, a :class:`Swarm` drains its jobs itself, in this process (the same engine
+as ``arq worker``: batching, retries, bisection, the adaptive window); without, it only talks
+to Redis and the workers on the compute nodes do the work. With no Redis URL it starts a
+private, in-memory Redis for the session: fine for a notebook, gone when it ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterable, Sequence
+from typing import Any
+
+from common.embedded import EmbeddedRedis
+from common.errors import ConfigError
+from common.keys import validate_job_name
+from common.models import JobSpec, ReduceOutput, ReduceSpec, Result, SamplingParams
+from common.settings import Settings
+from common.store import JobStatus, JobStore
+from producer.collect import follow, wait_final
+from producer.enqueue import enqueue_prompts
+from worker.drain import Engine
+
+__all__ = [
+    "Concat",
+    "JsonMerge",
+    "Stats",
+    "Swarm",
+    "TreeReduce",
+    "UserReduce",
+    "Vote",
+    "scatter_gather",
+]
+
+Prompts = Iterable[str] | Iterable[tuple[str, str | None]]
+
+
+# Reduce specs by name, capitalised like the types they stand for: a call reads as a spec.
+def Concat(separator: str = "\n") -> ReduceSpec:
+    """Join the answers in input order."""
+    return ReduceSpec(kind="concat", separator=separator)
+
+
+def Vote() -> ReduceSpec:
+    """Majority vote over normalised answers, with the winning share."""
+    return ReduceSpec(kind="vote")
+
+
+def JsonMerge() -> ReduceSpec:
+    """Parse each answer as JSON; merge objects, flatten lists."""
+    return ReduceSpec(kind="json")
+
+
+def Stats() -> ReduceSpec:
+    """Mean, std, median, min, max and count of the number in each answer."""
+    return ReduceSpec(kind="stats")
+
+
+def TreeReduce(prompt: str, fanin: int = 10, max_tokens: int = 0) -> ReduceSpec:
+    """Summarise hierarchically: ``fanin`` answers per supervisor prompt (a template with
+    ``{responses}`` and ``{level}``), level after level, until one answer remains."""
+    return ReduceSpec(kind="tree", prompt=prompt, fanin=fanin, max_tokens=max_tokens)
+
+
+def UserReduce(function: str) -> ReduceSpec:
+    """Your own aggregator, ``package.module:function``, called on the workers with the
+    successful results in order."""
+    return ReduceSpec(kind="function", function=function)
+
+
+def _pairs(prompts: Prompts) -> Iterable[tuple[str, str | None]]:
+    for i, p in enumerate(prompts):
+        if isinstance(p, str):
+            yield p, None
+        elif isinstance(p, tuple) and len(p) == 2 and isinstance(p[0], str):
+            yield p[0], p[1]
+        else:
+            raise ConfigError(
+                f"prompt {i} is a {type(p).__name__}: give strings, or (prompt, custom_id) pairs"
+            )
+
+
+class Swarm:
+    """A session with one Redis: submit jobs, follow their results, read their reduce output."""
+
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        endpoints: Sequence[str] = (),
+        prefix: str | None = None,
+        api_key: str | None = None,
+        **settings: Any,
+    ) -> None:
+        """``url``: Redis (None: a private in-memory one, which needs ``endpoints``).
+        ``endpoints``: vLLM base URLs to drain jobs from, in this process. ``settings``: any
+        :class:`common.settings.Settings` field (``batch_size=16``...)."""
+        if url is None and not endpoints:
+            raise ConfigError(
+                "no Redis URL and no endpoints: nothing would answer the prompts. Give the URL "
+                "of the Redis your workers use, or endpoints to run them here."
+            )
+        self._url = url
+        self._env = {"SWARM_ENDPOINTS": ",".join(endpoints)} if endpoints else {}
+        self._overrides: dict[str, Any] = {"prefix": prefix, "api_key": api_key, **settings}
+        self._redis: EmbeddedRedis | None = None
+        self._store: JobStore | None = None
+        self._engine: Engine | None = None
+        self._engine_task: asyncio.Task[None] | None = None
+        self._feeding: dict[str, asyncio.Task[Any]] = {}
+        self.settings: Settings | None = None
+
+    async def __aenter__(self) -> Swarm:
+        url = self._url
+        if url is None:
+            self._redis = await asyncio.to_thread(EmbeddedRedis().start)
+            url = self._redis.url
+        self.settings = Settings.from_env(self._env, redis_url=url, **self._overrides)
+        self._store = JobStore.from_settings(self.settings)
+        if self.settings.endpoints:
+            self._engine = Engine(self.settings, self._store)
+            self._engine_task = asyncio.create_task(self._engine.run(), name="swarm-engine")
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        for task in self._feeding.values():
+            task.cancel()
+        await asyncio.gather(*self._feeding.values(), return_exceptions=True)
+        if self._engine is not None and self._engine_task is not None:
+            self._engine.request_stop()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._engine_task, timeout=30)
+            await self._engine.close()
+        if self._store is not None:
+            await self._store.close()
+        if self._redis is not None:
+            self._redis.close()
+
+    @property
+    def store(self) -> JobStore:
+        if self._store is None:
+            raise RuntimeError("use Swarm inside 'async with'")
+        return self._store
+
+    async def submit(
+        self,
+        prompts: Prompts,
+        *,
+        job: str | None = None,
+        max_tokens: int = 256,
+        temperature: float | None = None,
+        model: str | None = None,
+        reduce: ReduceSpec | None = None,
+        window: int | None = None,
+    ) -> str:
+        """Queue ``prompts`` (strings, or ``(prompt, custom_id)`` pairs) as a job; returns its
+        name. Submitting the same job again resumes it. With ``window``, prompts are fed in
+        the background, at most ``window`` unfinished at a time (for inputs too big to queue at
+        once): follow :meth:`results` meanwhile."""
+        name = validate_job_name(job) if job else f"job-{uuid.uuid4().hex[:12]}"
+        if max_tokens < 1:
+            raise ConfigError(f"max_tokens must be >= 1, got {max_tokens}")
+        spec = JobSpec(
+            job=name,
+            params=SamplingParams(max_tokens=max_tokens, temperature=temperature),
+            model=model,
+            created_s=time.time(),
+            source="python",
+            reduce=reduce,
+        )
+        feed = enqueue_prompts(self.store, spec, _pairs(prompts), window=window)
+        if window is None:
+            await feed
+        else:
+            self._feeding[name] = asyncio.create_task(feed)
+        return name
+
+    def _check_feed(self, job: str) -> None:
+        task = self._feeding.get(job)
+        if task is not None and task.done() and task.exception() is not None:
+            raise task.exception()  # type: ignore[misc]
+
+    async def results(self, job: str, *, poll_s: float = 0.2) -> AsyncIterator[Result]:
+        """Every result of ``job``, in input order, as soon as it (and all before it) is in;
+        failures included, with their reason."""
+        async for chunk in follow(self.store, job, wait=True, poll_s=poll_s):
+            self._check_feed(job)
+            for result in chunk:
+                yield result
+        self._check_feed(job)
+
+    async def gather(self, job: str) -> list[Result]:
+        """Every result of ``job`` in input order, once all are in."""
+        return [r async for r in self.results(job)]
+
+    async def final(self, job: str, *, wait: bool = True) -> ReduceOutput | None:
+        """The reduce output of ``job`` (None if not finished and not ``wait``)."""
+        return await wait_final(self.store, job, wait=wait, poll_s=0.2)
+
+    async def status(self, job: str) -> JobStatus:
+        return await self.store.status(job)
+
+    async def cancel(self, job: str) -> None:
+        """Stop ``job``: unanswered prompts are recorded as failed (kind ``cancelled``)."""
+        await self.store.cancel(job)
+
+
+async def scatter_gather(
+    prompts: Prompts,
+    endpoints: Sequence[str] = (),
+    *,
+    url: str | None = None,
+    max_tokens: int = 256,
+    **options: Any,
+) -> list[Result]:
+    """Prompts in, results out, in the same order: the one-call form.
+
+    ``endpoints`` are drained from this process; ``url`` is a Redis (default: a private one;
+    give a real one, and a ``job`` name, and a rerun after a crash resumes where it stopped).
+    ``options``: :meth:`Swarm.submit`'s (``job``, ``temperature``, ``model``...).
+    """
+    async with Swarm(url, endpoints=endpoints) as swarm:
+        job = await swarm.submit(prompts, max_tokens=max_tokens, **options)
+        return await swarm.gather(job)

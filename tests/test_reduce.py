@@ -1,0 +1,201 @@
+"""The reduce stage against a real Redis and swarm-sim, with the drain engine in-process: a tree
+reduce over three levels, context-sized groups, aggregators with failures, idempotent stages.
+(The arq path, with real worker processes killed between stages, is in test_reduce_e2e.py.)"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import pytest
+
+from common.errors import ConfigError
+from common.keys import stage_name
+from common.models import JobSpec, ReduceSpec, SamplingParams
+from common.reduce import render
+from common.settings import Settings
+from common.store import JobStore
+from producer.api import Concat, Swarm, scatter_gather
+from producer.enqueue import enqueue_prompts
+from sim.engine import EngineConfig
+from sim.server import SimFleet
+from sim.text import completion_for
+from tests.test_pipeline import prompts
+from worker.drain import Engine
+from worker.endpoint import EndpointClient
+from worker.reduce import StageBusy
+
+TEMPLATE = "Level {level}. Summarise these answers in one line:\n{responses}\nSummary:"
+
+
+def tree_spec(job: str = "t", fanin: int = 10, max_tokens: int = 16) -> JobSpec:
+    return JobSpec(
+        job=job,
+        params=SamplingParams(max_tokens=max_tokens),
+        reduce=ReduceSpec(kind="tree", prompt=TEMPLATE, fanin=fanin),
+    )
+
+
+def expected_tree(leaves: list[str], fanin: int, max_tokens: int) -> tuple[str, list[int]]:
+    """The tree's answer and prompts per level, computed offline from the sim's model."""
+    answers = [completion_for(p, max_tokens)[0] for p in leaves]
+    per_level = []
+    level = 0
+    while len(answers) > 1:
+        level += 1
+        groups = [answers[i : i + fanin] for i in range(0, len(answers), fanin)]
+        sup = [render(TEMPLATE, g, level) for g in groups]
+        per_level.append(len(sup))
+        answers = [completion_for(p, 2 * max_tokens)[0] for p in sup]
+    return answers[0].strip(), per_level
+
+
+async def run_to_end(settings: Settings, store: JobStore, fleet: SimFleet) -> None:
+    engine = Engine(settings, store, [EndpointClient(u) for u in fleet.urls])
+    try:
+        await asyncio.wait_for(engine.run(burst=True), timeout=120)
+    finally:
+        await engine.close()
+
+
+async def test_tree_reduce_over_1000_leaves_runs_three_levels_with_no_collector(
+    make_settings: Callable[..., Settings], store: JobStore, sim_fleet: Callable[..., SimFleet]
+) -> None:
+    leaves = [p for p, _ in prompts(1000)]
+    await enqueue_prompts(store, tree_spec(), ((p, None) for p in leaves))
+    async with sim_fleet(2) as fleet:
+        # burst returns only once the reduce has finished: nobody collects meanwhile
+        await run_to_end(make_settings(), store, fleet)
+    answer, per_level = expected_tree(leaves, 10, 16)
+    assert per_level == [100, 10, 1]
+    for level, n in enumerate(per_level, 1):
+        status = await store.status(stage_name("t", level))
+        assert (status.total, status.done, status.failed) == (n, n, 0)
+    final = await store.read_final("t")
+    assert final is not None
+    assert (final.kind, final.value, final.used, final.failed, final.error) == (
+        "tree",
+        answer,
+        1000,
+        [],
+        None,
+    )
+    assert [(lv.level, lv.prompts, lv.failed) for lv in final.levels] == [
+        (1, 100, 0),
+        (2, 10, 0),
+        (3, 1, 0),
+    ]
+
+
+async def test_groups_are_split_to_fit_the_context_and_failed_leaves_are_listed(
+    make_settings: Callable[..., Settings], store: JobStore, sim_fleet: Callable[..., SimFleet]
+) -> None:
+    leaves = [p for p, _ in prompts(60)]
+    leaves[7] = "x" * 2400  # 600 tokens: over this context on its own
+    spec = tree_spec(fanin=10, max_tokens=16)
+    await enqueue_prompts(store, spec, ((p, None) for p in leaves))
+    # 200 tokens of context, 32 of them for a supervisor's answer: 10 answers of about 25
+    # tokens each do not fit one prompt.
+    cfg = EngineConfig(max_model_len=200, step_base_ms=1.0, step_per_seq_ms=0.0)
+    async with sim_fleet(2, cfg) as fleet:
+        await run_to_end(make_settings(), store, fleet)
+    level1 = await store.status(stage_name("t", 1))
+    assert level1.total is not None and level1.total > 6  # more groups than 60 / 10
+    # ... and every one of them fitted: none was rejected for its length
+    assert (level1.done, level1.failed) == (level1.total, 0)
+    final = await store.read_final("t")
+    assert final is not None and final.error is None and isinstance(final.value, str)
+    assert [(f.index, f.level, f.kind) for f in final.failed] == [(7, 0, "rejected")]
+    assert "context length" in final.failed[0].error
+    assert final.used == 59
+    assert final.levels[0].split_groups > 0
+    assert all(lv.failed == 0 for lv in final.levels)
+
+
+async def test_aggregator_reduce_runs_when_the_map_stage_ends(
+    make_settings: Callable[..., Settings], store: JobStore, sim_fleet: Callable[..., SimFleet]
+) -> None:
+    spec = JobSpec(job="v", params=SamplingParams(max_tokens=8), reduce=ReduceSpec(kind="vote"))
+    texts = ["same question"] * 5 + ["x" * 20000, "other question"]
+    await enqueue_prompts(store, spec, ((t, None) for t in texts))
+    async with sim_fleet(1) as fleet:
+        await run_to_end(make_settings(), store, fleet)
+    final = await store.read_final("v")
+    assert final is not None
+    winner = completion_for("same question", 8)[0].strip().casefold()
+    assert final.value["winner"] == winner  # type: ignore[index]
+    assert final.value["votes"] == 5  # type: ignore[index]
+    assert final.value["share"] == 5 / 6  # type: ignore[index]
+    assert [(f.index, f.kind) for f in final.failed] == [(5, "rejected")]
+
+
+async def test_advancing_a_stage_twice_or_concurrently_queues_it_once(
+    make_settings: Callable[..., Settings], store: JobStore, sim_fleet: Callable[..., SimFleet]
+) -> None:
+    leaves = [p for p, _ in prompts(200)]
+    await enqueue_prompts(store, tree_spec(), ((p, None) for p in leaves))
+    async with sim_fleet(1) as fleet:
+        engine = Engine(make_settings(), store, [EndpointClient(u) for u in fleet.urls])
+        advanced: list[tuple[str, int]] = []
+
+        async def record(job: str, level: int) -> None:  # the map stage only; no advancing
+            advanced.append((job, level))
+
+        engine.on_stage_done = record
+        try:
+            while not (await store.status("t")).finished:
+                assert await engine.drainers[0].step(block_ms=50) or True
+            await engine.refresh_jobs(force=True)
+            assert ("t", 0) in advanced
+            outcomes = await asyncio.gather(
+                engine.reducer.advance("t", 0),
+                engine.reducer.advance("t", 0),
+                return_exceptions=True,
+            )
+            # one queued the level; the other met its lock, found it queued, or resumed it
+            # with nothing left to add
+            assert "level 1: 20 prompts" in outcomes
+            other = outcomes[1 - outcomes.index("level 1: 20 prompts")]
+            assert isinstance(other, StageBusy) or other in (
+                "stale: the job is at stage 1",
+                "level 1: 20 prompts",
+            )
+            assert await engine.reducer.advance("t", 0) == "stale: the job is at stage 1"
+            assert await store.redis.xlen(store.keys.stream(stage_name("t", 1))) == 20
+            assert (await store.status(stage_name("t", 1))).total == 20
+        finally:
+            await engine.close()
+
+
+async def test_swarm_api_submits_follows_results_in_order_and_reads_the_reduce(
+    redis_url: str, prefix: str, sim_fleet: Callable[..., SimFleet]
+) -> None:
+    texts = [p for p, _ in prompts(300)]
+    fleet = sim_fleet(2)
+    async with fleet, Swarm(redis_url, endpoints=fleet.urls, prefix=prefix, poll_ms=50) as swarm:
+        job = await swarm.submit(texts, max_tokens=8, reduce=Concat(separator="|"))
+        seen = [r async for r in swarm.results(job)]
+        final = await swarm.final(job)
+    expected = [completion_for(p, 8)[0] for p in texts]
+    assert [r.index for r in seen] == list(range(300))
+    assert [r.text for r in seen] == expected
+    assert final is not None and final.value == "|".join(expected)
+
+
+async def test_scatter_gather_is_one_call_on_a_private_redis(
+    sim_fleet: Callable[..., SimFleet],
+) -> None:
+    texts = [f"item {i}" for i in range(120)] + [("y" * 20000, "too-long")]
+    async with sim_fleet(2) as fleet:
+        results = await scatter_gather(texts, fleet.urls, max_tokens=8)
+    assert [r.index for r in results] == list(range(121))
+    assert [r.text for r in results[:120]] == [
+        completion_for(f"item {i}", 8)[0] for i in range(120)
+    ]
+    assert results[120].custom_id == "too-long"
+    assert results[120].error is not None and "context length" in results[120].error
+
+
+def test_swarm_refuses_a_session_that_nothing_would_serve() -> None:
+    with pytest.raises(ConfigError, match="no Redis URL and no endpoints"):
+        Swarm()

@@ -1,0 +1,154 @@
+"""The reduce stage with real processes: the CLI, arq workers that advance the stages as arq
+jobs, and a worker SIGKILLed between two stages. No collector runs while the job does."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import msgspec
+import pytest
+import redis
+
+from common.keys import Keys, stage_name
+from common.reduce import render
+from sim.text import completion_for
+from tests.test_e2e import BIN
+from tests.test_faults import MAX_TOKENS, Fleet, _prompt
+
+pytestmark = pytest.mark.slow
+
+TEMPLATE = "Level {level}: merge these findings into one.\n{responses}\nMerged:"
+
+
+def expected_tree(n: int, fanin: int) -> tuple[str, list[int]]:
+    answers = [completion_for(_prompt(i, set()), MAX_TOKENS)[0] for i in range(n)]
+    per_level, level = [], 0
+    while len(answers) > 1:
+        level += 1
+        sup = [
+            render(TEMPLATE, answers[i : i + fanin], level) for i in range(0, len(answers), fanin)
+        ]
+        per_level.append(len(sup))
+        answers = [completion_for(p, 2 * MAX_TOKENS)[0] for p in sup]
+    return answers[0].strip(), per_level
+
+
+def _wait(predicate: object, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():  # type: ignore[operator]
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.005)
+
+
+def test_tree_reduce_survives_a_worker_killed_between_stages(fleet_factory: type[Fleet]) -> None:
+    n, fanin = 1000, 10
+    fleet = fleet_factory(2)
+    template = fleet.tmp / "reduce.txt"
+    template.write_text(TEMPLATE)
+    src = fleet.tmp / "leaves.txt"
+    src.write_text("".join(_prompt(i, set()) + "\n" for i in range(n)))
+    enq = subprocess.run(
+        [
+            BIN / "swarm-enqueue",
+            src,
+            "--job",
+            "tree",
+            "--max-tokens",
+            str(MAX_TOKENS),
+            "--reduce",
+            "tree",
+            "--reduce-prompt",
+            template,
+            "--fanin",
+            str(fanin),
+        ],
+        env=fleet.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert enq.returncode == 0, enq.stderr
+    keys = Keys(fleet.prefix)
+    client = redis.Redis.from_url(fleet.redis_url)
+    try:
+        # A worker killed with a handover after the arq job timeout: 2 s + arq's 10 s.
+        fast = {"SWARM_REDUCE_TIMEOUT_S": "2"}
+        first = fleet.worker("a", [0, 1], **fast)
+        # The moment the map stage is done, before or while its reduce is advanced.
+        _wait(lambda: client.hexists(keys.meta("tree"), "finished_s"), 120, "the map stage")
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+        assert not client.exists(keys.final("tree"))
+        second = fleet.worker("b", [0, 1], **fast)
+        assert second.wait(timeout=180) == 0, fleet.logs[-1].read_text()[-3000:]
+
+        answer, per_level = expected_tree(n, fanin)
+        assert per_level == [100, 10, 1]
+        for level, count in enumerate(per_level, 1):
+            meta = client.hgetall(keys.meta(stage_name("tree", level)))
+            # queued once: exactly the expected prompts, each answered once
+            assert (int(meta[b"total"]), int(meta[b"enqueued"])) == (count, count)
+            assert (int(meta[b"done"]), int(meta.get(b"failed", 0))) == (count, 0)
+        names = {m.decode() for m in client.smembers(keys.jobs)}
+        assert names == {"tree", "tree:r1", "tree:r2", "tree:r3"}
+    finally:
+        client.close()
+
+    out = fleet.tmp / "final.json"
+    final = subprocess.run(
+        [BIN / "swarm-collect", "tree", "--final", "--out", out],
+        env=fleet.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert final.returncode == 0, final.stderr
+    doc = msgspec.json.decode(out.read_bytes())
+    assert doc["value"] == answer
+    assert (doc["kind"], doc["used"], doc.get("failed", [])) == ("tree", n, [])
+    assert [(lv["level"], lv["prompts"]) for lv in doc["levels"]] == [(1, 100), (2, 10), (3, 1)]
+
+
+def test_reduce_options_are_checked_before_anything_is_queued(
+    fleet_factory: type[Fleet], tmp_path: Path
+) -> None:
+    fleet = fleet_factory(1)
+    src = tmp_path / "p.txt"
+    src.write_text("a\nb\n")
+
+    def enqueue(*extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [BIN / "swarm-enqueue", src, "--job", "bad", *extra],
+            env=fleet.env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    out = enqueue("--reduce", "tree")
+    assert out.returncode == 2
+    assert "--reduce tree needs --reduce-prompt FILE" in out.stderr
+    out = enqueue("--reduce", "median")
+    assert out.returncode == 2 and "unknown reduce 'median'" in out.stderr
+    out = enqueue("--reduce", "vote", "--reduce-prompt", str(src))
+    assert out.returncode == 2 and "--reduce-prompt is for --reduce tree" in out.stderr
+    client = redis.Redis.from_url(fleet.redis_url)
+    try:
+        assert not client.exists(Keys(fleet.prefix).meta("bad"))
+    finally:
+        client.close()
+
+    assert enqueue().returncode == 0
+    final = subprocess.run(
+        [BIN / "swarm-collect", "bad", "--final"],
+        env=fleet.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert final.returncode == 2
+    assert "job 'bad' has no reduce stage" in final.stderr

@@ -1,0 +1,279 @@
+"""The reduce stage of a job, advanced on the workers.
+
+When a job's current stage has finished, some worker's job sweep notices and schedules
+:meth:`Reducer.advance` (an arq job with a deterministic ID, so it is queued once however many
+workers notice). ``advance`` either writes the final output or, for a tree reduce, queues the
+next level of supervisor prompts as a new stage ``job:rN`` that the same workers drain.
+
+Each step is idempotent, so a worker dying anywhere in it costs nothing but a rerun: the next
+stage's prompts are a pure function of the finished stage's results (grouped in index order,
+token counts from the endpoint), queuing resumes after what is already queued, and the final
+output is written once. No client needs to be attached for a job to go from map to answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import Sequence
+
+import msgspec
+
+from common.errors import (
+    EndpointError,
+    EndpointRetryable,
+    ProducerBusyError,
+    StoreUnavailable,
+    SwarmError,
+)
+from common.keys import stage_name
+from common.models import JobSpec, LevelInfo, ReduceOutput, ReduceSpec, Result
+from common.reduce import aggregate, failures, render
+from common.store import JobStore, producer_token
+from producer.enqueue import enqueue_prompts
+from worker.endpoint import EndpointClient
+
+__all__ = ["Reducer", "StageBusy", "estimate_tokens", "supervisor_max_tokens"]
+
+log = logging.getLogger("swarm.reduce")
+
+# Token counts requested from the endpoint at once while grouping a level.
+_TOKENIZE_CONCURRENCY = 16
+
+
+def estimate_tokens(text: str) -> int:
+    """A deliberately high token count for servers without ``/tokenize``: a byte in three
+    (English runs at about four characters a token; CJK at about one character, three bytes)."""
+    return len(text.encode("utf-8")) // 3 + 1
+
+
+def supervisor_max_tokens(spec: JobSpec, reduce: ReduceSpec) -> int:
+    """Tokens a supervisor prompt may generate: the reduce's own, or twice the job's."""
+    return reduce.max_tokens or 2 * spec.params.max_tokens
+
+
+class StageBusy(SwarmError):
+    """Another worker is queuing this stage right now (or died doing so: its lock expires)."""
+
+
+class _Grouping(msgspec.Struct):
+    groups: list[list[Result]]
+    split: int = 0
+    truncated: int = 0
+
+
+class Reducer:
+    """Advances jobs' reduce stages; talks to the endpoints only to size supervisor prompts."""
+
+    def __init__(self, store: JobStore, clients: Sequence[EndpointClient]) -> None:
+        self.store = store
+        self.clients = list(clients)
+
+    async def advance(self, job: str, level: int) -> str:
+        """Move ``job`` on from its finished stage ``level``; returns what was done. Safe to
+        run twice, or concurrently with itself.
+
+        Redis or the endpoints being unreachable, or another worker advancing the same stage,
+        raise (a later sweep or arq retry runs it again); any other failure is final and
+        becomes the output's ``error``, so a job never waits forever on a reduce that cannot
+        run.
+        """
+        try:
+            return await self._advance(job, level)
+        except (StoreUnavailable, EndpointRetryable, StageBusy):
+            raise
+        except Exception as exc:
+            log.exception("job %s: the reduce failed at stage %d", job, level)
+            return await self.fail(job, f"reduce failed at stage {level}: {exc}")
+
+    async def fail(self, job: str, error: str) -> str:
+        """End ``job``'s reduce with ``error`` as its output."""
+        kind = "?"
+        with contextlib.suppress(SwarmError):
+            spec = await self.store.load_spec(job)
+            kind = spec.reduce.kind if spec.reduce else kind
+        await self.store.write_final(
+            job, ReduceOutput(job=job, kind=kind, error=error, finished_s=_now())
+        )
+        return "failed"
+
+    async def _advance(self, job: str, level: int) -> str:
+        spec = await self.store.load_spec(job)
+        reduce = spec.reduce
+        if reduce is None:
+            return "no reduce stage"
+        if await self.store.read_final(job) is not None:
+            return "already reduced"
+        meta = await self.store.meta(job)
+        if "cancelled_s" in meta:
+            return "cancelled"
+        current = int(meta.get("stage", b"0"))
+        if level != current:
+            return f"stale: the job is at stage {current}"
+        name = stage_name(job, level)
+        status = await self.store.status(name)
+        if not status.finished or status.total is None:
+            return f"stage {level} not finished"
+        results = await self.store.read_results(name, status.total)
+        if reduce.kind != "tree":
+            await self.store.write_final(job, aggregate(job, reduce, results))
+            log.info("job %s: %s reduce written", job, reduce.kind)
+            return "reduced"
+        answers = [r for r in results if r.ok]
+        if len(answers) <= 1:  # one answer remains (or none): that is the tree's output
+            return await self._finish_tree(job, reduce, level, answers)
+        return await self._next_level(job, spec, reduce, level, answers)
+
+    async def _finish_tree(
+        self, job: str, reduce: ReduceSpec, level: int, answers: list[Result]
+    ) -> str:
+        failed, levels = [], []
+        used = 0
+        for lv in range(level + 1):
+            name = stage_name(job, lv)
+            status = await self.store.status(name)
+            total = status.total or 0
+            failed += failures(
+                [r for r in await self.store.read_results(name, total) if not r.ok], lv
+            )
+            if lv == 0:
+                used = total - status.failed
+            else:
+                info = await self.store.meta(name)
+                levels.append(
+                    LevelInfo(
+                        lv,
+                        total,
+                        status.failed,
+                        int(info.get("split_groups", b"0")),
+                        int(info.get("truncated", b"0")),
+                    )
+                )
+        error = None if answers else f"no answer left to reduce at level {level}"
+        output = ReduceOutput(
+            job=job,
+            kind="tree",
+            value=(answers[0].text or "").strip() if answers else None,
+            used=used,
+            failed=failed,
+            levels=levels,
+            error=error,
+            finished_s=_now(),
+        )
+        await self.store.write_final(job, output)
+        log.info("job %s: tree reduce finished after %d level(s)", job, level)
+        return "reduced"
+
+    async def _next_level(
+        self, job: str, spec: JobSpec, reduce: ReduceSpec, level: int, answers: list[Result]
+    ) -> str:
+        nxt = level + 1
+        max_tokens = supervisor_max_tokens(spec, reduce)
+        template = reduce.prompt or "{responses}"
+        model, budget = await self._budget(spec, max_tokens)
+        grouping = await self._group(answers, reduce.fanin, template, nxt, model, budget)
+        prompts = (
+            (render(template, [r.text or "" for r in g], nxt), f"{g[0].index}-{g[-1].index}")
+            for g in grouping.groups
+        )
+        stage = JobSpec(
+            job=stage_name(job, nxt),
+            params=msgspec.structs.replace(spec.params, max_tokens=max_tokens),
+            model=spec.model,
+            created_s=_now(),
+            source=f"tree reduce of {job}, level {nxt}",
+        )
+        # A writer token of its own: a second advance of the same stage, in this process or
+        # another, waits for this one instead of writing beside it.
+        token = f"{producer_token()}/{uuid.uuid4().hex[:12]}"
+        try:
+            report = await enqueue_prompts(self.store, stage, prompts, token=token)
+        except ProducerBusyError as exc:
+            raise StageBusy(str(exc)) from None
+        await self.store.set_stage(
+            job, nxt, split_groups=grouping.split, truncated=grouping.truncated
+        )
+        log.info(
+            "job %s: level %d queued, %d supervisor prompts over %d answers",
+            job,
+            nxt,
+            report.total,
+            len(answers),
+        )
+        return f"level {nxt}: {report.total} prompts"
+
+    async def _budget(self, spec: JobSpec, max_tokens: int) -> tuple[str, int | None]:
+        """The model to tokenize for, and the prompt tokens a supervisor prompt may hold:
+        the model's context (``max_model_len`` from ``/v1/models``) minus what it generates.
+        None when no endpoint says: then only the fan-in bounds a group."""
+        for client in self.clients:
+            try:
+                models = await client.models()
+            except EndpointError as exc:
+                log.warning("%s: no model list (%s); trying the next endpoint", client.label, exc)
+                continue
+            for m in models:
+                if spec.model is None or m.id == spec.model:
+                    if m.max_model_len is None:
+                        return m.id, None
+                    return m.id, max(1, m.max_model_len - max_tokens)
+        return spec.model or "", None
+
+    async def _count(self, prompt: str, model: str) -> int:
+        for client in self.clients:
+            n = await client.tokenize(prompt, model)
+            if n is not None:
+                return n
+        return estimate_tokens(prompt)
+
+    async def _group(
+        self,
+        answers: list[Result],
+        fanin: int,
+        template: str,
+        level: int,
+        model: str,
+        budget: int | None,
+    ) -> _Grouping:
+        """Consecutive answers, ``fanin`` at a time; a group whose prompt would not fit the
+        context is split in halves until it does (an answer too long on its own is cut)."""
+        out = _Grouping([])
+        chunks = [answers[i : i + fanin] for i in range(0, len(answers), fanin)]
+        if budget is None:
+            out.groups = chunks
+            return out
+        gate = asyncio.Semaphore(_TOKENIZE_CONCURRENCY)
+
+        async def fit(group: list[Result]) -> list[list[Result]]:
+            async with gate:
+                n = await self._count(render(template, [r.text or "" for r in group], level), model)
+            if n <= budget:
+                return [group]
+            if len(group) == 1:
+                out.truncated += 1
+                return [[await self._truncate(group[0], template, level, model, budget)]]
+            mid = len(group) // 2
+            out.split += 1
+            return await fit(group[:mid]) + await fit(group[mid:])
+
+        for fitted in await asyncio.gather(*(fit(c) for c in chunks)):
+            out.groups += fitted
+        return out
+
+    async def _truncate(
+        self, answer: Result, template: str, level: int, model: str, budget: int
+    ) -> Result:
+        text = answer.text or ""
+        for _ in range(20):
+            n = await self._count(render(template, [text], level), model)
+            if n <= budget or not text:
+                break
+            text = text[: int(len(text) * min(0.9, budget / n))]
+        return msgspec.structs.replace(answer, text=text)
+
+
+def _now() -> float:
+    return round(time.time(), 3)
