@@ -199,3 +199,51 @@ async def test_scatter_gather_is_one_call_on_a_private_redis(
 def test_swarm_refuses_a_session_that_nothing_would_serve() -> None:
     with pytest.raises(ConfigError, match="no Redis URL and no endpoints"):
         Swarm()
+
+
+class _Crash(BaseException):
+    """The worker process dying: not an error the reducer could catch and record."""
+
+
+async def test_a_stage_change_cut_off_halfway_is_finished_by_the_next_run(
+    make_settings: Callable[..., Settings], store: JobStore, sim_fleet: Callable[..., SimFleet]
+) -> None:
+    leaves = [p for p, _ in prompts(2500)]
+    await enqueue_prompts(store, tree_spec(fanin=2, max_tokens=4), ((p, None) for p in leaves))
+    async with sim_fleet(2) as fleet:
+        engine = Engine(make_settings(), store, [EndpointClient(u) for u in fleet.urls])
+
+        async def hold(job: str, level: int) -> None:  # no advancing by the sweep
+            pass
+
+        engine.on_stage_done = hold
+        try:
+            run = asyncio.create_task(engine.run(burst=False))
+            while not (await store.status("t")).finished:  # noqa: ASYNC110 - observing
+                await asyncio.sleep(0.05)
+            engine.request_stop()
+            await run
+            real_add = store.add_items
+            calls = 0
+
+            async def add_then_die(job: str, items: list[object]) -> None:
+                nonlocal calls
+                calls += 1
+                if calls == 2:  # the first chunk of level 1 is in; the process dies
+                    raise _Crash
+                await real_add(job, items)  # type: ignore[arg-type]
+
+            store.add_items = add_then_die  # type: ignore[method-assign]
+            with pytest.raises(_Crash):
+                await engine.reducer.advance("t", 0)
+            store.add_items = real_add  # type: ignore[method-assign]
+            level1 = stage_name("t", 1)
+            assert await store.enqueued_count(level1) == 1000  # one chunk of 1,000
+            assert (await store.status("t")).stage == 0  # not yet recorded as advanced
+            assert await engine.reducer.advance("t", 0) == "level 1: 1250 prompts"
+        finally:
+            await engine.close()
+    entries = await store.redis.xrange(store.keys.stream(level1))
+    assert [eid for eid, _ in entries] == [f"0-{i + 1}".encode() for i in range(1250)]
+    status = await store.status(level1)
+    assert (status.total, status.enqueued) == (1250, 1250)
