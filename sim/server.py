@@ -108,7 +108,7 @@ class SimEndpoint:
         return f"http://{self.host}:{self.port}"
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=256 * 1024 * 1024)
+        app = web.Application(client_max_size=2**31)  # vLLM (uvicorn) sets no body limit
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_get("/v1/models", self._models)
