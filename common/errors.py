@@ -19,6 +19,7 @@ __all__ = [
     "JobNameError",
     "JobNotFoundError",
     "ProducerBusyError",
+    "StoreAccessDenied",
     "StoreUnavailable",
     "SwarmError",
 ]
@@ -64,6 +65,10 @@ class JobCancelledError(SwarmError):
 
 class StoreUnavailable(SwarmError):
     """Redis could not be reached or answered with a connection-level error."""
+
+
+class StoreAccessDenied(SwarmError):
+    """Redis refused the credentials or the ACL forbids a command or key: waiting won't help."""
 
 
 class EndpointError(SwarmError):

@@ -7,6 +7,7 @@ built once here and reused. New fields must get defaults so that old records sti
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import msgspec
 
@@ -34,10 +35,25 @@ __all__ = [
 
 
 class SamplingParams(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fields=False):
-    """Sampling settings sent with every request of a job."""
+    """Sampling settings sent with every request of a job; None means the server's default.
+
+    ``response_format`` (OpenAI's ``{"type": "json_schema", ...}``) and ``structured_outputs``
+    (vLLM's ``{"json": schema}``, ``{"regex": ...}``, ``{"choice": [...]}``) are passed through
+    as given: they constrain decoding on the server.
+    """
 
     max_tokens: int = 256
     temperature: float | None = None
+    top_p: float | None = None
+    stop: list[str] | None = None
+    seed: int | None = None
+    response_format: dict[str, Any] | None = None
+    structured_outputs: dict[str, Any] | None = None
+
+    def extra(self) -> dict[str, Any]:
+        """Every parameter besides ``max_tokens`` that is set, as request fields."""
+        names = ("temperature", "top_p", "stop", "seed", "response_format", "structured_outputs")
+        return {n: getattr(self, n) for n in names if getattr(self, n) is not None}
 
 
 REDUCE_KINDS = ("concat", "vote", "json", "stats", "tree", "function")
@@ -93,6 +109,15 @@ class JobSpec(msgspec.Struct, frozen=True, omit_defaults=True):
     created_s: float = 0.0
     source: str = ""
     reduce: ReduceSpec | None = None
+    # Sent as one /v1/chat/completions request per prompt (the prompt as the user message)
+    # instead of list-prompt /v1/completions batches.
+    chat: bool = False
+    # Completion prompts are this text with {prompt} replaced (a chat template written out, for
+    # list-prompt batching of an instruction-tuned model); None sends them as given.
+    template: str | None = None
+    # A JSON Schema every answer must match (see common.schema); a mismatch is a failure of
+    # kind "schema", its text kept, retryable with swarm-retry --kind schema.
+    schema: dict[str, Any] | None = None
 
     def same_settings(self, other: JobSpec) -> bool:
         """True when ``other`` asks for the same model, sampling and reduce (creation details
@@ -101,7 +126,14 @@ class JobSpec(msgspec.Struct, frozen=True, omit_defaults=True):
             self.model == other.model
             and self.params == other.params
             and self.reduce == other.reduce
+            and self.chat == other.chat
+            and self.schema == other.schema
+            and self.template == other.template
         )
+
+    def render(self, prompt: str) -> str:
+        """What is sent for ``prompt``: the template filled in, or the prompt itself."""
+        return prompt if self.template is None else self.template.replace("{prompt}", prompt)
 
 
 class PromptItem(msgspec.Struct, frozen=True, array_like=True):
@@ -132,6 +164,8 @@ class Result(msgspec.Struct, frozen=True, omit_defaults=True):
     # Machine-readable error class ("rejected", "no_choice", ...): what swarm-retry filters on.
     error_kind: str | None = None
     custom_id: str | None = None
+    # The model that answered, as the endpoint named it.
+    model: str = ""
 
     @property
     def ok(self) -> bool:

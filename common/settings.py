@@ -52,6 +52,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     """Every tunable of swarm-queue, with units in the names."""
 
     redis_url: str = DEFAULT_REDIS_URL
+    # With rediss://: the CA certificate file to verify the server with ("" : the system's).
+    redis_ca_file: str = ""
     prefix: str = DEFAULT_PREFIX
     endpoints: tuple[Endpoint, ...] = ()
     # Prompts per /v1/completions request, and requests in flight per endpoint. A list request
@@ -102,6 +104,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
 
     def __post_init__(self) -> None:
         _validate_redis_url(self.redis_url)
+        if self.redis_ca_file and not Path(self.redis_ca_file).is_file():
+            raise ConfigError(f"SWARM_REDIS_CA_FILE {self.redis_ca_file}: no such file")
         Keys(self.prefix)  # validates the prefix
         for name in (
             "batch_size",
@@ -156,6 +160,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
         values: dict[str, Any] = {}
         simple: dict[str, tuple[str, type]] = {
             "SWARM_REDIS_URL": ("redis_url", str),
+            "SWARM_REDIS_CA_FILE": ("redis_ca_file", str),
             "SWARM_PREFIX": ("prefix", str),
             "SWARM_BATCH_SIZE": ("batch_size", int),
             "SWARM_INFLIGHT": ("inflight", int),
@@ -201,6 +206,9 @@ def _endpoints_from_env(env: Mapping[str, str]) -> list[Endpoint]:
     hostfile = env.get("SWARM_HOSTFILE", "").strip()
     if csv and hostfile:
         raise ConfigError("set SWARM_ENDPOINTS or SWARM_HOSTFILE, not both")
+    filters = env.get("SWARM_ENDPOINT_TAG", "").strip() or env.get("SWARM_ENDPOINT_HOST", "")
+    if filters.strip() and not hostfile:
+        raise ConfigError("SWARM_ENDPOINT_TAG and SWARM_ENDPOINT_HOST filter SWARM_HOSTFILE")
     if csv:
         return parse_endpoints(csv)
     if hostfile:
@@ -209,5 +217,33 @@ def _endpoints_from_env(env: Mapping[str, str]) -> list[Endpoint]:
             text = path.read_text()
         except OSError as exc:
             raise ConfigError(f"cannot read SWARM_HOSTFILE {hostfile}: {exc.strerror}") from None
-        return parse_hostfile(text, source=hostfile)
+        return select_endpoints(
+            parse_hostfile(text, source=hostfile),
+            tag=env.get("SWARM_ENDPOINT_TAG", "").strip(),
+            host=env.get("SWARM_ENDPOINT_HOST", "").strip(),
+            source=hostfile,
+        )
     return []
+
+
+def select_endpoints(
+    endpoints: list[Endpoint], *, tag: str = "", host: str = "", source: str = "hostfile"
+) -> list[Endpoint]:
+    """The hostfile endpoints with tag ``key=value`` and on ``host`` (short or full name);
+    an empty filter keeps all. ConfigError when nothing is left."""
+    if tag:
+        key, sep, value = tag.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"SWARM_ENDPOINT_TAG={tag!r}: expected key=value")
+        endpoints = [e for e in endpoints if e.tags.get(key) == value]
+    if host:
+        short = host.split(".")[0]
+        endpoints = [
+            e for e in endpoints if (urlsplit(e.url).hostname or "").split(".")[0] == short
+        ]
+    if not endpoints:
+        wanted = " and ".join(
+            x for x in (f"tag {tag}" if tag else "", f"host {host}" if host else "") if x
+        )
+        raise ConfigError(f"{source}: no endpoint with {wanted}")
+    return endpoints

@@ -24,14 +24,20 @@ import msgspec
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
+from redis.exceptions import (
+    AuthenticationError,
+    AuthorizationError,
+    NoPermissionError,
+    ResponseError,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from common.errors import (
     JobCancelledError,
     JobConflictError,
     JobNotFoundError,
+    StoreAccessDenied,
     StoreUnavailable,
 )
 from common.keys import GROUP, Keys, parse_stage, stage_name
@@ -208,18 +214,44 @@ RELEASED_IDLE_MS = 10**10
 RETRY_ON: list[type[Exception]] = [RedisConnectionError, RedisTimeoutError, OSError]
 
 
+class _Refused(Exception):
+    """Carries an authentication error past the retry loop, which would otherwise retry it
+    (redis-py's AuthenticationError is a ConnectionError)."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+class _Retry(Retry):
+    async def call_with_retry(self, do: Any, fail: Any) -> Any:
+        async def once() -> Any:
+            try:
+                return await do()
+            except (AuthenticationError, AuthorizationError) as exc:
+                raise _Refused(exc) from None
+
+        try:
+            return await super().call_with_retry(once, fail)
+        except _Refused as refused:
+            raise refused.error from None
+
+
 def redis_retry(retries: int = 30) -> Retry:
-    """Capped exponential backoff for reconnecting to Redis (shared with arq's pool)."""
-    return Retry(ExponentialBackoff(cap=5.0, base=0.05), retries)
+    """Capped exponential backoff for reconnecting to Redis (shared with arq's pool); wrong
+    credentials fail at once, since no wait will fix them."""
+    return _Retry(ExponentialBackoff(cap=5.0, base=0.05), retries)
 
 
-def connect(url: str, *, patient: bool = True) -> aioredis.Redis:
+def connect(url: str, *, patient: bool = True, ca_file: str = "") -> aioredis.Redis:
     """A Redis client for ``url`` that rides out connection loss with capped backoff.
 
     ``patient`` (workers, producer, collector) waits out a Redis restart of a minute or two;
     otherwise (one-shot commands such as swarm-status) a missing Redis is reported at once.
-    Responses stay bytes (``decode_responses=False``): payloads are msgpack.
+    Responses stay bytes (``decode_responses=False``): payloads are msgpack. ``ca_file``
+    verifies a ``rediss://`` server against that CA.
     """
+    tls: dict[str, Any] = {"ssl_ca_certs": ca_file} if ca_file else {}
     try:
         return aioredis.from_url(
             url,
@@ -227,6 +259,7 @@ def connect(url: str, *, patient: bool = True) -> aioredis.Redis:
             retry_on_error=RETRY_ON,
             health_check_interval=30,
             socket_keepalive=True,
+            **tls,
         )
     except ValueError as exc:
         raise StoreUnavailable(f"invalid Redis URL {mask_url(url)}: {exc}") from None
@@ -237,6 +270,11 @@ async def redis_errors(url: str) -> AsyncIterator[None]:
     """Translate redis connection failures into :class:`StoreUnavailable` (the one boundary)."""
     try:
         yield
+    except (AuthenticationError, AuthorizationError, NoPermissionError) as exc:
+        raise StoreAccessDenied(
+            f"Redis at {mask_url(url)} refused access: {exc} (check the user and password in "
+            "the URL, and the user's ACL: it needs the key prefix's keys and stream commands)"
+        ) from None
     except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
         raise StoreUnavailable(f"Redis at {mask_url(url)} unavailable: {exc}") from None
 
@@ -299,7 +337,8 @@ class JobStore:
     @classmethod
     def from_settings(cls, settings: Settings, *, patient: bool = True) -> JobStore:
         """The store of ``settings``' Redis and key prefix (see :func:`connect` for patience)."""
-        return cls(connect(settings.redis_url, patient=patient), settings.keys, settings.redis_url)
+        redis = connect(settings.redis_url, patient=patient, ca_file=settings.redis_ca_file)
+        return cls(redis, settings.keys, settings.redis_url)
 
     async def close(self) -> None:
         await self.redis.aclose()

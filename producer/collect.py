@@ -16,6 +16,7 @@ import contextlib
 import os
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from functools import partial
 from typing import BinaryIO
 
 import msgspec
@@ -26,6 +27,7 @@ from common.cli import add_redis_arg, open_job_store, run
 from common.errors import ConfigError, JobNotFoundError, StoreUnavailable
 from common.models import OutputLine, ReduceOutput, Result, decode_result, encode_json_line
 from common.store import JobStatus, JobStore
+from producer.openai_batch import openai_line
 
 __all__ = [
     "EXIT_FAILED",
@@ -187,12 +189,15 @@ async def collect(
     progress: bool = False,
     start: int = 0,
     on_commit: Callable[[int], Awaitable[None]] | None = None,
+    line: Callable[[Result], bytes] | None = None,
 ) -> CollectReport:
     """Write results of ``job`` to ``out`` from index ``start`` on, in order; see module doc.
 
     ``on_commit(index)`` is called after each chunk is written and flushed, with the number of
-    lines now complete: the collector's durable cursor hangs off it.
+    lines now complete: the collector's durable cursor hangs off it. ``line`` formats a
+    result as one output line (default: swarm-queue's own JSON line).
     """
+    fmt = line or _own_line
     cursor = start
     ok = failed = 0
     total: int | None = None
@@ -220,7 +225,7 @@ async def collect(
             n_ok = sum(1 for r in chunk if r.ok)
             ok += n_ok
             failed += len(chunk) - n_ok
-            out.write(b"".join(encode_json_line(OutputLine.of(r)) for r in chunk))
+            out.write(b"".join(fmt(r) for r in chunk))
             out.flush()
             cursor += len(chunk)
             if on_commit is not None:
@@ -230,8 +235,27 @@ async def collect(
     return CollectReport(job, cursor - start, ok, failed, total, start)
 
 
+def _own_line(r: Result) -> bytes:
+    return encode_json_line(OutputLine.of(r))
+
+
+async def line_format(store: JobStore, job: str, name: str) -> Callable[[Result], bytes]:
+    """The line formatter for ``--format name`` (``jsonl`` or ``openai``) for ``job``."""
+    if name == "openai":
+        chat = (await store.load_spec(job)).chat
+        return partial(openai_line, job, chat=chat)
+    return _own_line
+
+
 async def collect_to_file(
-    store: JobStore, job: str, path: str, *, wait: bool, progress: bool, evict: bool = False
+    store: JobStore,
+    job: str,
+    path: str,
+    *,
+    wait: bool,
+    progress: bool,
+    evict: bool = False,
+    line: Callable[[Result], bytes] | None = None,
 ) -> CollectReport:
     """Collect into ``path``, resuming from its durable cursor after an interrupted run.
 
@@ -278,7 +302,7 @@ async def collect_to_file(
             await store.evict_results(job, 0, start)  # a crash may have come between the two
             evicted = start
         report = await collect(
-            store, job, fh, wait=wait, progress=progress, start=start, on_commit=commit
+            store, job, fh, wait=wait, progress=progress, start=start, on_commit=commit, line=line
         )
     if report.complete:
         cursors.remove()
@@ -292,6 +316,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("job")
     p.add_argument("--out", help="output file, or - for stdout (required, but for --final: stdout)")
     p.add_argument("--wait", action="store_true", help="follow the job until every prompt is done")
+    p.add_argument(
+        "--format",
+        choices=["jsonl", "openai"],
+        default="jsonl",
+        help="jsonl: one swarm-queue line per prompt (default); openai: OpenAI Batch API "
+        "output lines",
+    )
     p.add_argument(
         "--final",
         action="store_true",
@@ -380,11 +411,18 @@ async def _main(args: argparse.Namespace) -> int:
                     "--evict needs --out FILE: results leave Redis only once a "
                     "file holds them durably"
                 )
-            report = await collect(store, job, sys.stdout.buffer, wait=args.wait)
+            fmt = await line_format(store, job, args.format)
+            report = await collect(store, job, sys.stdout.buffer, wait=args.wait, line=fmt)
         else:
             try:
                 report = await collect_to_file(
-                    store, job, args.out, wait=args.wait, progress=args.wait, evict=args.evict
+                    store,
+                    job,
+                    args.out,
+                    wait=args.wait,
+                    progress=args.wait,
+                    evict=args.evict,
+                    line=await line_format(store, job, args.format),
                 )
             except OSError as exc:
                 raise ConfigError(f"cannot write {args.out}: {exc.strerror}") from None

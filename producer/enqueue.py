@@ -15,7 +15,7 @@ import socket
 import sys
 import time
 from collections.abc import Iterable, Sequence
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import msgspec
 
@@ -29,6 +29,7 @@ from common.errors import (
 )
 from common.keys import validate_job_name
 from common.models import JobSpec, PromptItem, ReduceSpec, SamplingParams
+from common.schema import AnswerValidator
 from common.settings import Settings
 from common.store import JobStore, producer_token
 from producer.inputs import DEFAULT_MAX_PROMPT_BYTES, Format, iter_prompts
@@ -194,6 +195,37 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--model", help="model name (default: whatever each endpoint serves)")
     p.add_argument("--max-tokens", type=int, default=256, help="tokens to generate (default 256)")
     p.add_argument("--temperature", type=float, help="sampling temperature")
+    p.add_argument("--top-p", type=float, help="nucleus sampling")
+    p.add_argument("--stop", action="append", metavar="TEXT", help="stop string (repeatable)")
+    p.add_argument("--seed", type=int, help="sampling seed")
+    p.add_argument(
+        "--response-format",
+        metavar="JSON|FILE",
+        help='passed through, e.g. {"type": "json_object"} or a json_schema response format',
+    )
+    p.add_argument(
+        "--structured-outputs",
+        metavar="JSON|FILE",
+        help='vLLM\'s guided decoding, passed through, e.g. {"choice": ["yes", "no"]}',
+    )
+    p.add_argument(
+        "--chat",
+        action="store_true",
+        help="send each prompt as its own /v1/chat/completions request (the server applies "
+        "the model's chat template; no list batching)",
+    )
+    p.add_argument(
+        "--template",
+        metavar="FILE",
+        help="wrap each prompt in this text, at {prompt}, before list-prompt batching on "
+        "/v1/completions (a chat template written out)",
+    )
+    p.add_argument(
+        "--schema",
+        metavar="FILE",
+        help="a JSON Schema each answer must match; a mismatch fails that prompt (kind "
+        "'schema', its text kept)",
+    )
     p.add_argument("--format", choices=["auto", "txt", "jsonl"], default="auto")
     p.add_argument("--max-prompt-bytes", type=int, default=DEFAULT_MAX_PROMPT_BYTES)
     p.add_argument(
@@ -226,6 +258,41 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--separator", default="\n", help="concat: text between answers")
     add_redis_arg(p)
     return p
+
+
+def _read_template(path: str | None) -> str | None:
+    if path is None:
+        return None
+    try:
+        with open(path, encoding="utf-8") as fh:
+            template = fh.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read --template {path}: {exc}") from None
+    if "{prompt}" not in template:
+        raise ConfigError(f"--template {path} has no {{prompt}} to fill in")
+    return template
+
+
+def _json_arg(value: str | None, flag: str) -> dict[str, Any] | None:
+    """A JSON object given inline or as a file name."""
+    if value is None:
+        return None
+    text = value
+    if not value.lstrip().startswith("{"):
+        try:
+            with open(value, encoding="utf-8") as fh:
+                text = fh.read()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(
+                f"{flag} {value}: not inline JSON, and cannot read it: {exc}"
+            ) from None
+    try:
+        obj = msgspec.json.decode(text)
+    except msgspec.DecodeError as exc:
+        raise ConfigError(f"{flag}: invalid JSON: {exc}") from None
+    if not isinstance(obj, dict):
+        raise ConfigError(f"{flag}: expected a JSON object")
+    return obj
 
 
 def reduce_from_args(args: argparse.Namespace) -> ReduceSpec | None:
@@ -263,13 +330,28 @@ async def _main(args: argparse.Namespace) -> int:
     job = validate_job_name(args.job)
     if args.max_tokens < 1:
         raise ConfigError(f"--max-tokens must be >= 1, got {args.max_tokens}")
+    template = _read_template(args.template)
+    schema = _json_arg(args.schema, "--schema")
+    if schema is not None:
+        AnswerValidator(schema)  # refuses what it cannot check, before anything is queued
     spec = JobSpec(
         job=job,
         model=args.model,
-        params=SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature),
+        params=SamplingParams(
+            max_tokens=args.max_tokens,
+            temperature=args.temperature,
+            top_p=args.top_p,
+            stop=args.stop,
+            seed=args.seed,
+            response_format=_json_arg(args.response_format, "--response-format"),
+            structured_outputs=_json_arg(args.structured_outputs, "--structured-outputs"),
+        ),
         created_s=time.time(),
         source=args.input,
         reduce=reduce_from_args(args),
+        schema=schema,
+        chat=args.chat,
+        template=template,
     )
     if args.input == "-":
         report = await enqueue(

@@ -127,6 +127,38 @@ def test_settings_hostfile(tmp_path: pytest.TempPathFactory) -> None:
     assert [e.url for e in s.endpoints] == ["http://n1:8001", "http://n2:8000"]
 
 
+def test_hostfile_endpoints_filtered_by_tag_and_host(tmp_path: pytest.TempPathFactory) -> None:
+    path = tmp_path / "hosts"  # type: ignore[operator]
+    path.write_text(
+        "# written by the vLLM launch script\n"
+        "x1000c0s0b0n0.hsn.example\t8000\tmodel=70b\tgpu=4\n"
+        "x1000c0s0b0n0.hsn.example\t8001\tmodel=8b\n"
+        "x1000c0s0b0n1\tmodel=70b\n"
+    )
+
+    def urls(**env: str) -> list[str]:
+        s = Settings.from_env({"SWARM_HOSTFILE": str(path), **env})
+        return [e.url for e in s.endpoints]
+
+    assert urls(SWARM_ENDPOINT_TAG="model=70b") == [
+        "http://x1000c0s0b0n0.hsn.example:8000",
+        "http://x1000c0s0b0n1:8000",
+    ]
+    assert urls(SWARM_ENDPOINT_HOST="x1000c0s0b0n0") == [
+        "http://x1000c0s0b0n0.hsn.example:8000",
+        "http://x1000c0s0b0n0.hsn.example:8001",
+    ]
+    assert urls(SWARM_ENDPOINT_HOST="x1000c0s0b0n0.other", SWARM_ENDPOINT_TAG="model=8b") == [
+        "http://x1000c0s0b0n0.hsn.example:8001"
+    ]
+    with pytest.raises(ConfigError, match=r"hosts: no endpoint with tag model=405b"):
+        urls(SWARM_ENDPOINT_TAG="model=405b")
+    with pytest.raises(ConfigError, match="expected key=value"):
+        urls(SWARM_ENDPOINT_TAG="70b")
+    with pytest.raises(ConfigError, match="filter SWARM_HOSTFILE"):
+        Settings.from_env({"SWARM_ENDPOINTS": "a:1", "SWARM_ENDPOINT_TAG": "model=8b"})
+
+
 @pytest.mark.parametrize(
     ("env", "message"),
     [

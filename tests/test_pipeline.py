@@ -348,6 +348,7 @@ async def test_enqueue_window_keeps_at_most_n_unfinished_prompts_in_redis(
     n, window = 1200, 100
     stream = store.keys.stream("j")
     seen: list[int] = []
+    await store.create_job(spec())  # a burst engine finding no job at all would just exit
     async with sim_fleet(1) as fleet:
         engine = Engine(
             make_settings(batch_size=16, inflight=2), store, [EndpointClient(fleet.urls[0])]

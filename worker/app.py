@@ -211,6 +211,7 @@ class WorkerSettings:
         retry_on_error=RETRY_ON,
         retry_on_timeout=True,
         conn_retries=30,
+        ssl_ca_certs=SETTINGS.redis_ca_file or None,
     )
     queue_name = SETTINGS.keys.arq_queue
     health_check_key = SETTINGS.keys.arq_queue + ":health-check"

@@ -24,6 +24,8 @@ from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TypeVar
 
+from msgspec.structs import replace
+
 from common.backoff import backoff_s
 from common.errors import (
     ConfigError,
@@ -36,6 +38,7 @@ from common.errors import (
     SwarmError,
 )
 from common.models import JobSpec, PromptItem, Result, Usage
+from common.schema import AnswerValidator
 from common.settings import Settings
 from common.store import Commit, JobStore, decode_entry, index_of
 from worker.endpoint import CompletionBody, EndpointClient, Load
@@ -160,6 +163,7 @@ class Engine:
         self.on_stage_done: Callable[[str, int], Awaitable[None]] = self._advance_here
         self._advancing: dict[tuple[str, int], asyncio.Task[str]] = {}
         self._reduces_pending = False
+        self._validators: dict[str, AnswerValidator] = {}
         self.jobs: dict[str, JobSpec] = {}
         self._refreshed_at = -math.inf
         self._refresh_lock = asyncio.Lock()
@@ -211,6 +215,14 @@ class Engine:
                     except SwarmError as exc:
                         log.warning("job %s: cannot advance stage %d yet: %s", job, level, exc)
             self._refreshed_at = time.monotonic()
+
+    def validator(self, spec: JobSpec) -> AnswerValidator | None:
+        """The answer validator of ``spec``'s schema, built once per job (None: no schema)."""
+        if spec.schema is None:
+            return None
+        if spec.job not in self._validators:
+            self._validators[spec.job] = AnswerValidator(spec.schema)
+        return self._validators[spec.job]
 
     async def _advance_here(self, job: str, level: int) -> None:
         key = (job, level)
@@ -275,6 +287,7 @@ class EndpointDrainer:
         self._model: str | None = None
         # Set while the circuit is open: the endpoint failed repeatedly and is being probed.
         self._open = asyncio.Event()
+        self._probed = False
         self._probe_lock = asyncio.Lock()
         self._failures = 0  # consecutive failed requests, all slots together
         self._ready: set[str] = set()
@@ -305,6 +318,9 @@ class EndpointDrainer:
     # -- loops --------------------------------------------------------------------------
 
     async def run(self, *, burst: bool = False) -> None:
+        # Start with the circuit open: no work is taken until the endpoint answers /health
+        # (a vLLM still loading its model on a freshly started node).
+        self._open.set()
         adapt = self.settings.inflight_max > 0
         slots = max(self.settings.inflight_max, self.settings.inflight)
         if adapt:
@@ -358,7 +374,8 @@ class EndpointDrainer:
         while not self.engine.stopping and self.broken is None:
             try:
                 if self._open.is_set():
-                    if burst and not await self.engine.any_work():
+                    # (at start, the endpoint is probed once before the job list decides)
+                    if burst and self._probed and not await self.engine.any_work():
                         return
                     await self._wait_healthy(burst)
                     continue
@@ -608,19 +625,25 @@ class EndpointDrainer:
         async with self._probe_lock:
             attempt = 0
             while self._open.is_set() and not self.engine.stopping:
-                if burst and not await self.engine.any_work():
-                    return
                 try:
+                    if not await self.client.ready(self.settings.probe_timeout_s):
+                        raise EndpointRetryable(self.client.label, "/health not ready")
                     await self.client.models(timeout_s=self.settings.probe_timeout_s)
                 except EndpointUnusable as exc:
                     self.broken = str(exc)
                     return
                 except EndpointError:
+                    self._probed = True
+                    # Probe first, then ask whether to give up: a healthy endpoint at start
+                    # goes straight to work, whatever the job list looks like yet.
+                    if burst and not await self.engine.any_work():
+                        return
                     attempt += 1
                     if await self.engine.sleep(self._backoff(attempt)):
                         return
                     continue
-                log.info("%s: endpoint answers again; circuit closed", self.client.label)
+                self._probed = True
+                log.info("%s: endpoint ready; taking work", self.client.label)
                 self._failures = 0
                 self._open.clear()
 
@@ -673,7 +696,9 @@ class EndpointDrainer:
         self, spec: JobSpec, items: list[PromptItem], prior: int, tally: _Tally
     ) -> list[Result]:
         """Results for ``items`` in order; bisects a rejected batch to isolate bad prompts."""
-        prompts = [it.prompt for it in items]
+        if spec.chat:
+            return await self._chat_batch(spec, items, prior, tally)
+        prompts = [spec.render(it.prompt) for it in items]
         timeout = self.settings.request_timeout_for(len(items), spec.params.max_tokens)
         try:
             model, _ = await self._retrying(lambda: self._model_for(spec))
@@ -693,7 +718,64 @@ class EndpointDrainer:
         if body.usage is not None:
             tally.prompt_tokens += body.usage.prompt_tokens
             tally.completion_tokens += body.usage.completion_tokens
-        return self._map_choices(items, body, prior + attempts)
+        results = self._map_choices(items, body, prior + attempts)
+        validator = self.engine.validator(spec)
+        if validator is None:
+            return results
+        return [self._checked(r, validator) for r in results]
+
+    async def _chat_batch(
+        self, spec: JobSpec, items: list[PromptItem], prior: int, tally: _Tally
+    ) -> list[Result]:
+        """A batch of a chat job: one chat request per prompt, all in flight at once (chat
+        has no list form); a rejected prompt fails alone."""
+        model, _ = await self._retrying(lambda: self._model_for(spec))
+        timeout = self.settings.request_timeout_for(1, spec.params.max_tokens)
+
+        async def one(item: PromptItem) -> Result:
+            prompt = spec.render(item.prompt)
+            try:
+                body, attempts = await self._retrying(
+                    lambda: self.client.chat(model, prompt, spec.params, timeout_s=timeout)
+                )
+            except EndpointRejected as exc:
+                return self._failed(item, exc.message, "rejected", prior + 1)
+            usage = None
+            if body.usage is not None:
+                tally.prompt_tokens += body.usage.prompt_tokens
+                tally.completion_tokens += body.usage.completion_tokens
+                usage = Usage(body.usage.prompt_tokens, body.usage.completion_tokens)
+            if not body.choices:
+                return self._failed(
+                    item, "endpoint returned no choice", "no_choice", prior + attempts
+                )
+            choice = body.choices[0]
+            return Result(
+                index=item.index,
+                text=choice.message.content or "",
+                finish_reason=choice.finish_reason,
+                usage=usage,
+                endpoint=self.client.label,
+                attempts=prior + attempts,
+                custom_id=item.custom_id,
+                model=body.model,
+            )
+
+        results = await asyncio.gather(*(one(it) for it in items))
+        validator = self.engine.validator(spec)
+        if validator is None:
+            return list(results)
+        return [self._checked(r, validator) for r in results]
+
+    @staticmethod
+    def _checked(r: Result, validator: AnswerValidator) -> Result:
+        """``r`` failed with kind ``schema`` if its text does not match; the text is kept."""
+        if not r.ok:
+            return r
+        reason = validator.error(r.text or "")
+        if reason is None:
+            return r
+        return replace(r, error=reason, error_kind="schema")
 
     def _map_choices(
         self, items: list[PromptItem], body: CompletionBody, attempts: int
@@ -723,6 +805,7 @@ class EndpointDrainer:
                     endpoint=self.client.label,
                     attempts=attempts,
                     custom_id=item.custom_id,
+                    model=body.model,
                 )
             )
         return out

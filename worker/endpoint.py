@@ -8,7 +8,6 @@ times cheaper than building pydantic models for hundreds of choices per request.
 from __future__ import annotations
 
 import re
-from typing import Any
 
 import aiohttp
 import msgspec
@@ -37,6 +36,25 @@ class CompletionBody(msgspec.Struct):
 
     choices: list[Choice] = []
     usage: CompletionUsage | None = None
+    model: str = ""
+
+
+class ChatMessage(msgspec.Struct, frozen=True):
+    content: str | None = None
+
+
+class ChatChoice(msgspec.Struct):
+    index: int = 0
+    message: ChatMessage = ChatMessage()
+    finish_reason: str | None = None
+
+
+class ChatBody(msgspec.Struct):
+    """The parts of a ``/v1/chat/completions`` response swarm-queue uses."""
+
+    choices: list[ChatChoice] = []
+    usage: CompletionUsage | None = None
+    model: str = ""
 
 
 class ModelInfo(msgspec.Struct):
@@ -76,6 +94,7 @@ class _Tokenized(msgspec.Struct):
 
 _tokenize_decoder = msgspec.json.Decoder(_Tokenized)
 _completion_decoder = msgspec.json.Decoder(CompletionBody)
+_chat_decoder = msgspec.json.Decoder(ChatBody)
 _models_decoder = msgspec.json.Decoder(_ModelList)
 
 # 408 Request Timeout and 409 Conflict are the server's transient states, not the prompt's fault.
@@ -132,6 +151,16 @@ class EndpointClient:
             self._session = aiohttp.ClientSession(headers=self._auth)
         return self._session
 
+    async def ready(self, timeout_s: float = 10.0) -> bool:
+        """True once the server answers ``/health`` (vLLM: 200 when the model is loaded). A
+        server without that route (404) counts as ready: its other routes will tell."""
+        try:
+            timeout = aiohttp.ClientTimeout(total=timeout_s)
+            async with self._http().get(self.url + "/health", timeout=timeout) as resp:
+                return resp.status == 200 or resp.status == 404
+        except (aiohttp.ClientError, TimeoutError):
+            return False
+
     async def tokenize(self, prompt: str, model: str, timeout_s: float = 30.0) -> int | None:
         """The exact prompt token count from vLLM's ``/tokenize``; None when the server has no
         such route (not a vLLM) or does not answer, so the caller falls back to an estimate."""
@@ -177,15 +206,17 @@ class EndpointClient:
     ) -> CompletionBody:
         """One ``/v1/completions`` request holding every prompt of ``prompts``."""
         timeout = timeout_s or self._timeout_s
-        extra: dict[str, Any] = {}
-        if params.temperature is not None:
-            extra["temperature"] = params.temperature
+        extra = params.extra()
+        # OpenAI's completions API has no response_format, and structured_outputs is vLLM's
+        # own: both travel in the body beside the standard fields.
+        body = {k: extra.pop(k) for k in ("response_format", "structured_outputs") if k in extra}
         try:
             raw = await self._client.completions.with_raw_response.create(
                 model=model,
                 prompt=prompts,
                 max_tokens=params.max_tokens,
                 timeout=timeout,
+                extra_body=body or None,
                 **extra,
             )
             content = raw.http_response.content
@@ -195,3 +226,33 @@ class EndpointClient:
             return _completion_decoder.decode(content)
         except msgspec.DecodeError as exc:
             raise EndpointRetryable(self.label, f"unreadable completion answer: {exc}") from None
+
+    async def chat(
+        self,
+        model: str,
+        prompt: str,
+        params: SamplingParams,
+        *,
+        timeout_s: float | None = None,
+    ) -> ChatBody:
+        """One ``/v1/chat/completions`` request: ``prompt`` as the user's message, the
+        server's chat template applied."""
+        timeout = timeout_s or self._timeout_s
+        extra = params.extra()
+        body = {k: extra.pop(k) for k in ("structured_outputs",) if k in extra}
+        try:
+            raw = await self._client.chat.completions.with_raw_response.create(
+                model=model,
+                messages=[{"role": "user", "content": prompt}],
+                max_tokens=params.max_tokens,
+                timeout=timeout,
+                extra_body=body or None,
+                **extra,
+            )
+            content = raw.http_response.content
+        except openai.OpenAIError as exc:
+            raise _translate(self.label, exc, timeout) from None
+        try:
+            return _chat_decoder.decode(content)
+        except msgspec.DecodeError as exc:
+            raise EndpointRetryable(self.label, f"unreadable chat answer: {exc}") from None

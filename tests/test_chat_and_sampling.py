@@ -1,0 +1,212 @@
+"""Chat models and sampling: --chat (one chat request per prompt) and --template (a chat
+template written out, list-batched) against swarm-sim; sampling and structured-output fields
+reaching the server; answers validated against a JSON Schema, failures kept per index."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import msgspec
+import pytest
+from aiohttp import web
+
+from common.errors import ConfigError
+from common.models import JobSpec, SamplingParams
+from common.schema import AnswerValidator
+from common.settings import Settings
+from common.store import JobStore
+from producer.enqueue import enqueue_prompts
+from sim.server import SimFleet
+from sim.text import completion_for
+from tests.test_pipeline import collect_lines, prompts
+from worker.drain import Engine
+from worker.endpoint import EndpointClient
+
+CHAT_TEMPLATE = "<|user|>\n{prompt}\n<|assistant|>\n"  # what swarm-sim's chat endpoint applies
+
+
+async def drain(settings: Settings, store: JobStore, urls: list[str]) -> None:
+    engine = Engine(settings, store, [EndpointClient(u) for u in urls])
+    try:
+        await engine.run(burst=True)
+    finally:
+        await engine.close()
+
+
+async def test_chat_mode_and_template_mode_give_the_model_the_same_text(
+    make_settings: Callable[..., Settings], store: JobStore, sim_fleet: Callable[..., SimFleet]
+) -> None:
+    params = SamplingParams(max_tokens=12)
+    await enqueue_prompts(store, JobSpec(job="chat", params=params, chat=True), prompts(150))
+    templated = JobSpec(job="tmpl", params=params, template=CHAT_TEMPLATE)
+    await enqueue_prompts(store, templated, prompts(150))
+    async with sim_fleet(2) as fleet:
+        await drain(make_settings(batch_size=16), store, fleet.urls)
+        chat_requests = sum(e.requests_total for e in fleet.endpoints)
+    expected = [
+        completion_for(CHAT_TEMPLATE.replace("{prompt}", p), 12)[0] for p, _ in prompts(150)
+    ]
+    chat = await collect_lines(store, "chat")
+    tmpl = await collect_lines(store, "tmpl")
+    assert [x["text"] for x in tmpl] == expected  # list-batched completions, template applied
+    assert [x["text"] for x in chat] == [t.lstrip() for t in expected]  # the server's template
+    assert all(x["usage"] is not None for x in chat)  # one prompt per request: exact usage
+    # 150 chat requests + 150 / 16 list requests (rounded up)
+    assert chat_requests == 150 + 10
+
+
+async def test_a_chat_prompt_over_the_context_fails_alone(
+    make_settings: Callable[..., Settings], store: JobStore, sim_fleet: Callable[..., SimFleet]
+) -> None:
+    items = [(p, None) for p, _ in prompts(20)]
+    items[4] = ("z" * 20000, "long")
+    await enqueue_prompts(
+        store, JobSpec(job="c", params=SamplingParams(max_tokens=8), chat=True), items
+    )
+    async with sim_fleet(1) as fleet:
+        await drain(make_settings(), store, fleet.urls)
+    lines = await collect_lines(store, "c")
+    assert [x["index"] for x in lines if x["error"]] == [4]
+    assert "maximum context length" in lines[4]["error"] or "context" in lines[4]["error"]
+
+
+@pytest.fixture
+async def capture() -> AsyncIterator[tuple[str, list[dict[str, Any]]]]:
+    """An OpenAI-compatible server that records request bodies and answers JSON texts: a valid
+    record for a prompt with 'good', a wrong one for 'bad', prose otherwise."""
+    seen: list[dict[str, Any]] = []
+
+    def answer(prompt: str) -> str:
+        if "good" in prompt:
+            return '{"name": "x", "age": 3}'
+        if "bad" in prompt:
+            return '{"name": "x", "age": "three"}'
+        return "Sure! Here it is."
+
+    async def completions(request: web.Request) -> web.Response:
+        body = await request.json()
+        seen.append(body)
+        ps = body["prompt"] if isinstance(body["prompt"], list) else [body["prompt"]]
+        choices = [
+            {"index": i, "text": answer(p), "finish_reason": "stop"} for i, p in enumerate(ps)
+        ]
+        return web.json_response({"model": "m", "choices": choices})
+
+    async def chat(request: web.Request) -> web.Response:
+        body = await request.json()
+        seen.append(body)
+        return web.json_response(
+            {
+                "model": "m",
+                "choices": [{"index": 0, "message": {"content": "hi"}, "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 3, "completion_tokens": 1},
+            }
+        )
+
+    async def models(request: web.Request) -> web.Response:
+        return web.json_response({"data": [{"id": "m"}]})
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_post("/v1/chat/completions", chat)
+    app.router.add_get("/v1/models", models)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    yield f"http://127.0.0.1:{port}", seen
+    await runner.cleanup()
+
+
+async def test_sampling_and_structured_output_fields_reach_the_server(
+    capture: tuple[str, list[dict[str, Any]]],
+) -> None:
+    url, seen = capture
+    params = SamplingParams(
+        max_tokens=7,
+        temperature=0.3,
+        top_p=0.9,
+        stop=["\n\n"],
+        seed=42,
+        response_format={"type": "json_object"},
+        structured_outputs={"choice": ["yes", "no"]},
+    )
+    client = EndpointClient(url)
+    try:
+        await client.complete("m", ["a", "b"], params)
+        await client.chat("m", "c", params)
+    finally:
+        await client.close()
+    wanted = {
+        "max_tokens": 7,
+        "temperature": 0.3,
+        "top_p": 0.9,
+        "stop": ["\n\n"],
+        "seed": 42,
+        "response_format": {"type": "json_object"},
+        "structured_outputs": {"choice": ["yes", "no"]},
+    }
+    assert {k: seen[0][k] for k in wanted} == wanted
+    assert seen[0]["prompt"] == ["a", "b"]
+    assert {k: seen[1][k] for k in wanted} == wanted
+    assert seen[1]["messages"] == [{"role": "user", "content": "c"}]
+    client = EndpointClient(url)
+    try:  # unset fields are not sent: the server's defaults apply
+        await client.complete("m", ["a"], SamplingParams(max_tokens=5))
+    finally:
+        await client.close()
+    assert set(seen[2]) == {"model", "prompt", "max_tokens"}
+
+
+SCHEMA = {
+    "type": "object",
+    "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+    "required": ["name", "age"],
+}
+
+
+async def test_answers_are_validated_against_the_schema_and_failures_keep_their_text(
+    make_settings: Callable[..., Settings],
+    store: JobStore,
+    capture: tuple[str, list[dict[str, Any]]],
+) -> None:
+    url, _ = capture
+    items = [("a good one", None), ("a bad one", None), ("prose please", None), ("good", "g")]
+    await enqueue_prompts(store, JobSpec(job="s", schema=SCHEMA), items)
+    await drain(make_settings(), store, [url])
+    lines = await collect_lines(store, "s")
+    assert [x["error"] is None for x in lines] == [True, False, False, True]
+    assert lines[1]["error"] == (
+        "does not match the schema: Expected `int`, got `str` - at `$.age`"
+    )
+    assert lines[1]["text"] == '{"name": "x", "age": "three"}'  # kept, to see what went wrong
+    assert lines[2]["error"].startswith("not JSON")
+    failed = await store.failed_indices("s", {"schema"})
+    assert failed == [(1, "schema"), (2, "schema")]  # swarm-retry --kind schema takes them
+
+
+def test_schema_conversion_covers_the_usual_subset_and_refuses_the_rest() -> None:
+    v = AnswerValidator(
+        {
+            "type": "object",
+            "properties": {
+                "label": {"enum": ["yes", "no"]},
+                "score": {"type": ["number", "null"]},
+                "tags": {"type": "array", "items": {"type": "string"}},
+            },
+            "required": ["label"],
+            "additionalProperties": False,
+        }
+    )
+    assert v.error('{"label": "yes", "score": null, "tags": ["a"]}') is None
+    assert v.error('{"label": "no"}') is None
+    assert "Expected `str`" in (v.error('{"label": "yes", "tags": [1]}') or "")
+    assert "Object contains unknown field `extra`" in (v.error('{"label": "no", "extra": 1}') or "")
+    assert v.error('{"label": "maybe"}') is not None
+    with pytest.raises(ConfigError, match=r"keyword\(s\) pattern not supported"):
+        AnswerValidator({"type": "string", "pattern": "^a"})
+    with pytest.raises(ConfigError, match=r"required \['b'\] not in properties"):
+        AnswerValidator({"type": "object", "properties": {}, "required": ["b"]})
+    assert msgspec.json.decode(b'"x"', type=str) == "x"

