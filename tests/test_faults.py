@@ -202,7 +202,12 @@ def test_a_dead_and_a_stalled_endpoint_leave_the_job_to_the_healthy_ones(
     dying = fleet.worker("dying", [0], **quick)
     stalling = fleet.worker("stalling", [1], **quick)
     healthy = [fleet.worker("h1", [2], **quick), fleet.worker("h2", [3], **quick)]
-    while fleet.done("nodes") < 500:
+    # Both doomed workers must be at work (past their /health wait) when their endpoints go.
+    deadline = time.monotonic() + 60
+    while fleet.done("nodes") < 500 or not all(
+        "taking work" in log.read_text() for log in fleet.logs[:2]
+    ):
+        assert time.monotonic() < deadline, "workers did not start"
         time.sleep(0.01)
     fleet.faults(0, die_after_s=0.0)
     fleet.faults(1, stall_after_s=0.0)
