@@ -699,6 +699,18 @@ class JobStore:
             raw = await self.redis.get(self.keys.final(job))
         return None if raw is None else decode_final(raw)
 
+    async def delete_job(self, job: str) -> int:
+        """Delete every key of ``job`` and of its reduce stages, and unlist them; returns how
+        many keys went. The caller checks the job is finished: this does not."""
+        n = 0
+        async with redis_errors(self.url):
+            async for key in self.redis.scan_iter(match=self.keys.job_pattern(job), count=1000):
+                n += int(await self.redis.unlink(key))
+            names = [m for m in await self.list_jobs() if parse_stage(m)[0] == job]
+            if names:
+                await self.redis.srem(self.keys.jobs, *names)
+        return n
+
     async def job_has_work(self, job: str) -> bool:
         """True while the job may still produce work: not yet sealed, or entries not yet acked."""
         async with redis_errors(self.url):

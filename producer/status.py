@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
+import sys
+import time
 from collections.abc import Sequence
 
-from common.cli import add_redis_arg, open_job_store, run
-from common.keys import stage_name
-from common.store import JobStatus
+from common.cli import add_redis_arg, open_job_store, run, settings_from_args
+from common.errors import JobConflictError
+from common.keys import stage_name, validate_job_name
+from common.store import JobStatus, JobStore
 
-__all__ = ["format_status", "main"]
+__all__ = ["format_status", "jobs_main", "main"]
 
 
 def format_status(s: JobStatus, stage: JobStatus | None = None) -> str:
@@ -47,17 +51,98 @@ def format_status(s: JobStatus, stage: JobStatus | None = None) -> str:
     return "\n".join(lines)
 
 
+async def _show(store: JobStore, job: str) -> JobStatus:
+    status = await store.status(job)
+    stage = await store.status(stage_name(job, status.stage)) if status.stage else None
+    print(format_status(status, stage), flush=True)
+    return status
+
+
 async def _main(args: argparse.Namespace) -> int:
-    async with open_job_store(args, patient=False) as (job, store):
-        status = await store.status(job)
-        stage = await store.status(stage_name(job, status.stage)) if status.stage else None
-        print(format_status(status, stage))
-    return 0
+    async with open_job_store(args, patient=args.watch is not None) as (job, store):
+        if args.watch is None:
+            await _show(store, job)
+            return 0
+        while True:  # a live view: redrawn in place until the job (and its reduce) is over
+            if sys.stdout.isatty():
+                print("\x1b[H\x1b[2J", end="")
+            status = await _show(store, job)
+            if status.cancelled or (status.finished and (status.reduce is None or status.reduced)):
+                return 0
+            await asyncio.sleep(args.watch)
+
+
+def _age(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.1f}{unit}"
+    return f"{seconds:.0f}s"
+
+
+async def _jobs(args: argparse.Namespace) -> int:
+    settings = settings_from_args(args)
+    store = JobStore.from_settings(settings, patient=False)
+    try:
+        names = [n for n in await store.list_jobs() if ":" not in n]  # stages go with their job
+        if args.delete or args.delete_finished:
+            targets = list(args.delete or []) or names
+            for name in targets:
+                job = validate_job_name(name)
+                status = await store.status(job)
+                if not (status.cancelled or status.finished):
+                    if args.delete_finished:
+                        continue
+                    if not args.force:
+                        raise JobConflictError(
+                            f"job {job!r} is still running; swarm-cancel it first, or --force"
+                        )
+                n = await store.delete_job(job)
+                print(f"job {job}: deleted ({n} keys)")
+            return 0
+        print(
+            f"{'job':32} {'state':10} {'done':>10} {'failed':>8} {'total':>10} {'age':>7}  reduce"
+        )
+        now = time.time()
+        for name in names:
+            s = await store.status(name)
+            spec = await store.load_spec(name)
+            state = "cancelled" if s.cancelled else "finished" if s.finished else "running"
+            reduce = ""
+            if s.reduce is not None:
+                reduce = f"{s.reduce}: " + ("done" if s.reduced else f"level {s.stage}")
+            total = "?" if s.total is None else str(s.total)
+            age = _age(now - spec.created_s) if spec.created_s else "?"
+            print(f"{name:32} {state:10} {s.done:>10} {s.failed:>8} {total:>10} {age:>7}  {reduce}")
+        return 0
+    finally:
+        await store.close()
+
+
+def jobs_main(argv: Sequence[str] | None = None) -> None:
+    p = argparse.ArgumentParser(
+        prog="swarm-jobs",
+        description="List the jobs in Redis with their state and age; delete finished ones.",
+    )
+    p.add_argument("--delete", nargs="+", metavar="JOB", help="delete these finished jobs")
+    p.add_argument(
+        "--delete-finished", action="store_true", help="delete every finished or cancelled job"
+    )
+    p.add_argument("--force", action="store_true", help="with --delete: running jobs too")
+    add_redis_arg(p)
+    raise SystemExit(run("swarm-jobs", _jobs(p.parse_args(argv))))
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="swarm-status", description=__doc__)
     p.add_argument("job")
+    p.add_argument(
+        "--watch",
+        nargs="?",
+        type=float,
+        const=2.0,
+        metavar="S",
+        help="redraw every S seconds (default 2) until the job and its reduce are over",
+    )
     add_redis_arg(p)
     args = p.parse_args(argv)
     raise SystemExit(run("swarm-status", _main(args)))

@@ -1,0 +1,61 @@
+"""swarm-jobs (list, delete finished) and swarm-status --watch, through the real commands."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import pytest
+
+from common.models import Result
+from common.store import JobStore
+from producer.enqueue import enqueue_prompts
+from tests.test_e2e import BIN
+from tests.test_pipeline import prompts, spec
+
+
+@pytest.fixture
+def cli_env(redis_url: str, prefix: str) -> dict[str, str]:
+    e = {k: v for k, v in os.environ.items() if not k.startswith("SWARM_")}
+    return {**e, "SWARM_REDIS_URL": redis_url, "SWARM_PREFIX": prefix}
+
+
+def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(BIN / args[0]), *args[1:]], env=env, capture_output=True, text=True, timeout=60
+    )
+
+
+async def finish(store: JobStore, job: str) -> None:
+    got = await store.read_new(job, "c", 100)
+    await store.commit(
+        job, [(eid, Result(index=i, text="t"), None) for i, (eid, _) in enumerate(got)]
+    )
+
+
+async def test_jobs_are_listed_and_only_finished_ones_deleted(
+    store: JobStore,
+    cli_env: dict[str, str],
+) -> None:
+    env = cli_env
+    await enqueue_prompts(store, spec(job="old"), prompts(5))
+    await finish(store, "old")
+    await enqueue_prompts(store, spec(job="live"), prompts(7))
+    listing = cli(env, "swarm-jobs")
+    assert listing.returncode == 0, listing.stderr
+    rows = {line.split()[0]: line.split() for line in listing.stdout.splitlines()[1:]}
+    assert rows["old"][1:5] == ["finished", "5", "0", "5"]
+    assert rows["live"][1:5] == ["running", "0", "0", "7"]
+
+    refused = cli(env, "swarm-jobs", "--delete", "live")
+    assert refused.returncode == 2
+    assert "job 'live' is still running; swarm-cancel it first, or --force" in refused.stderr
+
+    watch = cli(env, "swarm-status", "old", "--watch", "0.1")  # over already: one view, exit 0
+    assert watch.returncode == 0 and watch.stdout.startswith("job old: finished")
+
+    deleted = cli(env, "swarm-jobs", "--delete-finished")
+    assert deleted.returncode == 0 and deleted.stdout.startswith("job old: deleted (")
+    assert [k async for k in store.redis.scan_iter(match=store.keys.job_pattern("old"))] == []
+    assert await store.list_jobs() == ["live"]
+    assert (await store.status("live")).enqueued == 7
