@@ -160,48 +160,24 @@ async def fleet_scenario(
         sc.series = run.series
     finally:
         fleet.stop()
-    for base_name, base in (
-        ("static round-robin", static_round_robin),
-        ("naive gather", naive_gather),
-    ):
+    baselines: dict[str, Callable[[list[str]], Awaitable[tuple[float, int]]]] = {
+        "static round-robin": lambda urls: static_round_robin(urls, prompts, max_tokens),
+        "naive gather": lambda urls: naive_gather(urls, prompts, max_tokens),
+        "arq, one job per prompt": lambda urls: arq_one_job_per_prompt(
+            bench.url, urls, prompts, max_tokens
+        ),
+    }
+    for base_name, base in baselines.items():
         fleet = new_fleet(len(speeds), REAL, speeds).start()
         try:
+            task = asyncio.create_task(base(fleet.urls))
             if kill_at is not None:  # the baselines meet the same death, at the same moment
-                t_kill = killed["t"]
-
-                async def timed(
-                    base: Any = base, fleet: Any = fleet, t_kill: float = t_kill
-                ) -> tuple[float, int]:
-                    task = asyncio.create_task(base(fleet.urls, prompts, max_tokens))
-                    await asyncio.sleep(t_kill)
-                    fleet.kill_endpoint(len(speeds) - 1)
-                    return await task
-
-                await _baselines(sc, {base_name: timed}, n, ideal)
-            else:
-                await _baselines(
-                    sc,
-                    {base_name: lambda b=base, f=fleet: b(f.urls, prompts, max_tokens)},
-                    n,
-                    ideal,
-                )
+                await asyncio.sleep(killed["t"])
+                fleet.kill_endpoint(len(speeds) - 1)
+            wall, answered = await task
+            sc.rows.append(Row(base_name, wall, answered, n, ideal))
         finally:
             fleet.stop()
-    fleet = new_fleet(len(speeds), REAL, speeds).start()
-    try:
-        if kill_at is None:
-            await _baselines(
-                sc,
-                {
-                    "arq, one job per prompt": lambda: arq_one_job_per_prompt(
-                        bench.url, fleet.urls, prompts, max_tokens
-                    )
-                },
-                n,
-                ideal,
-            )
-    finally:
-        fleet.stop()
     swarm = sc.rows[0]
     rr = next(r for r in sc.rows if r.system == "static round-robin")
     frac = swarm.capacity_fraction or 0.0
@@ -221,6 +197,30 @@ async def fleet_scenario(
     return sc
 
 
+async def _instant_baselines(
+    sc: Scenario, bench: Bench, urls: list[str], prompts: list[str], baseline_n: int
+) -> None:
+    """The three baselines on instant endpoints. The per-request ones run a few hundred
+    prompts/s here: their rate is measured on the first ``baseline_n`` prompts rather than
+    waiting many minutes for all of them."""
+    await _baselines(
+        sc,
+        {"static round-robin": lambda: static_round_robin(urls, prompts, 16)},
+        len(prompts),
+        None,
+    )
+    few = prompts[:baseline_n]
+    await _baselines(
+        sc,
+        {
+            "naive gather": lambda: naive_gather(urls, few, 16),
+            "arq, one job per prompt": lambda: arq_one_job_per_prompt(bench.url, urls, few, 16),
+        },
+        len(few),
+        None,
+    )
+
+
 async def overhead_scenario(bench: Bench, n: int, baseline_n: int) -> Scenario:
     """Scenario 4: an endpoint that answers instantly; what the system itself costs."""
     prompts = prompt_set(n)
@@ -237,23 +237,7 @@ async def overhead_scenario(bench: Bench, n: int, baseline_n: int) -> Scenario:
             bench.url, "b-overhead", fleet, [[u] for u in fleet.urls], prompts, 16, worker_env=env
         )
         sc.rows.append(_swarm_row(run, n, None))
-        await _baselines(
-            sc, {"static round-robin": lambda: static_round_robin(fleet.urls, prompts, 16)}, n, None
-        )
-        # The per-request baselines run a few hundred prompts/s here: their rate is measured
-        # on the first baseline_n prompts rather than waiting many minutes for all of them.
-        few = prompts[:baseline_n]
-        await _baselines(
-            sc,
-            {
-                "naive gather": lambda: naive_gather(fleet.urls, few, 16),
-                "arq, one job per prompt": lambda: arq_one_job_per_prompt(
-                    bench.url, fleet.urls, few, 16
-                ),
-            },
-            len(few),
-            None,
-        )
+        await _instant_baselines(sc, bench, fleet.urls, prompts, baseline_n)
     finally:
         fleet.stop()
     swarm = sc.rows[0]
@@ -336,21 +320,7 @@ async def scale_scenario(bench: Bench, n: int, size: int, window: int, baseline_
     prompts = [p for p, _ in prompt_iter(n, size)]
     fleet = new_fleet(2, INSTANT).start()
     try:
-        await _baselines(
-            sc, {"static round-robin": lambda: static_round_robin(fleet.urls, prompts, 16)}, n, None
-        )
-        few = prompts[:baseline_n]
-        await _baselines(
-            sc,
-            {
-                "naive gather": lambda: naive_gather(fleet.urls, few, 16),
-                "arq, one job per prompt": lambda: arq_one_job_per_prompt(
-                    bench.url, fleet.urls, few, 16
-                ),
-            },
-            len(few),
-            None,
-        )
+        await _instant_baselines(sc, bench, fleet.urls, prompts, baseline_n)
     finally:
         fleet.stop()
         prompts.clear()
@@ -412,18 +382,28 @@ async def latency_scenario(bench: Bench, n: int, max_tokens: int = 32) -> Scenar
         row.extra["waited_over_1s"] = run.queue.over_1s / max(1, run.queue.count)
         sc.rows.append(row)
         sc.waiting[label] = [(t, sum(w)) for t, _, w, _ in run.series]
-    for label, base in (("static round-robin", static_round_robin), ("naive gather", naive_gather)):
+    baselines: dict[str, Callable[[list[str], list[float]], Awaitable[tuple[float, int]]]] = {
+        "static round-robin": lambda urls, first: static_round_robin(
+            urls, prompts, max_tokens, first=first
+        ),
+        "naive gather": lambda urls, first: naive_gather(urls, prompts, max_tokens, first=first),
+        # arq reports no per-job completion times: no first result for it
+        "arq, one job per prompt": lambda urls, first: arq_one_job_per_prompt(
+            bench.url, urls, prompts, max_tokens
+        ),
+    }
+    for label, base in baselines.items():
         fleet = new_fleet(len(speeds), REAL, speeds).start()
         try:
             first: list[float] = []
             sampler = Sampler(fleet.urls).start()
-            wall, answered = await base(fleet.urls, prompts, max_tokens, first=first)
+            wall, answered = await base(fleet.urls, first)
             await sampler.stop()
             queue = await queue_times(fleet.urls)
         finally:
             fleet.stop()
-        extra = {
-            "first_result_s": first[0] if first else wall,
+        extra: dict[str, Any] = {"first_result_s": first[0]} if first else {}
+        extra |= {
             "max_waiting": sampler.max_waiting,
             "mean_wait_s": queue.mean_s,
             "waited_over_1s": queue.over_1s / max(1, queue.count),

@@ -42,8 +42,8 @@ def test_every_benchmark_scenario_runs_at_tiny_size() -> None:
             assert {"static round-robin", "naive gather", "arq, one job per prompt"} <= set(rows)
             continue
         assert rows["swarm-queue"]["answered"] == rows["swarm-queue"]["prompts"] > 0
-        assert {"static round-robin", "naive gather"} <= set(rows)
-    assert "arq, one job per prompt" in {r["system"] for r in scenarios["overhead"]["rows"]}
+        # every baseline, side by side, in every scenario
+        assert {"static round-robin", "naive gather", "arq, one job per prompt"} <= set(rows)
     latency = {r["system"]: r["extra"] for r in scenarios["latency"]["rows"]}
     assert latency["swarm-queue"]["first_result_s"] > 0
     assert latency["swarm-queue"]["mean_wait_s"] >= 0
