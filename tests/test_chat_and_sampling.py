@@ -19,19 +19,10 @@ from common.store import JobStore
 from producer.enqueue import enqueue_prompts
 from sim.server import SimFleet
 from sim.text import completion_for
-from tests.test_pipeline import collect_lines, prompts
-from worker.drain import Engine
+from tests.test_pipeline import collect_lines, prompts, run_engine
 from worker.endpoint import EndpointClient
 
 CHAT_TEMPLATE = "<|user|>\n{prompt}\n<|assistant|>\n"  # what swarm-sim's chat endpoint applies
-
-
-async def drain(settings: Settings, store: JobStore, urls: list[str]) -> None:
-    engine = Engine(settings, store, [EndpointClient(u) for u in urls])
-    try:
-        await engine.run(burst=True)
-    finally:
-        await engine.close()
 
 
 async def test_chat_mode_and_template_mode_give_the_model_the_same_text(
@@ -42,7 +33,7 @@ async def test_chat_mode_and_template_mode_give_the_model_the_same_text(
     templated = JobSpec(job="tmpl", params=params, template=CHAT_TEMPLATE)
     await enqueue_prompts(store, templated, prompts(150))
     async with sim_fleet(2) as fleet:
-        await drain(make_settings(batch_size=16), store, fleet.urls)
+        await run_engine(make_settings(batch_size=16), store, fleet.urls)
         chat_requests = sum(e.requests_total for e in fleet.endpoints)
     expected = [
         completion_for(CHAT_TEMPLATE.replace("{prompt}", p), 12)[0] for p, _ in prompts(150)
@@ -65,7 +56,7 @@ async def test_a_chat_prompt_over_the_context_fails_alone(
         store, JobSpec(job="c", params=SamplingParams(max_tokens=8), chat=True), items
     )
     async with sim_fleet(1) as fleet:
-        await drain(make_settings(), store, fleet.urls)
+        await run_engine(make_settings(), store, fleet.urls)
     lines = await collect_lines(store, "c")
     assert [x["index"] for x in lines if x["error"]] == [4]
     assert "maximum context length" in lines[4]["error"] or "context" in lines[4]["error"]
@@ -175,7 +166,7 @@ async def test_answers_are_validated_against_the_schema_and_failures_keep_their_
     url, _ = capture
     items = [("a good one", None), ("a bad one", None), ("prose please", None), ("good", "g")]
     await enqueue_prompts(store, JobSpec(job="s", schema=SCHEMA), items)
-    await drain(make_settings(), store, [url])
+    await run_engine(make_settings(), store, [url])
     lines = await collect_lines(store, "s")
     assert [x["error"] is None for x in lines] == [True, False, False, True]
     assert lines[1]["error"] == (

@@ -20,7 +20,7 @@ from producer.enqueue import enqueue_prompts
 from sim.engine import EngineConfig
 from sim.server import SimFleet
 from sim.text import completion_for
-from tests.test_pipeline import prompts
+from tests.test_pipeline import prompts, run_engine
 from worker.drain import Engine
 from worker.endpoint import EndpointClient
 from worker.reduce import StageBusy
@@ -50,14 +50,6 @@ def expected_tree(leaves: list[str], fanin: int, max_tokens: int) -> tuple[str, 
     return answers[0].strip(), per_level
 
 
-async def run_to_end(settings: Settings, store: JobStore, fleet: SimFleet) -> None:
-    engine = Engine(settings, store, [EndpointClient(u) for u in fleet.urls])
-    try:
-        await asyncio.wait_for(engine.run(burst=True), timeout=120)
-    finally:
-        await engine.close()
-
-
 async def test_tree_reduce_over_1000_leaves_runs_three_levels_with_no_collector(
     make_settings: Callable[..., Settings], store: JobStore, sim_fleet: Callable[..., SimFleet]
 ) -> None:
@@ -65,7 +57,7 @@ async def test_tree_reduce_over_1000_leaves_runs_three_levels_with_no_collector(
     await enqueue_prompts(store, tree_spec(), ((p, None) for p in leaves))
     async with sim_fleet(2) as fleet:
         # burst returns only once the reduce has finished: nobody collects meanwhile
-        await run_to_end(make_settings(), store, fleet)
+        await run_engine(make_settings(), store, fleet.urls)
     answer, per_level = expected_tree(leaves, 10, 16)
     assert per_level == [100, 10, 1]
     for level, n in enumerate(per_level, 1):
@@ -98,7 +90,7 @@ async def test_groups_are_split_to_fit_the_context_and_failed_leaves_are_listed(
     # tokens each do not fit one prompt.
     cfg = EngineConfig(max_model_len=200, step_base_ms=1.0, step_per_seq_ms=0.0)
     async with sim_fleet(2, cfg) as fleet:
-        await run_to_end(make_settings(), store, fleet)
+        await run_engine(make_settings(), store, fleet.urls)
     level1 = await store.status(stage_name("t", 1))
     assert level1.total is not None and level1.total > 6  # more groups than 60 / 10
     # ... and every one of them fitted: none was rejected for its length
@@ -119,7 +111,7 @@ async def test_aggregator_reduce_runs_when_the_map_stage_ends(
     texts = ["same question"] * 5 + ["x" * 20000, "other question"]
     await enqueue_prompts(store, spec, ((t, None) for t in texts))
     async with sim_fleet(1) as fleet:
-        await run_to_end(make_settings(), store, fleet)
+        await run_engine(make_settings(), store, fleet.urls)
     final = await store.read_final("v")
     assert final is not None
     winner = completion_for("same question", 8)[0].strip().casefold()

@@ -19,9 +19,7 @@ from common.store import JobStore
 from producer.enqueue import enqueue_prompts
 from sim.server import SimFleet
 from sim.text import completion_for
-from tests.test_pipeline import collect_lines, prompts, spec
-from worker.drain import Engine
-from worker.endpoint import EndpointClient
+from tests.test_pipeline import collect_lines, prompts, run_engine, spec
 
 SECRET = "alice-s3cret-pw"
 
@@ -105,11 +103,7 @@ async def test_a_job_runs_over_tls_as_an_acl_user_confined_to_its_prefix(
     try:
         await enqueue_prompts(store, spec(job="secure"), prompts(300))
         async with sim_fleet(2) as fleet:
-            engine = Engine(settings, store, [EndpointClient(u) for u in fleet.urls])
-            try:
-                await engine.run(burst=True)
-            finally:
-                await engine.close()
+            await run_engine(settings, store, fleet.urls)
         lines = await collect_lines(store, "secure")
         assert [x["text"] for x in lines] == [completion_for(p, 16)[0] for p, _ in prompts(300)]
         keys = [k async for k in store.redis.scan_iter()]

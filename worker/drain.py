@@ -551,6 +551,9 @@ class EndpointDrainer:
         try:
             if items:
                 done = await self._complete(spec, [it for _, _, it in items], 0, tally)
+                validator = self.engine.validator(spec)
+                if validator is not None:
+                    done = [self._checked(r, validator) for r in done]
                 for (eid, payload, _), result in zip(items, done, strict=True):
                     results.append((eid, result, payload))
         except (_GiveUp, EndpointUnusable) as exc:
@@ -718,11 +721,7 @@ class EndpointDrainer:
         if body.usage is not None:
             tally.prompt_tokens += body.usage.prompt_tokens
             tally.completion_tokens += body.usage.completion_tokens
-        results = self._map_choices(items, body, prior + attempts)
-        validator = self.engine.validator(spec)
-        if validator is None:
-            return results
-        return [self._checked(r, validator) for r in results]
+        return self._map_choices(items, body, prior + attempts)
 
     async def _chat_batch(
         self, spec: JobSpec, items: list[PromptItem], prior: int, tally: _Tally
@@ -761,11 +760,7 @@ class EndpointDrainer:
                 model=body.model,
             )
 
-        results = await asyncio.gather(*(one(it) for it in items))
-        validator = self.engine.validator(spec)
-        if validator is None:
-            return list(results)
-        return [self._checked(r, validator) for r in results]
+        return list(await asyncio.gather(*(one(it) for it in items)))
 
     @staticmethod
     def _checked(r: Result, validator: AnswerValidator) -> Result:

@@ -8,6 +8,8 @@ times cheaper than building pydantic models for hundreds of choices per request.
 from __future__ import annotations
 
 import re
+from collections.abc import Awaitable
+from typing import Any, TypeVar
 
 import aiohttp
 import msgspec
@@ -16,6 +18,8 @@ import openai
 from common.errors import EndpointRejected, EndpointRetryable, EndpointUnusable
 from common.models import SamplingParams
 from common.settings import mask_url
+
+T = TypeVar("T")
 
 __all__ = ["Choice", "CompletionBody", "EndpointClient", "Load", "ModelInfo", "parse_load"]
 
@@ -210,22 +214,15 @@ class EndpointClient:
         # OpenAI's completions API has no response_format, and structured_outputs is vLLM's
         # own: both travel in the body beside the standard fields.
         body = {k: extra.pop(k) for k in ("response_format", "structured_outputs") if k in extra}
-        try:
-            raw = await self._client.completions.with_raw_response.create(
-                model=model,
-                prompt=prompts,
-                max_tokens=params.max_tokens,
-                timeout=timeout,
-                extra_body=body or None,
-                **extra,
-            )
-            content = raw.http_response.content
-        except openai.OpenAIError as exc:
-            raise _translate(self.label, exc, timeout) from None
-        try:
-            return _completion_decoder.decode(content)
-        except msgspec.DecodeError as exc:
-            raise EndpointRetryable(self.label, f"unreadable completion answer: {exc}") from None
+        create = self._client.completions.with_raw_response.create(
+            model=model,
+            prompt=prompts,
+            max_tokens=params.max_tokens,
+            timeout=timeout,
+            extra_body=body or None,
+            **extra,
+        )
+        return await self._answer(create, _completion_decoder, timeout, "completion")
 
     async def chat(
         self,
@@ -240,19 +237,30 @@ class EndpointClient:
         timeout = timeout_s or self._timeout_s
         extra = params.extra()
         body = {k: extra.pop(k) for k in ("structured_outputs",) if k in extra}
+        create = self._client.chat.completions.with_raw_response.create(
+            model=model,
+            messages=[{"role": "user", "content": prompt}],
+            max_tokens=params.max_tokens,
+            timeout=timeout,
+            extra_body=body or None,
+            **extra,
+        )
+        return await self._answer(create, _chat_decoder, timeout, "chat")
+
+    async def _answer(
+        self,
+        create: Awaitable[Any],
+        decoder: msgspec.json.Decoder[T],
+        timeout_s: float,
+        what: str,
+    ) -> T:
+        """Await an openai raw-response call and decode its body: the one boundary where
+        openai's errors and unreadable answers become swarm-queue's."""
         try:
-            raw = await self._client.chat.completions.with_raw_response.create(
-                model=model,
-                messages=[{"role": "user", "content": prompt}],
-                max_tokens=params.max_tokens,
-                timeout=timeout,
-                extra_body=body or None,
-                **extra,
-            )
-            content = raw.http_response.content
+            content = (await create).http_response.content
         except openai.OpenAIError as exc:
-            raise _translate(self.label, exc, timeout) from None
+            raise _translate(self.label, exc, timeout_s) from None
         try:
-            return _chat_decoder.decode(content)
+            return decoder.decode(content)
         except msgspec.DecodeError as exc:
-            raise EndpointRetryable(self.label, f"unreadable chat answer: {exc}") from None
+            raise EndpointRetryable(self.label, f"unreadable {what} answer: {exc}") from None
