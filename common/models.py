@@ -18,6 +18,7 @@ __all__ = [
     "FailedPrompt",
     "JobSpec",
     "LevelInfo",
+    "Message",
     "OutputLine",
     "PromptItem",
     "ReduceOutput",
@@ -136,12 +137,38 @@ class JobSpec(msgspec.Struct, frozen=True, omit_defaults=True):
         return prompt if self.template is None else self.template.replace("{prompt}", prompt)
 
 
+class Message(msgspec.Struct, frozen=True, array_like=True):
+    """One message of a chat conversation, as OpenAI's chat API takes it."""
+
+    role: str
+    content: str
+
+
 class PromptItem(msgspec.Struct, frozen=True, array_like=True):
-    """One queued prompt: the body of a stream entry (field ``d``)."""
+    """One queued prompt: the body of a stream entry (field ``d``).
+
+    ``messages``: a whole conversation (system prompt, earlier turns) for a chat job, sent as
+    is; ``prompt`` then holds its last user message, for display.
+    """
 
     index: int
     prompt: str
     custom_id: str | None = None
+    messages: tuple[Message, ...] | None = None
+
+    @classmethod
+    def of(cls, index: int, prompt: str | tuple[Message, ...], custom_id: str | None) -> PromptItem:
+        """The item of a text prompt, or of a conversation (shown by its last user message)."""
+        if isinstance(prompt, str):
+            return cls(index, prompt, custom_id)
+        users = [m.content for m in prompt if m.role == "user"]
+        return cls(index, users[-1] if users else "", custom_id, prompt)
+
+    def chat_messages(self, spec: JobSpec) -> list[dict[str, str]]:
+        """The messages of a chat request for this prompt."""
+        if self.messages is not None:
+            return [{"role": m.role, "content": m.content} for m in self.messages]
+        return [{"role": "user", "content": spec.render(self.prompt)}]
 
 
 class Usage(msgspec.Struct, frozen=True):

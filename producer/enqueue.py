@@ -22,17 +22,18 @@ import msgspec
 from common.cli import add_redis_arg, run, settings_from_args
 from common.errors import (
     ConfigError,
+    InputError,
     JobCancelledError,
     JobConflictError,
     ProducerBusyError,
     SwarmError,
 )
 from common.keys import validate_job_name
-from common.models import JobSpec, PromptItem, ReduceSpec, SamplingParams
+from common.models import JobSpec, Message, PromptItem, ReduceSpec, SamplingParams
 from common.schema import AnswerValidator
 from common.settings import Settings
 from common.store import JobStore, producer_token
-from producer.inputs import DEFAULT_MAX_PROMPT_BYTES, Format, iter_prompts
+from producer.inputs import DEFAULT_MAX_PROMPT_BYTES, Format, Parsed, iter_prompts
 
 __all__ = ["EnqueueReport", "enqueue", "enqueue_prompts", "main"]
 
@@ -87,7 +88,7 @@ async def _wait_for_room(store: JobStore, job: str, token: str, upto: int, windo
 async def enqueue_prompts(
     store: JobStore,
     spec: JobSpec,
-    prompts: Iterable[tuple[str, str | None]],
+    prompts: Iterable[tuple[str | tuple[Message, ...], str | None]],
     *,
     chunk: int = CHUNK,
     progress: bool = False,
@@ -95,6 +96,7 @@ async def enqueue_prompts(
     token: str | None = None,
 ) -> EnqueueReport:
     """Queue ``(prompt, custom_id)`` pairs for ``spec.job``, resuming after what is queued.
+    A prompt is a text, or (for a chat job) a whole conversation of messages.
 
     ``window``: keep at most this many prompts of the job unfinished in Redis, waiting for
     results before queuing more, so a huge input streams through with bounded memory.
@@ -131,7 +133,11 @@ async def enqueue_prompts(
                 )
             if index < start:
                 continue
-            buf.append(PromptItem(index, prompt, custom_id))
+            if not isinstance(prompt, str) and not spec.chat:
+                raise ConfigError(
+                    f"prompt {index} is a conversation: only a --chat job can send one"
+                )
+            buf.append(PromptItem.of(index, prompt, custom_id))
             if len(buf) >= chunk:
                 if window is not None:
                     await _wait_for_room(store, job, token, index + 1, window)
@@ -177,12 +183,25 @@ async def enqueue(
         return await enqueue_prompts(
             store,
             spec,
-            ((p.prompt, p.custom_id) for p in parsed),
+            (_prompt_of(p, source, spec.chat) for p in parsed),
             progress=progress,
             window=window,
         )
     finally:
         await store.close()
+
+
+def _prompt_of(p: Parsed, source: str, chat: bool) -> tuple[str | tuple[Message, ...], str | None]:
+    if p.messages is None:
+        return p.prompt, p.custom_id
+    if not chat:
+        raise InputError(
+            source,
+            p.line,
+            f"a conversation of {len(p.messages)} messages needs --chat: /v1/completions takes "
+            "one text per prompt (or write the conversation into a --template)",
+        )
+    return p.messages, p.custom_id
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -5,7 +5,9 @@ Accepted lines:
 * ``.txt``: one prompt per line;
 * JSON Lines: a JSON string (the prompt), an object with ``"prompt"`` (and optional
   ``"custom_id"``), or an OpenAI Batch request ``{"custom_id", "method", "url", "body"}`` whose
-  ``body.prompt`` or ``body.messages`` (a single user message) holds the prompt.
+  ``body.prompt`` or ``body.messages`` holds the prompt. A single user message is a plain prompt
+  (fit for list batching); a longer conversation (a system prompt, earlier turns) is kept whole
+  for a ``--chat`` job.
 
 Blank lines are skipped. Every other line must yield one non-empty prompt, or the reader raises
 :class:`~common.errors.InputError` naming the file and line.
@@ -19,8 +21,18 @@ from typing import Any, Literal, NamedTuple
 import msgspec
 
 from common.errors import InputError
+from common.models import Message
 
-__all__ = ["DEFAULT_MAX_PROMPT_BYTES", "Format", "Parsed", "detect_format", "iter_prompts"]
+__all__ = [
+    "CHAT_ROLES",
+    "DEFAULT_MAX_PROMPT_BYTES",
+    "Format",
+    "Parsed",
+    "detect_format",
+    "iter_prompts",
+]
+
+CHAT_ROLES = ("system", "developer", "user", "assistant")
 
 Format = Literal["auto", "txt", "jsonl"]
 DEFAULT_MAX_PROMPT_BYTES = 1 << 20
@@ -34,6 +46,8 @@ class Parsed(NamedTuple):
     line: int
     prompt: str
     custom_id: str | None
+    # A whole conversation (only for chat jobs); None for a single prompt.
+    messages: tuple[Message, ...] | None = None
 
 
 def detect_format(name: str, first_line: bytes | None) -> Literal["txt", "jsonl"]:
@@ -52,14 +66,15 @@ def detect_format(name: str, first_line: bytes | None) -> Literal["txt", "jsonl"
     return "txt"
 
 
-def _prompt_from_json(obj: Any) -> tuple[str, str | None]:
+def _prompt_from_json(obj: Any) -> tuple[str, str | None, tuple[Message, ...] | None]:
     if isinstance(obj, str):
-        return obj, None
+        return obj, None, None
     if not isinstance(obj, dict):
         raise ValueError(f"expected a JSON string or object, got {type(obj).__name__}")
     custom_id = obj.get("custom_id")
     if custom_id is not None and not isinstance(custom_id, str):
         raise ValueError("custom_id must be a string")
+    messages = None
     if "body" in obj:
         body = obj["body"]
         if not isinstance(body, dict):
@@ -69,7 +84,7 @@ def _prompt_from_json(obj: Any) -> tuple[str, str | None]:
             if isinstance(prompt, list):
                 raise ValueError("OpenAI batch line: body.prompt must be one string, not a list")
         elif "messages" in body:
-            prompt = _single_user_message(body["messages"])
+            prompt, messages = _conversation(body["messages"])
         else:
             raise ValueError("OpenAI batch line: body has neither 'prompt' nor 'messages'")
     elif "prompt" in obj:
@@ -78,20 +93,34 @@ def _prompt_from_json(obj: Any) -> tuple[str, str | None]:
         raise ValueError("JSON object has no 'prompt' (or OpenAI batch 'body')")
     if not isinstance(prompt, str):
         raise ValueError(f"prompt must be a string, got {type(prompt).__name__}")
-    return prompt, custom_id
+    return prompt, custom_id, messages
 
 
-def _single_user_message(messages: Any) -> str:
-    if not isinstance(messages, list) or not messages:
+def _conversation(raw: Any) -> tuple[str, tuple[Message, ...] | None]:
+    """The prompt of ``body.messages``, and the whole conversation unless it is a single user
+    message (which is an ordinary prompt, fit for list batching too)."""
+    if not isinstance(raw, list) or not raw:
         raise ValueError("body.messages must be a non-empty list")
-    if len(messages) != 1 or not isinstance(messages[0], dict) or messages[0].get("role") != "user":
-        raise ValueError(
-            "body.messages: only a single user message can be sent as a completion prompt"
-        )
-    content = messages[0].get("content")
-    if not isinstance(content, str):
-        raise ValueError("body.messages[0].content must be a string")
-    return content
+    messages = []
+    for i, m in enumerate(raw):
+        if not isinstance(m, dict):
+            raise ValueError(f"body.messages[{i}] must be an object")
+        role, content = m.get("role"), m.get("content")
+        if role not in CHAT_ROLES:
+            raise ValueError(
+                f"body.messages[{i}].role {role!r}: expected one of {', '.join(CHAT_ROLES)}"
+            )
+        if not isinstance(content, str):
+            raise ValueError(
+                f"body.messages[{i}].content must be a string (content parts are not supported)"
+            )
+        messages.append(Message(role, content))
+    users = [m.content for m in messages if m.role == "user"]
+    if not users:
+        raise ValueError("body.messages has no user message")
+    if len(messages) == 1:
+        return users[0], None
+    return users[-1], tuple(messages)
 
 
 def iter_prompts(
@@ -114,6 +143,7 @@ def iter_prompts(
                 source, lineno, f"line is {len(line)} bytes, over the limit of {max_prompt_bytes}"
             )
         custom_id: str | None = None
+        messages: tuple[Message, ...] | None = None
         if resolved == "txt":
             try:
                 prompt = line.decode("utf-8")
@@ -121,11 +151,11 @@ def iter_prompts(
                 raise InputError(source, lineno, f"not valid UTF-8 ({exc.reason})") from None
         else:
             try:
-                prompt, custom_id = _prompt_from_json(_decode_json(line))
+                prompt, custom_id, messages = _prompt_from_json(_decode_json(line))
             except msgspec.DecodeError as exc:
                 raise InputError(source, lineno, f"invalid JSON: {exc}") from None
             except ValueError as exc:
                 raise InputError(source, lineno, str(exc)) from None
         if not prompt.strip():
             raise InputError(source, lineno, "empty prompt")
-        yield Parsed(lineno, prompt, custom_id)
+        yield Parsed(lineno, prompt, custom_id, messages)

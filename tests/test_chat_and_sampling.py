@@ -5,18 +5,19 @@ reaching the server; answers validated against a JSON Schema, failures kept per 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 import msgspec
 import pytest
 from aiohttp import web
 
-from common.errors import ConfigError
-from common.models import JobSpec, SamplingParams
+from common.errors import ConfigError, InputError
+from common.models import JobSpec, Message, SamplingParams
 from common.schema import AnswerValidator
 from common.settings import Settings
 from common.store import JobStore
-from producer.enqueue import enqueue_prompts
+from producer.enqueue import enqueue, enqueue_prompts
 from sim.server import SimFleet
 from sim.text import completion_for
 from tests.test_pipeline import collect_lines, prompts, run_engine
@@ -60,6 +61,70 @@ async def test_a_chat_prompt_over_the_context_fails_alone(
     lines = await collect_lines(store, "c")
     assert [x["index"] for x in lines if x["error"]] == [4]
     assert "maximum context length" in lines[4]["error"] or "context" in lines[4]["error"]
+
+
+def _conversation(i: int) -> list[dict[str, str]]:
+    return [
+        {"role": "system", "content": f"You are assistant number {i}."},
+        {"role": "user", "content": f"question {i}"},
+        {"role": "assistant", "content": "Go on."},
+        {"role": "user", "content": f"follow-up {i}"},
+    ]
+
+
+async def test_openai_chat_batch_lines_with_a_system_prompt_reach_the_model_whole(
+    make_settings: Callable[..., Settings],
+    store: JobStore,
+    sim_fleet: Callable[..., SimFleet],
+    tmp_path: Path,
+) -> None:
+    lines = [
+        msgspec.json.encode(
+            {
+                "custom_id": f"req-{i}",
+                "method": "POST",
+                "url": "/v1/chat/completions",
+                "body": {"model": "m", "messages": _conversation(i)},
+            }
+        )
+        for i in range(40)
+    ]
+    batch = tmp_path / "batch.jsonl"
+    batch.write_bytes(b"\n".join(lines) + b"\n")
+    spec = JobSpec(job="convo", params=SamplingParams(max_tokens=10), chat=True)
+    with batch.open("rb") as fh:
+        report = await enqueue(make_settings(), spec, str(batch), fh)
+    assert report.total == 40
+    async with sim_fleet(2) as fleet:
+        await run_engine(make_settings(), store, fleet.urls)
+    out = await collect_lines(store, "convo")
+
+    def seen_by_model(i: int) -> str:  # swarm-sim's stand-in chat template
+        turns = "".join(f"<|{m['role']}|>\n{m['content']}\n" for m in _conversation(i))
+        return turns + "<|assistant|>\n"
+
+    assert [x["custom_id"] for x in out] == [f"req-{i}" for i in range(40)]
+    assert [x["text"] for x in out] == [
+        completion_for(seen_by_model(i), 10)[0].lstrip() for i in range(40)
+    ]
+
+
+async def test_a_conversation_in_a_completion_job_is_refused_with_its_line(
+    make_settings: Callable[..., Settings], store: JobStore, tmp_path: Path
+) -> None:
+    batch = tmp_path / "mixed.jsonl"
+    batch.write_bytes(
+        b'"plain prompt"\n' + msgspec.json.encode({"body": {"messages": _conversation(0)}})
+    )
+    with batch.open("rb") as fh, pytest.raises(InputError) as err:
+        await enqueue(make_settings(), JobSpec(job="plain"), str(batch), fh)
+    assert str(err.value) == (
+        f"{batch}:2: a conversation of 4 messages needs --chat: /v1/completions takes one text "
+        "per prompt (or write the conversation into a --template)"
+    )
+    with pytest.raises(ConfigError, match="prompt 0 is a conversation: only a --chat job"):
+        convo = tuple(Message(m["role"], m["content"]) for m in _conversation(0))
+        await enqueue_prompts(store, JobSpec(job="api"), [(convo, None)])
 
 
 @pytest.fixture
@@ -127,7 +192,7 @@ async def test_sampling_and_structured_output_fields_reach_the_server(
     client = EndpointClient(url)
     try:
         await client.complete("m", ["a", "b"], params)
-        await client.chat("m", "c", params)
+        await client.chat("m", [{"role": "user", "content": "c"}], params)
     finally:
         await client.close()
     wanted = {

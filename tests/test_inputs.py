@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from common.errors import InputError
@@ -10,7 +11,7 @@ from producer.inputs import detect_format, iter_prompts
 
 def _read(text: str, source: str = "in.jsonl", **kw: object) -> list[tuple[int, str, str | None]]:
     lines = text.encode().splitlines(keepends=True)
-    return [tuple(p) for p in iter_prompts(lines, source, **kw)]  # type: ignore[arg-type,misc]
+    return [(p.line, p.prompt, p.custom_id) for p in iter_prompts(lines, source, **kw)]  # type: ignore[arg-type]
 
 
 def test_plain_text_one_prompt_per_line_blank_lines_skipped() -> None:
@@ -39,6 +40,26 @@ def test_jsonl_strings_objects_and_openai_batch_lines() -> None:
     ]
 
 
+def test_a_conversation_is_kept_whole_and_a_lone_user_message_is_a_plain_prompt() -> None:
+    convo = [
+        {"role": "system", "content": "Answer in French."},
+        {"role": "user", "content": "Hello?"},
+        {"role": "assistant", "content": "Bonjour."},
+        {"role": "user", "content": "And goodbye?"},
+    ]
+    lines = [
+        msgspec.json.encode({"custom_id": "c1", "body": {"messages": convo}}),
+        msgspec.json.encode({"body": {"messages": convo[1:2]}}),
+    ]
+    first, second = iter_prompts(lines, "chat.jsonl")
+    assert first.prompt == "And goodbye?"  # the last user message, for display
+    assert first.custom_id == "c1"
+    assert [(m.role, m.content) for m in first.messages or ()] == [
+        (m["role"], m["content"]) for m in convo
+    ]
+    assert (second.prompt, second.messages) == ("Hello?", None)
+
+
 def test_format_detection() -> None:
     assert detect_format("x.txt", b'"looks json"') == "txt"
     assert detect_format("x.jsonl", b"plain") == "jsonl"
@@ -56,11 +77,16 @@ def test_format_detection() -> None:
         ('{"prompt": ["a", "b"]}', "prompt must be a string, got list"),
         ('{"body": {"prompt": ["a"]}}', "body.prompt must be one string"),
         ('{"body": {}}', "neither 'prompt' nor 'messages'"),
+        ('{"body": {"messages": []}}', "body.messages must be a non-empty list"),
         (
-            '{"body": {"messages": [{"role": "system", "content": "s"},'
-            ' {"role": "user", "content": "u"}]}}',
-            "only a single user message",
+            '{"body": {"messages": [{"role": "user", "content": "u"}, {"role": "bot"}]}}',
+            "body.messages[1].role 'bot': expected one of system, developer, user, assistant",
         ),
+        (
+            '{"body": {"messages": [{"role": "user", "content": [{"type": "text"}]}]}}',
+            "body.messages[0].content must be a string (content parts are not supported)",
+        ),
+        ('{"body": {"messages": [{"role": "system", "content": "s"}]}}', "no user message"),
         ('{"prompt": "x", "custom_id": 5}', "custom_id must be a string"),
         ('""', "empty prompt"),
         ('{"prompt": "   "}', "empty prompt"),

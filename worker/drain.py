@@ -732,10 +732,10 @@ class EndpointDrainer:
         timeout = self.settings.request_timeout_for(1, spec.params.max_tokens)
 
         async def one(item: PromptItem) -> Result:
-            prompt = spec.render(item.prompt)
+            messages = item.chat_messages(spec)
             try:
                 body, attempts = await self._retrying(
-                    lambda: self.client.chat(model, prompt, spec.params, timeout_s=timeout)
+                    lambda: self.client.chat(model, messages, spec.params, timeout_s=timeout)
                 )
             except EndpointRejected as exc:
                 return self._failed(item, exc.message, "rejected", prior + 1)

@@ -227,19 +227,19 @@ class EndpointClient:
     async def chat(
         self,
         model: str,
-        prompt: str,
+        messages: list[dict[str, str]],
         params: SamplingParams,
         *,
         timeout_s: float | None = None,
     ) -> ChatBody:
-        """One ``/v1/chat/completions`` request: ``prompt`` as the user's message, the
-        server's chat template applied."""
+        """One ``/v1/chat/completions`` request of one conversation, the server's chat
+        template applied."""
         timeout = timeout_s or self._timeout_s
         extra = params.extra()
         body = {k: extra.pop(k) for k in ("structured_outputs",) if k in extra}
         create = self._client.chat.completions.with_raw_response.create(
             model=model,
-            messages=[{"role": "user", "content": prompt}],
+            messages=messages,  # type: ignore[arg-type]
             max_tokens=params.max_tokens,
             timeout=timeout,
             extra_body=body or None,
