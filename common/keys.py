@@ -101,6 +101,11 @@ class Keys:
         written once when the reduce has finished."""
         return self._job(job, "final")
 
+    def endpoints(self, job: str) -> str:
+        """Hash: consumer (``worker|endpoint``) -> msgpack :class:`common.models.EndpointStats`,
+        what each drain loop did for the job, refreshed every few seconds."""
+        return self._job(job, "endpoints")
+
     def producer_lock(self, job: str) -> str:
         """String: ``host:pid`` of the swarm-enqueue writing the job, with a TTL."""
         return self._job(job, "lock")

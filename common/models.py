@@ -15,6 +15,7 @@ from common.errors import ConfigError
 
 __all__ = [
     "REDUCE_KINDS",
+    "EndpointStats",
     "FailedPrompt",
     "JobSpec",
     "LevelInfo",
@@ -26,6 +27,7 @@ __all__ = [
     "Result",
     "SamplingParams",
     "Usage",
+    "decode_endpoint_stats",
     "decode_final",
     "decode_item",
     "decode_result",
@@ -263,6 +265,30 @@ class ReduceOutput(msgspec.Struct, frozen=True, omit_defaults=True):
     finished_s: float = 0.0
 
 
+class EndpointStats(msgspec.Struct, frozen=True, omit_defaults=True, kw_only=True):
+    """What one worker's drain loop of one endpoint did for one job, since the worker started;
+    published every ``period_s`` for ``swarm-status``.
+
+    ``circuit``: ``waiting`` (for the endpoint's /health), ``closed`` (taking work), ``open``
+    (failing: its work released, the endpoint probed), ``broken`` (wrong key, model or URL: no
+    more work taken) or ``stopped`` (the worker has exited).
+    """
+
+    endpoint: str
+    worker: str
+    circuit: str
+    done: int = 0
+    failed: int = 0
+    # Failed requests to the endpoint (retried, or given up and released), all jobs together.
+    errors: int = 0
+    last_error: str = ""
+    rate_per_s: float = 0.0
+    window: int = 0
+    in_flight: int = 0
+    updated_s: float = 0.0
+    period_s: float = 0.0
+
+
 _msgpack_encoder = msgspec.msgpack.Encoder()
 _json_encoder = msgspec.json.Encoder()
 _spec_decoder = msgspec.msgpack.Decoder(JobSpec)
@@ -285,6 +311,13 @@ def decode_item(data: bytes) -> PromptItem:
 
 def decode_result(data: bytes) -> Result:
     return _result_decoder.decode(data)
+
+
+_endpoint_stats_decoder = msgspec.msgpack.Decoder(EndpointStats)
+
+
+def decode_endpoint_stats(data: bytes) -> EndpointStats:
+    return _endpoint_stats_decoder.decode(data)
 
 
 _final_decoder = msgspec.json.Decoder(ReduceOutput)

@@ -94,6 +94,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     claim_idle_ms: int = 60_000
     # How often (s) the worker re-reads the job registry for new and finished jobs.
     jobs_refresh_s: float = 1.0
+    # How often (s) each worker publishes its per-endpoint figures for swarm-status.
+    stats_period_s: float = 2.0
 
     def request_timeout_for(self, n_prompts: int, max_tokens: int) -> float:
         """The timeout of one request of ``n_prompts`` prompts (see ``request_timeout_s``)."""
@@ -129,6 +131,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             "backoff_base_s",
             "backoff_cap_s",
             "jobs_refresh_s",
+            "stats_period_s",
             "adapt_period_s",
             "reduce_timeout_s",
         ):
@@ -178,6 +181,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             "SWARM_SHUTDOWN_GRACE_S": ("shutdown_grace_s", float),
             "SWARM_CLAIM_IDLE_MS": ("claim_idle_ms", int),
             "SWARM_JOBS_REFRESH_S": ("jobs_refresh_s", float),
+            "SWARM_STATS_PERIOD_S": ("stats_period_s", float),
             "SWARM_BACKOFF_BASE_S": ("backoff_base_s", float),
             "SWARM_BACKOFF_CAP_S": ("backoff_cap_s", float),
         }

@@ -42,10 +42,12 @@ from common.errors import (
 )
 from common.keys import GROUP, Keys, parse_stage, stage_name
 from common.models import (
+    EndpointStats,
     JobSpec,
     PromptItem,
     ReduceOutput,
     Result,
+    decode_endpoint_stats,
     decode_final,
     decode_item,
     decode_result,
@@ -736,6 +738,27 @@ class JobStore:
             for lo in range(start, end, 5000):
                 fields = [str(i) for i in range(lo, min(end, lo + 5000))]
                 await self.redis.hdel(self.keys.results(job), *fields)
+
+    async def publish_endpoints(self, stats: dict[str, dict[str, EndpointStats]]) -> None:
+        """Write each job's per-endpoint figures: ``{job: {consumer: stats}}``."""
+        async with redis_errors(self.url):
+            pipe = self.redis.pipeline(transaction=False)
+            for job, by_consumer in stats.items():
+                mapping = {c: encode(st) for c, st in by_consumer.items()}
+                if mapping:
+                    pipe.hset(self.keys.endpoints(job), mapping=mapping)
+            await pipe.execute()
+
+    async def read_endpoints(self, job: str) -> list[EndpointStats]:
+        """Every endpoint's latest figures for ``job`` (undecodable entries skipped), by
+        endpoint then worker."""
+        async with redis_errors(self.url):
+            raw = await self.redis.hgetall(self.keys.endpoints(job))
+        out = []
+        for value in raw.values():
+            with contextlib.suppress(msgspec.DecodeError):
+                out.append(decode_endpoint_stats(value))
+        return sorted(out, key=lambda st: (st.endpoint, st.worker))
 
     async def status(self, job: str) -> JobStatus:
         meta_key, stream = self.keys.meta(job), self.keys.stream(job)

@@ -6,18 +6,63 @@ import argparse
 import asyncio
 import sys
 import time
+from collections import Counter
 from collections.abc import Sequence
 
 from common.cli import add_redis_arg, open_job_store, run, settings_from_args
 from common.errors import JobConflictError
 from common.keys import stage_name, validate_job_name
+from common.models import EndpointStats
 from common.store import JobStatus, JobStore
 
-__all__ = ["format_status", "jobs_main", "main"]
+__all__ = ["format_endpoints", "format_status", "jobs_main", "main"]
+
+# A worker silent for this many of its publish periods is presumed gone (killed, unreachable).
+SILENT_PERIODS = 5
 
 
-def format_status(s: JobStatus, stage: JobStatus | None = None) -> str:
-    """The job's progress; ``stage``: its tree-reduce level running now, if any."""
+def circuit_now(st: EndpointStats, now: float) -> str:
+    """The circuit state as published, or ``silent`` when its worker stopped publishing."""
+    if st.circuit != "stopped" and now - st.updated_s > SILENT_PERIODS * max(st.period_s, 1.0):
+        return "silent"
+    return st.circuit
+
+
+def format_endpoints(endpoints: Sequence[EndpointStats], now: float) -> list[str]:
+    """The per-endpoint table of ``swarm-status``: one row per worker and endpoint, with the
+    last error of every endpoint not taking work."""
+    if not endpoints:
+        return ["  endpoints  none reporting yet"]
+    states = [circuit_now(st, now) for st in endpoints]
+    summary = ", ".join(f"{n} {state}" for state, n in sorted(Counter(states).items()))
+    width = max(8, *(len(st.endpoint) for st in endpoints))
+    wwidth = max(6, *(len(st.worker) for st in endpoints))
+    lines = [
+        f"  endpoints  {summary}",
+        f"    {'endpoint':{width}}  {'worker':{wwidth}}  {'circuit':8} {'done':>9} {'failed':>7} "
+        f"{'errors':>7} {'rate/s':>8} {'in flight':>10} {'seen':>9}",
+    ]
+    for st, state in zip(endpoints, states, strict=True):
+        flight = f"{st.in_flight}/{st.window}" if state not in ("stopped", "silent") else "-"
+        seen = f"{max(0.0, now - st.updated_s):,.0f} s ago"
+        lines.append(
+            f"    {st.endpoint:{width}}  {st.worker:{wwidth}}  {state:8} {st.done:>9} "
+            f"{st.failed:>7} {st.errors:>7} {st.rate_per_s:>8,.1f} {flight:>10} {seen:>9}"
+        )
+        if state in ("open", "broken", "waiting") and st.last_error:
+            error = st.last_error if len(st.last_error) <= 160 else st.last_error[:157] + "..."
+            lines.append(f"      last error: {error}")
+    return lines
+
+
+def format_status(
+    s: JobStatus,
+    stage: JobStatus | None = None,
+    endpoints: Sequence[EndpointStats] | None = None,
+    now: float | None = None,
+) -> str:
+    """The job's progress; ``stage``: its tree-reduce level running now, if any;
+    ``endpoints``: the per-endpoint figures, shown while the job runs."""
     total = f"{s.total}" if s.total is not None else f"{s.enqueued}+ (still being enqueued)"
     state = "cancelled" if s.cancelled else "finished" if s.finished else "running"
     kinds = ", ".join(f"{k} {n}" for k, n in s.failed_by_kind.items())
@@ -48,13 +93,17 @@ def format_status(s: JobStatus, stage: JobStatus | None = None) -> str:
         else:
             where = "waiting for every prompt to be answered"
         lines.append(f"  reduce     {s.reduce}, {where}")
+    if endpoints is not None:
+        lines.extend(format_endpoints(endpoints, time.time() if now is None else now))
     return "\n".join(lines)
 
 
 async def _show(store: JobStore, job: str) -> JobStatus:
     status = await store.status(job)
     stage = await store.status(stage_name(job, status.stage)) if status.stage else None
-    print(format_status(status, stage), flush=True)
+    # While a tree level runs, the endpoints are busy with it rather than with the job itself.
+    endpoints = await store.read_endpoints(stage_name(job, status.stage))
+    print(format_status(status, stage, endpoints), flush=True)
     return status
 
 

@@ -37,7 +37,7 @@ from common.errors import (
     StoreUnavailable,
     SwarmError,
 )
-from common.models import JobSpec, PromptItem, Result, Usage
+from common.models import EndpointStats, JobSpec, PromptItem, Result, Usage
 from common.schema import AnswerValidator
 from common.settings import Settings
 from common.store import Commit, JobStore, decode_entry, index_of
@@ -134,6 +134,29 @@ class _Tally:
         self.completion_tokens = 0
 
 
+# The span (s) over which the published per-endpoint rate is measured.
+RATE_SPAN_S = 10.0
+
+
+class _JobCount:
+    """One drainer's prompts finished for one job, with recent samples for a rate."""
+
+    __slots__ = ("done", "failed", "samples")
+
+    def __init__(self) -> None:
+        self.done = 0
+        self.failed = 0
+        self.samples: deque[tuple[float, int]] = deque()
+
+    def rate(self, now: float) -> float:
+        """Prompts per second over the last :data:`RATE_SPAN_S` (sampled at each publish)."""
+        self.samples.append((now, self.done + self.failed))
+        while len(self.samples) > 2 and now - self.samples[1][0] >= RATE_SPAN_S:
+            self.samples.popleft()
+        (t0, n0), (t1, n1) = self.samples[0], self.samples[-1]
+        return (n1 - n0) / (t1 - t0) if t1 > t0 else 0.0
+
+
 class Engine:
     """Serves every active job from every configured endpoint until stopped (or idle, in burst)."""
 
@@ -168,6 +191,8 @@ class Engine:
         self._refreshed_at = -math.inf
         self._refresh_lock = asyncio.Lock()
         self._stopping = asyncio.Event()
+        # Jobs with prompts finished since the last publish of the endpoint figures.
+        self.touched: set[str] = set()
 
     @property
     def stopping(self) -> bool:
@@ -264,7 +289,36 @@ class Engine:
     async def run(self, *, burst: bool = False) -> None:
         """Drain until stopped; with ``burst``, return once no job has work left."""
         await self.refresh_jobs(force=True)
-        await asyncio.gather(*(d.run(burst=burst) for d in self.drainers))
+        publisher = asyncio.create_task(self._publish_loop(), name="swarm-stats")
+        try:
+            await asyncio.gather(*(d.run(burst=burst) for d in self.drainers))
+        finally:
+            publisher.cancel()
+            await asyncio.gather(publisher, return_exceptions=True)
+            with contextlib.suppress(SwarmError):  # the last word: this worker has stopped
+                await self.publish_stats(stopped=True)
+
+    async def publish_stats(self, *, stopped: bool = False) -> None:
+        """Publish every drainer's figures for the jobs served now and those finished since
+        the last publish, for ``swarm-status``."""
+        jobs = set(self.jobs) | self.touched
+        self.touched = set()
+        if not jobs:
+            return
+        now, mono = time.time(), time.monotonic()
+        await self.store.publish_endpoints(
+            {
+                job: {d.consumer: d.stats(job, now, mono, stopped=stopped) for d in self.drainers}
+                for job in jobs
+            }
+        )
+
+    async def _publish_loop(self) -> None:
+        while not await self.sleep(self.settings.stats_period_s):
+            try:
+                await self.publish_stats()
+            except SwarmError as exc:  # figures only: the work goes on without them
+                log.debug("endpoint figures not published: %s", exc)
 
     async def close(self) -> None:
         for task in list(self._advancing.values()):
@@ -288,6 +342,7 @@ class EndpointDrainer:
         # Set while the circuit is open: the endpoint failed repeatedly and is being probed.
         self._open = asyncio.Event()
         self._probed = False
+        self._was_ready = False  # has answered /health at least once
         self._probe_lock = asyncio.Lock()
         self._failures = 0  # consecutive failed requests, all slots together
         self._ready: set[str] = set()
@@ -307,9 +362,46 @@ class EndpointDrainer:
         self.requests = 0
         self.retries = 0
         self.dead_lettered = 0
+        self.errors = 0
+        self.last_error = ""
+        self._counts: dict[str, _JobCount] = {}
 
     def reclaim_soon(self, job: str) -> None:
         self._last_reclaim.pop(job, None)
+
+    def _count(self, job: str, commit: Commit) -> None:
+        self.prompts_done += commit.done
+        self.prompts_failed += commit.failed
+        count = self._counts.setdefault(job, _JobCount())
+        count.done += commit.done
+        count.failed += commit.failed
+        self.engine.touched.add(job)
+
+    def stats(self, job: str, now: float, mono: float, *, stopped: bool = False) -> EndpointStats:
+        """This drainer's figures for ``job`` (see :class:`EndpointStats`)."""
+        count = self._counts.setdefault(job, _JobCount())
+        if stopped:
+            circuit = "stopped"
+        elif self.broken is not None:
+            circuit = "broken"
+        elif self._open.is_set():
+            circuit = "open" if self._was_ready else "waiting"
+        else:
+            circuit = "closed"
+        return EndpointStats(
+            endpoint=self.client.label,
+            worker=self.settings.worker_name,
+            circuit=circuit,
+            done=count.done,
+            failed=count.failed,
+            errors=self.errors,
+            last_error=self.broken or self.last_error,
+            rate_per_s=0.0 if stopped else count.rate(mono),
+            window=self.window.size,
+            in_flight=0 if stopped else self.window.in_use,
+            updated_s=now,
+            period_s=self.settings.stats_period_s,
+        )
 
     @property
     def circuit_open(self) -> bool:
@@ -526,7 +618,7 @@ class EndpointDrainer:
         ]
         commit = await self._commit(job, results)
         self.dead_lettered += commit.failed
-        self.prompts_failed += commit.failed
+        self._count(job, commit)
         log.warning("%s: dead-lettered %d entries of job %s", self.client.label, len(dead), job)
 
     async def _run_batch(self, job: str, deliveries: list[Delivery]) -> None:
@@ -562,8 +654,7 @@ class EndpointDrainer:
             return
         # Shielded: once results exist, finishing the (atomic) commit beats redoing them.
         commit = await self._commit(job, results, tally.prompt_tokens, tally.completion_tokens)
-        self.prompts_done += commit.done
-        self.prompts_failed += commit.failed
+        self._count(job, commit)
 
     async def _commit(
         self,
@@ -635,8 +726,9 @@ class EndpointDrainer:
                 except EndpointUnusable as exc:
                     self.broken = str(exc)
                     return
-                except EndpointError:
+                except EndpointError as exc:
                     self._probed = True
+                    self.last_error = str(exc)
                     # Probe first, then ask whether to give up: a healthy endpoint at start
                     # goes straight to work, whatever the job list looks like yet.
                     if burst and not await self.engine.any_work():
@@ -645,7 +737,7 @@ class EndpointDrainer:
                     if await self.engine.sleep(self._backoff(attempt)):
                         return
                     continue
-                self._probed = True
+                self._probed = self._was_ready = True
                 log.info("%s: endpoint ready; taking work", self.client.label)
                 self._failures = 0
                 self._open.clear()
@@ -681,6 +773,8 @@ class EndpointDrainer:
                 self.requests += 1
                 value = await call()
             except EndpointRetryable as exc:
+                self.errors += 1
+                self.last_error = str(exc)
                 self._failures += 1
                 if self._failures >= self.settings.circuit_failures:
                     self._open_circuit(exc)

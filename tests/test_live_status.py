@@ -1,0 +1,187 @@
+"""Live per-endpoint figures: what each worker publishes for swarm-status while it runs, its last
+word when it stops, and how the status view reads them (circuit states, silent workers)."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+from aiohttp import web
+
+from common.models import EndpointStats
+from common.settings import Settings
+from common.store import JobStore
+from producer.enqueue import enqueue_prompts
+from producer.status import format_endpoints, format_status
+from sim.server import SimFleet
+from tests.test_pipeline import prompts, spec
+from worker.drain import Engine
+from worker.endpoint import EndpointClient
+
+
+@pytest.fixture
+async def failing_later() -> AsyncIterator[str]:
+    """An endpoint that is ready at first, then fails every request and its /health: its
+    circuit opens and stays open."""
+    broken = False
+
+    async def health(request: web.Request) -> web.Response:
+        return web.Response(status=503 if broken else 200)
+
+    async def models(request: web.Request) -> web.Response:
+        return web.json_response({"data": [{"id": "m"}]}, status=503 if broken else 200)
+
+    async def completions(request: web.Request) -> web.Response:
+        nonlocal broken
+        broken = True
+        return web.json_response({"error": {"message": "engine died"}}, status=503)
+
+    app = web.Application()
+    app.router.add_get("/health", health)
+    app.router.add_get("/v1/models", models)
+    app.router.add_post("/v1/completions", completions)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    yield f"http://127.0.0.1:{port}"
+    await runner.cleanup()
+
+
+def _nothing_listening() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return f"http://127.0.0.1:{port}"
+
+
+async def _wait_for(
+    store: JobStore, job: str, ready: Callable[[dict[str, EndpointStats]], bool]
+) -> dict[str, EndpointStats]:
+    """The job's published figures by endpoint, once ``ready`` holds of them (20 s at most)."""
+    deadline = time.monotonic() + 20
+    while True:
+        figures = {st.endpoint: st for st in await store.read_endpoints(job)}
+        if ready(figures):
+            return figures
+        assert time.monotonic() < deadline, f"figures never got there: {figures}"
+        await asyncio.sleep(0.02)
+
+
+async def test_workers_publish_each_endpoints_figures_and_a_last_word_on_stopping(
+    make_settings: Callable[..., Settings],
+    store: JobStore,
+    sim_fleet: Callable[..., SimFleet],
+    failing_later: str,
+) -> None:
+    await enqueue_prompts(store, spec("live", max_tokens=8), prompts(600))
+    dead = _nothing_listening()
+    settings = make_settings(stats_period_s=0.05, batch_size=16, circuit_failures=2)
+    async with sim_fleet(2) as fleet:
+        urls = [*fleet.urls, failing_later, dead]
+        engine = Engine(settings, store, [EndpointClient(u) for u in urls])
+        task = asyncio.create_task(engine.run())
+        try:
+            live = await _wait_for(
+                store,
+                "live",
+                lambda f: sum(st.done for st in f.values()) == 600
+                and failing_later in f
+                and f[failing_later].circuit == "open",
+            )
+        finally:
+            engine.request_stop()
+            await task
+            await engine.close()
+    assert set(live) == set(urls)
+    assert (await store.status("live")).done == 600
+    for url in fleet.urls:  # both simulated endpoints shared the work
+        assert (live[url].circuit, live[url].failed, live[url].errors) == ("closed", 0, 0)
+        assert live[url].done > 0 and live[url].rate_per_s > 0
+        assert live[url].worker == "test" and live[url].window >= 1
+    flaky = live[failing_later]
+    assert flaky.done == 0 and flaky.errors >= 2
+    assert flaky.last_error.startswith(f"{failing_later}: ")  # its batches went elsewhere
+    assert (live[dead].circuit, live[dead].done) == ("waiting", 0)  # never answered /health
+    assert live[dead].last_error.startswith(f"{dead}: ")
+
+    final = {st.endpoint: st for st in await store.read_endpoints("live")}
+    assert {st.circuit for st in final.values()} == {"stopped"}
+    assert {u: st.done for u, st in final.items()} == {u: st.done for u, st in live.items()}
+    assert all(st.rate_per_s == 0 and st.in_flight == 0 for st in final.values())
+
+    text = format_status(await store.status("live"), None, list(final.values()))
+    assert "  endpoints  4 stopped" in text
+    assert text.count(" stopped ") == 4
+
+
+def test_the_endpoint_table_names_states_flags_silent_workers_and_shows_errors() -> None:
+    now = 1_000_000.0
+    rows = [
+        EndpointStats(
+            endpoint="http://node1:8000",
+            worker="node1",
+            circuit="closed",
+            done=1200,
+            rate_per_s=95.25,
+            window=12,
+            in_flight=7,
+            updated_s=now - 1,
+            period_s=2.0,
+        ),
+        EndpointStats(
+            endpoint="http://node2:8000",
+            worker="node2",
+            circuit="broken",
+            errors=1,
+            last_error="http://node2:8000: HTTP 404: model 'x' not found",
+            updated_s=now - 2,
+            period_s=2.0,
+        ),
+        # Published "closed" 30 s ago, every 2 s: its worker is gone without a word.
+        EndpointStats(
+            endpoint="http://node3:8000",
+            worker="node3",
+            circuit="closed",
+            done=80,
+            updated_s=now - 30,
+            period_s=2.0,
+        ),
+    ]
+    lines = format_endpoints(rows, now)
+    assert lines[0] == "  endpoints  1 broken, 1 closed, 1 silent"
+    assert lines[1].split() == [
+        "endpoint",
+        "worker",
+        "circuit",
+        "done",
+        "failed",
+        "errors",
+        "rate/s",
+        "in",
+        "flight",
+        "seen",
+    ]
+    assert lines[2].split() == [
+        "http://node1:8000",
+        "node1",
+        "closed",
+        "1200",
+        "0",
+        "0",
+        "95.2",
+        "7/12",
+        "1",
+        "s",
+        "ago",
+    ]
+    assert lines[3].split()[:3] == ["http://node2:8000", "node2", "broken"]
+    assert lines[4] == "      last error: http://node2:8000: HTTP 404: model 'x' not found"
+    assert lines[5].split()[:4] == ["http://node3:8000", "node3", "silent", "80"]
+    assert lines[5].split()[-4:] == ["-", "30", "s", "ago"]
+    assert len(lines) == 6
+    assert format_endpoints([], now) == ["  endpoints  none reporting yet"]
