@@ -271,7 +271,8 @@ class EndpointStats(msgspec.Struct, frozen=True, omit_defaults=True, kw_only=Tru
 
     ``circuit``: ``waiting`` (for the endpoint's /health), ``closed`` (taking work), ``open``
     (failing: its work released, the endpoint probed), ``broken`` (wrong key, model or URL: no
-    more work taken) or ``stopped`` (the worker has exited).
+    more work taken); then, once, ``finished`` (the job is over for this worker) or ``stopped``
+    (the worker has exited).
     """
 
     endpoint: str

@@ -205,6 +205,15 @@ return false
 """
 
 
+# Writes a job's per-endpoint figures, unless the job is gone (deleted meanwhile: no orphan key).
+# KEYS: meta, endpoints. ARGV: field, value, field, value...
+_PUBLISH_LUA = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+redis.call('HSET', KEYS[2], unpack(ARGV))
+return 1
+"""
+
+
 # What "released" entries are marked idle for: longer than any sane claim_idle_ms.
 RELEASED_IDLE_MS = 10**10
 
@@ -332,6 +341,7 @@ class JobStore:
         self._commit = redis.register_script(_COMMIT_LUA)
         self._seal = redis.register_script(_SEAL_LUA)
         self._lock = redis.register_script(_LOCK_LUA)
+        self._publish = redis.register_script(_PUBLISH_LUA)
         self._claim_mine = redis.register_script(_CLAIM_MINE_LUA)
         self._retry = redis.register_script(_RETRY_LUA)
         self._add = redis.register_script(_ADD_LUA)
@@ -740,13 +750,15 @@ class JobStore:
                 await self.redis.hdel(self.keys.results(job), *fields)
 
     async def publish_endpoints(self, stats: dict[str, dict[str, EndpointStats]]) -> None:
-        """Write each job's per-endpoint figures: ``{job: {consumer: stats}}``."""
+        """Write each job's per-endpoint figures: ``{job: {consumer: stats}}``; jobs deleted
+        meanwhile are skipped."""
         async with redis_errors(self.url):
             pipe = self.redis.pipeline(transaction=False)
             for job, by_consumer in stats.items():
-                mapping = {c: encode(st) for c, st in by_consumer.items()}
-                if mapping:
-                    pipe.hset(self.keys.endpoints(job), mapping=mapping)
+                if by_consumer:
+                    args = [x for c, st in by_consumer.items() for x in (c, encode(st))]
+                    keys = [self.keys.meta(job), self.keys.endpoints(job)]
+                    await self._publish(keys=keys, args=args, client=pipe)
             await pipe.execute()
 
     async def read_endpoints(self, job: str) -> list[EndpointStats]:

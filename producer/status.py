@@ -17,13 +17,15 @@ from common.store import JobStatus, JobStore
 
 __all__ = ["format_endpoints", "format_status", "jobs_main", "main"]
 
+# States a worker publishes once, as it stops serving the job: no later word is expected.
+LAST_WORDS = ("finished", "stopped")
 # A worker silent for this many of its publish periods is presumed gone (killed, unreachable).
 SILENT_PERIODS = 5
 
 
 def circuit_now(st: EndpointStats, now: float) -> str:
     """The circuit state as published, or ``silent`` when its worker stopped publishing."""
-    if st.circuit != "stopped" and now - st.updated_s > SILENT_PERIODS * max(st.period_s, 1.0):
+    if st.circuit not in LAST_WORDS and now - st.updated_s > SILENT_PERIODS * max(st.period_s, 1.0):
         return "silent"
     return st.circuit
 
@@ -43,7 +45,7 @@ def format_endpoints(endpoints: Sequence[EndpointStats], now: float) -> list[str
         f"{'errors':>7} {'rate/s':>8} {'in flight':>10} {'seen':>9}",
     ]
     for st, state in zip(endpoints, states, strict=True):
-        flight = f"{st.in_flight}/{st.window}" if state not in ("stopped", "silent") else "-"
+        flight = "-" if state in (*LAST_WORDS, "silent") else f"{st.in_flight}/{st.window}"
         seen = f"{max(0.0, now - st.updated_s):,.0f} s ago"
         lines.append(
             f"    {st.endpoint:{width}}  {st.worker:{wwidth}}  {state:8} {st.done:>9} "

@@ -11,10 +11,9 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 from aiohttp import web
 
-from common.models import EndpointStats
+from common.models import EndpointStats, PromptItem
 from common.settings import Settings
 from common.store import JobStore
-from producer.enqueue import enqueue_prompts
 from producer.status import format_endpoints, format_status
 from sim.server import SimFleet
 from tests.test_pipeline import prompts, spec
@@ -72,13 +71,16 @@ async def _wait_for(
         await asyncio.sleep(0.02)
 
 
-async def test_workers_publish_each_endpoints_figures_and_a_last_word_on_stopping(
+async def test_workers_publish_each_endpoints_figures_and_a_last_word_when_done(
     make_settings: Callable[..., Settings],
     store: JobStore,
     sim_fleet: Callable[..., SimFleet],
     failing_later: str,
 ) -> None:
-    await enqueue_prompts(store, spec("live", max_tokens=8), prompts(600))
+    # Not sealed yet: the job stays live, whatever the figures, until the test seals it.
+    await store.create_job(spec("live", max_tokens=8))
+    await store.add_items("live", [PromptItem(i, p) for i, (p, _) in enumerate(prompts(600))])
+    await store.create_job(spec("idle"))  # served, never fed: still live when the worker stops
     dead = _nothing_listening()
     settings = make_settings(stats_period_s=0.05, batch_size=16, circuit_failures=2)
     async with sim_fleet(2) as fleet:
@@ -89,16 +91,21 @@ async def test_workers_publish_each_endpoints_figures_and_a_last_word_on_stoppin
             live = await _wait_for(
                 store,
                 "live",
-                lambda f: sum(st.done for st in f.values()) == 600
-                and failing_later in f
-                and f[failing_later].circuit == "open",
+                lambda f: (
+                    sum(st.done for st in f.values()) == 600
+                    and failing_later in f
+                    and f[failing_later].circuit == "open"
+                ),
+            )
+            await store.seal("live", 600)  # now the job is over: each worker says so, once
+            over = await _wait_for(
+                store, "live", lambda f: {st.circuit for st in f.values()} == {"finished"}
             )
         finally:
             engine.request_stop()
             await task
             await engine.close()
     assert set(live) == set(urls)
-    assert (await store.status("live")).done == 600
     for url in fleet.urls:  # both simulated endpoints shared the work
         assert (live[url].circuit, live[url].failed, live[url].errors) == ("closed", 0, 0)
         assert live[url].done > 0 and live[url].rate_per_s > 0
@@ -109,14 +116,28 @@ async def test_workers_publish_each_endpoints_figures_and_a_last_word_on_stoppin
     assert (live[dead].circuit, live[dead].done) == ("waiting", 0)  # never answered /health
     assert live[dead].last_error.startswith(f"{dead}: ")
 
-    final = {st.endpoint: st for st in await store.read_endpoints("live")}
-    assert {st.circuit for st in final.values()} == {"stopped"}
-    assert {u: st.done for u, st in final.items()} == {u: st.done for u, st in live.items()}
-    assert all(st.rate_per_s == 0 and st.in_flight == 0 for st in final.values())
+    assert {u: st.done for u, st in over.items()} == {u: st.done for u, st in live.items()}
+    assert all(st.rate_per_s == 0 and st.in_flight == 0 for st in over.values())
+    # The worker's exit changed nothing of a job it had left; the job it still served got
+    # a "stopped" from every endpoint.
+    assert {st.endpoint: st.circuit for st in await store.read_endpoints("live")} == {
+        u: "finished" for u in urls
+    }
+    assert {st.circuit for st in await store.read_endpoints("idle")} == {"stopped"}
 
-    text = format_status(await store.status("live"), None, list(final.values()))
-    assert "  endpoints  4 stopped" in text
-    assert text.count(" stopped ") == 4
+    text = format_status(await store.status("live"), None, list(over.values()), now=time.time())
+    assert "  endpoints  4 finished" in text
+    assert text.count(" finished ") == 4
+
+
+async def test_figures_of_a_deleted_job_are_not_written_back(
+    make_settings: Callable[..., Settings], store: JobStore
+) -> None:
+    await store.create_job(spec("gone"))
+    await store.delete_job("gone")
+    row = EndpointStats(endpoint="http://n:1", worker="w", circuit="stopped")
+    await store.publish_endpoints({"gone": {"w|http://n:1": row}})
+    assert await store.redis.exists(store.keys.endpoints("gone")) == 0
 
 
 def test_the_endpoint_table_names_states_flags_silent_workers_and_shows_errors() -> None:
@@ -151,9 +172,18 @@ def test_the_endpoint_table_names_states_flags_silent_workers_and_shows_errors()
             updated_s=now - 30,
             period_s=2.0,
         ),
+        # A last word is never silent, however old.
+        EndpointStats(
+            endpoint="http://node4:8000",
+            worker="node4",
+            circuit="finished",
+            done=5,
+            updated_s=now - 3600,
+            period_s=2.0,
+        ),
     ]
     lines = format_endpoints(rows, now)
-    assert lines[0] == "  endpoints  1 broken, 1 closed, 1 silent"
+    assert lines[0] == "  endpoints  1 broken, 1 closed, 1 finished, 1 silent"
     assert lines[1].split() == [
         "endpoint",
         "worker",
@@ -183,5 +213,6 @@ def test_the_endpoint_table_names_states_flags_silent_workers_and_shows_errors()
     assert lines[4] == "      last error: http://node2:8000: HTTP 404: model 'x' not found"
     assert lines[5].split()[:4] == ["http://node3:8000", "node3", "silent", "80"]
     assert lines[5].split()[-4:] == ["-", "30", "s", "ago"]
-    assert len(lines) == 6
+    assert lines[6].split()[:4] == ["http://node4:8000", "node4", "finished", "5"]
+    assert len(lines) == 7
     assert format_endpoints([], now) == ["  endpoints  none reporting yet"]

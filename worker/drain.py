@@ -143,10 +143,10 @@ class _JobCount:
 
     __slots__ = ("done", "failed", "samples")
 
-    def __init__(self) -> None:
+    def __init__(self, start: float) -> None:
         self.done = 0
         self.failed = 0
-        self.samples: deque[tuple[float, int]] = deque()
+        self.samples: deque[tuple[float, int]] = deque([(start, 0)])
 
     def rate(self, now: float) -> float:
         """Prompts per second over the last :data:`RATE_SPAN_S` (sampled at each publish)."""
@@ -191,8 +191,10 @@ class Engine:
         self._refreshed_at = -math.inf
         self._refresh_lock = asyncio.Lock()
         self._stopping = asyncio.Event()
-        # Jobs with prompts finished since the last publish of the endpoint figures.
+        # Jobs with prompts finished since the last publish of the endpoint figures, and the
+        # jobs that publish reported as served.
         self.touched: set[str] = set()
+        self._published: set[str] = set()
 
     @property
     def stopping(self) -> bool:
@@ -299,17 +301,23 @@ class Engine:
                 await self.publish_stats(stopped=True)
 
     async def publish_stats(self, *, stopped: bool = False) -> None:
-        """Publish every drainer's figures for the jobs served now and those finished since
-        the last publish, for ``swarm-status``."""
-        jobs = set(self.jobs) | self.touched
+        """Publish every drainer's figures for ``swarm-status``: for the jobs served now, and
+        a last word (``finished``, or ``stopped`` when this worker exits) for the jobs left."""
+        live = set() if stopped else set(self.jobs)
+        left = (self._published | self.touched) - live
         self.touched = set()
-        if not jobs:
+        self._published = live
+        if not (live or left):
             return
+        word = "stopped" if stopped else "finished"
         now, mono = time.time(), time.monotonic()
         await self.store.publish_endpoints(
             {
-                job: {d.consumer: d.stats(job, now, mono, stopped=stopped) for d in self.drainers}
-                for job in jobs
+                job: {
+                    d.consumer: d.stats(job, now, mono, last=None if job in live else word)
+                    for d in self.drainers
+                }
+                for job in live | left
             }
         )
 
@@ -372,16 +380,17 @@ class EndpointDrainer:
     def _count(self, job: str, commit: Commit) -> None:
         self.prompts_done += commit.done
         self.prompts_failed += commit.failed
-        count = self._counts.setdefault(job, _JobCount())
+        count = self._counts.setdefault(job, _JobCount(time.monotonic()))
         count.done += commit.done
         count.failed += commit.failed
         self.engine.touched.add(job)
 
-    def stats(self, job: str, now: float, mono: float, *, stopped: bool = False) -> EndpointStats:
-        """This drainer's figures for ``job`` (see :class:`EndpointStats`)."""
-        count = self._counts.setdefault(job, _JobCount())
-        if stopped:
-            circuit = "stopped"
+    def stats(self, job: str, now: float, mono: float, *, last: str | None = None) -> EndpointStats:
+        """This drainer's figures for ``job`` (see :class:`EndpointStats`); ``last``: the
+        state of a last word (this worker no longer serves the job)."""
+        count = self._counts.setdefault(job, _JobCount(mono))
+        if last is not None:
+            circuit = last
         elif self.broken is not None:
             circuit = "broken"
         elif self._open.is_set():
@@ -396,9 +405,9 @@ class EndpointDrainer:
             failed=count.failed,
             errors=self.errors,
             last_error=self.broken or self.last_error,
-            rate_per_s=0.0 if stopped else count.rate(mono),
+            rate_per_s=0.0 if last else count.rate(mono),
             window=self.window.size,
-            in_flight=0 if stopped else self.window.in_use,
+            in_flight=0 if last else self.window.in_use,
             updated_s=now,
             period_s=self.settings.stats_period_s,
         )
@@ -590,6 +599,7 @@ class EndpointDrainer:
         # sibling slot's reclaim while it waits for its turn here.
         heartbeat = asyncio.create_task(self._keep_claimed(job, ids))
         self._in_hand.update(ids)
+        self._counts.setdefault(job, _JobCount(time.monotonic()))  # its rate counts from here
         try:
             if dead:
                 await self._dead_letter(job, dead)
