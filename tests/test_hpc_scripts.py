@@ -1,0 +1,206 @@
+"""The shipped PBS and Slurm launch scripts, run as they are, with small stand-ins for the
+scheduler's launcher (``srun``, ``mpiexec``), for ``vllm serve`` (swarm-sim) and for
+``hostname``. What is tested is the scripts' own logic: one worker per node against that node's
+endpoints, the hostfile filters, and a job that outlives an allocation cut short by SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import msgspec
+import pytest
+import redis
+
+from common.embedded import free_port
+from sim.text import completion_for
+from tests.test_e2e import BIN, _wait_port
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parent.parent
+VENV = Path(sys.executable).parent.parent
+
+STUBS = {
+    # Slurm's srun on a one-node allocation: drop srun's own options, run the task once.
+    "srun": """
+while [[ $# -gt 0 && $1 == --* ]]; do shift; done
+exec "$@"
+""",
+    # PBS's mpiexec: -n tasks of the command, all at once; fails if any task fails.
+    "mpiexec": """
+n=1
+while [[ $# -gt 0 && $1 == -* ]]; do
+  case $1 in -n) n=$2; shift 2 ;; --ppn) shift 2 ;; *) shift ;; esac
+done
+pids=()
+for ((i = 0; i < n; i++)); do "$@" & pids+=($!); done
+rc=0
+for pid in "${pids[@]}"; do wait "$pid" || rc=1; done
+exit $rc
+""",
+    # `vllm serve MODEL --port P ...`: swarm-sim serving MODEL on port P.
+    "vllm": f"""
+model=$2; shift 2; port=
+while [[ $# -gt 0 ]]; do case $1 in --port) port=$2; shift 2 ;; *) shift ;; esac; done
+exec {sys.executable} -m sim --ports "$port" --model "$model" $SIM_ARGS
+""",
+    # Every "node" of these allocations is this machine, under a name that resolves anywhere.
+    "hostname": "echo localhost\n",
+}
+
+
+@pytest.fixture
+def hpc_env(tmp_path: Path, redis_url: str, prefix: str) -> dict[str, str]:
+    stubs = tmp_path / "stubs"
+    stubs.mkdir()
+    for name, body in STUBS.items():
+        path = stubs / name
+        path.write_text("#!/bin/bash\n" + body)
+        path.chmod(0o755)
+    e = {k: v for k, v in os.environ.items() if not k.startswith("SWARM_")}
+    return {
+        **e,
+        "PATH": f"{stubs}:{e['PATH']}",
+        "SWARM_REDIS_URL": redis_url,
+        "SWARM_PREFIX": prefix,
+        "SWARM_VENV": str(VENV),
+        "SWARM_BACKOFF_CAP_S": "0.5",
+    }
+
+
+def _enqueue(env: dict[str, str], tmp_path: Path, job: str, n: int, max_tokens: int) -> None:
+    src = tmp_path / f"{job}.txt"
+    src.write_text("".join(f"question {i} for {job}\n" for i in range(n)))
+    subprocess.run(
+        [BIN / "swarm-enqueue", src, "--job", job, "--max-tokens", str(max_tokens)],
+        env=env,
+        check=True,
+        capture_output=True,
+    )
+
+
+def _collect(env: dict[str, str], tmp_path: Path, job: str) -> list[dict]:
+    out = tmp_path / f"{job}.jsonl"
+    run = subprocess.run(
+        [BIN / "swarm-collect", job, "--out", out],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == 0, run.stderr
+    return [msgspec.json.decode(x) for x in out.read_bytes().splitlines()]
+
+
+def _done(redis_url: str, prefix: str, job: str) -> int:
+    r = redis.Redis.from_url(redis_url)
+    try:
+        return int(r.hget(f"{prefix}:{{{job}}}:meta", "done") or 0)
+    finally:
+        r.close()
+
+
+def _wait_until(what: str, check: Callable[[], bool], timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def test_slurm_job_outlives_an_allocation_cut_short(
+    hpc_env: dict[str, str], tmp_path: Path, redis_url: str, prefix: str
+) -> None:
+    n, max_tokens = 3000, 32
+    _enqueue(hpc_env, tmp_path, "long", n, max_tokens)
+    env = {
+        **hpc_env,
+        "VLLM_PORT": str(free_port()),
+        "MODEL": "org/served-model",
+        "SIM_ARGS": "--step-ms 4",  # slow enough that the first allocation cannot finish
+    }
+    script = REPO / "examples" / "slurm" / "swarm-workers.sbatch"
+
+    first = subprocess.Popen(
+        ["bash", script], env=env, cwd=tmp_path, start_new_session=True, stderr=subprocess.PIPE
+    )
+    _wait_until("first results", lambda: _done(redis_url, prefix, "long") > 0)
+    os.killpg(first.pid, signal.SIGTERM)  # the walltime: Slurm signals every process of the job
+    _, first_log = first.communicate(timeout=60)
+    assert b"stopping: finishing batches in flight" in first_log  # a graceful stop, not a crash
+    cut_at = _done(redis_url, prefix, "long")
+    assert 0 < cut_at < n
+
+    second = subprocess.run(
+        ["bash", script], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=180
+    )
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert _done(redis_url, prefix, "long") == n  # each prompt counted once
+    lines = _collect(hpc_env, tmp_path, "long")
+    assert [x["index"] for x in lines] == list(range(n))
+    assert all(
+        x["text"] == completion_for(f"question {x['index']} for long", max_tokens)[0] for x in lines
+    )
+    # The script's model reached the server, and its log went where the script says.
+    assert (tmp_path / "vllm-localhost.log").exists()
+    results = redis.Redis.from_url(redis_url)
+    try:
+        sample = msgspec.msgpack.decode(results.hget(f"{prefix}:{{long}}:results", "0"))
+    finally:
+        results.close()
+    assert sample["model"] == "org/served-model"
+
+
+def test_pbs_workers_take_their_own_hosts_endpoints_with_the_tag_asked_for(
+    hpc_env: dict[str, str], tmp_path: Path
+) -> None:
+    ports = [free_port() for _ in range(3)]
+    sim = subprocess.Popen(
+        [sys.executable, "-m", "sim", "--ports", ",".join(map(str, ports))],
+        stdout=subprocess.DEVNULL,
+    )
+    try:
+        for p in ports:
+            _wait_port(p, sim)
+        hostfile = tmp_path / "hostfile"
+        hostfile.write_text(
+            f"localhost\t{ports[0]}\tmodel=8b\n"
+            f"localhost\t{ports[1]}\tmodel=70b\n"  # another model: not this job's tag
+            f"othernode\t{ports[2]}\tmodel=8b\n"  # another node: its own worker's
+        )
+        nodefile = tmp_path / "nodefile"
+        nodefile.write_text("localhost\nlocalhost\n")  # one node, two slots: one worker
+        _enqueue(hpc_env, tmp_path, "tagged", 500, 8)
+        env = {
+            **hpc_env,
+            "PBS_O_WORKDIR": str(tmp_path),
+            "PBS_NODEFILE": str(nodefile),
+            "SWARM_HOSTFILE": str(hostfile),
+            "SWARM_ENDPOINT_TAG": "model=8b",
+        }
+        run = subprocess.run(
+            ["bash", REPO / "examples" / "pbs" / "swarm-workers.pbs"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert run.returncode == 0, run.stderr[-3000:]
+        lines = _collect(hpc_env, tmp_path, "tagged")
+        assert len(lines) == 500 and all(x["error"] is None for x in lines)
+        assert {x["endpoint"] for x in lines} == {f"http://localhost:{ports[0]}"}
+        status = subprocess.run(
+            [BIN / "swarm-status", "tagged"], env=hpc_env, capture_output=True, text=True
+        )
+        rows = [line.split() for line in status.stdout.splitlines() if "http://" in line]
+        assert [row[:4] for row in rows] == [
+            [f"http://localhost:{ports[0]}", "localhost", "finished", "500"]
+        ]
+    finally:
+        sim.terminate()
+        sim.wait(timeout=10)
