@@ -20,6 +20,7 @@ from common.store import JobStore
 from producer.enqueue import enqueue, enqueue_prompts
 from sim.server import SimFleet
 from sim.text import completion_for
+from tests.stub_server import serve
 from tests.test_pipeline import collect_lines, prompts, run_engine
 from worker.endpoint import EndpointClient
 
@@ -167,13 +168,8 @@ async def capture() -> AsyncIterator[tuple[str, list[dict[str, Any]]]]:
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/chat/completions", chat)
     app.router.add_get("/v1/models", models)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    yield f"http://127.0.0.1:{port}", seen
-    await runner.cleanup()
+    async with serve(app) as url:
+        yield url, seen
 
 
 async def test_sampling_and_structured_output_fields_reach_the_server(

@@ -7,6 +7,7 @@ import asyncio
 import socket
 import time
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import pytest
 from aiohttp import web
@@ -16,6 +17,7 @@ from common.settings import Settings
 from common.store import JobStore
 from producer.status import format_endpoints, format_status
 from sim.server import SimFleet
+from tests.stub_server import serve
 from tests.test_pipeline import prompts, spec
 from worker.drain import Engine
 from worker.endpoint import EndpointClient
@@ -42,13 +44,8 @@ async def failing_later() -> AsyncIterator[str]:
     app.router.add_get("/health", health)
     app.router.add_get("/v1/models", models)
     app.router.add_post("/v1/completions", completions)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    yield f"http://127.0.0.1:{port}"
-    await runner.cleanup()
+    async with serve(app) as url:
+        yield url
 
 
 def _nothing_listening() -> str:
@@ -142,45 +139,23 @@ async def test_figures_of_a_deleted_job_are_not_written_back(
 
 def test_the_endpoint_table_names_states_flags_silent_workers_and_shows_errors() -> None:
     now = 1_000_000.0
+
+    def row(node: int, circuit: str, age_s: float, **figures: Any) -> EndpointStats:
+        return EndpointStats(
+            endpoint=f"http://node{node}:8000",
+            worker=f"node{node}",
+            circuit=circuit,
+            updated_s=now - age_s,
+            period_s=2.0,
+            **figures,
+        )
+
+    error = "http://node2:8000: HTTP 404: model 'x' not found"
     rows = [
-        EndpointStats(
-            endpoint="http://node1:8000",
-            worker="node1",
-            circuit="closed",
-            done=1200,
-            rate_per_s=95.25,
-            window=12,
-            in_flight=7,
-            updated_s=now - 1,
-            period_s=2.0,
-        ),
-        EndpointStats(
-            endpoint="http://node2:8000",
-            worker="node2",
-            circuit="broken",
-            errors=1,
-            last_error="http://node2:8000: HTTP 404: model 'x' not found",
-            updated_s=now - 2,
-            period_s=2.0,
-        ),
-        # Published "closed" 30 s ago, every 2 s: its worker is gone without a word.
-        EndpointStats(
-            endpoint="http://node3:8000",
-            worker="node3",
-            circuit="closed",
-            done=80,
-            updated_s=now - 30,
-            period_s=2.0,
-        ),
-        # A last word is never silent, however old.
-        EndpointStats(
-            endpoint="http://node4:8000",
-            worker="node4",
-            circuit="finished",
-            done=5,
-            updated_s=now - 3600,
-            period_s=2.0,
-        ),
+        row(1, "closed", 1, done=1200, rate_per_s=95.25, window=12, in_flight=7),
+        row(2, "broken", 2, errors=1, last_error=error),
+        row(3, "closed", 30, done=80),  # no word for 15 periods: its worker is gone
+        row(4, "finished", 3600, done=5),  # a last word is never silent, however old
     ]
     lines = format_endpoints(rows, now)
     assert lines[0] == "  endpoints  1 broken, 1 closed, 1 finished, 1 silent"
