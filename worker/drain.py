@@ -377,10 +377,16 @@ class EndpointDrainer:
     def reclaim_soon(self, job: str) -> None:
         self._last_reclaim.pop(job, None)
 
+    def _job_count(self, job: str, now: float) -> _JobCount:
+        count = self._counts.get(job)
+        if count is None:
+            count = self._counts[job] = _JobCount(now)
+        return count
+
     def _count(self, job: str, commit: Commit) -> None:
         self.prompts_done += commit.done
         self.prompts_failed += commit.failed
-        count = self._counts.setdefault(job, _JobCount(time.monotonic()))
+        count = self._job_count(job, time.monotonic())
         count.done += commit.done
         count.failed += commit.failed
         self.engine.touched.add(job)
@@ -388,7 +394,7 @@ class EndpointDrainer:
     def stats(self, job: str, now: float, mono: float, *, last: str | None = None) -> EndpointStats:
         """This drainer's figures for ``job`` (see :class:`EndpointStats`); ``last``: the
         state of a last word (this worker no longer serves the job)."""
-        count = self._counts.setdefault(job, _JobCount(mono))
+        count = self._job_count(job, mono)
         if last is not None:
             circuit = last
         elif self.broken is not None:
@@ -599,7 +605,7 @@ class EndpointDrainer:
         # sibling slot's reclaim while it waits for its turn here.
         heartbeat = asyncio.create_task(self._keep_claimed(job, ids))
         self._in_hand.update(ids)
-        self._counts.setdefault(job, _JobCount(time.monotonic()))  # its rate counts from here
+        self._job_count(job, time.monotonic())  # its rate counts from its first batch
         try:
             if dead:
                 await self._dead_letter(job, dead)
