@@ -29,20 +29,12 @@ from common.keys import validate_job_name
 from common.models import JobSpec, ReduceOutput, ReduceSpec, Result, SamplingParams
 from common.settings import Settings
 from common.store import JobStatus, JobStore
+
+# The names are declared once, in the package, which exports them from here lazily.
+from producer import __all__ as __all__
 from producer.collect import follow, wait_final
 from producer.enqueue import enqueue_prompts
 from worker.drain import Engine
-
-__all__ = [
-    "Concat",
-    "JsonMerge",
-    "Stats",
-    "Swarm",
-    "TreeReduce",
-    "UserReduce",
-    "Vote",
-    "scatter_gather",
-]
 
 Prompts = Iterable[str] | Iterable[tuple[str, str | None]]
 

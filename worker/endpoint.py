@@ -132,6 +132,16 @@ def _translate(endpoint: str, exc: openai.OpenAIError, timeout_s: float) -> Exce
     return EndpointRetryable(endpoint, f"{type(exc).__name__}: {exc}")
 
 
+def _sampling(
+    params: SamplingParams, body_only: tuple[str, ...]
+) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """The optional sampling fields of ``params`` as openai keywords, and apart those the API
+    has no keyword for (``structured_outputs`` is vLLM's own), to travel in the request body."""
+    extra = params.extra()
+    body = {k: extra.pop(k) for k in body_only if k in extra}
+    return extra, body or None
+
+
 class EndpointClient:
     """Talks to one OpenAI-compatible server at ``url`` (base URL without ``/v1``)."""
 
@@ -210,16 +220,14 @@ class EndpointClient:
     ) -> CompletionBody:
         """One ``/v1/completions`` request holding every prompt of ``prompts``."""
         timeout = timeout_s or self._timeout_s
-        extra = params.extra()
-        # OpenAI's completions API has no response_format, and structured_outputs is vLLM's
-        # own: both travel in the body beside the standard fields.
-        body = {k: extra.pop(k) for k in ("response_format", "structured_outputs") if k in extra}
+        # OpenAI's completions API has no response_format keyword: it travels in the body.
+        extra, body = _sampling(params, ("response_format", "structured_outputs"))
         create = self._client.completions.with_raw_response.create(
             model=model,
             prompt=prompts,
             max_tokens=params.max_tokens,
             timeout=timeout,
-            extra_body=body or None,
+            extra_body=body,
             **extra,
         )
         return await self._answer(create, _completion_decoder, timeout, "completion")
@@ -235,14 +243,13 @@ class EndpointClient:
         """One ``/v1/chat/completions`` request of one conversation, the server's chat
         template applied."""
         timeout = timeout_s or self._timeout_s
-        extra = params.extra()
-        body = {k: extra.pop(k) for k in ("structured_outputs",) if k in extra}
+        extra, body = _sampling(params, ("structured_outputs",))
         create = self._client.chat.completions.with_raw_response.create(
             model=model,
             messages=messages,  # type: ignore[arg-type]
             max_tokens=params.max_tokens,
             timeout=timeout,
-            extra_body=body or None,
+            extra_body=body,
             **extra,
         )
         return await self._answer(create, _chat_decoder, timeout, "chat")
