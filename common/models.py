@@ -7,6 +7,7 @@ built once here and reused. New fields must get defaults so that old records sti
 from __future__ import annotations
 
 import re
+import time
 from typing import Any
 
 import msgspec
@@ -33,8 +34,15 @@ __all__ = [
     "decode_result",
     "decode_spec",
     "encode",
+    "encode_final",
     "encode_json_line",
+    "timestamp_s",
 ]
+
+
+def timestamp_s() -> float:
+    """Wall-clock seconds, to the millisecond: how records carry their times."""
+    return round(time.time(), 3)
 
 
 class SamplingParams(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fields=False):
@@ -264,6 +272,11 @@ class ReduceOutput(msgspec.Struct, frozen=True, omit_defaults=True):
     error: str | None = None
     finished_s: float = 0.0
 
+    @classmethod
+    def failure(cls, job: str, kind: str, error: str) -> ReduceOutput:
+        """The output of a reduce that could not finish (or was cancelled): ``error`` says why."""
+        return cls(job=job, kind=kind, error=error, finished_s=timestamp_s())
+
 
 class EndpointStats(msgspec.Struct, frozen=True, omit_defaults=True, kw_only=True):
     """What one worker's drain loop of one endpoint did for one job, since the worker started;
@@ -326,6 +339,11 @@ _final_decoder = msgspec.json.Decoder(ReduceOutput)
 
 def decode_final(data: bytes) -> ReduceOutput:
     return _final_decoder.decode(data)
+
+
+def encode_final(output: ReduceOutput) -> bytes:
+    """The JSON of a reduce output, as the ``final`` key holds it."""
+    return _json_encoder.encode(output)
 
 
 def encode_json_line(line: OutputLine) -> bytes:

@@ -11,7 +11,6 @@ import importlib
 import math
 import re
 import statistics
-import time
 import unicodedata
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -20,7 +19,7 @@ from typing import Any
 import msgspec
 
 from common.errors import ConfigError
-from common.models import FailedPrompt, ReduceOutput, ReduceSpec, Result
+from common.models import FailedPrompt, ReduceOutput, ReduceSpec, Result, timestamp_s
 
 __all__ = [
     "aggregate",
@@ -196,7 +195,7 @@ def aggregate(job: str, spec: ReduceSpec, results: Sequence[Result]) -> ReduceOu
         used=used,
         failed=failed,
         error=error,
-        finished_s=round(time.time(), 3),
+        finished_s=timestamp_s(),
     )
 
 

@@ -53,6 +53,7 @@ from common.models import (
     decode_result,
     decode_spec,
     encode,
+    encode_final,
 )
 from common.settings import Settings, mask_url
 
@@ -701,7 +702,7 @@ class JobStore:
         """Store the reduce output, once; False if one was there already."""
         async with redis_errors(self.url):
             pipe = self.redis.pipeline(transaction=True)
-            pipe.set(self.keys.final(job), msgspec.json.encode(output), nx=True)
+            pipe.set(self.keys.final(job), encode_final(output), nx=True)
             pipe.hsetnx(self.keys.meta(job), "reduced_s", f"{time.time():.3f}")
             written, _ = await pipe.execute()
         return bool(written)

@@ -25,7 +25,14 @@ from tqdm import tqdm
 from common.backoff import backoff_s
 from common.cli import add_redis_arg, open_job_store, run
 from common.errors import ConfigError, JobNotFoundError, StoreUnavailable
-from common.models import OutputLine, ReduceOutput, Result, decode_result, encode_json_line
+from common.models import (
+    OutputLine,
+    ReduceOutput,
+    Result,
+    decode_result,
+    encode_final,
+    encode_json_line,
+)
 from common.store import JobStatus, JobStore
 from producer.openai_batch import openai_line
 
@@ -369,7 +376,7 @@ async def _final(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_INCOMPLETE
-    text = msgspec.json.format(msgspec.json.encode(final), indent=2) + b"\n"
+    text = msgspec.json.format(encode_final(final), indent=2) + b"\n"
     if args.out in (None, "-"):
         sys.stdout.buffer.write(text)
         sys.stdout.flush()

@@ -279,14 +279,19 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _read_text(path: str, flag: str) -> str:
+    """The text of the file given to ``flag``; ConfigError naming both if it cannot be read."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return fh.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read {flag} {path}: {exc}") from None
+
+
 def _read_template(path: str | None) -> str | None:
     if path is None:
         return None
-    try:
-        with open(path, encoding="utf-8") as fh:
-            template = fh.read()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot read --template {path}: {exc}") from None
+    template = _read_text(path, "--template")
     if "{prompt}" not in template:
         raise ConfigError(f"--template {path} has no {{prompt}} to fill in")
     return template
@@ -327,11 +332,7 @@ def reduce_from_args(args: argparse.Namespace) -> ReduceSpec | None:
     if args.reduce_prompt is not None:
         if kind != "tree":
             raise ConfigError("--reduce-prompt is for --reduce tree")
-        try:
-            with open(args.reduce_prompt, encoding="utf-8") as fh:
-                prompt = fh.read()
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"cannot read --reduce-prompt {args.reduce_prompt}: {exc}") from None
+        prompt = _read_text(args.reduce_prompt, "--reduce-prompt")
     elif kind == "tree":
         raise ConfigError("--reduce tree needs --reduce-prompt FILE (a template with {responses})")
     return ReduceSpec(

@@ -7,7 +7,6 @@ nothing left to cancel.
 from __future__ import annotations
 
 import argparse
-import time
 from collections import Counter
 from collections.abc import Sequence
 
@@ -15,8 +14,9 @@ from common.cli import add_redis_arg, open_job_store, run
 from common.errors import JobConflictError
 from common.keys import stage_name
 from common.models import ReduceOutput
+from common.store import JobStore
 
-__all__ = ["cancel_main", "retry_main"]
+__all__ = ["cancel_job", "cancel_main", "retry_main"]
 
 
 async def _retry(args: argparse.Namespace) -> int:
@@ -44,22 +44,22 @@ async def _retry(args: argparse.Namespace) -> int:
     return 0
 
 
+async def cancel_job(store: JobStore, job: str) -> tuple[bool, int]:
+    """Stop ``job``, the tree level of its reduce running now included, and end a reduce still
+    to come with an error output. Returns (newly cancelled, prompts cancelled now)."""
+    newly, count = await store.cancel(job)
+    status = await store.status(job)
+    if status.stage > 0:  # the tree level running now stops too
+        count += (await store.cancel(stage_name(job, status.stage)))[1]
+    if status.reduce is not None and not status.reduced:
+        error = "cancelled by operator (swarm-cancel)"
+        await store.write_final(job, ReduceOutput.failure(job, status.reduce, error))
+    return newly, count
+
+
 async def _cancel(args: argparse.Namespace) -> int:
     async with open_job_store(args, patient=False) as (job, store):
-        newly, count = await store.cancel(job)
-        status = await store.status(job)
-        if status.stage > 0:  # the tree level running now stops too
-            count += (await store.cancel(stage_name(job, status.stage)))[1]
-        if status.reduce is not None and not status.reduced:
-            await store.write_final(
-                job,
-                ReduceOutput(
-                    job=job,
-                    kind=status.reduce,
-                    error="cancelled by operator (swarm-cancel)",
-                    finished_s=round(time.time(), 3),
-                ),
-            )
+        newly, count = await cancel_job(store, job)
     state = "cancelled" if newly else "already cancelled"
     print(
         f"job {job}: {state}; {count} unanswered prompts recorded as failed (kind 'cancelled'); "

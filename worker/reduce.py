@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 import uuid
 from collections.abc import Sequence
 
@@ -30,7 +29,7 @@ from common.errors import (
     SwarmError,
 )
 from common.keys import stage_name
-from common.models import JobSpec, LevelInfo, ReduceOutput, ReduceSpec, Result
+from common.models import JobSpec, LevelInfo, ReduceOutput, ReduceSpec, Result, timestamp_s
 from common.reduce import aggregate, failures, render
 from common.store import JobStore, producer_token
 from producer.enqueue import enqueue_prompts
@@ -95,9 +94,7 @@ class Reducer:
         with contextlib.suppress(SwarmError):
             spec = await self.store.load_spec(job)
             kind = spec.reduce.kind if spec.reduce else kind
-        await self.store.write_final(
-            job, ReduceOutput(job=job, kind=kind, error=error, finished_s=_now())
-        )
+        await self.store.write_final(job, ReduceOutput.failure(job, kind, error))
         return "failed"
 
     async def _advance(self, job: str, level: int) -> str:
@@ -161,7 +158,7 @@ class Reducer:
             failed=failed,
             levels=levels,
             error=error,
-            finished_s=_now(),
+            finished_s=timestamp_s(),
         )
         await self.store.write_final(job, output)
         log.info("job %s: tree reduce finished after %d level(s)", job, level)
@@ -183,7 +180,7 @@ class Reducer:
             job=stage_name(job, nxt),
             params=msgspec.structs.replace(spec.params, max_tokens=max_tokens),
             model=spec.model,
-            created_s=_now(),
+            created_s=timestamp_s(),
             source=f"tree reduce of {job}, level {nxt}",
         )
         # A writer token of its own: a second advance of the same stage, in this process or
@@ -273,7 +270,3 @@ class Reducer:
                 break
             text = text[: int(len(text) * min(0.9, budget / n))]
         return msgspec.structs.replace(answer, text=text)
-
-
-def _now() -> float:
-    return round(time.time(), 3)
