@@ -34,6 +34,7 @@ from common.store import JobStatus, JobStore
 from producer import __all__ as __all__
 from producer.collect import follow, wait_final
 from producer.enqueue import enqueue_prompts
+from producer.ops import cancel_job
 from worker.drain import Engine
 
 Prompts = Iterable[str] | Iterable[tuple[str, str | None]]
@@ -205,8 +206,9 @@ class Swarm:
         return await self.store.status(job)
 
     async def cancel(self, job: str) -> None:
-        """Stop ``job``: unanswered prompts are recorded as failed (kind ``cancelled``)."""
-        await self.store.cancel(job)
+        """Stop ``job``, as ``swarm-cancel`` does: unanswered prompts are recorded as failed
+        (kind ``cancelled``), and a reduce still to come ends with an error output."""
+        await cancel_job(self.store, job)
 
 
 async def scatter_gather(

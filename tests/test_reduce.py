@@ -188,6 +188,22 @@ async def test_scatter_gather_is_one_call_on_a_private_redis(
     assert results[120].error is not None and "context length" in results[120].error
 
 
+async def test_swarm_api_cancel_ends_the_reduce_too_so_final_does_not_wait_forever(
+    redis_url: str, prefix: str
+) -> None:
+    async with Swarm(redis_url, prefix=prefix) as swarm:  # no workers: nothing gets answered
+        job = await swarm.submit([f"q{i}" for i in range(30)], reduce=Concat())
+        await swarm.cancel(job)
+        final = await asyncio.wait_for(swarm.final(job), timeout=10)
+        status = await swarm.status(job)
+    assert (final.kind, final.value, final.error) == (
+        "concat",
+        None,
+        "cancelled by operator (swarm-cancel)",
+    )
+    assert (status.cancelled, status.failed_by_kind) == (True, {"cancelled": 30})
+
+
 def test_swarm_refuses_a_session_that_nothing_would_serve() -> None:
     with pytest.raises(ConfigError, match="no Redis URL and no endpoints"):
         Swarm()
