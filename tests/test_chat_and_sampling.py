@@ -20,7 +20,7 @@ from common.store import JobStore
 from producer.enqueue import enqueue, enqueue_prompts
 from sim.server import SimFleet
 from sim.text import completion_for
-from tests.stub_server import serve
+from tests.helpers import serve
 from tests.test_pipeline import collect_lines, prompts, run_engine
 from worker.endpoint import EndpointClient
 

@@ -9,8 +9,7 @@ import os
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable
+from collections.abc import Iterator
 from pathlib import Path
 
 import msgspec
@@ -19,6 +18,7 @@ import redis
 
 from common.embedded import free_port
 from sim.text import completion_for
+from tests.helpers import wait_until
 from tests.test_e2e import BIN, _wait_port
 
 pytestmark = pytest.mark.slow
@@ -98,24 +98,21 @@ def _collect(env: dict[str, str], tmp_path: Path, job: str) -> list[dict]:
     return [msgspec.json.decode(x) for x in out.read_bytes().splitlines()]
 
 
-def _done(redis_url: str, prefix: str, job: str) -> int:
-    r = redis.Redis.from_url(redis_url)
-    try:
-        return int(r.hget(f"{prefix}:{{{job}}}:meta", "done") or 0)
-    finally:
-        r.close()
-
-
-def _wait_until(what: str, check: Callable[[], bool], timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
+@pytest.fixture
+def client(redis_url: str) -> Iterator[redis.Redis]:
+    c = redis.Redis.from_url(redis_url)
+    yield c
+    c.close()
 
 
 def test_slurm_job_outlives_an_allocation_cut_short(
-    hpc_env: dict[str, str], tmp_path: Path, redis_url: str, prefix: str
+    hpc_env: dict[str, str], tmp_path: Path, client: redis.Redis, prefix: str
 ) -> None:
+    meta = f"{prefix}:{{long}}:meta"
+
+    def done() -> int:
+        return int(client.hget(meta, "done") or 0)
+
     n, max_tokens = 3000, 32
     _enqueue(hpc_env, tmp_path, "long", n, max_tokens)
     env = {
@@ -129,18 +126,18 @@ def test_slurm_job_outlives_an_allocation_cut_short(
     first = subprocess.Popen(
         ["bash", script], env=env, cwd=tmp_path, start_new_session=True, stderr=subprocess.PIPE
     )
-    _wait_until("first results", lambda: _done(redis_url, prefix, "long") > 0)
+    wait_until("first results", lambda: done() > 0)
     os.killpg(first.pid, signal.SIGTERM)  # the walltime: Slurm signals every process of the job
     _, first_log = first.communicate(timeout=60)
     assert b"stopping: finishing batches in flight" in first_log  # a graceful stop, not a crash
-    cut_at = _done(redis_url, prefix, "long")
+    cut_at = done()
     assert 0 < cut_at < n
 
     second = subprocess.run(
         ["bash", script], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=180
     )
     assert second.returncode == 0, second.stderr[-3000:]
-    assert _done(redis_url, prefix, "long") == n  # each prompt counted once
+    assert done() == n  # each prompt counted once
     lines = _collect(hpc_env, tmp_path, "long")
     assert [x["index"] for x in lines] == list(range(n))
     assert all(
@@ -148,11 +145,7 @@ def test_slurm_job_outlives_an_allocation_cut_short(
     )
     # The script's model reached the server, and its log went where the script says.
     assert (tmp_path / "vllm-localhost.log").exists()
-    results = redis.Redis.from_url(redis_url)
-    try:
-        sample = msgspec.msgpack.decode(results.hget(f"{prefix}:{{long}}:results", "0"))
-    finally:
-        results.close()
+    sample = msgspec.msgpack.decode(client.hget(f"{prefix}:{{long}}:results", "0"))
     assert sample["model"] == "org/served-model"
 
 

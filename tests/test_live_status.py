@@ -17,7 +17,7 @@ from common.settings import Settings
 from common.store import JobStore
 from producer.status import format_endpoints, format_status
 from sim.server import SimFleet
-from tests.stub_server import serve
+from tests.helpers import serve
 from tests.test_pipeline import prompts, spec
 from worker.drain import Engine
 from worker.endpoint import EndpointClient

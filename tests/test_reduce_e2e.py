@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import msgspec
@@ -15,6 +14,7 @@ import redis
 from common.keys import Keys, stage_name
 from common.reduce import render
 from sim.text import completion_for
+from tests.helpers import wait_until
 from tests.test_e2e import BIN
 from tests.test_faults import MAX_TOKENS, Fleet, _prompt
 
@@ -34,14 +34,6 @@ def expected_tree(n: int, fanin: int) -> tuple[str, list[int]]:
         per_level.append(len(sup))
         answers = [completion_for(p, 2 * MAX_TOKENS)[0] for p in sup]
     return answers[0].strip(), per_level
-
-
-def _wait(predicate: object, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():  # type: ignore[operator]
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.005)
 
 
 def test_tree_reduce_survives_a_worker_killed_between_stages(fleet_factory: type[Fleet]) -> None:
@@ -79,7 +71,7 @@ def test_tree_reduce_survives_a_worker_killed_between_stages(fleet_factory: type
         fast = {"SWARM_REDUCE_TIMEOUT_S": "2"}
         first = fleet.worker("a", [0, 1], **fast)
         # The moment the map stage is done, before or while its reduce is advanced.
-        _wait(lambda: client.hexists(keys.meta("tree"), "finished_s"), 120, "the map stage")
+        wait_until("the map stage", lambda: client.hexists(keys.meta("tree"), "finished_s"), 120)
         first.send_signal(signal.SIGKILL)
         first.wait()
         assert not client.exists(keys.final("tree"))
