@@ -18,6 +18,7 @@ __all__ = [
     "JobConflictError",
     "JobNameError",
     "JobNotFoundError",
+    "ModelNotServed",
     "ProducerBusyError",
     "StoreAccessDenied",
     "StoreUnavailable",
@@ -98,4 +99,13 @@ class EndpointRejected(EndpointError):
 
 
 class EndpointUnusable(EndpointError):
-    """The endpoint cannot serve this job at all (401, 403, 404: wrong key, model or URL)."""
+    """The endpoint cannot serve any job (401, 403: wrong key; no OpenAI ``/v1/models`` at the
+    URL): it takes no more work."""
+
+
+class ModelNotServed(EndpointError):
+    """The endpoint does not serve the model a job asks for (404 on a generation route).
+
+    A fact about one job on one endpoint, never about the endpoint: the job waits for an
+    endpoint that serves its model, and this one goes on serving the others.
+    """

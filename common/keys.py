@@ -112,8 +112,14 @@ class Keys:
 
     @property
     def jobs(self) -> str:
-        """Set of all known job names; the one key outside any job's hash slot."""
+        """Set of all known job names; outside any job's hash slot."""
         return f"{self.prefix}:jobs"
+
+    @property
+    def fleet(self) -> str:
+        """Hash: consumer (``worker|endpoint``) -> msgpack :class:`common.models.EndpointInfo`,
+        the models each live endpoint serves; like ``jobs``, outside any job's slot."""
+        return f"{self.prefix}:fleet"
 
     @property
     def arq_queue(self) -> str:

@@ -16,6 +16,8 @@ from common.errors import ConfigError
 
 __all__ = [
     "REDUCE_KINDS",
+    "SILENT_PERIODS",
+    "EndpointInfo",
     "EndpointStats",
     "FailedPrompt",
     "JobSpec",
@@ -28,6 +30,7 @@ __all__ = [
     "Result",
     "SamplingParams",
     "Usage",
+    "decode_endpoint_info",
     "decode_endpoint_stats",
     "decode_final",
     "decode_item",
@@ -303,6 +306,28 @@ class EndpointStats(msgspec.Struct, frozen=True, omit_defaults=True, kw_only=Tru
     period_s: float = 0.0
 
 
+# A worker silent for this many of its publish periods is presumed gone (killed, unreachable).
+SILENT_PERIODS = 5
+
+
+class EndpointInfo(msgspec.Struct, frozen=True, omit_defaults=True, kw_only=True):
+    """One endpoint of one worker as the fleet registry shows it: the models it serves (as its
+    ``/v1/models`` lists them, LoRA adapters included) and its circuit, refreshed every
+    ``period_s``. What ``swarm-enqueue`` and ``swarm-status`` read to tell whether a job's
+    model is served by any live endpoint."""
+
+    endpoint: str
+    worker: str
+    models: tuple[str, ...] = ()
+    circuit: str = "waiting"
+    updated_s: float = 0.0
+    period_s: float = 0.0
+
+    def live(self, now: float) -> bool:
+        """True while its worker publishes (it has not been silent for SILENT_PERIODS)."""
+        return now - self.updated_s <= SILENT_PERIODS * max(self.period_s, 1.0)
+
+
 _msgpack_encoder = msgspec.msgpack.Encoder()
 _json_encoder = msgspec.json.Encoder()
 _spec_decoder = msgspec.msgpack.Decoder(JobSpec)
@@ -332,6 +357,13 @@ _endpoint_stats_decoder = msgspec.msgpack.Decoder(EndpointStats)
 
 def decode_endpoint_stats(data: bytes) -> EndpointStats:
     return _endpoint_stats_decoder.decode(data)
+
+
+_endpoint_info_decoder = msgspec.msgpack.Decoder(EndpointInfo)
+
+
+def decode_endpoint_info(data: bytes) -> EndpointInfo:
+    return _endpoint_info_decoder.decode(data)
 
 
 _final_decoder = msgspec.json.Decoder(ReduceOutput)

@@ -94,6 +94,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     claim_idle_ms: int = 60_000
     # How often (s) the worker re-reads the job registry for new and finished jobs.
     jobs_refresh_s: float = 1.0
+    # How often (s) each endpoint's served models (/v1/models) are re-read; a 404 for a model
+    # re-reads them sooner.
+    models_refresh_s: float = 30.0
     # How often (s) each worker publishes its per-endpoint figures for swarm-status.
     stats_period_s: float = 2.0
 
@@ -131,6 +134,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             "backoff_base_s",
             "backoff_cap_s",
             "jobs_refresh_s",
+            "models_refresh_s",
             "stats_period_s",
             "adapt_period_s",
             "reduce_timeout_s",
@@ -181,6 +185,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             "SWARM_SHUTDOWN_GRACE_S": ("shutdown_grace_s", float),
             "SWARM_CLAIM_IDLE_MS": ("claim_idle_ms", int),
             "SWARM_JOBS_REFRESH_S": ("jobs_refresh_s", float),
+            "SWARM_MODELS_REFRESH_S": ("models_refresh_s", float),
             "SWARM_STATS_PERIOD_S": ("stats_period_s", float),
             "SWARM_BACKOFF_BASE_S": ("backoff_base_s", float),
             "SWARM_BACKOFF_CAP_S": ("backoff_cap_s", float),

@@ -42,11 +42,13 @@ from common.errors import (
 )
 from common.keys import GROUP, Keys, parse_stage, stage_name
 from common.models import (
+    EndpointInfo,
     EndpointStats,
     JobSpec,
     PromptItem,
     ReduceOutput,
     Result,
+    decode_endpoint_info,
     decode_endpoint_stats,
     decode_final,
     decode_item,
@@ -761,6 +763,41 @@ class JobStore:
                     keys = [self.keys.meta(job), self.keys.endpoints(job)]
                     await self._publish(keys=keys, args=args, client=pipe)
             await pipe.execute()
+
+    async def publish_fleet(self, rows: Sequence[EndpointInfo], gone: Sequence[str] = ()) -> None:
+        """Write a worker's endpoints to the fleet registry (field ``worker|endpoint``) and
+        remove the fields ``gone`` (a worker that stops takes its endpoints out)."""
+        async with redis_errors(self.url):
+            pipe = self.redis.pipeline(transaction=False)
+            if rows:
+                pipe.hset(
+                    self.keys.fleet,
+                    mapping={f"{r.worker}|{r.endpoint}": encode(r) for r in rows},
+                )
+            if gone:
+                pipe.hdel(self.keys.fleet, *gone)
+            await pipe.execute()
+
+    async def read_fleet(self, prune_after_s: float = 3600.0) -> list[EndpointInfo]:
+        """Every endpoint in the fleet registry, by endpoint then worker. Undecodable rows are
+        skipped; rows not refreshed for ``prune_after_s`` (workers killed long ago) are
+        deleted on the way."""
+        async with redis_errors(self.url):
+            raw = await self.redis.hgetall(self.keys.fleet)
+            out, stale = [], []
+            now = time.time()
+            for field, value in raw.items():
+                try:
+                    info = decode_endpoint_info(value)
+                except msgspec.DecodeError:
+                    continue
+                if now - info.updated_s > prune_after_s:
+                    stale.append(field)
+                else:
+                    out.append(info)
+            if stale:
+                await self.redis.hdel(self.keys.fleet, *stale)
+        return sorted(out, key=lambda e: (e.endpoint, e.worker))
 
     async def read_endpoints(self, job: str) -> list[EndpointStats]:
         """Every endpoint's latest figures for ``job`` (undecodable entries skipped), by

@@ -28,6 +28,7 @@ from common.errors import (
     ProducerBusyError,
     SwarmError,
 )
+from common.fleet import waiting_reason
 from common.keys import validate_job_name
 from common.models import JobSpec, Message, PromptItem, ReduceSpec, SamplingParams
 from common.schema import AnswerValidator
@@ -165,6 +166,24 @@ async def enqueue_prompts(
             await store.release_producer_lock(job, token)
 
 
+async def check_model(settings: Settings, model: str | None, *, strict: bool) -> None:
+    """Warn on stderr (``strict``: refuse with a ConfigError, before anything is queued) when
+    no live endpoint serves ``model``, as the workers' fleet registry shows it."""
+    store = JobStore.from_settings(settings, patient=False)
+    try:
+        reason = waiting_reason(model, await store.read_fleet(), time.time())
+    finally:
+        await store.close()
+    if reason is None:
+        return
+    if strict:
+        raise ConfigError(f"--check-model: {reason}")
+    print(
+        f"swarm-enqueue: warning: {reason}; the job waits until an endpoint serving it appears",
+        file=sys.stderr,
+    )
+
+
 async def enqueue(
     settings: Settings,
     spec: JobSpec,
@@ -212,6 +231,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("input", help="prompt file (.txt, .jsonl, OpenAI batch .jsonl) or - for stdin")
     p.add_argument("--job", required=True, help="job name: letters, digits, '.', '_', '-'")
     p.add_argument("--model", help="model name (default: whatever each endpoint serves)")
+    p.add_argument(
+        "--check-model",
+        action="store_true",
+        help="refuse the job unless a live endpoint serves --model (without it: a warning)",
+    )
     p.add_argument("--max-tokens", type=int, default=256, help="tokens to generate (default 256)")
     p.add_argument("--temperature", type=float, help="sampling temperature")
     p.add_argument("--top-p", type=float, help="nucleus sampling")
@@ -373,6 +397,8 @@ async def _main(args: argparse.Namespace) -> int:
         chat=args.chat,
         template=template,
     )
+    if args.model is not None or args.check_model:
+        await check_model(settings, args.model, strict=args.check_model)
     if args.input == "-":
         report = await enqueue(
             settings,

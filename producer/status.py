@@ -11,16 +11,15 @@ from collections.abc import Sequence
 
 from common.cli import add_redis_arg, open_job_store, run, settings_from_args
 from common.errors import JobConflictError
+from common.fleet import waiting_reason
 from common.keys import stage_name, validate_job_name
-from common.models import EndpointStats
+from common.models import SILENT_PERIODS, EndpointInfo, EndpointStats
 from common.store import JobStatus, JobStore
 
-__all__ = ["format_endpoints", "format_status", "jobs_main", "main"]
+__all__ = ["format_endpoints", "format_status", "job_state", "jobs_main", "main"]
 
 # States a worker publishes once, as it stops serving the job: no later word is expected.
 LAST_WORDS = ("finished", "stopped")
-# A worker silent for this many of its publish periods is presumed gone (killed, unreachable).
-SILENT_PERIODS = 5
 
 
 def circuit_now(st: EndpointStats, now: float) -> str:
@@ -57,16 +56,27 @@ def format_endpoints(endpoints: Sequence[EndpointStats], now: float) -> list[str
     return lines
 
 
+def job_state(s: JobStatus, waiting: str | None = None) -> str:
+    """``cancelled``, ``finished``, ``waiting`` (no live endpoint can serve it) or ``running``."""
+    if s.cancelled:
+        return "cancelled"
+    if s.finished:
+        return "finished"
+    return "waiting" if waiting else "running"
+
+
 def format_status(
     s: JobStatus,
     stage: JobStatus | None = None,
     endpoints: Sequence[EndpointStats] | None = None,
     now: float | None = None,
+    waiting: str | None = None,
 ) -> str:
     """The job's progress; ``stage``: its tree-reduce level running now, if any;
-    ``endpoints``: the per-endpoint figures, shown while the job runs."""
+    ``endpoints``: the per-endpoint figures, shown while the job runs; ``waiting``: why no
+    live endpoint can serve it."""
     total = f"{s.total}" if s.total is not None else f"{s.enqueued}+ (still being enqueued)"
-    state = "cancelled" if s.cancelled else "finished" if s.finished else "running"
+    state = job_state(s, waiting)
     kinds = ", ".join(f"{k} {n}" for k, n in s.failed_by_kind.items())
     eta = ""
     if not s.finished and s.total is not None and s.rate_per_s > 0:
@@ -74,6 +84,7 @@ def format_status(
         eta = f"   eta {left / s.rate_per_s:,.0f} s"
     lines = [
         f"job {s.job}: {state}",
+        *([f"  waiting    {waiting}"] if waiting and state == "waiting" else []),
         f"  total      {total}",
         f"  done       {s.done}",
         f"  failed     {s.failed}" + (f"  ({kinds})" if kinds else ""),
@@ -100,12 +111,21 @@ def format_status(
     return "\n".join(lines)
 
 
+async def waiting_for(store: JobStore, job: str, fleet: Sequence[EndpointInfo]) -> str | None:
+    """Why no live endpoint can serve the running stage of ``job`` (None: one can)."""
+    spec = await store.load_spec(job)
+    return waiting_reason(spec.model, fleet, time.time())
+
+
 async def _show(store: JobStore, job: str) -> JobStatus:
     status = await store.status(job)
     stage = await store.status(stage_name(job, status.stage)) if status.stage else None
     # While a tree level runs, the endpoints are busy with it rather than with the job itself.
     endpoints = await store.read_endpoints(stage_name(job, status.stage))
-    print(format_status(status, stage, endpoints), flush=True)
+    waiting = None
+    if not (status.finished or status.cancelled):
+        waiting = await waiting_for(store, job, await store.read_fleet())
+    print(format_status(status, stage, endpoints, waiting=waiting), flush=True)
     return status
 
 
@@ -154,10 +174,11 @@ async def _jobs(args: argparse.Namespace) -> int:
             f"{'job':32} {'state':10} {'done':>10} {'failed':>8} {'total':>10} {'age':>7}  reduce"
         )
         now = time.time()
+        fleet = await store.read_fleet()
         for name in names:
             s = await store.status(name)
             spec = await store.load_spec(name)
-            state = "cancelled" if s.cancelled else "finished" if s.finished else "running"
+            state = job_state(s, waiting_reason(spec.model, fleet, now))
             reduce = ""
             if s.reduce is not None:
                 reduce = f"{s.reduce}: " + ("done" if s.reduced else f"level {s.stage}")

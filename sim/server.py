@@ -8,6 +8,10 @@ vLLM's 400 for a prompt that does not fit the context, which fails the WHOLE lis
 Fault switches (command line, or ``POST /sim/faults`` at run time): a rate of HTTP 500s, a rate
 of connection resets, and an endpoint that dies (stops listening, drops connections) or stalls
 (accepts requests, never answers) after N seconds.
+
+Each port serves one model name (``--model a,b`` names them per port), plus LoRA-style
+adapters (``--model base+adapter``), all listed by ``/v1/models``; any other name gets vLLM's
+404. ``POST /sim/models`` with a JSON list of names changes them at run time.
 """
 
 from __future__ import annotations
@@ -89,7 +93,9 @@ class SimEndpoint:
         error_format: str = "nested",
         seed: int = 0,
     ) -> None:
-        self.host, self.port, self.model = host, port, model
+        self.host, self.port = host, port
+        # The base model first, then adapters, as vLLM lists them.
+        self.models: list[str] = model.split("+")
         self.config = config
         self.faults = faults or FaultConfig()
         self.error_format = error_format
@@ -116,7 +122,13 @@ class SimEndpoint:
         app.router.add_get("/health", self._health)
         app.router.add_get("/metrics", self._metrics)
         app.router.add_post("/sim/faults", self._set_faults)
+        app.router.add_post("/sim/models", self._set_models)
         return app
+
+    @property
+    def model(self) -> str:
+        """The base model: what answers name, and the gauges' label."""
+        return self.models[0]
 
     async def start(self) -> None:
         self.engine.start()
@@ -198,7 +210,7 @@ class SimEndpoint:
         return None
 
     def _check_model(self, model: str) -> web.Response | None:
-        if model != self.model:
+        if model not in self.models:
             return self._error(
                 404, f"The model `{model}` does not exist.", "NotFoundError", "model"
             )
@@ -280,7 +292,7 @@ class SimEndpoint:
                 "id": f"cmpl-{uuid.uuid4().hex}",
                 "object": "text_completion",
                 "created": int(time.time()),
-                "model": self.model,
+                "model": req.model,
                 "choices": [
                     {
                         "index": i,
@@ -320,7 +332,7 @@ class SimEndpoint:
                 "id": f"chatcmpl-{uuid.uuid4().hex}",
                 "object": "chat.completion",
                 "created": int(time.time()),
-                "model": self.model,
+                "model": req.model,
                 "choices": [
                     {
                         "index": 0,
@@ -362,14 +374,15 @@ class SimEndpoint:
                 "object": "list",
                 "data": [
                     {
-                        "id": self.model,
+                        "id": name,
                         "object": "model",
                         "created": int(self.started),
                         "owned_by": "vllm",
                         "root": self.model,
-                        "parent": None,
+                        "parent": None if name == self.model else self.model,
                         "max_model_len": self.config.max_model_len,
                     }
+                    for name in self.models
                 ],
             }
         )
@@ -419,6 +432,16 @@ class SimEndpoint:
             ]
             lines += [f"{name}_sum{label} {hist.sum}", f"{name}_count{label} {hist.count}"]
         return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
+
+    async def _set_models(self, request: web.Request) -> web.StreamResponse:
+        try:
+            models = msgspec.json.decode(await request.read(), type=list[str])
+        except msgspec.DecodeError as exc:
+            return self._error(400, f"invalid models: {exc}", "BadRequestError")
+        if not models:
+            return self._error(400, "at least one model name", "BadRequestError")
+        self.models = models
+        return self._ok(models)
 
     async def _set_faults(self, request: web.Request) -> web.StreamResponse:
         try:
@@ -473,7 +496,11 @@ def build_fleet(argv: Sequence[str] | None = None) -> SimFleet:
     p = argparse.ArgumentParser(prog="swarm-sim", description=__doc__.split("\n\n")[0])
     p.add_argument("--ports", required=True, help="comma-separated ports, one engine each")
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--model", default="swarm-sim", help="served model name")
+    p.add_argument(
+        "--model",
+        default="swarm-sim",
+        help="served model name, or one per port (a,b,c); base+adapter serves both names",
+    )
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--max-model-len", type=int, default=4096)
     p.add_argument("--speed", default="1.0", help="per-port speed factors, e.g. 1,1,1,0.5")
@@ -502,6 +529,11 @@ def build_fleet(argv: Sequence[str] | None = None) -> SimFleet:
     resets = _float_list(a.reset_rate, n, "reset-rate")
     dies = _float_list(a.die_after, n, "die-after")
     stalls = _float_list(a.stall_after, n, "stall-after")
+    models = a.model.split(",")
+    if len(models) == 1:
+        models *= n
+    if len(models) != n or not all(m.strip() for m in models):
+        raise SystemExit(f"swarm-sim: --model has {len(models)} names for {n} ports")
     endpoints = []
     for i, port in enumerate(ports):
         config = EngineConfig(
@@ -524,7 +556,7 @@ def build_fleet(argv: Sequence[str] | None = None) -> SimFleet:
                 config,
                 faults,
                 host=a.host,
-                model=a.model,
+                model=models[i].strip(),
                 error_format=a.error_format,
                 seed=a.seed,
             )

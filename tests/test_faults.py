@@ -72,7 +72,9 @@ class Fleet:
     def url(self, i: int) -> str:
         return f"http://127.0.0.1:{self.ports[i]}"
 
-    def worker(self, name: str, endpoints: list[int], **extra: str) -> subprocess.Popen[bytes]:
+    def worker(
+        self, name: str, endpoints: list[int], *, burst: bool = True, **extra: str
+    ) -> subprocess.Popen[bytes]:
         env = {
             **self.env,
             "SWARM_WORKER_NAME": name,
@@ -83,7 +85,8 @@ class Fleet:
         self.logs.append(log)
         with open(log, "wb") as fh:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "arq", "worker.WorkerSettings", "--burst"],
+                [sys.executable, "-m", "arq", "worker.WorkerSettings"]
+                + (["--burst"] if burst else []),
                 env=env,
                 stdout=fh,
                 stderr=subprocess.STDOUT,
@@ -91,12 +94,12 @@ class Fleet:
         self.workers.append(proc)
         return proc
 
-    def enqueue(self, job: str, n: int, poison: set[int]) -> subprocess.Popen[bytes]:
+    def enqueue(self, job: str, n: int, poison: set[int], *args: str) -> subprocess.Popen[bytes]:
         src = self.tmp / f"{job}.txt"
         src.write_text("".join(_prompt(i, poison) + "\n" for i in range(n)))
         with open(self.tmp / f"enqueue-{job}.log", "wb") as log:
             return subprocess.Popen(
-                [BIN / "swarm-enqueue", src, "--job", job, "--max-tokens", str(MAX_TOKENS)],
+                [BIN / "swarm-enqueue", src, "--job", job, "--max-tokens", str(MAX_TOKENS), *args],
                 env=self.env,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -120,6 +123,16 @@ class Fleet:
         finally:
             client.close()
         return sum(int(x or 0) for x in raw)
+
+    def answered(self, i: int) -> int:
+        """Sequences port ``i`` has generated (vLLM's ``request_success_total``)."""
+        with urllib.request.urlopen(f"{self.url(i)}/metrics", timeout=5) as resp:
+            text = resp.read().decode()
+        return sum(
+            int(float(line.rsplit(" ", 1)[1]))
+            for line in text.splitlines()
+            if line.startswith("vllm:request_success_total")
+        )
 
     def faults(self, i: int, **faults: object) -> None:
         req = urllib.request.Request(

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
+from pathlib import Path
 
+import msgspec
 import pytest
 
-from common.models import Result
+from common.models import EndpointInfo, Result
 from common.store import JobStore
 from producer.enqueue import enqueue_prompts
 from tests.test_e2e import BIN
@@ -41,11 +44,21 @@ async def test_jobs_are_listed_and_only_finished_ones_deleted(
     await enqueue_prompts(store, spec(job="old"), prompts(5))
     await finish(store, "old")
     await enqueue_prompts(store, spec(job="live"), prompts(7))
+    await enqueue_prompts(store, spec(job="typo", model="model-x"), prompts(3))
+    # One live endpoint, serving model-a: "live" (any model) runs, "typo" waits for model-x.
+    row = EndpointInfo(endpoint="http://n1:8000", worker="n1", models=("model-a",))
+    await store.publish_fleet([msgspec.structs.replace(row, updated_s=time.time(), period_s=2)])
     listing = cli(env, "swarm-jobs")
     assert listing.returncode == 0, listing.stderr
     rows = {line.split()[0]: line.split() for line in listing.stdout.splitlines()[1:]}
     assert rows["old"][1:5] == ["finished", "5", "0", "5"]
     assert rows["live"][1:5] == ["running", "0", "0", "7"]
+    assert rows["typo"][1:5] == ["waiting", "0", "0", "3"]
+    status = cli(env, "swarm-status", "typo")
+    assert status.stdout.splitlines()[:2] == [
+        "job typo: waiting",
+        "  waiting    no live endpoint serves model 'model-x'; live endpoints serve: model-a",
+    ]
 
     refused = cli(env, "swarm-jobs", "--delete", "live")
     assert refused.returncode == 2
@@ -57,5 +70,31 @@ async def test_jobs_are_listed_and_only_finished_ones_deleted(
     deleted = cli(env, "swarm-jobs", "--delete-finished")
     assert deleted.returncode == 0 and deleted.stdout.startswith("job old: deleted (")
     assert [k async for k in store.redis.scan_iter(match=store.keys.job_pattern("old"))] == []
-    assert await store.list_jobs() == ["live"]
+    assert await store.list_jobs() == ["live", "typo"]
     assert (await store.status("live")).enqueued == 7
+
+
+async def test_enqueue_warns_or_refuses_a_model_no_live_endpoint_serves(
+    store: JobStore, cli_env: dict[str, str], tmp_path: Path
+) -> None:
+    src = tmp_path / "p.txt"
+    src.write_text("one\ntwo\n")
+    row = EndpointInfo(endpoint="http://n1:8000", worker="n1", models=("model-a", "lora-1"))
+    await store.publish_fleet([msgspec.structs.replace(row, updated_s=time.time(), period_s=2)])
+    reason = "no live endpoint serves model 'model-x'; live endpoints serve: lora-1, model-a"
+
+    refused = cli(cli_env, "swarm-enqueue", str(src), "--job", "x", "--model", "model-x",
+                  "--check-model")  # fmt: skip
+    assert refused.returncode == 2
+    assert refused.stderr == f"swarm-enqueue: error: --check-model: {reason}\n"
+    assert await store.list_jobs() == []  # refused before anything was queued
+
+    warned = cli(cli_env, "swarm-enqueue", str(src), "--job", "x", "--model", "model-x")
+    assert warned.returncode == 0
+    assert warned.stderr.splitlines()[0] == (
+        f"swarm-enqueue: warning: {reason}; the job waits until an endpoint serving it appears"
+    )
+    served = cli(cli_env, "swarm-enqueue", str(src), "--job", "y", "--model", "lora-1",
+                 "--check-model")  # fmt: skip
+    assert served.returncode == 0 and served.stderr == ""
+    assert await store.list_jobs() == ["x", "y"]

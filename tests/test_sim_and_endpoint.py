@@ -12,7 +12,7 @@ import msgspec
 import pytest
 
 from common.embedded import free_port
-from common.errors import EndpointRejected, EndpointRetryable, EndpointUnusable
+from common.errors import EndpointRejected, EndpointRetryable, ModelNotServed
 from common.models import SamplingParams
 from sim.engine import Engine, EngineConfig
 from sim.server import FaultConfig, SimFleet
@@ -145,7 +145,7 @@ async def test_rejection_carries_the_servers_message(
         try:
             with pytest.raises(EndpointRejected) as err:
                 await client.complete("swarm-sim", ["a", "y" * 200], SamplingParams(max_tokens=8))
-            with pytest.raises(EndpointUnusable) as missing:
+            with pytest.raises(ModelNotServed) as missing:
                 await client.complete("no-such-model", ["a"], SamplingParams())
         finally:
             await client.close()

@@ -132,6 +132,8 @@ async def startup(ctx: dict[str, Any]) -> None:
                 log.error("drain engine failed: %r", t.exception())
             worker.burst = True
             if not burst and not engine.stopping:
+                # Only endpoint-wide trouble (a wrong key, no OpenAI server at the URL) ends
+                # the drain loops of a long-running worker; never a job.
                 log.error("no usable endpoint left; stopping the worker")
                 worker.handle_sig(signal.SIGTERM)
 
@@ -163,6 +165,13 @@ async def shutdown(ctx: dict[str, Any]) -> None:
             d.requests,
             d.retries,
         )
+    if engine.broken:
+        # The exit status says work was left that these endpoints should have done: arq
+        # itself would exit 0. Its Redis pool is closed here, as arq would after this hook.
+        for reason in engine.broken:
+            log.error("exiting with an error: endpoint unusable: %s", reason)
+        await ctx["redis"].close(close_connection_pool=True)
+        raise SystemExit(1)
 
 
 async def advance(ctx: dict[str, Any], job: str, level: int) -> str:

@@ -34,10 +34,11 @@ from common.errors import (
     EndpointRetryable,
     EndpointUnusable,
     JobNotFoundError,
+    ModelNotServed,
     StoreUnavailable,
     SwarmError,
 )
-from common.models import EndpointStats, JobSpec, PromptItem, Result, Usage
+from common.models import EndpointInfo, EndpointStats, JobSpec, PromptItem, Result, Usage
 from common.schema import AnswerValidator
 from common.settings import Settings
 from common.store import Commit, JobStore, decode_entry, index_of
@@ -53,6 +54,10 @@ SUSPECT_DELIVERIES = 3
 
 # The adaptive window opens with this many requests in flight and never goes below it.
 ADAPT_START = 2
+
+# After a 404 for a model, the served models are re-read this much later at the soonest: a
+# server that lists a model it then refuses costs one request per job this often, no more.
+MODELS_RECHECK_S = 5.0
 
 # (entry ID, payload, how many times it has been delivered)
 Delivery = tuple[bytes, bytes | None, int]
@@ -234,7 +239,9 @@ class Engine:
                     del self.jobs[name]
                     log.info("job %s finished", name)
             pending = await self.store.reduces_pending(names)
-            self._reduces_pending = bool(pending)
+            # A stage still running is work of its own stage job; only a finished stage waits
+            # on the reduce itself.
+            self._reduces_pending = any(finished for _, _, finished in pending)
             for job, level, finished in pending:
                 if finished:
                     try:
@@ -277,16 +284,22 @@ class Engine:
         for d in self.drainers:
             d.reclaim_soon(job)
 
-    async def any_work(self) -> bool:
-        """True while some job still has entries queued or in flight, is still being fed, or
-        has a reduce stage still to run."""
+    async def any_work(self, drainer: EndpointDrainer | None = None) -> bool:
+        """True while some job (that ``drainer``'s endpoint may serve) still has entries queued
+        or in flight, is still being fed, or has a finished stage whose reduce is to run."""
         await self.refresh_jobs(force=True)
         if self._reduces_pending:
             return True
-        for job in list(self.jobs):
+        for job, spec in list(self.jobs.items()):
+            if drainer is not None and not drainer.may_serve(spec):
+                continue
             if await self.store.job_has_work(job):
                 return True
         return False
+
+    def unserved(self) -> list[JobSpec]:
+        """The jobs no endpoint of this worker serves: left for other workers' endpoints."""
+        return [s for s in list(self.jobs.values()) if not any(d.serves(s) for d in self.drainers)]
 
     async def run(self, *, burst: bool = False) -> None:
         """Drain until stopped; with ``burst``, return once no job has work left."""
@@ -294,15 +307,39 @@ class Engine:
         publisher = asyncio.create_task(self._publish_loop(), name="swarm-stats")
         try:
             await asyncio.gather(*(d.run(burst=burst) for d in self.drainers))
+            if burst and not self.stopping:
+                left = [
+                    f"{s.job} ({f'model {s.model!r}' if s.model else 'any model'})"
+                    for s in self.unserved()
+                    if await self.store.job_has_work(s.job)
+                ]
+                if left:
+                    log.info(
+                        "burst: no work left that these endpoints serve; waiting for other "
+                        "endpoints: %s",
+                        ", ".join(left),
+                    )
         finally:
             publisher.cancel()
             await asyncio.gather(publisher, return_exceptions=True)
             with contextlib.suppress(SwarmError):  # the last word: this worker has stopped
                 await self.publish_stats(stopped=True)
 
+    @property
+    def broken(self) -> list[str]:
+        """Why each endpoint that can take no work at all (wrong key, not an OpenAI server) is
+        unusable: the reason a burst worker exits with a failure."""
+        return [d.broken for d in self.drainers if d.broken is not None]
+
     async def publish_stats(self, *, stopped: bool = False) -> None:
         """Publish every drainer's figures for ``swarm-status``: for the jobs served now, and
-        a last word (``finished``, or ``stopped`` when this worker exits) for the jobs left."""
+        a last word (``finished``, or ``stopped`` when this worker exits) for the jobs left;
+        and each endpoint's served models in the fleet registry (taken out on stop)."""
+        now = time.time()
+        if stopped:
+            await self.store.publish_fleet([], gone=[d.fleet_field for d in self.drainers])
+        else:
+            await self.store.publish_fleet([d.info(now) for d in self.drainers])
         live = set() if stopped else set(self.jobs)
         left = (self._published | self.touched) - live
         self.touched = set()
@@ -310,7 +347,7 @@ class Engine:
         if not (live or left):
             return
         word = "stopped" if stopped else "finished"
-        now, mono = time.time(), time.monotonic()
+        mono = time.monotonic()
         await self.store.publish_endpoints(
             {
                 job: {
@@ -346,7 +383,11 @@ class EndpointDrainer:
         self.store = engine.store
         self.consumer = f"{self.settings.worker_name}|{client.url}"
         self.broken: str | None = None
-        self._model: str | None = None
+        self.fleet_field = f"{self.settings.worker_name}|{client.label}"
+        # The models the endpoint serves, as /v1/models lists them (base model first, then
+        # LoRA adapters); None until it has answered once.
+        self.models: tuple[str, ...] | None = None
+        self._models_stale = asyncio.Event()
         # Set while the circuit is open: the endpoint failed repeatedly and is being probed.
         self._open = asyncio.Event()
         self._probed = False
@@ -391,18 +432,42 @@ class EndpointDrainer:
         count.failed += commit.failed
         self.engine.touched.add(job)
 
+    def serves(self, spec: JobSpec) -> bool:
+        """True when this endpoint takes work of ``spec``'s job: it serves the job's model (a
+        job without one takes the endpoint's own)."""
+        if not self.models:
+            return False
+        return spec.model is None or spec.model in self.models
+
+    def may_serve(self, spec: JobSpec) -> bool:
+        """Like :meth:`serves`, but True while the served models are not yet known."""
+        return self.models is None or self.serves(spec)
+
+    @property
+    def circuit(self) -> str:
+        """``broken``, ``waiting`` (never answered yet), ``open`` or ``closed``."""
+        if self.broken is not None:
+            return "broken"
+        if self._open.is_set():
+            return "open" if self._was_ready else "waiting"
+        return "closed"
+
+    def info(self, now: float) -> EndpointInfo:
+        """This endpoint's row in the fleet registry."""
+        return EndpointInfo(
+            endpoint=self.client.label,
+            worker=self.settings.worker_name,
+            models=self.models or (),
+            circuit=self.circuit,
+            updated_s=now,
+            period_s=self.settings.stats_period_s,
+        )
+
     def stats(self, job: str, now: float, mono: float, *, last: str | None = None) -> EndpointStats:
         """This drainer's figures for ``job`` (see :class:`EndpointStats`); ``last``: the
         state of a last word (this worker no longer serves the job)."""
         count = self._job_count(job, mono)
-        if last is not None:
-            circuit = last
-        elif self.broken is not None:
-            circuit = "broken"
-        elif self._open.is_set():
-            circuit = "open" if self._was_ready else "waiting"
-        else:
-            circuit = "closed"
+        circuit = last if last is not None else self.circuit
         return EndpointStats(
             endpoint=self.client.label,
             worker=self.settings.worker_name,
@@ -432,13 +497,40 @@ class EndpointDrainer:
         slots = max(self.settings.inflight_max, self.settings.inflight)
         if adapt:
             await self.window.resize(ADAPT_START)
-        adapter = asyncio.create_task(self._adapt(slots)) if adapt else None
+        helpers = [asyncio.create_task(self._follow_models())]
+        if adapt:
+            helpers.append(asyncio.create_task(self._adapt(slots)))
         try:
             await asyncio.gather(*(self._slot(burst) for _ in range(slots)))
         finally:
-            if adapter is not None:
-                adapter.cancel()
-                await asyncio.gather(adapter, return_exceptions=True)
+            for task in helpers:
+                task.cancel()
+            await asyncio.gather(*helpers, return_exceptions=True)
+
+    async def _follow_models(self) -> None:
+        """Re-read the served models every ``models_refresh_s``, and soon after a 404 for a
+        model (an adapter unloaded, the server restarted with another model)."""
+        while not self.engine.stopping:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._models_stale.wait(), self.settings.models_refresh_s)
+            if self._models_stale.is_set() and await self.engine.sleep(MODELS_RECHECK_S):
+                return
+            self._models_stale.clear()
+            if self._open.is_set() or self.broken is not None:
+                continue  # the probe reads them when the endpoint answers again
+            try:
+                await self._read_models()
+            except EndpointError as exc:  # requests will tell if the endpoint is in trouble
+                log.debug("%s: served models not re-read: %s", self.client.label, exc)
+
+    async def _read_models(self) -> None:
+        infos = await self.client.models(timeout_s=self.settings.probe_timeout_s)
+        models = tuple(m.id for m in infos)
+        if not models:
+            raise EndpointRetryable(self.client.label, "serves no model (/v1/models is empty)")
+        if models != self.models:
+            log.info("%s: serves %s", self.client.label, ", ".join(models))
+            self.models = models
 
     async def _adapt(self, hi: int) -> None:
         """Follow the endpoint's load (see :func:`next_window`); with no gauges to read, fall
@@ -482,7 +574,7 @@ class EndpointDrainer:
             try:
                 if self._open.is_set():
                     # (at start, the endpoint is probed once before the job list decides)
-                    if burst and self._probed and not await self.engine.any_work():
+                    if burst and self._probed and not await self.engine.any_work(self):
                         return
                     await self._wait_healthy(burst)
                     continue
@@ -493,7 +585,7 @@ class EndpointDrainer:
                     )
                 if did:
                     continue
-                if burst and not await self.engine.any_work():
+                if burst and not await self.engine.any_work(self):
                     return
             except StoreUnavailable as exc:
                 # redis-py already retried with backoff; keep trying, slower. A read whose
@@ -513,6 +605,12 @@ class EndpointDrainer:
         otherwise take back the batches its siblings had just released."""
         if self._open.is_set() or self.broken is not None:
             return False
+        if self.models is None:  # a step taken outside run(), whose probe reads them
+            try:
+                await self._read_models()
+            except EndpointError as exc:
+                self._open_circuit(exc)
+                return False
         await self.engine.refresh_jobs()
         got = await self._next_batch(block_ms)
         if got is None:
@@ -545,7 +643,8 @@ class EndpointDrainer:
             self._ready.add(job)
 
     async def _next_batch(self, block_ms: int | None) -> tuple[str, list[Delivery]] | None:
-        jobs = list(self.engine.jobs)
+        # Only jobs whose model this endpoint serves: the others wait for endpoints that do.
+        jobs = [job for job, spec in list(self.engine.jobs.items()) if self.serves(spec)]
         for job in jobs:
             if job not in self._ready:
                 await self._recover(job)
@@ -664,9 +763,9 @@ class EndpointDrainer:
                     done = [self._checked(r, validator) for r in done]
                 for (eid, payload, _), result in zip(items, done, strict=True):
                     results.append((eid, result, payload))
-        except (_GiveUp, EndpointUnusable) as exc:
+        except (_GiveUp, EndpointUnusable, ModelNotServed) as exc:
             cause = exc.cause if isinstance(exc, _GiveUp) else exc
-            await self._release(job, ids, cause)
+            await self._release(job, ids, cause, self._model_for(spec))
             return
         # Shielded: once results exist, finishing the (atomic) commit beats redoing them.
         commit = await self._commit(job, results, tally.prompt_tokens, tally.completion_tokens)
@@ -706,9 +805,25 @@ class EndpointDrainer:
             with contextlib.suppress(StoreUnavailable):
                 await self.store.touch(job, self.consumer, ids)
 
-    async def _release(self, job: str, ids: list[bytes], cause: EndpointError) -> None:
+    async def _release(
+        self, job: str, ids: list[bytes], cause: EndpointError, model: str | None
+    ) -> None:
         with contextlib.suppress(StoreUnavailable):
             await self.store.release(job, self.consumer, ids)
+        if isinstance(cause, ModelNotServed):
+            # The job's trouble, not the endpoint's: stop taking the job until the served
+            # models, re-read soon, say otherwise.
+            if self.models is not None and model in self.models:
+                self.models = tuple(m for m in self.models if m != model)
+                log.warning(
+                    "%s: does not serve model %r (%s); job %s is left to endpoints that do",
+                    self.client.label,
+                    model,
+                    cause.message,
+                    job,
+                )
+            self._models_stale.set()
+            return
         if isinstance(cause, EndpointUnusable):
             self.broken = str(cause)
             log.error(
@@ -738,16 +853,19 @@ class EndpointDrainer:
                 try:
                     if not await self.client.ready(self.settings.probe_timeout_s):
                         raise EndpointRetryable(self.client.label, "/health not ready")
-                    await self.client.models(timeout_s=self.settings.probe_timeout_s)
+                    await self._read_models()
                 except EndpointUnusable as exc:
                     self.broken = str(exc)
+                    log.error(
+                        "%s: endpoint unusable, no work taken from it: %s", self.client.label, exc
+                    )
                     return
                 except EndpointError as exc:
                     self._probed = True
                     self.last_error = str(exc)
                     # Probe first, then ask whether to give up: a healthy endpoint at start
                     # goes straight to work, whatever the job list looks like yet.
-                    if burst and not await self.engine.any_work():
+                    if burst and not await self.engine.any_work(self):
                         return
                     attempt += 1
                     if await self.engine.sleep(self._backoff(attempt)):
@@ -766,15 +884,9 @@ class EndpointDrainer:
             rand=self.engine.rand,
         )
 
-    async def _model_for(self, spec: JobSpec) -> str:
-        if spec.model:
-            return spec.model
-        if self._model is None:
-            models = await self.client.models(timeout_s=self.settings.probe_timeout_s)
-            if not models:
-                raise EndpointUnusable(self.client.label, "serves no model (/v1/models is empty)")
-            self._model = models[0].id
-        return self._model
+    def _model_for(self, spec: JobSpec) -> str | None:
+        """The model to ask for: the job's, else the endpoint's own (the first it lists)."""
+        return spec.model or (self.models[0] if self.models else None)
 
     async def _retrying(self, call: Callable[[], Awaitable[T]]) -> tuple[T, int]:
         """Run ``call`` with the one retry policy of the worker; returns its value and the
@@ -813,8 +925,10 @@ class EndpointDrainer:
             return await self._chat_batch(spec, items, prior, tally)
         prompts = [spec.render(it.prompt) for it in items]
         timeout = self.settings.request_timeout_for(len(items), spec.params.max_tokens)
+        model = self._model_for(spec)
+        if model is None:
+            raise ModelNotServed(self.client.label, "serves no model")
         try:
-            model, _ = await self._retrying(lambda: self._model_for(spec))
             body, attempts = await self._retrying(
                 lambda: self.client.complete(model, prompts, spec.params, timeout_s=timeout)
             )
@@ -838,7 +952,9 @@ class EndpointDrainer:
     ) -> list[Result]:
         """A batch of a chat job: one chat request per prompt, all in flight at once (chat
         has no list form); a rejected prompt fails alone."""
-        model, _ = await self._retrying(lambda: self._model_for(spec))
+        model = self._model_for(spec)
+        if model is None:
+            raise ModelNotServed(self.client.label, "serves no model")
         timeout = self.settings.request_timeout_for(1, spec.params.max_tokens)
 
         async def one(item: PromptItem) -> Result:

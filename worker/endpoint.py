@@ -15,7 +15,7 @@ import aiohttp
 import msgspec
 import openai
 
-from common.errors import EndpointRejected, EndpointRetryable, EndpointUnusable
+from common.errors import EndpointRejected, EndpointRetryable, EndpointUnusable, ModelNotServed
 from common.models import SamplingParams
 from common.settings import mask_url
 
@@ -103,7 +103,8 @@ _models_decoder = msgspec.json.Decoder(_ModelList)
 
 # 408 Request Timeout and 409 Conflict are the server's transient states, not the prompt's fault.
 _RETRYABLE_4XX = frozenset({408, 409, 425, 429})
-_UNUSABLE = frozenset({401, 403, 404})
+# Wrong credentials: no request to this endpoint will succeed.
+_UNUSABLE = frozenset({401, 403})
 
 
 def _server_message(exc: openai.APIStatusError) -> str:
@@ -116,7 +117,12 @@ def _server_message(exc: openai.APIStatusError) -> str:
     return exc.response.text[:500] if exc.response is not None else str(exc)
 
 
-def _translate(endpoint: str, exc: openai.OpenAIError, timeout_s: float) -> Exception:
+def _translate(
+    endpoint: str, exc: openai.OpenAIError, timeout_s: float, *, generation: bool = True
+) -> Exception:
+    """Our error for an openai error. A 404 on a generation route names a model the server does
+    not serve (vLLM's answer for an unknown model): the job's trouble, not the endpoint's. A 404
+    on ``/v1/models`` (``generation`` False) means no OpenAI server at that URL."""
     if isinstance(exc, openai.APITimeoutError):
         return EndpointRetryable(endpoint, f"no answer within {timeout_s:g} s")
     if isinstance(exc, openai.APIConnectionError):
@@ -126,8 +132,10 @@ def _translate(endpoint: str, exc: openai.OpenAIError, timeout_s: float) -> Exce
         status, message = exc.status_code, _server_message(exc)
         if status >= 500 or status in _RETRYABLE_4XX:
             return EndpointRetryable(endpoint, message, status)
-        if status in _UNUSABLE:
+        if status in _UNUSABLE or (status == 404 and not generation):
             return EndpointUnusable(endpoint, message, status)
+        if status == 404:
+            return ModelNotServed(endpoint, message, status)
         return EndpointRejected(endpoint, message, status)
     return EndpointRetryable(endpoint, f"{type(exc).__name__}: {exc}")
 
@@ -206,9 +214,10 @@ class EndpointClient:
             raw = await self._client.models.with_raw_response.list(timeout=timeout_s)
             return _models_decoder.decode(raw.http_response.content).data
         except openai.OpenAIError as exc:
-            raise _translate(self.label, exc, timeout_s) from None
+            raise _translate(self.label, exc, timeout_s, generation=False) from None
         except msgspec.DecodeError as exc:
-            raise EndpointUnusable(self.label, f"unreadable /v1/models answer: {exc}") from None
+            # A proxy's HTML page or a server restarting: probed again, not given up on.
+            raise EndpointRetryable(self.label, f"unreadable /v1/models answer: {exc}") from None
 
     async def complete(
         self,

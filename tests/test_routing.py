@@ -1,0 +1,96 @@
+"""Model-aware routing in the drain engine, against a real Redis and in-process swarm-sim:
+each endpoint takes only the jobs whose model it serves; a 404 for a model is that job's
+trouble, a wrong key the endpoint's."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+import pytest
+from aiohttp import web
+
+from common.keys import GROUP
+from common.settings import Settings
+from common.store import RELEASED_IDLE_MS, JobStore
+from producer.enqueue import enqueue_prompts
+from sim.engine import EngineConfig
+from sim.server import SimFleet
+from sim.text import completion_for
+from tests.helpers import serve
+from tests.test_pipeline import collect_lines, prompts, run_engine, spec
+from worker.drain import Engine
+from worker.endpoint import EndpointClient
+
+
+async def _done(store: JobStore, job: str) -> int:
+    s = await store.status(job)
+    return s.done + s.failed
+
+
+async def test_an_unloaded_adapter_leaves_its_job_waiting_and_the_endpoint_serving_others(
+    make_settings: Callable[..., Settings],
+    store: JobStore,
+    sim_fleet: Callable[..., SimFleet],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    n = 1500
+    await enqueue_prompts(store, spec("lora", model="lora1"), prompts(n))
+    await enqueue_prompts(store, spec("base", model="m"), prompts(n))
+    # No periodic re-read during the run: the 404 itself must tell the worker.
+    settings = make_settings(batch_size=10, inflight=2, models_refresh_s=600)
+    cfg = EngineConfig(step_base_ms=3.0, step_per_seq_ms=0.0)
+    async with sim_fleet(1, cfg, model="m+lora1") as fleet:
+        sim = fleet.endpoints[0]
+        engine = Engine(settings, store, [EndpointClient(fleet.urls[0])])
+        run = asyncio.create_task(engine.run(burst=True))
+        try:
+            while await _done(store, "lora") < 100:
+                assert not run.done()
+                await asyncio.sleep(0.01)
+            sim.models = ["m"]  # the adapter is unloaded under the worker's feet
+            with caplog.at_level(logging.WARNING, "swarm.worker"):
+                await asyncio.wait_for(run, timeout=60)  # burst: lora is nobody's work now
+        finally:
+            await engine.close()
+        drainer = engine.drainers[0]
+        assert drainer.broken is None and drainer.models == ("m",)
+        assert any("does not serve model 'lora1'" in r.getMessage() for r in caplog.records)
+        assert await _done(store, "base") == n
+        left = await store.status("lora")
+        assert left.done < n and left.failed == 0
+        assert left.done + left.pending + left.in_flight == n
+        # The refused batches were released: whatever is still pending is marked long idle,
+        # for any endpoint serving lora1 to take at once.
+        held = await store.redis.xpending_range(store.keys.stream("lora"), GROUP, "-", "+", n)
+        assert len(held) == left.in_flight > 0
+        assert all(p["time_since_delivered"] >= RELEASED_IDLE_MS for p in held)
+
+        sim.models = ["m", "lora1"]  # loaded again: the job resumes
+        await run_engine(settings, store, fleet.urls)
+    for job in ("lora", "base"):
+        lines = await collect_lines(store, job)
+        assert [x["text"] for x in lines] == [completion_for(p, 16)[0] for p, _ in prompts(n)]
+        assert all(x["attempts"] == 1 for x in lines)  # a refused batch is no failed attempt
+
+
+async def test_a_wrong_key_breaks_only_its_endpoint_and_the_job_finishes_elsewhere(
+    make_settings: Callable[..., Settings], store: JobStore, sim_fleet: Callable[..., SimFleet]
+) -> None:
+    async def healthy_anyway(request: web.Request) -> web.Response:
+        return web.Response()
+
+    async def refuse(request: web.Request) -> web.Response:
+        return web.json_response({"error": {"message": "bad key", "code": 401}}, status=401)
+
+    app = web.Application()  # as vLLM with --api-key: /health is open, /v1 routes are not
+    app.router.add_get("/health", healthy_anyway)
+    app.router.add_route("*", "/v1/{tail:.*}", refuse)
+    await enqueue_prompts(store, spec("j"), prompts(300))
+    async with serve(app) as locked, sim_fleet(1) as fleet:
+        engine = await run_engine(make_settings(batch_size=10), store, [locked, *fleet.urls])
+    locked_drainer, healthy = engine.drainers
+    assert locked_drainer.circuit == "broken" and healthy.circuit == "closed"
+    assert engine.broken == [f"{locked}: HTTP 401: bad key"]
+    assert (locked_drainer.prompts_done, healthy.prompts_done) == (0, 300)

@@ -1,0 +1,122 @@
+"""One fleet, many jobs, many models, with real worker processes and real Redis: a job whose
+model no endpoint serves waits visibly and never stops the fleet or the other jobs."""
+
+from __future__ import annotations
+
+import http.server
+import signal
+import subprocess
+import threading
+
+import pytest
+
+from tests.helpers import wait_until
+from tests.test_e2e import BIN
+from tests.test_faults import Fleet, check_output
+
+pytestmark = pytest.mark.slow
+
+N_A, N_B, N_C = 2000, 1500, 300
+
+
+def _status(fleet: Fleet, *args: str) -> str:
+    out = subprocess.run(
+        [BIN / args[0], *args[1:]], env=fleet.env, capture_output=True, text=True, timeout=60
+    )
+    return out.stdout + out.stderr
+
+
+def _queue_three_jobs(fleet: Fleet) -> None:
+    # C first: the job nobody serves is the first one every worker sees.
+    for job, n, model in (("c", N_C, "model-c"), ("a", N_A, "model-a"), ("b", N_B, "model-b")):
+        enqueue = fleet.enqueue(job, n, set(), "--model", model)
+        assert enqueue.wait(timeout=60) == 0
+
+
+def test_jobs_for_two_models_finish_while_a_third_waits_for_its_endpoint(
+    fleet_factory: type[Fleet],
+) -> None:
+    fleet = fleet_factory(2, "--model", "model-a,model-b")
+    _queue_three_jobs(fleet)
+    worker = fleet.worker("w", [0, 1], burst=False)
+    wait_until("jobs a and b done", lambda: fleet.done("a") == N_A and fleet.done("b") == N_B)
+    # Every prompt went to the endpoint serving its model, and nothing else reached it.
+    assert (fleet.answered(0), fleet.answered(1)) == (N_A, N_B)
+    assert fleet.done("c") == 0
+    assert worker.poll() is None, fleet.logs[0].read_text()[-2000:]
+    waiting = "no live endpoint serves model 'model-c'; live endpoints serve: model-a, model-b"
+    wait_until("c shown waiting", lambda: waiting in _status(fleet, "swarm-status", "c"))
+    assert _status(fleet, "swarm-status", "c").startswith("job c: waiting\n")
+    jobs = {line.split()[0]: line.split()[1] for line in _status(fleet, "swarm-jobs").splitlines()}
+    assert (jobs["a"], jobs["b"], jobs["c"]) == ("finished", "finished", "waiting")
+
+    # An endpoint serving model-c appears: c starts and finishes, on it alone.
+    fleet_c = fleet_factory(1, "--model", "model-c")
+    worker_c = fleet_c.worker("wc", [0], burst=False)
+    wait_until("job c done", lambda: fleet.done("c") == N_C)
+    assert fleet_c.answered(0) == N_C
+    assert (fleet.answered(0), fleet.answered(1)) == (N_A, N_B)
+    for w in (worker, worker_c):
+        w.send_signal(signal.SIGTERM)
+        assert w.wait(timeout=60) == 0
+    for job, n in (("a", N_A), ("b", N_B), ("c", N_C)):
+        collect = fleet.collect(job)
+        collect.communicate(timeout=60)
+        assert collect.returncode == 0
+        check_output(fleet.tmp / f"{job}.jsonl", n, set())
+    log = fleet.logs[0].read_text()
+    assert "unusable" not in log and "no usable endpoint" not in log
+
+
+def test_burst_workers_exit_0_once_their_models_jobs_are_done(
+    fleet_factory: type[Fleet],
+) -> None:
+    fleet = fleet_factory(2, "--model", "model-a,model-b")
+    _queue_three_jobs(fleet)
+    workers = [fleet.worker("wa", [0]), fleet.worker("wb", [1])]
+    assert [w.wait(timeout=120) for w in workers] == [0, 0]
+    assert (fleet.done("a"), fleet.done("b"), fleet.done("c")) == (N_A, N_B, 0)
+    assert (fleet.answered(0), fleet.answered(1)) == (N_A, N_B)
+    for log in fleet.logs:
+        last = [x for x in log.read_text().splitlines() if "waiting for other endpoints" in x]
+        assert len(last) == 1 and last[0].endswith("c (model 'model-c')"), last
+
+
+class _WrongKey(http.server.BaseHTTPRequestHandler):
+    """vLLM started with --api-key, asked with another key: /health is open, /v1 refuses."""
+
+    def _answer(self) -> None:
+        if self.path == "/health":
+            self.send_response(200)
+            self.end_headers()
+            return
+        body = b'{"error": {"message": "invalid API key", "code": 401}}'
+        self.send_response(401)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_POST = _answer
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_a_burst_worker_with_an_unusable_endpoint_finishes_the_job_then_exits_1(
+    fleet_factory: type[Fleet],
+) -> None:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _WrongKey)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        fleet = fleet_factory(1)
+        assert fleet.enqueue("j", 500, set()).wait(timeout=60) == 0
+        locked = f"http://127.0.0.1:{server.server_address[1]}"
+        worker = fleet.worker("w", [0], SWARM_ENDPOINTS=f"{locked},{fleet.url(0)}")
+        assert worker.wait(timeout=120) == 1
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert fleet.done("j") == 500 and fleet.answered(0) == 500
+    log = fleet.logs[0].read_text()
+    assert f"exiting with an error: endpoint unusable: {locked}: HTTP 401: invalid API key" in log
