@@ -96,6 +96,11 @@ class Keys:
         ``swarm-retry`` can queue it again (acknowledged entries are deleted from the stream)."""
         return self._job(job, "failed")
 
+    def running(self, job: str) -> str:
+        """Hash: entry ID -> how many times a worker started that entry and neither committed
+        nor released it: each one a worker that died running it. What dead-lettering counts."""
+        return self._job(job, "running")
+
     def final(self, job: str) -> str:
         """String: the JSON :class:`common.models.ReduceOutput` of a job with a reduce stage,
         written once when the reduce has finished."""

@@ -9,6 +9,8 @@ Layout of one job (keys from :class:`common.keys.Keys`, all in the job's hash sl
 * hash ``results``: decimal index -> msgpack :class:`~common.models.Result`; first write wins.
 * hash ``meta``: ``spec``, ``total`` (set when the producer has read all input), counters
   ``done``/``failed``/``prompt_tokens``/``completion_tokens``, timestamps ``*_s``.
+* hash ``running``: entry ID -> runs started and never finished (see :meth:`JobStore.start`);
+  a count left behind is a worker that died running the entry.
 """
 
 from __future__ import annotations
@@ -78,8 +80,9 @@ __all__ = [
 # acknowledged entries are deleted, and the job is marked finished when the last result lands.
 # KEYS: results, meta, stream, failed. ARGV: group, now_s, prompt_tokens, completion_tokens, then
 # per entry (entry_id, index, result blob, error kind or '' on success, original entry payload).
+# Its ``running`` marks go with the ack (KEYS[5]).
 _COMMIT_LUA = """
-local results, meta, stream, failed_h = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local results, meta, stream, failed_h, running = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local group, now = ARGV[1], ARGV[2]
 local done, failed, ids = 0, 0, {}
 for b = 5, #ARGV, 5 do
@@ -99,6 +102,7 @@ for i = 1, #ids, 500 do
   local chunk = {unpack(ids, i, math.min(i + 499, #ids))}
   redis.call('XACK', stream, group, unpack(chunk))
   redis.call('XDEL', stream, unpack(chunk))
+  redis.call('HDEL', running, unpack(chunk))
 end
 if tonumber(ARGV[3]) > 0 then redis.call('HINCRBY', meta, 'prompt_tokens', ARGV[3]) end
 if tonumber(ARGV[4]) > 0 then redis.call('HINCRBY', meta, 'completion_tokens', ARGV[4]) end
@@ -158,10 +162,11 @@ return {1, total}
 
 # Re-claims, for the calling consumer, those of the given entries it still owns: resets their
 # idle time (a heartbeat) or, with an idle time, marks them long idle (a release). Entries another
-# worker has taken over meanwhile are left alone, so a slow worker never steals them back.
-# ARGV: group, consumer, idle_ms ('' for none), then the entry IDs (sorted).
+# worker has taken over meanwhile are left alone, so a slow worker never steals them back. A
+# release also takes back the run's ``running`` mark: handing work back is no death.
+# KEYS: stream, running. ARGV: group, consumer, idle_ms ('' for none), then the entry IDs (sorted).
 _CLAIM_MINE_LUA = """
-local stream, group, consumer, idle = KEYS[1], ARGV[1], ARGV[2], ARGV[3]
+local stream, running, group, consumer, idle = KEYS[1], KEYS[2], ARGV[1], ARGV[2], ARGV[3]
 local wanted = {}
 for i = 4, #ARGV do wanted[ARGV[i]] = true end
 local pending = redis.call('XPENDING', stream, group, ARGV[4], ARGV[#ARGV], 100000, consumer)
@@ -180,7 +185,18 @@ for i = 1, #ids, 500 do
   args[#args + 1] = 'JUSTID'
   redis.call(unpack(args))
 end
+if idle ~= '' then
+  for _, id in ipairs(ids) do
+    if redis.call('HINCRBY', running, id, -1) <= 0 then redis.call('HDEL', running, id) end
+  end
+end
 return #ids
+"""
+
+# Marks entries as started by a worker (see JobStore.start). KEYS: running. ARGV: entry IDs.
+_START_LUA = """
+for i = 1, #ARGV do redis.call('HINCRBY', KEYS[1], ARGV[i], 1) end
+return #ARGV
 """
 
 # Appends one chunk of prompts, all or nothing: refused if the job was cancelled or if the chunk
@@ -348,6 +364,7 @@ class JobStore:
         self._claim_mine = redis.register_script(_CLAIM_MINE_LUA)
         self._retry = redis.register_script(_RETRY_LUA)
         self._add = redis.register_script(_ADD_LUA)
+        self._start = redis.register_script(_START_LUA)
 
     @classmethod
     def from_settings(cls, settings: Settings, *, patient: bool = True) -> JobStore:
@@ -359,9 +376,10 @@ class JobStore:
         await self.redis.aclose()
 
     def _script_keys(self, job: str) -> list[str]:
-        """KEYS of the commit and retry scripts, in their order: results, meta, stream, failed."""
+        """KEYS of the commit and retry scripts, in their order: results, meta, stream, failed,
+        running."""
         k = self.keys
-        return [k.results(job), k.meta(job), k.stream(job), k.failed(job)]
+        return [k.results(job), k.meta(job), k.stream(job), k.failed(job), k.running(job)]
 
     # -- jobs ---------------------------------------------------------------------------
 
@@ -526,10 +544,10 @@ class JobStore:
         exclude: Container[bytes] = (),
     ) -> tuple[list[tuple[bytes, bytes | None, int]], bytes | None]:
         """Re-deliver to ``consumer`` its own unacknowledged entries (a restarted worker's
-        leftovers, or entries whose read reply was lost): ``(entry_id, payload, deliveries)``,
-        and the last ID looked at (None when done). Re-claiming counts as a delivery, so an
-        entry that kills every worker that takes it is eventually seen as such. ``exclude``:
-        entries this consumer is still working on."""
+        leftovers, or entries whose read reply was lost): ``(entry_id, payload, deaths)``, and
+        the last ID looked at (None when done). ``deaths``: how often workers died running the
+        entry (taking it back is none). ``exclude``: entries this consumer is still working
+        on."""
         stream = self.keys.stream(job)
         start = after if after == b"-" else b"(" + after
         async with redis_errors(self.url):
@@ -538,29 +556,39 @@ class JobStore:
                 return [], None
             ids = [p["message_id"] for p in pending if p["message_id"] not in exclude]
             claimed = await self.redis.xclaim(stream, GROUP, consumer, 0, ids) if ids else []
-        times = {p["message_id"]: p["times_delivered"] + 1 for p in pending}
-        entries = [(eid, f.get(b"d") if f else None, times.get(eid, 1)) for eid, f in claimed]
+            entries = await self._with_deaths(job, claimed)
         return entries, pending[-1]["message_id"]
+
+    async def _with_deaths(
+        self, job: str, claimed: list[tuple[bytes, dict[bytes, bytes] | None]]
+    ) -> list[tuple[bytes, bytes | None, int]]:
+        """``(entry_id, payload, deaths)`` of claimed entries (inside a redis_errors block)."""
+        if not claimed:
+            return []
+        marks = await self.redis.hmget(self.keys.running(job), [eid for eid, _ in claimed])
+        return [
+            (eid, f.get(b"d") if f else None, int(n or 0))
+            for (eid, f), n in zip(claimed, marks, strict=True)
+        ]
 
     async def autoclaim(
         self, job: str, consumer: str, min_idle_ms: int, count: int
     ) -> list[tuple[bytes, bytes | None, int]]:
-        """Take over up to ``count`` entries idle for ``min_idle_ms`` in any consumer's hands:
-        ``(entry_id, payload, deliveries)``."""
+        """Take over up to ``count`` entries idle for ``min_idle_ms`` in any consumer's hands
+        (released, or orphaned by a dead worker): ``(entry_id, payload, deaths)``."""
         stream = self.keys.stream(job)
         async with redis_errors(self.url):
             reply = await self.redis.xautoclaim(
                 stream, GROUP, consumer, min_idle_ms, start_id="0-0", count=count
             )
-            entries = reply[1]
-            if not entries:
-                return []
-            ids = sorted((eid for eid, _ in entries), key=_id_key)
-            pending = await self.redis.xpending_range(
-                stream, GROUP, ids[0], ids[-1], len(entries) * 4 + 100, consumer
-            )
-        times = {p["message_id"]: p["times_delivered"] for p in pending}
-        return [(eid, f.get(b"d") if f else None, times.get(eid, 1)) for eid, f in entries]
+            return await self._with_deaths(job, reply[1])
+
+    async def start(self, job: str, entry_ids: Sequence[bytes]) -> None:
+        """Mark entries as running: a mark is taken back by their commit or release, so a mark
+        still there when the entry is taken again is a worker that died running it."""
+        if entry_ids:
+            async with redis_errors(self.url):
+                await self._start(keys=[self.keys.running(job)], args=list(entry_ids))
 
     async def touch(self, job: str, consumer: str, entry_ids: Sequence[bytes]) -> int:
         """Reset the idle time of entries this consumer still owns, so none takes them as
@@ -578,12 +606,9 @@ class JobStore:
         if not entry_ids:
             return 0
         ids = sorted(entry_ids, key=_id_key)
+        keys = [self.keys.stream(job), self.keys.running(job)]
         async with redis_errors(self.url):
-            return int(
-                await self._claim_mine(
-                    keys=[self.keys.stream(job)], args=[GROUP, consumer, idle, *ids]
-                )
-            )
+            return int(await self._claim_mine(keys=keys, args=[GROUP, consumer, idle, *ids]))
 
     async def commit(
         self,

@@ -20,33 +20,54 @@ from worker.drain import Engine
 from worker.endpoint import EndpointClient
 
 
-async def _deliver(store: JobStore, n_times: int, ids: list[bytes]) -> None:
-    """Deliver ``ids`` ``n_times`` more, to workers that 'die' holding them."""
+async def _die_running(store: JobStore, n_times: int, ids: list[bytes]) -> None:
+    """``n_times``, a worker takes ``ids``, starts running them and dies (long ago: its
+    entries are idle past any claim idle time)."""
     for k in range(n_times):
-        await store.redis.xclaim(store.keys.stream("j"), "workers", f"crashed-{k}", 0, ids)
+        stream = store.keys.stream("j")
+        await store.redis.xclaim(stream, "workers", f"crashed-{k}", 0, ids, idle=10**6)
+        await store.start("j", ids)
+
+
+async def _hand_back(store: JobStore, n_times: int, ids: list[bytes]) -> None:
+    """``n_times``, a worker takes ``ids``, starts them and releases them (a failing endpoint,
+    a model it does not serve), then restarts and takes its own back: none of it a death."""
+    for _ in range(n_times):
+        await store.redis.xclaim(store.keys.stream("j"), "workers", "failing", 0, ids)
+        await store.start("j", ids)
+        assert await store.release("j", "failing", ids) == len(ids)
+        entries, _ = await store.claim_own_pending("j", "failing", 100)
+        assert [(eid, n) for eid, _, n in entries] == [(eid, 0) for eid in ids]
+    await store.release("j", "failing", ids)  # last of all, handed back for anyone to take
 
 
 async def test_entries_that_keep_killing_workers_are_dead_lettered_and_suspects_run_alone(
     make_settings: Callable[..., Settings], store: JobStore, sim_fleet: Callable[..., SimFleet]
 ) -> None:
     await enqueue_prompts(store, spec(), prompts(20))
-    taken = [eid for eid, _ in await store.read_new("j", "crashed", 20)]  # delivery 1
-    await _deliver(store, 8, taken[:2])  # 9 deliveries: past the limit of 8
-    await _deliver(store, 1, taken[2:5])  # 2 deliveries, 3 with the engine's: suspects
+    taken = [eid for eid, _ in await store.read_new("j", "crashed", 20)]
+    await _die_running(store, 9, taken[:2])  # 9 deaths: past the limit of 8
+    await _die_running(store, 2, taken[2:5])  # 2 deaths: suspects
+    await _die_running(store, 1, taken[5:10])  # 1 death: usually innocent, runs as usual
+    await _hand_back(store, 20, taken[10:])  # handed back 20 times: never a death
     settings = make_settings(claim_idle_ms=100, max_deliveries=8, batch_size=20)
     async with sim_fleet(1) as fleet:
         engine = await run_engine(settings, store, fleet.urls)
         requests = fleet.endpoints[0].requests_total
     lines = await collect_lines(store, "j")
     assert [x["error"] is not None for x in lines] == [True] * 2 + [False] * 18
-    assert lines[0]["error"].startswith("dead-lettered on delivery 10: the workers that took")
+    assert (
+        lines[0]["error"]
+        == "dead-lettered: 9 workers died running it (a prompt that kills workers?)"
+    )
     for x, (p, _) in zip(lines[2:], list(prompts(20))[2:], strict=True):
         assert x["text"] == completion_for(p, 16)[0]
     status = await store.status("j")
     assert status.failed_by_kind == {"dead_letter": 2} and status.finished
     assert engine.drainers[0].dead_lettered == 2
-    # The 15 entries seen twice ran as one batch; the 3 suspects each in a request of its own.
+    # The 15 entries with at most one death ran as one batch; the 3 suspects each alone.
     assert requests == 4
+    assert await store.redis.exists(store.keys.running("j")) == 0  # every mark went with its ack
 
 
 async def test_a_dead_and_a_stalled_endpoint_hand_their_work_to_the_healthy_one(

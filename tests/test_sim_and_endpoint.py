@@ -6,10 +6,12 @@ The endpoint tests run the real openai client against an in-process swarm-sim.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 
 import msgspec
 import pytest
+from aiohttp import web
 
 from common.embedded import free_port
 from common.errors import EndpointRejected, EndpointRetryable, ModelNotServed
@@ -17,6 +19,7 @@ from common.models import SamplingParams
 from sim.engine import Engine, EngineConfig
 from sim.server import FaultConfig, SimFleet
 from sim.text import completion_for, count_tokens
+from tests.helpers import serve
 from worker.endpoint import EndpointClient
 
 # -- the deterministic model ----------------------------------------------------------
@@ -181,6 +184,31 @@ async def test_timeout_is_retryable(sim_fleet: Callable[..., SimFleet]) -> None:
         try:
             with pytest.raises(EndpointRetryable, match=r"no answer within 0\.2 s"):
                 await client.complete("swarm-sim", ["a"], SamplingParams(), timeout_s=0.2)
+        finally:
+            await client.close()
+
+
+async def test_a_trickling_answer_is_cut_off_at_the_timeout_as_a_whole() -> None:
+    """A server that sends its headers, then a byte now and then, never finishing: httpx's
+    timeout acts per read, so only a deadline on the whole answer ends the request."""
+
+    async def trickle(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "application/json"})
+        await resp.prepare(request)
+        for _ in range(600):
+            await resp.write(b" ")
+            await asyncio.sleep(0.05)
+        return resp
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", trickle)
+    async with serve(app) as url:
+        client = EndpointClient(url)
+        try:
+            started = time.monotonic()
+            with pytest.raises(EndpointRetryable, match=r"no answer within 0\.5 s"):
+                await client.complete("m", ["a"], SamplingParams(), timeout_s=0.5)
+            assert time.monotonic() - started < 5  # not the 30 s the trickle lasts
         finally:
             await client.close()
 

@@ -38,7 +38,15 @@ from common.errors import (
     StoreUnavailable,
     SwarmError,
 )
-from common.models import EndpointInfo, EndpointStats, JobSpec, PromptItem, Result, Usage
+from common.models import (
+    EndpointInfo,
+    EndpointStats,
+    JobSpec,
+    PromptItem,
+    Result,
+    SamplingParams,
+    Usage,
+)
 from common.schema import AnswerValidator
 from common.settings import Settings
 from common.store import Commit, JobStore, decode_entry, index_of
@@ -49,8 +57,8 @@ __all__ = ["EndpointDrainer", "Engine"]
 
 log = logging.getLogger("swarm.worker")
 
-# From this delivery on, an entry is suspected of killing the workers that take it.
-SUSPECT_DELIVERIES = 3
+# An entry that this many workers died running is suspected of killing them: it runs alone.
+SUSPECT_DEATHS = 2
 
 # The adaptive window opens with this many requests in flight and never goes below it.
 ADAPT_START = 2
@@ -59,7 +67,7 @@ ADAPT_START = 2
 # server that lists a model it then refuses costs one request per job this often, no more.
 MODELS_RECHECK_S = 5.0
 
-# (entry ID, payload, how many times it has been delivered)
+# (entry ID, payload, how many workers died running it)
 Delivery = tuple[bytes, bytes | None, int]
 T = TypeVar("T")
 
@@ -392,7 +400,8 @@ class EndpointDrainer:
         self._open = asyncio.Event()
         self._probed = False
         self._was_ready = False  # has answered /health at least once
-        self._probe_lock = asyncio.Lock()
+        # The endpoint's one prober while its circuit is open; every slot waits on it.
+        self._prober: asyncio.Task[None] | None = None
         self._failures = 0  # consecutive failed requests, all slots together
         self._ready: set[str] = set()
         self._recovery_lock = asyncio.Lock()
@@ -408,7 +417,6 @@ class EndpointDrainer:
         self.window = Window(self.settings.inflight)
         self.prompts_done = 0
         self.prompts_failed = 0
-        self.requests = 0
         self.retries = 0
         self.dead_lettered = 0
         self.errors = 0
@@ -487,6 +495,12 @@ class EndpointDrainer:
     def circuit_open(self) -> bool:
         return self._open.is_set()
 
+    @property
+    def requests(self) -> int:
+        """Generation requests sent to the endpoint (probes included), as the client counts
+        them where they are sent."""
+        return self.client.requests
+
     # -- loops --------------------------------------------------------------------------
 
     async def run(self, *, burst: bool = False) -> None:
@@ -503,6 +517,8 @@ class EndpointDrainer:
         try:
             await asyncio.gather(*(self._slot(burst) for _ in range(slots)))
         finally:
+            if self._prober is not None:
+                helpers.append(self._prober)
             for task in helpers:
                 task.cancel()
             await asyncio.gather(*helpers, return_exceptions=True)
@@ -576,7 +592,7 @@ class EndpointDrainer:
                     # (at start, the endpoint is probed once before the job list decides)
                     if burst and self._probed and not await self.engine.any_work(self):
                         return
-                    await self._wait_healthy(burst)
+                    await self._await_probe(burst)
                     continue
                 async with self.window.token():
                     # A stop may have come while this slot waited for the window.
@@ -691,14 +707,16 @@ class EndpointDrainer:
     # -- doing work ---------------------------------------------------------------------
 
     async def process(self, job: str, deliveries: list[Delivery]) -> None:
-        """Finish one batch. A second delivery is usually innocent (a worker hit its walltime,
-        a batch was released) and runs as usual; an entry seen three times or more runs alone,
-        one after another, so that a prompt that kills workers cannot take its neighbours with
-        it; past ``max_deliveries`` it is dead-lettered."""
+        """Finish one batch, each entry by how many workers died running it. One death is
+        usually innocent (a walltime, a node lost) and runs as usual; from
+        :data:`SUSPECT_DEATHS` on, the entry runs alone, one after another, so that a prompt
+        that kills workers cannot take its neighbours with it; past ``max_deliveries`` deaths
+        it is dead-lettered. A release (a failing endpoint, a model not served) or a restart
+        taking back its own batches is no death: only a run that never finished is."""
         limit = self.settings.max_deliveries
         dead = [d for d in deliveries if d[2] > limit]
-        fresh = [d for d in deliveries if d[2] < SUSPECT_DELIVERIES]
-        suspects = [d for d in deliveries if SUSPECT_DELIVERIES <= d[2] <= limit]
+        fresh = [d for d in deliveries if d[2] < SUSPECT_DEATHS]
+        suspects = [d for d in deliveries if SUSPECT_DEATHS <= d[2] <= limit]
         ids = [eid for eid, _, _ in deliveries]
         # Everything taken stays ours until done: refreshed claims, and never restarted by a
         # sibling slot's reclaim while it waits for its turn here.
@@ -723,8 +741,8 @@ class EndpointDrainer:
                 Result(
                     index=index_of(eid),
                     endpoint=self.client.label,
-                    error=f"dead-lettered on delivery {n}: the workers that took it before "
-                    "died or gave up every time",
+                    error=f"dead-lettered: {n} workers died running it (a prompt that "
+                    "kills workers?)",
                     error_kind="dead_letter",
                 ),
                 payload,
@@ -757,6 +775,7 @@ class EndpointDrainer:
         tally = _Tally()
         try:
             if items:
+                await self.store.start(job, [eid for eid, _, _ in items])
                 done = await self._complete(spec, [it for _, _, it in items], 0, tally)
                 validator = self.engine.validator(spec)
                 if validator is not None:
@@ -767,6 +786,11 @@ class EndpointDrainer:
             cause = exc.cause if isinstance(exc, _GiveUp) else exc
             await self._release(job, ids, cause, self._model_for(spec))
             return
+        except asyncio.CancelledError:
+            # Stopped past the grace period: the batch goes back, and its run is no death.
+            with contextlib.suppress(StoreUnavailable):
+                await asyncio.shield(self.store.release(job, self.consumer, ids))
+            raise
         # Shielded: once results exist, finishing the (atomic) commit beats redoing them.
         commit = await self._commit(job, results, tally.prompt_tokens, tally.completion_tokens)
         self._count(job, commit)
@@ -844,37 +868,58 @@ class EndpointDrainer:
             )
             self._open.set()
 
+    async def _await_probe(self, burst: bool) -> None:
+        """Circuit open: wait for the endpoint's one prober, started by the first slot here.
+        (One per endpoint, not per slot: slots taking turns to probe a stalled endpoint kept
+        a burst worker alive a probe timeout per slot after its work was done.)"""
+        if self._prober is None or self._prober.done():
+            self._prober = asyncio.create_task(self._wait_healthy(burst), name="swarm-probe")
+        await asyncio.shield(self._prober)
+
     async def _wait_healthy(self, burst: bool = False) -> None:
-        """Circuit open: one slot probes the endpoint with backoff until it answers; the
-        others wait for it. In burst mode, probing stops once no job has work left."""
-        async with self._probe_lock:
-            attempt = 0
-            while self._open.is_set() and not self.engine.stopping:
-                try:
-                    if not await self.client.ready(self.settings.probe_timeout_s):
-                        raise EndpointRetryable(self.client.label, "/health not ready")
-                    await self._read_models()
-                except EndpointUnusable as exc:
-                    self.broken = str(exc)
-                    log.error(
-                        "%s: endpoint unusable, no work taken from it: %s", self.client.label, exc
-                    )
+        """Probe the endpoint with backoff until it answers; in burst mode, stop once no job
+        it may serve has work left."""
+        attempt = 0
+        while self._open.is_set() and not self.engine.stopping:
+            try:
+                if not await self.client.ready(self.settings.probe_timeout_s):
+                    raise EndpointRetryable(self.client.label, "/health not ready")
+                await self._read_models()
+                if self._was_ready:  # it failed before: a hung engine still answers those
+                    await self._probe_generation()
+            except EndpointUnusable as exc:
+                self.broken = str(exc)
+                log.error(
+                    "%s: endpoint unusable, no work taken from it: %s", self.client.label, exc
+                )
+                return
+            except EndpointError as exc:
+                self._probed = True
+                self.last_error = str(exc)
+                # Probe first, then ask whether to give up: a healthy endpoint at start
+                # goes straight to work, whatever the job list looks like yet.
+                if burst and not await self.engine.any_work(self):
                     return
-                except EndpointError as exc:
-                    self._probed = True
-                    self.last_error = str(exc)
-                    # Probe first, then ask whether to give up: a healthy endpoint at start
-                    # goes straight to work, whatever the job list looks like yet.
-                    if burst and not await self.engine.any_work(self):
-                        return
-                    attempt += 1
-                    if await self.engine.sleep(self._backoff(attempt)):
-                        return
-                    continue
-                self._probed = self._was_ready = True
-                log.info("%s: endpoint ready; taking work", self.client.label)
-                self._failures = 0
-                self._open.clear()
+                attempt += 1
+                if await self.engine.sleep(self._backoff(attempt)):
+                    return
+                continue
+            self._probed = self._was_ready = True
+            log.info("%s: endpoint ready; taking work", self.client.label)
+            self._failures = 0
+            self._open.clear()
+
+    async def _probe_generation(self) -> None:
+        """One token of one prompt, within the probe timeout: the endpoint really generates.
+        A refusal is an answer too (the server is alive); a timeout or 5xx is not."""
+        assert self.models
+        with contextlib.suppress(EndpointRejected, ModelNotServed):
+            await self.client.complete(
+                self.models[0],
+                ["ping"],
+                SamplingParams(max_tokens=1),
+                timeout_s=self.settings.probe_timeout_s,
+            )
 
     def _backoff(self, attempt: int) -> float:
         return backoff_s(
@@ -888,6 +933,23 @@ class EndpointDrainer:
         """The model to ask for: the job's, else the endpoint's own (the first it lists)."""
         return spec.model or (self.models[0] if self.models else None)
 
+    async def _unless_open(self, call: Awaitable[T]) -> T:
+        """``call``'s value; but once the circuit opens (the endpoint keeps failing), its
+        request is cancelled and the batch given up at once, for other endpoints to take."""
+        task = asyncio.ensure_future(call)
+        opened = asyncio.ensure_future(self._open.wait())
+        try:
+            await asyncio.wait({task, opened}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            opened.cancel()
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        if task.cancelled():
+            raise _GiveUp(EndpointRetryable(self.client.label, "circuit open"))
+        return task.result()
+
     async def _retrying(self, call: Callable[[], Awaitable[T]]) -> tuple[T, int]:
         """Run ``call`` with the one retry policy of the worker; returns its value and the
         attempts it took. Gives up (to release the batch) when the attempts run out or when the
@@ -898,8 +960,7 @@ class EndpointDrainer:
                 raise _GiveUp(EndpointRetryable(self.client.label, "circuit open"))
             attempt += 1
             try:
-                self.requests += 1
-                value = await call()
+                value = await self._unless_open(call())
             except EndpointRetryable as exc:
                 self.errors += 1
                 self.last_error = str(exc)

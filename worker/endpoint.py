@@ -7,6 +7,7 @@ times cheaper than building pydantic models for hundreds of choices per request.
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import Awaitable
 from typing import Any, TypeVar
@@ -157,6 +158,8 @@ class EndpointClient:
         self.url = url
         self.label = mask_url(url)
         self._timeout_s = timeout_s
+        # Generation requests really sent (completion and chat), whatever their outcome.
+        self.requests = 0
         self._auth = {"Authorization": f"Bearer {api_key or 'EMPTY'}"}
         self._session: aiohttp.ClientSession | None = None
         self._client = openai.AsyncOpenAI(
@@ -211,8 +214,11 @@ class EndpointClient:
     async def models(self, timeout_s: float = 30.0) -> list[ModelInfo]:
         """The models served, with ``max_model_len`` where the server reports it (vLLM does)."""
         try:
-            raw = await self._client.models.with_raw_response.list(timeout=timeout_s)
+            async with asyncio.timeout(timeout_s):
+                raw = await self._client.models.with_raw_response.list(timeout=timeout_s)
             return _models_decoder.decode(raw.http_response.content).data
+        except TimeoutError:
+            raise EndpointRetryable(self.label, f"no answer within {timeout_s:g} s") from None
         except openai.OpenAIError as exc:
             raise _translate(self.label, exc, timeout_s, generation=False) from None
         except msgspec.DecodeError as exc:
@@ -271,9 +277,15 @@ class EndpointClient:
         what: str,
     ) -> T:
         """Await an openai raw-response call and decode its body: the one boundary where
-        openai's errors and unreadable answers become swarm-queue's."""
+        openai's errors and unreadable answers become swarm-queue's. ``timeout_s`` is a
+        deadline for the whole answer (httpx's own timeout acts per read, so a server that
+        trickles bytes would otherwise hold the request for ever)."""
+        self.requests += 1
         try:
-            content = (await create).http_response.content
+            async with asyncio.timeout(timeout_s):
+                content = (await create).http_response.content
+        except TimeoutError:
+            raise EndpointRetryable(self.label, f"no answer within {timeout_s:g} s") from None
         except openai.OpenAIError as exc:
             raise _translate(self.label, exc, timeout_s) from None
         try:
