@@ -79,7 +79,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # batches in flight are released to other workers and it is probed until it answers.
     circuit_failures: int = 5
     probe_timeout_s: float = 10.0
-    # An entry delivered more often than this (its workers kept dying on it) is dead-lettered.
+    # An entry whose workers died running it more often than this is dead-lettered.
     max_deliveries: int = 8
     backoff_base_s: float = 0.5
     backoff_cap_s: float = 30.0

@@ -233,7 +233,7 @@ async def test_results_are_mapped_by_choice_index_never_by_position(
     assert [x["text"] for x in lines] == [completion_for(p, 16)[0] for p, _ in prompts(50)]
 
 
-async def test_a_missing_choice_fails_only_its_prompt(
+async def test_a_missing_choice_is_asked_again_then_fails_only_its_prompt(
     settings: Settings, store: JobStore, sim_fleet: Callable[..., SimFleet]
 ) -> None:
     await enqueue_prompts(store, spec(), prompts(50))
@@ -242,10 +242,63 @@ async def test_a_missing_choice_fails_only_its_prompt(
     lines = await collect_lines(store, "j")
     failed = [x["index"] for x in lines if x["error"]]
     assert failed == [i for i, (p, _) in enumerate(prompts(50)) if "13" in p]
-    assert lines[13]["error"].startswith("endpoint returned no choice with index")
+    # Asked for again on their own until the attempts ran out (6 by default).
+    assert lines[13]["error"] == "endpoint returned no choice for it in 6 attempts"
+    assert {lines[i]["attempts"] for i in failed} == {6}
     for x, (p, _) in zip(lines, prompts(50), strict=True):
         if not x["error"]:
             assert x["text"] == completion_for(p, 16)[0]
+            assert x["attempts"] == 1
+
+
+async def test_choices_missing_once_are_answered_by_the_next_request(
+    settings: Settings, store: JobStore, sim_fleet: Callable[..., SimFleet]
+) -> None:
+    dropped: set[str] = set()
+
+    def drop_each_once(prompts: list[str], choices: list[Choice]) -> list[Choice]:
+        kept = [c for c in choices if c.index % 3 or prompts[c.index] in dropped]
+        dropped.update(prompts[c.index] for c in choices)
+        return kept
+
+    await enqueue_prompts(store, spec(), prompts(60))
+    async with sim_fleet(1) as fleet:
+        await _drain_with(settings, store, _RewritingClient(fleet.urls[0], drop_each_once))
+    lines = await collect_lines(store, "j")
+    assert [x["text"] for x in lines] == [completion_for(p, 16)[0] for p, _ in prompts(60)]
+    assert {x["attempts"] for x in lines} == {1, 2}
+
+
+def _duplicated(prompts: list[str], choices: list[Choice]) -> list[Choice]:
+    return [msgspec.structs.replace(c, index=0) for c in choices]  # every answer claims 0
+
+
+def _one_based(prompts: list[str], choices: list[Choice]) -> list[Choice]:
+    return [msgspec.structs.replace(c, index=c.index + 1) for c in choices]
+
+
+@pytest.mark.parametrize("lie", [_duplicated, _one_based])
+async def test_an_answer_with_repeated_or_shifted_indices_is_never_committed(
+    make_settings: Callable[..., Settings],
+    store: JobStore,
+    sim_fleet: Callable[..., SimFleet],
+    lie: Callable[[list[str], list[Choice]], list[Choice]],
+) -> None:
+    await enqueue_prompts(store, spec(), prompts(200))
+    async with sim_fleet(2) as fleet:
+        settings = make_settings(batch_size=10, max_attempts=2, circuit_failures=3)
+        liar = _RewritingClient(fleet.urls[0], lie)
+        engine = Engine(settings, store, [liar, EndpointClient(fleet.urls[1])])
+        try:
+            await engine.run(burst=True)
+        finally:
+            await engine.close()
+    lines = await collect_lines(store, "j")
+    # Every answer is the right prompt's: the liar's were refused, its batches went elsewhere.
+    assert [x["text"] for x in lines] == [completion_for(p, 16)[0] for p, _ in prompts(200)]
+    liar_drainer, honest = engine.drainers
+    assert (liar_drainer.prompts_done, honest.prompts_done) == (0, 200)
+    assert "malformed answer: choice index" in liar_drainer.last_error
 
 
 async def test_a_failing_endpoint_releases_its_batch_to_another_worker(

@@ -9,12 +9,16 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
+import aiohttp
+from aiohttp import web
+
 from common.settings import Settings
 from common.store import JobStore
 from producer.enqueue import enqueue_prompts
 from sim.engine import EngineConfig
 from sim.server import FaultConfig, SimFleet
 from sim.text import completion_for
+from tests.helpers import serve
 from tests.test_pipeline import collect_lines, prompts, run_engine, spec
 from worker.drain import Engine
 from worker.endpoint import EndpointClient
@@ -156,3 +160,52 @@ async def test_a_slow_batch_keeps_its_claim_and_is_never_computed_twice(
     assert (a.drainers[0].prompts_done, b.drainers[0].prompts_done) == (n, 0)
     lines = await collect_lines(store, "j")
     assert [x["text"] for x in lines] == [completion_for(p, 30)[0] for p, _ in prompts(n)]
+
+
+async def test_odd_bodies_from_the_only_endpoint_lose_nothing_and_the_job_ends_when_it_heals(
+    make_settings: Callable[..., Settings], store: JobStore, sim_fleet: Callable[..., SimFleet]
+) -> None:
+    """A proxy in front of the simulator answers its first generation requests with an HTML
+    502, a 200 that is not JSON and a 200 of broken JSON, in turn, then heals."""
+    odd = [  # (status, content type, body): a fresh response is built for each request
+        (502, "text/html", "<html><body>Bad Gateway</body></html>"),
+        (200, "text/plain", "Service restarting"),
+        (200, "application/json", '{"choices": [{"index": 0, "te'),
+    ]
+    bad_answers = 12
+    sent = 0
+
+    async with sim_fleet(1) as fleet, aiohttp.ClientSession() as http:
+
+        async def proxy(request: web.Request) -> web.StreamResponse:
+            nonlocal sent
+            body = await request.read()
+            if request.path.startswith("/v1/completions"):
+                sent += 1
+                if sent <= bad_answers:
+                    status, kind, text = odd[sent % len(odd)]
+                    return web.Response(status=status, text=text, content_type=kind)
+            async with http.request(
+                request.method,
+                fleet.urls[0] + request.path,
+                data=body,
+                headers={"Content-Type": "application/json"},
+            ) as upstream:
+                return web.Response(
+                    status=upstream.status,
+                    body=await upstream.read(),
+                    content_type=upstream.content_type,
+                )
+
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", proxy)
+        await enqueue_prompts(store, spec(), prompts(300))
+        settings = make_settings(batch_size=10, inflight=3, max_attempts=2, circuit_failures=3)
+        async with serve(app) as url:
+            engine = await run_engine(settings, store, [url])
+    lines = await collect_lines(store, "j")
+    assert [x["text"] for x in lines] == [completion_for(p, 16)[0] for p, _ in prompts(300)]
+    status = await store.status("j")
+    assert (status.done, status.failed) == (300, 0)
+    # Every odd answer was met (by requests, then by the probe) before the job could end.
+    assert sent > bad_answers and engine.drainers[0].errors >= settings.circuit_failures

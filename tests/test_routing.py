@@ -35,7 +35,7 @@ async def test_an_unloaded_adapter_leaves_its_job_waiting_and_the_endpoint_servi
     sim_fleet: Callable[..., SimFleet],
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    n = 1500
+    n = 600
     await enqueue_prompts(store, spec("lora", model="lora1"), prompts(n))
     await enqueue_prompts(store, spec("base", model="m"), prompts(n))
     # No periodic re-read during the run: the 404 itself must tell the worker.
@@ -46,7 +46,7 @@ async def test_an_unloaded_adapter_leaves_its_job_waiting_and_the_endpoint_servi
         engine = Engine(settings, store, [EndpointClient(fleet.urls[0])])
         run = asyncio.create_task(engine.run(burst=True))
         try:
-            while await _done(store, "lora") < 100:
+            while await _done(store, "lora") < 60:
                 assert not run.done()
                 await asyncio.sleep(0.01)
             sim.models = ["m"]  # the adapter is unloaded under the worker's feet

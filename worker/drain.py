@@ -50,7 +50,7 @@ from common.models import (
 from common.schema import AnswerValidator
 from common.settings import Settings
 from common.store import Commit, JobStore, decode_entry, index_of
-from worker.endpoint import CompletionBody, EndpointClient, Load
+from worker.endpoint import ChatBody, CompletionBody, EndpointClient, Load
 from worker.reduce import Reducer, StageBusy
 
 __all__ = ["EndpointDrainer", "Engine"]
@@ -101,6 +101,21 @@ def next_window(
     if load.waiting <= 0 and (load.running > 0 or answering) and busy:
         return min(hi, window * 2 if ramping else window + 1)
     return window
+
+
+def check_choice_indices(endpoint: str, indices: list[int], n: int) -> None:
+    """Refuse (as retryable: another try, or another endpoint) an answer to ``n`` prompts
+    whose choice indices are not distinct values in ``0..n-1``: a server that repeats or
+    shifts them would put one prompt's answer under another's index. Fewer is allowed."""
+    seen: set[int] = set()
+    for i in indices:
+        if not 0 <= i < n or i in seen:
+            raise EndpointRetryable(
+                endpoint,
+                f"malformed answer: choice index {i} for {n} prompts (each of 0..{n - 1} "
+                "expected at most once)",
+            )
+        seen.add(i)
 
 
 class Window:
@@ -834,6 +849,7 @@ class EndpointDrainer:
     ) -> None:
         with contextlib.suppress(StoreUnavailable):
             await self.store.release(job, self.consumer, ids)
+        self.engine.reclaim_soon(job)  # this worker's other endpoints take them at once
         if isinstance(cause, ModelNotServed):
             # The job's trouble, not the endpoint's: stop taking the job until the served
             # models, re-read soon, say otherwise.
@@ -989,10 +1005,14 @@ class EndpointDrainer:
         model = self._model_for(spec)
         if model is None:
             raise ModelNotServed(self.client.label, "serves no model")
+
+        async def call() -> CompletionBody:
+            body = await self.client.complete(model, prompts, spec.params, timeout_s=timeout)
+            check_choice_indices(self.client.label, [c.index for c in body.choices], len(prompts))
+            return body
+
         try:
-            body, attempts = await self._retrying(
-                lambda: self.client.complete(model, prompts, spec.params, timeout_s=timeout)
-            )
+            body, attempts = await self._retrying(call)
         except EndpointRejected as exc:
             attempts = prior + 1
             if len(items) == 1:
@@ -1006,7 +1026,26 @@ class EndpointDrainer:
         if body.usage is not None:
             tally.prompt_tokens += body.usage.prompt_tokens
             tally.completion_tokens += body.usage.completion_tokens
-        return self._map_choices(items, body, prior + attempts)
+        attempts += prior
+        mapped = self._map_choices(items, body, attempts)
+        missing = [it for it, r in zip(items, mapped, strict=True) if r is None]
+        if not missing:
+            return [r for r in mapped if r is not None]
+        # Choices the server left out are asked for again, on their own, until the attempts
+        # run out; only then does a prompt fail for want of a choice.
+        if attempts < self.settings.max_attempts:
+            again = iter(await self._complete(spec, missing, attempts, tally))
+        else:
+            again = iter(
+                self._failed(
+                    it,
+                    f"endpoint returned no choice for it in {attempts} attempts",
+                    "no_choice",
+                    attempts,
+                )
+                for it in missing
+            )
+        return [r if r is not None else next(again) for r in mapped]
 
     async def _chat_batch(
         self, spec: JobSpec, items: list[PromptItem], prior: int, tally: _Tally
@@ -1020,10 +1059,16 @@ class EndpointDrainer:
 
         async def one(item: PromptItem) -> Result:
             messages = item.chat_messages(spec)
+
+            async def call() -> ChatBody:
+                body = await self.client.chat(model, messages, spec.params, timeout_s=timeout)
+                check_choice_indices(self.client.label, [c.index for c in body.choices[:1]], 1)
+                if not body.choices:
+                    raise EndpointRetryable(self.client.label, "malformed answer: no choice")
+                return body
+
             try:
-                body, attempts = await self._retrying(
-                    lambda: self.client.chat(model, messages, spec.params, timeout_s=timeout)
-                )
+                body, attempts = await self._retrying(call)
             except EndpointRejected as exc:
                 return self._failed(item, exc.message, "rejected", prior + 1)
             usage = None
@@ -1031,10 +1076,6 @@ class EndpointDrainer:
                 tally.prompt_tokens += body.usage.prompt_tokens
                 tally.completion_tokens += body.usage.completion_tokens
                 usage = Usage(body.usage.prompt_tokens, body.usage.completion_tokens)
-            if not body.choices:
-                return self._failed(
-                    item, "endpoint returned no choice", "no_choice", prior + attempts
-                )
             choice = body.choices[0]
             return Result(
                 index=item.index,
@@ -1061,19 +1102,16 @@ class EndpointDrainer:
 
     def _map_choices(
         self, items: list[PromptItem], body: CompletionBody, attempts: int
-    ) -> list[Result]:
-        """One result per item, matched by ``choice.index`` (never by position)."""
+    ) -> list[Result | None]:
+        """One result per item, matched by ``choice.index`` (never by position); None where
+        the server gave no choice (indices already checked by :func:`check_choice_indices`)."""
         by_index = {c.index: c for c in body.choices}
         exact_usage = len(items) == 1 and body.usage is not None
-        out = []
+        out: list[Result | None] = []
         for i, item in enumerate(items):
             choice = by_index.get(i)
             if choice is None:
-                out.append(
-                    self._failed(
-                        item, f"endpoint returned no choice with index {i}", "no_choice", attempts
-                    )
-                )
+                out.append(None)
                 continue
             usage = None
             if exact_usage and body.usage is not None:

@@ -22,7 +22,15 @@ from common.settings import mask_url
 
 T = TypeVar("T")
 
-__all__ = ["Choice", "CompletionBody", "EndpointClient", "Load", "ModelInfo", "parse_load"]
+__all__ = [
+    "ChatBody",
+    "Choice",
+    "CompletionBody",
+    "EndpointClient",
+    "Load",
+    "ModelInfo",
+    "parse_load",
+]
 
 
 class Choice(msgspec.Struct):
