@@ -200,19 +200,22 @@ return #ARGV
 """
 
 # Appends one chunk of prompts, all or nothing: refused if the job was cancelled or if the chunk
-# does not start exactly where the stream ends (a resume from the wrong point). KEYS: meta,
-# stream. ARGV: first index, then the payloads in index order. Returns {status, enqueued}.
+# does not start exactly where the stream ends (a resume from the wrong point). The digest of
+# the input up to the chunk's end is kept with the resume point, so a resume can check it goes
+# on with the same input. KEYS: meta, stream. ARGV: first index, input digest ('' for none),
+# then the payloads in index order. Returns {status, enqueued}.
 _ADD_LUA = """
 local meta, stream = KEYS[1], KEYS[2]
 if redis.call('HEXISTS', meta, 'cancelled_s') == 1 then return {-1, 0} end
 local have = tonumber(redis.call('HGET', meta, 'enqueued') or '0')
 local first = tonumber(ARGV[1])
 if have ~= first then return {-2, have} end
-for i = 2, #ARGV do
-  redis.call('XADD', stream, string.format('0-%d', first + i - 1), 'd', ARGV[i])
+for i = 3, #ARGV do
+  redis.call('XADD', stream, string.format('0-%d', first + i - 2), 'd', ARGV[i])
 end
-redis.call('HSET', meta, 'enqueued', first + #ARGV - 1)
-return {1, first + #ARGV - 1}
+redis.call('HSET', meta, 'enqueued', first + #ARGV - 2)
+if ARGV[2] ~= '' then redis.call('HSET', meta, 'input_digest', ARGV[2]) end
+return {1, first + #ARGV - 2}
 """
 
 # Takes or refreshes the per-job producer lock. ARGV: token, ttl_ms.
@@ -458,11 +461,19 @@ class JobStore:
             if await self.redis.get(key) == token.encode():
                 await self.redis.delete(key)
 
-    async def add_items(self, job: str, items: Sequence[PromptItem]) -> None:
-        """Append ``items`` (consecutive indices from the current end) in one atomic step."""
+    async def resume_point(self, job: str) -> tuple[int, str | None]:
+        """How many prompts the producer has queued, and the digest of the input they came
+        from (None for a job queued before digests were kept)."""
+        async with redis_errors(self.url):
+            have, digest = await self.redis.hmget(self.keys.meta(job), ["enqueued", "input_digest"])
+        return int(have or 0), None if digest is None else digest.decode()
+
+    async def add_items(self, job: str, items: Sequence[PromptItem], digest: str = "") -> None:
+        """Append ``items`` (consecutive indices from the current end) in one atomic step;
+        ``digest``: of the whole input up to the last of them, kept with the resume point."""
         if not items:
             return
-        args: list[Any] = [items[0].index, *(encode(item) for item in items)]
+        args: list[Any] = [items[0].index, digest, *(encode(item) for item in items)]
         async with redis_errors(self.url):
             status, have = await self._add(
                 keys=[self.keys.meta(job), self.keys.stream(job)], args=args
@@ -752,15 +763,18 @@ class JobStore:
         return n
 
     async def job_has_work(self, job: str) -> bool:
-        """True while the job may still produce work: not yet sealed, or entries not yet acked."""
+        """True while the job has entries not yet acked, or is not sealed and a live producer
+        is still feeding it. (An unsealed job whose producer died or refused its input has no
+        work until it is resumed: a burst worker does not wait for it.)"""
         async with redis_errors(self.url):
             pipe = self.redis.pipeline(transaction=False)
             pipe.hmget(self.keys.meta(job), ["total", "finished_s", "cancelled_s"])
             pipe.xlen(self.keys.stream(job))
-            (total, finished, cancelled), length = await pipe.execute()
+            pipe.exists(self.keys.producer_lock(job))
+            (total, finished, cancelled), length, feeding = await pipe.execute()
         if finished is not None or cancelled is not None:
             return False
-        return total is None or int(length) > 0
+        return int(length) > 0 or (total is None and bool(feeding))
 
     # -- collector and status -----------------------------------------------------------
 

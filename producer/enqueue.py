@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import hashlib
 import os
 import socket
 import sys
@@ -30,7 +31,7 @@ from common.errors import (
 )
 from common.fleet import waiting_reason
 from common.keys import validate_job_name
-from common.models import JobSpec, Message, PromptItem, ReduceSpec, SamplingParams
+from common.models import JobSpec, Message, PromptItem, ReduceSpec, SamplingParams, encode
 from common.schema import AnswerValidator
 from common.settings import Settings
 from common.store import JobStore, producer_token
@@ -62,6 +63,19 @@ def _holder_is_dead(holder: str) -> bool:
     except PermissionError:
         return False
     return False
+
+
+class _InputDigest:
+    """A hash chain over every prompt of an input, in order: what the job keeps to recognise
+    the input it was queued from."""
+
+    def __init__(self) -> None:
+        self.value = ""
+
+    def add(self, item: PromptItem) -> None:
+        h = hashlib.blake2b(self.value.encode(), digest_size=16)
+        h.update(encode(item))
+        self.value = h.hexdigest()
 
 
 async def _take_lock(store: JobStore, job: str, token: str) -> None:
@@ -109,8 +123,19 @@ async def enqueue_prompts(
         # Small enough chunks that the window stays mostly full while the producer waits.
         chunk = min(chunk, max(1, window // 4))
     job = spec.job
-    await store.create_job(spec)
     token = token or producer_token()
+    # A new job is registered only when its first prompts are ready: an input refused on its
+    # first lines leaves nothing behind. An existing one has its settings checked at once.
+    created = False
+
+    async def ensure_created() -> None:
+        nonlocal created
+        if not created:
+            await store.create_job(spec)
+            created = True
+
+    if (await store.meta(job)).get("spec") is not None:
+        await ensure_created()
     await _take_lock(store, job, token)
     try:
         meta = await store.meta(job)
@@ -120,7 +145,8 @@ async def enqueue_prompts(
                 "resumes what it had queued"
             )
         sealed_total = int(meta["total"]) if "total" in meta else None
-        start = await store.enqueued_count(job)
+        start, stored_digest = await store.resume_point(job)
+        digest = _InputDigest()
         count, added = 0, 0
         buf: list[PromptItem] = []
         shown = time.monotonic()
@@ -132,27 +158,37 @@ async def enqueue_prompts(
                     f"job {job!r} was sealed with {sealed_total} prompts; this input has more. "
                     "Use another job name."
                 )
-            if index < start:
-                continue
             if not isinstance(prompt, str) and not spec.chat:
                 raise ConfigError(
                     f"prompt {index} is a conversation: only a --chat job can send one"
                 )
-            buf.append(PromptItem.of(index, prompt, custom_id))
+            item = PromptItem.of(index, prompt, custom_id)
+            digest.add(item)
+            if index < start:
+                if index == start - 1 and stored_digest not in (None, digest.value):
+                    raise JobConflictError(
+                        f"job {job!r} already holds {start} prompts queued from another input "
+                        "(they differ from this input's first ones): use another job name, or "
+                        "the input the job was queued from"
+                    )
+                continue
+            buf.append(item)
             if len(buf) >= chunk:
+                await ensure_created()
                 if window is not None:
                     await _wait_for_room(store, job, token, index + 1, window)
-                await store.add_items(job, buf)
+                await store.add_items(job, buf, digest.value)
                 added += len(buf)
                 buf.clear()
                 await _take_lock(store, job, token)  # refresh
                 if progress and time.monotonic() - shown > 1.0:
                     print(f"swarm-enqueue: {job}: {count} prompts read", file=sys.stderr)
                     shown = time.monotonic()
+        await ensure_created()
         if buf:
             if window is not None:
                 await _wait_for_room(store, job, token, count, window)
-            await store.add_items(job, buf)
+            await store.add_items(job, buf, digest.value)
             added += len(buf)
         if count < start:
             raise JobConflictError(

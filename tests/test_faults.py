@@ -8,6 +8,7 @@ exactly the over-long prompts failed, with the server's message.
 from __future__ import annotations
 
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -21,6 +22,7 @@ import redis
 
 from common.embedded import EmbeddedRedis, free_port
 from sim.text import completion_for
+from tests.helpers import wait_until
 from tests.test_e2e import BIN, _wait_port
 
 pytestmark = pytest.mark.slow
@@ -295,3 +297,41 @@ def test_sigterm_finishes_batches_in_flight_or_leaves_them_for_the_successor(
         assert fleet.done("stop") == n and in_flight() == 0
     finally:
         client.close()
+
+
+def test_a_worker_killed_every_second_or_so_under_one_name_dead_letters_nothing(
+    fleet_factory: type[Fleet],
+) -> None:
+    """A restart taking back its own batches is no death against them: only a batch running
+    when its worker died counts. Each restart takes back hundreds of entries that wait for a
+    slot, and a kill while they wait is not theirs; counting it dead-lettered innocent prompts
+    (3,831 of 10,000 in 36 kills, before)."""
+    n = 20_000
+    fleet = fleet_factory(2, "--step-ms", "10")
+    assert fleet.enqueue("kills", n, set()).wait(timeout=60) == 0
+    client = redis.Redis.from_url(fleet.redis_url)
+    stream = f"{fleet.prefix}:{{kills}}:q"
+    rng = random.Random(7)
+    kills = 0
+    limit = {"SWARM_MAX_DELIVERIES": "3"}
+    try:
+        while kills < 8 and fleet.done("kills") < n:
+            worker = fleet.worker("k", [0, 1], **limit)
+            # Killed while it holds work, at a moment drawn at random: the fault being
+            # modelled, not a wait for something.
+            wait_until(
+                "the worker holds work", lambda: client.xpending(stream, "workers")["pending"] > 0
+            )
+            time.sleep(rng.uniform(1.5, 2.5))
+            worker.send_signal(signal.SIGKILL)
+            worker.wait()
+            kills += 1
+        last = fleet.worker("k", [0, 1], **limit)
+        assert last.wait(timeout=120) == 0, fleet.logs[-1].read_text()[-2000:]
+    finally:
+        client.close()
+    assert kills >= 8
+    collector = fleet.collect("kills")
+    _out, err = collector.communicate(timeout=120)
+    assert collector.returncode == 0, err  # 0: every prompt answered, none dead-lettered
+    check_output(fleet.tmp / "kills.jsonl", n, set())

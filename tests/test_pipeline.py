@@ -13,8 +13,8 @@ from collections.abc import Callable, Iterator
 import msgspec
 import pytest
 
-from common.errors import JobConflictError
-from common.models import JobSpec, PromptItem, Result, SamplingParams
+from common.errors import InputError, JobConflictError
+from common.models import JobSpec, PromptItem, Result, SamplingParams, decode_item
 from common.settings import Settings
 from common.store import JobStore
 from producer.collect import collect
@@ -454,3 +454,60 @@ async def test_collect_evict_leaves_only_unwritten_results_in_redis(
     raw = await asyncio.to_thread(Path(out).read_bytes)
     lines = [msgspec.json.decode(x) for x in raw.splitlines()]
     assert [x["text"] for x in lines] == [f"t{i}" for i in range(n)]
+
+
+async def test_another_input_under_an_existing_job_name_is_refused(store: JobStore) -> None:
+    def other(n: int) -> Iterator[tuple[str, str | None]]:
+        return ((f"a different question {i}", None) for i in range(n))
+
+    await enqueue_prompts(store, spec(), prompts(2000))
+    # The same count of lines from another file: refused, not "2000 already queued".
+    with pytest.raises(JobConflictError, match="already holds 2000 prompts queued from another"):
+        await enqueue_prompts(store, spec(), other(2000))
+    again = await enqueue_prompts(store, spec(), prompts(2000))  # its own input: fine
+    assert (again.added, again.already_queued) == (0, 2000)
+
+    # An interrupted enqueue resumed with another file: refused before anything is mixed in.
+    def crashing() -> Iterator[tuple[str, str | None]]:
+        for i, p in enumerate(prompts(3000)):
+            if i == 1200:
+                raise KeyboardInterrupt
+            yield p
+
+    with pytest.raises(KeyboardInterrupt):
+        await enqueue_prompts(store, spec("k"), crashing(), chunk=500)
+    with pytest.raises(JobConflictError, match="already holds 1000 prompts queued from another"):
+        await enqueue_prompts(store, spec("k"), other(3000), chunk=500)
+    assert await store.enqueued_count("k") == 1000
+    report = await enqueue_prompts(store, spec("k"), prompts(3000), chunk=700)  # other chunks
+    assert (report.added, report.already_queued) == (2000, 1000)
+    entries = await store.redis.xrange(store.keys.stream("k"))
+    assert [decode_item(f[b"d"]).prompt for _, f in entries] == [p for p, _ in prompts(3000)]
+
+
+async def test_an_input_refused_on_its_first_lines_leaves_no_job_behind(store: JobStore) -> None:
+    def refused() -> Iterator[tuple[str, str | None]]:
+        yield "fine", None
+        raise InputError("p.jsonl", 2, "invalid JSON")
+
+    with pytest.raises(InputError):
+        await enqueue_prompts(store, spec("nothing"), refused())
+    assert await store.list_jobs() == []
+    assert [k async for k in store.redis.scan_iter(match=f"{store.keys.prefix}:*")] == []
+
+
+async def test_a_burst_worker_does_not_wait_for_an_unsealed_job_whose_producer_is_gone(
+    make_settings: Callable[..., Settings], store: JobStore, sim_fleet: Callable[..., SimFleet]
+) -> None:
+    def dies_halfway() -> Iterator[tuple[str, str | None]]:
+        for i, p in enumerate(prompts(500)):
+            if i == 300:
+                raise InputError("p.txt", 301, "line too long")  # the rest never comes
+            yield p
+
+    with pytest.raises(InputError):
+        await enqueue_prompts(store, spec(), dies_halfway(), chunk=100)
+    async with sim_fleet(1) as fleet:
+        await asyncio.wait_for(run_engine(make_settings(), store, fleet.urls), timeout=30)
+    status = await store.status("j")
+    assert (status.done, status.total, status.finished) == (300, None, False)

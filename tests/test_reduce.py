@@ -234,12 +234,12 @@ async def test_a_stage_change_cut_off_halfway_is_finished_by_the_next_run(
             real_add = store.add_items
             calls = 0
 
-            async def add_then_die(job: str, items: list[object]) -> None:
+            async def add_then_die(job: str, items: list[object], digest: str = "") -> None:
                 nonlocal calls
                 calls += 1
                 if calls == 2:  # the first chunk of level 1 is in; the process dies
                     raise _Crash
-                await real_add(job, items)  # type: ignore[arg-type]
+                await real_add(job, items, digest)  # type: ignore[arg-type]
 
             store.add_items = add_then_die  # type: ignore[method-assign]
             with pytest.raises(_Crash):
