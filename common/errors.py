@@ -8,6 +8,7 @@ decisions are taken from the class, never from message text.
 from __future__ import annotations
 
 __all__ = [
+    "BadRecordError",
     "ConfigError",
     "EndpointError",
     "EndpointRejected",
@@ -62,6 +63,11 @@ class ProducerBusyError(JobConflictError):
 
 class JobCancelledError(SwarmError):
     """The job was cancelled with ``swarm-cancel``."""
+
+
+class BadRecordError(SwarmError):
+    """A record in Redis cannot be read (written by another tool, or damaged): what it belongs
+    to is skipped and shown, never fatal to the other jobs."""
 
 
 class StoreUnavailable(SwarmError):

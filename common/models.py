@@ -39,6 +39,7 @@ __all__ = [
     "encode",
     "encode_final",
     "encode_json_line",
+    "result_or_failure",
     "timestamp_s",
 ]
 
@@ -350,6 +351,24 @@ def decode_item(data: bytes) -> PromptItem:
 
 def decode_result(data: bytes) -> Result:
     return _result_decoder.decode(data)
+
+
+def result_or_failure(index: int, data: bytes) -> Result:
+    """The result stored under ``index``, or a failure saying it cannot be read (a record
+    damaged or written by something else fails its own prompt, nothing more)."""
+    try:
+        result = _result_decoder.decode(data)
+    except msgspec.DecodeError as exc:
+        return Result(
+            index=index, error=f"unreadable result in Redis: {exc}", error_kind="bad_entry"
+        )
+    if result.index != index:
+        return Result(
+            index=index,
+            error=f"result in Redis under {index} is for index {result.index}",
+            error_kind="bad_entry",
+        )
+    return result
 
 
 _endpoint_stats_decoder = msgspec.msgpack.Decoder(EndpointStats)

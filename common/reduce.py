@@ -13,7 +13,7 @@ import re
 import statistics
 import unicodedata
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import msgspec
@@ -24,6 +24,7 @@ from common.models import FailedPrompt, ReduceOutput, ReduceSpec, Result, timest
 __all__ = [
     "aggregate",
     "failures",
+    "function_allowed",
     "load_function",
     "merge_json",
     "normalise",
@@ -144,6 +145,13 @@ def _stats(ok: Sequence[Result], failed: list[FailedPrompt]) -> dict[str, Any]:
     }
 
 
+def function_allowed(path: str, allowed: Iterable[str]) -> bool:
+    """True when ``path`` (``package.module:function``) is in ``allowed``, itself or as
+    ``package.module:*``: workers import only what their own settings name."""
+    module, _, _ = path.partition(":")
+    return any(a == path or a == f"{module}:*" for a in allowed)
+
+
 def load_function(path: str) -> Callable[[list[Result]], Any]:
     """The user's aggregator ``package.module:function``, imported; ConfigError if absent."""
     module_name, _, attr = path.partition(":")
@@ -157,11 +165,15 @@ def load_function(path: str) -> Callable[[list[Result]], Any]:
     return fn  # type: ignore[no-any-return]
 
 
-def aggregate(job: str, spec: ReduceSpec, results: Sequence[Result]) -> ReduceOutput:
+def aggregate(
+    job: str, spec: ReduceSpec, results: Sequence[Result], allowed: Iterable[str] = ()
+) -> ReduceOutput:
     """Apply ``spec`` (any kind but ``tree``) to ``results``, in index order.
 
     A user function gets the successful results (a list of :class:`Result`, in index order)
-    and returns anything JSON can hold; if it raises, the output carries the error.
+    and returns anything JSON can hold; if it raises, the output carries the error. It is
+    imported only if ``allowed`` names it (see :func:`function_allowed`): a job's spec comes
+    from Redis, and whoever can write there must not choose what code the workers run.
     """
     ok = [r for r in results if r.ok]
     failed = failures(results)
@@ -175,6 +187,12 @@ def aggregate(job: str, spec: ReduceSpec, results: Sequence[Result]) -> ReduceOu
         value = _json_merge(ok, failed)
     elif spec.kind == "stats":
         value = _stats(ok, failed)
+    elif spec.kind == "function" and not function_allowed(spec.function or "", allowed):
+        names = ", ".join(sorted(allowed)) or "none"
+        error = (
+            f"reduce function {spec.function} is not allowed on this worker: list it in the "
+            f"workers' SWARM_REDUCE_FUNCTIONS (allowed now: {names})"
+        )
     elif spec.kind == "function":
         try:
             value = load_function(spec.function or "")(ok)

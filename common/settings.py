@@ -6,6 +6,7 @@ with the environment and their command-line overrides, and hand the result down.
 
 from __future__ import annotations
 
+import re
 import socket
 from collections.abc import Mapping
 from pathlib import Path
@@ -21,6 +22,8 @@ from common.keys import DEFAULT_PREFIX, Keys
 __all__ = ["DEFAULT_REDIS_URL", "Settings", "mask_url"]
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+
+_FUNCTION_RE = re.compile(r"[A-Za-z_][\w.]*:(?:[A-Za-z_]\w*|\*)")
 
 
 def mask_url(url: str) -> str:
@@ -97,6 +100,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # How often (s) each endpoint's served models (/v1/models) are re-read; a 404 for a model
     # re-reads them sooner.
     models_refresh_s: float = 30.0
+    # The user aggregators (``package.module:function``, or ``package.module:*``) this
+    # worker may import for a job's ``--reduce package.module:function``; none by default.
+    reduce_functions: tuple[str, ...] = ()
     # How often (s) each worker publishes its per-endpoint figures for swarm-status.
     stats_period_s: float = 2.0
 
@@ -141,6 +147,12 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
         ):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
+        for name in self.reduce_functions:
+            if not _FUNCTION_RE.fullmatch(name):
+                raise ConfigError(
+                    f"SWARM_REDUCE_FUNCTIONS: {name!r} is not package.module:function "
+                    "(or package.module:*)"
+                )
         if self.backoff_cap_s < self.backoff_base_s:
             raise ConfigError("backoff_cap_s must be >= backoff_base_s")
 
@@ -198,6 +210,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
                 values[field] = typ(raw)
             except ValueError:
                 raise ConfigError(f"{var}={raw!r} is not a valid {typ.__name__}") from None
+        functions = [f.strip() for f in env.get("SWARM_REDUCE_FUNCTIONS", "").split(",")]
+        if any(functions):
+            values["reduce_functions"] = tuple(f for f in functions if f)
         endpoints = _endpoints_from_env(env)
         if endpoints:
             values["endpoints"] = tuple(endpoints)

@@ -16,6 +16,7 @@ Layout of one job (keys from :class:`common.keys.Keys`, all in the job's hash sl
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import socket
 import time
@@ -36,8 +37,10 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from common.errors import (
+    BadRecordError,
     JobCancelledError,
     JobConflictError,
+    JobNameError,
     JobNotFoundError,
     StoreAccessDenied,
     StoreUnavailable,
@@ -54,10 +57,10 @@ from common.models import (
     decode_endpoint_stats,
     decode_final,
     decode_item,
-    decode_result,
     decode_spec,
     encode,
     encode_final,
+    result_or_failure,
 )
 from common.settings import Settings, mask_url
 
@@ -236,6 +239,8 @@ return 1
 """
 
 
+log = logging.getLogger("swarm.store")
+
 # What "released" entries are marked idle for: longer than any sane claim_idle_ms.
 RELEASED_IDLE_MS = 10**10
 
@@ -368,6 +373,7 @@ class JobStore:
         self._retry = redis.register_script(_RETRY_LUA)
         self._add = redis.register_script(_ADD_LUA)
         self._start = redis.register_script(_START_LUA)
+        self._warned: set[str] = set()  # bad records already logged once
 
     @classmethod
     def from_settings(cls, settings: Settings, *, patient: bool = True) -> JobStore:
@@ -396,7 +402,7 @@ class JobStore:
             created = await self.redis.hsetnx(meta, "spec", encode(spec))
             if created and spec.reduce is not None:
                 await self.redis.hset(meta, "reduce", spec.reduce.kind)
-            stored = spec if created else decode_spec(await self.redis.hget(meta, "spec"))
+            stored = spec if created else _spec_of(job, await self.redis.hget(meta, "spec"))
             if not created and not stored.same_settings(spec):
                 raise JobConflictError(
                     f"job {job!r} already exists with model={stored.model!r}, "
@@ -419,12 +425,30 @@ class JobStore:
             raise JobNotFoundError(
                 f"no job named {job!r} in this Redis (prefix {self.keys.prefix!r})"
             )
-        return decode_spec(raw)
+        return _spec_of(job, raw)
 
     async def list_jobs(self) -> list[str]:
+        """Every job (and reduce stage) in the registry, sorted. A member that is no valid
+        name (a stray write by another tool) is skipped, with a warning the first time."""
+        return (await self.job_names())[0]
+
+    async def job_names(self) -> tuple[list[str], list[str]]:
+        """The registry's valid names, and the members that are not (shown by ``swarm-jobs``)."""
         async with redis_errors(self.url):
-            names = await self.redis.smembers(self.keys.jobs)
-        return sorted(n.decode() for n in names)
+            members = await self.redis.smembers(self.keys.jobs)
+        good, bad = [], []
+        for raw in members:
+            name = raw.decode(errors="replace")
+            try:
+                parse_stage(name)
+            except JobNameError:
+                bad.append(name)
+                if name not in self._warned:
+                    self._warned.add(name)
+                    log.warning("ignoring %r in %s: not a job name", name, self.keys.jobs)
+                continue
+            good.append(name)
+        return sorted(good), sorted(bad)
 
     async def unfinished(self, names: Sequence[str]) -> list[str]:
         """The jobs among ``names`` not yet finished (one pipelined round trip)."""
@@ -661,7 +685,7 @@ class JobStore:
                 chunk = indices[start : start + 1000]
                 blobs = await self.redis.hmget(self.keys.results(job), [str(i) for i in chunk])
                 for i, blob in zip(chunk, blobs, strict=True):
-                    kind = (decode_result(blob).error_kind or "error") if blob else "error"
+                    kind = (result_or_failure(i, blob).error_kind or "error") if blob else "error"
                     if kinds is None or kind in kinds:
                         found.append((i, kind))
         return found
@@ -733,7 +757,7 @@ class JobStore:
                         )
                     )
                 else:
-                    out.append(decode_result(blob))
+                    out.append(result_or_failure(i, blob))
         return out
 
     async def write_final(self, job: str, output: ReduceOutput) -> bool:
@@ -893,6 +917,13 @@ class JobStore:
             stage=int(meta.get("stage", 0)),
             reduced="reduced_s" in meta,
         )
+
+
+def _spec_of(job: str, raw: bytes) -> JobSpec:
+    try:
+        return decode_spec(raw)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise BadRecordError(f"job {job!r}: its spec in Redis cannot be read: {exc}") from None
 
 
 def producer_token() -> str:

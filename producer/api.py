@@ -69,7 +69,8 @@ def TreeReduce(prompt: str, fanin: int = 10, max_tokens: int = 0) -> ReduceSpec:
 
 def UserReduce(function: str) -> ReduceSpec:
     """Your own aggregator, ``package.module:function``, called on the workers with the
-    successful results in order."""
+    successful results in order. The workers must allow it (``SWARM_REDUCE_FUNCTIONS``);
+    a Swarm that drains its jobs itself allows those it submits."""
     return ReduceSpec(kind="function", function=function)
 
 
@@ -173,6 +174,8 @@ class Swarm:
             source="python",
             reduce=reduce,
         )
+        if reduce is not None and reduce.function and self._engine is not None:
+            self._engine.reducer.allowed.add(reduce.function)  # this session's own code
         feed = enqueue_prompts(self.store, spec, _pairs(prompts), window=window)
         if window is None:
             await feed

@@ -29,9 +29,9 @@ from common.models import (
     OutputLine,
     ReduceOutput,
     Result,
-    decode_result,
     encode_final,
     encode_json_line,
+    result_or_failure,
 )
 from common.store import JobStatus, JobStore
 from producer.openai_batch import openai_line
@@ -161,10 +161,10 @@ async def follow(
         try:
             blobs = await store.fetch_results(job, cursor, CHUNK)
             chunk = []
-            for blob in blobs:
+            for i, blob in enumerate(blobs, cursor):
                 if blob is None:
                     break
-                chunk.append(decode_result(blob))
+                chunk.append(result_or_failure(i, blob))
             if chunk:
                 cursor += len(chunk)
                 yield chunk

@@ -10,7 +10,7 @@ from collections import Counter
 from collections.abc import Sequence
 
 from common.cli import add_redis_arg, open_job_store, run, settings_from_args
-from common.errors import JobConflictError
+from common.errors import BadRecordError, JobConflictError, JobNotFoundError
 from common.fleet import waiting_reason
 from common.keys import stage_name, validate_job_name
 from common.models import SILENT_PERIODS, EndpointInfo, EndpointStats
@@ -154,7 +154,8 @@ async def _jobs(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
     store = JobStore.from_settings(settings, patient=False)
     try:
-        names = [n for n in await store.list_jobs() if ":" not in n]  # stages go with their job
+        valid, bad = await store.job_names()
+        names = [n for n in valid if ":" not in n]  # stages go with their job
         if args.delete or args.delete_finished:
             targets = list(args.delete or []) or names
             for name in targets:
@@ -176,8 +177,12 @@ async def _jobs(args: argparse.Namespace) -> int:
         now = time.time()
         fleet = await store.read_fleet()
         for name in names:
-            s = await store.status(name)
-            spec = await store.load_spec(name)
+            try:
+                s = await store.status(name)
+                spec = await store.load_spec(name)
+            except (BadRecordError, JobNotFoundError) as exc:  # one bad job spoils no listing
+                print(f"{name:32} {'unreadable':10} {exc}")
+                continue
             state = job_state(s, waiting_reason(spec.model, fleet, now))
             reduce = ""
             if s.reduce is not None:
@@ -185,6 +190,8 @@ async def _jobs(args: argparse.Namespace) -> int:
             total = "?" if s.total is None else str(s.total)
             age = _age(now - spec.created_s) if spec.created_s else "?"
             print(f"{name:32} {state:10} {s.done:>10} {s.failed:>8} {total:>10} {age:>7}  {reduce}")
+        for name in bad:
+            print(f"ignored in {store.keys.jobs}: {name!r} is not a job name", file=sys.stderr)
         return 0
     finally:
         await store.close()

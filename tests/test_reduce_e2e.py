@@ -144,3 +144,40 @@ def test_reduce_options_are_checked_before_anything_is_queued(
     )
     assert final.returncode == 2
     assert "job 'bad' has no reduce stage" in final.stderr
+
+
+def test_workers_import_only_the_reduce_functions_they_allow(
+    fleet_factory: type[Fleet], tmp_path: Path
+) -> None:
+    """A job's spec comes from Redis: naming a module there must not run it on the workers."""
+    code = tmp_path / "code"
+    code.mkdir()
+    marker = tmp_path / "imported"
+    (code / "reducer_mod.py").write_text(
+        f"open({str(marker)!r}, 'a').write('x')\ndef count(results):\n    return len(results)\n"
+    )
+    fleet = fleet_factory(1)
+    fleet.env["PYTHONPATH"] = str(code)  # importable by the workers, as a stray module would be
+
+    def final(job: str) -> dict[str, object]:
+        out = subprocess.run(
+            [BIN / "swarm-collect", job, "--final"],
+            env=fleet.env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        return msgspec.json.decode(out.stdout)  # type: ignore[no-any-return]
+
+    assert fleet.enqueue("denied", 50, set(), "--reduce", "reducer_mod:count").wait(60) == 0
+    assert fleet.worker("w", [0]).wait(timeout=60) == 0
+    denied = final("denied")
+    assert "value" not in denied and not marker.exists()  # None: left out of the JSON
+    assert denied["error"] == (
+        "reduce function reducer_mod:count is not allowed on this worker: list it in the "
+        "workers' SWARM_REDUCE_FUNCTIONS (allowed now: none)"
+    )
+    assert fleet.enqueue("allowed", 50, set(), "--reduce", "reducer_mod:count").wait(60) == 0
+    worker = fleet.worker("w2", [0], SWARM_REDUCE_FUNCTIONS="reducer_mod:count")
+    assert worker.wait(timeout=60) == 0
+    assert final("allowed")["value"] == 50 and marker.read_text() == "x"

@@ -11,7 +11,14 @@ import pytest
 
 from common.errors import ConfigError
 from common.models import FailedPrompt, ReduceSpec, Result
-from common.reduce import aggregate, merge_json, normalise, parse_number, render
+from common.reduce import (
+    aggregate,
+    function_allowed,
+    merge_json,
+    normalise,
+    parse_number,
+    render,
+)
 
 
 def results(*texts: str | None) -> list[Result]:
@@ -131,23 +138,52 @@ def test_user_function_gets_the_successes_in_order_and_failures_stay_listed(
     user_module: str,
 ) -> None:
     spec = ReduceSpec(kind="function", function=f"{user_module}:longest")
-    out = aggregate("j", spec, results("ab", None, "abcd", "a"))
+    out = aggregate("j", spec, results("ab", None, "abcd", "a"), [f"{user_module}:longest"])
     assert out.value == {"index": 2, "text": "abcd", "seen": [0, 2, 3]}
     assert [f.index for f in out.failed] == [1]
     assert out.error is None
 
 
 def test_user_function_errors_become_the_outputs_error(user_module: str) -> None:
+    allowed = [f"{user_module}:*", "no_such_mod:f"]
     out = aggregate(
-        "j", ReduceSpec(kind="function", function=f"{user_module}:broken"), results("a")
+        "j", ReduceSpec(kind="function", function=f"{user_module}:broken"), results("a"), allowed
     )
     assert (out.value, out.error) == (None, f"{user_module}:broken failed: RuntimeError: no can do")
     out = aggregate(
-        "j", ReduceSpec(kind="function", function=f"{user_module}:not_json"), results("a")
+        "j", ReduceSpec(kind="function", function=f"{user_module}:not_json"), results("a"), allowed
     )
     assert out.error is not None and "not_json returned what JSON cannot hold" in out.error
-    out = aggregate("j", ReduceSpec(kind="function", function="no_such_mod:f"), results("a"))
+    out = aggregate(
+        "j", ReduceSpec(kind="function", function="no_such_mod:f"), results("a"), allowed
+    )
     assert out.error is not None and "cannot import no_such_mod" in out.error
+
+
+def test_a_function_the_worker_does_not_allow_is_never_imported(user_module: str) -> None:
+    imported = []
+
+    class Finder:  # sees every import attempted while it is installed
+        def find_spec(self, name: str, *args: object) -> None:
+            imported.append(name)
+
+    sys.meta_path.insert(0, Finder())  # type: ignore[arg-type]
+    try:
+        out = aggregate(
+            "j",
+            ReduceSpec(kind="function", function="evil_module:run"),
+            results("a"),
+            [f"{user_module}:*", "other.mod:f"],
+        )
+    finally:
+        sys.meta_path.pop(0)
+    assert out.value is None and imported == []
+    assert out.error == (
+        "reduce function evil_module:run is not allowed on this worker: list it in the workers' "
+        f"SWARM_REDUCE_FUNCTIONS (allowed now: other.mod:f, {user_module}:*)"
+    )
+    assert not function_allowed(f"{user_module}x:longest", [f"{user_module}:*"])
+    assert function_allowed(f"{user_module}:longest", [f"{user_module}:longest"])
 
 
 def test_reduce_spec_is_validated_with_clear_errors() -> None:

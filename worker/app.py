@@ -25,6 +25,7 @@ from typing import Any
 import msgspec
 from arq import Retry
 from arq.connections import ArqRedis, RedisSettings
+from arq.jobs import Job, JobStatus
 from arq.worker import Worker, func
 
 from common.errors import ConfigError, EndpointRetryable, StoreUnavailable
@@ -110,13 +111,20 @@ async def startup(ctx: dict[str, Any]) -> None:
     async def schedule_advance(job: str, level: int) -> None:
         # One arq job per (job, stage): its ID makes arq refuse a second while one is queued
         # or running, however many workers notice the finished stage.
-        await arq_redis.enqueue_job(
-            "advance",
-            job,
-            level,
-            _job_id=f"{settings.keys.prefix}:{job}:advance:{level}",
-            _queue_name=settings.keys.arq_queue,
+        job_id = f"{settings.keys.prefix}:{job}:advance:{level}"
+        queued = await arq_redis.enqueue_job(
+            "advance", job, level, _job_id=job_id, _queue_name=settings.keys.arq_queue
         )
+        if queued is not None:
+            return
+        state = await Job(job_id, arq_redis, _queue_name=settings.keys.arq_queue).status()
+        if state in (JobStatus.not_found, JobStatus.complete):
+            # Refused, yet nothing is queued or running under that ID: a stray record squats
+            # it. The step is idempotent and locked, so it is run here instead of never.
+            log.warning(
+                "job %s: arq job ID %s is taken by a stray record; advancing here", job, job_id
+            )
+            await engine.advance_here(job, level)
 
     engine.on_stage_done = schedule_advance
     task = asyncio.create_task(engine.run(burst=burst), name="swarm-engine")

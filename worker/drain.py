@@ -28,6 +28,7 @@ from msgspec.structs import replace
 
 from common.backoff import backoff_s
 from common.errors import (
+    BadRecordError,
     ConfigError,
     EndpointError,
     EndpointRejected,
@@ -207,15 +208,16 @@ class Engine:
         if not clients:
             raise ConfigError("no endpoints: set SWARM_ENDPOINTS or SWARM_HOSTFILE")
         self.drainers = [EndpointDrainer(self, c) for c in clients]
-        self.reducer = Reducer(store, clients)
+        self.reducer = Reducer(store, clients, settings.reduce_functions)
         # Called with (job, level) whenever a job's stage ``level`` is seen finished with its
         # reduce not yet advanced; by default advances it here, in the background. The arq
         # worker replaces it with queuing one arq job per (job, level).
-        self.on_stage_done: Callable[[str, int], Awaitable[None]] = self._advance_here
+        self.on_stage_done: Callable[[str, int], Awaitable[None]] = self.advance_here
         self._advancing: dict[tuple[str, int], asyncio.Task[str]] = {}
         self._reduces_pending = False
         self._validators: dict[str, AnswerValidator] = {}
         self.jobs: dict[str, JobSpec] = {}
+        self._unreadable: set[str] = set()  # jobs whose spec cannot be read, logged once
         self._refreshed_at = -math.inf
         self._refresh_lock = asyncio.Lock()
         self._stopping = asyncio.Event()
@@ -255,6 +257,11 @@ class Engine:
                         self.jobs[name] = await self.store.load_spec(name)
                     except JobNotFoundError:
                         continue  # registered but its spec is gone (deleted meanwhile)
+                    except BadRecordError as exc:  # never fatal to the other jobs
+                        if name not in self._unreadable:
+                            self._unreadable.add(name)
+                            log.error("skipping job %s: %s", name, exc)
+                        continue
                     await self.store.ensure_group(name)
                     log.info("serving job %s", name)
             for name in list(self.jobs):
@@ -281,7 +288,8 @@ class Engine:
             self._validators[spec.job] = AnswerValidator(spec.schema)
         return self._validators[spec.job]
 
-    async def _advance_here(self, job: str, level: int) -> None:
+    async def advance_here(self, job: str, level: int) -> None:
+        """Advance ``job``'s finished stage ``level`` in this process, in the background."""
         key = (job, level)
         if key in self._advancing and not self._advancing[key].done():
             return

@@ -67,9 +67,16 @@ class _Grouping(msgspec.Struct):
 class Reducer:
     """Advances jobs' reduce stages; talks to the endpoints only to size supervisor prompts."""
 
-    def __init__(self, store: JobStore, clients: Sequence[EndpointClient]) -> None:
+    def __init__(
+        self,
+        store: JobStore,
+        clients: Sequence[EndpointClient],
+        allowed: Sequence[str] = (),
+    ) -> None:
         self.store = store
         self.clients = list(clients)
+        # The user aggregators this worker may import (SWARM_REDUCE_FUNCTIONS).
+        self.allowed = set(allowed)
 
     async def advance(self, job: str, level: int) -> str:
         """Move ``job`` on from its finished stage ``level``; returns what was done. Safe to
@@ -116,7 +123,7 @@ class Reducer:
             return f"stage {level} not finished"
         results = await self.store.read_results(name, status.total)
         if reduce.kind != "tree":
-            await self.store.write_final(job, aggregate(job, reduce, results))
+            await self.store.write_final(job, aggregate(job, reduce, results, self.allowed))
             log.info("job %s: %s reduce written", job, reduce.kind)
             return "reduced"
         answers = [r for r in results if r.ok]

@@ -1,0 +1,88 @@
+"""Records in a shared Redis that swarm-queue did not write (another tool, an operator's typo,
+damage) are skipped, logged and shown; they never block another job."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+from asyncio.subprocess import PIPE
+from collections.abc import Callable
+
+import pytest
+import redis
+
+from common.models import Result, encode
+from common.settings import Settings
+from common.store import JobStore
+from producer.enqueue import enqueue_prompts
+from sim.server import SimFleet
+from sim.text import completion_for
+from tests.test_e2e import BIN
+from tests.test_faults import Fleet
+from tests.test_pipeline import collect_lines, prompts, run_engine, spec
+
+
+async def test_stray_job_names_and_unreadable_specs_block_no_job(
+    make_settings: Callable[..., Settings],
+    store: JobStore,
+    sim_fleet: Callable[..., SimFleet],
+    redis_url: str,
+    prefix: str,
+) -> None:
+    await enqueue_prompts(store, spec("real"), prompts(300))
+    await store.redis.sadd(store.keys.jobs, "not a job!", b"\xff\xfe", "junk")
+    await store.redis.hset(store.keys.meta("junk"), "spec", b"\xc1 not msgpack")
+    async with sim_fleet(1) as fleet:
+        engine = await run_engine(make_settings(), store, fleet.urls)
+    assert engine.drainers[0].prompts_done == 300
+    lines = await collect_lines(store, "real")
+    assert [x["text"] for x in lines] == [completion_for(p, 16)[0] for p, _ in prompts(300)]
+
+    env = {"SWARM_REDIS_URL": redis_url, "SWARM_PREFIX": prefix, "PATH": str(BIN)}
+    listing = await asyncio.create_subprocess_exec(
+        BIN / "swarm-jobs", env=env, stdout=PIPE, stderr=PIPE
+    )
+    out, err = (x.decode() for x in await asyncio.wait_for(listing.communicate(), 60))
+    assert listing.returncode == 0, err
+    rows = {line.split()[0]: line.split()[1] for line in out.splitlines()[1:]}
+    assert rows == {"junk": "unreadable", "real": "finished"}
+    assert f"ignored in {prefix}:jobs: 'not a job!' is not a job name" in err
+
+
+async def test_an_unreadable_result_fails_its_own_line_only(store: JobStore) -> None:
+    await enqueue_prompts(store, spec(), prompts(3))
+    got = await store.read_new("j", "c", 3)
+    await store.commit(
+        "j", [(eid, Result(index=i, text="t"), None) for i, (eid, _) in enumerate(got)]
+    )
+    await store.redis.hset(store.keys.results("j"), "1", b"\xc1 damaged")
+    await store.redis.hset(store.keys.results("j"), "2", encode(Result(index=0, text="moved")))
+    lines = await collect_lines(store, "j")
+    assert [x["text"] for x in lines] == ["t", None, None]
+    assert lines[1]["error"].startswith("unreadable result in Redis")
+    assert lines[2]["error"] == "result in Redis under 2 is for index 0"
+
+
+@pytest.mark.slow
+def test_a_squatted_reduce_step_id_still_gets_the_final_written(fleet_factory: type[Fleet]) -> None:
+    fleet = fleet_factory(1)
+    # Before the job exists, a stray record takes the arq job ID of its reduce step.
+    client = redis.Redis.from_url(fleet.redis_url)
+    squat = f"arq:job:{fleet.prefix}:sq:advance:0"
+    try:
+        client.set(squat, b"not an arq job")
+        assert fleet.enqueue("sq", 200, set(), "--reduce", "concat").wait(timeout=60) == 0
+        worker = fleet.worker("w", [0])
+        assert worker.wait(timeout=60) == 0, fleet.logs[0].read_text()[-2000:]
+    finally:
+        client.delete(squat)
+        client.close()
+    final = subprocess.run(
+        [BIN / "swarm-collect", "sq", "--final"],
+        env=fleet.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert final.returncode == 0, final.stderr
+    assert "taken by a stray record; advancing here" in fleet.logs[0].read_text()
