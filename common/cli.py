@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import contextlib
 import os
+import signal
 import sys
 from collections.abc import AsyncIterator, Coroutine
 from typing import Any
@@ -64,6 +65,11 @@ def run(prog: str, coro: Coroutine[Any, Any, int]) -> int:
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # The reader went away (``swarm-status JOB | head -1``): end quietly, as a tool
+        # killed by SIGPIPE would, and keep the interpreter's last flush from complaining.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
     except (ConfigError, InputError, JobConflictError, JobNotFoundError) as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -38,7 +38,12 @@ class EmbeddedRedis:
     """A redis-server child process on 127.0.0.1; ``appendonly`` for restart tests."""
 
     def __init__(
-        self, port: int | None = None, *, appendonly: bool = False, workdir: str | None = None
+        self,
+        port: int | None = None,
+        *,
+        appendonly: bool = False,
+        workdir: str | None = None,
+        extra_args: tuple[str, ...] = (),
     ) -> None:
         binary = find_redis_server()
         if binary is None:
@@ -49,6 +54,7 @@ class EmbeddedRedis:
         self.binary = binary
         self.port = port or free_port()
         self.appendonly = appendonly
+        self.extra_args = extra_args  # more redis-server options, e.g. ("--maxmemory", "2mb")
         self._tmp = None if workdir else tempfile.TemporaryDirectory(prefix="swarm-redis-")
         self.workdir = workdir or (self._tmp.name if self._tmp else ".")
         self.proc: subprocess.Popen[bytes] | None = None
@@ -72,6 +78,7 @@ class EmbeddedRedis:
             self.workdir,
             "--logfile",
             str(Path(self.workdir) / "redis.log"),
+            *self.extra_args,
         ]
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + timeout_s

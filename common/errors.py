@@ -22,6 +22,7 @@ __all__ = [
     "ModelNotServed",
     "ProducerBusyError",
     "StoreAccessDenied",
+    "StoreFull",
     "StoreUnavailable",
     "SwarmError",
 ]
@@ -72,6 +73,11 @@ class BadRecordError(SwarmError):
 
 class StoreUnavailable(SwarmError):
     """Redis could not be reached or answered with a connection-level error."""
+
+
+class StoreFull(StoreUnavailable):
+    """Redis refuses writes: its ``maxmemory`` is reached. Waited out like an outage (results
+    collected with ``--evict``, or jobs deleted, make room); a producer stops with it."""
 
 
 class StoreAccessDenied(SwarmError):

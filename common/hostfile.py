@@ -25,23 +25,39 @@ class Endpoint(msgspec.Struct, frozen=True):
 
 
 def normalize_url(raw: str) -> str:
-    """``host:port`` or ``http://host:port[/v1]`` -> ``http://host:port`` (no trailing slash)."""
+    """``host:port`` or ``http://host:port[/v1]`` -> ``http://host:port`` (no trailing slash).
+    Errors never print a password the URL may hold."""
     text = raw.strip()
     if not text:
         raise ConfigError("empty endpoint URL")
     if "://" not in text:
         text = f"http://{text}"
-    parts = urlsplit(text)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ConfigError(f"invalid endpoint URL {raw!r}: expected http(s)://host:port")
+    shown = _masked(text)
     try:
+        parts = urlsplit(text)
         parts.port  # noqa: B018 - raises ValueError on a bad port
     except ValueError as exc:
-        raise ConfigError(f"invalid endpoint URL {raw!r}: {exc}") from None
+        raise ConfigError(f"invalid endpoint URL {shown!r}: {exc}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(f"invalid endpoint URL {shown!r}: expected http(s)://host:port")
+    if parts.username is not None or parts.password is not None:
+        raise ConfigError(
+            f"endpoint URL {shown!r}: credentials in the URL are not sent (vLLM takes a bearer "
+            "key): give the key in SWARM_API_KEY and drop user:password@ from the URL"
+        )
     path = parts.path.rstrip("/")
     if path.endswith("/v1"):
         path = path[: -len("/v1")]
     return f"{parts.scheme}://{parts.netloc}{path}"
+
+
+def _masked(url: str) -> str:
+    """``url`` with a ``user:password@`` part hidden (before it can be parsed at all)."""
+    scheme, sep, rest = url.partition("://")
+    authority = rest.split("/", 1)[0]
+    if "@" not in authority:
+        return url
+    return f"{scheme}{sep}***@{rest[len(authority.rpartition('@')[0]) + 1 :]}"
 
 
 def parse_endpoints(csv: str) -> list[Endpoint]:

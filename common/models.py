@@ -6,6 +6,7 @@ built once here and reused. New fields must get defaults so that old records sti
 
 from __future__ import annotations
 
+import math
 import re
 import time
 from typing import Any
@@ -49,6 +50,10 @@ def timestamp_s() -> float:
     return round(time.time(), 3)
 
 
+# The largest max_tokens accepted: far beyond any context, and within a 32-bit integer.
+MAX_TOKENS_LIMIT = 2**31 - 1
+
+
 class SamplingParams(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fields=False):
     """Sampling settings sent with every request of a job; None means the server's default.
 
@@ -64,6 +69,20 @@ class SamplingParams(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unk
     seed: int | None = None
     response_format: dict[str, Any] | None = None
     structured_outputs: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        # Refused here, with the value named, rather than by every request of the job (or
+        # by an encoder that cannot hold the number).
+        if not 1 <= self.max_tokens <= MAX_TOKENS_LIMIT:
+            raise ConfigError(f"max_tokens must be 1..{MAX_TOKENS_LIMIT}, got {self.max_tokens}")
+        if self.temperature is not None and not (
+            math.isfinite(self.temperature) and self.temperature >= 0
+        ):
+            raise ConfigError(f"temperature must be a finite number >= 0, got {self.temperature}")
+        if self.top_p is not None and not (math.isfinite(self.top_p) and 0 < self.top_p <= 1):
+            raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.seed is not None and not -(2**63) <= self.seed < 2**63:
+            raise ConfigError(f"seed must fit in 64 bits, got {self.seed}")
 
     def extra(self) -> dict[str, Any]:
         """Every parameter besides ``max_tokens`` that is set, as request fields."""

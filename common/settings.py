@@ -27,23 +27,36 @@ _FUNCTION_RE = re.compile(r"[A-Za-z_][\w.]*:(?:[A-Za-z_]\w*|\*)")
 
 
 def mask_url(url: str) -> str:
-    """``url`` with any password replaced by ``***``: the only form a URL is ever printed in."""
+    """``url`` with any password replaced by ``***``, in the user part or in a ``password=``
+    query parameter: the only form a URL is ever printed in. A URL that cannot be parsed is
+    not printed at all."""
     try:
         parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError on a bad port
     except ValueError:
         return "<invalid url>"
-    if parts.password is None:
-        return url
-    user = parts.username or ""
-    host = parts.hostname or ""
-    if parts.port is not None:
-        host = f"{host}:{parts.port}"
-    netloc = f"{user}:***@{host}"
-    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+    netloc = parts.netloc
+    if parts.password is not None:
+        netloc = f"{parts.username or ''}:***@{netloc.rpartition('@')[2]}"
+    query = "&".join(
+        f"{field.partition('=')[0]}=***"
+        if field.partition("=")[0].lower() in _SECRET_PARAMS
+        else field
+        for field in parts.query.split("&")
+    )
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+# Query parameters whose values are secrets (redis-py takes the password as one).
+_SECRET_PARAMS = frozenset({"password", "pass", "pwd", "api_key", "token"})
 
 
 def _validate_redis_url(url: str) -> str:
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError on a bad port
+    except ValueError as exc:
+        raise ConfigError(f"invalid Redis URL {mask_url(url)}: {exc}") from None
     if parts.scheme not in ("redis", "rediss", "unix"):
         raise ConfigError(
             f"invalid Redis URL {mask_url(url)!r}: expected redis://, rediss:// or unix://"
@@ -238,9 +251,13 @@ def _endpoints_from_env(env: Mapping[str, str]) -> list[Endpoint]:
     if hostfile:
         path = Path(hostfile)
         try:
-            text = path.read_text()
+            text = path.read_text(encoding="utf-8")
         except OSError as exc:
             raise ConfigError(f"cannot read SWARM_HOSTFILE {hostfile}: {exc.strerror}") from None
+        except UnicodeDecodeError as exc:
+            raise ConfigError(
+                f"SWARM_HOSTFILE {hostfile}: not UTF-8 text (byte {exc.start}: {exc.reason})"
+            ) from None
         return select_endpoints(
             parse_hostfile(text, source=hostfile),
             tag=env.get("SWARM_ENDPOINT_TAG", "").strip(),

@@ -31,6 +31,7 @@ from redis.exceptions import (
     AuthenticationError,
     AuthorizationError,
     NoPermissionError,
+    OutOfMemoryError,
     ResponseError,
 )
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -38,11 +39,13 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from common.errors import (
     BadRecordError,
+    ConfigError,
     JobCancelledError,
     JobConflictError,
     JobNameError,
     JobNotFoundError,
     StoreAccessDenied,
+    StoreFull,
     StoreUnavailable,
 )
 from common.keys import GROUP, Keys, parse_stage, stage_name
@@ -313,8 +316,24 @@ async def redis_errors(url: str) -> AsyncIterator[None]:
             f"Redis at {mask_url(url)} refused access: {exc} (check the user and password in "
             "the URL, and the user's ACL: it needs the key prefix's keys and stream commands)"
         ) from None
+    except ResponseError as exc:
+        if not _is_oom(exc):
+            raise
+        raise StoreFull(
+            f"Redis at {mask_url(url)} is out of memory (its maxmemory is reached) and refuses "
+            "writes: collect finished jobs with swarm-collect --evict, delete them with "
+            "swarm-jobs --delete-finished, or give Redis more memory"
+        ) from None
     except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
         raise StoreUnavailable(f"Redis at {mask_url(url)} unavailable: {exc}") from None
+
+
+def _is_oom(exc: ResponseError) -> bool:
+    """Redis refused a write for want of memory: redis-py maps the reply's error code ``OOM``
+    to OutOfMemoryError, except inside a script, whose error carries the code as ``-OOM``.
+    (Redis refuses a script's first write when over maxmemory and lets one that has written
+    go on, so a refused script changed nothing.)"""
+    return isinstance(exc, OutOfMemoryError) or " -OOM " in f" {exc.args[0] if exc.args else ''}"
 
 
 def _id_key(entry_id: bytes) -> tuple[int, int]:
@@ -922,7 +941,7 @@ class JobStore:
 def _spec_of(job: str, raw: bytes) -> JobSpec:
     try:
         return decode_spec(raw)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+    except (msgspec.DecodeError, msgspec.ValidationError, ConfigError) as exc:
         raise BadRecordError(f"job {job!r}: its spec in Redis cannot be read: {exc}") from None
 
 

@@ -13,9 +13,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import fcntl
 import os
+import socket
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from functools import partial
 from typing import BinaryIO
 
@@ -269,6 +271,43 @@ async def collect_to_file(
     ``evict`` deletes each result from Redis once its line is fsynced in ``path``: the file
     becomes the only copy, and Redis memory stays bounded on a huge job.
     """
+    with _output_lock(path):
+        return await _collect_locked(store, job, path, wait, progress, evict, line)
+
+
+@contextlib.contextmanager
+def _output_lock(path: str) -> Iterator[None]:
+    """Hold ``FILE.lock`` while writing ``FILE``: a second collector on the same output is
+    refused, naming the first, instead of the two overwriting each other's lines."""
+    lock_path = path + ".lock"
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
+            raise ConfigError(
+                f"{path} is being written by another swarm-collect ({holder}); wait for it to "
+                "finish, or choose another --out"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{socket.gethostname()}:{os.getpid()}\n".encode(), 0)
+        yield
+        with contextlib.suppress(OSError):
+            os.unlink(lock_path)
+    finally:
+        os.close(fd)
+
+
+async def _collect_locked(
+    store: JobStore,
+    job: str,
+    path: str,
+    wait: bool,
+    progress: bool,
+    evict: bool,
+    line: Callable[[Result], bytes] | None,
+) -> CollectReport:
     cursors = CursorFile(path)
     cursor = cursors.load(job)
     fh: BinaryIO

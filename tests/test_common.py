@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import msgspec
 import pytest
 
@@ -9,7 +12,16 @@ from common.backoff import backoff_s
 from common.errors import ConfigError, JobNameError
 from common.hostfile import normalize_url, parse_endpoints, parse_hostfile
 from common.keys import Keys, validate_job_name
-from common.models import OutputLine, PromptItem, Result, Usage, decode_item, decode_result, encode
+from common.models import (
+    OutputLine,
+    PromptItem,
+    Result,
+    SamplingParams,
+    Usage,
+    decode_item,
+    decode_result,
+    encode,
+)
 from common.settings import Settings, mask_url
 
 # -- keys -------------------------------------------------------------------------------
@@ -167,6 +179,14 @@ def test_hostfile_endpoints_filtered_by_tag_and_host(tmp_path: pytest.TempPathFa
         ({"SWARM_REDIS_URL": "http://x"}, "invalid Redis URL"),
         ({"SWARM_ENDPOINTS": "a:1", "SWARM_HOSTFILE": "/x"}, "not both"),
         ({"SWARM_HOSTFILE": "/nonexistent/hosts"}, "cannot read SWARM_HOSTFILE"),
+        ({"SWARM_ENDPOINTS": "http://[::1"}, r"invalid endpoint URL 'http://\[::1': Invalid IPv6"),
+        ({"SWARM_ENDPOINTS": "http://n:99999"}, "Port out of range"),
+        (
+            {"SWARM_ENDPOINTS": "http://bob:hunter2@n:8000"},
+            r"endpoint URL 'http://\*\*\*@n:8000': credentials in the URL are not sent",
+        ),
+        ({"SWARM_REDIS_URL": "redis://:hunter2@h:99999/0"}, r"invalid Redis URL <invalid url>"),
+        ({"SWARM_REDUCE_FUNCTIONS": "os.system"}, "'os.system' is not package.module:function"),
     ],
 )
 def test_bad_settings_are_clear_errors(env: dict[str, str], message: str) -> None:
@@ -178,6 +198,33 @@ def test_mask_url_hides_passwords_only() -> None:
     assert mask_url("redis://user:pw@h:1/0") == "redis://user:***@h:1/0"
     assert mask_url("rediss://:pw@h/0") == "rediss://:***@h/0"
     assert mask_url("redis://h:1/0") == "redis://h:1/0"
+    assert mask_url("redis://h:1/0?password=pw&db=2") == "redis://h:1/0?password=***&db=2"
+    assert mask_url("redis://u:pw@[::1]:1/0") == "redis://u:***@[::1]:1/0"
+    assert mask_url("redis://u:pw@h:99999/0") == "<invalid url>"  # unparsable: never printed
+    assert mask_url("http://[::1") == "<invalid url>"
+
+
+def test_a_hostfile_that_is_not_utf8_is_one_clear_error(tmp_path: Path) -> None:
+    hosts = tmp_path / "hosts"
+    hosts.write_bytes(b"node1\t8000\tmodel=caf\xe9\n")
+    with pytest.raises(ConfigError, match=f"SWARM_HOSTFILE {hosts}: not UTF-8 text"):
+        Settings.from_env({"SWARM_HOSTFILE": str(hosts)})
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ({"temperature": float("nan")}, "temperature must be a finite number >= 0, got nan"),
+        ({"temperature": float("inf")}, "temperature must be a finite number >= 0, got inf"),
+        ({"temperature": -1.0}, "temperature must be a finite number >= 0"),
+        ({"top_p": 0.0}, r"top_p must be in \(0, 1\]"),
+        ({"max_tokens": 10**30}, "max_tokens must be 1..2147483647"),
+        ({"seed": 2**64}, "seed must fit in 64 bits"),
+    ],
+)
+def test_sampling_values_no_server_takes_are_refused(params: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        SamplingParams(**params)
 
 
 # -- wire structs -----------------------------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -13,6 +14,7 @@ import pytest
 from common.models import EndpointInfo, Result
 from common.store import JobStore
 from producer.enqueue import enqueue_prompts
+from tests.helpers import wait_until
 from tests.test_e2e import BIN
 from tests.test_pipeline import prompts, spec
 
@@ -98,3 +100,49 @@ async def test_enqueue_warns_or_refuses_a_model_no_live_endpoint_serves(
                  "--check-model")  # fmt: skip
     assert served.returncode == 0 and served.stderr == ""
     assert await store.list_jobs() == ["x", "y"]
+
+
+def test_bad_values_closed_pipes_and_a_second_collector_are_one_clear_line(
+    cli_env: dict[str, str], tmp_path: Path
+) -> None:
+    src = tmp_path / "p.txt"
+    src.write_text("one\ntwo\n")
+    nan = cli(cli_env, "swarm-enqueue", str(src), "--job", "n", "--temperature", "nan")
+    assert (nan.returncode, nan.stderr) == (
+        2,
+        "swarm-enqueue: error: temperature must be a finite number >= 0, got nan\n",
+    )
+    huge = cli(cli_env, "swarm-enqueue", str(src), "--job", "n", "--max-tokens", "9" * 30)
+    assert huge.returncode == 2 and "max_tokens must be 1..2147483647" in huge.stderr
+    assert cli(cli_env, "swarm-jobs").stdout.splitlines()[1:] == []  # nothing registered
+
+    assert cli(cli_env, "swarm-enqueue", str(src), "--job", "live").returncode == 0
+    # The reader is gone before the command writes: it ends quietly, as on SIGPIPE.
+    status = subprocess.Popen(
+        [BIN / "swarm-status", "live"], env=cli_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    assert status.stdout is not None and status.stderr is not None
+    status.stdout.close()
+    assert (status.stderr.read(), status.wait(timeout=60)) == (b"", 141)
+    status.stderr.close()
+
+    out = tmp_path / "live.jsonl"
+    first = subprocess.Popen(
+        [BIN / "swarm-collect", "live", "--out", out, "--wait"],
+        env=cli_env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        lock = tmp_path / "live.jsonl.lock"
+        wait_until("the first collector's lock", lambda: lock.exists() and lock.read_text())
+        second = cli(cli_env, "swarm-collect", "live", "--out", str(out), "--wait")
+        holder = f"{socket.gethostname()}:{first.pid}"
+        assert second.returncode == 2
+        assert second.stderr == (
+            f"swarm-collect: error: {out} is being written by another swarm-collect "
+            f"({holder}); wait for it to finish, or choose another --out\n"
+        )
+    finally:
+        first.kill()
+        first.wait()

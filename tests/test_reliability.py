@@ -7,11 +7,14 @@ Crashes of real worker processes are in test_faults.py.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 
 import aiohttp
+import pytest
 from aiohttp import web
 
+from common.embedded import EmbeddedRedis
 from common.settings import Settings
 from common.store import JobStore
 from producer.enqueue import enqueue_prompts
@@ -209,3 +212,32 @@ async def test_odd_bodies_from_the_only_endpoint_lose_nothing_and_the_job_ends_w
     assert (status.done, status.failed) == (300, 0)
     # Every odd answer was met (by requests, then by the probe) before the job could end.
     assert sent > bad_answers and engine.drainers[0].errors >= settings.circuit_failures
+
+
+async def test_a_full_redis_is_waited_out_and_nothing_is_lost(
+    make_settings: Callable[..., Settings],
+    sim_fleet: Callable[..., SimFleet],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with EmbeddedRedis() as server:
+        settings = make_settings(redis_url=server.url, batch_size=10)
+        store = JobStore.from_settings(settings)
+        try:
+            await enqueue_prompts(store, spec(), prompts(300))
+            await store.redis.config_set("maxmemory-policy", "noeviction")
+            await store.redis.config_set("maxmemory", "1")  # every write refused
+            async with sim_fleet(1) as fleet:
+                engine = Engine(settings, store, [EndpointClient(fleet.urls[0])])
+                with caplog.at_level(logging.WARNING, "swarm"):
+                    run = asyncio.create_task(engine.run(burst=True))
+                    while not any("is out of memory" in r.getMessage() for r in caplog.records):
+                        assert not run.done()
+                        await asyncio.sleep(0.01)
+                    assert (await store.status("j")).done == 0
+                    await store.redis.config_set("maxmemory", "0")
+                    await asyncio.wait_for(run, timeout=60)
+                await engine.close()
+            lines = await collect_lines(store, "j")
+        finally:
+            await store.close()
+    assert [x["text"] for x in lines] == [completion_for(p, 16)[0] for p, _ in prompts(300)]
