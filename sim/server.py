@@ -24,6 +24,7 @@ import signal
 import sys
 import time
 import uuid
+from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -53,6 +54,8 @@ class _CompletionRequest(msgspec.Struct, kw_only=True):
     max_tokens: int | None = 16
     temperature: float | None = None
     stream: bool = False
+    # vLLM's default on /v1/completions: the tokenizer adds its special tokens (the BOS).
+    add_special_tokens: bool = True
 
 
 class _TokenizeRequest(msgspec.Struct, kw_only=True):
@@ -73,6 +76,8 @@ class _ChatRequest(msgspec.Struct, kw_only=True):
     max_completion_tokens: int | None = None
     temperature: float | None = None
     stream: bool = False
+    # vLLM's default on chat: the chat template carries the special tokens it needs.
+    add_special_tokens: bool = False
 
 
 _completion_decoder = msgspec.json.Decoder(_CompletionRequest)
@@ -92,8 +97,16 @@ class SimEndpoint:
         model: str = "swarm-sim",
         error_format: str = "nested",
         seed: int = 0,
+        bos_token: str = "",
+        chat_template_bos: bool = False,
     ) -> None:
         self.host, self.port = host, port
+        # The tokenizer's BOS ("" : none, the default) and whether the model's chat template
+        # starts with it: the model's answer depends on every token it sees, BOS included.
+        self.bos_token = bos_token
+        self.chat_template_bos = chat_template_bos
+        # The JSON bodies of the last generation requests, for tests to check what was sent.
+        self.received: deque[dict[str, Any]] = deque(maxlen=2000)
         # The base model first, then adapters, as vLLM lists them.
         self.models: list[str] = model.split("+")
         self.config = config
@@ -245,10 +258,12 @@ class SimEndpoint:
             gate = await self._faults_gate(request)
             if gate is not None:
                 return gate
+            raw = await request.read()
             try:
-                req = decoder.decode(await request.read())
+                req = decoder.decode(raw)
             except msgspec.DecodeError as exc:
                 return self._error(400, f"invalid request: {exc}", "BadRequestError")
+            self.received.append(msgspec.json.decode(raw))
             if (err := self._check_model(req.model)) is not None:
                 return err
             if req.stream:
@@ -280,11 +295,13 @@ class SimEndpoint:
                 "BadRequestError",
                 "max_tokens",
             )
-        ptoks = [count_tokens(p) for p in prompts]
+        bos = self.bos_token if req.add_special_tokens else ""
+        seen = [bos + p for p in prompts]  # what the model reads
+        ptoks = [count_tokens(p) for p in seen]
         for n in ptoks:  # one over-long prompt fails the whole list, as in vLLM
             if (err := self._context_error(n, max_tokens)) is not None:
                 return err
-        outs = [completion_for(p, max_tokens) for p in prompts]
+        outs = [completion_for(p, max_tokens) for p in seen]
         await self._generate([n for _, n, _ in outs], sum(ptoks))
         ctoks = sum(n for _, n, _ in outs)
         return self._ok(
@@ -317,8 +334,11 @@ class SimEndpoint:
 
     async def _chat_complete(self, req: _ChatRequest) -> web.Response:
         # A stand-in chat template: what the model sees is a pure function of the messages.
-        prompt = "".join(f"<|{m.role}|>\n{m.content or ''}\n" for m in req.messages)
+        prompt = self.bos_token if self.chat_template_bos else ""
+        prompt += "".join(f"<|{m.role}|>\n{m.content or ''}\n" for m in req.messages)
         prompt += "<|assistant|>\n"
+        if req.add_special_tokens:
+            prompt = self.bos_token + prompt
         ptoks = count_tokens(prompt)
         max_tokens = req.max_completion_tokens or req.max_tokens
         if max_tokens is None:
@@ -518,6 +538,17 @@ def build_fleet(argv: Sequence[str] | None = None) -> SimFleet:
         help="vLLM's current {'error': {...}} body, or the older flat one",
     )
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--bos-token",
+        default="",
+        help="the tokenizer's BOS text (default none); /v1/completions adds it unless the "
+        "request sends add_special_tokens false, as vLLM does",
+    )
+    p.add_argument(
+        "--chat-template-bos",
+        action="store_true",
+        help="the model's chat template starts with the BOS (as {{ bos_token }} templates do)",
+    )
     a = p.parse_args(argv)
     try:
         ports = [int(x) for x in a.ports.split(",") if x.strip()]
@@ -559,6 +590,8 @@ def build_fleet(argv: Sequence[str] | None = None) -> SimFleet:
                 model=models[i].strip(),
                 error_format=a.error_format,
                 seed=a.seed,
+                bos_token=a.bos_token,
+                chat_template_bos=a.chat_template_bos,
             )
         )
     return SimFleet(endpoints)

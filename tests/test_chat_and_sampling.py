@@ -262,3 +262,40 @@ def test_schema_conversion_covers_the_usual_subset_and_refuses_the_rest() -> Non
     with pytest.raises(ConfigError, match=r"required \['b'\] not in properties"):
         AnswerValidator({"type": "object", "properties": {}, "required": ["b"]})
     assert msgspec.json.decode(b'"x"', type=str) == "x"
+
+
+@pytest.mark.parametrize(
+    ("bos_in_template", "template"),
+    [
+        (False, "<|user|>\n{prompt}\n<|assistant|>\n"),  # a template with no BOS
+        (True, "<s><|user|>\n{prompt}\n<|assistant|>\n"),  # {{ bos_token }} written out
+    ],
+)
+async def test_template_mode_equals_chat_mode_with_and_without_a_bos_in_the_template(
+    make_settings: Callable[..., Settings],
+    store: JobStore,
+    sim_fleet: Callable[..., SimFleet],
+    bos_in_template: bool,
+    template: str,
+) -> None:
+    """vLLM adds its BOS to /v1/completions prompts unless told not to, and chat rendering
+    does not: a template written out (with its BOS, if the model's has one) must be sent with
+    add_special_tokens false to give the model exactly what chat mode gives it."""
+    params = SamplingParams(max_tokens=12)
+    await enqueue_prompts(store, JobSpec(job="chat", params=params, chat=True), prompts(50))
+    await enqueue_prompts(store, JobSpec(job="tmpl", params=params, template=template), prompts(50))
+    async with sim_fleet(1, bos_token="<s>", chat_template_bos=bos_in_template) as fleet:
+        await run_engine(make_settings(batch_size=16), store, fleet.urls)
+        received = list(fleet.endpoints[0].received)
+    chat = [x["text"] for x in await collect_lines(store, "chat")]
+    tmpl = [x["text"] for x in await collect_lines(store, "tmpl")]
+    assert [t.lstrip() for t in tmpl] == chat  # the same text, prompt by prompt
+    # What the model saw in both modes: the template's own tokens, no BOS added to them.
+    seen = [template.replace("{prompt}", p) for p, _ in prompts(50)]
+    assert tmpl == [completion_for(s, 12)[0] for s in seen]
+    assert completion_for("<s>" + seen[0], 12)[0] != tmpl[0]  # a BOS added would show
+    lists = [r for r in received if "prompt" in r]
+    chats = [r for r in received if "messages" in r]
+    assert len(lists) == 4 and len(chats) == 50
+    assert all(r["add_special_tokens"] is False for r in lists)
+    assert all("add_special_tokens" not in r for r in chats)

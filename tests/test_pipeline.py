@@ -202,8 +202,11 @@ class _RewritingClient(EndpointClient):
         params: SamplingParams,
         *,
         timeout_s: float | None = None,
+        add_special_tokens: bool | None = None,
     ) -> CompletionBody:
-        body = await super().complete(model, prompts, params, timeout_s=timeout_s)
+        body = await super().complete(
+            model, prompts, params, timeout_s=timeout_s, add_special_tokens=add_special_tokens
+        )
         return CompletionBody(choices=self.rewrite(prompts, body.choices), usage=body.usage)
 
 

@@ -1014,8 +1014,13 @@ class EndpointDrainer:
         if model is None:
             raise ModelNotServed(self.client.label, "serves no model")
 
+        # A template written out carries its own special tokens: vLLM must not add a BOS.
+        special = False if spec.template is not None else None
+
         async def call() -> CompletionBody:
-            body = await self.client.complete(model, prompts, spec.params, timeout_s=timeout)
+            body = await self.client.complete(
+                model, prompts, spec.params, timeout_s=timeout, add_special_tokens=special
+            )
             check_choice_indices(self.client.label, [c.index for c in body.choices], len(prompts))
             return body
 

@@ -240,11 +240,16 @@ class EndpointClient:
         params: SamplingParams,
         *,
         timeout_s: float | None = None,
+        add_special_tokens: bool | None = None,
     ) -> CompletionBody:
-        """One ``/v1/completions`` request holding every prompt of ``prompts``."""
+        """One ``/v1/completions`` request holding every prompt of ``prompts``.
+        ``add_special_tokens`` False: the prompts carry their special tokens already (a chat
+        template written out), so the server must not add its BOS again."""
         timeout = timeout_s or self._timeout_s
         # OpenAI's completions API has no response_format keyword: it travels in the body.
         extra, body = _sampling(params, ("response_format", "structured_outputs"))
+        if add_special_tokens is not None:
+            body = {**(body or {}), "add_special_tokens": add_special_tokens}
         create = self._client.completions.with_raw_response.create(
             model=model,
             prompt=prompts,
