@@ -188,14 +188,26 @@ class PromptItem(msgspec.Struct, frozen=True, array_like=True):
     prompt: str
     custom_id: str | None = None
     messages: tuple[Message, ...] | None = None
+    # This prompt's own request settings (an OpenAI batch line's body); None: the job's.
+    params: SamplingParams | None = None
 
     @classmethod
-    def of(cls, index: int, prompt: str | tuple[Message, ...], custom_id: str | None) -> PromptItem:
+    def of(
+        cls,
+        index: int,
+        prompt: str | tuple[Message, ...],
+        custom_id: str | None,
+        params: SamplingParams | None = None,
+    ) -> PromptItem:
         """The item of a text prompt, or of a conversation (shown by its last user message)."""
         if isinstance(prompt, str):
-            return cls(index, prompt, custom_id)
+            return cls(index, prompt, custom_id, None, params)
         users = [m.content for m in prompt if m.role == "user"]
-        return cls(index, users[-1] if users else "", custom_id, prompt)
+        return cls(index, users[-1] if users else "", custom_id, prompt, params)
+
+    def params_in(self, spec: JobSpec) -> SamplingParams:
+        """The settings this prompt is sent with: its own, else its job's."""
+        return self.params if self.params is not None else spec.params
 
     def chat_messages(self, spec: JobSpec) -> list[dict[str, str]]:
         """The messages of a chat request for this prompt."""
@@ -226,6 +238,8 @@ class Result(msgspec.Struct, frozen=True, omit_defaults=True):
     custom_id: str | None = None
     # The model that answered, as the endpoint named it.
     model: str = ""
+    # The HTTP status of the server's refusal of this prompt (``rejected``), when it gave one.
+    status: int | None = None
 
     @property
     def ok(self) -> bool:

@@ -11,11 +11,12 @@ import argparse
 import asyncio
 import contextlib
 import hashlib
+import itertools
 import os
 import socket
 import sys
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, BinaryIO
 
 import msgspec
@@ -100,18 +101,26 @@ async def _wait_for_room(store: JobStore, job: str, token: str, upto: int, windo
         await asyncio.sleep(0.05)
 
 
+# A prompt to queue: its text (or conversation), its custom_id, and optionally its own settings.
+PromptInput = (
+    tuple[str | tuple[Message, ...], str | None]
+    | tuple[str | tuple[Message, ...], str | None, SamplingParams | None]
+)
+
+
 async def enqueue_prompts(
     store: JobStore,
     spec: JobSpec,
-    prompts: Iterable[tuple[str | tuple[Message, ...], str | None]],
+    prompts: Iterable[PromptInput],
     *,
     chunk: int = CHUNK,
     progress: bool = False,
     window: int | None = None,
     token: str | None = None,
 ) -> EnqueueReport:
-    """Queue ``(prompt, custom_id)`` pairs for ``spec.job``, resuming after what is queued.
-    A prompt is a text, or (for a chat job) a whole conversation of messages.
+    """Queue ``(prompt, custom_id[, params])`` for ``spec.job``, resuming after what is queued.
+    A prompt is a text, or (for a chat job) a whole conversation of messages; ``params``, if
+    given and not None, are its own request settings instead of the job's.
 
     ``window``: keep at most this many prompts of the job unfinished in Redis, waiting for
     results before queuing more, so a huge input streams through with bounded memory.
@@ -150,7 +159,8 @@ async def enqueue_prompts(
         count, added = 0, 0
         buf: list[PromptItem] = []
         shown = time.monotonic()
-        for prompt, custom_id in prompts:
+        for prompt, custom_id, *own in prompts:
+            params = own[0] if own else None
             index = count
             count += 1
             if sealed_total is not None and index >= sealed_total:
@@ -162,7 +172,7 @@ async def enqueue_prompts(
                 raise ConfigError(
                     f"prompt {index} is a conversation: only a --chat job can send one"
                 )
-            item = PromptItem.of(index, prompt, custom_id)
+            item = PromptItem.of(index, prompt, custom_id, params)
             digest.add(item)
             if index < start:
                 if index == start - 1 and stored_digest not in (None, digest.value):
@@ -235,28 +245,65 @@ async def enqueue(
     store = JobStore.from_settings(settings)
     try:
         parsed = iter_prompts(stream, source, fmt, max_prompt_bytes=max_prompt_bytes)
-        return await enqueue_prompts(
-            store,
-            spec,
-            (_prompt_of(p, source, spec.chat) for p in parsed),
-            progress=progress,
-            window=window,
-        )
+        spec, prompts = _prompts_for(spec, source, parsed)
+        return await enqueue_prompts(store, spec, prompts, progress=progress, window=window)
     finally:
         await store.close()
 
 
-def _prompt_of(p: Parsed, source: str, chat: bool) -> tuple[str | tuple[Message, ...], str | None]:
-    if p.messages is None:
-        return p.prompt, p.custom_id
-    if not chat:
+def _prompts_for(
+    spec: JobSpec, source: str, parsed: Iterator[Parsed]
+) -> tuple[JobSpec, Iterator[PromptInput]]:
+    """The job as its input defines it (without ``--model``, the model its batch lines name),
+    and its prompts, each line checked against the job."""
+    first = next(parsed, None)
+    if first is None:
+        return spec, iter(())
+    model = (first.fields or {}).get("model")
+    if spec.model is None and isinstance(model, str):
+        spec = msgspec.structs.replace(spec, model=model)
+    return spec, (_prompt_of(p, source, spec) for p in itertools.chain([first], parsed))
+
+
+def _prompt_of(p: Parsed, source: str, spec: JobSpec) -> PromptInput:
+    """One line's prompt and its own settings (None: the job's); InputError for a line the
+    job cannot send as it asks (its API, its model, its sampling values)."""
+    if p.messages is not None and not spec.chat:
         raise InputError(
             source,
             p.line,
             f"a conversation of {len(p.messages)} messages needs --chat: /v1/completions takes "
             "one text per prompt (or write the conversation into a --template)",
         )
-    return p.messages, p.custom_id
+    if p.route == "chat" and not spec.chat and spec.template is None:
+        raise InputError(
+            source,
+            p.line,
+            "a /v1/chat/completions line needs --chat (the server applies the model's chat "
+            "template) or --template FILE (the template written out, list-batched)",
+        )
+    if p.route == "completions" and spec.chat:
+        raise InputError(
+            source, p.line, "a /v1/completions line in a --chat job: drop --chat for it"
+        )
+    fields = dict(p.fields or {})
+    model = fields.pop("model", None)
+    if model is not None and model != spec.model:
+        raise InputError(
+            source,
+            p.line,
+            f"body.model {model!r} is not the job's model {spec.model!r}: one model per job, "
+            "as in OpenAI's Batch API (split the file into one job per model)",
+        )
+    params = None
+    if fields:
+        try:
+            params = msgspec.convert({**msgspec.to_builtins(spec.params), **fields}, SamplingParams)
+        except (msgspec.ValidationError, ConfigError) as exc:
+            raise InputError(source, p.line, f"body: {exc}") from None
+        if params == spec.params:
+            params = None
+    return (p.messages if p.messages is not None else p.prompt), p.custom_id, params
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -7,7 +7,9 @@ Accepted lines:
   ``"custom_id"``), or an OpenAI Batch request ``{"custom_id", "method", "url", "body"}`` whose
   ``body.prompt`` or ``body.messages`` holds the prompt. A single user message is a plain prompt
   (fit for list batching); a longer conversation (a system prompt, earlier turns) is kept whole
-  for a ``--chat`` job.
+  for a ``--chat`` job. The body's own request fields (``model``, ``max_tokens``,
+  ``temperature``, ``top_p``, ``stop``, ``seed``...) are kept for that prompt
+  (:data:`LINE_FIELDS`); fields swarm-queue cannot honour are refused, never ignored.
 
 Blank lines are skipped. Every other line must yield one non-empty prompt, or the reader raises
 :class:`~common.errors.InputError` naming the file and line.
@@ -26,6 +28,7 @@ from common.models import Message
 __all__ = [
     "CHAT_ROLES",
     "DEFAULT_MAX_PROMPT_BYTES",
+    "LINE_FIELDS",
     "Format",
     "Parsed",
     "detect_format",
@@ -40,6 +43,24 @@ DEFAULT_MAX_PROMPT_BYTES = 1 << 20
 _decode_json = msgspec.json.Decoder().decode
 
 
+# An OpenAI batch body's request fields honoured per line, as SamplingParams fields (the chat
+# API's max_completion_tokens is max_tokens); ``model`` is the line's model.
+LINE_FIELDS = {
+    "model": "model",
+    "max_tokens": "max_tokens",
+    "max_completion_tokens": "max_tokens",
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "stop": "stop",
+    "seed": "seed",
+    "response_format": "response_format",
+}
+# Fields accepted with no effect on the answer (OpenAI's end-user tag) or only at their default.
+_HARMLESS = {"user": None, "n": 1, "stream": False}
+
+Route = Literal["completions", "chat"]
+
+
 class Parsed(NamedTuple):
     """One prompt read from the input, with the line it came from."""
 
@@ -48,6 +69,10 @@ class Parsed(NamedTuple):
     custom_id: str | None
     # A whole conversation (only for chat jobs); None for a single prompt.
     messages: tuple[Message, ...] | None = None
+    # An OpenAI batch line's own request fields (see LINE_FIELDS), by SamplingParams name.
+    fields: dict[str, Any] | None = None
+    # The API an OpenAI batch line names (its url, or the shape of its body); None otherwise.
+    route: Route | None = None
 
 
 def detect_format(name: str, first_line: bytes | None) -> Literal["txt", "jsonl"]:
@@ -66,19 +91,61 @@ def detect_format(name: str, first_line: bytes | None) -> Literal["txt", "jsonl"
     return "txt"
 
 
-def _prompt_from_json(obj: Any) -> tuple[str, str | None, tuple[Message, ...] | None]:
+def _request_fields(body: dict[str, Any]) -> dict[str, Any]:
+    """The body's per-line request fields, by SamplingParams name; ValueError for a field
+    that cannot be honoured."""
+    fields: dict[str, Any] = {}
+    for key, value in body.items():
+        if key in ("prompt", "messages"):
+            continue
+        if key in _HARMLESS:
+            if key != "user" and value not in (None, _HARMLESS[key]):
+                raise ValueError(
+                    f"OpenAI batch line: body.{key}={value!r} is not supported "
+                    "(one answer per line, no streaming)"
+                )
+            continue
+        if key not in LINE_FIELDS:
+            raise ValueError(
+                f"OpenAI batch line: body.{key} is not supported (supported: "
+                f"{', '.join(sorted(LINE_FIELDS))})"
+            )
+        if key == "stop" and isinstance(value, str):
+            value = [value]
+        if value is not None:
+            fields[LINE_FIELDS[key]] = value
+    return fields
+
+
+def _route(obj: dict[str, Any], body: dict[str, Any]) -> Route:
+    url = obj.get("url")
+    if url is None:
+        return "chat" if "messages" in body else "completions"
+    if url not in ("/v1/completions", "/v1/chat/completions"):
+        raise ValueError(
+            f"OpenAI batch line: url {url!r} (expected /v1/completions or /v1/chat/completions)"
+        )
+    return "chat" if url == "/v1/chat/completions" else "completions"
+
+
+def _prompt_from_json(obj: Any) -> Parsed:
+    """The prompt of one JSON line (its ``line`` field left 0 for the caller to set)."""
     if isinstance(obj, str):
-        return obj, None, None
+        return Parsed(0, obj, None)
     if not isinstance(obj, dict):
         raise ValueError(f"expected a JSON string or object, got {type(obj).__name__}")
     custom_id = obj.get("custom_id")
     if custom_id is not None and not isinstance(custom_id, str):
         raise ValueError("custom_id must be a string")
     messages = None
+    fields: dict[str, Any] | None = None
+    route: Route | None = None
     if "body" in obj:
         body = obj["body"]
         if not isinstance(body, dict):
             raise ValueError("OpenAI batch line: body must be an object")
+        route = _route(obj, body)
+        fields = _request_fields(body) or None
         if "prompt" in body:
             prompt = body["prompt"]
             if isinstance(prompt, list):
@@ -93,7 +160,7 @@ def _prompt_from_json(obj: Any) -> tuple[str, str | None, tuple[Message, ...] | 
         raise ValueError("JSON object has no 'prompt' (or OpenAI batch 'body')")
     if not isinstance(prompt, str):
         raise ValueError(f"prompt must be a string, got {type(prompt).__name__}")
-    return prompt, custom_id, messages
+    return Parsed(0, prompt, custom_id, messages, fields, route)
 
 
 def _conversation(raw: Any) -> tuple[str, tuple[Message, ...] | None]:
@@ -142,20 +209,18 @@ def iter_prompts(
             raise InputError(
                 source, lineno, f"line is {len(line)} bytes, over the limit of {max_prompt_bytes}"
             )
-        custom_id: str | None = None
-        messages: tuple[Message, ...] | None = None
         if resolved == "txt":
             try:
-                prompt = line.decode("utf-8")
+                parsed = Parsed(lineno, line.decode("utf-8"), None)
             except UnicodeDecodeError as exc:
                 raise InputError(source, lineno, f"not valid UTF-8 ({exc.reason})") from None
         else:
             try:
-                prompt, custom_id, messages = _prompt_from_json(_decode_json(line))
+                parsed = _prompt_from_json(_decode_json(line))._replace(line=lineno)
             except msgspec.DecodeError as exc:
                 raise InputError(source, lineno, f"invalid JSON: {exc}") from None
             except ValueError as exc:
                 raise InputError(source, lineno, str(exc)) from None
-        if not prompt.strip():
+        if not parsed.prompt.strip():
             raise InputError(source, lineno, "empty prompt")
-        yield Parsed(lineno, prompt, custom_id, messages)
+        yield parsed

@@ -2,10 +2,16 @@
 ``/v1/batches`` output files read swarm-queue's too.
 
 A success is ``{"id", "custom_id", "response": {"status_code": 200, "request_id", "body"},
-"error": null}`` with a ``text_completion`` (or, for a chat job, ``chat.completion``) body; a
-failure is ``{"id", "custom_id", "response": null, "error": {"code", "message"}}``, its code
-being swarm-queue's failure kind (``rejected``, ``endpoint``, ``cancelled``...). Inputs without
-a ``custom_id`` get their prompt index, as a string, in its place.
+"error": null}`` with a ``text_completion`` (or, for a chat job, ``chat.completion``) body. A
+failure has the shape vLLM's ``run-batch`` writes: ``"response": {"status_code", "request_id",
+"body": null}`` and an error object ``{"object": "error", "message", "type", "param", "code"}``
+whose ``type`` is swarm-queue's failure kind (``rejected``, ``cancelled``...) and ``code`` the
+status. A ``schema`` failure was answered: its response keeps the body with the text, status
+200, beside the error. Inputs without a ``custom_id`` get their prompt index, as a string.
+
+Status of a failure: the server's own for a rejected prompt (400 if it gave none); 400 for a
+prompt swarm-queue itself could not send (``bad_entry``, ``cancelled``); 500 for one the
+servers or workers failed (``no_choice``, ``dead_letter``, ``missing``).
 """
 
 from __future__ import annotations
@@ -21,14 +27,19 @@ __all__ = ["BatchError", "BatchOutputLine", "BatchResponse", "openai_line"]
 
 
 class BatchError(msgspec.Struct, frozen=True):
-    code: str
+    """vLLM's error object, as run-batch writes it."""
+
     message: str
+    type: str
+    code: int
+    param: str | None = None
+    object: str = "error"
 
 
 class BatchResponse(msgspec.Struct, frozen=True):
     status_code: int
     request_id: str
-    body: dict[str, Any]
+    body: dict[str, Any] | None
 
 
 class BatchOutputLine(msgspec.Struct, frozen=True):
@@ -70,17 +81,27 @@ def _body(job: str, r: Result, chat: bool, created: int) -> dict[str, Any]:
     }
 
 
+_CLIENT_SIDE = frozenset({"bad_entry", "cancelled"})
+
+
+def _status(r: Result) -> int:
+    if r.ok or r.error_kind == "schema":
+        return 200
+    if r.error_kind == "rejected":
+        return r.status or 400
+    return 400 if r.error_kind in _CLIENT_SIDE else 500
+
+
 def openai_line(job: str, r: Result, *, chat: bool = False, created: int | None = None) -> bytes:
     """One OpenAI Batch output line (newline included) for result ``r`` of ``job``."""
     custom_id = r.custom_id if r.custom_id is not None else str(r.index)
     line_id = f"batch_req_{job}_{r.index}"
-    if r.ok:
+    status = _status(r)
+    body = None
+    if status == 200:  # answered (a schema failure too: its text is kept)
         body = _body(job, r, chat, int(time.time()) if created is None else created)
-        line = BatchOutputLine(
-            line_id, custom_id, BatchResponse(200, f"{job}-{r.index}", body), None
-        )
-    else:
-        line = BatchOutputLine(
-            line_id, custom_id, None, BatchError(r.error_kind or "error", r.error or "")
-        )
-    return _encoder.encode(line) + b"\n"
+    error = None
+    if not r.ok:
+        error = BatchError(message=r.error or "", type=r.error_kind or "error", code=status)
+    response = BatchResponse(status, f"{job}-{r.index}", body)
+    return _encoder.encode(BatchOutputLine(line_id, custom_id, response, error)) + b"\n"

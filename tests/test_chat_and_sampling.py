@@ -4,6 +4,7 @@ reaching the server; answers validated against a JSON Schema, failures kept per 
 
 from __future__ import annotations
 
+import io
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -85,7 +86,7 @@ async def test_openai_chat_batch_lines_with_a_system_prompt_reach_the_model_whol
                 "custom_id": f"req-{i}",
                 "method": "POST",
                 "url": "/v1/chat/completions",
-                "body": {"model": "m", "messages": _conversation(i)},
+                "body": {"model": "swarm-sim", "messages": _conversation(i)},  # the served one
             }
         )
         for i in range(40)
@@ -299,3 +300,95 @@ async def test_template_mode_equals_chat_mode_with_and_without_a_bos_in_the_temp
     assert len(lists) == 4 and len(chats) == 50
     assert all(r["add_special_tokens"] is False for r in lists)
     assert all("add_special_tokens" not in r for r in chats)
+
+
+def _batch_line(i: int, url: str = "/v1/completions", **body: Any) -> bytes:
+    key = "messages" if url.endswith("chat/completions") else "prompt"
+    prompt: Any = f"Batch question {i}?"
+    if key == "messages":
+        prompt = [{"role": "user", "content": prompt}]
+    line = {"custom_id": f"r{i}", "method": "POST", "url": url, "body": {key: prompt, **body}}
+    return msgspec.json.encode(line)
+
+
+async def _enqueue_lines(settings: Settings, spec: JobSpec, lines: list[bytes]) -> int:
+    """Queue ``lines`` as the file ``b.jsonl``."""
+    stream = io.BytesIO(b"\n".join(lines) + b"\n")
+    return (await enqueue(settings, spec, "b.jsonl", stream)).total
+
+
+async def test_openai_batch_lines_are_sent_with_their_own_fields_and_still_list_batched(
+    make_settings: Callable[..., Settings],
+    store: JobStore,
+    sim_fleet: Callable[..., SimFleet],
+) -> None:
+    def fields(i: int) -> dict[str, Any]:  # 5 tokens, 12 with a stop and a temperature, or none
+        if i % 3 == 0:
+            return {"max_tokens": 5}
+        if i % 3 == 1:
+            return {"max_tokens": 12, "temperature": 0.7, "stop": "\n\n"}
+        return {}
+
+    lines = [_batch_line(i, model="swarm-sim", **fields(i)) for i in range(90)]
+    spec = JobSpec(job="mixed", params=SamplingParams(max_tokens=32))
+    assert await _enqueue_lines(make_settings(), spec, lines) == 90
+    async with sim_fleet(1) as fleet:
+        await run_engine(make_settings(batch_size=30, inflight=1), store, fleet.urls)
+        received = list(fleet.endpoints[0].received)
+    out = await collect_lines(store, "mixed")
+    wanted = {0: 5, 1: 12, 2: 32}
+    for i, x in enumerate(out):
+        assert x["text"] == completion_for(f"Batch question {i}?", wanted[i % 3])[0]
+        assert x["custom_id"] == f"r{i}"
+    # One list request per distinct setting in each batch of 30: three of ten prompts each.
+    assert len(received) == 9 and {len(r["prompt"]) for r in received} == {10}
+    by_tokens = {r["max_tokens"]: r for r in received}
+    assert set(by_tokens) == {5, 12, 32}
+    assert (by_tokens[12]["temperature"], by_tokens[12]["stop"]) == (0.7, ["\n\n"])
+    assert "temperature" not in by_tokens[5] and "stop" not in by_tokens[32]
+
+
+@pytest.mark.parametrize(
+    ("line", "chat", "template", "message"),
+    [
+        (_batch_line(0, n=2), False, None, r"body.n=2 is not supported \(one answer per line"),
+        (_batch_line(0, stream=True), False, None, "body.stream=True is not supported"),
+        (_batch_line(0, logprobs=3), False, None, "body.logprobs is not supported"),
+        (_batch_line(0, temperature=-1), False, None, "temperature must be a finite number"),
+        (_batch_line(0, max_tokens="lots"), False, None, r"Expected `int`, got `str`"),
+        (
+            _batch_line(0, "/v1/chat/completions"),
+            False,
+            None,
+            r"a /v1/chat/completions line needs --chat .* or --template FILE",
+        ),
+        (_batch_line(0), True, None, "a /v1/completions line in a --chat job"),
+        (
+            _batch_line(0, model="other"),
+            False,
+            None,
+            "body.model 'other' is not the job's model 'm': one model per job",
+        ),
+    ],
+)
+async def test_batch_lines_the_job_cannot_honour_are_refused_with_their_line(
+    make_settings: Callable[..., Settings],
+    store: JobStore,
+    line: bytes,
+    chat: bool,
+    template: str | None,
+    message: str,
+) -> None:
+    spec = JobSpec(job="bad", model="m", chat=chat, template=template)
+    lines = [_batch_line(1, "/v1/chat/completions" if chat else "/v1/completions"), line]
+    with pytest.raises(InputError, match=f"b.jsonl:2: .*{message}"):
+        await _enqueue_lines(make_settings(), spec, lines)
+
+
+async def test_chat_lines_with_a_template_and_the_lines_model_for_the_job(
+    make_settings: Callable[..., Settings], store: JobStore
+) -> None:
+    lines = [_batch_line(i, "/v1/chat/completions", model="lora-7") for i in range(3)]
+    spec = JobSpec(job="t", template="<|user|>\n{prompt}\n<|assistant|>\n")
+    assert await _enqueue_lines(make_settings(), spec, lines) == 3
+    assert (await store.load_spec("t")).model == "lora-7"  # the lines' model is the job's

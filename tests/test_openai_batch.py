@@ -61,14 +61,40 @@ def test_a_chat_job_gets_chat_completion_bodies() -> None:
     assert body["usage"] is None
 
 
-def test_a_failure_has_no_response_and_an_error_object() -> None:
-    r = Result(index=7, error="You passed 900 input tokens ...", error_kind="rejected")
+def test_a_failure_has_run_batchs_shape_a_status_no_body_and_the_error_object() -> None:
+    r = Result(index=7, error="You passed 900 input tokens ...", error_kind="rejected", status=400)
     assert msgspec.json.decode(openai_line("j", r)) == {
         "id": "batch_req_j_7",
         "custom_id": "7",  # no custom_id in the input: the index stands in
-        "response": None,
-        "error": {"code": "rejected", "message": "You passed 900 input tokens ..."},
+        "response": {"status_code": 400, "request_id": "j-7", "body": None},
+        "error": {
+            "object": "error",
+            "message": "You passed 900 input tokens ...",
+            "type": "rejected",
+            "param": None,
+            "code": 400,
+        },
     }
+    cancelled = msgspec.json.decode(
+        openai_line("j", Result(index=1, error="x", error_kind="cancelled"))
+    )
+    assert (cancelled["response"]["status_code"], cancelled["error"]["code"]) == (400, 400)
+    lost = msgspec.json.decode(openai_line("j", Result(index=1, error="x", error_kind="no_choice")))
+    assert (lost["response"]["status_code"], lost["error"]["type"]) == (500, "no_choice")
+
+
+def test_a_schema_failure_keeps_its_text_in_the_response_body() -> None:
+    r = Result(
+        index=2,
+        text='{"name": 3}',
+        finish_reason="stop",
+        error="$.name: not a string",
+        error_kind="schema",
+    )
+    line = msgspec.json.decode(openai_line("j", r, created=1))
+    assert line["response"]["status_code"] == 200
+    assert line["response"]["body"]["choices"][0]["text"] == '{"name": 3}'
+    assert (line["error"]["type"], line["error"]["message"]) == ("schema", "$.name: not a string")
 
 
 async def test_collect_writes_openai_lines_in_input_order(store: JobStore) -> None:
@@ -100,7 +126,10 @@ async def test_collect_writes_openai_lines_in_input_order(store: JobStore) -> No
     lines = [msgspec.json.decode(x) for x in buf.getvalue().splitlines()]
     assert [x["custom_id"] for x in lines] == ["id-a", "1", "id-c"]
     assert [x["response"]["body"]["choices"][0]["text"] for x in (lines[0], lines[2])] == ["A", "C"]
-    assert lines[1]["response"] is None and lines[1]["error"] == {
-        "code": "endpoint",
+    assert lines[1]["response"]["body"] is None and lines[1]["error"] == {
+        "object": "error",
         "message": "boom",
+        "type": "endpoint",
+        "param": None,
+        "code": 500,
     }

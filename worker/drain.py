@@ -47,6 +47,7 @@ from common.models import (
     Result,
     SamplingParams,
     Usage,
+    encode,
 )
 from common.schema import AnswerValidator
 from common.settings import Settings
@@ -799,7 +800,7 @@ class EndpointDrainer:
         try:
             if items:
                 await self.store.start(job, [eid for eid, _, _ in items])
-                done = await self._complete(spec, [it for _, _, it in items], 0, tally)
+                done = await self._complete_all(spec, [it for _, _, it in items], tally)
                 validator = self.engine.validator(spec)
                 if validator is not None:
                     done = [self._checked(r, validator) for r in done]
@@ -1002,14 +1003,44 @@ class EndpointDrainer:
             self._failures = 0
             return value, attempt
 
-    async def _complete(
-        self, spec: JobSpec, items: list[PromptItem], prior: int, tally: _Tally
+    async def _complete_all(
+        self, spec: JobSpec, items: list[PromptItem], tally: _Tally
     ) -> list[Result]:
-        """Results for ``items`` in order; bisects a rejected batch to isolate bad prompts."""
+        """Results for ``items`` in order. A list request carries one set of sampling fields,
+        so prompts with settings of their own (OpenAI batch lines) go in one request per
+        distinct setting, side by side."""
+        groups: dict[bytes, list[int]] = {}
+        for i, item in enumerate(items):
+            groups.setdefault(b"" if item.params is None else encode(item.params), []).append(i)
+        if len(groups) == 1:
+            return await self._complete(spec, items, items[0].params_in(spec), 0, tally)
+        parts = await asyncio.gather(
+            *(
+                self._complete(
+                    spec, [items[i] for i in idx], items[idx[0]].params_in(spec), 0, tally
+                )
+                for idx in groups.values()
+            )
+        )
+        out: dict[int, Result] = {}
+        for idx, results in zip(groups.values(), parts, strict=True):
+            out.update(zip(idx, results, strict=True))
+        return [out[i] for i in range(len(items))]
+
+    async def _complete(
+        self,
+        spec: JobSpec,
+        items: list[PromptItem],
+        params: SamplingParams,
+        prior: int,
+        tally: _Tally,
+    ) -> list[Result]:
+        """Results for ``items`` (all sent with ``params``) in order; bisects a rejected batch
+        to isolate bad prompts."""
         if spec.chat:
-            return await self._chat_batch(spec, items, prior, tally)
+            return await self._chat_batch(spec, items, params, prior, tally)
         prompts = [spec.render(it.prompt) for it in items]
-        timeout = self.settings.request_timeout_for(len(items), spec.params.max_tokens)
+        timeout = self.settings.request_timeout_for(len(items), params.max_tokens)
         model = self._model_for(spec)
         if model is None:
             raise ModelNotServed(self.client.label, "serves no model")
@@ -1019,7 +1050,7 @@ class EndpointDrainer:
 
         async def call() -> CompletionBody:
             body = await self.client.complete(
-                model, prompts, spec.params, timeout_s=timeout, add_special_tokens=special
+                model, prompts, params, timeout_s=timeout, add_special_tokens=special
             )
             check_choice_indices(self.client.label, [c.index for c in body.choices], len(prompts))
             return body
@@ -1029,11 +1060,11 @@ class EndpointDrainer:
         except EndpointRejected as exc:
             attempts = prior + 1
             if len(items) == 1:
-                return [self._failed(items[0], exc.message, "rejected", attempts)]
+                return [self._failed(items[0], exc.message, "rejected", attempts, exc.status)]
             mid = len(items) // 2
             left, right = await asyncio.gather(
-                self._complete(spec, items[:mid], attempts, tally),
-                self._complete(spec, items[mid:], attempts, tally),
+                self._complete(spec, items[:mid], params, attempts, tally),
+                self._complete(spec, items[mid:], params, attempts, tally),
             )
             return left + right
         if body.usage is not None:
@@ -1047,7 +1078,7 @@ class EndpointDrainer:
         # Choices the server left out are asked for again, on their own, until the attempts
         # run out; only then does a prompt fail for want of a choice.
         if attempts < self.settings.max_attempts:
-            again = iter(await self._complete(spec, missing, attempts, tally))
+            again = iter(await self._complete(spec, missing, params, attempts, tally))
         else:
             again = iter(
                 self._failed(
@@ -1061,20 +1092,25 @@ class EndpointDrainer:
         return [r if r is not None else next(again) for r in mapped]
 
     async def _chat_batch(
-        self, spec: JobSpec, items: list[PromptItem], prior: int, tally: _Tally
+        self,
+        spec: JobSpec,
+        items: list[PromptItem],
+        params: SamplingParams,
+        prior: int,
+        tally: _Tally,
     ) -> list[Result]:
         """A batch of a chat job: one chat request per prompt, all in flight at once (chat
         has no list form); a rejected prompt fails alone."""
         model = self._model_for(spec)
         if model is None:
             raise ModelNotServed(self.client.label, "serves no model")
-        timeout = self.settings.request_timeout_for(1, spec.params.max_tokens)
+        timeout = self.settings.request_timeout_for(1, params.max_tokens)
 
         async def one(item: PromptItem) -> Result:
             messages = item.chat_messages(spec)
 
             async def call() -> ChatBody:
-                body = await self.client.chat(model, messages, spec.params, timeout_s=timeout)
+                body = await self.client.chat(model, messages, params, timeout_s=timeout)
                 check_choice_indices(self.client.label, [c.index for c in body.choices[:1]], 1)
                 if not body.choices:
                     raise EndpointRetryable(self.client.label, "malformed answer: no choice")
@@ -1083,7 +1119,7 @@ class EndpointDrainer:
             try:
                 body, attempts = await self._retrying(call)
             except EndpointRejected as exc:
-                return self._failed(item, exc.message, "rejected", prior + 1)
+                return self._failed(item, exc.message, "rejected", prior + 1, exc.status)
             usage = None
             if body.usage is not None:
                 tally.prompt_tokens += body.usage.prompt_tokens
@@ -1143,7 +1179,9 @@ class EndpointDrainer:
             )
         return out
 
-    def _failed(self, item: PromptItem, reason: str, kind: str, attempts: int) -> Result:
+    def _failed(
+        self, item: PromptItem, reason: str, kind: str, attempts: int, status: int | None = None
+    ) -> Result:
         return Result(
             index=item.index,
             endpoint=self.client.label,
@@ -1151,4 +1189,5 @@ class EndpointDrainer:
             error=reason,
             error_kind=kind,
             custom_id=item.custom_id,
+            status=status,
         )
