@@ -403,6 +403,12 @@ class JobStore:
     async def close(self) -> None:
         await self.redis.aclose()
 
+    async def ping(self) -> None:
+        """Reach Redis once: StoreAccessDenied for wrong credentials (at once), else
+        StoreUnavailable after the client's patience."""
+        async with redis_errors(self.url):
+            await self.redis.ping()
+
     def _script_keys(self, job: str) -> list[str]:
         """KEYS of the commit and retry scripts, in their order: results, meta, stream, failed,
         running."""

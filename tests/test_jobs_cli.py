@@ -146,3 +146,17 @@ def test_bad_values_closed_pipes_and_a_second_collector_are_one_clear_line(
     finally:
         first.kill()
         first.wait()
+
+
+def test_a_worker_with_a_wrong_redis_password_stops_at_once_with_one_line(
+    cli_env: dict[str, str], redis_url: str
+) -> None:
+    wrong = redis_url.replace("redis://", "redis://:not-the-password@", 1)
+    env = {**cli_env, "SWARM_REDIS_URL": wrong, "SWARM_ENDPOINTS": "http://127.0.0.1:9"}
+    started = time.monotonic()
+    out = cli(env, "swarm-worker", "--burst")
+    assert time.monotonic() - started < 10  # not arq's half-minute of retries
+    assert out.returncode == 1
+    lines = out.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("swarm-worker: error: Redis at redis://:***@")
+    assert "refused access" in lines[0] and "not-the-password" not in out.stderr

@@ -1,0 +1,52 @@
+"""``swarm-worker [--burst]``: the worker command, arq's worker with Redis checked first.
+
+``arq worker.WorkerSettings`` runs the same worker; this entry point first reaches Redis with
+swarm-queue's own client, so a wrong password or an unreachable Redis is one clear line at once
+(arq's connection loop retries an authentication failure for half a minute, then ends in a
+traceback), and then hands over to arq's documented ``run_worker``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+from common.cli import run
+from common.errors import ConfigError
+from common.settings import Settings
+from common.store import JobStore
+
+__all__ = ["main"]
+
+
+async def _reach_redis(settings: Settings) -> int:
+    store = JobStore.from_settings(settings)
+    try:
+        await store.ping()
+    finally:
+        await store.close()
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    p = argparse.ArgumentParser(
+        prog="swarm-worker",
+        description="Drain every job from the endpoints in SWARM_ENDPOINTS (or SWARM_HOSTFILE).",
+    )
+    p.add_argument("--burst", action="store_true", help="exit once no work it can do is left")
+    args = p.parse_args(argv)
+    try:
+        settings = Settings.from_env(os.environ)
+    except ConfigError as exc:
+        print(f"swarm-worker: error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    status = run("swarm-worker", _reach_redis(settings))
+    if status:
+        raise SystemExit(status)
+    from arq.worker import run_worker
+
+    from worker.app import WorkerSettings
+
+    run_worker(WorkerSettings, burst=args.burst)  # type: ignore[arg-type]
