@@ -456,6 +456,56 @@ async def run_scale(
         out.with_name(out.name + ".cursor").unlink(missing_ok=True)
 
 
+async def urgent_job_time(
+    redis_url: str,
+    prefix: str,
+    fleet: SimFleetProc,
+    urgent: list[str],
+    max_tokens: int,
+    *,
+    priority: int,
+    background: list[str] | None = None,
+    background_done: int = 0,
+) -> tuple[float, int, int]:
+    """Seconds from queuing the job ``urgent`` (at ``priority``) to its last result, through
+    long-running workers, one per endpoint; with ``background``, queued first, and ``urgent``
+    only once ``background_done`` of its prompts are answered (the background job is cancelled
+    afterwards). Also returns the background prompts answered meanwhile, and the prompts the
+    workers preempted (from their exit lines): the work the urgent job cost."""
+    settings = Settings(redis_url=redis_url, prefix=prefix)
+    store = JobStore.from_settings(settings)
+    workers = Workers(redis_url, prefix, [[u] for u in fleet.urls]).start()
+    params = SamplingParams(max_tokens=max_tokens)
+    try:
+        await wait_workers_ready(store, len(fleet.urls))
+        if background:
+            await enqueue_prompts(
+                store, JobSpec(job="big", params=params), ((p, None) for p in background)
+            )
+            while (await store.status("big")).done < background_done:
+                await asyncio.sleep(0.02)
+        before = (await store.status("big")).done if background else 0
+        t0 = time.time()
+        spec = JobSpec(job="urgent", params=params, priority=priority)
+        await enqueue_prompts(store, spec, ((p, None) for p in urgent))
+        while not (status := await store.status("urgent")).finished:
+            await asyncio.sleep(0.02)
+        finished = float((await store.meta("urgent"))["finished_s"])
+        meanwhile = ((await store.status("big")).done - before) if background else 0
+        if background:
+            await store.cancel("big")
+        assert status.done == len(urgent), status
+    finally:
+        workers.stop()
+        await store.close()
+    preempted = sum(
+        int(m)
+        for log in OUT.glob(f"worker-{prefix}-*.log")
+        for m in re.findall(r"(\d+) prompts preempted", log.read_text())
+    )
+    return finished - t0, meanwhile, preempted
+
+
 class Bench:
     """A private Redis for one benchmark session."""
 

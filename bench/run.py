@@ -37,6 +37,7 @@ from bench.harness import (
     queue_times,
     run_scale,
     run_swarm,
+    urgent_job_time,
 )
 from common.models import JobSpec, SamplingParams
 from common.settings import Settings
@@ -51,7 +52,15 @@ REAL = EngineConfig(max_num_seqs=256, step_base_ms=20.0, step_per_seq_ms=0.1)
 INSTANT = EngineConfig(instant=True)
 
 
-SCENARIOS = ("homogeneous", "heterogeneous", "dead_node", "overhead", "scale", "latency")
+SCENARIOS = (
+    "homogeneous",
+    "heterogeneous",
+    "dead_node",
+    "overhead",
+    "scale",
+    "latency",
+    "priority",
+)
 
 
 @dataclass
@@ -422,6 +431,58 @@ async def latency_scenario(bench: Bench, n: int, max_tokens: int = 32) -> Scenar
     return sc
 
 
+async def priority_scenario(
+    bench: Bench, n_big: int, n_urgent: int, max_tokens: int = 32
+) -> Scenario:
+    """Scenario 7: a small urgent job queued while a big one keeps the fleet busy."""
+    big = prompt_set(n_big)
+    urgent = [f"Urgent {p}" for p in prompt_set(n_urgent)]
+    speeds = [1.0] * 4
+    ideal = ideal_makespan(urgent, max_tokens, new_fleet(4, REAL, speeds).configs())
+    sc = Scenario(
+        "priority",
+        "7. Priority",
+        f"4 endpoints at speed 1, workers running. A job of {n_urgent:,} prompts is queued "
+        f"alone; then again, once a job of {n_big:,} prompts has {n_big // 10:,} answered and "
+        "keeps every endpoint full, at priority 1 and at the same priority 0. *Wall* is "
+        "from queuing the small job to its last result; *of capacity* is against its "
+        "minimum on an idle fleet. A FIFO queue (arq and most task queues) would start it "
+        "only after the big job's remaining prompts.",
+    )
+    variants = [
+        ("alone, idle fleet", 0, False),
+        ("priority 1, behind the big job", 1, True),
+        ("same priority 0 (fair share)", 0, True),
+    ]
+    for label, priority, busy in variants:
+        fleet = new_fleet(len(speeds), REAL, speeds).start()
+        try:
+            wall, meanwhile, preempted = await urgent_job_time(
+                bench.url,
+                f"b-prio-{len(sc.rows)}",
+                fleet,
+                urgent,
+                max_tokens,
+                priority=priority,
+                background=big if busy else None,
+                background_done=n_big // 10,
+            )
+        finally:
+            fleet.stop()
+        extra = {"big_meanwhile": float(meanwhile), "preempted": float(preempted)} if busy else {}
+        sc.rows.append(Row(label, wall, n_urgent, n_urgent, ideal, extra))
+    alone, urgent_row, fair = sc.rows
+    sc.extra["ratio_priority"] = urgent_row.wall_s / alone.wall_s
+    sc.extra["ratio_fair"] = fair.wall_s / alone.wall_s
+    ratio, fair_ratio = urgent_row.wall_s / alone.wall_s, fair.wall_s / alone.wall_s
+    check = (
+        f"priority 1 behind the big job within 1.5x of alone ({ratio:.2f}x; at the same "
+        f"priority: {fair_ratio:.2f}x)"
+    )
+    sc.checks[check] = ratio <= 1.5
+    return sc
+
+
 # -- report ---------------------------------------------------------------------------------
 
 
@@ -519,28 +580,50 @@ def report(scenarios: list[Scenario], command: str, elapsed_s: float) -> str:
         "",
     ]
     for sc in scenarios:
-        lines += [
-            f"## {sc.title}",
-            "",
-            sc.note,
-            "",
-            "| system | wall (s) | prompts/s | answered | of capacity | notes |",
-            "| --- | ---: | ---: | ---: | ---: | --- |",
-        ]
-        for r in sc.rows:
-            frac = f"{r.capacity_fraction:.1%}" if r.capacity_fraction else "n/a"
-            notes = ", ".join(_note(k, v) for k, v in r.extra.items())
-            lines.append(
-                f"| {r.system} | {r.wall_s:.2f} | {r.rate:,.0f} | "
-                f"{r.answered:,}/{r.prompts:,} | {frac} | {notes} |"
-            )
-        lines.append("")
-        for check, ok in sc.checks.items():
-            lines.append(f"- {'met' if ok else '**not met**'}: {check}")
-        if _has_plot(sc):
-            lines += ["", f"![{sc.title}](img/bench-{sc.name}.png)"]
-        lines.append("")
+        lines += _section(sc)
     return "\n".join(lines) + "\n" + DEFAULTS_NOTE
+
+
+def _section(sc: Scenario) -> list[str]:
+    lines = [
+        f"## {sc.title}",
+        "",
+        sc.note,
+        "",
+        "| system | wall (s) | prompts/s | answered | of capacity | notes |",
+        "| --- | ---: | ---: | ---: | ---: | --- |",
+    ]
+    for r in sc.rows:
+        frac = f"{r.capacity_fraction:.1%}" if r.capacity_fraction else "n/a"
+        notes = ", ".join(_note(k, v) for k, v in r.extra.items())
+        lines.append(
+            f"| {r.system} | {r.wall_s:.2f} | {r.rate:,.0f} | "
+            f"{r.answered:,}/{r.prompts:,} | {frac} | {notes} |"
+        )
+    lines.append("")
+    for check, ok in sc.checks.items():
+        lines.append(f"- {'met' if ok else '**not met**'}: {check}")
+    if _has_plot(sc):
+        lines += ["", f"![{sc.title}](img/bench-{sc.name}.png)"]
+    lines.append("")
+    return lines
+
+
+def update_report(text: str, scenarios: list[Scenario], command: str) -> str:
+    """``text`` (the report) with each scenario's section replaced by this run's, or added
+    before the defaults note; the section says which command measured it."""
+    for sc in scenarios:
+        section = _section(sc)
+        section[2] = f"{sc.note} Measured separately, with `{command}`."
+        block = "\n".join(section) + "\n"
+        start = text.find(f"## {sc.title}\n")
+        if start < 0:
+            at = text.find("## Defaults, and why")
+            text = text[:at] + block + text[at:] if at >= 0 else text + "\n" + block
+            continue
+        end = text.find("\n## ", start + 1)
+        text = text[:start] + block + text[end + 1 if end >= 0 else len(text) :]
+    return text
 
 
 def _note(key: str, value: Any) -> str:
@@ -552,6 +635,10 @@ def _note(key: str, value: Any) -> str:
         return f"mean wait inside the endpoint {value:.2f} s"
     if key == "per_prompt_bytes":
         return f"{value:,.0f} bytes per prompt held"
+    if key == "big_meanwhile":
+        return f"{value:,.0f} prompts of the big job answered meanwhile"
+    if key == "preempted":
+        return f"{value:,.0f} prompts of the big job preempted (sent again later)"
     if key == "waited_over_1s":
         return f"{value:.0%} waited over 1 s"
     return f"{key.replace('_', ' ')} {value:.2f}"
@@ -589,6 +676,8 @@ async def main_async(args: argparse.Namespace) -> list[Scenario]:
             )
         if "latency" in want:
             scenarios.append(await latency_scenario(bench, int(20_000 * s)))
+        if "priority" in want:
+            scenarios.append(await priority_scenario(bench, int(50_000 * s), max(20, int(500 * s))))
     return scenarios
 
 
@@ -599,7 +688,7 @@ def main() -> None:
         "--only",
         action="append",
         metavar="SCENARIO",
-        help="run only this scenario (repeatable); the report is not written",
+        help="run only this scenario (repeatable); the report keeps the others' sections",
     )
     args = p.parse_args()
     t0 = time.monotonic()
@@ -620,12 +709,17 @@ def main() -> None:
             )
         for check, ok in sc.checks.items():
             print(f"  {'met    ' if ok else 'NOT MET'} {check}")
-    if not args.smoke and not args.only:
+    if not args.smoke:
         (DOCS / "img").mkdir(parents=True, exist_ok=True)
         for sc in scenarios:
             if _has_plot(sc):
                 _plot(sc, DOCS / "img" / f"bench-{sc.name}.png")
-        (DOCS / "BENCHMARKS.md").write_text(report(scenarios, "python -m bench.run", elapsed))
+        path = DOCS / "BENCHMARKS.md"
+        if args.only:  # this run's sections replace theirs; the others stay as measured
+            command = " ".join(["python -m bench.run", *(f"--only {n}" for n in args.only)])
+            path.write_text(update_report(path.read_text(), scenarios, command))
+        else:
+            path.write_text(report(scenarios, "python -m bench.run", elapsed))
 
 
 if __name__ == "__main__":

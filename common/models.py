@@ -152,6 +152,9 @@ class JobSpec(msgspec.Struct, frozen=True, omit_defaults=True):
     # A JSON Schema every answer must match (see common.schema); a mismatch is a failure of
     # kind "schema", its text kept, retryable with swarm-retry --kind schema.
     schema: dict[str, Any] | None = None
+    # While a job of higher priority has work, the endpoints serve it first; jobs of equal
+    # priority share them in turn.
+    priority: int = 0
 
     def same_settings(self, other: JobSpec) -> bool:
         """True when ``other`` asks for the same model, sampling and reduce (creation details
@@ -163,6 +166,7 @@ class JobSpec(msgspec.Struct, frozen=True, omit_defaults=True):
             and self.chat == other.chat
             and self.schema == other.schema
             and self.template == other.template
+            and self.priority == other.priority
         )
 
     def render(self, prompt: str) -> str:

@@ -429,11 +429,17 @@ class JobStore:
                 await self.redis.hset(meta, "reduce", spec.reduce.kind)
             stored = spec if created else _spec_of(job, await self.redis.hget(meta, "spec"))
             if not created and not stored.same_settings(spec):
+                others = [
+                    f"{name} {getattr(stored, name)!r} (asked: {getattr(spec, name)!r})"
+                    for name in ("chat", "template", "schema", "reduce", "priority")
+                    if getattr(stored, name) != getattr(spec, name)
+                ]
                 raise JobConflictError(
                     f"job {job!r} already exists with model={stored.model!r}, "
                     f"params={msgspec.to_builtins(stored.params)}; you asked for "
-                    f"model={spec.model!r}, params={msgspec.to_builtins(spec.params)}. "
-                    "Use another job name."
+                    f"model={spec.model!r}, params={msgspec.to_builtins(spec.params)}"
+                    + (f"; it differs in {', '.join(others)}" if others else "")
+                    + ". Use another job name."
                 )
             await self.ensure_group(job)
             await self.redis.sadd(self.keys.jobs, job)

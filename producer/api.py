@@ -158,6 +158,7 @@ class Swarm:
         model: str | None = None,
         reduce: ReduceSpec | None = None,
         window: int | None = None,
+        priority: int = 0,
     ) -> str:
         """Queue ``prompts`` (strings, or ``(prompt, custom_id)`` pairs) as a job; returns its
         name. Submitting the same job again resumes it. With ``window``, prompts are fed in
@@ -173,6 +174,7 @@ class Swarm:
             created_s=time.time(),
             source="python",
             reduce=reduce,
+            priority=priority,
         )
         if reduce is not None and reduce.function and self._engine is not None:
             self._engine.reducer.allowed.add(reduce.function)  # this session's own code

@@ -352,6 +352,14 @@ def _parser() -> argparse.ArgumentParser:
         help="a JSON Schema each answer must match; a mismatch fails that prompt (kind "
         "'schema', its text kept)",
     )
+    p.add_argument(
+        "--priority",
+        type=int,
+        default=0,
+        metavar="N",
+        help="while a job of higher priority has work, the endpoints serve it first; jobs of "
+        "equal priority share them in turn (default 0)",
+    )
     p.add_argument("--format", choices=["auto", "txt", "jsonl"], default="auto")
     p.add_argument("--max-prompt-bytes", type=int, default=DEFAULT_MAX_PROMPT_BYTES)
     p.add_argument(
@@ -479,6 +487,7 @@ async def _main(args: argparse.Namespace) -> int:
         schema=schema,
         chat=args.chat,
         template=template,
+        priority=args.priority,
     )
     if args.model is not None or args.check_model:
         await check_model(settings, args.model, strict=args.check_model)

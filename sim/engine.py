@@ -124,6 +124,7 @@ class Engine:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self.finished_seqs = 0
+        self.aborted_seqs = 0
         self.generated_tokens = 0
         # Per sequence, as vLLM's histograms of the same names: time spent waiting for a slot,
         # and from arrival to the last token.
@@ -175,8 +176,22 @@ class Engine:
         return future
 
     async def generate(self, lengths: list[int]) -> None:
-        """Run one request to completion (see :meth:`submit`)."""
-        await self.submit(lengths)
+        """Run one request to completion (see :meth:`submit`). Cancelled (its client went
+        away), its sequences leave the engine at once, as vLLM aborts a disconnected request."""
+        future = self.submit(lengths)
+        try:
+            await future
+        except asyncio.CancelledError:
+            self._abort(future)
+            raise
+
+    def _abort(self, future: asyncio.Future[None]) -> None:
+        waiting = [x for x in self._waiting if x[1].future is not future]
+        running = [x for x in self._running if x[2].future is not future]
+        self.aborted_seqs += len(self._waiting) - len(waiting) + len(self._running) - len(running)
+        self._waiting = deque(waiting)
+        heapq.heapify(running)
+        self._running = running
 
     def admit(self) -> None:
         """Move waiting sequences into the running batch while there is room, FIFO."""

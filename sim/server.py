@@ -145,7 +145,10 @@ class SimEndpoint:
 
     async def start(self) -> None:
         self.engine.start()
-        self._runner = web.AppRunner(self.app(), access_log=None, shutdown_timeout=0.5)
+        # handler_cancellation: a client that hangs up cancels its request, as in vLLM.
+        self._runner = web.AppRunner(
+            self.app(), access_log=None, shutdown_timeout=0.5, handler_cancellation=True
+        )
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port, reuse_address=True)
         await site.start()

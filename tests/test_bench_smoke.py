@@ -32,7 +32,17 @@ def test_every_benchmark_scenario_runs_at_tiny_size() -> None:
         "overhead",
         "scale",
         "latency",
+        "priority",
     ]
+    # Priority compares the system with itself (alone, urgent, same priority): the baselines
+    # have no notion of jobs side by side.
+    priority = scenarios.pop("priority")
+    assert [r["system"] for r in priority["rows"]] == [
+        "alone, idle fleet",
+        "priority 1, behind the big job",
+        "same priority 0 (fair share)",
+    ]
+    assert all(r["answered"] == r["prompts"] > 0 and r["wall_s"] > 0 for r in priority["rows"])
     for name, sc in scenarios.items():
         rows = {r["system"]: r for r in sc["rows"]}
         assert all(r["wall_s"] > 0 for r in rows.values())

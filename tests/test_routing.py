@@ -8,6 +8,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 
+import msgspec
 import pytest
 from aiohttp import web
 
@@ -20,7 +21,7 @@ from sim.server import SimFleet
 from sim.text import completion_for
 from tests.helpers import serve
 from tests.test_pipeline import collect_lines, prompts, run_engine, spec
-from worker.drain import Engine
+from worker.drain import Engine, service_order
 from worker.endpoint import EndpointClient
 
 
@@ -94,3 +95,32 @@ async def test_a_wrong_key_breaks_only_its_endpoint_and_the_job_finishes_elsewhe
     assert locked_drainer.circuit == "broken" and healthy.circuit == "closed"
     assert engine.broken == [f"{locked}: HTTP 401: bad key"]
     assert (locked_drainer.prompts_done, healthy.prompts_done) == (0, 300)
+
+
+def test_service_order_puts_every_higher_priority_job_first_and_rotates_equals() -> None:
+    jobs = [("big", 0), ("urgent", 5), ("other", 0), ("mid", 1), ("urgent2", 5)]
+    assert service_order(jobs, 0) == ["urgent", "urgent2", "mid", "big", "other"]
+    assert service_order(jobs, 1) == ["urgent2", "urgent", "mid", "other", "big"]
+    assert service_order([], 3) == []
+
+
+async def test_a_higher_priority_job_takes_every_free_slot_while_it_has_work(
+    make_settings: Callable[..., Settings], store: JobStore, sim_fleet: Callable[..., SimFleet]
+) -> None:
+    await enqueue_prompts(store, spec("big"), prompts(400))
+    await enqueue_prompts(store, msgspec.structs.replace(spec("urgent"), priority=1), prompts(100))
+    async with sim_fleet(1) as fleet:
+        engine = Engine(
+            make_settings(batch_size=10, inflight=1), store, [EndpointClient(fleet.urls[0])]
+        )
+        drainer = engine.drainers[0]
+        try:
+            # One batch at a time: the 10 urgent batches come first, then the big job's.
+            for _ in range(10):
+                assert await drainer.step() is True
+            urgent, big = await store.status("urgent"), await store.status("big")
+            assert (urgent.done, urgent.finished, big.done) == (100, True, 0)
+            assert await drainer.step() is True
+            assert (await store.status("big")).done == 10
+        finally:
+            await engine.close()

@@ -166,12 +166,13 @@ async def shutdown(ctx: dict[str, Any]) -> None:
     await store.close()
     for d in engine.drainers:
         log.info(
-            "%s: %d prompts done, %d failed, %d requests, %d retries",
+            "%s: %d prompts done, %d failed, %d requests, %d retries, %d prompts preempted",
             d.client.label,
             d.prompts_done,
             d.prompts_failed,
             d.requests,
             d.retries,
+            d.preempted,
         )
     if engine.broken:
         # The exit status says work was left that these endpoints should have done: arq

@@ -55,7 +55,7 @@ from common.store import Commit, JobStore, decode_entry, index_of
 from worker.endpoint import ChatBody, CompletionBody, EndpointClient, Load
 from worker.reduce import Reducer, StageBusy
 
-__all__ = ["EndpointDrainer", "Engine"]
+__all__ = ["EndpointDrainer", "Engine", "check_choice_indices", "next_window", "service_order"]
 
 log = logging.getLogger("swarm.worker")
 
@@ -118,6 +118,18 @@ def check_choice_indices(endpoint: str, indices: list[int], n: int) -> None:
                 "expected at most once)",
             )
         seen.add(i)
+
+
+def service_order(jobs: list[tuple[str, int]], turn: int) -> list[str]:
+    """The order in which to look for work among ``(job, priority)``: every job of a higher
+    priority before any of a lower one (so while an urgent job has work, it gets every free
+    slot), and jobs of equal priority rotated by ``turn`` (a fair share among them)."""
+    out: list[str] = []
+    for level in sorted({p for _, p in jobs}, reverse=True):
+        names = [j for j, p in jobs if p == level]
+        start = turn % len(names)
+        out += names[start:] + names[:start]
+    return out
 
 
 class Window:
@@ -218,6 +230,8 @@ class Engine:
         self._reduces_pending = False
         self._validators: dict[str, AnswerValidator] = {}
         self.jobs: dict[str, JobSpec] = {}
+        # Per urgent job, the batches one endpoint may start by preemption (see _fair_shares).
+        self.shares: dict[str, int] = {}
         self._unreadable: set[str] = set()  # jobs whose spec cannot be read, logged once
         self._refreshed_at = -math.inf
         self._refresh_lock = asyncio.Lock()
@@ -273,6 +287,7 @@ class Engine:
             # A stage still running is work of its own stage job; only a finished stage waits
             # on the reduce itself.
             self._reduces_pending = any(finished for _, _, finished in pending)
+            self.shares = await self._fair_shares()
             for job, level, finished in pending:
                 if finished:
                     try:
@@ -280,6 +295,31 @@ class Engine:
                     except SwarmError as exc:
                         log.warning("job %s: cannot advance stage %d yet: %s", job, level, exc)
             self._refreshed_at = time.monotonic()
+
+    async def _fair_shares(self) -> dict[str, int]:
+        """For each job above the lowest priority served: how many of its batches one endpoint
+        may start by preempting lower ones, its fair share over the live endpoints serving its
+        model. (Without it, the first worker to see an urgent job would take all of it: each
+        preempted slot takes the next urgent batch at once.)"""
+        specs = list(self.jobs.values())
+        if len({s.priority for s in specs}) < 2:
+            return {}
+        lowest = min(s.priority for s in specs)
+        fleet = await self.store.read_fleet()
+        now = time.time()
+        shares = {}
+        for spec in specs:
+            if spec.priority == lowest:
+                continue
+            serving = sum(
+                1
+                for e in fleet
+                if e.live(now) and e.circuit != "broken" and (spec.model in (None, *e.models))
+            )
+            serving = max(serving, sum(d.serves(spec) for d in self.drainers), 1)
+            batches = -(-(await self.store.enqueued_count(spec.job)) // self.settings.batch_size)
+            shares[spec.job] = max(1, -(-batches // serving))
+        return shares
 
     def validator(self, spec: JobSpec) -> AnswerValidator | None:
         """The answer validator of ``spec``'s schema, built once per job (None: no schema)."""
@@ -442,6 +482,11 @@ class EndpointDrainer:
         self.prompts_done = 0
         self.prompts_failed = 0
         self.retries = 0
+        # Prompts whose batch was cancelled for a more urgent job's, released to run again.
+        self.preempted = 0
+        # Batches in flight (their request work) and their job's priority, oldest first.
+        self._running: dict[asyncio.Task[list[Result]], tuple[int, str]] = {}
+        self._preempted: set[asyncio.Task[list[Result]]] = set()
         self.dead_lettered = 0
         self.errors = 0
         self.last_error = ""
@@ -683,8 +728,18 @@ class EndpointDrainer:
             self._ready.add(job)
 
     async def _next_batch(self, block_ms: int | None) -> tuple[str, list[Delivery]] | None:
-        # Only jobs whose model this endpoint serves: the others wait for endpoints that do.
-        jobs = [job for job, spec in list(self.engine.jobs.items()) if self.serves(spec)]
+        # Only jobs whose model this endpoint serves (the others wait for endpoints that do),
+        # the highest priority first, jobs of equal priority in turn; and while this endpoint
+        # runs batches of some priority, nothing below it starts: the engine lightens as the
+        # lower work finishes, and the urgent prompts decode faster.
+        top = max((p for p, _ in self._running.values()), default=None)
+        served = [
+            (job, spec.priority)
+            for job, spec in list(self.engine.jobs.items())
+            if self.serves(spec) and (top is None or spec.priority >= top)
+        ]
+        jobs = service_order(served, self._rr)
+        self._rr += 1
         for job in jobs:
             if job not in self._ready:
                 await self._recover(job)
@@ -694,39 +749,42 @@ class EndpointDrainer:
             if block_ms:
                 await self.engine.sleep(block_ms / 1000)
             return None
-        now = time.monotonic()
         batch = self.settings.batch_size
-        for job in jobs:  # entries orphaned by workers that died, or released by failing ones
-            if now - self._last_reclaim.get(job, -math.inf) < self._reclaim_every_s:
-                continue
-            async with self._reclaim_lock:  # one slot at a time, so no two take the same entry
-                claimed = await self.store.autoclaim(
-                    job, self.consumer, self.settings.claim_idle_ms, batch
-                )
-                # A full batch may mean more orphans wait: look again next step.
-                self._last_reclaim[job] = -math.inf if len(claimed) == batch else time.monotonic()
-                claimed = [d for d in claimed if d[0] not in self._in_hand]
-                self._in_hand.update(eid for eid, _, _ in claimed)
+        for job in jobs:  # per job, in order: its orphaned or released entries, then new ones
+            claimed = await self._reclaim(job)
             if claimed:
-                log.info(
-                    "%s: took over %d entries of job %s from other workers",
-                    self.client.label,
-                    len(claimed),
-                    job,
-                )
                 return job, claimed
-        start = self._rr % len(jobs)
-        self._rr += 1
-        order = jobs[start:] + jobs[:start]
-        for job in order:
             entries = await self.store.read_new(job, self.consumer, batch)
             if entries:
-                return job, [(eid, payload, 1) for eid, payload in entries]
+                return job, [(eid, payload, 0) for eid, payload in entries]
         if block_ms:
-            entries = await self.store.read_new(order[0], self.consumer, batch, block_ms=block_ms)
+            entries = await self.store.read_new(jobs[0], self.consumer, batch, block_ms=block_ms)
             if entries:
-                return order[0], [(eid, payload, 1) for eid, payload in entries]
+                return jobs[0], [(eid, payload, 0) for eid, payload in entries]
         return None
+
+    async def _reclaim(self, job: str) -> list[Delivery]:
+        """Entries of ``job`` orphaned by workers that died or released by failing ones, when
+        it is time to look again for them."""
+        if time.monotonic() - self._last_reclaim.get(job, -math.inf) < self._reclaim_every_s:
+            return []
+        batch = self.settings.batch_size
+        async with self._reclaim_lock:  # one slot at a time, so no two take the same entry
+            claimed = await self.store.autoclaim(
+                job, self.consumer, self.settings.claim_idle_ms, batch
+            )
+            # A full batch may mean more orphans wait: look again next step.
+            self._last_reclaim[job] = -math.inf if len(claimed) == batch else time.monotonic()
+            claimed = [d for d in claimed if d[0] not in self._in_hand]
+            self._in_hand.update(eid for eid, _, _ in claimed)
+        if claimed:
+            log.info(
+                "%s: took over %d entries of job %s from other workers",
+                self.client.label,
+                len(claimed),
+                job,
+            )
+        return claimed
 
     # -- doing work ---------------------------------------------------------------------
 
@@ -797,10 +855,15 @@ class EndpointDrainer:
             else:
                 items.append((eid, payload, decoded))
         tally = _Tally()
+        work: asyncio.Task[list[Result]] | None = None
         try:
             if items:
                 await self.store.start(job, [eid for eid, _, _ in items])
-                done = await self._complete_all(spec, [it for _, _, it in items], tally)
+                self._preempt_below(spec.priority, job)
+                request = self._complete_all(spec, [it for _, _, it in items], tally)
+                work = asyncio.create_task(request)
+                self._running[work] = (spec.priority, job)
+                done = await work
                 validator = self.engine.validator(spec)
                 if validator is not None:
                     done = [self._checked(r, validator) for r in done]
@@ -811,13 +874,42 @@ class EndpointDrainer:
             await self._release(job, ids, cause, self._model_for(spec))
             return
         except asyncio.CancelledError:
-            # Stopped past the grace period: the batch goes back, and its run is no death.
+            # Preempted by a batch of a more urgent job, or stopped past the grace period:
+            # the batch goes back, and its run is no death.
             with contextlib.suppress(StoreUnavailable):
                 await asyncio.shield(self.store.release(job, self.consumer, ids))
+            if work is not None and work in self._preempted:
+                self.preempted += len(ids)
+                log.debug("%s: preempted %d prompts of job %s", self.client.label, len(ids), job)
+                return
             raise
+        finally:
+            if work is not None:
+                self._running.pop(work, None)
+                self._preempted.discard(work)
         # Shielded: once results exist, finishing the (atomic) commit beats redoing them.
         commit = await self._commit(job, results, tally.prompt_tokens, tally.completion_tokens)
         self._count(job, commit)
+
+    def _preempt_below(self, priority: int, job: str) -> None:
+        """A batch of ``priority`` starts: cancel the newest batch in flight of a lower
+        priority, if any, so the engine gives its slots to the urgent prompts now rather than
+        after the lower ones (as vLLM's own priority scheduling does). The newest has done
+        the least work; one for one, so the engine's load stays the same. (The window keeps
+        the engine just full, and its gauges lag by a period: whether this batch would have
+        found free slots cannot be known, so the trade is always made; it costs at most one
+        lower batch's progress per urgent batch.) Only up to the job's fair share of batches on
+        this endpoint: the rest are for the other endpoints."""
+        mine = sum(1 for _, j in self._running.values() if j == job)
+        if mine >= self.engine.shares.get(job, 0):
+            return
+        lower = [
+            w for w, (p, _) in self._running.items() if p < priority and w not in self._preempted
+        ]
+        if lower:
+            victim = lower[-1]  # dicts keep insertion order: the newest last
+            self._preempted.add(victim)
+            victim.cancel()
 
     async def _commit(
         self,

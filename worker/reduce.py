@@ -189,6 +189,7 @@ class Reducer:
             model=spec.model,
             created_s=timestamp_s(),
             source=f"tree reduce of {job}, level {nxt}",
+            priority=spec.priority,  # a job's reduce is as urgent as the job
         )
         # A writer token of its own: a second advance of the same stage, in this process or
         # another, waits for this one instead of writing beside it.
