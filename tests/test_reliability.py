@@ -241,3 +241,30 @@ async def test_a_full_redis_is_waited_out_and_nothing_is_lost(
         finally:
             await store.close()
     assert [x["text"] for x in lines] == [completion_for(p, 16)[0] for p, _ in prompts(300)]
+
+
+async def test_one_failing_endpoint_of_three_loses_nothing_and_dead_letters_nothing(
+    make_settings: Callable[..., Settings], store: JobStore, sim_fleet: Callable[..., SimFleet]
+) -> None:
+    """Its batches are released again and again, uncounted against the prompts, and the two
+    healthy endpoints answer them (before: 415 of 2,000 dead-lettered)."""
+    await enqueue_prompts(store, spec(), prompts(2000))
+    faults = [FaultConfig(error_rate=1.0), FaultConfig(), FaultConfig()]
+    settings = make_settings(batch_size=16, max_deliveries=2, circuit_failures=3, max_attempts=2)
+    async with sim_fleet(3, faults=faults) as fleet:
+        engine = await run_engine(settings, store, fleet.urls)
+    lines = await collect_lines(store, "j")
+    assert [x["text"] for x in lines] == [completion_for(p, 16)[0] for p, _ in prompts(2000)]
+    failing, *healthy = engine.drainers
+    assert failing.prompts_done == 0 and failing.errors > 0
+    assert sum(d.prompts_done for d in healthy) == 2000
+
+
+async def test_the_requests_figure_counts_the_http_requests_really_sent(
+    make_settings: Callable[..., Settings], store: JobStore, sim_fleet: Callable[..., SimFleet]
+) -> None:
+    await enqueue_prompts(store, spec(), prompts(320))
+    async with sim_fleet(1) as fleet:
+        engine = await run_engine(make_settings(batch_size=32), store, fleet.urls)
+        sent = fleet.endpoints[0].requests_total
+    assert engine.drainers[0].requests == sent == 10  # not twice: no model look-up per batch
