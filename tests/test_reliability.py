@@ -268,3 +268,46 @@ async def test_the_requests_figure_counts_the_http_requests_really_sent(
         engine = await run_engine(make_settings(batch_size=32), store, fleet.urls)
         sent = fleet.endpoints[0].requests_total
     assert engine.drainers[0].requests == sent == 10  # not twice: no model look-up per batch
+
+
+async def test_a_hung_engine_that_still_answers_health_is_not_given_work_again(
+    make_settings: Callable[..., Settings],
+    store: JobStore,
+    sim_fleet: Callable[..., SimFleet],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """/health and /v1/models answer, generation never does: the probe asks for one token, so
+    the circuit stays open instead of closing on every probe and hanging batches again."""
+    generations = 0
+    done = asyncio.Event()  # lets the hanging handlers end, so the stub server can stop
+
+    async def health(request: web.Request) -> web.Response:
+        return web.Response()
+
+    async def models(request: web.Request) -> web.Response:
+        return web.json_response({"data": [{"id": "swarm-sim"}]})
+
+    async def hang(request: web.Request) -> web.Response:
+        nonlocal generations
+        generations += 1
+        await done.wait()
+        return web.Response(status=503)
+
+    app = web.Application()
+    app.router.add_get("/health", health)
+    app.router.add_get("/v1/models", models)
+    app.router.add_post("/v1/completions", hang)
+    await enqueue_prompts(store, spec(), prompts(400))
+    settings = make_settings(
+        batch_size=10, inflight=2, request_timeout_s=0.3, probe_timeout_s=0.3, circuit_failures=2
+    )
+    async with serve(app) as hung, sim_fleet(1, EngineConfig(step_base_ms=5.0)) as fleet:
+        with caplog.at_level(logging.INFO, "swarm.worker"):
+            engine = await run_engine(settings, store, [hung, *fleet.urls])
+        done.set()
+    stuck, healthy = engine.drainers
+    assert (stuck.prompts_done, healthy.prompts_done) == (0, 400)
+    assert stuck.circuit == "open"
+    ready = [r for r in caplog.records if r.getMessage() == f"{hung}: endpoint ready; taking work"]
+    assert len(ready) == 1  # at start only: no probe since has put it back to work
+    assert generations == stuck.requests >= 3  # the failed batches, then one-token probes
