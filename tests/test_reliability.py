@@ -307,7 +307,7 @@ async def test_a_hung_engine_that_still_answers_health_is_not_given_work_again(
         done.set()
     stuck, healthy = engine.drainers
     assert (stuck.prompts_done, healthy.prompts_done) == (0, 400)
-    assert stuck.circuit == "open"
+    assert stuck.circuit.state == "open"
     ready = [r for r in caplog.records if r.getMessage() == f"{hung}: endpoint ready; taking work"]
     assert len(ready) == 1  # at start only: no probe since has put it back to work
     assert generations == stuck.requests >= 3  # the failed batches, then one-token probes

@@ -92,7 +92,7 @@ async def test_a_wrong_key_breaks_only_its_endpoint_and_the_job_finishes_elsewhe
     async with serve(app) as locked, sim_fleet(1) as fleet:
         engine = await run_engine(make_settings(batch_size=10), store, [locked, *fleet.urls])
     locked_drainer, healthy = engine.drainers
-    assert locked_drainer.circuit == "broken" and healthy.circuit == "closed"
+    assert locked_drainer.circuit.state == "broken" and healthy.circuit.state == "closed"
     assert engine.broken == [f"{locked}: HTTP 401: bad key"]
     assert (locked_drainer.prompts_done, healthy.prompts_done) == (0, 300)
 

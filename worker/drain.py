@@ -46,16 +46,16 @@ from common.models import (
     PromptItem,
     Result,
     SamplingParams,
-    Usage,
-    encode,
 )
 from common.schema import AnswerValidator
 from common.settings import Settings
 from common.store import Commit, JobStore, decode_entry, index_of
-from worker.endpoint import ChatBody, CompletionBody, EndpointClient, Load
+from worker.batch import BatchRunner, Tally
+from worker.circuit import Circuit, GiveUp
+from worker.endpoint import EndpointClient, Load
 from worker.reduce import Reducer, StageBusy
 
-__all__ = ["EndpointDrainer", "Engine", "check_choice_indices", "next_window", "service_order"]
+__all__ = ["EndpointDrainer", "Engine", "next_window", "service_order"]
 
 log = logging.getLogger("swarm.worker")
 
@@ -105,21 +105,6 @@ def next_window(
     return window
 
 
-def check_choice_indices(endpoint: str, indices: list[int], n: int) -> None:
-    """Refuse (as retryable: another try, or another endpoint) an answer to ``n`` prompts
-    whose choice indices are not distinct values in ``0..n-1``: a server that repeats or
-    shifts them would put one prompt's answer under another's index. Fewer is allowed."""
-    seen: set[int] = set()
-    for i in indices:
-        if not 0 <= i < n or i in seen:
-            raise EndpointRetryable(
-                endpoint,
-                f"malformed answer: choice index {i} for {n} prompts (each of 0..{n - 1} "
-                "expected at most once)",
-            )
-        seen.add(i)
-
-
 def service_order(jobs: list[tuple[str, int]], turn: int) -> list[str]:
     """The order in which to look for work among ``(job, priority)``: every job of a higher
     priority before any of a lower one (so while an urgent job has work, it gets every free
@@ -156,24 +141,6 @@ class Window:
             async with self._cond:
                 self.in_use -= 1
                 self._cond.notify_all()
-
-
-class _GiveUp(Exception):
-    """Retries on this endpoint are exhausted: hand the batch to someone else."""
-
-    def __init__(self, cause: EndpointError) -> None:
-        super().__init__(str(cause))
-        self.cause = cause
-
-
-class _Tally:
-    """Token totals of one batch, across retries and bisection."""
-
-    __slots__ = ("completion_tokens", "prompt_tokens")
-
-    def __init__(self) -> None:
-        self.prompt_tokens = 0
-        self.completion_tokens = 0
 
 
 # The span (s) over which the published per-endpoint rate is measured.
@@ -454,19 +421,13 @@ class EndpointDrainer:
         self.settings = engine.settings
         self.store = engine.store
         self.consumer = f"{self.settings.worker_name}|{client.url}"
-        self.broken: str | None = None
         self.fleet_field = f"{self.settings.worker_name}|{client.label}"
         # The models the endpoint serves, as /v1/models lists them (base model first, then
         # LoRA adapters); None until it has answered once.
         self.models: tuple[str, ...] | None = None
         self._models_stale = asyncio.Event()
-        # Set while the circuit is open: the endpoint failed repeatedly and is being probed.
-        self._open = asyncio.Event()
-        self._probed = False
-        self._was_ready = False  # has answered /health at least once
-        # The endpoint's one prober while its circuit is open; every slot waits on it.
-        self._prober: asyncio.Task[None] | None = None
-        self._failures = 0  # consecutive failed requests, all slots together
+        self.circuit = Circuit(client.label, self.settings.circuit_failures)
+        self.runner = BatchRunner(client, self.settings, self.circuit, self._backoff)
         self._ready: set[str] = set()
         self._recovery_lock = asyncio.Lock()
         self._recovered: deque[tuple[str, list[Delivery]]] = deque()
@@ -481,15 +442,12 @@ class EndpointDrainer:
         self.window = Window(self.settings.inflight)
         self.prompts_done = 0
         self.prompts_failed = 0
-        self.retries = 0
         # Prompts whose batch was cancelled for a more urgent job's, released to run again.
         self.preempted = 0
         # Batches in flight (their request work) and their job's priority, oldest first.
         self._running: dict[asyncio.Task[list[Result]], tuple[int, str]] = {}
         self._preempted: set[asyncio.Task[list[Result]]] = set()
         self.dead_lettered = 0
-        self.errors = 0
-        self.last_error = ""
         self._counts: dict[str, _JobCount] = {}
 
     def reclaim_soon(self, job: str) -> None:
@@ -520,22 +478,13 @@ class EndpointDrainer:
         """Like :meth:`serves`, but True while the served models are not yet known."""
         return self.models is None or self.serves(spec)
 
-    @property
-    def circuit(self) -> str:
-        """``broken``, ``waiting`` (never answered yet), ``open`` or ``closed``."""
-        if self.broken is not None:
-            return "broken"
-        if self._open.is_set():
-            return "open" if self._was_ready else "waiting"
-        return "closed"
-
     def info(self, now: float) -> EndpointInfo:
         """This endpoint's row in the fleet registry."""
         return EndpointInfo(
             endpoint=self.client.label,
             worker=self.settings.worker_name,
             models=self.models or (),
-            circuit=self.circuit,
+            circuit=self.circuit.state,
             updated_s=now,
             period_s=self.settings.stats_period_s,
         )
@@ -544,15 +493,15 @@ class EndpointDrainer:
         """This drainer's figures for ``job`` (see :class:`EndpointStats`); ``last``: the
         state of a last word (this worker no longer serves the job)."""
         count = self._job_count(job, mono)
-        circuit = last if last is not None else self.circuit
+        circuit = last if last is not None else self.circuit.state
         return EndpointStats(
             endpoint=self.client.label,
             worker=self.settings.worker_name,
             circuit=circuit,
             done=count.done,
             failed=count.failed,
-            errors=self.errors,
-            last_error=self.broken or self.last_error,
+            errors=self.circuit.errors,
+            last_error=self.circuit.broken or self.circuit.last_error,
             rate_per_s=0.0 if last else count.rate(mono),
             window=self.window.size,
             in_flight=0 if last else self.window.in_use,
@@ -562,7 +511,24 @@ class EndpointDrainer:
 
     @property
     def circuit_open(self) -> bool:
-        return self._open.is_set()
+        return self.circuit.is_open
+
+    @property
+    def broken(self) -> str | None:
+        """Why the endpoint can take no work at all, if so (see :class:`Circuit`)."""
+        return self.circuit.broken
+
+    @property
+    def errors(self) -> int:
+        return self.circuit.errors
+
+    @property
+    def last_error(self) -> str:
+        return self.circuit.last_error
+
+    @property
+    def retries(self) -> int:
+        return self.runner.retries
 
     @property
     def requests(self) -> int:
@@ -573,9 +539,8 @@ class EndpointDrainer:
     # -- loops --------------------------------------------------------------------------
 
     async def run(self, *, burst: bool = False) -> None:
-        # Start with the circuit open: no work is taken until the endpoint answers /health
-        # (a vLLM still loading its model on a freshly started node).
-        self._open.set()
+        # No work is taken until the endpoint answers (a vLLM still loading its model).
+        self.circuit.hold()
         adapt = self.settings.inflight_max > 0
         slots = max(self.settings.inflight_max, self.settings.inflight)
         if adapt:
@@ -586,11 +551,10 @@ class EndpointDrainer:
         try:
             await asyncio.gather(*(self._slot(burst) for _ in range(slots)))
         finally:
-            if self._prober is not None:
-                helpers.append(self._prober)
             for task in helpers:
                 task.cancel()
             await asyncio.gather(*helpers, return_exceptions=True)
+            await self.circuit.close()
 
     async def _follow_models(self) -> None:
         """Re-read the served models every ``models_refresh_s``, and soon after a 404 for a
@@ -601,7 +565,7 @@ class EndpointDrainer:
             if self._models_stale.is_set() and await self.engine.sleep(MODELS_RECHECK_S):
                 return
             self._models_stale.clear()
-            if self._open.is_set() or self.broken is not None:
+            if self.circuit.is_open or self.broken is not None:
                 continue  # the probe reads them when the endpoint answers again
             try:
                 await self._read_models()
@@ -657,11 +621,16 @@ class EndpointDrainer:
     async def _slot(self, burst: bool) -> None:
         while not self.engine.stopping and self.broken is None:
             try:
-                if self._open.is_set():
+                if self.circuit.is_open:
                     # (at start, the endpoint is probed once before the job list decides)
-                    if burst and self._probed and not await self.engine.any_work(self):
+                    if burst and self.circuit.probed and not await self.engine.any_work(self):
                         return
-                    await self._await_probe(burst)
+                    await self.circuit.until_closed(
+                        self._probe,
+                        give_up=lambda: self._give_up_probing(burst),
+                        sleep=self.engine.sleep,
+                        backoff=self._backoff,
+                    )
                     continue
                 async with self.window.token():
                     # A stop may have come while this slot waited for the window.
@@ -688,13 +657,13 @@ class EndpointDrainer:
         """Take one batch and finish it; False when there was nothing to take. Takes nothing
         while the circuit is open: a slot that was waiting for the window when it opened would
         otherwise take back the batches its siblings had just released."""
-        if self._open.is_set() or self.broken is not None:
+        if self.circuit.is_open or self.broken is not None:
             return False
         if self.models is None:  # a step taken outside run(), whose probe reads them
             try:
                 await self._read_models()
             except EndpointError as exc:
-                self._open_circuit(exc)
+                self.circuit.trip(exc)
                 return False
         await self.engine.refresh_jobs()
         got = await self._next_batch(block_ms)
@@ -854,13 +823,16 @@ class EndpointDrainer:
                 results.append((eid, bad, payload))
             else:
                 items.append((eid, payload, decoded))
-        tally = _Tally()
+        tally = Tally()
         work: asyncio.Task[list[Result]] | None = None
         try:
             if items:
                 await self.store.start(job, [eid for eid, _, _ in items])
                 self._preempt_below(spec.priority, job)
-                request = self._complete_all(spec, [it for _, _, it in items], tally)
+                model = self._model_for(spec)
+                if model is None:
+                    raise ModelNotServed(self.client.label, "serves no model")
+                request = self.runner.run(spec, [it for _, _, it in items], model, tally)
                 work = asyncio.create_task(request)
                 self._running[work] = (spec.priority, job)
                 done = await work
@@ -869,8 +841,8 @@ class EndpointDrainer:
                     done = [self._checked(r, validator) for r in done]
                 for (eid, payload, _), result in zip(items, done, strict=True):
                     results.append((eid, result, payload))
-        except (_GiveUp, EndpointUnusable, ModelNotServed) as exc:
-            cause = exc.cause if isinstance(exc, _GiveUp) else exc
+        except (GiveUp, EndpointUnusable, ModelNotServed) as exc:
+            cause = exc.cause if isinstance(exc, GiveUp) else exc
             await self._release(job, ids, cause, self._model_for(spec))
             return
         except asyncio.CancelledError:
@@ -966,7 +938,7 @@ class EndpointDrainer:
             self._models_stale.set()
             return
         if isinstance(cause, EndpointUnusable):
-            self.broken = str(cause)
+            self.circuit.broken = str(cause)
             log.error(
                 "%s: endpoint unusable, no more work taken from it: %s", self.client.label, cause
             )
@@ -974,57 +946,19 @@ class EndpointDrainer:
         log.warning(
             "%s: released %d entries to other workers (%s)", self.client.label, len(ids), cause
         )
-        self._open_circuit(cause)
+        self.circuit.trip(cause)
 
-    def _open_circuit(self, cause: EndpointError) -> None:
-        if not self._open.is_set():
-            log.warning(
-                "%s: circuit open after repeated failures (%s); probing the endpoint",
-                self.client.label,
-                cause,
-            )
-            self._open.set()
+    async def _probe(self) -> None:
+        """One probe of the endpoint: /health, its models, and (after failures: a hung engine
+        still answers those) one generated token. Raises an EndpointError while it cannot work."""
+        if not await self.client.ready(self.settings.probe_timeout_s):
+            raise EndpointRetryable(self.client.label, "/health not ready")
+        await self._read_models()
+        if self.circuit.was_ready:
+            await self._probe_generation()
 
-    async def _await_probe(self, burst: bool) -> None:
-        """Circuit open: wait for the endpoint's one prober, started by the first slot here.
-        (One per endpoint, not per slot: slots taking turns to probe a stalled endpoint kept
-        a burst worker alive a probe timeout per slot after its work was done.)"""
-        if self._prober is None or self._prober.done():
-            self._prober = asyncio.create_task(self._wait_healthy(burst), name="swarm-probe")
-        await asyncio.shield(self._prober)
-
-    async def _wait_healthy(self, burst: bool = False) -> None:
-        """Probe the endpoint with backoff until it answers; in burst mode, stop once no job
-        it may serve has work left."""
-        attempt = 0
-        while self._open.is_set() and not self.engine.stopping:
-            try:
-                if not await self.client.ready(self.settings.probe_timeout_s):
-                    raise EndpointRetryable(self.client.label, "/health not ready")
-                await self._read_models()
-                if self._was_ready:  # it failed before: a hung engine still answers those
-                    await self._probe_generation()
-            except EndpointUnusable as exc:
-                self.broken = str(exc)
-                log.error(
-                    "%s: endpoint unusable, no work taken from it: %s", self.client.label, exc
-                )
-                return
-            except EndpointError as exc:
-                self._probed = True
-                self.last_error = str(exc)
-                # Probe first, then ask whether to give up: a healthy endpoint at start
-                # goes straight to work, whatever the job list looks like yet.
-                if burst and not await self.engine.any_work(self):
-                    return
-                attempt += 1
-                if await self.engine.sleep(self._backoff(attempt)):
-                    return
-                continue
-            self._probed = self._was_ready = True
-            log.info("%s: endpoint ready; taking work", self.client.label)
-            self._failures = 0
-            self._open.clear()
+    async def _give_up_probing(self, burst: bool) -> bool:
+        return burst and not await self.engine.any_work(self)
 
     async def _probe_generation(self) -> None:
         """One token of one prompt, within the probe timeout: the endpoint really generates.
@@ -1050,187 +984,6 @@ class EndpointDrainer:
         """The model to ask for: the job's, else the endpoint's own (the first it lists)."""
         return spec.model or (self.models[0] if self.models else None)
 
-    async def _unless_open(self, call: Awaitable[T]) -> T:
-        """``call``'s value; but once the circuit opens (the endpoint keeps failing), its
-        request is cancelled and the batch given up at once, for other endpoints to take."""
-        task = asyncio.ensure_future(call)
-        opened = asyncio.ensure_future(self._open.wait())
-        try:
-            await asyncio.wait({task, opened}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            opened.cancel()
-            if not task.done():
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-        if task.cancelled():
-            raise _GiveUp(EndpointRetryable(self.client.label, "circuit open"))
-        return task.result()
-
-    async def _retrying(self, call: Callable[[], Awaitable[T]]) -> tuple[T, int]:
-        """Run ``call`` with the one retry policy of the worker; returns its value and the
-        attempts it took. Gives up (to release the batch) when the attempts run out or when the
-        endpoint's circuit opens meanwhile."""
-        attempt = 0
-        while True:
-            if self._open.is_set():
-                raise _GiveUp(EndpointRetryable(self.client.label, "circuit open"))
-            attempt += 1
-            try:
-                value = await self._unless_open(call())
-            except EndpointRetryable as exc:
-                self.errors += 1
-                self.last_error = str(exc)
-                self._failures += 1
-                if self._failures >= self.settings.circuit_failures:
-                    self._open_circuit(exc)
-                if attempt >= self.settings.max_attempts or self._open.is_set():
-                    raise _GiveUp(exc) from None
-                self.retries += 1
-                delay = self._backoff(attempt - 1)
-                log.debug("%s: %s; retry %d in %.2f s", self.client.label, exc, attempt, delay)
-                with contextlib.suppress(TimeoutError):  # wake early if the circuit opens
-                    await asyncio.wait_for(self._open.wait(), timeout=delay)
-                continue
-            self._failures = 0
-            return value, attempt
-
-    async def _complete_all(
-        self, spec: JobSpec, items: list[PromptItem], tally: _Tally
-    ) -> list[Result]:
-        """Results for ``items`` in order. A list request carries one set of sampling fields,
-        so prompts with settings of their own (OpenAI batch lines) go in one request per
-        distinct setting, side by side."""
-        groups: dict[bytes, list[int]] = {}
-        for i, item in enumerate(items):
-            groups.setdefault(b"" if item.params is None else encode(item.params), []).append(i)
-        if len(groups) == 1:
-            return await self._complete(spec, items, items[0].params_in(spec), 0, tally)
-        parts = await asyncio.gather(
-            *(
-                self._complete(
-                    spec, [items[i] for i in idx], items[idx[0]].params_in(spec), 0, tally
-                )
-                for idx in groups.values()
-            )
-        )
-        out: dict[int, Result] = {}
-        for idx, results in zip(groups.values(), parts, strict=True):
-            out.update(zip(idx, results, strict=True))
-        return [out[i] for i in range(len(items))]
-
-    async def _complete(
-        self,
-        spec: JobSpec,
-        items: list[PromptItem],
-        params: SamplingParams,
-        prior: int,
-        tally: _Tally,
-    ) -> list[Result]:
-        """Results for ``items`` (all sent with ``params``) in order; bisects a rejected batch
-        to isolate bad prompts."""
-        if spec.chat:
-            return await self._chat_batch(spec, items, params, prior, tally)
-        prompts = [spec.render(it.prompt) for it in items]
-        timeout = self.settings.request_timeout_for(len(items), params.max_tokens)
-        model = self._model_for(spec)
-        if model is None:
-            raise ModelNotServed(self.client.label, "serves no model")
-
-        # A template written out carries its own special tokens: vLLM must not add a BOS.
-        special = False if spec.template is not None else None
-
-        async def call() -> CompletionBody:
-            body = await self.client.complete(
-                model, prompts, params, timeout_s=timeout, add_special_tokens=special
-            )
-            check_choice_indices(self.client.label, [c.index for c in body.choices], len(prompts))
-            return body
-
-        try:
-            body, attempts = await self._retrying(call)
-        except EndpointRejected as exc:
-            attempts = prior + 1
-            if len(items) == 1:
-                return [self._failed(items[0], exc.message, "rejected", attempts, exc.status)]
-            mid = len(items) // 2
-            left, right = await asyncio.gather(
-                self._complete(spec, items[:mid], params, attempts, tally),
-                self._complete(spec, items[mid:], params, attempts, tally),
-            )
-            return left + right
-        if body.usage is not None:
-            tally.prompt_tokens += body.usage.prompt_tokens
-            tally.completion_tokens += body.usage.completion_tokens
-        attempts += prior
-        mapped = self._map_choices(items, body, attempts)
-        missing = [it for it, r in zip(items, mapped, strict=True) if r is None]
-        if not missing:
-            return [r for r in mapped if r is not None]
-        # Choices the server left out are asked for again, on their own, until the attempts
-        # run out; only then does a prompt fail for want of a choice.
-        if attempts < self.settings.max_attempts:
-            again = iter(await self._complete(spec, missing, params, attempts, tally))
-        else:
-            again = iter(
-                self._failed(
-                    it,
-                    f"endpoint returned no choice for it in {attempts} attempts",
-                    "no_choice",
-                    attempts,
-                )
-                for it in missing
-            )
-        return [r if r is not None else next(again) for r in mapped]
-
-    async def _chat_batch(
-        self,
-        spec: JobSpec,
-        items: list[PromptItem],
-        params: SamplingParams,
-        prior: int,
-        tally: _Tally,
-    ) -> list[Result]:
-        """A batch of a chat job: one chat request per prompt, all in flight at once (chat
-        has no list form); a rejected prompt fails alone."""
-        model = self._model_for(spec)
-        if model is None:
-            raise ModelNotServed(self.client.label, "serves no model")
-        timeout = self.settings.request_timeout_for(1, params.max_tokens)
-
-        async def one(item: PromptItem) -> Result:
-            messages = item.chat_messages(spec)
-
-            async def call() -> ChatBody:
-                body = await self.client.chat(model, messages, params, timeout_s=timeout)
-                check_choice_indices(self.client.label, [c.index for c in body.choices[:1]], 1)
-                if not body.choices:
-                    raise EndpointRetryable(self.client.label, "malformed answer: no choice")
-                return body
-
-            try:
-                body, attempts = await self._retrying(call)
-            except EndpointRejected as exc:
-                return self._failed(item, exc.message, "rejected", prior + 1, exc.status)
-            usage = None
-            if body.usage is not None:
-                tally.prompt_tokens += body.usage.prompt_tokens
-                tally.completion_tokens += body.usage.completion_tokens
-                usage = Usage(body.usage.prompt_tokens, body.usage.completion_tokens)
-            choice = body.choices[0]
-            return Result(
-                index=item.index,
-                text=choice.message.content or "",
-                finish_reason=choice.finish_reason,
-                usage=usage,
-                endpoint=self.client.label,
-                attempts=prior + attempts,
-                custom_id=item.custom_id,
-                model=body.model,
-            )
-
-        return list(await asyncio.gather(*(one(it) for it in items)))
-
     @staticmethod
     def _checked(r: Result, validator: AnswerValidator) -> Result:
         """``r`` failed with kind ``schema`` if its text does not match; the text is kept."""
@@ -1240,46 +993,3 @@ class EndpointDrainer:
         if reason is None:
             return r
         return replace(r, error=reason, error_kind="schema")
-
-    def _map_choices(
-        self, items: list[PromptItem], body: CompletionBody, attempts: int
-    ) -> list[Result | None]:
-        """One result per item, matched by ``choice.index`` (never by position); None where
-        the server gave no choice (indices already checked by :func:`check_choice_indices`)."""
-        by_index = {c.index: c for c in body.choices}
-        exact_usage = len(items) == 1 and body.usage is not None
-        out: list[Result | None] = []
-        for i, item in enumerate(items):
-            choice = by_index.get(i)
-            if choice is None:
-                out.append(None)
-                continue
-            usage = None
-            if exact_usage and body.usage is not None:
-                usage = Usage(body.usage.prompt_tokens, body.usage.completion_tokens)
-            out.append(
-                Result(
-                    index=item.index,
-                    text=choice.text,
-                    finish_reason=choice.finish_reason,
-                    usage=usage,
-                    endpoint=self.client.label,
-                    attempts=attempts,
-                    custom_id=item.custom_id,
-                    model=body.model,
-                )
-            )
-        return out
-
-    def _failed(
-        self, item: PromptItem, reason: str, kind: str, attempts: int, status: int | None = None
-    ) -> Result:
-        return Result(
-            index=item.index,
-            endpoint=self.client.label,
-            attempts=attempts,
-            error=reason,
-            error_kind=kind,
-            custom_id=item.custom_id,
-            status=status,
-        )

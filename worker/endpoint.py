@@ -26,6 +26,7 @@ __all__ = [
     "ChatBody",
     "Choice",
     "CompletionBody",
+    "CompletionUsage",
     "EndpointClient",
     "Load",
     "ModelInfo",

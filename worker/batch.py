@@ -1,0 +1,263 @@
+"""One batch of prompts through one endpoint: the worker's one retry loop, lists split by
+sampling settings, rejected lists bisected, chat fanned out, and the answer checked and mapped
+by ``choice.index``. Talks to the endpoint only; Redis is the drainer's.
+
+A list request carries one set of sampling fields, so prompts with settings of their own (an
+OpenAI batch line's) go in one request per distinct setting, side by side. vLLM fails a whole
+list for one prompt over the context (HTTP 400): the list is bisected until only the offending
+prompts fail, each with the server's message. An answer whose choice indices repeat or fall
+outside the list is a server that cannot be trusted with it: retried, never committed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+from common.errors import EndpointRejected, EndpointRetryable
+from common.models import JobSpec, PromptItem, Result, SamplingParams, Usage, encode
+from common.settings import Settings
+from worker.circuit import Circuit, GiveUp
+from worker.endpoint import ChatBody, CompletionBody, CompletionUsage, EndpointClient
+
+__all__ = ["BatchRunner", "Tally", "check_choice_indices"]
+
+log = logging.getLogger("swarm.worker")
+
+T = TypeVar("T")
+
+
+def check_choice_indices(endpoint: str, indices: list[int], n: int) -> None:
+    """Refuse (as retryable: another try, or another endpoint) an answer to ``n`` prompts
+    whose choice indices are not distinct values in ``0..n-1``: a server that repeats or
+    shifts them would put one prompt's answer under another's index. Fewer is allowed."""
+    seen: set[int] = set()
+    for i in indices:
+        if not 0 <= i < n or i in seen:
+            raise EndpointRetryable(
+                endpoint,
+                f"malformed answer: choice index {i} for {n} prompts (each of 0..{n - 1} "
+                "expected at most once)",
+            )
+        seen.add(i)
+
+
+class Tally:
+    """Token totals of one batch, across retries and bisection."""
+
+    __slots__ = ("completion_tokens", "prompt_tokens")
+
+    def __init__(self) -> None:
+        self.prompt_tokens = 0
+        self.completion_tokens = 0
+
+    def add(self, usage: CompletionUsage) -> None:
+        self.prompt_tokens += usage.prompt_tokens
+        self.completion_tokens += usage.completion_tokens
+
+
+class BatchRunner:
+    """Completes batches on the endpoint of ``client``, retrying with ``backoff(attempt)``
+    under ``circuit``. :meth:`run` raises :class:`~worker.circuit.GiveUp` when this endpoint
+    will not finish the batch (its caller hands it to another)."""
+
+    def __init__(
+        self,
+        client: EndpointClient,
+        settings: Settings,
+        circuit: Circuit,
+        backoff: Callable[[int], float],
+    ) -> None:
+        self.client = client
+        self.settings = settings
+        self.circuit = circuit
+        self.backoff = backoff
+        self.retries = 0
+
+    async def run(
+        self, spec: JobSpec, items: list[PromptItem], model: str, tally: Tally
+    ) -> list[Result]:
+        """Results for ``items`` of ``spec``'s job in order, asked of ``model``."""
+        groups: dict[bytes, list[int]] = {}
+        for i, item in enumerate(items):
+            groups.setdefault(b"" if item.params is None else encode(item.params), []).append(i)
+        if len(groups) == 1:
+            return await self._complete(spec, model, items, items[0].params_in(spec), 0, tally)
+        parts = await asyncio.gather(
+            *(
+                self._complete(
+                    spec, model, [items[i] for i in idx], items[idx[0]].params_in(spec), 0, tally
+                )
+                for idx in groups.values()
+            )
+        )
+        out: dict[int, Result] = {}
+        for idx, results in zip(groups.values(), parts, strict=True):
+            out.update(zip(idx, results, strict=True))
+        return [out[i] for i in range(len(items))]
+
+    async def _retrying(self, call: Callable[[], Awaitable[T]]) -> tuple[T, int]:
+        """Run ``call`` with the one retry policy of the worker; returns its value and the
+        attempts it took. Gives up when the attempts run out or the circuit opens meanwhile."""
+        circuit = self.circuit
+        attempt = 0
+        while True:
+            if circuit.is_open:
+                raise GiveUp(EndpointRetryable(self.client.label, "circuit open"))
+            attempt += 1
+            try:
+                value = await circuit.unless_open(call())
+            except EndpointRetryable as exc:
+                circuit.failed(exc)
+                if attempt >= self.settings.max_attempts or circuit.is_open:
+                    raise GiveUp(exc) from None
+                self.retries += 1
+                delay = self.backoff(attempt - 1)
+                log.debug("%s: %s; retry %d in %.2f s", self.client.label, exc, attempt, delay)
+                await circuit.opened_within(delay)  # wakes early if the circuit opens
+                continue
+            circuit.succeeded()
+            return value, attempt
+
+    async def _complete(
+        self,
+        spec: JobSpec,
+        model: str,
+        items: list[PromptItem],
+        params: SamplingParams,
+        prior: int,
+        tally: Tally,
+    ) -> list[Result]:
+        """Results for ``items`` (all sent with ``params``) in order; bisects a rejected list
+        to isolate the bad prompts; asks again for choices the server left out."""
+        if spec.chat:
+            return await self._chat(spec, model, items, params, prior, tally)
+        prompts = [spec.render(it.prompt) for it in items]
+        timeout = self.settings.request_timeout_for(len(items), params.max_tokens)
+        # A template written out carries its own special tokens: vLLM must not add a BOS.
+        special = False if spec.template is not None else None
+
+        async def call() -> CompletionBody:
+            body = await self.client.complete(
+                model, prompts, params, timeout_s=timeout, add_special_tokens=special
+            )
+            check_choice_indices(self.client.label, [c.index for c in body.choices], len(prompts))
+            return body
+
+        try:
+            body, attempts = await self._retrying(call)
+        except EndpointRejected as exc:
+            attempts = prior + 1
+            if len(items) == 1:
+                return [self._failed(items[0], exc.message, "rejected", attempts, exc.status)]
+            mid = len(items) // 2
+            left, right = await asyncio.gather(
+                self._complete(spec, model, items[:mid], params, attempts, tally),
+                self._complete(spec, model, items[mid:], params, attempts, tally),
+            )
+            return left + right
+        if body.usage is not None:
+            tally.add(body.usage)
+        attempts += prior
+        mapped = self._map_choices(items, body, attempts)
+        missing = [it for it, r in zip(items, mapped, strict=True) if r is None]
+        if not missing:
+            return [r for r in mapped if r is not None]
+        # Choices the server left out are asked for again, on their own, until the attempts
+        # run out; only then does a prompt fail for want of a choice.
+        if attempts < self.settings.max_attempts:
+            again = iter(await self._complete(spec, model, missing, params, attempts, tally))
+        else:
+            reason = f"endpoint returned no choice for it in {attempts} attempts"
+            again = iter(self._failed(it, reason, "no_choice", attempts) for it in missing)
+        return [r if r is not None else next(again) for r in mapped]
+
+    async def _chat(
+        self,
+        spec: JobSpec,
+        model: str,
+        items: list[PromptItem],
+        params: SamplingParams,
+        prior: int,
+        tally: Tally,
+    ) -> list[Result]:
+        """A batch of a chat job: one chat request per prompt, all in flight at once (chat
+        has no list form); a rejected prompt fails alone."""
+        timeout = self.settings.request_timeout_for(1, params.max_tokens)
+
+        async def one(item: PromptItem) -> Result:
+            messages = item.chat_messages(spec)
+
+            async def call() -> ChatBody:
+                body = await self.client.chat(model, messages, params, timeout_s=timeout)
+                check_choice_indices(self.client.label, [c.index for c in body.choices[:1]], 1)
+                if not body.choices:
+                    raise EndpointRetryable(self.client.label, "malformed answer: no choice")
+                return body
+
+            try:
+                body, attempts = await self._retrying(call)
+            except EndpointRejected as exc:
+                return self._failed(item, exc.message, "rejected", prior + 1, exc.status)
+            usage = None
+            if body.usage is not None:
+                tally.add(body.usage)
+                usage = Usage(body.usage.prompt_tokens, body.usage.completion_tokens)
+            choice = body.choices[0]
+            return Result(
+                index=item.index,
+                text=choice.message.content or "",
+                finish_reason=choice.finish_reason,
+                usage=usage,
+                endpoint=self.client.label,
+                attempts=prior + attempts,
+                custom_id=item.custom_id,
+                model=body.model,
+            )
+
+        return list(await asyncio.gather(*(one(it) for it in items)))
+
+    def _map_choices(
+        self, items: list[PromptItem], body: CompletionBody, attempts: int
+    ) -> list[Result | None]:
+        """One result per item, matched by ``choice.index`` (never by position); None where
+        the server gave no choice (indices already checked by :func:`check_choice_indices`)."""
+        by_index = {c.index: c for c in body.choices}
+        exact_usage = len(items) == 1 and body.usage is not None
+        out: list[Result | None] = []
+        for i, item in enumerate(items):
+            choice = by_index.get(i)
+            if choice is None:
+                out.append(None)
+                continue
+            usage = None
+            if exact_usage and body.usage is not None:
+                usage = Usage(body.usage.prompt_tokens, body.usage.completion_tokens)
+            out.append(
+                Result(
+                    index=item.index,
+                    text=choice.text,
+                    finish_reason=choice.finish_reason,
+                    usage=usage,
+                    endpoint=self.client.label,
+                    attempts=attempts,
+                    custom_id=item.custom_id,
+                    model=body.model,
+                )
+            )
+        return out
+
+    def _failed(
+        self, item: PromptItem, reason: str, kind: str, attempts: int, status: int | None = None
+    ) -> Result:
+        return Result(
+            index=item.index,
+            endpoint=self.client.label,
+            attempts=attempts,
+            error=reason,
+            error_kind=kind,
+            custom_id=item.custom_id,
+            status=status,
+        )
