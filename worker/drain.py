@@ -21,7 +21,7 @@ import math
 import random
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from msgspec.structs import replace
@@ -52,18 +52,16 @@ from common.settings import Settings
 from common.store import Commit, JobStore, decode_entry, index_of
 from worker.batch import BatchRunner, Tally
 from worker.circuit import Circuit, GiveUp
-from worker.endpoint import EndpointClient, Load
+from worker.endpoint import EndpointClient
 from worker.reduce import Reducer, StageBusy
+from worker.window import ADAPT_START, Window, follow_load
 
-__all__ = ["EndpointDrainer", "Engine", "next_window", "service_order"]
+__all__ = ["EndpointDrainer", "Engine", "service_order"]
 
 log = logging.getLogger("swarm.worker")
 
 # An entry that this many workers died running is suspected of killing them: it runs alone.
 SUSPECT_DEATHS = 2
-
-# The adaptive window opens with this many requests in flight and never goes below it.
-ADAPT_START = 2
 
 # After a 404 for a model, the served models are re-read this much later at the soonest: a
 # server that lists a model it then refuses costs one request per job this often, no more.
@@ -72,37 +70,6 @@ MODELS_RECHECK_S = 5.0
 # (entry ID, payload, how many workers died running it)
 Delivery = tuple[bytes, bytes | None, int]
 T = TypeVar("T")
-
-
-def next_window(
-    window: int,
-    load: Load,
-    *,
-    busy: bool,
-    lo: int,
-    hi: int,
-    batch: int,
-    ramping: bool = False,
-    answering: bool = False,
-) -> int:
-    """The next in-flight window of an endpoint, from vLLM's scheduler gauges.
-
-    Nothing waiting while the engine runs and every slot of the window is busy means the engine
-    has idle capacity (a list request holds its slots until its longest sequence ends, so
-    batches in flight overstate the sequences running): one more batch, or twice as many while
-    ``ramping`` (a slow start, so the first results come back at an idle engine's pace and the
-    job does not open with a queue). An engine seen running nothing is stalled, not short of
-    batches, unless it is ``answering`` (results came back since the last look: it is merely
-    faster than the gauges can show). More than two batches waiting is queuing far ahead, which only
-    delays results and lengthens a job's tail: shed half the surplus beyond one batch (requests
-    in flight are never cancelled, so the window closes as they finish).
-    """
-    if load.waiting > 2 * batch:
-        surplus = int(load.waiting // batch) - 1
-        return max(lo, window - max(1, surplus // 2))
-    if load.waiting <= 0 and (load.running > 0 or answering) and busy:
-        return min(hi, window * 2 if ramping else window + 1)
-    return window
 
 
 def service_order(jobs: list[tuple[str, int]], turn: int) -> list[str]:
@@ -115,32 +82,6 @@ def service_order(jobs: list[tuple[str, int]], turn: int) -> list[str]:
         start = turn % len(names)
         out += names[start:] + names[:start]
     return out
-
-
-class Window:
-    """A resizable gate: at most ``size`` slots hold a token (have a batch in flight) at once."""
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self.in_use = 0
-        self._cond = asyncio.Condition()
-
-    async def resize(self, size: int) -> None:
-        async with self._cond:
-            self.size = size
-            self._cond.notify_all()
-
-    @contextlib.asynccontextmanager
-    async def token(self) -> AsyncIterator[None]:
-        async with self._cond:
-            await self._cond.wait_for(lambda: self.in_use < self.size)
-            self.in_use += 1
-        try:
-            yield
-        finally:
-            async with self._cond:
-                self.in_use -= 1
-                self._cond.notify_all()
 
 
 # The span (s) over which the published per-endpoint rate is measured.
@@ -582,41 +523,16 @@ class EndpointDrainer:
             self.models = models
 
     async def _adapt(self, hi: int) -> None:
-        """Follow the endpoint's load (see :func:`next_window`); with no gauges to read, fall
-        back to the fixed window."""
-        misses = 0
-        ramping = True
-        answered = self.prompts_done
-        while not self.engine.stopping:
-            load = await self.client.load()
-            if load is None:
-                misses += 1
-                if misses >= 3:
-                    log.info(
-                        "%s: no vLLM gauges at /metrics; keeping %d requests in flight",
-                        self.client.label,
-                        self.settings.inflight,
-                    )
-                    await self.window.resize(self.settings.inflight)
-                    return
-            else:
-                misses = 0
-                size = next_window(
-                    self.window.size,
-                    load,
-                    busy=self.window.in_use >= self.window.size,
-                    lo=ADAPT_START,
-                    hi=hi,
-                    batch=self.settings.batch_size,
-                    ramping=ramping,
-                    answering=self.prompts_done > answered,
-                )
-                ramping = ramping and load.waiting <= 0
-                answered = self.prompts_done
-                if size != self.window.size:
-                    await self.window.resize(size)
-            if await self.engine.sleep(self.settings.adapt_period_s):
-                return
+        """Follow the endpoint's load with the window (see :func:`worker.window.follow_load`)."""
+        await follow_load(
+            self.window,
+            self.client.load,
+            answered=lambda: self.prompts_done,
+            sleep=self.engine.sleep,
+            hi=hi,
+            settings=self.settings,
+            label=self.client.label,
+        )
 
     async def _slot(self, burst: bool) -> None:
         while not self.engine.stopping and self.broken is None:

@@ -1,0 +1,132 @@
+"""An endpoint's in-flight window: how many batches it has in flight at once, following
+vLLM's scheduler gauges so the engine stays full without queuing far ahead.
+
+A list request holds its slots until its longest sequence ends, so how much must be in flight
+to keep an engine full depends on the output lengths: the window follows the gauges rather
+than a constant. It opens small (a slow start: the first results come back at an idle engine's
+pace) and falls back to a fixed window when the endpoint shows no gauges (another server, a
+proxy). docs/BENCHMARKS.md, "Defaults, and why", has the measurements behind it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+from common.settings import Settings
+from worker.endpoint import Load
+
+__all__ = ["ADAPT_START", "Window", "follow_load", "next_window"]
+
+log = logging.getLogger("swarm.worker")
+
+# The adaptive window opens with this many requests in flight and never goes below it.
+ADAPT_START = 2
+
+
+def next_window(
+    window: int,
+    load: Load,
+    *,
+    busy: bool,
+    lo: int,
+    hi: int,
+    batch: int,
+    ramping: bool = False,
+    answering: bool = False,
+) -> int:
+    """The next in-flight window of an endpoint, from vLLM's scheduler gauges.
+
+    Nothing waiting while the engine runs and every slot of the window is busy means the engine
+    has idle capacity (a list request holds its slots until its longest sequence ends, so
+    batches in flight overstate the sequences running): one more batch, or twice as many while
+    ``ramping`` (a slow start, so the first results come back at an idle engine's pace and the
+    job does not open with a queue). An engine seen running nothing is stalled, not short of
+    batches, unless it is ``answering`` (results came back since the last look: it is merely
+    faster than the gauges can show). More than two batches waiting is queuing far ahead, which only
+    delays results and lengthens a job's tail: shed half the surplus beyond one batch (requests
+    in flight are never cancelled, so the window closes as they finish).
+    """
+    if load.waiting > 2 * batch:
+        surplus = int(load.waiting // batch) - 1
+        return max(lo, window - max(1, surplus // 2))
+    if load.waiting <= 0 and (load.running > 0 or answering) and busy:
+        return min(hi, window * 2 if ramping else window + 1)
+    return window
+
+
+class Window:
+    """A resizable gate: at most ``size`` slots hold a token (have a batch in flight) at once."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.in_use = 0
+        self._cond = asyncio.Condition()
+
+    async def resize(self, size: int) -> None:
+        async with self._cond:
+            self.size = size
+            self._cond.notify_all()
+
+    @contextlib.asynccontextmanager
+    async def token(self) -> AsyncIterator[None]:
+        async with self._cond:
+            await self._cond.wait_for(lambda: self.in_use < self.size)
+            self.in_use += 1
+        try:
+            yield
+        finally:
+            async with self._cond:
+                self.in_use -= 1
+                self._cond.notify_all()
+
+
+async def follow_load(
+    window: Window,
+    load: Callable[[], Awaitable[Load | None]],
+    *,
+    answered: Callable[[], int],
+    sleep: Callable[[float], Awaitable[bool]],
+    hi: int,
+    settings: Settings,
+    label: str,
+) -> None:
+    """Resize ``window`` every ``adapt_period_s`` from the endpoint's ``load`` (see
+    :func:`next_window`), up to ``hi``; ``answered()`` counts the prompts done so far (results
+    coming back), ``sleep`` returns True when the worker stops. With no gauges to read three
+    times running, fall back to the fixed window and return."""
+    misses = 0
+    ramping = True
+    seen = answered()
+    while True:
+        gauges = await load()
+        if gauges is None:
+            misses += 1
+            if misses >= 3:
+                log.info(
+                    "%s: no vLLM gauges at /metrics; keeping %d requests in flight",
+                    label,
+                    settings.inflight,
+                )
+                await window.resize(settings.inflight)
+                return
+        else:
+            misses = 0
+            size = next_window(
+                window.size,
+                gauges,
+                busy=window.in_use >= window.size,
+                lo=ADAPT_START,
+                hi=hi,
+                batch=settings.batch_size,
+                ramping=ramping,
+                answering=answered() > seen,
+            )
+            ramping = ramping and gauges.waiting <= 0
+            seen = answered()
+            if size != window.size:
+                await window.resize(size)
+        if await sleep(settings.adapt_period_s):
+            return
