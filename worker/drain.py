@@ -53,10 +53,11 @@ from common.store import Commit, JobStore, decode_entry, index_of
 from worker.batch import BatchRunner, Tally
 from worker.circuit import Circuit, GiveUp
 from worker.endpoint import EndpointClient
+from worker.intake import Delivery, Intake, service_order
 from worker.reduce import Reducer, StageBusy
 from worker.window import ADAPT_START, Window, follow_load
 
-__all__ = ["EndpointDrainer", "Engine", "service_order"]
+__all__ = ["EndpointDrainer", "Engine"]
 
 log = logging.getLogger("swarm.worker")
 
@@ -67,21 +68,7 @@ SUSPECT_DEATHS = 2
 # server that lists a model it then refuses costs one request per job this often, no more.
 MODELS_RECHECK_S = 5.0
 
-# (entry ID, payload, how many workers died running it)
-Delivery = tuple[bytes, bytes | None, int]
 T = TypeVar("T")
-
-
-def service_order(jobs: list[tuple[str, int]], turn: int) -> list[str]:
-    """The order in which to look for work among ``(job, priority)``: every job of a higher
-    priority before any of a lower one (so while an urgent job has work, it gets every free
-    slot), and jobs of equal priority rotated by ``turn`` (a fair share among them)."""
-    out: list[str] = []
-    for level in sorted({p for _, p in jobs}, reverse=True):
-        names = [j for j, p in jobs if p == level]
-        start = turn % len(names)
-        out += names[start:] + names[:start]
-    return out
 
 
 # The span (s) over which the published per-endpoint rate is measured.
@@ -369,16 +356,7 @@ class EndpointDrainer:
         self._models_stale = asyncio.Event()
         self.circuit = Circuit(client.label, self.settings.circuit_failures)
         self.runner = BatchRunner(client, self.settings, self.circuit, self._backoff)
-        self._ready: set[str] = set()
-        self._recovery_lock = asyncio.Lock()
-        self._recovered: deque[tuple[str, list[Delivery]]] = deque()
-        self._last_reclaim: dict[str, float] = {}
-        # Entries this drainer is working on: a reclaim that returns them (their idle time
-        # outran the heartbeat) must not start them twice.
-        self._in_hand: set[bytes] = set()
-        self._reclaim_lock = asyncio.Lock()
-        # Released entries are reclaimable at once: look for them (and for orphans) often.
-        self._reclaim_every_s = min(self.settings.claim_idle_ms / 4000, 2.0)
+        self.intake = Intake(self.store, self.consumer, self.settings, client.label, engine.sleep)
         self._rr = 0
         self.window = Window(self.settings.inflight)
         self.prompts_done = 0
@@ -392,7 +370,7 @@ class EndpointDrainer:
         self._counts: dict[str, _JobCount] = {}
 
     def reclaim_soon(self, job: str) -> None:
-        self._last_reclaim.pop(job, None)
+        self.intake.reclaim_soon(job)
 
     def _job_count(self, job: str, now: float) -> _JobCount:
         count = self._counts.get(job)
@@ -561,7 +539,7 @@ class EndpointDrainer:
                 # redis-py already retried with backoff; keep trying, slower. A read whose
                 # reply was lost left entries pending for us: look for them again.
                 log.warning("%s: %s; retrying", self.client.label, exc)
-                self._ready.clear()
+                self.intake.look_again()
                 await self.engine.sleep(self._backoff(3))
             except Exception:
                 # A bug or an unforeseen answer must not silently kill a slot in a days-long
@@ -590,28 +568,6 @@ class EndpointDrainer:
 
     # -- taking work --------------------------------------------------------------------
 
-    async def _recover(self, job: str) -> None:
-        """Queue this consumer's own unacknowledged entries of ``job`` (left by a previous run)."""
-        async with self._recovery_lock:
-            if job in self._ready:
-                return
-            after: bytes | None = b"-"
-            while after is not None:
-                entries, after = await self.store.claim_own_pending(
-                    job, self.consumer, self.settings.batch_size, after, exclude=self._in_hand
-                )
-                if entries:
-                    self._in_hand.update(eid for eid, _, _ in entries)
-                    self._recovered.append((job, entries))
-            if self._recovered:
-                log.info(
-                    "%s: resuming %d own unfinished batches of job %s",
-                    self.client.label,
-                    len(self._recovered),
-                    job,
-                )
-            self._ready.add(job)
-
     async def _next_batch(self, block_ms: int | None) -> tuple[str, list[Delivery]] | None:
         # Only jobs whose model this endpoint serves (the others wait for endpoints that do),
         # the highest priority first, jobs of equal priority in turn; and while this endpoint
@@ -625,51 +581,7 @@ class EndpointDrainer:
         ]
         jobs = service_order(served, self._rr)
         self._rr += 1
-        for job in jobs:
-            if job not in self._ready:
-                await self._recover(job)
-        if self._recovered:
-            return self._recovered.popleft()
-        if not jobs:
-            if block_ms:
-                await self.engine.sleep(block_ms / 1000)
-            return None
-        batch = self.settings.batch_size
-        for job in jobs:  # per job, in order: its orphaned or released entries, then new ones
-            claimed = await self._reclaim(job)
-            if claimed:
-                return job, claimed
-            entries = await self.store.read_new(job, self.consumer, batch)
-            if entries:
-                return job, [(eid, payload, 0) for eid, payload in entries]
-        if block_ms:
-            entries = await self.store.read_new(jobs[0], self.consumer, batch, block_ms=block_ms)
-            if entries:
-                return jobs[0], [(eid, payload, 0) for eid, payload in entries]
-        return None
-
-    async def _reclaim(self, job: str) -> list[Delivery]:
-        """Entries of ``job`` orphaned by workers that died or released by failing ones, when
-        it is time to look again for them."""
-        if time.monotonic() - self._last_reclaim.get(job, -math.inf) < self._reclaim_every_s:
-            return []
-        batch = self.settings.batch_size
-        async with self._reclaim_lock:  # one slot at a time, so no two take the same entry
-            claimed = await self.store.autoclaim(
-                job, self.consumer, self.settings.claim_idle_ms, batch
-            )
-            # A full batch may mean more orphans wait: look again next step.
-            self._last_reclaim[job] = -math.inf if len(claimed) == batch else time.monotonic()
-            claimed = [d for d in claimed if d[0] not in self._in_hand]
-            self._in_hand.update(eid for eid, _, _ in claimed)
-        if claimed:
-            log.info(
-                "%s: took over %d entries of job %s from other workers",
-                self.client.label,
-                len(claimed),
-                job,
-            )
-        return claimed
+        return await self.intake.next(jobs, block_ms)
 
     # -- doing work ---------------------------------------------------------------------
 
@@ -688,7 +600,7 @@ class EndpointDrainer:
         # Everything taken stays ours until done: refreshed claims, and never restarted by a
         # sibling slot's reclaim while it waits for its turn here.
         heartbeat = asyncio.create_task(self._keep_claimed(job, ids))
-        self._in_hand.update(ids)
+        self.intake.in_hand.update(ids)
         self._job_count(job, time.monotonic())  # its rate counts from its first batch
         try:
             if dead:
@@ -699,7 +611,7 @@ class EndpointDrainer:
                 await self._run_batch(job, [suspect])
         finally:
             heartbeat.cancel()
-            self._in_hand.difference_update(ids)
+            self.intake.in_hand.difference_update(ids)
 
     async def _dead_letter(self, job: str, dead: list[Delivery]) -> None:
         results = [

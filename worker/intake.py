@@ -1,0 +1,148 @@
+"""Where a drain loop's next batch comes from, job by job in service order: its own
+unacknowledged entries first (a restarted worker's leftovers, taken back at once), then
+entries orphaned by workers that died or released by failing endpoints, then new ones.
+
+Released entries are reclaimable at once, so they are looked for often; a full batch of
+orphans means more may wait, so the next step looks again at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+
+from common.settings import Settings
+from common.store import JobStore
+
+__all__ = ["Delivery", "Intake", "service_order"]
+
+log = logging.getLogger("swarm.worker")
+
+# (entry ID, payload, how many workers died running it)
+Delivery = tuple[bytes, bytes | None, int]
+
+
+def service_order(jobs: list[tuple[str, int]], turn: int) -> list[str]:
+    """The order in which to look for work among ``(job, priority)``: every job of a higher
+    priority before any of a lower one (so while an urgent job has work, it gets every free
+    slot), and jobs of equal priority rotated by ``turn`` (a fair share among them)."""
+    out: list[str] = []
+    for level in sorted({p for _, p in jobs}, reverse=True):
+        names = [j for j, p in jobs if p == level]
+        start = turn % len(names)
+        out += names[start:] + names[:start]
+    return out
+
+
+class Intake:
+    """The batches of the consumer ``consumer`` (one drain loop; all its slots share this)."""
+
+    def __init__(
+        self,
+        store: JobStore,
+        consumer: str,
+        settings: Settings,
+        label: str,
+        sleep: Callable[[float], Awaitable[bool]],
+    ) -> None:
+        self.store = store
+        self.consumer = consumer
+        self.settings = settings
+        self.label = label
+        self.sleep = sleep
+        # Entries this drain loop is working on: a reclaim that returns them (their idle time
+        # outran the heartbeat) must not start them twice.
+        self.in_hand: set[bytes] = set()
+        self._ready: set[str] = set()  # jobs whose own leftovers have been taken back
+        self._recovery_lock = asyncio.Lock()
+        self._recovered: deque[tuple[str, list[Delivery]]] = deque()
+        self._last_reclaim: dict[str, float] = {}
+        self._reclaim_lock = asyncio.Lock()
+        # Released entries are reclaimable at once: look for them (and for orphans) often.
+        self._reclaim_every_s = min(settings.claim_idle_ms / 4000, 2.0)
+
+    def reclaim_soon(self, job: str) -> None:
+        """Entries of ``job`` were released: look for them on the next step."""
+        self._last_reclaim.pop(job, None)
+
+    def look_again(self) -> None:
+        """After Redis trouble (a read whose reply was lost leaves entries pending for this
+        consumer): take this consumer's own leftovers back again."""
+        self._ready.clear()
+
+    async def next(
+        self, jobs: list[str], block_ms: int | None
+    ) -> tuple[str, list[Delivery]] | None:
+        """The next batch among ``jobs`` (in the order given), or None; ``block_ms`` waits that
+        long for new entries of the first job when nothing is there at once."""
+        for job in jobs:
+            if job not in self._ready:
+                await self._recover(job)
+        if self._recovered:
+            return self._recovered.popleft()
+        if not jobs:
+            if block_ms:
+                await self.sleep(block_ms / 1000)
+            return None
+        batch = self.settings.batch_size
+        for job in jobs:  # per job, in order: its orphaned or released entries, then new ones
+            claimed = await self._reclaim(job)
+            if claimed:
+                return job, claimed
+            entries = await self.store.read_new(job, self.consumer, batch)
+            if entries:
+                return job, [(eid, payload, 0) for eid, payload in entries]
+        if block_ms:
+            entries = await self.store.read_new(jobs[0], self.consumer, batch, block_ms=block_ms)
+            if entries:
+                return jobs[0], [(eid, payload, 0) for eid, payload in entries]
+        return None
+
+    async def _recover(self, job: str) -> None:
+        """Queue this consumer's own unacknowledged entries of ``job`` (left by a previous run)."""
+        async with self._recovery_lock:
+            if job in self._ready:
+                return
+            after: bytes | None = b"-"
+            while after is not None:
+                entries, after = await self.store.claim_own_pending(
+                    job, self.consumer, self.settings.batch_size, after, exclude=self.in_hand
+                )
+                if entries:
+                    self.in_hand.update(eid for eid, _, _ in entries)
+                    self._recovered.append((job, entries))
+            if self._recovered:
+                log.info(
+                    "%s: resuming %d own unfinished batches of job %s",
+                    self.label,
+                    len(self._recovered),
+                    job,
+                )
+            self._ready.add(job)
+
+    async def _reclaim(self, job: str) -> list[Delivery]:
+        """Entries of ``job`` orphaned by workers that died or released by failing ones, when
+        it is time to look again for them."""
+        if time.monotonic() - self._last_reclaim.get(job, -math.inf) < self._reclaim_every_s:
+            return []
+        batch = self.settings.batch_size
+        async with self._reclaim_lock:  # one slot at a time, so no two take the same entry
+            claimed = await self.store.autoclaim(
+                job, self.consumer, self.settings.claim_idle_ms, batch
+            )
+            # A full batch may mean more orphans wait: look again next step.
+            self._last_reclaim[job] = -math.inf if len(claimed) == batch else time.monotonic()
+            claimed = [d for d in claimed if d[0] not in self.in_hand]
+            self.in_hand.update(eid for eid, _, _ in claimed)
+        if claimed:
+            log.info(
+                "%s: took over %d entries of job %s from other workers",
+                self.label,
+                len(claimed),
+                job,
+            )
+        return claimed
