@@ -35,7 +35,7 @@ from producer import __all__ as __all__
 from producer.collect import follow, wait_final
 from producer.enqueue import enqueue_prompts
 from producer.ops import cancel_job
-from worker.drain import Engine
+from worker.engine import Engine
 
 Prompts = Iterable[str] | Iterable[tuple[str, str | None]]
 

@@ -19,8 +19,8 @@ from producer.status import format_endpoints, format_status
 from sim.server import SimFleet
 from tests.helpers import serve
 from tests.test_pipeline import prompts, spec
-from worker.drain import Engine
 from worker.endpoint import EndpointClient
+from worker.engine import Engine
 
 
 @pytest.fixture

@@ -17,8 +17,8 @@ from sim.engine import EngineConfig
 from sim.server import SimFleet
 from sim.text import completion_for
 from tests.test_pipeline import collect_lines, prompts, run_engine, spec
-from worker.drain import Engine
 from worker.endpoint import EndpointClient
+from worker.engine import Engine
 
 BIN = Path(sys.executable).parent
 

@@ -22,8 +22,8 @@ from producer.enqueue import enqueue_prompts
 from sim.engine import EngineConfig
 from sim.server import FaultConfig, SimFleet
 from sim.text import completion_for
-from worker.drain import Engine
 from worker.endpoint import Choice, CompletionBody, EndpointClient
+from worker.engine import Engine
 
 
 def spec(job: str = "j", max_tokens: int = 16, model: str | None = None) -> JobSpec:

@@ -21,8 +21,8 @@ from sim.engine import EngineConfig
 from sim.server import SimFleet
 from sim.text import completion_for
 from tests.test_pipeline import prompts, run_engine
-from worker.drain import Engine
 from worker.endpoint import EndpointClient
+from worker.engine import Engine
 from worker.reduce import StageBusy
 
 TEMPLATE = "Level {level}. Summarise these answers in one line:\n{responses}\nSummary:"

@@ -23,8 +23,8 @@ from sim.server import FaultConfig, SimFleet
 from sim.text import completion_for
 from tests.helpers import serve
 from tests.test_pipeline import collect_lines, prompts, run_engine, spec
-from worker.drain import Engine
 from worker.endpoint import EndpointClient
+from worker.engine import Engine
 
 
 async def _die_running(store: JobStore, n_times: int, ids: list[bytes]) -> None:

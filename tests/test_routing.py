@@ -21,8 +21,8 @@ from sim.server import SimFleet
 from sim.text import completion_for
 from tests.helpers import serve
 from tests.test_pipeline import collect_lines, prompts, run_engine, spec
-from worker.drain import Engine
 from worker.endpoint import EndpointClient
+from worker.engine import Engine
 from worker.intake import service_order
 
 

@@ -13,8 +13,8 @@ from sim.engine import EngineConfig
 from sim.server import SimFleet
 from sim.text import completion_for
 from tests.test_pipeline import collect_lines, prompts, spec
-from worker.drain import Engine
 from worker.endpoint import EndpointClient, Load, parse_load
+from worker.engine import Engine
 from worker.window import Window, next_window
 
 VLLM_METRICS = b"""# HELP vllm:num_requests_running Number of requests in model execution batches.

@@ -1,7 +1,7 @@
 """swarm-queue workers: one drain loop per inference endpoint, run under arq.
 
 Start with ``arq worker.WorkerSettings`` (add ``--burst`` to exit when no job has work left).
-``WorkerSettings`` is loaded lazily so that importing ``worker.drain`` reads no environment.
+``WorkerSettings`` is loaded lazily so that importing ``worker.engine`` reads no environment.
 """
 
 from __future__ import annotations

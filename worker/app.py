@@ -31,7 +31,7 @@ from arq.worker import Worker, func
 from common.errors import ConfigError, EndpointRetryable, StoreUnavailable
 from common.settings import Settings
 from common.store import RETRY_ON, JobStore, redis_retry
-from worker.drain import Engine
+from worker.engine import Engine
 from worker.reduce import StageBusy
 
 __all__ = ["WorkerSettings", "job_deserializer", "job_serializer"]

@@ -1,15 +1,12 @@
-"""The drain engine: one loop per endpoint, several batches in flight, every job served.
+"""One endpoint's drain loop: ``inflight`` slots sharing one consumer name.
 
-Each endpoint's :class:`EndpointDrainer` runs ``inflight`` slots. A slot takes a batch (its own
-unacknowledged leftovers first, then entries orphaned by dead workers, then new entries), sends
-ONE list-prompt ``/v1/completions`` request, maps the choices by ``choice.index`` and commits
-the results and the acks atomically. Because a slot only takes work when it is free, fast
-endpoints take more batches than slow ones: no static split, no straggler share.
-
-Failures: transient errors are retried with capped, jittered backoff; a batch the server rejects
-(HTTP 400, e.g. one prompt over the context) is bisected so only the offending prompts fail;
-an endpoint that keeps failing releases its batches to other workers at once and is probed
-until it answers again (a circuit breaker).
+A slot takes a batch (see :mod:`worker.intake`), sends it (see :mod:`worker.batch`), and
+commits the results and the acks atomically. Because a slot only takes work when it is free,
+fast endpoints take more batches than slow ones: no static split, no straggler share. The
+endpoint's models decide which jobs it takes; its circuit (:mod:`worker.circuit`) whether it
+takes any; its window (:mod:`worker.window`) how many batches it has in flight. A batch of a
+more urgent job preempts a lower one in flight; an entry whose workers died running it runs
+alone, and past ``max_deliveries`` deaths is dead-lettered.
 """
 
 from __future__ import annotations
@@ -17,27 +14,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
-import random
 import time
-from collections import deque
-from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import TYPE_CHECKING
 
 from msgspec.structs import replace
 
 from common.backoff import backoff_s
 from common.errors import (
-    BadRecordError,
-    ConfigError,
     EndpointError,
     EndpointRejected,
     EndpointRetryable,
     EndpointUnusable,
-    JobNotFoundError,
     ModelNotServed,
     StoreUnavailable,
-    SwarmError,
 )
 from common.models import (
     EndpointInfo,
@@ -48,16 +37,18 @@ from common.models import (
     SamplingParams,
 )
 from common.schema import AnswerValidator
-from common.settings import Settings
-from common.store import Commit, JobStore, decode_entry, index_of
+from common.store import Commit, decode_entry, index_of
 from worker.batch import BatchRunner, Tally
 from worker.circuit import Circuit, GiveUp
 from worker.endpoint import EndpointClient
+from worker.figures import JobCount
 from worker.intake import Delivery, Intake, service_order
-from worker.reduce import Reducer, StageBusy
 from worker.window import ADAPT_START, Window, follow_load
 
-__all__ = ["EndpointDrainer", "Engine"]
+if TYPE_CHECKING:  # a drainer belongs to its engine: its job registry, clock and figures
+    from worker.engine import Engine
+
+__all__ = ["EndpointDrainer"]
 
 log = logging.getLogger("swarm.worker")
 
@@ -67,277 +58,6 @@ SUSPECT_DEATHS = 2
 # After a 404 for a model, the served models are re-read this much later at the soonest: a
 # server that lists a model it then refuses costs one request per job this often, no more.
 MODELS_RECHECK_S = 5.0
-
-T = TypeVar("T")
-
-
-# The span (s) over which the published per-endpoint rate is measured.
-RATE_SPAN_S = 10.0
-
-
-class _JobCount:
-    """One drainer's prompts finished for one job, with recent samples for a rate."""
-
-    __slots__ = ("done", "failed", "samples")
-
-    def __init__(self, start: float) -> None:
-        self.done = 0
-        self.failed = 0
-        self.samples: deque[tuple[float, int]] = deque([(start, 0)])
-
-    def rate(self, now: float) -> float:
-        """Prompts per second over the last :data:`RATE_SPAN_S` (sampled at each publish)."""
-        self.samples.append((now, self.done + self.failed))
-        while len(self.samples) > 2 and now - self.samples[1][0] >= RATE_SPAN_S:
-            self.samples.popleft()
-        (t0, n0), (t1, n1) = self.samples[0], self.samples[-1]
-        return (n1 - n0) / (t1 - t0) if t1 > t0 else 0.0
-
-
-class Engine:
-    """Serves every active job from every configured endpoint until stopped (or idle, in burst)."""
-
-    def __init__(
-        self,
-        settings: Settings,
-        store: JobStore,
-        clients: list[EndpointClient] | None = None,
-        *,
-        rand: Callable[[], float] = random.random,
-    ) -> None:
-        self.settings = settings
-        self.store = store
-        self.rand = rand
-        if clients is None:
-            clients = [
-                EndpointClient(e.url, settings.api_key, timeout_s=settings.request_timeout_s or 600)
-                for e in settings.endpoints
-            ]
-        if not clients:
-            raise ConfigError("no endpoints: set SWARM_ENDPOINTS or SWARM_HOSTFILE")
-        self.drainers = [EndpointDrainer(self, c) for c in clients]
-        self.reducer = Reducer(store, clients, settings.reduce_functions)
-        # Called with (job, level) whenever a job's stage ``level`` is seen finished with its
-        # reduce not yet advanced; by default advances it here, in the background. The arq
-        # worker replaces it with queuing one arq job per (job, level).
-        self.on_stage_done: Callable[[str, int], Awaitable[None]] = self.advance_here
-        self._advancing: dict[tuple[str, int], asyncio.Task[str]] = {}
-        self._reduces_pending = False
-        self._validators: dict[str, AnswerValidator] = {}
-        self.jobs: dict[str, JobSpec] = {}
-        # Per urgent job, the batches one endpoint may start by preemption (see _fair_shares).
-        self.shares: dict[str, int] = {}
-        self._unreadable: set[str] = set()  # jobs whose spec cannot be read, logged once
-        self._refreshed_at = -math.inf
-        self._refresh_lock = asyncio.Lock()
-        self._stopping = asyncio.Event()
-        # Jobs with prompts finished since the last publish of the endpoint figures, and the
-        # jobs that publish reported as served.
-        self.touched: set[str] = set()
-        self._published: set[str] = set()
-
-    @property
-    def stopping(self) -> bool:
-        return self._stopping.is_set()
-
-    def request_stop(self) -> None:
-        """Stop taking work; batches in flight still finish and commit."""
-        if not self._stopping.is_set():
-            log.info("stopping: finishing batches in flight, taking no new work")
-        self._stopping.set()
-
-    async def sleep(self, seconds: float) -> bool:
-        """Sleep, but wake early on stop; returns True if stopping."""
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._stopping.wait(), timeout=seconds)
-        return self.stopping
-
-    async def refresh_jobs(self, *, force: bool = False) -> None:
-        """Pick up new jobs and drop finished ones, at most every ``jobs_refresh_s``."""
-        if not force and time.monotonic() - self._refreshed_at < self.settings.jobs_refresh_s:
-            return
-        async with self._refresh_lock:
-            if not force and time.monotonic() - self._refreshed_at < self.settings.jobs_refresh_s:
-                return
-            names = await self.store.list_jobs()
-            unfinished = await self.store.unfinished(names)
-            for name in unfinished:
-                if name not in self.jobs:
-                    try:
-                        self.jobs[name] = await self.store.load_spec(name)
-                    except JobNotFoundError:
-                        continue  # registered but its spec is gone (deleted meanwhile)
-                    except BadRecordError as exc:  # never fatal to the other jobs
-                        if name not in self._unreadable:
-                            self._unreadable.add(name)
-                            log.error("skipping job %s: %s", name, exc)
-                        continue
-                    await self.store.ensure_group(name)
-                    log.info("serving job %s", name)
-            for name in list(self.jobs):
-                if name not in unfinished:
-                    del self.jobs[name]
-                    log.info("job %s finished", name)
-            pending = await self.store.reduces_pending(names)
-            # A stage still running is work of its own stage job; only a finished stage waits
-            # on the reduce itself.
-            self._reduces_pending = any(finished for _, _, finished in pending)
-            self.shares = await self._fair_shares()
-            for job, level, finished in pending:
-                if finished:
-                    try:
-                        await self.on_stage_done(job, level)
-                    except SwarmError as exc:
-                        log.warning("job %s: cannot advance stage %d yet: %s", job, level, exc)
-            self._refreshed_at = time.monotonic()
-
-    async def _fair_shares(self) -> dict[str, int]:
-        """For each job above the lowest priority served: how many of its batches one endpoint
-        may start by preempting lower ones, its fair share over the live endpoints serving its
-        model. (Without it, the first worker to see an urgent job would take all of it: each
-        preempted slot takes the next urgent batch at once.)"""
-        specs = list(self.jobs.values())
-        if len({s.priority for s in specs}) < 2:
-            return {}
-        lowest = min(s.priority for s in specs)
-        fleet = await self.store.read_fleet()
-        now = time.time()
-        shares = {}
-        for spec in specs:
-            if spec.priority == lowest:
-                continue
-            serving = sum(
-                1
-                for e in fleet
-                if e.live(now) and e.circuit != "broken" and (spec.model in (None, *e.models))
-            )
-            serving = max(serving, sum(d.serves(spec) for d in self.drainers), 1)
-            batches = -(-(await self.store.enqueued_count(spec.job)) // self.settings.batch_size)
-            shares[spec.job] = max(1, -(-batches // serving))
-        return shares
-
-    def validator(self, spec: JobSpec) -> AnswerValidator | None:
-        """The answer validator of ``spec``'s schema, built once per job (None: no schema)."""
-        if spec.schema is None:
-            return None
-        if spec.job not in self._validators:
-            self._validators[spec.job] = AnswerValidator(spec.schema)
-        return self._validators[spec.job]
-
-    async def advance_here(self, job: str, level: int) -> None:
-        """Advance ``job``'s finished stage ``level`` in this process, in the background."""
-        key = (job, level)
-        if key in self._advancing and not self._advancing[key].done():
-            return
-        task = asyncio.create_task(self.reducer.advance(job, level), name=f"advance {job}")
-        self._advancing[key] = task
-
-        def done(t: asyncio.Task[str]) -> None:
-            self._advancing.pop(key, None)
-            exc = None if t.cancelled() else t.exception()
-            if exc is not None:  # the next sweep tries again
-                log.log(
-                    logging.DEBUG if isinstance(exc, StageBusy) else logging.WARNING,
-                    "job %s: stage %d not advanced yet: %s",
-                    job,
-                    level,
-                    exc,
-                )
-
-        task.add_done_callback(done)
-
-    def reclaim_soon(self, job: str) -> None:
-        """Released entries wait: every drainer of this worker looks for them on its next step."""
-        for d in self.drainers:
-            d.reclaim_soon(job)
-
-    async def any_work(self, drainer: EndpointDrainer | None = None) -> bool:
-        """True while some job (that ``drainer``'s endpoint may serve) still has entries queued
-        or in flight, is still being fed, or has a finished stage whose reduce is to run."""
-        await self.refresh_jobs(force=True)
-        if self._reduces_pending:
-            return True
-        for job, spec in list(self.jobs.items()):
-            if drainer is not None and not drainer.may_serve(spec):
-                continue
-            if await self.store.job_has_work(job):
-                return True
-        return False
-
-    def unserved(self) -> list[JobSpec]:
-        """The jobs no endpoint of this worker serves: left for other workers' endpoints."""
-        return [s for s in list(self.jobs.values()) if not any(d.serves(s) for d in self.drainers)]
-
-    async def run(self, *, burst: bool = False) -> None:
-        """Drain until stopped; with ``burst``, return once no job has work left."""
-        await self.refresh_jobs(force=True)
-        publisher = asyncio.create_task(self._publish_loop(), name="swarm-stats")
-        try:
-            await asyncio.gather(*(d.run(burst=burst) for d in self.drainers))
-            if burst and not self.stopping:
-                left = [
-                    f"{s.job} ({f'model {s.model!r}' if s.model else 'any model'})"
-                    for s in self.unserved()
-                    if await self.store.job_has_work(s.job)
-                ]
-                if left:
-                    log.info(
-                        "burst: no work left that these endpoints serve; waiting for other "
-                        "endpoints: %s",
-                        ", ".join(left),
-                    )
-        finally:
-            publisher.cancel()
-            await asyncio.gather(publisher, return_exceptions=True)
-            with contextlib.suppress(SwarmError):  # the last word: this worker has stopped
-                await self.publish_stats(stopped=True)
-
-    @property
-    def broken(self) -> list[str]:
-        """Why each endpoint that can take no work at all (wrong key, not an OpenAI server) is
-        unusable: the reason a burst worker exits with a failure."""
-        return [d.broken for d in self.drainers if d.broken is not None]
-
-    async def publish_stats(self, *, stopped: bool = False) -> None:
-        """Publish every drainer's figures for ``swarm-status``: for the jobs served now, and
-        a last word (``finished``, or ``stopped`` when this worker exits) for the jobs left;
-        and each endpoint's served models in the fleet registry (taken out on stop)."""
-        now = time.time()
-        if stopped:
-            await self.store.publish_fleet([], gone=[d.fleet_field for d in self.drainers])
-        else:
-            await self.store.publish_fleet([d.info(now) for d in self.drainers])
-        live = set() if stopped else set(self.jobs)
-        left = (self._published | self.touched) - live
-        self.touched = set()
-        self._published = live
-        if not (live or left):
-            return
-        word = "stopped" if stopped else "finished"
-        mono = time.monotonic()
-        await self.store.publish_endpoints(
-            {
-                job: {
-                    d.consumer: d.stats(job, now, mono, last=None if job in live else word)
-                    for d in self.drainers
-                }
-                for job in live | left
-            }
-        )
-
-    async def _publish_loop(self) -> None:
-        while not await self.sleep(self.settings.stats_period_s):
-            try:
-                await self.publish_stats()
-            except SwarmError as exc:  # figures only: the work goes on without them
-                log.debug("endpoint figures not published: %s", exc)
-
-    async def close(self) -> None:
-        for task in list(self._advancing.values()):
-            task.cancel()
-        await asyncio.gather(*self._advancing.values(), return_exceptions=True)
-        for d in self.drainers:
-            await d.client.close()
 
 
 class EndpointDrainer:
@@ -367,15 +87,15 @@ class EndpointDrainer:
         self._running: dict[asyncio.Task[list[Result]], tuple[int, str]] = {}
         self._preempted: set[asyncio.Task[list[Result]]] = set()
         self.dead_lettered = 0
-        self._counts: dict[str, _JobCount] = {}
+        self._counts: dict[str, JobCount] = {}
 
     def reclaim_soon(self, job: str) -> None:
         self.intake.reclaim_soon(job)
 
-    def _job_count(self, job: str, now: float) -> _JobCount:
+    def _job_count(self, job: str, now: float) -> JobCount:
         count = self._counts.get(job)
         if count is None:
-            count = self._counts[job] = _JobCount(now)
+            count = self._counts[job] = JobCount(now)
         return count
 
     def _count(self, job: str, commit: Commit) -> None:
