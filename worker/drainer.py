@@ -43,6 +43,7 @@ from worker.circuit import Circuit, GiveUp
 from worker.endpoint import EndpointClient
 from worker.figures import JobCount
 from worker.intake import Delivery, Intake, service_order
+from worker.served import ServedModels
 from worker.window import ADAPT_START, Window, follow_load
 
 if TYPE_CHECKING:  # a drainer belongs to its engine: its job registry, clock and figures
@@ -55,10 +56,6 @@ log = logging.getLogger("swarm.worker")
 # An entry that this many workers died running is suspected of killing them: it runs alone.
 SUSPECT_DEATHS = 2
 
-# After a 404 for a model, the served models are re-read this much later at the soonest: a
-# server that lists a model it then refuses costs one request per job this often, no more.
-MODELS_RECHECK_S = 5.0
-
 
 class EndpointDrainer:
     """The drain loop of one endpoint: ``inflight`` slots sharing one consumer name."""
@@ -70,10 +67,7 @@ class EndpointDrainer:
         self.store = engine.store
         self.consumer = f"{self.settings.worker_name}|{client.url}"
         self.fleet_field = f"{self.settings.worker_name}|{client.label}"
-        # The models the endpoint serves, as /v1/models lists them (base model first, then
-        # LoRA adapters); None until it has answered once.
-        self.models: tuple[str, ...] | None = None
-        self._models_stale = asyncio.Event()
+        self.served = ServedModels(client, self.settings)
         self.circuit = Circuit(client.label, self.settings.circuit_failures)
         self.runner = BatchRunner(client, self.settings, self.circuit, self._backoff)
         self.intake = Intake(self.store, self.consumer, self.settings, client.label, engine.sleep)
@@ -106,17 +100,6 @@ class EndpointDrainer:
         count.failed += commit.failed
         self.engine.touched.add(job)
 
-    def serves(self, spec: JobSpec) -> bool:
-        """True when this endpoint takes work of ``spec``'s job: it serves the job's model (a
-        job without one takes the endpoint's own)."""
-        if not self.models:
-            return False
-        return spec.model is None or spec.model in self.models
-
-    def may_serve(self, spec: JobSpec) -> bool:
-        """Like :meth:`serves`, but True while the served models are not yet known."""
-        return self.models is None or self.serves(spec)
-
     def info(self, now: float) -> EndpointInfo:
         """This endpoint's row in the fleet registry."""
         return EndpointInfo(
@@ -147,6 +130,17 @@ class EndpointDrainer:
             updated_s=now,
             period_s=self.settings.stats_period_s,
         )
+
+    @property
+    def models(self) -> tuple[str, ...] | None:
+        """The models the endpoint serves (see :class:`~worker.served.ServedModels`)."""
+        return self.served.names
+
+    def serves(self, spec: JobSpec) -> bool:
+        return self.served.serves(spec)
+
+    def may_serve(self, spec: JobSpec) -> bool:
+        return self.served.may_serve(spec)
 
     @property
     def circuit_open(self) -> bool:
@@ -184,7 +178,8 @@ class EndpointDrainer:
         slots = max(self.settings.inflight_max, self.settings.inflight)
         if adapt:
             await self.window.resize(ADAPT_START)
-        helpers = [asyncio.create_task(self._follow_models())]
+        paused = lambda: self.circuit.is_open or self.broken is not None  # noqa: E731
+        helpers = [asyncio.create_task(self.served.follow(self.engine.sleep, paused))]
         if adapt:
             helpers.append(asyncio.create_task(self._adapt(slots)))
         try:
@@ -194,31 +189,6 @@ class EndpointDrainer:
                 task.cancel()
             await asyncio.gather(*helpers, return_exceptions=True)
             await self.circuit.close()
-
-    async def _follow_models(self) -> None:
-        """Re-read the served models every ``models_refresh_s``, and soon after a 404 for a
-        model (an adapter unloaded, the server restarted with another model)."""
-        while not self.engine.stopping:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._models_stale.wait(), self.settings.models_refresh_s)
-            if self._models_stale.is_set() and await self.engine.sleep(MODELS_RECHECK_S):
-                return
-            self._models_stale.clear()
-            if self.circuit.is_open or self.broken is not None:
-                continue  # the probe reads them when the endpoint answers again
-            try:
-                await self._read_models()
-            except EndpointError as exc:  # requests will tell if the endpoint is in trouble
-                log.debug("%s: served models not re-read: %s", self.client.label, exc)
-
-    async def _read_models(self) -> None:
-        infos = await self.client.models(timeout_s=self.settings.probe_timeout_s)
-        models = tuple(m.id for m in infos)
-        if not models:
-            raise EndpointRetryable(self.client.label, "serves no model (/v1/models is empty)")
-        if models != self.models:
-            log.info("%s: serves %s", self.client.label, ", ".join(models))
-            self.models = models
 
     async def _adapt(self, hi: int) -> None:
         """Follow the endpoint's load with the window (see :func:`worker.window.follow_load`)."""
@@ -275,7 +245,7 @@ class EndpointDrainer:
             return False
         if self.models is None:  # a step taken outside run(), whose probe reads them
             try:
-                await self._read_models()
+                await self.served.read()
             except EndpointError as exc:
                 self.circuit.trip(exc)
                 return False
@@ -377,7 +347,7 @@ class EndpointDrainer:
             if items:
                 await self.store.start(job, [eid for eid, _, _ in items])
                 self._preempt_below(spec.priority, job)
-                model = self._model_for(spec)
+                model = self.served.model_for(spec)
                 if model is None:
                     raise ModelNotServed(self.client.label, "serves no model")
                 request = self.runner.run(spec, [it for _, _, it in items], model, tally)
@@ -391,7 +361,7 @@ class EndpointDrainer:
                     results.append((eid, result, payload))
         except (GiveUp, EndpointUnusable, ModelNotServed) as exc:
             cause = exc.cause if isinstance(exc, GiveUp) else exc
-            await self._release(job, ids, cause, self._model_for(spec))
+            await self._release(job, ids, cause, self.served.model_for(spec))
             return
         except asyncio.CancelledError:
             # Preempted by a batch of a more urgent job, or stopped past the grace period:
@@ -474,8 +444,7 @@ class EndpointDrainer:
         if isinstance(cause, ModelNotServed):
             # The job's trouble, not the endpoint's: stop taking the job until the served
             # models, re-read soon, say otherwise.
-            if self.models is not None and model in self.models:
-                self.models = tuple(m for m in self.models if m != model)
+            if self.served.refused(model):
                 log.warning(
                     "%s: does not serve model %r (%s); job %s is left to endpoints that do",
                     self.client.label,
@@ -483,7 +452,6 @@ class EndpointDrainer:
                     cause.message,
                     job,
                 )
-            self._models_stale.set()
             return
         if isinstance(cause, EndpointUnusable):
             self.circuit.broken = str(cause)
@@ -501,7 +469,7 @@ class EndpointDrainer:
         still answers those) one generated token. Raises an EndpointError while it cannot work."""
         if not await self.client.ready(self.settings.probe_timeout_s):
             raise EndpointRetryable(self.client.label, "/health not ready")
-        await self._read_models()
+        await self.served.read()
         if self.circuit.was_ready:
             await self._probe_generation()
 
@@ -527,10 +495,6 @@ class EndpointDrainer:
             cap_s=self.settings.backoff_cap_s,
             rand=self.engine.rand,
         )
-
-    def _model_for(self, spec: JobSpec) -> str | None:
-        """The model to ask for: the job's, else the endpoint's own (the first it lists)."""
-        return spec.model or (self.models[0] if self.models else None)
 
     @staticmethod
     def _checked(r: Result, validator: AnswerValidator) -> Result:
