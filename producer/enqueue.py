@@ -8,15 +8,10 @@ duplicate, no gap. When the whole input is queued the job is sealed with its tot
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
-import hashlib
 import itertools
-import os
-import socket
 import sys
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, BinaryIO
 
 import msgspec
@@ -25,191 +20,20 @@ from common.cli import add_redis_arg, run, settings_from_args
 from common.errors import (
     ConfigError,
     InputError,
-    JobCancelledError,
-    JobConflictError,
-    ProducerBusyError,
-    SwarmError,
 )
+from common.feed import EnqueueReport, PromptInput, enqueue_prompts
 from common.fleet import waiting_reason
 from common.keys import validate_job_name
-from common.models import JobSpec, Message, PromptItem, ReduceSpec, SamplingParams, encode
+from common.models import JobSpec, ReduceSpec, SamplingParams
 from common.schema import AnswerValidator
 from common.settings import Settings
-from common.store import JobStore, producer_token
+from common.store import JobStore
 from producer.inputs import DEFAULT_MAX_PROMPT_BYTES, Format, Parsed, iter_prompts
 
 __all__ = ["EnqueueReport", "enqueue", "enqueue_prompts", "main"]
 
-CHUNK = 1000
-LOCK_TTL_MS = 30_000
-
-
-class EnqueueReport(msgspec.Struct, frozen=True):
-    job: str
-    total: int
-    added: int
-    already_queued: int
-
-
-def _holder_is_dead(holder: str) -> bool:
-    """True when the lock holder ``host:pid[/writer]`` is a process on this host that no longer
-    runs."""
-    host, _, pid = holder.partition("/")[0].rpartition(":")
-    if host != socket.gethostname() or not pid.isdigit():
-        return False
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False
-
-
-class _InputDigest:
-    """A hash chain over every prompt of an input, in order: what the job keeps to recognise
-    the input it was queued from."""
-
-    def __init__(self) -> None:
-        self.value = ""
-
-    def add(self, item: PromptItem) -> None:
-        h = hashlib.blake2b(self.value.encode(), digest_size=16)
-        h.update(encode(item))
-        self.value = h.hexdigest()
-
-
-async def _take_lock(store: JobStore, job: str, token: str) -> None:
-    holder = await store.acquire_producer_lock(job, token, LOCK_TTL_MS)
-    if holder is not None and _holder_is_dead(holder):
-        await store.redis.delete(store.keys.producer_lock(job))
-        holder = await store.acquire_producer_lock(job, token, LOCK_TTL_MS)
-    if holder is not None:
-        raise ProducerBusyError(
-            f"another swarm-enqueue ({holder}) is writing job {job!r}; if it died, its lock "
-            f"expires {LOCK_TTL_MS // 1000} s after its last write"
-        )
-
-
-async def _wait_for_room(store: JobStore, job: str, token: str, upto: int, window: int) -> None:
-    """Wait until queuing prompts up to index ``upto`` leaves at most ``window`` unfinished."""
-    while True:
-        status = await store.status(job)
-        if upto - status.done - status.failed <= window or status.cancelled:
-            return
-        await _take_lock(store, job, token)  # still alive: keep the lock while waiting
-        await asyncio.sleep(0.05)
-
-
-# A prompt to queue: its text (or conversation), its custom_id, and optionally its own settings.
-PromptInput = (
-    tuple[str | tuple[Message, ...], str | None]
-    | tuple[str | tuple[Message, ...], str | None, SamplingParams | None]
-)
-
-
-async def enqueue_prompts(
-    store: JobStore,
-    spec: JobSpec,
-    prompts: Iterable[PromptInput],
-    *,
-    chunk: int = CHUNK,
-    progress: bool = False,
-    window: int | None = None,
-    token: str | None = None,
-) -> EnqueueReport:
-    """Queue ``(prompt, custom_id[, params])`` for ``spec.job``, resuming after what is queued.
-    A prompt is a text, or (for a chat job) a whole conversation of messages; ``params``, if
-    given and not None, are its own request settings instead of the job's.
-
-    ``window``: keep at most this many prompts of the job unfinished in Redis, waiting for
-    results before queuing more, so a huge input streams through with bounded memory.
-    ``token`` names this writer in the job's producer lock (default: ``host:pid``).
-    """
-    if window is not None:
-        if window < 1:
-            raise ConfigError(f"--window must be >= 1, got {window}")
-        # Small enough chunks that the window stays mostly full while the producer waits.
-        chunk = min(chunk, max(1, window // 4))
-    job = spec.job
-    token = token or producer_token()
-    # A new job is registered only when its first prompts are ready: an input refused on its
-    # first lines leaves nothing behind. An existing one has its settings checked at once.
-    created = False
-
-    async def ensure_created() -> None:
-        nonlocal created
-        if not created:
-            await store.create_job(spec)
-            created = True
-
-    if (await store.meta(job)).get("spec") is not None:
-        await ensure_created()
-    await _take_lock(store, job, token)
-    try:
-        meta = await store.meta(job)
-        if "cancelled_s" in meta:
-            raise JobCancelledError(
-                f"job {job!r} was cancelled (swarm-cancel); 'swarm-retry {job} --kind cancelled' "
-                "resumes what it had queued"
-            )
-        sealed_total = int(meta["total"]) if "total" in meta else None
-        start, stored_digest = await store.resume_point(job)
-        digest = _InputDigest()
-        count, added = 0, 0
-        buf: list[PromptItem] = []
-        shown = time.monotonic()
-        for prompt, custom_id, *own in prompts:
-            params = own[0] if own else None
-            index = count
-            count += 1
-            if sealed_total is not None and index >= sealed_total:
-                raise JobConflictError(
-                    f"job {job!r} was sealed with {sealed_total} prompts; this input has more. "
-                    "Use another job name."
-                )
-            if not isinstance(prompt, str) and not spec.chat:
-                raise ConfigError(
-                    f"prompt {index} is a conversation: only a --chat job can send one"
-                )
-            item = PromptItem.of(index, prompt, custom_id, params)
-            digest.add(item)
-            if index < start:
-                if index == start - 1 and stored_digest not in (None, digest.value):
-                    raise JobConflictError(
-                        f"job {job!r} already holds {start} prompts queued from another input "
-                        "(they differ from this input's first ones): use another job name, or "
-                        "the input the job was queued from"
-                    )
-                continue
-            buf.append(item)
-            if len(buf) >= chunk:
-                await ensure_created()
-                if window is not None:
-                    await _wait_for_room(store, job, token, index + 1, window)
-                await store.add_items(job, buf, digest.value)
-                added += len(buf)
-                buf.clear()
-                await _take_lock(store, job, token)  # refresh
-                if progress and time.monotonic() - shown > 1.0:
-                    print(f"swarm-enqueue: {job}: {count} prompts read", file=sys.stderr)
-                    shown = time.monotonic()
-        await ensure_created()
-        if buf:
-            if window is not None:
-                await _wait_for_room(store, job, token, count, window)
-            await store.add_items(job, buf, digest.value)
-            added += len(buf)
-        if count < start:
-            raise JobConflictError(
-                f"job {job!r} already holds {start} prompts but this input has only {count}. "
-                "Use another job name."
-            )
-        await store.seal(job, count)
-        return EnqueueReport(job=job, total=count, added=added, already_queued=count - added)
-    finally:
-        with contextlib.suppress(SwarmError):
-            await store.release_producer_lock(job, token)
+# enqueue_prompts and EnqueueReport live in common.feed (the reduce stage queues prompts too);
+# they are part of the producer's API, re-exported here.
 
 
 async def check_model(settings: Settings, model: str | None, *, strict: bool) -> None:

@@ -28,11 +28,11 @@ from common.errors import (
     StoreUnavailable,
     SwarmError,
 )
+from common.feed import enqueue_prompts
 from common.keys import stage_name
 from common.models import JobSpec, LevelInfo, ReduceOutput, ReduceSpec, Result, timestamp_s
 from common.reduce import aggregate, failures, render
 from common.store import JobStore, producer_token
-from producer.enqueue import enqueue_prompts
 from worker.endpoint import EndpointClient
 
 __all__ = ["Reducer", "StageBusy", "estimate_tokens", "supervisor_max_tokens"]
