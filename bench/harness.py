@@ -341,7 +341,7 @@ class SwarmRun:
 async def wait_workers_ready(store: JobStore, n: int, timeout_s: float = 30.0) -> None:
     """Until ``n`` arq workers have registered their health-check key (they are polling)."""
     deadline = time.monotonic() + timeout_s
-    key = store.keys.arq_queue + ":health-check"
+    key = store.keys.arq_health_check
     while time.monotonic() < deadline:
         if await store.redis.exists(key):
             await asyncio.sleep(0.5)  # let the others finish importing too

@@ -131,6 +131,16 @@ class Keys:
         """arq's own queue (sorted set) for the worker-side arq functions."""
         return f"{self.prefix}:arq:queue"
 
+    @property
+    def arq_health_check(self) -> str:
+        """String: what a live arq worker of this prefix writes every few seconds."""
+        return f"{self.arq_queue}:health-check"
+
+    def advance_job_id(self, job: str, level: int) -> str:
+        """The arq job ID of advancing ``job``'s reduce past stage ``level``: one per stage,
+        so arq refuses a second while one is queued or running."""
+        return f"{self.prefix}:{validate_job_name(job)}:advance:{level}"
+
     def job_pattern(self, job: str) -> str:
         """A SCAN pattern matching every key of ``job``, its reduce stages' included."""
         return f"{self.prefix}:{{{validate_job_name(job)}}}:*"

@@ -14,6 +14,7 @@ from typing import Any
 import msgspec
 
 from common.errors import ConfigError
+from common.vocab import FailureKind
 
 __all__ = [
     "REDUCE_KINDS",
@@ -397,13 +398,15 @@ def result_or_failure(index: int, data: bytes) -> Result:
         result = _result_decoder.decode(data)
     except msgspec.DecodeError as exc:
         return Result(
-            index=index, error=f"unreadable result in Redis: {exc}", error_kind="bad_entry"
+            index=index,
+            error=f"unreadable result in Redis: {exc}",
+            error_kind=FailureKind.BAD_ENTRY,
         )
     if result.index != index:
         return Result(
             index=index,
             error=f"result in Redis under {index} is for index {result.index}",
-            error_kind="bad_entry",
+            error_kind=FailureKind.BAD_ENTRY,
         )
     return result
 

@@ -66,6 +66,7 @@ from common.models import (
     result_or_failure,
 )
 from common.settings import Settings, mask_url
+from common.vocab import FailureKind
 
 __all__ = [
     "RELEASED_IDLE_MS",
@@ -565,7 +566,7 @@ class JobStore:
                     Result(
                         index=index_of(eid),
                         error="cancelled by operator (swarm-cancel)",
-                        error_kind="cancelled",
+                        error_kind=FailureKind.CANCELLED,
                     ),
                     fields.get(b"d"),
                 )
@@ -784,7 +785,7 @@ class JobStore:
                         Result(
                             index=i,
                             error="no result in Redis (evicted by swarm-collect --evict?)",
-                            error_kind="missing",
+                            error_kind=FailureKind.MISSING,
                         )
                     )
                 else:

@@ -22,6 +22,7 @@ from typing import Any
 import msgspec
 
 from common.models import Result
+from common.vocab import FailureKind
 
 __all__ = ["BatchError", "BatchOutputLine", "BatchResponse", "openai_line"]
 
@@ -81,13 +82,13 @@ def _body(job: str, r: Result, chat: bool, created: int) -> dict[str, Any]:
     }
 
 
-_CLIENT_SIDE = frozenset({"bad_entry", "cancelled"})
+_CLIENT_SIDE = frozenset({FailureKind.BAD_ENTRY, FailureKind.CANCELLED})
 
 
 def _status(r: Result) -> int:
-    if r.ok or r.error_kind == "schema":
+    if r.ok or r.error_kind == FailureKind.SCHEMA:
         return 200
-    if r.error_kind == "rejected":
+    if r.error_kind == FailureKind.REJECTED:
         return r.status or 400
     return 400 if r.error_kind in _CLIENT_SIDE else 500
 

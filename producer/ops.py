@@ -15,6 +15,7 @@ from common.errors import JobConflictError
 from common.keys import stage_name
 from common.models import ReduceOutput
 from common.store import JobStore
+from common.vocab import RETRYABLE_KINDS
 
 __all__ = ["cancel_job", "cancel_main", "retry_main"]
 
@@ -76,8 +77,8 @@ def retry_main(argv: Sequence[str] | None = None) -> None:
     p.add_argument(
         "--kind",
         action="append",
-        help="only failures of this kind (repeatable): rejected, endpoint, "
-        "no_choice, dead_letter, cancelled, bad_entry",
+        choices=[str(k) for k in RETRYABLE_KINDS],
+        help="only failures of this kind (repeatable; default: every kind)",
     )
     add_redis_arg(p)
     raise SystemExit(run("swarm-retry", _retry(p.parse_args(argv))))

@@ -261,3 +261,24 @@ def test_output_line_has_custom_id_only_when_given() -> None:
         msgspec.json.encode(OutputLine.of(Result(index=0, text="t", custom_id="c")))
     )
     assert tagged["custom_id"] == "c"
+
+
+def test_swarm_retry_kinds_are_the_failure_kinds_that_keep_their_entry(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from common.vocab import RETRYABLE_KINDS, FailureKind
+    from producer.ops import retry_main
+
+    assert [str(k) for k in RETRYABLE_KINDS] == [
+        "rejected",
+        "no_choice",
+        "schema",
+        "dead_letter",
+        "cancelled",
+        "bad_entry",
+    ]
+    assert FailureKind.MISSING not in RETRYABLE_KINDS  # evicted: nothing left to queue again
+    with pytest.raises(SystemExit) as usage:
+        retry_main(["job", "--kind", "endpoint"])
+    assert usage.value.code == 2
+    assert "argument --kind: invalid choice: 'endpoint'" in capsys.readouterr().err

@@ -111,7 +111,7 @@ async def startup(ctx: dict[str, Any]) -> None:
     async def schedule_advance(job: str, level: int) -> None:
         # One arq job per (job, stage): its ID makes arq refuse a second while one is queued
         # or running, however many workers notice the finished stage.
-        job_id = f"{settings.keys.prefix}:{job}:advance:{level}"
+        job_id = settings.keys.advance_job_id(job, level)
         queued = await arq_redis.enqueue_job(
             "advance", job, level, _job_id=job_id, _queue_name=settings.keys.arq_queue
         )
@@ -232,7 +232,7 @@ class WorkerSettings:
         ssl_ca_certs=SETTINGS.redis_ca_file or None,
     )
     queue_name = SETTINGS.keys.arq_queue
-    health_check_key = SETTINGS.keys.arq_queue + ":health-check"
+    health_check_key = SETTINGS.keys.arq_health_check
     job_serializer = job_serializer
     job_deserializer = job_deserializer
     # arq hands a killed worker's job to another after the longest function timeout + 10 s.

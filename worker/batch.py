@@ -19,6 +19,7 @@ from typing import TypeVar
 from common.errors import EndpointRejected, EndpointRetryable
 from common.models import JobSpec, PromptItem, Result, SamplingParams, Usage, encode
 from common.settings import Settings
+from common.vocab import FailureKind
 from worker.circuit import Circuit, GiveUp
 from worker.endpoint import ChatBody, CompletionBody, CompletionUsage, EndpointClient
 
@@ -151,7 +152,9 @@ class BatchRunner:
         except EndpointRejected as exc:
             attempts = prior + 1
             if len(items) == 1:
-                return [self._failed(items[0], exc.message, "rejected", attempts, exc.status)]
+                return [
+                    self._failed(items[0], exc.message, FailureKind.REJECTED, attempts, exc.status)
+                ]
             mid = len(items) // 2
             left, right = await asyncio.gather(
                 self._complete(spec, model, items[:mid], params, attempts, tally),
@@ -171,7 +174,9 @@ class BatchRunner:
             again = iter(await self._complete(spec, model, missing, params, attempts, tally))
         else:
             reason = f"endpoint returned no choice for it in {attempts} attempts"
-            again = iter(self._failed(it, reason, "no_choice", attempts) for it in missing)
+            again = iter(
+                self._failed(it, reason, FailureKind.NO_CHOICE, attempts) for it in missing
+            )
         return [r if r is not None else next(again) for r in mapped]
 
     async def _chat(
@@ -200,7 +205,7 @@ class BatchRunner:
             try:
                 body, attempts = await self._retrying(call)
             except EndpointRejected as exc:
-                return self._failed(item, exc.message, "rejected", prior + 1, exc.status)
+                return self._failed(item, exc.message, FailureKind.REJECTED, prior + 1, exc.status)
             usage = None
             if body.usage is not None:
                 tally.add(body.usage)

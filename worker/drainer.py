@@ -38,6 +38,7 @@ from common.models import (
 )
 from common.schema import AnswerValidator
 from common.store import Commit, decode_entry, index_of
+from common.vocab import FailureKind
 from worker.batch import BatchRunner, Tally
 from worker.circuit import Circuit, GiveUp
 from worker.endpoint import EndpointClient
@@ -312,7 +313,7 @@ class EndpointDrainer:
                     endpoint=self.client.label,
                     error=f"dead-lettered: {n} workers died running it (a prompt that "
                     "kills workers?)",
-                    error_kind="dead_letter",
+                    error_kind=FailureKind.DEAD_LETTER,
                 ),
                 payload,
             )
@@ -336,7 +337,7 @@ class EndpointDrainer:
                     index=index_of(eid),
                     endpoint=self.client.label,
                     error=decoded,
-                    error_kind="bad_entry",
+                    error_kind=FailureKind.BAD_ENTRY,
                 )
                 results.append((eid, bad, payload))
             else:
@@ -504,4 +505,4 @@ class EndpointDrainer:
         reason = validator.error(r.text or "")
         if reason is None:
             return r
-        return replace(r, error=reason, error_kind="schema")
+        return replace(r, error=reason, error_kind=FailureKind.SCHEMA)
