@@ -107,6 +107,16 @@ class SimFleetProc:
         return [f"http://127.0.0.1:{p}" for p in self.ports]
 
     def start(self, *extra: str) -> SimFleetProc:
+        """Start the simulator and wait until every port answers. A port taken between
+        choosing it and binding it (another process on a busy machine) ends the simulator at
+        once: then new ports are chosen, a few times."""
+        for _ in range(3):
+            if self._start_once(extra):
+                return self
+            self.ports = [free_port() for _ in self.ports]
+        raise RuntimeError("swarm-sim did not start")
+
+    def _start_once(self, extra: tuple[str, ...]) -> bool:
         args = [
             sys.executable,
             "-m",
@@ -133,10 +143,13 @@ class SimFleetProc:
                     urllib.request.urlopen(url + "/health", timeout=1).read()
                     break
                 except OSError:
-                    if time.monotonic() > deadline or self.proc.poll() is not None:
+                    if self.proc.poll() is not None:
+                        return False  # it could not bind a port
+                    if time.monotonic() > deadline:
+                        self.stop()
                         raise RuntimeError("swarm-sim did not start") from None
                     time.sleep(0.05)
-        return self
+        return True
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -341,9 +354,8 @@ class SwarmRun:
 async def wait_workers_ready(store: JobStore, n: int, timeout_s: float = 30.0) -> None:
     """Until ``n`` arq workers have registered their health-check key (they are polling)."""
     deadline = time.monotonic() + timeout_s
-    key = store.keys.arq_health_check
     while time.monotonic() < deadline:
-        if await store.redis.exists(key):
+        if await store.arq_worker_alive():
             await asyncio.sleep(0.5)  # let the others finish importing too
             return
         await asyncio.sleep(0.05)

@@ -22,6 +22,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import redis.asyncio as aioredis
+
 from bench.baselines import arq_one_job_per_prompt, naive_gather, static_round_robin
 from bench.harness import (
     OUT,
@@ -274,12 +276,12 @@ async def scale_scenario(bench: Bench, n: int, size: int, window: int, baseline_
     spec = JobSpec(job="bench", params=SamplingParams(max_tokens=16))
     store = JobStore.from_settings(Settings(redis_url=bench.url, prefix="b-scale"))
     try:
-        await store.redis.flushdb()
-        base = await _used_memory(store)
+        await _flush(bench)
+        base = await _used_memory(bench)
         t0 = time.monotonic()
         await enqueue_prompts(store, spec, prompt_iter(n, size))
         enq_s = time.monotonic() - t0
-        held = await _used_memory(store) - base
+        held = await _used_memory(bench) - base
         sc.rows.append(
             Row(
                 "swarm-enqueue alone",
@@ -289,8 +291,8 @@ async def scale_scenario(bench: Bench, n: int, size: int, window: int, baseline_
                 extra={"per_prompt_bytes": held / n, "peak_redis_bytes": held + base},
             )
         )
-        await store.redis.flushdb()
-        base = await _used_memory(store)
+        await _flush(bench)
+        base = await _used_memory(bench)
     finally:
         await store.close()
     env = {"SWARM_BATCH_SIZE": "256"}
@@ -320,7 +322,7 @@ async def scale_scenario(bench: Bench, n: int, size: int, window: int, baseline_
         sc.memory[label] = [(t, m) for t, _, _, m in run.series]
     store = JobStore.from_settings(Settings(redis_url=bench.url, prefix="b-scale"))
     try:  # the million results left by the unbounded run would inflate later scenarios' peaks
-        await store.redis.flushdb()
+        await _flush(bench)
     finally:
         await store.close()
     # The baselines hold every prompt in the client's memory. Static round-robin sends each
@@ -342,8 +344,22 @@ async def scale_scenario(bench: Bench, n: int, size: int, window: int, baseline_
     return sc
 
 
-async def _used_memory(store: JobStore) -> int:
-    return int((await store.redis.info("memory"))["used_memory"])
+async def _used_memory(bench: Bench) -> int:
+    """The bench's private Redis's memory in use (read with a client of its own: the job store
+    is the product's view of Redis, not an admin tool)."""
+    admin = aioredis.from_url(bench.url)
+    try:
+        return int((await admin.info("memory"))["used_memory"])
+    finally:
+        await admin.aclose()
+
+
+async def _flush(bench: Bench) -> None:
+    admin = aioredis.from_url(bench.url)
+    try:
+        await admin.flushdb()
+    finally:
+        await admin.aclose()
 
 
 async def latency_scenario(bench: Bench, n: int, max_tokens: int = 32) -> Scenario:

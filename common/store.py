@@ -329,6 +329,13 @@ async def redis_errors(url: str) -> AsyncIterator[None]:
         raise StoreUnavailable(f"Redis at {mask_url(url)} unavailable: {exc}") from None
 
 
+def _redis_code(exc: ResponseError) -> str:
+    """The error code of a Redis error reply: its first word (``BUSYGROUP``, ``OOM``...), the
+    protocol's machine-readable part, as redis-py itself maps replies to classes."""
+    text = str(exc.args[0]) if exc.args else ""
+    return text.split(" ", 1)[0]
+
+
 def _is_oom(exc: ResponseError) -> bool:
     """Redis refused a write for want of memory: redis-py maps the reply's error code ``OOM``
     to OutOfMemoryError, except inside a script, whose error carries the code as ``-OOM``.
@@ -447,8 +454,19 @@ class JobStore:
         return stored
 
     async def ensure_group(self, job: str) -> None:
-        with contextlib.suppress(ResponseError):  # BUSYGROUP: it exists already
-            await self.redis.xgroup_create(self.keys.stream(job), GROUP, id="0", mkstream=True)
+        """Create the job's consumer group (and stream) unless it exists; any other refusal
+        (an ACL denial, a full Redis) surfaces."""
+        async with redis_errors(self.url):
+            try:
+                await self.redis.xgroup_create(self.keys.stream(job), GROUP, id="0", mkstream=True)
+            except ResponseError as exc:
+                if _redis_code(exc) != "BUSYGROUP":  # BUSYGROUP: it exists already
+                    raise
+
+    async def arq_worker_alive(self) -> bool:
+        """True while some arq worker of this prefix writes its health-check key."""
+        async with redis_errors(self.url):
+            return bool(await self.redis.exists(self.keys.arq_health_check))
 
     async def load_spec(self, job: str) -> JobSpec:
         async with redis_errors(self.url):

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from common.embedded import find_redis_server, free_port
+from common.embedded import EmbeddedRedis, find_redis_server, free_port
 from common.errors import StoreAccessDenied, StoreUnavailable
 from common.settings import Settings
 from common.store import JobStore
@@ -153,3 +153,18 @@ async def test_an_unverifiable_server_certificate_is_refused(
     finally:
         await store.close()
     assert SECRET not in str(err.value)
+
+
+async def test_a_consumer_group_the_acl_denies_surfaces_instead_of_being_taken_for_existing() -> (
+    None
+):
+    user = ("--user", "bob", "on", ">bob-pw", "~p:*", "+@all", "-xgroup")
+    with EmbeddedRedis(extra_args=user) as server:
+        url = server.url.replace("redis://", "redis://bob:bob-pw@")
+        store = JobStore.from_settings(Settings(redis_url=url, prefix="p"), patient=False)
+        try:
+            with pytest.raises(StoreAccessDenied, match="refused access") as err:
+                await store.ensure_group("j")
+        finally:
+            await store.close()
+    assert "bob-pw" not in str(err.value)

@@ -21,6 +21,7 @@ from common.errors import (
     BadRecordError,
     ConfigError,
     JobNotFoundError,
+    StoreUnavailable,
     SwarmError,
 )
 from common.models import (
@@ -108,7 +109,11 @@ class Engine:
             for name in unfinished:
                 if name not in self.jobs:
                     try:
-                        self.jobs[name] = await self.store.load_spec(name)
+                        spec = await self.store.load_spec(name)
+                        await self.store.ensure_group(name)
+                    except StoreUnavailable as exc:  # a full or lost Redis: the next sweep
+                        log.warning("job %s not served yet: %s", name, exc)
+                        continue
                     except JobNotFoundError:
                         continue  # registered but its spec is gone (deleted meanwhile)
                     except BadRecordError as exc:  # never fatal to the other jobs
@@ -116,7 +121,7 @@ class Engine:
                             self._unreadable.add(name)
                             log.error("skipping job %s: %s", name, exc)
                         continue
-                    await self.store.ensure_group(name)
+                    self.jobs[name] = spec
                     log.info("serving job %s", name)
             for name in list(self.jobs):
                 if name not in unfinished:
@@ -214,7 +219,8 @@ class Engine:
 
     async def run(self, *, burst: bool = False) -> None:
         """Drain until stopped; with ``burst``, return once no job has work left."""
-        await self.refresh_jobs(force=True)
+        with contextlib.suppress(StoreUnavailable):  # the slots ride out Redis trouble
+            await self.refresh_jobs(force=True)
         publisher = asyncio.create_task(self._publish_loop(), name="swarm-stats")
         try:
             await asyncio.gather(*(d.run(burst=burst) for d in self.drainers))
