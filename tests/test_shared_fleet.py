@@ -120,3 +120,28 @@ def test_a_burst_worker_with_an_unusable_endpoint_finishes_the_job_then_exits_1(
     assert fleet.done("j") == 500 and fleet.answered(0) == 500
     log = fleet.logs[0].read_text()
     assert f"exiting with an error: endpoint unusable: {locked}: HTTP 401: invalid API key" in log
+
+
+def test_two_models_and_an_unusable_endpoint_in_one_burst_worker(
+    fleet_factory: type[Fleet],
+) -> None:
+    """The shared case at once: jobs for two models, the job nobody serves, and one endpoint
+    with a wrong key, all in one worker. Both served jobs finish exactly on their endpoints;
+    the worker exits 1 for its broken endpoint, with the unserved job still waiting."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _WrongKey)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        fleet = fleet_factory(2, "--model", "model-a,model-b")
+        _queue_three_jobs(fleet)
+        locked = f"http://127.0.0.1:{server.server_address[1]}"
+        endpoints = f"{fleet.url(0)},{locked},{fleet.url(1)}"
+        worker = fleet.worker("w", [0, 1], SWARM_ENDPOINTS=endpoints)
+        assert worker.wait(timeout=120) == 1
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert (fleet.done("a"), fleet.done("b"), fleet.done("c")) == (N_A, N_B, 0)
+    assert (fleet.answered(0), fleet.answered(1)) == (N_A, N_B)
+    log = fleet.logs[0].read_text()
+    assert f"exiting with an error: endpoint unusable: {locked}: HTTP 401" in log
+    assert "c (model 'model-c')" in log

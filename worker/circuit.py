@@ -125,42 +125,35 @@ class Circuit:
         an EndpointError while the endpoint cannot work) is tried with ``backoff`` until it
         passes; it stops early when ``give_up`` says so after a failed probe, or ``sleep``
         says the worker is stopping."""
-        if self._prober is None or self._prober.done():
-            self._prober = asyncio.create_task(
-                self._probe(probe, give_up, sleep, backoff), name="swarm-probe"
-            )
-        await asyncio.shield(self._prober)
 
-    async def _probe(
-        self,
-        probe: Callable[[], Awaitable[None]],
-        give_up: Callable[[], Awaitable[bool]],
-        sleep: Callable[[float], Awaitable[bool]],
-        backoff: Callable[[int], float],
-    ) -> None:
-        attempt = 0
-        while self._open.is_set():
-            try:
-                await probe()
-            except EndpointUnusable as exc:
-                self.broken = str(exc)
-                log.error("%s: endpoint unusable, no work taken from it: %s", self.label, exc)
-                return
-            except EndpointError as exc:
-                self.probed = True
-                self.last_error = str(exc)
-                # Probe first, then ask whether to give up: a healthy endpoint at start goes
-                # straight to work, whatever the job list looks like yet.
-                if await give_up():
+        async def probing() -> None:
+            attempt = 0
+            while self._open.is_set():
+                try:
+                    await probe()
+                except EndpointUnusable as exc:
+                    self.broken = str(exc)
+                    log.error("%s: endpoint unusable, no work taken from it: %s", self.label, exc)
                     return
-                attempt += 1
-                if await sleep(backoff(attempt)):
-                    return
-                continue
-            self.probed = self.was_ready = True
-            log.info("%s: endpoint ready; taking work", self.label)
-            self._failures = 0
-            self._open.clear()
+                except EndpointError as exc:
+                    self.probed = True
+                    self.last_error = str(exc)
+                    # Probe first, then ask whether to give up: a healthy endpoint at start
+                    # goes straight to work, whatever the job list looks like yet.
+                    if await give_up():
+                        return
+                    attempt += 1
+                    if await sleep(backoff(attempt)):
+                        return
+                    continue
+                self.probed = self.was_ready = True
+                log.info("%s: endpoint ready; taking work", self.label)
+                self._failures = 0
+                self._open.clear()
+
+        if self._prober is None or self._prober.done():
+            self._prober = asyncio.create_task(probing(), name="swarm-probe")
+        await asyncio.shield(self._prober)
 
     async def close(self) -> None:
         """Stop the prober, if one runs (the worker is stopping)."""
