@@ -7,12 +7,22 @@ from collections.abc import Iterable
 
 from common.models import EndpointInfo
 
-__all__ = ["live_models", "waiting_reason"]
+__all__ = ["live_models", "serving", "waiting_reason"]
+
+
+def _usable(e: EndpointInfo, now: float) -> bool:
+    """Its worker publishes, and it can take work (a broken endpoint serves nothing)."""
+    return e.live(now) and e.circuit != "broken"
 
 
 def live_models(fleet: Iterable[EndpointInfo], now: float) -> list[str]:
-    """Every model some live endpoint serves, sorted (a broken endpoint serves nothing)."""
-    return sorted({m for e in fleet if e.live(now) and e.circuit != "broken" for m in e.models})
+    """Every model some live endpoint serves, sorted."""
+    return sorted({m for e in fleet if _usable(e, now) for m in e.models})
+
+
+def serving(model: str | None, fleet: Iterable[EndpointInfo], now: float) -> int:
+    """How many live endpoints serve ``model`` (None: any model)."""
+    return sum(1 for e in fleet if _usable(e, now) and (model is None or model in e.models))
 
 
 def waiting_reason(model: str | None, fleet: Iterable[EndpointInfo], now: float) -> str | None:

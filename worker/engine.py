@@ -24,6 +24,7 @@ from common.errors import (
     StoreUnavailable,
     SwarmError,
 )
+from common.fleet import serving
 from common.models import (
     JobSpec,
 )
@@ -155,14 +156,11 @@ class Engine:
         for spec in specs:
             if spec.priority == lowest:
                 continue
-            serving = sum(
-                1
-                for e in fleet
-                if e.live(now) and e.circuit != "broken" and (spec.model in (None, *e.models))
+            endpoints = max(
+                serving(spec.model, fleet, now), sum(d.serves(spec) for d in self.drainers), 1
             )
-            serving = max(serving, sum(d.serves(spec) for d in self.drainers), 1)
             batches = -(-(await self.store.enqueued_count(spec.job)) // self.settings.batch_size)
-            shares[spec.job] = max(1, -(-batches // serving))
+            shares[spec.job] = max(1, -(-batches // endpoints))
         return shares
 
     def validator(self, spec: JobSpec) -> AnswerValidator | None:
