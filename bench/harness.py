@@ -26,6 +26,7 @@ from common.embedded import EmbeddedRedis, free_port
 from common.models import JobSpec, SamplingParams
 from common.settings import Settings
 from common.store import JobStore
+from common.vocab import Meta
 from producer.collect import collect, collect_to_file
 from producer.enqueue import enqueue_prompts
 from sim.engine import Engine, EngineConfig
@@ -502,7 +503,7 @@ async def urgent_job_time(
         await enqueue_prompts(store, spec, ((p, None) for p in urgent))
         while not (status := await store.status("urgent")).finished:
             await asyncio.sleep(0.02)
-        finished = float((await store.meta("urgent"))["finished_s"])
+        finished = float((await store.meta("urgent"))[Meta.FINISHED_S])
         meanwhile = ((await store.status("big")).done - before) if background else 0
         if background:
             await store.cancel("big")

@@ -29,6 +29,7 @@ from common.errors import (
 )
 from common.models import JobSpec, Message, PromptItem, SamplingParams, encode
 from common.store import JobStore, producer_token
+from common.vocab import Meta
 
 __all__ = ["CHUNK", "LOCK_TTL_MS", "EnqueueReport", "PromptInput", "enqueue_prompts"]
 
@@ -135,17 +136,17 @@ async def enqueue_prompts(
             await store.create_job(spec)
             created = True
 
-    if (await store.meta(job)).get("spec") is not None:
+    if (await store.meta(job)).get(Meta.SPEC) is not None:
         await ensure_created()
     await _take_lock(store, job, token)
     try:
         meta = await store.meta(job)
-        if "cancelled_s" in meta:
+        if Meta.CANCELLED_S in meta:
             raise JobCancelledError(
                 f"job {job!r} was cancelled (swarm-cancel); 'swarm-retry {job} --kind cancelled' "
                 "resumes what it had queued"
             )
-        sealed_total = int(meta["total"]) if "total" in meta else None
+        sealed_total = int(meta[Meta.TOTAL]) if Meta.TOTAL in meta else None
         start, stored_digest = await store.resume_point(job)
         digest = _InputDigest()
         count, added = 0, 0

@@ -1,11 +1,12 @@
 """The words swarm-queue writes into Redis and output files besides key names (those are
-:mod:`common.keys`'): here, why a prompt failed."""
+:mod:`common.keys`'): the fields of a job's meta hash, and why a prompt failed. The Lua
+scripts get both from here (see :mod:`common.store.scripts`), so Python and Lua cannot drift."""
 
 from __future__ import annotations
 
 from enum import StrEnum
 
-__all__ = ["RETRYABLE_KINDS", "FailureKind"]
+__all__ = ["FAILED_KIND_PREFIX", "RETRYABLE_KINDS", "FailureKind", "Meta", "failed_field"]
 
 
 class FailureKind(StrEnum):
@@ -23,3 +24,34 @@ class FailureKind(StrEnum):
 
 # The kinds swarm-retry can queue again: every failure that kept its original entry.
 RETRYABLE_KINDS = tuple(k for k in FailureKind if k is not FailureKind.MISSING)
+
+
+class Meta(StrEnum):
+    """The fields of a job's meta hash (``Keys.meta``): its spec, counters and timestamps."""
+
+    SPEC = "spec"  # msgpack JobSpec, written once by the first producer
+    REDUCE = "reduce"  # the reduce kind, when the job has one: where workers look for it
+    STAGE = "stage"  # the reduce tree level running (0: the job's own prompts)
+    ENQUEUED = "enqueued"  # prompts queued so far: the producer's resume point
+    INPUT_DIGEST = "input_digest"  # digest of the input up to ``enqueued``
+    TOTAL = "total"  # set once all input is queued (the job is sealed)
+    DONE = "done"  # prompts answered
+    FAILED = "failed"  # prompts failed, all kinds (per kind: ``failed_field``)
+    PROMPT_TOKENS = "prompt_tokens"
+    COMPLETION_TOKENS = "completion_tokens"
+    RETRY_ROUND = "retry_round"  # swarm-retry rounds so far: the ms part of requeued entry IDs
+    SEALED_S = "sealed_s"
+    FIRST_RESULT_S = "first_result_s"
+    LAST_RESULT_S = "last_result_s"
+    FINISHED_S = "finished_s"  # every prompt has a result
+    CANCELLED_S = "cancelled_s"  # swarm-cancel
+    REDUCED_S = "reduced_s"  # the reduce output is written
+
+
+# Per-kind failure counters are meta fields ``failed:<kind>``.
+FAILED_KIND_PREFIX = "failed:"
+
+
+def failed_field(kind: str) -> str:
+    """The meta field counting failures of ``kind``."""
+    return FAILED_KIND_PREFIX + kind

@@ -26,6 +26,7 @@ from common.embedded import EmbeddedRedis, free_port
 from common.models import JobSpec, SamplingParams
 from common.settings import Settings
 from common.store import JobStore
+from common.vocab import Meta
 from producer.collect import collect
 from producer.enqueue import enqueue_prompts
 from sim.text import completion_for
@@ -125,7 +126,7 @@ async def _demo(args: argparse.Namespace) -> int:
                 text, _, _ = completion_for(demo_prompt(line["index"]), MAX_TOKENS)
                 bad += line["text"] != text
                 per_endpoint[line["endpoint"]] += 1
-        first_s = float(meta["first_result_s"]) - t0_wall
+        first_s = float(meta[Meta.FIRST_RESULT_S]) - t0_wall
         wall = t_done - t0
         lines = [
             "",

@@ -6,7 +6,9 @@ test_pipeline.py; here only the hash and script logic, which fakeredis runs fait
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator
+from importlib import resources
 
 import fakeredis
 import pytest
@@ -15,6 +17,8 @@ from common.errors import JobConflictError, JobNotFoundError
 from common.keys import Keys
 from common.models import JobSpec, PromptItem, Result, SamplingParams
 from common.store import JobStore
+from common.store.scripts import SCRIPT_NAMES, source
+from common.vocab import FailureKind, Meta, failed_field
 
 
 @pytest.fixture
@@ -76,3 +80,34 @@ async def test_create_job_refuses_other_settings_and_unknown_jobs_are_named(
     assert await fake.list_jobs() == ["j"]
     with pytest.raises(JobNotFoundError, match="no job named 'nope' in this Redis"):
         await fake.status("nope")
+
+
+def test_every_script_states_its_contract_and_names_meta_fields_from_the_vocabulary() -> None:
+    lua = resources.files("common.store").joinpath("lua")
+    names = sorted(p.name.removesuffix(".lua") for p in lua.iterdir() if p.name.endswith(".lua"))
+    assert tuple(names) == SCRIPT_NAMES
+    for name in names:
+        text = lua.joinpath(f"{name}.lua").read_text()
+        head = [line for line in text.splitlines() if line.startswith("--")]
+        assert head[0].startswith(f"-- {name}: "), name
+        assert any(line.startswith("-- KEYS:") for line in head), name
+        assert any(line.startswith("-- ARGV:") for line in head), name
+        assert any(line.startswith("-- Returns") for line in head), name
+        used = set(re.findall(r"\bMETA\.([A-Z_]+)", text))
+        assert used <= {m.name for m in Meta}, f"{name}: {used - {m.name for m in Meta}}"
+        # A meta field written as a string literal would bypass the vocabulary.
+        literals = set(re.findall(r"'([a-z_:]+)'", text))
+        assert not literals & {m.value for m in Meta}, f"{name}: {literals}"
+    assert source("commit").startswith("local META = {SPEC = 'spec', ")
+
+
+async def test_the_meta_fields_the_scripts_write_are_the_vocabulary(fake: JobStore) -> None:
+    await fake.create_job(JobSpec(job="j"))
+    await fake.add_items("j", [PromptItem(index=0, prompt="a"), PromptItem(index=1, prompt="b")])
+    await fake.seal("j", 2)
+    ok = Result(index=0, text="A")
+    bad = Result(index=1, error="too long", error_kind=FailureKind.REJECTED)
+    await fake.commit("j", [(b"0-1", ok, None), (b"0-2", bad, b"payload")], 3, 4)
+    fields = set(await fake.meta("j"))
+    assert fields - {m.value for m in Meta} == {failed_field(FailureKind.REJECTED)}
+    assert {Meta.DONE, Meta.FAILED, Meta.TOTAL, Meta.FINISHED_S, Meta.ENQUEUED} <= fields

@@ -33,6 +33,7 @@ from common.keys import stage_name
 from common.models import JobSpec, LevelInfo, ReduceOutput, ReduceSpec, Result, timestamp_s
 from common.reduce import aggregate, failures, render
 from common.store import JobStore, producer_token
+from common.vocab import Meta
 from worker.endpoint import EndpointClient
 
 __all__ = ["Reducer", "StageBusy", "estimate_tokens", "supervisor_max_tokens"]
@@ -112,9 +113,9 @@ class Reducer:
         if await self.store.read_final(job) is not None:
             return "already reduced"
         meta = await self.store.meta(job)
-        if "cancelled_s" in meta:
+        if Meta.CANCELLED_S in meta:
             return "cancelled"
-        current = int(meta.get("stage", b"0"))
+        current = int(meta.get(Meta.STAGE, b"0"))
         if level != current:
             return f"stale: the job is at stage {current}"
         name = stage_name(job, level)

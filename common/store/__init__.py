@@ -1,0 +1,38 @@
+"""All of swarm-queue's Redis traffic, in one package with one error boundary.
+
+Layout of one job (keys from :class:`common.keys.Keys`, all in the job's hash slot):
+
+* stream ``q``: one entry per prompt, entry ID ``0-(index+1)``, field ``d`` = msgpack
+  :class:`~common.models.PromptItem`. Explicit IDs make enqueueing idempotent: a rerun resumes
+  after the stream's last generated ID. Entries are deleted as they are acknowledged, so the
+  stream holds only work not yet done, and its length is "pending + in flight".
+* hash ``results``: decimal index -> msgpack :class:`~common.models.Result`; first write wins.
+* hash ``meta``: the fields of :class:`common.vocab.Meta` (spec, counters, timestamps).
+* hash ``running``: entry ID -> runs started and never finished (see ``JobStore.start``);
+  a count left behind is a worker that died running the entry.
+
+Rooms: ``connection`` (client, retry, the error boundary), ``scripts`` and ``lua/`` (the atomic
+steps), ``entries`` (entry IDs and payloads), and the parts of :class:`JobStore`:
+``registry``, ``feeding``, ``delivery``, ``results``, ``stages``, ``status``.
+"""
+
+from common.store.connection import RETRY_ON, connect, redis_errors, redis_retry
+from common.store.delivery import RELEASED_IDLE_MS, Commit
+from common.store.entries import decode_entry, index_of
+from common.store.feeding import producer_token
+from common.store.jobstore import JobStore
+from common.store.status import JobStatus
+
+__all__ = [
+    "RELEASED_IDLE_MS",
+    "RETRY_ON",
+    "Commit",
+    "JobStatus",
+    "JobStore",
+    "connect",
+    "decode_entry",
+    "index_of",
+    "producer_token",
+    "redis_errors",
+    "redis_retry",
+]

@@ -1,0 +1,57 @@
+"""What every part of the job store shares: the client, the key names, the scripts."""
+
+from __future__ import annotations
+
+from typing import Self
+
+import msgspec
+import redis.asyncio as aioredis
+
+from common.errors import BadRecordError, ConfigError
+from common.keys import Keys
+from common.models import JobSpec, decode_spec
+from common.settings import Settings
+from common.store.connection import connect, redis_errors
+from common.store.scripts import Scripts
+
+__all__ = ["StoreBase", "spec_of"]
+
+
+class StoreBase:
+    """One Redis client under one key prefix; the parts of :class:`JobStore` build on it."""
+
+    def __init__(self, redis: aioredis.Redis, keys: Keys, url: str = "") -> None:
+        self.redis = redis
+        self.keys = keys
+        self.url = url
+        self.scripts = Scripts(redis)
+        self._warned: set[str] = set()  # bad records already logged once
+
+    @classmethod
+    def from_settings(cls, settings: Settings, *, patient: bool = True) -> Self:
+        """The store of ``settings``' Redis and key prefix (see :func:`connect` for patience)."""
+        redis = connect(settings.redis_url, patient=patient, ca_file=settings.redis_ca_file)
+        return cls(redis, settings.keys, settings.redis_url)
+
+    async def close(self) -> None:
+        await self.redis.aclose()
+
+    async def ping(self) -> None:
+        """Reach Redis once: StoreAccessDenied for wrong credentials (at once), else
+        StoreUnavailable after the client's patience."""
+        async with redis_errors(self.url):
+            await self.redis.ping()
+
+    def script_keys(self, job: str) -> list[str]:
+        """KEYS of the commit and retry scripts, in their order: results, meta, stream, failed,
+        running."""
+        k = self.keys
+        return [k.results(job), k.meta(job), k.stream(job), k.failed(job), k.running(job)]
+
+
+def spec_of(job: str, raw: bytes) -> JobSpec:
+    """The stored spec of ``job``; an unreadable one is a :class:`BadRecordError`."""
+    try:
+        return decode_spec(raw)
+    except (msgspec.DecodeError, msgspec.ValidationError, ConfigError) as exc:
+        raise BadRecordError(f"job {job!r}: its spec in Redis cannot be read: {exc}") from None

@@ -1,0 +1,123 @@
+"""The connection to Redis and the one boundary where redis-py's errors become swarm-queue's.
+
+Every store method runs its commands inside :func:`redis_errors`; nothing else in swarm-queue
+catches a redis-py exception.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
+from redis.exceptions import (
+    AuthenticationError,
+    AuthorizationError,
+    NoPermissionError,
+    OutOfMemoryError,
+    ResponseError,
+)
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from common.errors import StoreAccessDenied, StoreFull, StoreUnavailable
+from common.settings import mask_url
+
+__all__ = ["RETRY_ON", "connect", "redis_code", "redis_errors", "redis_retry"]
+
+# Retried by redis-py itself: a Redis restart (or failover) of up to about a minute and a half
+# is ridden out inside a single command; swarm-queue's own loops retry beyond that.
+# OSError matters: redis-py's connect retry only catches its own ConnectionError, but a refused
+# connection (Redis restarting) arrives as the builtin ConnectionRefusedError.
+RETRY_ON: list[type[Exception]] = [RedisConnectionError, RedisTimeoutError, OSError]
+
+
+class _Refused(Exception):
+    """Carries an authentication error past the retry loop, which would otherwise retry it
+    (redis-py's AuthenticationError is a ConnectionError)."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+class _Retry(Retry):
+    async def call_with_retry(self, do: Any, fail: Any) -> Any:
+        async def once() -> Any:
+            try:
+                return await do()
+            except (AuthenticationError, AuthorizationError) as exc:
+                raise _Refused(exc) from None
+
+        try:
+            return await super().call_with_retry(once, fail)
+        except _Refused as refused:
+            raise refused.error from None
+
+
+def redis_retry(retries: int = 30) -> Retry:
+    """Capped exponential backoff for reconnecting to Redis (shared with arq's pool); wrong
+    credentials fail at once, since no wait will fix them."""
+    return _Retry(ExponentialBackoff(cap=5.0, base=0.05), retries)
+
+
+def connect(url: str, *, patient: bool = True, ca_file: str = "") -> aioredis.Redis:
+    """A Redis client for ``url`` that rides out connection loss with capped backoff.
+
+    ``patient`` (workers, producer, collector) waits out a Redis restart of a minute or two;
+    otherwise (one-shot commands such as swarm-status) a missing Redis is reported at once.
+    Responses stay bytes (``decode_responses=False``): payloads are msgpack. ``ca_file``
+    verifies a ``rediss://`` server against that CA.
+    """
+    tls: dict[str, Any] = {"ssl_ca_certs": ca_file} if ca_file else {}
+    try:
+        return aioredis.from_url(
+            url,
+            retry=redis_retry(30 if patient else 3),
+            retry_on_error=RETRY_ON,
+            health_check_interval=30,
+            socket_keepalive=True,
+            **tls,
+        )
+    except ValueError as exc:
+        raise StoreUnavailable(f"invalid Redis URL {mask_url(url)}: {exc}") from None
+
+
+@contextlib.asynccontextmanager
+async def redis_errors(url: str) -> AsyncIterator[None]:
+    """Translate redis-py's failures into swarm-queue's store errors (the one boundary)."""
+    try:
+        yield
+    except (AuthenticationError, AuthorizationError, NoPermissionError) as exc:
+        raise StoreAccessDenied(
+            f"Redis at {mask_url(url)} refused access: {exc} (check the user and password in "
+            "the URL, and the user's ACL: it needs the key prefix's keys and stream commands)"
+        ) from None
+    except ResponseError as exc:
+        if not _is_oom(exc):
+            raise
+        raise StoreFull(
+            f"Redis at {mask_url(url)} is out of memory (its maxmemory is reached) and refuses "
+            "writes: collect finished jobs with swarm-collect --evict, delete them with "
+            "swarm-jobs --delete-finished, or give Redis more memory"
+        ) from None
+    except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+        raise StoreUnavailable(f"Redis at {mask_url(url)} unavailable: {exc}") from None
+
+
+def redis_code(exc: ResponseError) -> str:
+    """The error code of a Redis error reply: its first word (``BUSYGROUP``, ``OOM``...), the
+    protocol's machine-readable part, as redis-py itself maps replies to classes."""
+    text = str(exc.args[0]) if exc.args else ""
+    return text.split(" ", 1)[0]
+
+
+def _is_oom(exc: ResponseError) -> bool:
+    """Redis refused a write for want of memory: redis-py maps the reply's error code ``OOM``
+    to OutOfMemoryError, except inside a script, whose error carries the code as ``-OOM``.
+    (Redis refuses a script's first write when over maxmemory and lets one that has written
+    go on, so a refused script changed nothing.)"""
+    return isinstance(exc, OutOfMemoryError) or " -OOM " in f" {exc.args[0] if exc.args else ''}"

@@ -1,0 +1,147 @@
+"""The workers' side: taking entries (new, own leftovers, orphans), marking them running,
+heartbeats and releases, and the atomic commit of their results."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Container, Iterable, Sequence
+from typing import Any
+
+import msgspec
+
+from common.keys import GROUP
+from common.models import Result, encode
+from common.store.base import StoreBase
+from common.store.connection import redis_errors
+from common.store.entries import id_key
+
+__all__ = ["RELEASED_IDLE_MS", "Commit", "Delivery"]
+
+# What "released" entries are marked idle for: longer than any sane claim_idle_ms.
+RELEASED_IDLE_MS = 10**10
+
+# (entry_id, payload, deaths): an entry taken by a worker, with how often workers died running it.
+Taken = tuple[bytes, bytes | None, int]
+
+
+class Commit(msgspec.Struct, frozen=True):
+    """What one commit changed: new results written (duplicates of a redelivery are not counted)."""
+
+    done: int
+    failed: int
+
+
+class Delivery(StoreBase):
+    """A job's entries through the consumer group, from read to acknowledged result."""
+
+    async def read_new(
+        self, job: str, consumer: str, count: int, block_ms: int | None = None
+    ) -> list[tuple[bytes, bytes | None]]:
+        """Up to ``count`` never-delivered entries for ``consumer``: ``(entry_id, payload)``.
+
+        ``block_ms`` None returns at once; otherwise waits up to that long for new entries.
+        """
+        async with redis_errors(self.url):
+            reply = await self.redis.xreadgroup(
+                GROUP, consumer, {self.keys.stream(job): ">"}, count=count, block=block_ms
+            )
+        if not reply:
+            return []
+        return [(eid, fields.get(b"d") if fields else None) for eid, fields in reply[0][1]]
+
+    async def claim_own_pending(
+        self,
+        job: str,
+        consumer: str,
+        count: int,
+        after: bytes = b"-",
+        exclude: Container[bytes] = (),
+    ) -> tuple[list[Taken], bytes | None]:
+        """Re-deliver to ``consumer`` its own unacknowledged entries (a restarted worker's
+        leftovers, or entries whose read reply was lost), and the last ID looked at (None when
+        done). ``exclude``: entries this consumer is still working on."""
+        stream = self.keys.stream(job)
+        start = after if after == b"-" else b"(" + after
+        async with redis_errors(self.url):
+            pending = await self.redis.xpending_range(stream, GROUP, start, "+", count, consumer)
+            if not pending:
+                return [], None
+            ids = [p["message_id"] for p in pending if p["message_id"] not in exclude]
+            claimed = await self.redis.xclaim(stream, GROUP, consumer, 0, ids) if ids else []
+            entries = await self._with_deaths(job, claimed)
+        return entries, pending[-1]["message_id"]
+
+    async def autoclaim(self, job: str, consumer: str, min_idle_ms: int, count: int) -> list[Taken]:
+        """Take over up to ``count`` entries idle for ``min_idle_ms`` in any consumer's hands
+        (released, or orphaned by a dead worker)."""
+        stream = self.keys.stream(job)
+        async with redis_errors(self.url):
+            reply = await self.redis.xautoclaim(
+                stream, GROUP, consumer, min_idle_ms, start_id="0-0", count=count
+            )
+            return await self._with_deaths(job, reply[1])
+
+    async def _with_deaths(
+        self, job: str, claimed: list[tuple[bytes, dict[bytes, bytes] | None]]
+    ) -> list[Taken]:
+        """Claimed entries with their death counts (called inside a redis_errors block)."""
+        if not claimed:
+            return []
+        marks = await self.redis.hmget(self.keys.running(job), [eid for eid, _ in claimed])
+        return [
+            (eid, f.get(b"d") if f else None, int(n or 0))
+            for (eid, f), n in zip(claimed, marks, strict=True)
+        ]
+
+    async def start(self, job: str, entry_ids: Sequence[bytes]) -> None:
+        """Mark entries as running: a mark is taken back by their commit or release, so a mark
+        still there when the entry is taken again is a worker that died running it."""
+        if entry_ids:
+            async with redis_errors(self.url):
+                await self.scripts.start(keys=[self.keys.running(job)], args=list(entry_ids))
+
+    async def touch(self, job: str, consumer: str, entry_ids: Sequence[bytes]) -> int:
+        """Reset the idle time of entries this consumer still owns, so none takes them as
+        orphaned; returns how many it still owns."""
+        return await self._claim_own(job, consumer, entry_ids, "")
+
+    async def release(self, job: str, consumer: str, entry_ids: Sequence[bytes]) -> int:
+        """Hand entries back at once: mark the ones still ours long idle, so any worker's
+        reclaim takes them without waiting for the claim idle time."""
+        return await self._claim_own(job, consumer, entry_ids, str(RELEASED_IDLE_MS))
+
+    async def _claim_own(
+        self, job: str, consumer: str, entry_ids: Sequence[bytes], idle: str
+    ) -> int:
+        if not entry_ids:
+            return 0
+        ids = sorted(entry_ids, key=id_key)
+        keys = [self.keys.stream(job), self.keys.running(job)]
+        async with redis_errors(self.url):
+            return int(await self.scripts.claim_mine(keys=keys, args=[GROUP, consumer, idle, *ids]))
+
+    async def commit(
+        self,
+        job: str,
+        entries: Iterable[tuple[bytes, Result, bytes | None]],
+        prompt_tokens: int = 0,
+        completion_tokens: int = 0,
+    ) -> Commit:
+        """Write each result under its index (first write wins) and ack its entry, atomically.
+
+        ``entries`` are ``(entry_id, result, original payload)``; a failure's payload is kept so
+        that ``swarm-retry`` can queue the prompt again.
+        """
+        args: list[Any] = [GROUP, f"{time.time():.3f}", prompt_tokens, completion_tokens]
+        for entry_id, result, payload in entries:
+            kind = "" if result.ok else (result.error_kind or "error")
+            args += [
+                entry_id,
+                str(result.index),
+                encode(result),
+                kind,
+                b"" if result.ok else (payload or b""),
+            ]
+        async with redis_errors(self.url):
+            done, failed = await self.scripts.commit(keys=self.script_keys(job), args=args)
+        return Commit(int(done), int(failed))

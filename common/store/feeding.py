@@ -1,0 +1,86 @@
+"""The producer's side: queuing prompts under a lock, resuming, sealing the job's total."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from common.errors import JobCancelledError, JobConflictError
+from common.models import PromptItem, encode
+from common.store.base import StoreBase
+from common.store.connection import redis_errors
+from common.vocab import Meta
+
+__all__ = ["Feeding", "producer_token"]
+
+
+def producer_token() -> str:
+    """Identifies this process as lock holder: ``host:pid``."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+class Feeding(StoreBase):
+    """Filling a job's stream: one producer at a time, all or nothing per chunk."""
+
+    async def enqueued_count(self, job: str) -> int:
+        """How many prompts the producer has queued: the resume point of a rerun."""
+        async with redis_errors(self.url):
+            return int(await self.redis.hget(self.keys.meta(job), Meta.ENQUEUED) or 0)
+
+    async def acquire_producer_lock(self, job: str, token: str, ttl_ms: int) -> str | None:
+        """Take or refresh the job's producer lock; returns the other holder's token if held."""
+        async with redis_errors(self.url):
+            holder = await self.scripts.lock(
+                keys=[self.keys.producer_lock(job)], args=[token, ttl_ms]
+            )
+        return holder.decode() if holder else None
+
+    async def release_producer_lock(self, job: str, token: str) -> None:
+        key = self.keys.producer_lock(job)
+        async with redis_errors(self.url):
+            if await self.redis.get(key) == token.encode():
+                await self.redis.delete(key)
+
+    async def resume_point(self, job: str) -> tuple[int, str | None]:
+        """How many prompts the producer has queued, and the digest of the input they came
+        from (None for a job queued before digests were kept)."""
+        async with redis_errors(self.url):
+            have, digest = await self.redis.hmget(
+                self.keys.meta(job), [Meta.ENQUEUED, Meta.INPUT_DIGEST]
+            )
+        return int(have or 0), None if digest is None else digest.decode()
+
+    async def add_items(self, job: str, items: Sequence[PromptItem], digest: str = "") -> None:
+        """Append ``items`` (consecutive indices from the current end) in one atomic step;
+        ``digest``: of the whole input up to the last of them, kept with the resume point."""
+        if not items:
+            return
+        args: list[Any] = [items[0].index, digest, *(encode(item) for item in items)]
+        async with redis_errors(self.url):
+            status, have = await self.scripts.add(
+                keys=[self.keys.meta(job), self.keys.stream(job)], args=args
+            )
+        if status == -1:
+            raise JobCancelledError(
+                f"job {job!r} was cancelled (swarm-cancel); nothing more queued"
+            )
+        if status == -2:
+            raise JobConflictError(
+                f"job {job!r}: prompts from index {items[0].index} were to be queued but the job "
+                f"holds {have}; is another swarm-enqueue writing to it?"
+            )
+
+    async def seal(self, job: str, total: int) -> None:
+        """Record that ``job`` has ``total`` prompts, all queued; a different total is refused."""
+        async with redis_errors(self.url):
+            ok, stored = await self.scripts.seal(
+                keys=[self.keys.meta(job)], args=[total, f"{time.time():.3f}"]
+            )
+        if not ok:
+            raise JobConflictError(
+                f"job {job!r} was sealed with {int(stored)} prompts; this input has {total}. "
+                "Use another job name."
+            )

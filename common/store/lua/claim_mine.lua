@@ -1,0 +1,33 @@
+-- claim_mine: re-claim, for the calling consumer, those of the given entries it still owns.
+-- Without an idle time this resets their idle time (a heartbeat); with one it marks them long
+-- idle (a release: any worker's reclaim takes them at once) and takes back their `running`
+-- marks, since handing work back is no death. Entries another worker took over meanwhile are
+-- left alone, so a slow worker never steals them back.
+-- KEYS: [1] stream, [2] running
+-- ARGV: [1] group, [2] consumer, [3] idle_ms ('' for a heartbeat), then the entry IDs, sorted
+-- Returns how many entries the consumer still owned.
+local stream, running, group, consumer, idle = KEYS[1], KEYS[2], ARGV[1], ARGV[2], ARGV[3]
+local wanted = {}
+for i = 4, #ARGV do wanted[ARGV[i]] = true end
+local pending = redis.call('XPENDING', stream, group, ARGV[4], ARGV[#ARGV], 100000, consumer)
+local ids = {}
+for _, e in ipairs(pending) do
+  if wanted[e[1]] then ids[#ids + 1] = e[1] end
+end
+for i = 1, #ids, 500 do
+  -- unpack() only expands as the last argument, so build the whole argument list first.
+  local args = {'XCLAIM', stream, group, consumer, 0}
+  for j = i, math.min(i + 499, #ids) do args[#args + 1] = ids[j] end
+  if idle ~= '' then
+    args[#args + 1] = 'IDLE'
+    args[#args + 1] = idle
+  end
+  args[#args + 1] = 'JUSTID'
+  redis.call(unpack(args))
+end
+if idle ~= '' then
+  for _, id in ipairs(ids) do
+    if redis.call('HINCRBY', running, id, -1) <= 0 then redis.call('HDEL', running, id) end
+  end
+end
+return #ids

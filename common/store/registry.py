@@ -1,0 +1,142 @@
+"""The job registry: creating a job, finding it, listing and deleting jobs."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+import msgspec
+from redis.exceptions import ResponseError
+
+from common.errors import JobConflictError, JobNameError, JobNotFoundError
+from common.keys import GROUP, parse_stage
+from common.models import JobSpec, encode
+from common.store.base import StoreBase, spec_of
+from common.store.connection import redis_code, redis_errors
+from common.vocab import Meta
+
+__all__ = ["Registry"]
+
+log = logging.getLogger("swarm.store")
+
+
+class Registry(StoreBase):
+    """Jobs as a whole: their spec, their names, whether they still have work."""
+
+    async def create_job(self, spec: JobSpec) -> JobSpec:
+        """Register ``spec`` (first time) or check it matches the stored one; returns the stored.
+        A job with a reduce stage is flagged in its meta, where the workers look for it."""
+        job = spec.job
+        parse_stage(job)  # validates: a user's name, or one of its reduce stages
+        meta = self.keys.meta(job)
+        async with redis_errors(self.url):
+            created = await self.redis.hsetnx(meta, Meta.SPEC, encode(spec))
+            if created and spec.reduce is not None:
+                await self.redis.hset(meta, Meta.REDUCE, spec.reduce.kind)
+            stored = spec if created else spec_of(job, await self.redis.hget(meta, Meta.SPEC))
+            if not created and not stored.same_settings(spec):
+                others = [
+                    f"{name} {getattr(stored, name)!r} (asked: {getattr(spec, name)!r})"
+                    for name in ("chat", "template", "schema", "reduce", "priority")
+                    if getattr(stored, name) != getattr(spec, name)
+                ]
+                raise JobConflictError(
+                    f"job {job!r} already exists with model={stored.model!r}, "
+                    f"params={msgspec.to_builtins(stored.params)}; you asked for "
+                    f"model={spec.model!r}, params={msgspec.to_builtins(spec.params)}"
+                    + (f"; it differs in {', '.join(others)}" if others else "")
+                    + ". Use another job name."
+                )
+            await self.ensure_group(job)
+            await self.redis.sadd(self.keys.jobs, job)
+        return stored
+
+    async def ensure_group(self, job: str) -> None:
+        """Create the job's consumer group (and stream) unless it exists; any other refusal
+        (an ACL denial, a full Redis) surfaces."""
+        async with redis_errors(self.url):
+            try:
+                await self.redis.xgroup_create(self.keys.stream(job), GROUP, id="0", mkstream=True)
+            except ResponseError as exc:
+                if redis_code(exc) != "BUSYGROUP":  # BUSYGROUP: it exists already
+                    raise
+
+    async def arq_worker_alive(self) -> bool:
+        """True while some arq worker of this prefix writes its health-check key."""
+        async with redis_errors(self.url):
+            return bool(await self.redis.exists(self.keys.arq_health_check))
+
+    async def load_spec(self, job: str) -> JobSpec:
+        async with redis_errors(self.url):
+            raw = await self.redis.hget(self.keys.meta(job), Meta.SPEC)
+        if raw is None:
+            raise JobNotFoundError(
+                f"no job named {job!r} in this Redis (prefix {self.keys.prefix!r})"
+            )
+        return spec_of(job, raw)
+
+    async def list_jobs(self) -> list[str]:
+        """Every job (and reduce stage) in the registry, sorted. A member that is no valid
+        name (a stray write by another tool) is skipped, with a warning the first time."""
+        return (await self.job_names())[0]
+
+    async def job_names(self) -> tuple[list[str], list[str]]:
+        """The registry's valid names, and the members that are not (shown by ``swarm-jobs``)."""
+        async with redis_errors(self.url):
+            members = await self.redis.smembers(self.keys.jobs)
+        good, bad = [], []
+        for raw in members:
+            name = raw.decode(errors="replace")
+            try:
+                parse_stage(name)
+            except JobNameError:
+                bad.append(name)
+                if name not in self._warned:
+                    self._warned.add(name)
+                    log.warning("ignoring %r in %s: not a job name", name, self.keys.jobs)
+                continue
+            good.append(name)
+        return sorted(good), sorted(bad)
+
+    async def unfinished(self, names: Sequence[str]) -> list[str]:
+        """The jobs among ``names`` not yet finished (one pipelined round trip)."""
+        if not names:
+            return []
+        async with redis_errors(self.url):
+            pipe = self.redis.pipeline(transaction=False)
+            for name in names:
+                pipe.hmget(self.keys.meta(name), [Meta.FINISHED_S, Meta.CANCELLED_S])
+            flags = await pipe.execute()
+        return [n for n, f in zip(names, flags, strict=True) if f[0] is None and f[1] is None]
+
+    async def meta(self, job: str) -> dict[str, bytes]:
+        """The job's meta hash as it is (fields: :class:`common.vocab.Meta`)."""
+        async with redis_errors(self.url):
+            raw = await self.redis.hgetall(self.keys.meta(job))
+        return {k.decode(): v for k, v in raw.items()}
+
+    async def job_has_work(self, job: str) -> bool:
+        """True while the job has entries not yet acked, or is not sealed and a live producer
+        is still feeding it. (An unsealed job whose producer died or refused its input has no
+        work until it is resumed: a burst worker does not wait for it.)"""
+        async with redis_errors(self.url):
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.hmget(self.keys.meta(job), [Meta.TOTAL, Meta.FINISHED_S, Meta.CANCELLED_S])
+            pipe.xlen(self.keys.stream(job))
+            pipe.exists(self.keys.producer_lock(job))
+            (total, finished, cancelled), length, feeding = await pipe.execute()
+        if finished is not None or cancelled is not None:
+            return False
+        return int(length) > 0 or (total is None and bool(feeding))
+
+    async def delete_job(self, job: str) -> int:
+        """Delete every key of ``job`` and of its reduce stages, and unlist them; returns how
+        many keys went. The caller checks the job is finished: this does not."""
+        n = 0
+        async with redis_errors(self.url):
+            async for key in self.redis.scan_iter(match=self.keys.job_pattern(job), count=1000):
+                n += int(await self.redis.unlink(key))
+            names = [m for m in await self.list_jobs() if parse_stage(m)[0] == job]
+            if names:
+                await self.redis.srem(self.keys.jobs, *names)
+        return n

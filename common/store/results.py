@@ -1,0 +1,82 @@
+"""Results: read back in index order, evicted once written out, failures queued again."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from common.models import Result, result_or_failure
+from common.store.base import StoreBase
+from common.store.connection import redis_errors
+from common.vocab import FailureKind, Meta
+
+__all__ = ["Results"]
+
+
+class Results(StoreBase):
+    """A job's results hash and the failed prompts kept beside it."""
+
+    async def fetch_results(self, job: str, start: int, count: int) -> list[bytes | None]:
+        """Raw result blobs for indices ``start .. start+count-1`` (None where not yet written)."""
+        fields = [str(i) for i in range(start, start + count)]
+        async with redis_errors(self.url):
+            return list(await self.redis.hmget(self.keys.results(job), fields))
+
+    async def read_results(self, job: str, total: int, chunk: int = 2000) -> list[Result]:
+        """Every result of ``job`` in index order; an index with none (evicted by a collector)
+        comes back as a failure saying so, never silently skipped."""
+        out: list[Result] = []
+        for start in range(0, total, chunk):
+            blobs = await self.fetch_results(job, start, min(chunk, total - start))
+            for i, blob in enumerate(blobs, start):
+                if blob is None:
+                    out.append(
+                        Result(
+                            index=i,
+                            error="no result in Redis (evicted by swarm-collect --evict?)",
+                            error_kind=FailureKind.MISSING,
+                        )
+                    )
+                else:
+                    out.append(result_or_failure(i, blob))
+        return out
+
+    async def evict_results(self, job: str, start: int, end: int) -> None:
+        """Delete the results of indices ``start .. end-1`` (written out by a collector)."""
+        async with redis_errors(self.url):
+            for lo in range(start, end, 5000):
+                fields = [str(i) for i in range(lo, min(end, lo + 5000))]
+                await self.redis.hdel(self.keys.results(job), *fields)
+
+    async def failed_indices(
+        self, job: str, kinds: set[str] | None = None
+    ) -> list[tuple[int, str]]:
+        """``(index, kind)`` of every failed prompt that can be queued again, in index order."""
+        found: list[tuple[int, str]] = []
+        async with redis_errors(self.url):
+            indices = sorted(
+                [int(i) async for i, _ in self.redis.hscan_iter(self.keys.failed(job))]
+            )
+            for start in range(0, len(indices), 1000):
+                chunk = indices[start : start + 1000]
+                blobs = await self.redis.hmget(self.keys.results(job), [str(i) for i in chunk])
+                for i, blob in zip(chunk, blobs, strict=True):
+                    kind = (result_or_failure(i, blob).error_kind or "error") if blob else "error"
+                    if kinds is None or kind in kinds:
+                        found.append((i, kind))
+        return found
+
+    async def requeue(self, job: str, failed: Sequence[tuple[int, str]]) -> int:
+        """Queue the given failed prompts again (see ``lua/retry.lua``); returns how many."""
+        if not failed:
+            return 0
+        keys = self.script_keys(job)[:4]
+        async with redis_errors(self.url):
+            round_ = await self.redis.hincrby(self.keys.meta(job), Meta.RETRY_ROUND, 1)
+            n = 0
+            for start in range(0, len(failed), 1000):
+                args: list[Any] = [round_]
+                for index, kind in failed[start : start + 1000]:
+                    args += [index, kind]
+                n += int(await self.scripts.retry(keys=keys, args=args))
+        return n

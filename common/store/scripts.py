@@ -1,0 +1,60 @@
+"""The Lua scripts, loaded from ``lua/*.lua`` and registered once per Redis client.
+
+Each file opens with its KEYS/ARGV contract. The loader puts the meta field names and the
+failure-kind prefix of :mod:`common.vocab` in front of every script (``META.DONE``...), so the
+names Python reads are the names Lua writes.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from importlib.resources import files
+
+import redis.asyncio as aioredis
+from redis.commands.core import AsyncScript
+
+from common.vocab import FAILED_KIND_PREFIX, Meta
+
+__all__ = ["SCRIPT_NAMES", "Scripts", "source"]
+
+SCRIPT_NAMES = ("add", "claim_mine", "commit", "lock", "publish", "retry", "seal", "start")
+
+
+def _lua_string(text: str) -> str:
+    if not text.replace("_", "").replace(":", "").isalnum():
+        raise ValueError(f"not a plain field name: {text!r}")
+    return f"'{text}'"
+
+
+@cache
+def _preamble() -> str:
+    fields = ", ".join(f"{m.name} = {_lua_string(m.value)}" for m in Meta)
+    return (
+        f"local META = {{{fields}}}\nlocal FAILED_KIND_PREFIX = {_lua_string(FAILED_KIND_PREFIX)}\n"
+    )
+
+
+@cache
+def source(name: str) -> str:
+    """The full text of script ``name`` as Redis runs it: the vocabulary, then the file."""
+    return _preamble() + files(__package__).joinpath("lua", f"{name}.lua").read_text("utf-8")
+
+
+class Scripts:
+    """Every script registered on one client; calling one runs it by SHA (EVALSHA, loading it
+    first where Redis does not know it yet)."""
+
+    __slots__ = SCRIPT_NAMES
+
+    def __init__(self, redis: aioredis.Redis) -> None:
+        for name in SCRIPT_NAMES:
+            setattr(self, name, redis.register_script(source(name)))
+
+    add: AsyncScript
+    claim_mine: AsyncScript
+    commit: AsyncScript
+    lock: AsyncScript
+    publish: AsyncScript
+    retry: AsyncScript
+    seal: AsyncScript
+    start: AsyncScript

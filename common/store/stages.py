@@ -1,0 +1,67 @@
+"""The reduce stage's records: which tree level runs, and its output, written once."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from common.keys import stage_name
+from common.models import ReduceOutput, decode_final, encode_final
+from common.store.base import StoreBase
+from common.store.connection import redis_errors
+from common.vocab import Meta
+
+__all__ = ["Stages"]
+
+
+class Stages(StoreBase):
+    """Where each job's reduce stands, as workers advance it level by level."""
+
+    async def reduces_pending(self, names: Sequence[str]) -> list[tuple[str, int, bool]]:
+        """For each job among ``names`` whose reduce has not finished (nor been cancelled):
+        ``(job, level of its current stage, whether that stage has finished)``."""
+        parents = [n for n in names if ":" not in n]
+        if not parents:
+            return []
+        fields = [Meta.REDUCE, Meta.STAGE, Meta.REDUCED_S, Meta.CANCELLED_S]
+        async with redis_errors(self.url):
+            pipe = self.redis.pipeline(transaction=False)
+            for name in parents:
+                pipe.hmget(self.keys.meta(name), fields)
+            rows = await pipe.execute()
+            todo = [
+                (name, int(stage or 0))
+                for name, (kind, stage, reduced, cancelled) in zip(parents, rows, strict=True)
+                if kind is not None and reduced is None and cancelled is None
+            ]
+            if not todo:
+                return []
+            pipe = self.redis.pipeline(transaction=False)
+            for name, level in todo:
+                pipe.hget(self.keys.meta(stage_name(name, level)), Meta.FINISHED_S)
+            finished = await pipe.execute()
+        return [(n, lv, f is not None) for (n, lv), f in zip(todo, finished, strict=True)]
+
+    async def set_stage(self, job: str, level: int, **info: int) -> None:
+        """Record that ``job``'s reduce now runs stage ``level`` (``info``: counts about how it
+        was built, kept in the stage's meta)."""
+        async with redis_errors(self.url):
+            pipe = self.redis.pipeline(transaction=True)
+            if info:
+                pipe.hset(self.keys.meta(stage_name(job, level)), mapping=info)
+            pipe.hset(self.keys.meta(job), Meta.STAGE, level)
+            await pipe.execute()
+
+    async def write_final(self, job: str, output: ReduceOutput) -> bool:
+        """Store the reduce output, once; False if one was there already."""
+        async with redis_errors(self.url):
+            pipe = self.redis.pipeline(transaction=True)
+            pipe.set(self.keys.final(job), encode_final(output), nx=True)
+            pipe.hsetnx(self.keys.meta(job), Meta.REDUCED_S, f"{time.time():.3f}")
+            written, _ = await pipe.execute()
+        return bool(written)
+
+    async def read_final(self, job: str) -> ReduceOutput | None:
+        async with redis_errors(self.url):
+            raw = await self.redis.get(self.keys.final(job))
+        return None if raw is None else decode_final(raw)

@@ -1,0 +1,157 @@
+"""What is shown: a job's status, each endpoint's figures for it, the fleet registry."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Sequence
+
+import msgspec
+
+from common.errors import JobNotFoundError
+from common.keys import GROUP
+from common.models import (
+    EndpointInfo,
+    EndpointStats,
+    decode_endpoint_info,
+    decode_endpoint_stats,
+    encode,
+)
+from common.store.base import StoreBase
+from common.store.connection import redis_errors
+from common.vocab import FAILED_KIND_PREFIX, Meta
+
+__all__ = ["JobStatus", "Status"]
+
+
+class JobStatus(msgspec.Struct, frozen=True):
+    """A job's progress as ``swarm-status`` shows it."""
+
+    job: str
+    enqueued: int
+    total: int | None
+    done: int
+    failed: int
+    in_flight: int
+    pending: int
+    rate_per_s: float
+    finished: bool
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cancelled: bool = False
+    failed_by_kind: dict[str, int] = msgspec.field(default_factory=dict)
+    # The reduce stage, if the job has one: its kind, the tree level running (0: the job's own
+    # prompts), and whether its output is written.
+    reduce: str | None = None
+    stage: int = 0
+    reduced: bool = False
+
+
+def _job_status(job: str, meta: dict[str, str], length: int, in_flight: int) -> JobStatus:
+    done, failed = int(meta.get(Meta.DONE, 0)), int(meta.get(Meta.FAILED, 0))
+    rate = 0.0
+    if Meta.FIRST_RESULT_S in meta:
+        end = float(meta.get(Meta.FINISHED_S) or time.time())
+        span = end - float(meta[Meta.FIRST_RESULT_S])
+        rate = (done + failed) / span if span > 0 else 0.0
+    return JobStatus(
+        job=job,
+        enqueued=int(meta.get(Meta.ENQUEUED, 0)),
+        total=int(meta[Meta.TOTAL]) if Meta.TOTAL in meta else None,
+        done=done,
+        failed=failed,
+        in_flight=in_flight,
+        pending=max(0, length - in_flight),
+        rate_per_s=rate,
+        finished=Meta.FINISHED_S in meta,
+        prompt_tokens=int(meta.get(Meta.PROMPT_TOKENS, 0)),
+        completion_tokens=int(meta.get(Meta.COMPLETION_TOKENS, 0)),
+        cancelled=Meta.CANCELLED_S in meta,
+        failed_by_kind={
+            k.removeprefix(FAILED_KIND_PREFIX): int(v)
+            for k, v in sorted(meta.items())
+            if k.startswith(FAILED_KIND_PREFIX) and int(v) > 0
+        },
+        reduce=meta.get(Meta.REDUCE),
+        stage=int(meta.get(Meta.STAGE, 0)),
+        reduced=Meta.REDUCED_S in meta,
+    )
+
+
+class Status(StoreBase):
+    """Progress and per-endpoint figures, written by workers and read by the commands."""
+
+    async def status(self, job: str) -> JobStatus:
+        meta_key, stream = self.keys.meta(job), self.keys.stream(job)
+        async with redis_errors(self.url):
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.hgetall(meta_key)
+            pipe.xlen(stream)
+            pipe.xpending(stream, GROUP)
+            raw, length, pending = await pipe.execute(raise_on_error=False)
+        if not raw or Meta.SPEC.encode() not in raw:
+            raise JobNotFoundError(
+                f"no job named {job!r} in this Redis (prefix {self.keys.prefix!r})"
+            )
+        meta = {k.decode(): v.decode() for k, v in raw.items() if k != Meta.SPEC.encode()}
+        in_flight = 0 if isinstance(pending, Exception) else int(pending["pending"])
+        length = 0 if isinstance(length, Exception) else int(length)
+        return _job_status(job, meta, length, in_flight)
+
+    async def publish_endpoints(self, stats: dict[str, dict[str, EndpointStats]]) -> None:
+        """Write each job's per-endpoint figures: ``{job: {consumer: stats}}``; jobs deleted
+        meanwhile are skipped."""
+        async with redis_errors(self.url):
+            pipe = self.redis.pipeline(transaction=False)
+            for job, by_consumer in stats.items():
+                if by_consumer:
+                    args = [x for c, st in by_consumer.items() for x in (c, encode(st))]
+                    keys = [self.keys.meta(job), self.keys.endpoints(job)]
+                    await self.scripts.publish(keys=keys, args=args, client=pipe)
+            await pipe.execute()
+
+    async def read_endpoints(self, job: str) -> list[EndpointStats]:
+        """Every endpoint's latest figures for ``job`` (undecodable entries skipped), by
+        endpoint then worker."""
+        async with redis_errors(self.url):
+            raw = await self.redis.hgetall(self.keys.endpoints(job))
+        out = []
+        for value in raw.values():
+            with contextlib.suppress(msgspec.DecodeError):
+                out.append(decode_endpoint_stats(value))
+        return sorted(out, key=lambda st: (st.endpoint, st.worker))
+
+    async def publish_fleet(self, rows: Sequence[EndpointInfo], gone: Sequence[str] = ()) -> None:
+        """Write a worker's endpoints to the fleet registry (field ``worker|endpoint``) and
+        remove the fields ``gone`` (a worker that stops takes its endpoints out)."""
+        async with redis_errors(self.url):
+            pipe = self.redis.pipeline(transaction=False)
+            if rows:
+                pipe.hset(
+                    self.keys.fleet,
+                    mapping={f"{r.worker}|{r.endpoint}": encode(r) for r in rows},
+                )
+            if gone:
+                pipe.hdel(self.keys.fleet, *gone)
+            await pipe.execute()
+
+    async def read_fleet(self, prune_after_s: float = 3600.0) -> list[EndpointInfo]:
+        """Every endpoint in the fleet registry, by endpoint then worker. Undecodable rows are
+        skipped; rows not refreshed for ``prune_after_s`` (workers killed long ago) are
+        deleted on the way."""
+        async with redis_errors(self.url):
+            raw = await self.redis.hgetall(self.keys.fleet)
+            out, stale = [], []
+            now = time.time()
+            for field, value in raw.items():
+                try:
+                    info = decode_endpoint_info(value)
+                except msgspec.DecodeError:
+                    continue
+                if now - info.updated_s > prune_after_s:
+                    stale.append(field)
+                else:
+                    out.append(info)
+            if stale:
+                await self.redis.hdel(self.keys.fleet, *stale)
+        return sorted(out, key=lambda e: (e.endpoint, e.worker))
