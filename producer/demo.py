@@ -1,7 +1,7 @@
 """``swarm-demo``: a real job end to end on one machine, with nothing set up beforehand.
 
 Starts a private Redis (unless ``SWARM_REDIS_URL`` is set), four ``swarm-sim`` endpoints and two
-``arq worker.WorkerSettings --burst`` worker processes (two endpoints each), queues a few
+``swarm-worker --burst`` processes (arq workers, two endpoints each), queues a few
 thousand prompts, collects the results in input order, checks every text against the
 simulator's deterministic output, and prints a one-screen summary.
 """
@@ -105,7 +105,7 @@ async def _demo(args: argparse.Namespace) -> int:
                 with open(out_dir / f"worker-{w}.log", "wb") as fh:
                     workers.append(
                         subprocess.Popen(
-                            [sys.executable, "-m", "arq", "worker.WorkerSettings", "--burst"],
+                            [sys.executable, "-m", "worker.main", "--burst"],
                             env=wenv,
                             stdout=fh,
                             stderr=subprocess.STDOUT,
@@ -134,7 +134,7 @@ async def _demo(args: argparse.Namespace) -> int:
             f"  Redis      {'embedded redis-server' if embedded else 'SWARM_REDIS_URL'} "
             f"{settings.redis_url_masked}",
             f"  endpoints  4 swarm-sim engines (vLLM stand-ins), ports {ports}",
-            "  workers    2 x `arq worker.WorkerSettings --burst`, 2 endpoints each",
+            "  workers    2 x `swarm-worker --burst`, 2 endpoints each",
             f"  job        {job}: {report.total} prompts queued in {t_enqueued - t0:.2f} s",
             f"  collected  {creport.written} results in input order in {wall:.2f} s "
             f"({creport.written / wall:,.0f} prompts/s), first after {max(0.0, first_s):.2f} s",

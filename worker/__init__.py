@@ -1,7 +1,8 @@
 """swarm-queue workers: one drain loop per inference endpoint, run under arq.
 
-Start with ``arq worker.WorkerSettings`` (add ``--burst`` to exit when no job has work left).
-``WorkerSettings`` is loaded lazily so that importing ``worker.engine`` reads no environment.
+Start with ``swarm-worker`` or ``arq worker.WorkerSettings`` (add ``--burst`` to exit when no
+job has work left). ``WorkerSettings`` is built when arq reads it, from the environment of that
+moment: importing any ``worker`` module reads no environment.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ __all__ = ["WorkerSettings"]
 
 def __getattr__(name: str) -> Any:
     if name == "WorkerSettings":
-        from worker.app import WorkerSettings
+        from worker.app import load_worker_settings
 
-        return WorkerSettings
+        return load_worker_settings()
     raise AttributeError(f"module 'worker' has no attribute {name!r}")

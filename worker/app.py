@@ -1,12 +1,16 @@
-"""The arq entry point: ``arq worker.WorkerSettings [--burst]``.
+"""arq's part of the worker: ``arq worker.WorkerSettings [--burst]`` and ``swarm-worker``.
 
-arq runs the worker process: its signal handling, its own job queue (used for worker-side jobs),
-its startup and shutdown hooks. The drain engine runs beside arq's polling loop:
+arq runs the process, its own job queue (the reduce steps) and the startup and shutdown hooks;
+the drain engine runs beside arq's loop. Only arq's documented surface is used: the worker's
+arguments as a mapping (:func:`worker_settings`, parsed when arq's CLI reads
+``worker.WorkerSettings``, never at import), the ``ctx`` its hooks receive, and
+``handle_signals=False`` so that the worker's own handlers stop the engine first:
 
-* startup parses the settings (once, here), starts the engine, and, in burst mode, holds arq's
-  own burst exit back until the engine has drained every job;
-* SIGTERM/SIGINT reach the engine through arq's ``on_stop`` hook: it stops taking work, and
-  shutdown gives batches in flight ``SWARM_SHUTDOWN_GRACE_S`` to finish before cancelling them.
+* startup starts the engine; a signal stops it taking work and ends arq's loop, and shutdown
+  gives batches in flight ``SWARM_SHUTDOWN_GRACE_S`` before cancelling them;
+* when the engine is done (``swarm-worker --burst``, or no usable endpoint) it ends arq's loop;
+* when arq's loop ends by itself (``arq ... --burst``: arq's queue is empty), shutdown lets
+  the engine finish the work left first.
 
 arq's job payloads are msgpack via msgspec, never pickle: nothing read from Redis is unpickled.
 """
@@ -26,7 +30,7 @@ import msgspec
 from arq import Retry
 from arq.connections import ArqRedis, RedisSettings
 from arq.jobs import Job, JobStatus
-from arq.worker import Worker, func
+from arq.worker import func
 
 from common.errors import ConfigError, EndpointRetryable, StoreUnavailable
 from common.settings import Settings
@@ -34,7 +38,7 @@ from common.store import RETRY_ON, JobStore, redis_retry
 from worker.engine import Engine
 from worker.reduce import StageBusy
 
-__all__ = ["WorkerSettings", "job_deserializer", "job_serializer"]
+__all__ = ["job_deserializer", "job_serializer", "load_worker_settings", "worker_settings"]
 
 log = logging.getLogger("swarm.worker")
 
@@ -52,25 +56,15 @@ def job_deserializer(data: bytes) -> dict[str, Any]:
     return result
 
 
-def _load_settings() -> Settings:
+def load_worker_settings() -> dict[str, Any]:
+    """``worker.WorkerSettings`` as arq's CLI reads it: the settings parsed from the
+    environment at that moment (a bad one is one line and exit status 2)."""
     try:
-        return Settings.from_env(os.environ)
+        settings = Settings.from_env(os.environ)
     except ConfigError as exc:
         print(f"swarm worker: error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
-
-
-def _current_arq_worker() -> Worker | None:
-    """The arq Worker whose ``main()`` is running this hook, found through the current task.
-
-    arq hands hooks only a ctx dict; the Worker object is needed to know ``--burst`` and to hook
-    ``on_stop``. If arq's internals change, we fall back to plain (non-burst) behaviour.
-    """
-    task = asyncio.current_task()
-    coro = task.get_coro() if task is not None else None
-    frame = getattr(coro, "cr_frame", None)
-    candidate = frame.f_locals.get("self") if frame is not None else None
-    return candidate if isinstance(candidate, Worker) else None
+    return worker_settings(settings)
 
 
 def _setup_logging() -> None:
@@ -84,9 +78,20 @@ def _setup_logging() -> None:
         logger.setLevel(logging.INFO)
 
 
+@dataclasses.dataclass
+class _Running:
+    """What startup leaves in arq's ctx for shutdown and the arq functions."""
+
+    engine: Engine
+    task: asyncio.Task[None]  # the engine's run
+    store: JobStore
+    arq_loop: asyncio.Task[Any] | None  # arq's main loop, which runs the hooks
+
+
 async def startup(ctx: dict[str, Any]) -> None:
     _setup_logging()
-    settings = SETTINGS
+    settings: Settings = ctx["settings"]
+    burst = bool(ctx.get("burst"))
     store = JobStore.from_settings(settings)
     try:
         engine = Engine(settings, store)
@@ -94,8 +99,6 @@ async def startup(ctx: dict[str, Any]) -> None:
         await store.close()
         print(f"swarm worker: error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
-    worker = _current_arq_worker()
-    burst = bool(worker is not None and worker.burst)
     log.info(
         "worker %s: %d endpoint(s) %s, batch %d x %d in flight, Redis %s%s",
         settings.worker_name,
@@ -107,8 +110,16 @@ async def startup(ctx: dict[str, Any]) -> None:
         ", burst" if burst else "",
     )
     arq_redis: ArqRedis = ctx["redis"]
+    # arq runs its startup hook inside its main loop's task: ending that task is how its own
+    # signal handler stops it, and how this worker stops it when the engine is done.
+    arq_loop = asyncio.current_task()
 
     async def schedule_advance(job: str, level: int) -> None:
+        if arq_loop is None or arq_loop.done():
+            # arq's loop has ended (its --burst found its queue empty): nobody here would
+            # run a queued arq job, so the step runs here (it is idempotent and locked).
+            await engine.advance_here(job, level)
+            return
         # One arq job per (job, stage): its ID makes arq refuse a second while one is queued
         # or running, however many workers notice the finished stage.
         job_id = settings.keys.advance_job_id(job, level)
@@ -126,44 +137,72 @@ async def startup(ctx: dict[str, Any]) -> None:
             )
             await engine.advance_here(job, level)
 
+    def on_signal(sig: signal.Signals) -> None:
+        log.info("%s received", sig.name)
+        engine.request_stop()
+        if arq_loop is not None:
+            arq_loop.cancel()  # arq's loop ends, then its shutdown hook gives the grace period
+
+    loop = asyncio.get_running_loop()
+    for sig in _SIGNALS:
+        loop.add_signal_handler(sig, on_signal, sig)
+
+    def engine_done(t: asyncio.Task[None]) -> None:
+        if not t.cancelled() and t.exception() is not None:
+            log.error("drain engine failed: %r", t.exception())
+        if not engine.burst and not engine.stopping:
+            # Only endpoint-wide trouble (a wrong key, no OpenAI server at the URL) ends
+            # the drain loops of a long-running worker; never a job.
+            log.error("no usable endpoint left; stopping the worker")
+        if arq_loop is not None:
+            arq_loop.cancel()
+
     engine.on_stage_done = schedule_advance
     task = asyncio.create_task(engine.run(burst=burst), name="swarm-engine")
+    task.add_done_callback(engine_done)
+    ctx["swarm"] = _Running(engine, task, store, arq_loop)
 
-    if worker is not None:
-        # arq's burst loop would exit as soon as its own queue is empty; keep it running until
-        # the engine has drained everything, then let it finish its queue and exit.
-        worker.burst = False
-        worker.on_stop = lambda _sig: engine.request_stop()
 
-        def _engine_done(t: asyncio.Task[None]) -> None:
-            if not t.cancelled() and t.exception() is not None:
-                log.error("drain engine failed: %r", t.exception())
-            worker.burst = True
-            if not burst and not engine.stopping:
-                # Only endpoint-wide trouble (a wrong key, no OpenAI server at the URL) ends
-                # the drain loops of a long-running worker; never a job.
-                log.error("no usable endpoint left; stopping the worker")
-                worker.handle_sig(signal.SIGTERM)
+_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
-        task.add_done_callback(_engine_done)
-    ctx["swarm"] = (engine, task, store)
+
+def _ended_by_its_burst(arq_loop: asyncio.Task[Any] | None) -> bool:
+    """arq's loop returned by itself: with ``--burst``, arq stops once its own queue is empty
+    (its loop is stopped by cancelling it otherwise, or ends by an error)."""
+    return (
+        arq_loop is not None
+        and arq_loop.done()
+        and not arq_loop.cancelled()
+        and arq_loop.exception() is None
+    )
 
 
 async def shutdown(ctx: dict[str, Any]) -> None:
-    if "swarm" not in ctx:
+    running: _Running | None = ctx.get("swarm")
+    if running is None:
         return
-    engine, task, store = ctx["swarm"]
+    engine, task = running.engine, running.task
+    if not task.done() and not engine.stopping and _ended_by_its_burst(running.arq_loop):
+        # ``arq ... --burst``: arq's queue is empty, the engine's work is not. It finishes
+        # that first (a signal still stops it, with the grace period below).
+        engine.finish_when_idle()
+        stop = asyncio.create_task(engine.until_stopping())
+        await asyncio.wait([task, stop], return_when=asyncio.FIRST_COMPLETED)
+        stop.cancel()
     if not task.done():
         engine.request_stop()
         try:
-            await asyncio.wait_for(asyncio.shield(task), timeout=SETTINGS.shutdown_grace_s)
+            await asyncio.wait_for(asyncio.shield(task), timeout=engine.settings.shutdown_grace_s)
         except TimeoutError:
             log.warning("grace period over; cancelling batches in flight (they stay queued)")
             task.cancel()
     with contextlib.suppress(asyncio.CancelledError, Exception):
         await task
+    loop = asyncio.get_running_loop()
+    for sig in _SIGNALS:
+        loop.remove_signal_handler(sig)
     await engine.close()
-    await store.close()
+    await running.store.close()
     for d in engine.drainers:
         log.info(
             "%s: %d prompts done, %d failed, %d requests, %d retries, %d prompts preempted",
@@ -190,7 +229,7 @@ async def advance(ctx: dict[str, Any], job: str, level: int) -> str:
     is retried by arq; the last try ends the reduce with the error instead of leaving the job
     waiting forever.
     """
-    engine: Engine = ctx["swarm"][0]
+    engine: Engine = ctx["swarm"].engine
     try:
         return await engine.reducer.advance(job, level)
     except (StoreUnavailable, EndpointRetryable, StageBusy) as exc:
@@ -209,32 +248,39 @@ async def ping(ctx: dict[str, Any]) -> str:
     return "pong"
 
 
-SETTINGS = _load_settings()
+def worker_settings(settings: Settings, *, burst: bool = False) -> dict[str, Any]:
+    """arq's worker arguments for ``settings`` (arq takes a mapping as well as a class).
 
-
-class WorkerSettings:
-    """Read by ``arq``; configured from ``SWARM_*`` environment variables."""
-
-    functions = [
-        ping,
-        # keep_result=0: the job ID blocks a duplicate only while queued or running; once done,
-        # the stage it advanced is recorded and no worker schedules it again.
-        func(advance, keep_result=0, max_tries=ADVANCE_TRIES, timeout=SETTINGS.reduce_timeout_s),
-    ]
-    on_startup = startup
-    on_shutdown = shutdown
-    redis_settings = dataclasses.replace(
-        RedisSettings.from_dsn(SETTINGS.redis_url),
-        retry=redis_retry(),
-        retry_on_error=RETRY_ON,
-        retry_on_timeout=True,
-        conn_retries=30,
-        ssl_ca_certs=SETTINGS.redis_ca_file or None,
-    )
-    queue_name = SETTINGS.keys.arq_queue
-    health_check_key = SETTINGS.keys.arq_health_check
-    job_serializer = job_serializer
-    job_deserializer = job_deserializer
-    # arq hands a killed worker's job to another after the longest function timeout + 10 s.
-    job_timeout = SETTINGS.reduce_timeout_s
-    poll_delay = 0.5
+    arq installs no signal handlers (``handle_signals=False``): startup installs the worker's
+    own, which stop the engine first. ``burst`` is the engine's (``swarm-worker --burst``):
+    arq's loop keeps serving the reduce steps until the engine is done, then is ended.
+    """
+    return {
+        "functions": [
+            ping,
+            # keep_result=0: the job ID blocks a duplicate only while queued or running; once
+            # done, the stage it advanced is recorded and no worker schedules it again.
+            func(
+                advance, keep_result=0, max_tries=ADVANCE_TRIES, timeout=settings.reduce_timeout_s
+            ),
+        ],
+        "on_startup": startup,
+        "on_shutdown": shutdown,
+        "redis_settings": dataclasses.replace(
+            RedisSettings.from_dsn(settings.redis_url),
+            retry=redis_retry(),
+            retry_on_error=RETRY_ON,
+            retry_on_timeout=True,
+            conn_retries=30,
+            ssl_ca_certs=settings.redis_ca_file or None,
+        ),
+        "queue_name": settings.keys.arq_queue,
+        "health_check_key": settings.keys.arq_health_check,
+        "job_serializer": job_serializer,
+        "job_deserializer": job_deserializer,
+        # arq hands a killed worker's job to another after the longest function timeout + 10 s.
+        "job_timeout": settings.reduce_timeout_s,
+        "poll_delay": 0.5,
+        "handle_signals": False,
+        "ctx": {"settings": settings, "burst": burst},
+    }

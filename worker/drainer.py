@@ -172,7 +172,7 @@ class EndpointDrainer:
 
     # -- loops --------------------------------------------------------------------------
 
-    async def run(self, *, burst: bool = False) -> None:
+    async def run(self) -> None:
         # No work is taken until the endpoint answers (a vLLM still loading its model).
         self.circuit.hold()
         adapt = self.settings.inflight_max > 0
@@ -184,7 +184,7 @@ class EndpointDrainer:
         if adapt:
             helpers.append(asyncio.create_task(self._adapt(slots)))
         try:
-            await asyncio.gather(*(self._slot(burst) for _ in range(slots)))
+            await asyncio.gather(*(self._slot() for _ in range(slots)))
         finally:
             for task in helpers:
                 task.cancel()
@@ -203,16 +203,20 @@ class EndpointDrainer:
             label=self.client.label,
         )
 
-    async def _slot(self, burst: bool) -> None:
+    async def _slot(self) -> None:
         while not self.engine.stopping and self.broken is None:
             try:
                 if self.circuit.is_open:
                     # (at start, the endpoint is probed once before the job list decides)
-                    if burst and self.circuit.probed and not await self.engine.any_work(self):
+                    if (
+                        self.engine.burst
+                        and self.circuit.probed
+                        and not await self.engine.any_work(self)
+                    ):
                         return
                     await self.circuit.until_closed(
                         self._probe,
-                        give_up=lambda: self._give_up_probing(burst),
+                        give_up=self._give_up_probing,
                         sleep=self.engine.sleep,
                         backoff=self._backoff,
                     )
@@ -224,7 +228,7 @@ class EndpointDrainer:
                     )
                 if did:
                     continue
-                if burst and not await self.engine.any_work(self):
+                if self.engine.burst and not await self.engine.any_work(self):
                     return
             except StoreUnavailable as exc:
                 # redis-py already retried with backoff; keep trying, slower. A read whose
@@ -474,8 +478,8 @@ class EndpointDrainer:
         if self.circuit.was_ready:
             await self._probe_generation()
 
-    async def _give_up_probing(self, burst: bool) -> bool:
-        return burst and not await self.engine.any_work(self)
+    async def _give_up_probing(self) -> bool:
+        return self.engine.burst and not await self.engine.any_work(self)
 
     async def _probe_generation(self) -> None:
         """One token of one prompt, within the probe timeout: the endpoint really generates.

@@ -77,6 +77,8 @@ class Engine:
         self._refreshed_at = -math.inf
         self._refresh_lock = asyncio.Lock()
         self._stopping = asyncio.Event()
+        # Burst: return once no work these endpoints can do is left (see finish_when_idle).
+        self.burst = False
         # Jobs with prompts finished since the last publish of the endpoint figures, and the
         # jobs that publish reported as served.
         self.touched: set[str] = set()
@@ -91,6 +93,10 @@ class Engine:
         if not self._stopping.is_set():
             log.info("stopping: finishing batches in flight, taking no new work")
         self._stopping.set()
+
+    async def until_stopping(self) -> None:
+        """Return once a stop is requested."""
+        await self._stopping.wait()
 
     async def sleep(self, seconds: float) -> bool:
         """Sleep, but wake early on stop; returns True if stopping."""
@@ -215,14 +221,22 @@ class Engine:
         """The jobs no endpoint of this worker serves: left for other workers' endpoints."""
         return [s for s in list(self.jobs.values()) if not any(d.serves(s) for d in self.drainers)]
 
+    def finish_when_idle(self) -> None:
+        """Switch to burst mode while running: return once no work these endpoints can do
+        is left (what ``arq ... --burst`` asks for, known only when arq's own loop ends)."""
+        if not self.burst:
+            log.info("burst: finishing the work left, then exiting")
+        self.burst = True
+
     async def run(self, *, burst: bool = False) -> None:
         """Drain until stopped; with ``burst``, return once no job has work left."""
+        self.burst = self.burst or burst
         with contextlib.suppress(StoreUnavailable):  # the slots ride out Redis trouble
             await self.refresh_jobs(force=True)
         publisher = asyncio.create_task(self._publish_loop(), name="swarm-stats")
         try:
-            await asyncio.gather(*(d.run(burst=burst) for d in self.drainers))
-            if burst and not self.stopping:
+            await asyncio.gather(*(d.run() for d in self.drainers))
+            if self.burst and not self.stopping:
                 left = [
                     f"{s.job} ({f'model {s.model!r}' if s.model else 'any model'})"
                     for s in self.unserved()

@@ -3,7 +3,8 @@
 ``arq worker.WorkerSettings`` runs the same worker; this entry point first reaches Redis with
 swarm-queue's own client, so a wrong password or an unreachable Redis is one clear line at once
 (arq's connection loop retries an authentication failure for half a minute, then ends in a
-traceback), and then hands over to arq's documented ``run_worker``.
+traceback), and then hands over to arq's documented ``run_worker`` with the settings parsed
+once, here. ``--burst`` is the engine's: arq keeps serving reduce steps until the engine is done.
 """
 
 from __future__ import annotations
@@ -47,6 +48,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         raise SystemExit(status)
     from arq.worker import run_worker
 
-    from worker.app import WorkerSettings
+    from worker.app import worker_settings
 
-    run_worker(WorkerSettings, burst=args.burst)  # type: ignore[arg-type]
+    run_worker(worker_settings(settings, burst=args.burst))
+
+
+if __name__ == "__main__":
+    main()
