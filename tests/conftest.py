@@ -25,7 +25,7 @@ from sim.engine import EngineConfig
 from sim.server import FaultConfig, SimEndpoint, SimFleet
 
 if TYPE_CHECKING:
-    from tests.test_faults import Fleet
+    from tests.harness import Fleet
 
 
 def _pings(host: str, port: int) -> bool:
@@ -121,7 +121,7 @@ def sim_fleet() -> Callable[..., SimFleet]:
 def fleet_factory(tmp_path: Path, redis_url: str, prefix: str) -> Iterator[type[Fleet]]:
     """Factory: ``fleet_factory(n_ports, *sim_args)`` -> a swarm-sim process with helpers for
     worker processes around this test's Redis and prefix; everything is killed at the end."""
-    from tests.test_faults import Fleet
+    from tests.harness import Fleet
 
     fleets: list[Fleet] = []
 

@@ -1,14 +1,24 @@
-"""Small helpers shared by tests: a throwaway HTTP server, and waiting for a condition."""
+"""Small helpers shared by the in-process tests: a job spec and prompts, running an engine to
+the end, collecting output lines, a throwaway HTTP server, and waiting for a condition."""
 
 from __future__ import annotations
 
 import contextlib
+import io
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 
+import msgspec
 from aiohttp import web
 
-__all__ = ["serve", "wait_until"]
+from common.models import JobSpec, SamplingParams
+from common.settings import Settings
+from common.store import JobStore
+from producer.collect import collect
+from worker.endpoint import EndpointClient
+from worker.engine import Engine
+
+__all__ = ["collect_lines", "prompts", "run_engine", "serve", "spec", "wait_until"]
 
 
 def wait_until(what: str, check: Callable[[], object], timeout_s: float = 60.0) -> None:
@@ -32,3 +42,30 @@ async def serve(app: web.Application) -> AsyncIterator[str]:
         yield f"http://127.0.0.1:{port}"
     finally:
         await runner.cleanup()
+
+
+def spec(job: str = "j", max_tokens: int = 16, model: str | None = None) -> JobSpec:
+    """A job's spec with only what the in-process tests vary."""
+    return JobSpec(job=job, params=SamplingParams(max_tokens=max_tokens), model=model)
+
+
+def prompts(n: int, start: int = 0) -> Iterator[tuple[str, str | None]]:
+    """Prompts ``start .. n-1`` as enqueue takes them: ``(prompt, custom_id)``."""
+    return ((f"question {i}: what is {i} squared?", None) for i in range(start, n))
+
+
+async def collect_lines(store: JobStore, job: str) -> list[dict]:
+    """The job's output lines as ``swarm-collect`` writes them, decoded."""
+    buf = io.BytesIO()
+    await collect(store, job, buf)
+    return [msgspec.json.decode(line) for line in buf.getvalue().splitlines()]
+
+
+async def run_engine(settings: Settings, store: JobStore, urls: list[str]) -> Engine:
+    """A worker engine on ``urls``, in this process, in burst mode: returns once it is done."""
+    engine = Engine(settings, store, [EndpointClient(u) for u in urls])
+    try:
+        await engine.run(burst=True)
+    finally:
+        await engine.close()
+    return engine

@@ -17,9 +17,8 @@ from common.store import JobStore
 from producer.enqueue import enqueue_prompts
 from sim.server import SimFleet
 from sim.text import completion_for
-from tests.test_e2e import BIN
-from tests.test_faults import Fleet
-from tests.test_pipeline import collect_lines, prompts, run_engine, spec
+from tests.harness import BIN, Fleet
+from tests.helpers import collect_lines, prompts, run_engine, spec
 
 
 async def test_stray_job_names_and_unreadable_specs_block_no_job(

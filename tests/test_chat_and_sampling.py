@@ -21,8 +21,7 @@ from common.store import JobStore
 from producer.enqueue import enqueue, enqueue_prompts
 from sim.server import SimFleet
 from sim.text import completion_for
-from tests.helpers import serve
-from tests.test_pipeline import collect_lines, prompts, run_engine
+from tests.helpers import collect_lines, prompts, run_engine, serve
 from worker.endpoint import EndpointClient
 
 CHAT_TEMPLATE = "<|user|>\n{prompt}\n<|assistant|>\n"  # what swarm-sim's chat endpoint applies

@@ -23,7 +23,7 @@ import yaml
 
 from common.embedded import find_redis_server, free_port
 from sim.text import completion_for
-from tests.test_e2e import BIN, _wait_port
+from tests.harness import BIN, wait_port
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -148,7 +148,7 @@ def test_every_compose_service_runs_and_the_demo_job_finishes_in_order(local: _L
     data = local.tmp / "redis-data"
     data.mkdir()
     local.start("redis", [server, *argv[1:], "--port", str(rport), "--dir", str(data)], {})
-    _wait_port(rport, local.procs["redis"])
+    wait_port(rport, local.procs["redis"])
 
     # sim: its ports mapped to free ones, the rest of its command as written.
     argv = list(services["sim"]["command"])
@@ -159,7 +159,7 @@ def test_every_compose_service_runs_and_the_demo_job_finishes_in_order(local: _L
     argv[i + 1] = ",".join(local.hosts[f"sim:{p}"].split(":")[1] for p in ports)
     local.start("sim", [sys.executable, "-m", "sim", *argv[1:]], local.env(services["sim"]))
     for p in ports:
-        _wait_port(int(local.hosts[f"sim:{p}"].split(":")[1]), local.procs["sim"])
+        wait_port(int(local.hosts[f"sim:{p}"].split(":")[1]), local.procs["sim"])
 
     workers = [n for n, s in services.items() if "SWARM_ENDPOINTS" in (s.get("environment") or {})]
     assert len(workers) >= 2

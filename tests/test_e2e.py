@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,23 +17,9 @@ import redis
 
 from common.embedded import free_port
 from sim.text import completion_for
+from tests.harness import BIN, wait_port
 
 pytestmark = pytest.mark.slow
-
-BIN = Path(sys.executable).parent
-
-
-def _wait_port(port: int, proc: subprocess.Popen[bytes], timeout_s: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"process exited with {proc.returncode}")
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return
-        except OSError:
-            time.sleep(0.02)
-    raise RuntimeError(f"nothing listening on {port}")
 
 
 @pytest.fixture
@@ -46,7 +31,7 @@ def sim_ports() -> Iterator[list[int]]:
     )
     try:
         for p in ports:
-            _wait_port(p, proc)
+            wait_port(p, proc)
         yield ports
     finally:
         proc.terminate()

@@ -7,161 +7,19 @@ exactly the over-long prompts failed, with the server's message.
 
 from __future__ import annotations
 
-import os
 import random
 import signal
-import subprocess
-import sys
 import time
-import urllib.request
 from pathlib import Path
 
-import msgspec
 import pytest
 import redis
 
-from common.embedded import EmbeddedRedis, free_port
-from sim.text import completion_for
+from common.embedded import EmbeddedRedis
+from tests.harness import Fleet, check_output
 from tests.helpers import wait_until
-from tests.test_e2e import BIN, _wait_port
 
 pytestmark = pytest.mark.slow
-
-MAX_TOKENS = 12
-MAX_MODEL_LEN = 600
-
-
-def _prompt(i: int, poison: set[int]) -> str:
-    # Over the simulator's context (600 tokens = 2,400 characters) with 12 output tokens.
-    return "p" * 3000 if i in poison else f"Explain observation #{i} of the survey."
-
-
-class Fleet:
-    """A swarm-sim process, worker processes and helpers around one Redis and key prefix."""
-
-    def __init__(self, tmp: Path, redis_url: str, prefix: str, n_ports: int, *sim_args: str):
-        self.tmp, self.redis_url, self.prefix = tmp, redis_url, prefix
-        self.ports = [free_port() for _ in range(n_ports)]
-        self.env = {k: v for k, v in os.environ.items() if not k.startswith("SWARM_")}
-        self.env.update(
-            SWARM_REDIS_URL=redis_url,
-            SWARM_PREFIX=prefix,
-            SWARM_POLL_MS="50",
-            SWARM_JOBS_REFRESH_S="0.2",
-            SWARM_BACKOFF_BASE_S="0.05",
-            SWARM_BACKOFF_CAP_S="0.5",
-        )
-        self.sim = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "sim",
-                "--ports",
-                ",".join(map(str, self.ports)),
-                "--step-ms",
-                "2",
-                "--max-model-len",
-                str(MAX_MODEL_LEN),
-                *sim_args,
-            ],
-            stdout=subprocess.DEVNULL,
-        )
-        for p in self.ports:
-            _wait_port(p, self.sim)
-        self.workers: list[subprocess.Popen[bytes]] = []
-        self.logs: list[Path] = []
-
-    def url(self, i: int) -> str:
-        return f"http://127.0.0.1:{self.ports[i]}"
-
-    def worker(
-        self, name: str, endpoints: list[int], *, burst: bool = True, **extra: str
-    ) -> subprocess.Popen[bytes]:
-        env = {
-            **self.env,
-            "SWARM_WORKER_NAME": name,
-            "SWARM_ENDPOINTS": ",".join(self.url(i) for i in endpoints),
-            **extra,
-        }
-        log = self.tmp / f"worker-{name}-{len(self.logs)}.log"
-        self.logs.append(log)
-        with open(log, "wb") as fh:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "arq", "worker.WorkerSettings"]
-                + (["--burst"] if burst else []),
-                env=env,
-                stdout=fh,
-                stderr=subprocess.STDOUT,
-            )
-        self.workers.append(proc)
-        return proc
-
-    def enqueue(self, job: str, n: int, poison: set[int], *args: str) -> subprocess.Popen[bytes]:
-        src = self.tmp / f"{job}.txt"
-        src.write_text("".join(_prompt(i, poison) + "\n" for i in range(n)))
-        with open(self.tmp / f"enqueue-{job}.log", "wb") as log:
-            return subprocess.Popen(
-                [BIN / "swarm-enqueue", src, "--job", job, "--max-tokens", str(MAX_TOKENS), *args],
-                env=self.env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-
-    def collect(self, job: str) -> subprocess.Popen[str]:
-        return subprocess.Popen(
-            [BIN / "swarm-collect", job, "--out", self.tmp / f"{job}.jsonl", "--wait"],
-            env=self.env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-
-    def done(self, job: str) -> int:
-        client = redis.Redis.from_url(self.redis_url)
-        try:
-            raw = client.hmget(f"{self.prefix}:{{{job}}}:meta", ["done", "failed"])
-        except redis.ConnectionError:
-            return 0
-        finally:
-            client.close()
-        return sum(int(x or 0) for x in raw)
-
-    def answered(self, i: int) -> int:
-        """Sequences port ``i`` has generated (vLLM's ``request_success_total``)."""
-        with urllib.request.urlopen(f"{self.url(i)}/metrics", timeout=5) as resp:
-            text = resp.read().decode()
-        return sum(
-            int(float(line.rsplit(" ", 1)[1]))
-            for line in text.splitlines()
-            if line.startswith("vllm:request_success_total")
-        )
-
-    def faults(self, i: int, **faults: object) -> None:
-        req = urllib.request.Request(
-            f"{self.url(i)}/sim/faults",
-            data=msgspec.json.encode(faults),
-            headers={"Content-Type": "application/json"},
-        )
-        urllib.request.urlopen(req, timeout=5).read()
-
-    def close(self) -> None:
-        for proc in [*self.workers, self.sim]:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-
-
-def check_output(path: Path, n: int, poison: set[int]) -> None:
-    lines = [msgspec.json.decode(x) for x in path.read_bytes().splitlines()]
-    assert len(lines) == n
-    assert [x["index"] for x in lines] == list(range(n))  # in order, so no index twice
-    failed = {x["index"] for x in lines if x["error"] is not None}
-    assert failed == poison
-    for x in lines:
-        if x["index"] in poison:
-            assert x["error"].startswith("You passed 750 input tokens and requested 12 output")
-        else:
-            assert x["text"] == completion_for(_prompt(x["index"], poison), MAX_TOKENS)[0]
 
 
 def test_workers_killed_repeatedly_with_server_errors_resets_and_poison_prompts(
@@ -235,6 +93,24 @@ def test_a_dead_and_a_stalled_endpoint_leave_the_job_to_the_healthy_ones(
     logs = [log.read_text() for log in fleet.logs]
     assert "circuit open" in logs[0] and "circuit open" in logs[1]
     assert "released" in logs[0] + logs[1]
+
+
+def test_a_burst_worker_whose_endpoint_stalls_exits_within_seconds_of_the_jobs_end(
+    fleet_factory: type[Fleet],
+) -> None:
+    n = 600
+    fleet = fleet_factory(2)
+    assert fleet.enqueue("tail", n, set()).wait(timeout=60) == 0
+    quick = {"SWARM_REQUEST_TIMEOUT_S": "2", "SWARM_PROBE_TIMEOUT_S": "1"}
+    stalling = fleet.worker("stalling", [1], **quick)
+    wait_until("the stalling worker at work", lambda: "taking work" in fleet.logs[0].read_text())
+    fleet.faults(1, stall_after_s=0.0)  # every request and every probe now hangs
+    healthy = fleet.worker("healthy", [0], **quick)
+    assert healthy.wait(timeout=120) == 0
+    assert fleet.done("tail") == n
+    # The job is over; the stalled endpoint's worker sees it between two probes and exits.
+    assert stalling.wait(timeout=5) == 0, fleet.logs[0].read_text()[-2000:]
+    assert "circuit open" in fleet.logs[0].read_text()
 
 
 def test_redis_restarted_mid_job_everyone_reconnects_and_nothing_is_lost(

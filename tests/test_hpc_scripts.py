@@ -18,8 +18,8 @@ import redis
 
 from common.embedded import free_port
 from sim.text import completion_for
+from tests.harness import BIN, wait_port
 from tests.helpers import wait_until
-from tests.test_e2e import BIN, _wait_port
 
 pytestmark = pytest.mark.slow
 
@@ -159,7 +159,7 @@ def test_pbs_workers_take_their_own_hosts_endpoints_with_the_tag_asked_for(
     )
     try:
         for p in ports:
-            _wait_port(p, sim)
+            wait_port(p, sim)
         hostfile = tmp_path / "hostfile"
         hostfile.write_text(
             f"localhost\t{ports[0]}\tmodel=8b\n"

@@ -14,9 +14,8 @@ import pytest
 from common.models import EndpointInfo, Result
 from common.store import JobStore
 from producer.enqueue import enqueue_prompts
-from tests.helpers import wait_until
-from tests.test_e2e import BIN
-from tests.test_pipeline import prompts, spec
+from tests.harness import BIN
+from tests.helpers import prompts, spec, wait_until
 
 
 @pytest.fixture

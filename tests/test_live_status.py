@@ -17,8 +17,7 @@ from common.settings import Settings
 from common.store import JobStore
 from producer.status import format_endpoints, format_status
 from sim.server import SimFleet
-from tests.helpers import serve
-from tests.test_pipeline import prompts, spec
+from tests.helpers import prompts, serve, spec
 from worker.endpoint import EndpointClient
 from worker.engine import Engine
 

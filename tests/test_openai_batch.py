@@ -11,7 +11,7 @@ from common.store import JobStore
 from producer.collect import collect, line_format
 from producer.enqueue import enqueue_prompts
 from producer.openai_batch import openai_line
-from tests.test_pipeline import spec
+from tests.helpers import spec
 
 
 def test_a_success_is_a_200_response_with_a_completion_body() -> None:

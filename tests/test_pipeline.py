@@ -14,7 +14,7 @@ import msgspec
 import pytest
 
 from common.errors import InputError, JobConflictError
-from common.models import JobSpec, PromptItem, Result, SamplingParams, decode_item
+from common.models import PromptItem, Result, SamplingParams, decode_item
 from common.settings import Settings
 from common.store import JobStore
 from producer.collect import collect
@@ -22,23 +22,9 @@ from producer.enqueue import enqueue_prompts
 from sim.engine import EngineConfig
 from sim.server import FaultConfig, SimFleet
 from sim.text import completion_for
+from tests.helpers import collect_lines, prompts, run_engine, spec
 from worker.endpoint import Choice, CompletionBody, EndpointClient
 from worker.engine import Engine
-
-
-def spec(job: str = "j", max_tokens: int = 16, model: str | None = None) -> JobSpec:
-    return JobSpec(job=job, params=SamplingParams(max_tokens=max_tokens), model=model)
-
-
-def prompts(n: int, start: int = 0) -> Iterator[tuple[str, str | None]]:
-    return ((f"question {i}: what is {i} squared?", None) for i in range(start, n))
-
-
-async def collect_lines(store: JobStore, job: str) -> list[dict]:
-    buf = io.BytesIO()
-    await collect(store, job, buf)
-    return [msgspec.json.decode(line) for line in buf.getvalue().splitlines()]
-
 
 # -- store and enqueue -------------------------------------------------------------------
 
@@ -122,15 +108,6 @@ async def test_collector_writes_only_the_contiguous_prefix(store: JobStore) -> N
 
 
 # -- the drain engine --------------------------------------------------------------------
-
-
-async def run_engine(settings: Settings, store: JobStore, urls: list[str]) -> Engine:
-    engine = Engine(settings, store, [EndpointClient(u) for u in urls])
-    try:
-        await engine.run(burst=True)
-    finally:
-        await engine.close()
-    return engine
 
 
 async def test_engine_drains_two_jobs_over_two_endpoints_in_order(

@@ -20,7 +20,7 @@ from producer.enqueue import enqueue_prompts
 from sim.engine import EngineConfig
 from sim.server import SimFleet
 from sim.text import completion_for
-from tests.test_pipeline import prompts, run_engine
+from tests.helpers import prompts, run_engine
 from worker.endpoint import EndpointClient
 from worker.engine import Engine
 from worker.reduce import StageBusy

@@ -14,9 +14,8 @@ import redis
 from common.keys import Keys, stage_name
 from common.reduce import render
 from sim.text import completion_for
+from tests.harness import BIN, MAX_TOKENS, Fleet, fleet_prompt
 from tests.helpers import wait_until
-from tests.test_e2e import BIN
-from tests.test_faults import MAX_TOKENS, Fleet, _prompt
 
 pytestmark = pytest.mark.slow
 
@@ -24,7 +23,7 @@ TEMPLATE = "Level {level}: merge these findings into one.\n{responses}\nMerged:"
 
 
 def expected_tree(n: int, fanin: int) -> tuple[str, list[int]]:
-    answers = [completion_for(_prompt(i, set()), MAX_TOKENS)[0] for i in range(n)]
+    answers = [completion_for(fleet_prompt(i, set()), MAX_TOKENS)[0] for i in range(n)]
     per_level, level = [], 0
     while len(answers) > 1:
         level += 1
@@ -42,7 +41,7 @@ def test_tree_reduce_survives_a_worker_killed_between_stages(fleet_factory: type
     template = fleet.tmp / "reduce.txt"
     template.write_text(TEMPLATE)
     src = fleet.tmp / "leaves.txt"
-    src.write_text("".join(_prompt(i, set()) + "\n" for i in range(n)))
+    src.write_text("".join(fleet_prompt(i, set()) + "\n" for i in range(n)))
     enq = subprocess.run(
         [
             BIN / "swarm-enqueue",

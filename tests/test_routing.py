@@ -19,8 +19,7 @@ from producer.enqueue import enqueue_prompts
 from sim.engine import EngineConfig
 from sim.server import SimFleet
 from sim.text import completion_for
-from tests.helpers import serve
-from tests.test_pipeline import collect_lines, prompts, run_engine, spec
+from tests.helpers import collect_lines, prompts, run_engine, serve, spec
 from worker.endpoint import EndpointClient
 from worker.engine import Engine
 from worker.intake import service_order

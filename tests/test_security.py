@@ -19,7 +19,7 @@ from common.store import JobStore
 from producer.enqueue import enqueue_prompts
 from sim.server import SimFleet
 from sim.text import completion_for
-from tests.test_pipeline import collect_lines, prompts, run_engine, spec
+from tests.helpers import collect_lines, prompts, run_engine, spec
 
 SECRET = "alice-s3cret-pw"
 

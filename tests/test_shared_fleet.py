@@ -10,9 +10,8 @@ import threading
 
 import pytest
 
+from tests.harness import BIN, Fleet, check_output
 from tests.helpers import wait_until
-from tests.test_e2e import BIN
-from tests.test_faults import Fleet, check_output
 
 pytestmark = pytest.mark.slow
 

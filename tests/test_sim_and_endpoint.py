@@ -225,3 +225,60 @@ async def test_metrics_expose_vllm_gauges(sim_fleet: Callable[..., SimFleet]) ->
         pending.cancel()
     assert 'vllm:num_requests_running{model_name="swarm-sim"} 1' in text
     assert 'vllm:num_requests_waiting{model_name="swarm-sim"} 1' in text
+
+
+async def test_vllm_routes_go_through_the_same_client_with_its_key() -> None:
+    seen: list[tuple[str, str | None]] = []
+    health = [503, 200]
+
+    async def record(request: web.Request) -> None:
+        seen.append((request.path, request.headers.get("Authorization")))
+
+    async def on_health(request: web.Request) -> web.Response:
+        await record(request)
+        return web.Response(status=health.pop(0) if len(health) > 1 else health[0])
+
+    async def on_metrics(request: web.Request) -> web.Response:
+        await record(request)
+        body = 'vllm:num_requests_running{model_name="m"} 3.0\nvllm:num_requests_waiting 1.0\n'
+        return web.Response(text=body)
+
+    async def on_tokenize(request: web.Request) -> web.Response:
+        await record(request)
+        got = await request.json()
+        return web.json_response({"count": len(got["prompt"].split()), "tokens": []})
+
+    app = web.Application()
+    app.router.add_get("/health", on_health)
+    app.router.add_get("/metrics", on_metrics)
+    app.router.add_post("/tokenize", on_tokenize)
+    async with serve(app) as url:
+        client = EndpointClient(url, "sk-test")
+        try:
+            assert await client.ready() is False  # 503: the model is still loading
+            assert await client.ready() is True
+            load = await client.load()
+            assert load is not None and (load.running, load.waiting) == (3.0, 1.0)
+            assert await client.tokenize("one two three", "m") == 3
+        finally:
+            await client.close()
+    assert [p for p, _ in seen] == ["/health", "/health", "/metrics", "/tokenize"]
+    assert {auth for _, auth in seen} == {"Bearer sk-test"}
+
+
+async def test_vllm_routes_missing_or_unreachable_are_answers_not_errors() -> None:
+    async with serve(web.Application()) as url:  # no routes at all: every one a 404
+        client = EndpointClient(url)
+        try:
+            assert await client.ready() is True  # no /health: its other routes will tell
+            assert await client.load() is None
+            assert await client.tokenize("x", "m") is None
+        finally:
+            await client.close()
+    gone = EndpointClient(f"http://127.0.0.1:{free_port()}")
+    try:
+        assert await gone.ready(timeout_s=2) is False
+        assert await gone.load(timeout_s=2) is None
+        assert await gone.tokenize("x", "m", timeout_s=2) is None
+    finally:
+        await gone.close()

@@ -12,7 +12,7 @@ from producer.enqueue import enqueue_prompts
 from sim.engine import EngineConfig
 from sim.server import SimFleet
 from sim.text import completion_for
-from tests.test_pipeline import collect_lines, prompts, spec
+from tests.helpers import collect_lines, prompts, spec
 from worker.endpoint import EndpointClient, Load, parse_load
 from worker.engine import Engine
 from worker.window import Window, next_window

@@ -2,7 +2,10 @@
 
 Calls go through ``AsyncOpenAI`` with its own retries turned off (``max_retries=0``): the worker
 owns the single retry loop. Responses are read raw and decoded with msgspec, which is several
-times cheaper than building pydantic models for hundreds of choices per request.
+times cheaper than building pydantic models for hundreds of choices per request. vLLM's routes
+outside the OpenAI API (``/health``, ``/metrics``, ``/tokenize``) go through the same client
+(openai's documented custom requests, on a copy rooted at the server's URL that shares its
+connection pool): one HTTP stack, one auth header, one error boundary.
 """
 
 from __future__ import annotations
@@ -12,7 +15,6 @@ import re
 from collections.abc import Awaitable
 from typing import Any, TypeVar
 
-import aiohttp
 import msgspec
 import openai
 
@@ -169,56 +171,58 @@ class EndpointClient:
         self._timeout_s = timeout_s
         # Generation requests really sent (completion and chat), whatever their outcome.
         self.requests = 0
-        self._auth = {"Authorization": f"Bearer {api_key or 'EMPTY'}"}
-        self._session: aiohttp.ClientSession | None = None
         self._client = openai.AsyncOpenAI(
             base_url=f"{url}/v1", api_key=api_key or "EMPTY", max_retries=0, timeout=timeout_s
         )
+        # vLLM's own routes sit beside /v1; the copy shares the client's connections.
+        self._root = self._client.with_options(base_url=url)
 
     async def close(self) -> None:
         await self._client.close()
-        if self._session is not None:
-            await self._session.close()
 
-    def _http(self) -> aiohttp.ClientSession:
-        if self._session is None:
-            self._session = aiohttp.ClientSession(headers=self._auth)
-        return self._session
+    async def _vllm_route(
+        self, path: str, timeout_s: float, body: dict[str, str] | None = None
+    ) -> bytes | None:
+        """The body of a 200 answer from one of vLLM's own routes within ``timeout_s``; None
+        for any other status, or when the server cannot be reached or answers too late."""
+        try:
+            async with asyncio.timeout(timeout_s):
+                if body is None:
+                    return await self._root.get(path, cast_to=bytes, options={"timeout": timeout_s})
+                return await self._root.post(
+                    path, cast_to=bytes, body=body, options={"timeout": timeout_s}
+                )
+        except (openai.OpenAIError, TimeoutError):
+            return None
 
     async def ready(self, timeout_s: float = 10.0) -> bool:
         """True once the server answers ``/health`` (vLLM: 200 when the model is loaded). A
         server without that route (404) counts as ready: its other routes will tell."""
         try:
-            timeout = aiohttp.ClientTimeout(total=timeout_s)
-            async with self._http().get(self.url + "/health", timeout=timeout) as resp:
-                return resp.status == 200 or resp.status == 404
-        except (aiohttp.ClientError, TimeoutError):
+            async with asyncio.timeout(timeout_s):
+                await self._root.get("/health", cast_to=bytes, options={"timeout": timeout_s})
+        except openai.NotFoundError:
+            return True
+        except (openai.OpenAIError, TimeoutError):
             return False
+        return True
 
     async def tokenize(self, prompt: str, model: str, timeout_s: float = 30.0) -> int | None:
         """The exact prompt token count from vLLM's ``/tokenize``; None when the server has no
         such route (not a vLLM) or does not answer, so the caller falls back to an estimate."""
-        body = {"model": model, "prompt": prompt}
+        raw = await self._vllm_route("/tokenize", timeout_s, {"model": model, "prompt": prompt})
+        if raw is None:
+            return None
         try:
-            timeout = aiohttp.ClientTimeout(total=timeout_s)
-            async with self._http().post(self.url + "/tokenize", json=body, timeout=timeout) as r:
-                if r.status != 200:
-                    return None
-                return _tokenize_decoder.decode(await r.read()).count
-        except (aiohttp.ClientError, TimeoutError, msgspec.DecodeError):
+            return _tokenize_decoder.decode(raw).count
+        except msgspec.DecodeError:
             return None
 
     async def load(self, timeout_s: float = 5.0) -> Load | None:
         """The endpoint's scheduler load from ``/metrics`` (vLLM's Prometheus gauges), or None
         when it cannot be read: then the in-flight window simply stays where it is."""
-        try:
-            timeout = aiohttp.ClientTimeout(total=timeout_s)
-            async with self._http().get(self.url + "/metrics", timeout=timeout) as resp:
-                if resp.status != 200:
-                    return None
-                return parse_load(await resp.read())
-        except (aiohttp.ClientError, TimeoutError):
-            return None
+        raw = await self._vllm_route("/metrics", timeout_s)
+        return None if raw is None else parse_load(raw)
 
     async def models(self, timeout_s: float = 30.0) -> list[ModelInfo]:
         """The models served, with ``max_model_len`` where the server reports it (vLLM does)."""

@@ -1,0 +1,195 @@
+"""The process harness shared by the tests with real processes: the installed commands, a
+swarm-sim process with worker processes around one Redis and key prefix (:class:`Fleet`), and
+the checks of their output. Tests get a Fleet through conftest's ``fleet_factory``."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import msgspec
+import redis
+
+from common.embedded import free_port
+from sim.text import completion_for
+
+__all__ = [
+    "BIN",
+    "MAX_MODEL_LEN",
+    "MAX_TOKENS",
+    "Fleet",
+    "check_output",
+    "fleet_prompt",
+    "wait_port",
+]
+
+BIN = Path(sys.executable).parent
+
+
+def wait_port(port: int, proc: subprocess.Popen[bytes], timeout_s: float = 20.0) -> None:
+    """Wait until something listens on ``port``; fail if ``proc`` (its server) exits first."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"process exited with {proc.returncode}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return
+        except OSError:
+            time.sleep(0.02)
+    raise RuntimeError(f"nothing listening on {port}")
+
+
+MAX_TOKENS = 12
+MAX_MODEL_LEN = 600
+
+
+def fleet_prompt(i: int, poison: set[int]) -> str:
+    """Prompt ``i`` of a Fleet job: over the context where ``i`` is in ``poison``."""
+    # Over the simulator's context (600 tokens = 2,400 characters) with 12 output tokens.
+    return "p" * 3000 if i in poison else f"Explain observation #{i} of the survey."
+
+
+class Fleet:
+    """A swarm-sim process, worker processes and helpers around one Redis and key prefix."""
+
+    def __init__(self, tmp: Path, redis_url: str, prefix: str, n_ports: int, *sim_args: str):
+        self.tmp, self.redis_url, self.prefix = tmp, redis_url, prefix
+        self.ports = [free_port() for _ in range(n_ports)]
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("SWARM_")}
+        self.env.update(
+            SWARM_REDIS_URL=redis_url,
+            SWARM_PREFIX=prefix,
+            SWARM_POLL_MS="50",
+            SWARM_JOBS_REFRESH_S="0.2",
+            SWARM_BACKOFF_BASE_S="0.05",
+            SWARM_BACKOFF_CAP_S="0.5",
+        )
+        self.sim = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "sim",
+                "--ports",
+                ",".join(map(str, self.ports)),
+                "--step-ms",
+                "2",
+                "--max-model-len",
+                str(MAX_MODEL_LEN),
+                *sim_args,
+            ],
+            stdout=subprocess.DEVNULL,
+        )
+        for p in self.ports:
+            wait_port(p, self.sim)
+        self.workers: list[subprocess.Popen[bytes]] = []
+        self.logs: list[Path] = []
+
+    def url(self, i: int) -> str:
+        return f"http://127.0.0.1:{self.ports[i]}"
+
+    def worker(
+        self,
+        name: str,
+        endpoints: list[int],
+        *,
+        burst: bool = True,
+        arq_cli: bool = False,
+        **extra: str,
+    ) -> subprocess.Popen[bytes]:
+        """A worker process on the given ports: ``swarm-worker``, or with ``arq_cli`` the same
+        worker through ``arq worker.WorkerSettings``; ``extra``: environment variables."""
+        env = {
+            **self.env,
+            "SWARM_WORKER_NAME": name,
+            "SWARM_ENDPOINTS": ",".join(self.url(i) for i in endpoints),
+            **extra,
+        }
+        log = self.tmp / f"worker-{name}-{len(self.logs)}.log"
+        self.logs.append(log)
+        with open(log, "wb") as fh:
+            proc = subprocess.Popen(
+                (
+                    [sys.executable, "-m", "arq", "worker.WorkerSettings"]
+                    if arq_cli
+                    else [sys.executable, "-m", "worker.main"]
+                )
+                + (["--burst"] if burst else []),
+                env=env,
+                stdout=fh,
+                stderr=subprocess.STDOUT,
+            )
+        self.workers.append(proc)
+        return proc
+
+    def enqueue(self, job: str, n: int, poison: set[int], *args: str) -> subprocess.Popen[bytes]:
+        src = self.tmp / f"{job}.txt"
+        src.write_text("".join(fleet_prompt(i, poison) + "\n" for i in range(n)))
+        with open(self.tmp / f"enqueue-{job}.log", "wb") as log:
+            return subprocess.Popen(
+                [BIN / "swarm-enqueue", src, "--job", job, "--max-tokens", str(MAX_TOKENS), *args],
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+
+    def collect(self, job: str) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            [BIN / "swarm-collect", job, "--out", self.tmp / f"{job}.jsonl", "--wait"],
+            env=self.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+
+    def done(self, job: str) -> int:
+        client = redis.Redis.from_url(self.redis_url)
+        try:
+            raw = client.hmget(f"{self.prefix}:{{{job}}}:meta", ["done", "failed"])
+        except redis.ConnectionError:
+            return 0
+        finally:
+            client.close()
+        return sum(int(x or 0) for x in raw)
+
+    def answered(self, i: int) -> int:
+        """Sequences port ``i`` has generated (vLLM's ``request_success_total``)."""
+        with urllib.request.urlopen(f"{self.url(i)}/metrics", timeout=5) as resp:
+            text = resp.read().decode()
+        return sum(
+            int(float(line.rsplit(" ", 1)[1]))
+            for line in text.splitlines()
+            if line.startswith("vllm:request_success_total")
+        )
+
+    def faults(self, i: int, **faults: object) -> None:
+        req = urllib.request.Request(
+            f"{self.url(i)}/sim/faults",
+            data=msgspec.json.encode(faults),
+            headers={"Content-Type": "application/json"},
+        )
+        urllib.request.urlopen(req, timeout=5).read()
+
+    def close(self) -> None:
+        for proc in [*self.workers, self.sim]:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def check_output(path: Path, n: int, poison: set[int]) -> None:
+    lines = [msgspec.json.decode(x) for x in path.read_bytes().splitlines()]
+    assert len(lines) == n
+    assert [x["index"] for x in lines] == list(range(n))  # in order, so no index twice
+    failed = {x["index"] for x in lines if x["error"] is not None}
+    assert failed == poison
+    for x in lines:
+        if x["index"] in poison:
+            assert x["error"].startswith("You passed 750 input tokens and requested 12 output")
+        else:
+            assert x["text"] == completion_for(fleet_prompt(x["index"], poison), MAX_TOKENS)[0]
