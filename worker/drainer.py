@@ -83,6 +83,7 @@ class EndpointDrainer:
         self._preempted: set[asyncio.Task[list[Result]]] = set()
         self.dead_lettered = 0
         self._counts: dict[str, JobCount] = {}
+        self._burst_done = False  # burst mode: no work left for this endpoint (_nothing_left)
 
     def reclaim_soon(self, job: str) -> None:
         self.intake.reclaim_soon(job)
@@ -204,15 +205,11 @@ class EndpointDrainer:
         )
 
     async def _slot(self) -> None:
-        while not self.engine.stopping and self.broken is None:
+        while not self.engine.stopping and self.broken is None and not self._burst_done:
             try:
                 if self.circuit.is_open:
                     # (at start, the endpoint is probed once before the job list decides)
-                    if (
-                        self.engine.burst
-                        and self.circuit.probed
-                        and not await self.engine.any_work(self)
-                    ):
+                    if self.circuit.probed and await self._nothing_left():
                         return
                     await self.circuit.until_closed(
                         self._probe,
@@ -223,12 +220,14 @@ class EndpointDrainer:
                     continue
                 async with self.window.token():
                     # A stop may have come while this slot waited for the window.
-                    did = not self.engine.stopping and await self.step(
-                        block_ms=self.settings.poll_ms
+                    did = (
+                        not self.engine.stopping
+                        and not self._burst_done
+                        and await self.step(block_ms=self.settings.poll_ms)
                     )
                 if did:
                     continue
-                if self.engine.burst and not await self.engine.any_work(self):
+                if await self._nothing_left():
                     return
             except StoreUnavailable as exc:
                 # redis-py already retried with backoff; keep trying, slower. A read whose
@@ -478,8 +477,15 @@ class EndpointDrainer:
         if self.circuit.was_ready:
             await self._probe_generation()
 
+    async def _nothing_left(self) -> bool:
+        """In burst mode: True once no work this endpoint can do is left. The first slot to
+        find so ends them all (the others would each wait out an empty poll in turn)."""
+        if not self._burst_done and self.engine.burst and not await self.engine.any_work(self):
+            self._burst_done = True
+        return self._burst_done
+
     async def _give_up_probing(self) -> bool:
-        return self.engine.burst and not await self.engine.any_work(self)
+        return await self._nothing_left()
 
     async def _probe_generation(self) -> None:
         """One token of one prompt, within the probe timeout: the endpoint really generates.
