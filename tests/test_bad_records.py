@@ -33,7 +33,7 @@ async def test_stray_job_names_and_unreadable_specs_block_no_job(
     await store.redis.hset(store.keys.meta("junk"), "spec", b"\xc1 not msgpack")
     async with sim_fleet(1) as fleet:
         engine = await run_engine(make_settings(), store, fleet.urls)
-    assert engine.drainers[0].prompts_done == 300
+    assert engine.drainers[0].figures.prompts_done == 300
     lines = await collect_lines(store, "real")
     assert [x["text"] for x in lines] == [completion_for(p, 16)[0] for p, _ in prompts(300)]
 

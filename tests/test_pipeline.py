@@ -125,7 +125,7 @@ async def test_engine_drains_two_jobs_over_two_endpoints_in_order(
             text, _, reason = completion_for(p, max_tokens)
             assert (x["text"], x["finish_reason"], x["error"]) == (text, reason, None)
         assert (await store.status(job)).finished
-    per_endpoint = [d.prompts_done for d in engine.drainers]
+    per_endpoint = [d.figures.prompts_done for d in engine.drainers]
     assert sum(per_endpoint) == 1000 and min(per_endpoint) > 0
 
 
@@ -161,7 +161,7 @@ async def test_transient_errors_are_retried_until_every_prompt_succeeds(
         engine = await run_engine(make_settings(batch_size=10, max_attempts=30), store, fleet.urls)
     lines = await collect_lines(store, "j")
     assert [x["error"] for x in lines] == [None] * 400
-    assert engine.drainers[0].retries > 0
+    assert engine.drainers[0].runner.retries > 0
     assert max(x["attempts"] for x in lines) > 1
 
 
@@ -277,8 +277,8 @@ async def test_an_answer_with_repeated_or_shifted_indices_is_never_committed(
     # Every answer is the right prompt's: the liar's were refused, its batches went elsewhere.
     assert [x["text"] for x in lines] == [completion_for(p, 16)[0] for p, _ in prompts(200)]
     liar_drainer, honest = engine.drainers
-    assert (liar_drainer.prompts_done, honest.prompts_done) == (0, 200)
-    assert "malformed answer: choice index" in liar_drainer.last_error
+    assert (liar_drainer.figures.prompts_done, honest.figures.prompts_done) == (0, 200)
+    assert "malformed answer: choice index" in liar_drainer.circuit.last_error
 
 
 async def test_a_failing_endpoint_releases_its_batch_to_another_worker(
@@ -292,7 +292,7 @@ async def test_a_failing_endpoint_releases_its_batch_to_another_worker(
             assert await bad.drainers[0].step() is True  # takes the batch, fails, releases it
         finally:
             await bad.close()
-        assert bad.drainers[0].prompts_done == 0
+        assert bad.drainers[0].figures.prompts_done == 0
         status = await store.status("j")
         assert (status.in_flight, status.done) == (20, 0)
         # Released entries are taken over at once, not after claim_idle_ms (60 s here).

@@ -70,7 +70,7 @@ async def test_entries_that_keep_killing_workers_are_dead_lettered_and_suspects_
         assert x["text"] == completion_for(p, 16)[0]
     status = await store.status("j")
     assert status.failed_by_kind == {"dead_letter": 2} and status.finished
-    assert engine.drainers[0].dead_lettered == 2
+    assert engine.drainers[0].figures.dead_lettered == 2
     # The 15 entries with at most one death ran as one batch; the 3 suspects each alone.
     assert requests == 4
     assert await store.redis.exists(store.keys.running("j")) == 0  # every mark went with its ack
@@ -101,9 +101,12 @@ async def test_a_dead_and_a_stalled_endpoint_hand_their_work_to_the_healthy_one(
     lines = await collect_lines(store, "j")
     assert [x["text"] for x in lines] == [completion_for(p, 16)[0] for p, _ in prompts(600)]
     dead, stalled, healthy = engine.drainers
-    assert dead.circuit_open and stalled.circuit_open and not healthy.circuit_open
-    assert healthy.prompts_done > 300
-    assert dead.prompts_done + stalled.prompts_done + healthy.prompts_done == 600
+    assert dead.circuit.is_open and stalled.circuit.is_open and not healthy.circuit.is_open
+    assert healthy.figures.prompts_done > 300
+    assert (
+        dead.figures.prompts_done + stalled.figures.prompts_done + healthy.figures.prompts_done
+        == 600
+    )
 
 
 async def test_graceful_stop_finishes_and_commits_batches_in_flight(
@@ -124,7 +127,7 @@ async def test_graceful_stop_finishes_and_commits_batches_in_flight(
             await engine.close()
     status = await store.status("j")
     assert status.in_flight == 0  # nothing half-done: every batch taken was committed
-    assert status.done == engine.drainers[0].prompts_done >= 30
+    assert status.done == engine.drainers[0].figures.prompts_done >= 30
     assert status.done + status.pending == 400
     lines = await collect_lines(store, "j")
     assert all(
@@ -159,7 +162,7 @@ async def test_a_slow_batch_keeps_its_claim_and_is_never_computed_twice(
             await b.close()
         computed = slow.endpoints[0].engine.finished_seqs + fast.endpoints[0].engine.finished_seqs
     assert computed == n  # nothing was taken over and computed twice
-    assert (a.drainers[0].prompts_done, b.drainers[0].prompts_done) == (n, 0)
+    assert (a.drainers[0].figures.prompts_done, b.drainers[0].figures.prompts_done) == (n, 0)
     lines = await collect_lines(store, "j")
     assert [x["text"] for x in lines] == [completion_for(p, 30)[0] for p, _ in prompts(n)]
 
@@ -210,7 +213,7 @@ async def test_odd_bodies_from_the_only_endpoint_lose_nothing_and_the_job_ends_w
     status = await store.status("j")
     assert (status.done, status.failed) == (300, 0)
     # Every odd answer was met (by requests, then by the probe) before the job could end.
-    assert sent > bad_answers and engine.drainers[0].errors >= settings.circuit_failures
+    assert sent > bad_answers and engine.drainers[0].circuit.errors >= settings.circuit_failures
 
 
 async def test_a_full_redis_is_waited_out_and_nothing_is_lost(
@@ -255,8 +258,8 @@ async def test_one_failing_endpoint_of_three_loses_nothing_and_dead_letters_noth
     lines = await collect_lines(store, "j")
     assert [x["text"] for x in lines] == [completion_for(p, 16)[0] for p, _ in prompts(2000)]
     failing, *healthy = engine.drainers
-    assert failing.prompts_done == 0 and failing.errors > 0
-    assert sum(d.prompts_done for d in healthy) == 2000
+    assert failing.figures.prompts_done == 0 and failing.circuit.errors > 0
+    assert sum(d.figures.prompts_done for d in healthy) == 2000
 
 
 async def test_the_requests_figure_counts_the_http_requests_really_sent(
@@ -266,7 +269,7 @@ async def test_the_requests_figure_counts_the_http_requests_really_sent(
     async with sim_fleet(1) as fleet:
         engine = await run_engine(make_settings(batch_size=32), store, fleet.urls)
         sent = fleet.endpoints[0].requests_total
-    assert engine.drainers[0].requests == sent == 10  # not twice: no model look-up per batch
+    assert engine.drainers[0].client.requests == sent == 10  # not twice: no model look-up per batch
 
 
 async def test_a_hung_engine_that_still_answers_health_is_not_given_work_again(
@@ -305,8 +308,8 @@ async def test_a_hung_engine_that_still_answers_health_is_not_given_work_again(
             engine = await run_engine(settings, store, [hung, *fleet.urls])
         done.set()
     stuck, healthy = engine.drainers
-    assert (stuck.prompts_done, healthy.prompts_done) == (0, 400)
+    assert (stuck.figures.prompts_done, healthy.figures.prompts_done) == (0, 400)
     assert stuck.circuit.state == "open"
     ready = [r for r in caplog.records if r.getMessage() == f"{hung}: endpoint ready; taking work"]
     assert len(ready) == 1  # at start only: no probe since has put it back to work
-    assert generations == stuck.requests >= 3  # the failed batches, then one-token probes
+    assert generations == stuck.client.requests >= 3  # the failed batches, then one-token probes

@@ -94,7 +94,7 @@ async def test_a_wrong_key_breaks_only_its_endpoint_and_the_job_finishes_elsewhe
     locked_drainer, healthy = engine.drainers
     assert locked_drainer.circuit.state == "broken" and healthy.circuit.state == "closed"
     assert engine.broken == [f"{locked}: HTTP 401: bad key"]
-    assert (locked_drainer.prompts_done, healthy.prompts_done) == (0, 300)
+    assert (locked_drainer.figures.prompts_done, healthy.figures.prompts_done) == (0, 300)
 
 
 def test_service_order_puts_every_higher_priority_job_first_and_rotates_equals() -> None:

@@ -207,11 +207,11 @@ async def shutdown(ctx: dict[str, Any]) -> None:
         log.info(
             "%s: %d prompts done, %d failed, %d requests, %d retries, %d prompts preempted",
             d.client.label,
-            d.prompts_done,
-            d.prompts_failed,
-            d.requests,
-            d.retries,
-            d.preempted,
+            d.figures.prompts_done,
+            d.figures.prompts_failed,
+            d.client.requests,
+            d.runner.retries,
+            d.figures.preempted,
         )
     if engine.broken:
         # The exit status says work was left that these endpoints should have done: arq

@@ -22,8 +22,6 @@ from msgspec.structs import replace
 from common.backoff import backoff_s
 from common.errors import (
     EndpointError,
-    EndpointRejected,
-    EndpointRetryable,
     EndpointUnusable,
     ModelNotServed,
     StoreUnavailable,
@@ -34,7 +32,6 @@ from common.models import (
     JobSpec,
     PromptItem,
     Result,
-    SamplingParams,
 )
 from common.schema import AnswerValidator
 from common.store import Commit, decode_entry, index_of
@@ -42,8 +39,9 @@ from common.vocab import FailureKind
 from worker.batch import BatchRunner, Tally
 from worker.circuit import Circuit, GiveUp
 from worker.endpoint import EndpointClient
-from worker.figures import JobCount
+from worker.figures import EndpointFigures
 from worker.intake import Delivery, Intake, service_order
+from worker.probe import probe_endpoint
 from worker.served import ServedModels
 from worker.window import ADAPT_START, Window, follow_load
 
@@ -74,63 +72,38 @@ class EndpointDrainer:
         self.intake = Intake(self.store, self.consumer, self.settings, client.label, engine.sleep)
         self._rr = 0
         self.window = Window(self.settings.inflight)
-        self.prompts_done = 0
-        self.prompts_failed = 0
-        # Prompts whose batch was cancelled for a more urgent job's, released to run again.
-        self.preempted = 0
+        self.figures = EndpointFigures(
+            client.label, self.settings.worker_name, self.settings.stats_period_s
+        )
         # Batches in flight (their request work) and their job's priority, oldest first.
         self._running: dict[asyncio.Task[list[Result]], tuple[int, str]] = {}
         self._preempted: set[asyncio.Task[list[Result]]] = set()
-        self.dead_lettered = 0
-        self._counts: dict[str, JobCount] = {}
         self._burst_done = False  # burst mode: no work left for this endpoint (_nothing_left)
 
     def reclaim_soon(self, job: str) -> None:
         self.intake.reclaim_soon(job)
 
-    def _job_count(self, job: str, now: float) -> JobCount:
-        count = self._counts.get(job)
-        if count is None:
-            count = self._counts[job] = JobCount(now)
-        return count
-
     def _count(self, job: str, commit: Commit) -> None:
-        self.prompts_done += commit.done
-        self.prompts_failed += commit.failed
-        count = self._job_count(job, time.monotonic())
-        count.done += commit.done
-        count.failed += commit.failed
+        self.figures.count(job, commit.done, commit.failed, time.monotonic())
         self.engine.touched.add(job)
 
     def info(self, now: float) -> EndpointInfo:
         """This endpoint's row in the fleet registry."""
-        return EndpointInfo(
-            endpoint=self.client.label,
-            worker=self.settings.worker_name,
-            models=self.models or (),
-            circuit=self.circuit.state,
-            updated_s=now,
-            period_s=self.settings.stats_period_s,
-        )
+        return self.figures.info(self.models or (), self.circuit.state, now)
 
     def stats(self, job: str, now: float, mono: float, *, last: str | None = None) -> EndpointStats:
-        """This drainer's figures for ``job`` (see :class:`EndpointStats`); ``last``: the
-        state of a last word (this worker no longer serves the job)."""
-        count = self._job_count(job, mono)
-        circuit = last if last is not None else self.circuit.state
-        return EndpointStats(
-            endpoint=self.client.label,
-            worker=self.settings.worker_name,
-            circuit=circuit,
-            done=count.done,
-            failed=count.failed,
+        """This drainer's figures for ``job``; ``last``: the state of a last word (this worker
+        no longer serves the job)."""
+        return self.figures.stats(
+            job,
+            now,
+            mono,
+            circuit=last if last is not None else self.circuit.state,
             errors=self.circuit.errors,
             last_error=self.circuit.broken or self.circuit.last_error,
-            rate_per_s=0.0 if last else count.rate(mono),
             window=self.window.size,
-            in_flight=0 if last else self.window.in_use,
-            updated_s=now,
-            period_s=self.settings.stats_period_s,
+            in_flight=self.window.in_use,
+            last=last is not None,
         )
 
     @property
@@ -145,31 +118,9 @@ class EndpointDrainer:
         return self.served.may_serve(spec)
 
     @property
-    def circuit_open(self) -> bool:
-        return self.circuit.is_open
-
-    @property
     def broken(self) -> str | None:
         """Why the endpoint can take no work at all, if so (see :class:`Circuit`)."""
         return self.circuit.broken
-
-    @property
-    def errors(self) -> int:
-        return self.circuit.errors
-
-    @property
-    def last_error(self) -> str:
-        return self.circuit.last_error
-
-    @property
-    def retries(self) -> int:
-        return self.runner.retries
-
-    @property
-    def requests(self) -> int:
-        """Generation requests sent to the endpoint (probes included), as the client counts
-        them where they are sent."""
-        return self.client.requests
 
     # -- loops --------------------------------------------------------------------------
 
@@ -197,7 +148,7 @@ class EndpointDrainer:
         await follow_load(
             self.window,
             self.client.load,
-            answered=lambda: self.prompts_done,
+            answered=lambda: self.figures.prompts_done,
             sleep=self.engine.sleep,
             hi=hi,
             settings=self.settings,
@@ -295,7 +246,7 @@ class EndpointDrainer:
         # sibling slot's reclaim while it waits for its turn here.
         heartbeat = asyncio.create_task(self._keep_claimed(job, ids))
         self.intake.in_hand.update(ids)
-        self._job_count(job, time.monotonic())  # its rate counts from its first batch
+        self.figures.job(job, time.monotonic())  # its rate counts from its first batch
         try:
             if dead:
                 await self._dead_letter(job, dead)
@@ -323,7 +274,7 @@ class EndpointDrainer:
             for eid, payload, n in dead
         ]
         commit = await self._commit(job, results)
-        self.dead_lettered += commit.failed
+        self.figures.dead_lettered += commit.failed
         self._count(job, commit)
         log.warning("%s: dead-lettered %d entries of job %s", self.client.label, len(dead), job)
 
@@ -373,7 +324,7 @@ class EndpointDrainer:
             with contextlib.suppress(StoreUnavailable):
                 await asyncio.shield(self.store.release(job, self.consumer, ids))
             if work is not None and work in self._preempted:
-                self.preempted += len(ids)
+                self.figures.preempted += len(ids)
                 log.debug("%s: preempted %d prompts of job %s", self.client.label, len(ids), job)
                 return
             raise
@@ -469,13 +420,12 @@ class EndpointDrainer:
         self.circuit.trip(cause)
 
     async def _probe(self) -> None:
-        """One probe of the endpoint: /health, its models, and (after failures: a hung engine
-        still answers those) one generated token. Raises an EndpointError while it cannot work."""
-        if not await self.client.ready(self.settings.probe_timeout_s):
-            raise EndpointRetryable(self.client.label, "/health not ready")
-        await self.served.read()
-        if self.circuit.was_ready:
-            await self._probe_generation()
+        await probe_endpoint(
+            self.client,
+            self.served,
+            timeout_s=self.settings.probe_timeout_s,
+            generate=self.circuit.was_ready,
+        )
 
     async def _nothing_left(self) -> bool:
         """In burst mode: True once no work this endpoint can do is left. The first slot to
@@ -486,18 +436,6 @@ class EndpointDrainer:
 
     async def _give_up_probing(self) -> bool:
         return await self._nothing_left()
-
-    async def _probe_generation(self) -> None:
-        """One token of one prompt, within the probe timeout: the endpoint really generates.
-        A refusal is an answer too (the server is alive); a timeout or 5xx is not."""
-        assert self.models
-        with contextlib.suppress(EndpointRejected, ModelNotServed):
-            await self.client.complete(
-                self.models[0],
-                ["ping"],
-                SamplingParams(max_tokens=1),
-                timeout_s=self.settings.probe_timeout_s,
-            )
 
     def _backoff(self, attempt: int) -> float:
         return backoff_s(

@@ -102,8 +102,7 @@ class Registry(StoreBase):
         """The jobs among ``names`` not yet finished (one pipelined round trip)."""
         if not names:
             return []
-        async with redis_errors(self.url):
-            pipe = self.redis.pipeline(transaction=False)
+        async with redis_errors(self.url), self.redis.pipeline(transaction=False) as pipe:
             for name in names:
                 pipe.hmget(self.keys.meta(name), [Meta.FINISHED_S, Meta.CANCELLED_S])
             flags = await pipe.execute()
@@ -119,8 +118,7 @@ class Registry(StoreBase):
         """True while the job has entries not yet acked, or is not sealed and a live producer
         is still feeding it. (An unsealed job whose producer died or refused its input has no
         work until it is resumed: a burst worker does not wait for it.)"""
-        async with redis_errors(self.url):
-            pipe = self.redis.pipeline(transaction=False)
+        async with redis_errors(self.url), self.redis.pipeline(transaction=False) as pipe:
             pipe.hmget(self.keys.meta(job), [Meta.TOTAL, Meta.FINISHED_S, Meta.CANCELLED_S])
             pipe.xlen(self.keys.stream(job))
             pipe.exists(self.keys.producer_lock(job))

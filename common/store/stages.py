@@ -25,10 +25,10 @@ class Stages(StoreBase):
             return []
         fields = [Meta.REDUCE, Meta.STAGE, Meta.REDUCED_S, Meta.CANCELLED_S]
         async with redis_errors(self.url):
-            pipe = self.redis.pipeline(transaction=False)
-            for name in parents:
-                pipe.hmget(self.keys.meta(name), fields)
-            rows = await pipe.execute()
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for name in parents:
+                    pipe.hmget(self.keys.meta(name), fields)
+                rows = await pipe.execute()
             todo = [
                 (name, int(stage or 0))
                 for name, (kind, stage, reduced, cancelled) in zip(parents, rows, strict=True)
@@ -36,17 +36,16 @@ class Stages(StoreBase):
             ]
             if not todo:
                 return []
-            pipe = self.redis.pipeline(transaction=False)
-            for name, level in todo:
-                pipe.hget(self.keys.meta(stage_name(name, level)), Meta.FINISHED_S)
-            finished = await pipe.execute()
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for name, level in todo:
+                    pipe.hget(self.keys.meta(stage_name(name, level)), Meta.FINISHED_S)
+                finished = await pipe.execute()
         return [(n, lv, f is not None) for (n, lv), f in zip(todo, finished, strict=True)]
 
     async def set_stage(self, job: str, level: int, **info: int) -> None:
         """Record that ``job``'s reduce now runs stage ``level`` (``info``: counts about how it
         was built, kept in the stage's meta)."""
-        async with redis_errors(self.url):
-            pipe = self.redis.pipeline(transaction=True)
+        async with redis_errors(self.url), self.redis.pipeline(transaction=True) as pipe:
             if info:
                 pipe.hset(self.keys.meta(stage_name(job, level)), mapping=info)
             pipe.hset(self.keys.meta(job), Meta.STAGE, level)
@@ -54,8 +53,7 @@ class Stages(StoreBase):
 
     async def write_final(self, job: str, output: ReduceOutput) -> bool:
         """Store the reduce output, once; False if one was there already."""
-        async with redis_errors(self.url):
-            pipe = self.redis.pipeline(transaction=True)
+        async with redis_errors(self.url), self.redis.pipeline(transaction=True) as pipe:
             pipe.set(self.keys.final(job), encode_final(output), nx=True)
             pipe.hsetnx(self.keys.meta(job), Meta.REDUCED_S, f"{time.time():.3f}")
             written, _ = await pipe.execute()

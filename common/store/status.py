@@ -83,8 +83,7 @@ class Status(StoreBase):
 
     async def status(self, job: str) -> JobStatus:
         meta_key, stream = self.keys.meta(job), self.keys.stream(job)
-        async with redis_errors(self.url):
-            pipe = self.redis.pipeline(transaction=False)
+        async with redis_errors(self.url), self.redis.pipeline(transaction=False) as pipe:
             pipe.hgetall(meta_key)
             pipe.xlen(stream)
             pipe.xpending(stream, GROUP)
@@ -101,8 +100,7 @@ class Status(StoreBase):
     async def publish_endpoints(self, stats: dict[str, dict[str, EndpointStats]]) -> None:
         """Write each job's per-endpoint figures: ``{job: {consumer: stats}}``; jobs deleted
         meanwhile are skipped."""
-        async with redis_errors(self.url):
-            pipe = self.redis.pipeline(transaction=False)
+        async with redis_errors(self.url), self.redis.pipeline(transaction=False) as pipe:
             for job, by_consumer in stats.items():
                 if by_consumer:
                     args = [x for c, st in by_consumer.items() for x in (c, encode(st))]
@@ -124,8 +122,7 @@ class Status(StoreBase):
     async def publish_fleet(self, rows: Sequence[EndpointInfo], gone: Sequence[str] = ()) -> None:
         """Write a worker's endpoints to the fleet registry (field ``worker|endpoint``) and
         remove the fields ``gone`` (a worker that stops takes its endpoints out)."""
-        async with redis_errors(self.url):
-            pipe = self.redis.pipeline(transaction=False)
+        async with redis_errors(self.url), self.redis.pipeline(transaction=False) as pipe:
             if rows:
                 pipe.hset(
                     self.keys.fleet,
