@@ -14,8 +14,11 @@ import itertools
 from typing import Any, Literal, Union
 
 import msgspec
+from msgspec.structs import replace
 
 from common.errors import ConfigError
+from common.models import Result
+from common.vocab import FailureKind
 
 __all__ = ["AnswerValidator", "schema_type"]
 
@@ -92,3 +95,10 @@ class AnswerValidator:
         except msgspec.DecodeError as exc:
             return f"not JSON: {exc}"
         return None
+
+    def checked(self, r: Result) -> Result:
+        """``r`` failed with kind ``schema`` if its text does not match; the text is kept."""
+        if not r.ok:
+            return r
+        reason = self.error(r.text or "")
+        return r if reason is None else replace(r, error=reason, error_kind=FailureKind.SCHEMA)

@@ -17,8 +17,6 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from msgspec.structs import replace
-
 from common.backoff import backoff_s
 from common.errors import (
     EndpointError,
@@ -30,14 +28,12 @@ from common.models import (
     EndpointInfo,
     EndpointStats,
     JobSpec,
-    PromptItem,
     Result,
 )
-from common.schema import AnswerValidator
-from common.store import Commit, decode_entry, index_of
-from common.vocab import FailureKind
+from common.store import Commit
 from worker.batch import BatchRunner, Tally
 from worker.circuit import Circuit, GiveUp
+from worker.deliveries import Triage, dead_letters, decode_deliveries
 from worker.endpoint import EndpointClient
 from worker.figures import EndpointFigures
 from worker.intake import Delivery, Intake, service_order
@@ -51,9 +47,6 @@ if TYPE_CHECKING:  # a drainer belongs to its engine: its job registry, clock an
 __all__ = ["EndpointDrainer"]
 
 log = logging.getLogger("swarm.worker")
-
-# An entry that this many workers died running is suspected of killing them: it runs alone.
-SUSPECT_DEATHS = 2
 
 
 class EndpointDrainer:
@@ -231,16 +224,11 @@ class EndpointDrainer:
     # -- doing work ---------------------------------------------------------------------
 
     async def process(self, job: str, deliveries: list[Delivery]) -> None:
-        """Finish one batch, each entry by how many workers died running it. One death is
-        usually innocent (a walltime, a node lost) and runs as usual; from
-        :data:`SUSPECT_DEATHS` on, the entry runs alone, one after another, so that a prompt
-        that kills workers cannot take its neighbours with it; past ``max_deliveries`` deaths
-        it is dead-lettered. A release (a failing endpoint, a model not served) or a restart
-        taking back its own batches is no death: only a run that never finished is."""
-        limit = self.settings.max_deliveries
-        dead = [d for d in deliveries if d[2] > limit]
-        fresh = [d for d in deliveries if d[2] < SUSPECT_DEATHS]
-        suspects = [d for d in deliveries if SUSPECT_DEATHS <= d[2] <= limit]
+        """Finish one batch, each entry by how many workers died running it (see
+        :class:`~worker.deliveries.Triage`). A release (a failing endpoint, a model not served)
+        or a restart taking back its own batches is no death: only a run that never finished
+        is."""
+        sorted_ = Triage(deliveries, self.settings.max_deliveries)
         ids = [eid for eid, _, _ in deliveries]
         # Everything taken stays ours until done: refreshed claims, and never restarted by a
         # sibling slot's reclaim while it waits for its turn here.
@@ -248,31 +236,18 @@ class EndpointDrainer:
         self.intake.in_hand.update(ids)
         self.figures.job(job, time.monotonic())  # its rate counts from its first batch
         try:
-            if dead:
-                await self._dead_letter(job, dead)
-            if fresh:
-                await self._run_batch(job, fresh)
-            for suspect in suspects:
+            if sorted_.dead:
+                await self._dead_letter(job, sorted_.dead)
+            if sorted_.fresh:
+                await self._run_batch(job, sorted_.fresh)
+            for suspect in sorted_.suspects:
                 await self._run_batch(job, [suspect])
         finally:
             heartbeat.cancel()
             self.intake.in_hand.difference_update(ids)
 
     async def _dead_letter(self, job: str, dead: list[Delivery]) -> None:
-        results = [
-            (
-                eid,
-                Result(
-                    index=index_of(eid),
-                    endpoint=self.client.label,
-                    error=f"dead-lettered: {n} workers died running it (a prompt that "
-                    "kills workers?)",
-                    error_kind=FailureKind.DEAD_LETTER,
-                ),
-                payload,
-            )
-            for eid, payload, n in dead
-        ]
+        results = dead_letters(dead, self.client.label)
         commit = await self._commit(job, results)
         self.figures.dead_lettered += commit.failed
         self._count(job, commit)
@@ -282,20 +257,7 @@ class EndpointDrainer:
         """Complete one batch and commit it; on giving up, release it to other workers."""
         spec = self.engine.jobs.get(job) or await self.store.load_spec(job)
         ids = [eid for eid, _, _ in deliveries]
-        results: list[tuple[bytes, Result, bytes | None]] = []
-        items: list[tuple[bytes, bytes | None, PromptItem]] = []
-        for eid, payload, _ in deliveries:
-            decoded = decode_entry(eid, payload)
-            if isinstance(decoded, str):
-                bad = Result(
-                    index=index_of(eid),
-                    endpoint=self.client.label,
-                    error=decoded,
-                    error_kind=FailureKind.BAD_ENTRY,
-                )
-                results.append((eid, bad, payload))
-            else:
-                items.append((eid, payload, decoded))
+        items, results = decode_deliveries(deliveries, self.client.label)
         tally = Tally()
         work: asyncio.Task[list[Result]] | None = None
         try:
@@ -311,7 +273,7 @@ class EndpointDrainer:
                 done = await work
                 validator = self.engine.validator(spec)
                 if validator is not None:
-                    done = [self._checked(r, validator) for r in done]
+                    done = [validator.checked(r) for r in done]
                 for (eid, payload, _), result in zip(items, done, strict=True):
                     results.append((eid, result, payload))
         except (GiveUp, EndpointUnusable, ModelNotServed) as exc:
@@ -444,13 +406,3 @@ class EndpointDrainer:
             cap_s=self.settings.backoff_cap_s,
             rand=self.engine.rand,
         )
-
-    @staticmethod
-    def _checked(r: Result, validator: AnswerValidator) -> Result:
-        """``r`` failed with kind ``schema`` if its text does not match; the text is kept."""
-        if not r.ok:
-            return r
-        reason = validator.error(r.text or "")
-        if reason is None:
-            return r
-        return replace(r, error=reason, error_kind=FailureKind.SCHEMA)
