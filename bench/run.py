@@ -706,11 +706,16 @@ def main() -> None:
         metavar="SCENARIO",
         help="run only this scenario (repeatable); the report keeps the others' sections",
     )
+    p.add_argument(
+        "--json",
+        metavar="PATH",
+        help="where the figures go as JSON (default: bench/out/smoke.json or results.json)",
+    )
     args = p.parse_args()
     t0 = time.monotonic()
     scenarios = asyncio.run(main_async(args))
     elapsed = time.monotonic() - t0
-    (OUT / ("smoke.json" if args.smoke else "results.json")).write_text(
+    Path(args.json or OUT / ("smoke.json" if args.smoke else "results.json")).write_text(
         json.dumps(
             [{**asdict(sc), "series": sc.series[-3:]} for sc in scenarios], indent=1, default=str
         )

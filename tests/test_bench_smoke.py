@@ -1,5 +1,6 @@
-"""A smoke run of every benchmark scenario at tiny size: the harness, the baselines and the
-system all work end to end. (The speed targets are proven by the full run, not here.)"""
+"""A smoke run of every benchmark scenario at tiny size, one test per scenario: the harness,
+the baselines and the system all work end to end. (The speed targets are proven by the full
+run, not here.)"""
 
 from __future__ import annotations
 
@@ -7,25 +8,36 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
+
+from bench.run import SCENARIOS
 
 ROOT = Path(__file__).resolve().parents[1]
 
 pytestmark = pytest.mark.slow
 
+BASELINES = {"static round-robin", "naive gather", "arq, one job per prompt"}
 
-def test_every_benchmark_scenario_runs_at_tiny_size() -> None:
-    out = subprocess.run(
-        [sys.executable, "-m", "bench.run", "--smoke"],
+
+def _smoke(name: str, tmp_path: Path) -> dict[str, Any]:
+    out = tmp_path / "smoke.json"
+    run = subprocess.run(
+        [sys.executable, "-m", "bench.run", "--smoke", "--only", name, "--json", str(out)],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=600,
     )
-    assert out.returncode == 0, out.stderr[-3000:]
-    scenarios = {s["name"]: s for s in json.loads((ROOT / "bench/out/smoke.json").read_text())}
-    assert list(scenarios) == [
+    assert run.returncode == 0, run.stderr[-3000:]
+    scenarios = json.loads(out.read_text())
+    assert [s["name"] for s in scenarios] == [name]
+    return scenarios[0]  # type: ignore[no-any-return]
+
+
+def test_the_scenarios_are_the_seven_reported() -> None:
+    assert list(SCENARIOS) == [
         "homogeneous",
         "heterogeneous",
         "dead_node",
@@ -34,26 +46,45 @@ def test_every_benchmark_scenario_runs_at_tiny_size() -> None:
         "latency",
         "priority",
     ]
+
+
+@pytest.mark.parametrize("name", ["homogeneous", "heterogeneous", "dead_node", "overhead"])
+def test_a_scenario_runs_the_system_and_every_baseline(name: str, tmp_path: Path) -> None:
+    sc = _smoke(name, tmp_path)
+    rows = {r["system"]: r for r in sc["rows"]}
+    assert all(r["wall_s"] > 0 for r in rows.values())
+    assert rows["swarm-queue"]["answered"] == rows["swarm-queue"]["prompts"] > 0
+    # every baseline, side by side, in every scenario
+    assert set(rows) >= BASELINES
+
+
+def test_the_scale_scenario_answers_every_prompt_both_ways(tmp_path: Path) -> None:
+    sc = _smoke("scale", tmp_path)
+    rows = {r["system"]: r for r in sc["rows"]}
+    assert all(r["wall_s"] > 0 for r in rows.values())
+    assert [r["answered"] for r in sc["rows"]] == [r["prompts"] for r in sc["rows"]]
+    assert sc["rows"][0]["prompts"] > 0 and len(sc["rows"]) == 6
+    assert set(rows) >= BASELINES
+
+
+def test_the_latency_scenario_reports_the_first_result_and_the_wait(tmp_path: Path) -> None:
+    sc = _smoke("latency", tmp_path)
+    rows = {r["system"]: r for r in sc["rows"]}
+    assert all(r["wall_s"] > 0 for r in rows.values())
+    assert rows["swarm-queue"]["answered"] == rows["swarm-queue"]["prompts"] > 0
+    assert set(rows) >= BASELINES
+    latency = {r["system"]: r["extra"] for r in sc["rows"]}
+    assert latency["swarm-queue"]["first_result_s"] > 0
+    assert latency["swarm-queue"]["mean_wait_s"] >= 0
+
+
+def test_the_priority_scenario_compares_the_system_with_itself(tmp_path: Path) -> None:
     # Priority compares the system with itself (alone, urgent, same priority): the baselines
     # have no notion of jobs side by side.
-    priority = scenarios.pop("priority")
-    assert [r["system"] for r in priority["rows"]] == [
+    sc = _smoke("priority", tmp_path)
+    assert [r["system"] for r in sc["rows"]] == [
         "alone, idle fleet",
         "priority 1, behind the big job",
         "same priority 0 (fair share)",
     ]
-    assert all(r["answered"] == r["prompts"] > 0 and r["wall_s"] > 0 for r in priority["rows"])
-    for name, sc in scenarios.items():
-        rows = {r["system"]: r for r in sc["rows"]}
-        assert all(r["wall_s"] > 0 for r in rows.values())
-        if name == "scale":
-            assert [r["answered"] for r in sc["rows"]] == [r["prompts"] for r in sc["rows"]]
-            assert sc["rows"][0]["prompts"] > 0 and len(sc["rows"]) == 6
-            assert {"static round-robin", "naive gather", "arq, one job per prompt"} <= set(rows)
-            continue
-        assert rows["swarm-queue"]["answered"] == rows["swarm-queue"]["prompts"] > 0
-        # every baseline, side by side, in every scenario
-        assert {"static round-robin", "naive gather", "arq, one job per prompt"} <= set(rows)
-    latency = {r["system"]: r["extra"] for r in scenarios["latency"]["rows"]}
-    assert latency["swarm-queue"]["first_result_s"] > 0
-    assert latency["swarm-queue"]["mean_wait_s"] >= 0
+    assert all(r["answered"] == r["prompts"] > 0 and r["wall_s"] > 0 for r in sc["rows"])

@@ -37,6 +37,7 @@ async def finish(store: JobStore, job: str) -> None:
     )
 
 
+@pytest.mark.slow
 async def test_jobs_are_listed_and_only_finished_ones_deleted(
     store: JobStore,
     cli_env: dict[str, str],
@@ -75,6 +76,7 @@ async def test_jobs_are_listed_and_only_finished_ones_deleted(
     assert (await store.status("live")).enqueued == 7
 
 
+@pytest.mark.slow
 async def test_enqueue_warns_or_refuses_a_model_no_live_endpoint_serves(
     store: JobStore, cli_env: dict[str, str], tmp_path: Path
 ) -> None:
@@ -101,6 +103,7 @@ async def test_enqueue_warns_or_refuses_a_model_no_live_endpoint_serves(
     assert await store.list_jobs() == ["x", "y"]
 
 
+@pytest.mark.slow
 def test_bad_values_closed_pipes_and_a_second_collector_are_one_clear_line(
     cli_env: dict[str, str], tmp_path: Path
 ) -> None:
@@ -147,6 +150,7 @@ def test_bad_values_closed_pipes_and_a_second_collector_are_one_clear_line(
         first.wait()
 
 
+@pytest.mark.slow
 def test_a_worker_with_a_wrong_redis_password_stops_at_once_with_one_line(
     cli_env: dict[str, str], redis_url: str
 ) -> None:

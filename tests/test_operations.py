@@ -98,6 +98,7 @@ async def test_cancel_of_a_job_still_being_enqueued_seals_it_where_input_stopped
         await store.add_items("j", [PromptItem(7, "late")])
 
 
+@pytest.mark.slow
 def test_retry_and_cancel_commands(tmp_path: Path, redis_url: str, prefix: str) -> None:
     env = {"SWARM_REDIS_URL": redis_url, "SWARM_PREFIX": prefix, "PATH": str(BIN)}
     src = tmp_path / "p.txt"

@@ -94,7 +94,7 @@ async def test_window_gate_admits_at_most_size_and_follows_a_resize() -> None:
 async def test_an_underfed_engine_gets_more_batches_in_flight(
     make_settings: Callable[..., Settings], store: JobStore, sim_fleet: Callable[..., SimFleet]
 ) -> None:
-    n = 3000
+    n = 1200
     await enqueue_prompts(store, spec(max_tokens=32), prompts(n))
     settings = make_settings(batch_size=8, inflight=2, inflight_max=32, adapt_period_s=0.05)
     cfg = EngineConfig(max_num_seqs=64, step_base_ms=5.0, step_per_seq_ms=0.0)

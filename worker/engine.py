@@ -215,7 +215,9 @@ class Engine:
                 continue
             if await self.store.job_has_work(job):
                 return True
-        return False
+        # A job that finished since the refresh above may have a reduce to run: look again.
+        await self.refresh_jobs(force=True)
+        return self._reduces_pending
 
     def unserved(self) -> list[JobSpec]:
         """The jobs no endpoint of this worker serves: left for other workers' endpoints."""
