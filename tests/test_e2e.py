@@ -346,3 +346,22 @@ def test_collector_killed_mid_write_resumes_to_a_byte_identical_file(
     finally:
         client.delete(meta, results)
         client.close()
+
+
+def test_settings_are_read_when_arq_asks_for_them_not_on_import(env: dict[str, str]) -> None:
+    bad = {**env, "SWARM_BATCH_SIZE": "abc"}
+    imported = subprocess.run(
+        [sys.executable, "-c", "import worker.app, worker.engine, worker.main"],
+        env=bad,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert imported.returncode == 0, imported.stderr
+    for cmd in (
+        [sys.executable, "-m", "arq", "worker.WorkerSettings"],
+        [str(BIN / "swarm-worker")],
+    ):
+        run = subprocess.run(cmd, env=bad, capture_output=True, text=True, timeout=60)
+        assert run.returncode == 2
+        assert run.stderr.strip().endswith("error: SWARM_BATCH_SIZE='abc' is not a valid int")
