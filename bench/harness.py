@@ -30,6 +30,7 @@ from common.vocab import Meta
 from producer.collect import collect, collect_to_file
 from producer.enqueue import enqueue_prompts
 from sim.engine import Engine, EngineConfig
+from sim.launch import SimExited, launch
 from sim.text import completion_for
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -119,11 +120,6 @@ class SimFleetProc:
 
     def _start_once(self, extra: tuple[str, ...]) -> bool:
         args = [
-            sys.executable,
-            "-m",
-            "sim",
-            "--ports",
-            ",".join(map(str, self.ports)),
             "--speed",
             ",".join(map(str, self.speeds)),
             "--max-num-seqs",
@@ -136,20 +132,10 @@ class SimFleetProc:
         ]
         if self.config.instant:
             args.append("--instant")
-        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 20
-        for url in self.urls:
-            while True:
-                try:
-                    urllib.request.urlopen(url + "/health", timeout=1).read()
-                    break
-                except OSError:
-                    if self.proc.poll() is not None:
-                        return False  # it could not bind a port
-                    if time.monotonic() > deadline:
-                        self.stop()
-                        raise RuntimeError("swarm-sim did not start") from None
-                    time.sleep(0.05)
+        try:
+            self.proc = launch(self.ports, *args)
+        except SimExited:
+            return False  # it could not bind a port
         return True
 
     def stop(self) -> None:

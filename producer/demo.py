@@ -29,6 +29,7 @@ from common.store import JobStore
 from common.vocab import Meta
 from producer.collect import collect
 from producer.enqueue import enqueue_prompts
+from sim.launch import launch
 from sim.text import completion_for
 
 __all__ = ["main"]
@@ -43,30 +44,12 @@ def demo_prompt(i: int) -> str:
 @contextlib.contextmanager
 def _sim(ports: list[int], log: Path) -> Iterator[subprocess.Popen[bytes]]:
     with open(log, "wb") as fh:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "sim", "--ports", ",".join(map(str, ports))],
-            stdout=fh,
-            stderr=subprocess.STDOUT,
-        )
+        proc = launch(ports, log=fh, timeout_s=15)
     try:
         yield proc
     finally:
         proc.terminate()
         proc.wait(timeout=10)
-
-
-async def _wait_http(ports: list[int], timeout_s: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    for port in ports:
-        while True:
-            try:
-                _, writer = await asyncio.open_connection("127.0.0.1", port)
-                writer.close()
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"swarm-sim did not start on port {port}") from None
-                await asyncio.sleep(0.05)
 
 
 async def _demo(args: argparse.Namespace) -> int:
@@ -85,7 +68,6 @@ async def _demo(args: argparse.Namespace) -> int:
     workers: list[subprocess.Popen[bytes]] = []
     try:
         with _sim(ports, out_dir / "sim.log"):
-            await _wait_http(ports)
             t0, t0_wall = time.monotonic(), time.time()
             spec = JobSpec(
                 job=job,

@@ -5,10 +5,8 @@ the checks of their output. Tests get a Fleet through conftest's ``fleet_factory
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
@@ -16,6 +14,7 @@ import msgspec
 import redis
 
 from common.embedded import free_port
+from sim.launch import launch, wait_listening
 from sim.text import completion_for
 
 __all__ = [
@@ -33,16 +32,7 @@ BIN = Path(sys.executable).parent
 
 def wait_port(port: int, proc: subprocess.Popen[bytes], timeout_s: float = 20.0) -> None:
     """Wait until something listens on ``port``; fail if ``proc`` (its server) exits first."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"process exited with {proc.returncode}")
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return
-        except OSError:
-            time.sleep(0.02)
-    raise RuntimeError(f"nothing listening on {port}")
+    wait_listening([port], proc, timeout_s)
 
 
 MAX_TOKENS = 12
@@ -70,23 +60,9 @@ class Fleet:
             SWARM_BACKOFF_BASE_S="0.05",
             SWARM_BACKOFF_CAP_S="0.5",
         )
-        self.sim = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "sim",
-                "--ports",
-                ",".join(map(str, self.ports)),
-                "--step-ms",
-                "2",
-                "--max-model-len",
-                str(MAX_MODEL_LEN),
-                *sim_args,
-            ],
-            stdout=subprocess.DEVNULL,
+        self.sim = launch(
+            self.ports, "--step-ms", "2", "--max-model-len", str(MAX_MODEL_LEN), *sim_args
         )
-        for p in self.ports:
-            wait_port(p, self.sim)
         self.workers: list[subprocess.Popen[bytes]] = []
         self.logs: list[Path] = []
 

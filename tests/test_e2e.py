@@ -16,8 +16,9 @@ import pytest
 import redis
 
 from common.embedded import free_port
+from sim.launch import launch
 from sim.text import completion_for
-from tests.harness import BIN, wait_port
+from tests.harness import BIN
 
 pytestmark = pytest.mark.slow
 
@@ -25,13 +26,8 @@ pytestmark = pytest.mark.slow
 @pytest.fixture
 def sim_ports() -> Iterator[list[int]]:
     ports = [free_port() for _ in range(4)]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "sim", "--ports", ",".join(map(str, ports)), "--step-ms", "2"],
-        stdout=subprocess.DEVNULL,
-    )
+    proc = launch(ports, "--step-ms", "2")
     try:
-        for p in ports:
-            wait_port(p, proc)
         yield ports
     finally:
         proc.terminate()

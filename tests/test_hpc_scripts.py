@@ -17,8 +17,9 @@ import pytest
 import redis
 
 from common.embedded import free_port
+from sim.launch import launch
 from sim.text import completion_for
-from tests.harness import BIN, wait_port
+from tests.harness import BIN
 from tests.helpers import wait_until
 
 pytestmark = pytest.mark.slow
@@ -153,13 +154,8 @@ def test_pbs_workers_take_their_own_hosts_endpoints_with_the_tag_asked_for(
     hpc_env: dict[str, str], tmp_path: Path
 ) -> None:
     ports = [free_port() for _ in range(3)]
-    sim = subprocess.Popen(
-        [sys.executable, "-m", "sim", "--ports", ",".join(map(str, ports))],
-        stdout=subprocess.DEVNULL,
-    )
+    sim = launch(ports)
     try:
-        for p in ports:
-            wait_port(p, sim)
         hostfile = tmp_path / "hostfile"
         hostfile.write_text(
             f"localhost\t{ports[0]}\tmodel=8b\n"
