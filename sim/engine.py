@@ -85,6 +85,8 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
     step_per_seq_ms: float = 0.05
     # Answer at once, with no decode time: measures the cost of everything but the model.
     instant: bool = False
+    # Every request as if it set vLLM's ignore_eos: exactly max_tokens tokens each.
+    ignore_eos: bool = False
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1 or self.max_model_len < 2:

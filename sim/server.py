@@ -56,6 +56,7 @@ class _CompletionRequest(msgspec.Struct, kw_only=True):
     stream: bool = False
     # vLLM's default on /v1/completions: the tokenizer adds its special tokens (the BOS).
     add_special_tokens: bool = True
+    ignore_eos: bool = False  # vLLM's: generate exactly max_tokens
 
 
 class _TokenizeRequest(msgspec.Struct, kw_only=True):
@@ -78,6 +79,7 @@ class _ChatRequest(msgspec.Struct, kw_only=True):
     stream: bool = False
     # vLLM's default on chat: the chat template carries the special tokens it needs.
     add_special_tokens: bool = False
+    ignore_eos: bool = False
 
 
 _completion_decoder = msgspec.json.Decoder(_CompletionRequest)
@@ -304,7 +306,8 @@ class SimEndpoint:
         for n in ptoks:  # one over-long prompt fails the whole list, as in vLLM
             if (err := self._context_error(n, max_tokens)) is not None:
                 return err
-        outs = [completion_for(p, max_tokens) for p in seen]
+        ignore_eos = req.ignore_eos or self.config.ignore_eos
+        outs = [completion_for(p, max_tokens, ignore_eos=ignore_eos) for p in seen]
         await self._generate([n for _, n, _ in outs], sum(ptoks))
         ctoks = sum(n for _, n, _ in outs)
         return self._ok(
@@ -348,7 +351,8 @@ class SimEndpoint:
             max_tokens = max(1, self.config.max_model_len - ptoks)
         if (err := self._context_error(ptoks, max_tokens)) is not None:
             return err
-        text, n, reason = completion_for(prompt, max_tokens)
+        ignore_eos = req.ignore_eos or self.config.ignore_eos
+        text, n, reason = completion_for(prompt, max_tokens, ignore_eos=ignore_eos)
         await self._generate([n], ptoks)
         return self._ok(
             {
@@ -530,6 +534,11 @@ def build_fleet(argv: Sequence[str] | None = None) -> SimFleet:
     p.add_argument("--step-ms", type=float, default=10.0, help="decode step base cost (ms)")
     p.add_argument("--step-per-seq-ms", type=float, default=0.05, help="added cost per running seq")
     p.add_argument("--instant", action="store_true", help="answer at once (overhead benchmarks)")
+    p.add_argument(
+        "--ignore-eos",
+        action="store_true",
+        help="answer every request as if it set vLLM's ignore_eos: exactly max_tokens tokens",
+    )
     p.add_argument("--error-rate", default="0", help="fraction of requests answered with HTTP 500")
     p.add_argument("--reset-rate", default="0", help="fraction of connections reset")
     p.add_argument("--die-after", default="", help="seconds until a port dies (per port)")
@@ -577,6 +586,7 @@ def build_fleet(argv: Sequence[str] | None = None) -> SimFleet:
             step_base_ms=a.step_ms,
             step_per_seq_ms=a.step_per_seq_ms,
             instant=a.instant,
+            ignore_eos=a.ignore_eos,
         )
         faults = FaultConfig(
             error_rate=errors[i] or 0.0,

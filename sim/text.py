@@ -55,13 +55,16 @@ def natural_length(prompt: str) -> int:
     return MIN_LEN + _digest(prompt) % (MAX_LEN - MIN_LEN + 1)
 
 
-def completion_for(prompt: str, max_tokens: int) -> tuple[str, int, str]:
-    """``(text, completion_tokens, finish_reason)`` the simulator answers for ``prompt``.
+def completion_for(
+    prompt: str, max_tokens: int, *, ignore_eos: bool = False
+) -> tuple[str, int, str]:
+    """``(text, completion_tokens, finish_reason)`` the simulator answers for ``prompt``;
+    with ``ignore_eos`` (vLLM's sampling option) exactly ``max_tokens`` tokens.
 
     The first word carries the prompt's CRC32 so a result returned under the wrong index shows.
     """
     h = _digest(prompt)
-    natural = MIN_LEN + h % (MAX_LEN - MIN_LEN + 1)
+    natural = max_tokens + 1 if ignore_eos else MIN_LEN + h % (MAX_LEN - MIN_LEN + 1)
     n = min(natural, max_tokens)
     words = [f"<{h:08x}>"] + [_WORDS[(h + 7 * i) % len(_WORDS)] for i in range(1, n)]
     return " " + " ".join(words[:n]), n, "length" if natural > max_tokens else "stop"

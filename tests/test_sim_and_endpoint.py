@@ -117,6 +117,29 @@ async def test_chat_completions_and_models(sim_fleet: Callable[..., SimFleet]) -
         assert [(m.id, m.max_model_len) for m in models] == [("swarm-sim", 1234)]
 
 
+def test_ignore_eos_generates_exactly_max_tokens() -> None:
+    short = completion_for("hello", 1000)  # stops at its natural length (8-32 tokens)
+    text, n, reason = completion_for("hello", 100, ignore_eos=True)
+    assert (n, reason, len(text.split())) == (100, "length", 100)
+    assert text.startswith(short[0])  # the same answer, run on past its end
+
+
+async def test_an_engine_configured_with_ignore_eos_answers_every_prompt_at_full_length(
+    sim_fleet: Callable[..., SimFleet],
+) -> None:
+    prompts = [f"prompt {i}" for i in range(20)]
+    async with sim_fleet(1, EngineConfig(step_base_ms=0.5, ignore_eos=True)) as fleet:
+        client = EndpointClient(fleet.urls[0])
+        try:
+            body = await client.complete("swarm-sim", prompts, SamplingParams(max_tokens=40))
+        finally:
+            await client.close()
+    assert body.usage is not None and body.usage.completion_tokens == 20 * 40
+    assert [c.text for c in body.choices] == [
+        completion_for(p, 40, ignore_eos=True)[0] for p in prompts
+    ]
+
+
 # -- the endpoint boundary ---------------------------------------------------------------
 
 
