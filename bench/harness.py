@@ -132,6 +132,8 @@ class SimFleetProc:
         ]
         if self.config.instant:
             args.append("--instant")
+        if self.config.ignore_eos:
+            args.append("--ignore-eos")
         try:
             self.proc = launch(self.ports, *args)
         except SimExited:
@@ -282,12 +284,16 @@ class Sampler:
 
 @dataclass
 class Workers:
-    """Long-running ``arq worker.WorkerSettings`` processes, one per endpoint group."""
+    """Worker processes, one per endpoint group: long-running ``arq worker.WorkerSettings``,
+    or ``swarm-worker --burst`` started with the job."""
 
     redis_url: str
     prefix: str
     groups: list[list[str]]
     env: dict[str, str] = field(default_factory=dict)
+    # swarm-worker --burst (started with the job, gone when it is done), else long-running
+    # arq workers.
+    burst: bool = False
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
     def start(self) -> Workers:
@@ -306,7 +312,9 @@ class Workers:
             with open(OUT / f"worker-{self.prefix}-{i}.log", "wb") as log:
                 self.procs.append(
                     subprocess.Popen(
-                        [sys.executable, "-m", "arq", "worker.WorkerSettings"],
+                        [sys.executable, "-m", "worker.main", "--burst"]
+                        if self.burst
+                        else [sys.executable, "-m", "arq", "worker.WorkerSettings"],
                         env=env,
                         stdout=log,
                         stderr=subprocess.STDOUT,
@@ -359,16 +367,20 @@ async def run_swarm(
     *,
     worker_env: dict[str, str] | None = None,
     during: object = None,
+    burst: bool = False,
 ) -> SwarmRun:
     """One job through the system: workers already running, then enqueue and collect, timed
-    from the first enqueue to the last collected line."""
+    from the first enqueue to the last collected line. With ``burst``, ``--burst`` workers are
+    started together with the job, and the time runs from their start."""
     settings = Settings(redis_url=redis_url, prefix=prefix)
     store = JobStore.from_settings(settings)
-    workers = Workers(redis_url, prefix, groups, worker_env or {}).start()
+    t0 = time.monotonic()
+    workers = Workers(redis_url, prefix, groups, worker_env or {}, burst=burst).start()
     try:
-        await wait_workers_ready(store, len(groups))
+        if not burst:
+            await wait_workers_ready(store, len(groups))
+            t0 = time.monotonic()
         sampler = Sampler(fleet.urls, redis_url).start()
-        t0 = time.monotonic()
         spec = JobSpec(job="bench", params=SamplingParams(max_tokens=max_tokens))
         await enqueue_prompts(store, spec, ((p, None) for p in prompts))
         t_enq = time.monotonic() - t0

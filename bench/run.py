@@ -18,7 +18,7 @@ import json
 import platform
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +41,8 @@ from bench.harness import (
     run_swarm,
     urgent_job_time,
 )
+from bench.rows import Row, Scenario
+from bench.strict import strict_scenario
 from common.models import JobSpec, SamplingParams
 from common.settings import Settings
 from common.store import JobStore
@@ -62,39 +64,8 @@ SCENARIOS = (
     "scale",
     "latency",
     "priority",
+    "strict",
 )
-
-
-@dataclass
-class Row:
-    system: str
-    wall_s: float
-    answered: int
-    prompts: int
-    ideal_s: float | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def rate(self) -> float:
-        return self.answered / self.wall_s if self.wall_s else 0.0
-
-    @property
-    def capacity_fraction(self) -> float | None:
-        return self.ideal_s / self.wall_s if self.ideal_s else None
-
-
-@dataclass
-class Scenario:
-    name: str
-    title: str
-    note: str
-    rows: list[Row] = field(default_factory=list)
-    series: list[tuple[float, list[float], list[float], int]] = field(default_factory=list)
-    checks: dict[str, bool] = field(default_factory=dict)
-    extra: dict[str, Any] = field(default_factory=dict)
-    # Per system: (seconds, sequences waiting summed over the endpoints) / (seconds, bytes)
-    waiting: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
-    memory: dict[str, list[tuple[float, int]]] = field(default_factory=dict)
 
 
 Baseline = Callable[[], Awaitable[tuple[float, int]]]
@@ -694,6 +665,8 @@ async def main_async(args: argparse.Namespace) -> list[Scenario]:
             scenarios.append(await latency_scenario(bench, int(20_000 * s)))
         if "priority" in want:
             scenarios.append(await priority_scenario(bench, int(50_000 * s), max(20, int(500 * s))))
+        if "strict" in want:
+            scenarios.append(await strict_scenario(bench, s))
     return scenarios
 
 

@@ -36,7 +36,7 @@ def _smoke(name: str, tmp_path: Path) -> dict[str, Any]:
     return scenarios[0]  # type: ignore[no-any-return]
 
 
-def test_the_scenarios_are_the_seven_reported() -> None:
+def test_the_scenarios_are_the_eight_reported() -> None:
     assert list(SCENARIOS) == [
         "homogeneous",
         "heterogeneous",
@@ -45,6 +45,7 @@ def test_the_scenarios_are_the_seven_reported() -> None:
         "scale",
         "latency",
         "priority",
+        "strict",
     ]
 
 
@@ -88,3 +89,15 @@ def test_the_priority_scenario_compares_the_system_with_itself(tmp_path: Path) -
         "same priority 0 (fair share)",
     ]
     assert all(r["answered"] == r["prompts"] > 0 and r["wall_s"] > 0 for r in sc["rows"])
+
+
+def test_the_strict_scenario_runs_every_case_beside_static_round_robin(tmp_path: Path) -> None:
+    sc = _smoke("strict", tmp_path)
+    systems = [r["system"] for r in sc["rows"]]
+    assert len(systems) == 10
+    assert [s.split(":")[0] for s in systems] == ["swarm-queue", "static round-robin"] * 5
+    for swarm, base in zip(sc["rows"][::2], sc["rows"][1::2], strict=True):
+        assert swarm["answered"] == swarm["prompts"] > 0  # every prompt, even past a death
+        assert base["system"].split(": ", 1)[1] == swarm["system"].split(": ", 1)[1]
+        assert swarm["ideal_s"] > 0 and base["ideal_s"] == swarm["ideal_s"]
+    assert "--burst" in systems[6] and "dies" in systems[8]
