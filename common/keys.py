@@ -101,6 +101,10 @@ class Keys:
         nor released it: each one a worker that died running it. What dead-lettering counts."""
         return self._job(job, "running")
 
+    def copies(self, job: str) -> str:
+        """Set: entry IDs copied speculatively at the job's tail, so each is copied once."""
+        return self._job(job, "copies")
+
     def final(self, job: str) -> str:
         """String: the JSON :class:`common.models.ReduceOutput` of a job with a reduce stage,
         written once when the reduce has finished."""

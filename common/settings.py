@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 import socket
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -118,6 +118,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     reduce_functions: tuple[str, ...] = ()
     # How often (s) each worker publishes its per-endpoint figures for swarm-status.
     stats_period_s: float = 2.0
+    # At a job's tail (every entry delivered), an endpoint with nothing else to do runs copies
+    # of the batches other endpoints still hold, each entry once; the first commit wins.
+    speculate: bool = True
 
     def request_timeout_for(self, n_prompts: int, max_tokens: int) -> float:
         """The timeout of one request of ``n_prompts`` prompts (see ``request_timeout_s``)."""
@@ -190,7 +193,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     def from_env(cls, env: Mapping[str, str], **overrides: Any) -> Settings:
         """Build settings from ``SWARM_*`` variables, then apply non-None ``overrides``."""
         values: dict[str, Any] = {}
-        simple: dict[str, tuple[str, type]] = {
+        simple: dict[str, tuple[str, Callable[[str], Any]]] = {
             "SWARM_REDIS_URL": ("redis_url", str),
             "SWARM_REDIS_CA_FILE": ("redis_ca_file", str),
             "SWARM_PREFIX": ("prefix", str),
@@ -214,6 +217,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             "SWARM_STATS_PERIOD_S": ("stats_period_s", float),
             "SWARM_BACKOFF_BASE_S": ("backoff_base_s", float),
             "SWARM_BACKOFF_CAP_S": ("backoff_cap_s", float),
+            "SWARM_SPECULATE": ("speculate", boolean),
         }
         for var, (field, typ) in simple.items():
             raw = env.get(var, "").strip()
@@ -236,6 +240,16 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             return cls(**values)
         except (TypeError, msgspec.ValidationError) as exc:
             raise ConfigError(str(exc)) from None
+
+
+def boolean(text: str) -> bool:
+    """``1/true/yes/on`` or ``0/false/no/off`` (any case), as environment switches are written."""
+    word = text.strip().lower()
+    if word in ("1", "true", "yes", "on"):
+        return True
+    if word in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(text)
 
 
 def _endpoints_from_env(env: Mapping[str, str]) -> list[Endpoint]:

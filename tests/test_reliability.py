@@ -143,14 +143,19 @@ async def test_a_slow_batch_keeps_its_claim_and_is_never_computed_twice(
     await enqueue_prompts(store, spec(max_tokens=30), prompts(n))
     slow_cfg = EngineConfig(step_base_ms=40.0, step_per_seq_ms=0.0)  # ~1.2 s a batch
     async with sim_fleet(1, slow_cfg) as slow, sim_fleet(1) as fast:
-        # Claims go stale after 300 ms: far less than a batch takes on the slow endpoint.
+        # Claims go stale after 300 ms: far less than a batch takes on the slow endpoint. (No
+        # speculative copies: this is about claims; copies are tested on their own.)
         a = Engine(
-            make_settings(worker_name="a", batch_size=40, inflight=3, claim_idle_ms=300),
+            make_settings(
+                worker_name="a", batch_size=40, inflight=3, claim_idle_ms=300, speculate=False
+            ),
             store,
             [EndpointClient(slow.urls[0])],
         )
         b = Engine(
-            make_settings(worker_name="b", claim_idle_ms=300), store, [EndpointClient(fast.urls[0])]
+            make_settings(worker_name="b", claim_idle_ms=300, speculate=False),
+            store,
+            [EndpointClient(fast.urls[0])],
         )
         try:
             run_a = asyncio.create_task(a.run(burst=True))

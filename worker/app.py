@@ -205,13 +205,16 @@ async def shutdown(ctx: dict[str, Any]) -> None:
     await running.store.close()
     for d in engine.drainers:
         log.info(
-            "%s: %d prompts done, %d failed, %d requests, %d retries, %d prompts preempted",
+            "%s: %d prompts done, %d failed, %d requests, %d retries, %d prompts preempted, "
+            "%d copied at a job's tail (%d first)",
             d.client.label,
             d.figures.prompts_done,
             d.figures.prompts_failed,
             d.client.requests,
             d.runner.retries,
             d.figures.preempted,
+            d.figures.copied,
+            d.figures.copies_won,
         )
     if engine.broken:
         # The exit status says work was left that these endpoints should have done: arq

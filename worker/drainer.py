@@ -36,7 +36,7 @@ from worker.circuit import Circuit, GiveUp
 from worker.deliveries import Triage, dead_letters, decode_deliveries
 from worker.endpoint import EndpointClient
 from worker.figures import EndpointFigures
-from worker.intake import Delivery, Intake, service_order
+from worker.intake import Delivery, Intake, Taken, service_order
 from worker.probe import probe_endpoint
 from worker.served import ServedModels
 from worker.window import ADAPT_START, Window, follow_load
@@ -201,12 +201,12 @@ class EndpointDrainer:
         got = await self._next_batch(block_ms)
         if got is None:
             return False
-        await self.process(*got)
+        await self.process(got.job, got.deliveries, copy=got.copy)
         return True
 
     # -- taking work --------------------------------------------------------------------
 
-    async def _next_batch(self, block_ms: int | None) -> tuple[str, list[Delivery]] | None:
+    async def _next_batch(self, block_ms: int | None) -> Taken | None:
         # Only jobs whose model this endpoint serves (the others wait for endpoints that do),
         # the highest priority first, jobs of equal priority in turn; and while this endpoint
         # runs batches of some priority, nothing below it starts: the engine lightens as the
@@ -223,11 +223,15 @@ class EndpointDrainer:
 
     # -- doing work ---------------------------------------------------------------------
 
-    async def process(self, job: str, deliveries: list[Delivery]) -> None:
+    async def process(self, job: str, deliveries: list[Delivery], *, copy: bool = False) -> None:
         """Finish one batch, each entry by how many workers died running it (see
         :class:`~worker.deliveries.Triage`). A release (a failing endpoint, a model not served)
         or a restart taking back its own batches is no death: only a run that never finished
-        is."""
+        is. A speculative ``copy`` of entries other consumers hold just runs."""
+        if copy:
+            self.figures.job(job, time.monotonic())
+            await self._run_batch(job, deliveries, copy=True)
+            return
         sorted_ = Triage(deliveries, self.settings.max_deliveries)
         ids = [eid for eid, _, _ in deliveries]
         # Everything taken stays ours until done: refreshed claims, and never restarted by a
@@ -253,17 +257,19 @@ class EndpointDrainer:
         self._count(job, commit)
         log.warning("%s: dead-lettered %d entries of job %s", self.client.label, len(dead), job)
 
-    async def _run_batch(self, job: str, deliveries: list[Delivery]) -> None:
-        """Complete one batch and commit it; on giving up, release it to other workers."""
+    async def _run_batch(self, job: str, deliveries: list[Delivery], *, copy: bool = False) -> None:
+        """Complete one batch and commit it; on giving up, release it to other workers (a
+        ``copy`` is not ours to release, nor to mark as running, nor worth preempting for)."""
         spec = self.engine.jobs.get(job) or await self.store.load_spec(job)
         ids = [eid for eid, _, _ in deliveries]
         items, results = decode_deliveries(deliveries, self.client.label)
         tally = Tally()
         work: asyncio.Task[list[Result]] | None = None
         try:
-            if items:
+            if items and not copy:
                 await self.store.start(job, [eid for eid, _, _ in items])
                 self._preempt_below(spec.priority, job)
+            if items:
                 model = self.served.model_for(spec)
                 if model is None:
                     raise ModelNotServed(self.client.label, "serves no model")
@@ -278,13 +284,14 @@ class EndpointDrainer:
                     results.append((eid, result, payload))
         except (GiveUp, EndpointUnusable, ModelNotServed) as exc:
             cause = exc.cause if isinstance(exc, GiveUp) else exc
-            await self._release(job, ids, cause, self.served.model_for(spec))
+            await self._release(job, ids, cause, self.served.model_for(spec), hand_back=not copy)
             return
         except asyncio.CancelledError:
             # Preempted by a batch of a more urgent job, or stopped past the grace period:
             # the batch goes back, and its run is no death.
-            with contextlib.suppress(StoreUnavailable):
-                await asyncio.shield(self.store.release(job, self.consumer, ids))
+            if not copy:
+                with contextlib.suppress(StoreUnavailable):
+                    await asyncio.shield(self.store.release(job, self.consumer, ids))
             if work is not None and work in self._preempted:
                 self.figures.preempted += len(ids)
                 log.debug("%s: preempted %d prompts of job %s", self.client.label, len(ids), job)
@@ -297,6 +304,9 @@ class EndpointDrainer:
         # Shielded: once results exist, finishing the (atomic) commit beats redoing them.
         commit = await self._commit(job, results, tally.prompt_tokens, tally.completion_tokens)
         self._count(job, commit)
+        if copy:
+            self.figures.copied += len(ids)
+            self.figures.copies_won += commit.done + commit.failed
 
     def _preempt_below(self, priority: int, job: str) -> None:
         """A batch of ``priority`` starts: cancel the newest batch in flight of a lower
@@ -353,11 +363,20 @@ class EndpointDrainer:
                 await self.store.touch(job, self.consumer, ids)
 
     async def _release(
-        self, job: str, ids: list[bytes], cause: EndpointError, model: str | None
+        self,
+        job: str,
+        ids: list[bytes],
+        cause: EndpointError,
+        model: str | None,
+        *,
+        hand_back: bool = True,
     ) -> None:
-        with contextlib.suppress(StoreUnavailable):
-            await self.store.release(job, self.consumer, ids)
-        self.engine.reclaim_soon(job)  # this worker's other endpoints take them at once
+        """Give up a batch: hand its entries back (unless they were never ours) and record
+        what the failure says about the endpoint or the job's model."""
+        if hand_back:
+            with contextlib.suppress(StoreUnavailable):
+                await self.store.release(job, self.consumer, ids)
+            self.engine.reclaim_soon(job)  # this worker's other endpoints take them at once
         if isinstance(cause, ModelNotServed):
             # The job's trouble, not the endpoint's: stop taking the job until the served
             # models, re-read soon, say otherwise.

@@ -44,6 +44,9 @@ class EndpointFigures:
         # Prompts whose batch was cancelled for a more urgent job's, released to run again.
         self.preempted = 0
         self.dead_lettered = 0
+        # Prompts sent as speculative copies at a job's tail, and those whose copy won.
+        self.copied = 0
+        self.copies_won = 0
         self._jobs: dict[str, JobCount] = {}
 
     def job(self, job: str, now: float) -> JobCount:

@@ -1,6 +1,8 @@
 """Where a drain loop's next batch comes from, job by job in service order: its own
 unacknowledged entries first (a restarted worker's leftovers, taken back at once), then
-entries orphaned by workers that died or released by failing endpoints, then new ones.
+entries orphaned by workers that died or released by failing endpoints, then new ones; and
+at a job's tail, when none of these is left, speculative copies of the batches other endpoints
+still hold (MapReduce's backup tasks: the first commit wins).
 
 Released entries are reclaimable at once, so they are looked for often; a full batch of
 orphans means more may wait, so the next step looks again at once.
@@ -14,16 +16,26 @@ import math
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
+from typing import NamedTuple
 
 from common.settings import Settings
 from common.store import JobStore
 
-__all__ = ["Delivery", "Intake", "service_order"]
+__all__ = ["Delivery", "Intake", "Taken", "service_order"]
 
 log = logging.getLogger("swarm.worker")
 
 # (entry ID, payload, how many workers died running it)
 Delivery = tuple[bytes, bytes | None, int]
+
+
+class Taken(NamedTuple):
+    """A batch for a slot: its job and entries; ``copy``: a speculative copy of entries other
+    consumers hold (not ours to release, and no run of them is a death)."""
+
+    job: str
+    deliveries: list[Delivery]
+    copy: bool = False
 
 
 def service_order(jobs: list[tuple[str, int]], turn: int) -> list[str]:
@@ -74,16 +86,14 @@ class Intake:
         consumer): take this consumer's own leftovers back again."""
         self._ready.clear()
 
-    async def next(
-        self, jobs: list[str], block_ms: int | None
-    ) -> tuple[str, list[Delivery]] | None:
+    async def next(self, jobs: list[str], block_ms: int | None) -> Taken | None:
         """The next batch among ``jobs`` (in the order given), or None; ``block_ms`` waits that
         long for new entries of the first job when nothing is there at once."""
         for job in jobs:
             if job not in self._ready:
                 await self._recover(job)
         if self._recovered:
-            return self._recovered.popleft()
+            return Taken(*self._recovered.popleft())
         if not jobs:
             if block_ms:
                 await self.sleep(block_ms / 1000)
@@ -92,14 +102,19 @@ class Intake:
         for job in jobs:  # per job, in order: its orphaned or released entries, then new ones
             claimed = await self._reclaim(job)
             if claimed:
-                return job, claimed
+                return Taken(job, claimed)
             entries = await self.store.read_new(job, self.consumer, batch)
             if entries:
-                return job, [(eid, payload, 0) for eid, payload in entries]
+                return Taken(job, [(eid, payload, 0) for eid, payload in entries])
+        if self.settings.speculate:
+            for job in jobs:
+                copies = await self.store.copies(job, self.consumer, batch)
+                if copies:
+                    return Taken(job, [(eid, payload, 0) for eid, payload in copies], copy=True)
         if block_ms:
             entries = await self.store.read_new(jobs[0], self.consumer, batch, block_ms=block_ms)
             if entries:
-                return jobs[0], [(eid, payload, 0) for eid, payload in entries]
+                return Taken(jobs[0], [(eid, payload, 0) for eid, payload in entries])
         return None
 
     async def _recover(self, job: str) -> None:

@@ -93,6 +93,14 @@ class Delivery(StoreBase):
             for (eid, f), n in zip(claimed, marks, strict=True)
         ]
 
+    async def copies(self, job: str, consumer: str, count: int) -> list[tuple[bytes, bytes]]:
+        """Up to ``count`` entries other consumers hold, to run again as speculative copies
+        (see ``lua/copy.lua``): only at the job's tail, each entry once. Nothing is claimed."""
+        keys = [self.keys.stream(job), self.keys.copies(job)]
+        async with redis_errors(self.url):
+            flat = await self.scripts.copy(keys=keys, args=[GROUP, consumer, count])
+        return [(flat[i], flat[i + 1]) for i in range(0, len(flat), 2)]
+
     async def start(self, job: str, entry_ids: Sequence[bytes]) -> None:
         """Mark entries as running: a mark is taken back by their commit or release, so a mark
         still there when the entry is taken again is a worker that died running it."""

@@ -17,7 +17,17 @@ from common.vocab import FAILED_KIND_PREFIX, Meta
 
 __all__ = ["SCRIPT_NAMES", "Scripts", "source"]
 
-SCRIPT_NAMES = ("add", "claim_mine", "commit", "lock", "publish", "retry", "seal", "start")
+SCRIPT_NAMES = (
+    "add",
+    "claim_mine",
+    "commit",
+    "copy",
+    "lock",
+    "publish",
+    "retry",
+    "seal",
+    "start",
+)
 
 
 def _lua_string(text: str) -> str:
@@ -53,6 +63,7 @@ class Scripts:
     add: AsyncScript
     claim_mine: AsyncScript
     commit: AsyncScript
+    copy: AsyncScript
     lock: AsyncScript
     publish: AsyncScript
     retry: AsyncScript

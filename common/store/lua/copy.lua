@@ -1,0 +1,35 @@
+-- copy: speculative copies for an endpoint with nothing else to do at a job's tail (MapReduce's
+-- backup tasks). Only once every entry has been delivered (none new is left to read): the
+-- oldest entries in other consumers' hands, each copied once across the fleet. Nothing is
+-- claimed: the holder keeps its entry, and whichever commit comes first wins.
+-- KEYS: [1] stream, [2] copies (the set of entry IDs copied so far)
+-- ARGV: [1] group, [2] consumer, [3] count
+-- Returns entry ID, payload, entry ID, payload... (empty while new entries remain).
+local stream, copies = KEYS[1], KEYS[2]
+local group, me, count = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local pending = redis.call('XPENDING', stream, group)[1]
+if pending == 0 or redis.call('XLEN', stream) > pending then return {} end
+local out, after, scanned = {}, '-', 0
+while #out < 2 * count and scanned < 10000 do
+  local page = redis.call('XPENDING', stream, group, after, '+', 500)
+  if #page == 0 then break end
+  for _, e in ipairs(page) do
+    if e[2] ~= me and redis.call('SADD', copies, e[1]) == 1 then
+      local got = redis.call('XRANGE', stream, e[1], e[1])
+      if #got == 1 then
+        local fields, payload = got[1][2], false
+        for i = 1, #fields, 2 do
+          if fields[i] == 'd' then payload = fields[i + 1] end
+        end
+        if payload then
+          out[#out + 1] = e[1]
+          out[#out + 1] = payload
+        end
+      end
+      if #out >= 2 * count then break end
+    end
+  end
+  scanned = scanned + #page
+  after = '(' .. page[#page][1]
+end
+return out

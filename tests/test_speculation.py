@@ -1,0 +1,75 @@
+"""Speculative copies at a job's tail (MapReduce's backup tasks), against a real Redis: only
+once every entry is delivered, oldest first, each entry once across the fleet, nothing claimed;
+the first commit wins and nothing is counted twice."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from common.models import decode_item
+from common.settings import Settings
+from common.store import JobStore
+from producer.enqueue import enqueue_prompts
+from sim.engine import EngineConfig
+from sim.server import SimFleet
+from sim.text import completion_for
+from tests.helpers import collect_lines, prompts, spec
+from worker.endpoint import EndpointClient
+from worker.engine import Engine
+
+
+async def test_copies_come_only_at_the_tail_oldest_first_each_entry_once(store: JobStore) -> None:
+    await enqueue_prompts(store, spec(), prompts(10))
+    await store.read_new("j", "a", 4)  # a holds indices 0-3
+    assert await store.copies("j", "b", 10) == []  # six entries were never delivered
+    await store.read_new("j", "b", 6)  # b holds 4-9: every entry is out
+    got = await store.copies("j", "b", 3)
+    assert [eid for eid, _ in got] == [b"0-1", b"0-2", b"0-3"]  # a's, oldest first
+    assert [decode_item(payload).index for _, payload in got] == [0, 1, 2]
+    assert [eid for eid, _ in await store.copies("j", "b", 10)] == [b"0-4"]  # never b's own
+    assert await store.copies("j", "b", 10) == []  # each entry once
+    # Another endpoint gets what is left: b's, never a's again.
+    assert [eid for eid, _ in await store.copies("j", "c", 10)] == [
+        f"0-{i}".encode() for i in range(5, 11)
+    ]
+    # Nothing was claimed: a and b still hold what they took.
+    owners = await store.redis.xpending_range(store.keys.stream("j"), "workers", "-", "+", 20)
+    assert [p["consumer"] for p in owners] == [b"a"] * 4 + [b"b"] * 6
+
+
+async def test_an_idle_fast_endpoint_finishes_the_slow_ones_tail_and_nothing_counts_twice(
+    make_settings: Callable[..., Settings], store: JobStore, sim_fleet: Callable[..., SimFleet]
+) -> None:
+    n = 200
+    await enqueue_prompts(store, spec(max_tokens=8), prompts(n))
+    slow_cfg = EngineConfig(step_base_ms=200.0, step_per_seq_ms=0.0)  # 1.6 s a batch
+    async with sim_fleet(1, slow_cfg) as slow, sim_fleet(1) as fast:
+        settings = make_settings(batch_size=8, inflight=2)
+        a = Engine(
+            make_settings(worker_name="a", batch_size=8, inflight=2),
+            store,
+            [EndpointClient(slow.urls[0])],
+        )
+        b = Engine(settings, store, [EndpointClient(fast.urls[0])])
+        try:
+            run_a = asyncio.create_task(a.run(burst=True))
+            while (await store.status("j")).in_flight < 16:  # noqa: ASYNC110 - observing
+                await asyncio.sleep(0.01)  # the slow endpoint holds its two batches
+            await b.run(burst=True)  # the rest, then copies of the slow one's tail
+            status = await store.status("j")
+            assert status.finished and (status.done, status.failed) == (n, 0)
+            await run_a  # its own answers come late and change nothing
+        finally:
+            await a.close()
+            await b.close()
+        computed = slow.endpoints[0].engine.finished_seqs + fast.endpoints[0].engine.finished_seqs
+    slow_d, fast_d = a.drainers[0].figures, b.drainers[0].figures
+    assert (fast_d.copied, fast_d.copies_won) == (16, 16)  # each held entry copied once, won
+    assert (slow_d.prompts_done, fast_d.prompts_done) == (0, n)  # every result counted once
+    assert computed == n + 16  # the cost: the slow endpoint's two batches, computed twice
+    assert (await store.status("j")).done == n
+    lines = await collect_lines(store, "j")
+    assert [x["index"] for x in lines] == list(range(n))
+    assert [x["text"] for x in lines] == [completion_for(p, 8)[0] for p, _ in prompts(n)]
+    assert {x["endpoint"] for x in lines} == {fast.urls[0]}
