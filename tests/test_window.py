@@ -37,8 +37,9 @@ def test_gauges_are_summed_over_label_sets_and_missing_ones_mean_no_load() -> No
 def test_policy_grows_when_idle_sheds_half_the_surplus_queue_and_stays_in_bounds() -> None:
     kw = {"busy": True, "lo": 2, "hi": 20, "batch": 32}
     assert next_window(10, Load(running=180, waiting=0), **kw) == 11  # idle slots
-    assert next_window(10, Load(running=256, waiting=40), **kw) == 10  # full, short queue
-    assert next_window(10, Load(running=256, waiting=65), **kw) == 9  # 2 batches: 1 surplus
+    assert next_window(10, Load(running=256, waiting=32), **kw) == 10  # full, one batch waits
+    assert next_window(10, Load(running=256, waiting=40), **kw) == 9  # more: 1 surplus
+    assert next_window(10, Load(running=256, waiting=130), **kw) == 8  # 4 surplus: shed 2
     assert next_window(16, Load(running=256, waiting=256), **kw) == 13  # 8 batches: 7 surplus
     assert next_window(20, Load(running=100, waiting=0), **kw) == 20
     assert next_window(3, Load(running=256, waiting=500), **kw) == 2

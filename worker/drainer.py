@@ -219,7 +219,7 @@ class EndpointDrainer:
         ]
         jobs = service_order(served, self._rr)
         self._rr += 1
-        return await self.intake.next(jobs, block_ms)
+        return await self.intake.next(jobs, block_ms, idle=not self._running)
 
     # -- doing work ---------------------------------------------------------------------
 

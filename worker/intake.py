@@ -86,9 +86,13 @@ class Intake:
         consumer): take this consumer's own leftovers back again."""
         self._ready.clear()
 
-    async def next(self, jobs: list[str], block_ms: int | None) -> Taken | None:
+    async def next(
+        self, jobs: list[str], block_ms: int | None, *, idle: bool = False
+    ) -> Taken | None:
         """The next batch among ``jobs`` (in the order given), or None; ``block_ms`` waits that
-        long for new entries of the first job when nothing is there at once."""
+        long for new entries of the first job when nothing is there at once. Only an ``idle``
+        endpoint (no batch in flight) takes speculative copies: in a busy one they would queue
+        behind its own batches and could not finish first."""
         for job in jobs:
             if job not in self._ready:
                 await self._recover(job)
@@ -106,7 +110,7 @@ class Intake:
             entries = await self.store.read_new(job, self.consumer, batch)
             if entries:
                 return Taken(job, [(eid, payload, 0) for eid, payload in entries])
-        if self.settings.speculate:
+        if idle and self.settings.speculate:
             for job in jobs:
                 copies = await self.store.copies(job, self.consumer, batch)
                 if copies:

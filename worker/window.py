@@ -45,12 +45,13 @@ def next_window(
     ``ramping`` (a slow start, so the first results come back at an idle engine's pace and the
     job does not open with a queue). An engine seen running nothing is stalled, not short of
     batches, unless it is ``answering`` (results came back since the last look: it is merely
-    faster than the gauges can show). More than two batches waiting is queuing far ahead, which only
-    delays results and lengthens a job's tail: shed half the surplus beyond one batch (requests
-    in flight are never cancelled, so the window closes as they finish).
+    faster than the gauges can show). One batch waiting is what keeps the engine full as a batch
+    ends; more is queuing ahead, which only delays results and lengthens a job's tail: shed half
+    the surplus batches beyond one (requests in flight are never cancelled, so the window closes
+    as they finish).
     """
-    if load.waiting > 2 * batch:
-        surplus = int(load.waiting // batch) - 1
+    if load.waiting > batch:
+        surplus = -(-int(load.waiting - batch) // batch)
         return max(lo, window - max(1, surplus // 2))
     if load.waiting <= 0 and (load.running > 0 or answering) and busy:
         return min(hi, window * 2 if ramping else window + 1)
