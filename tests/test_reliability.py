@@ -143,17 +143,18 @@ async def test_a_slow_batch_keeps_its_claim_and_is_never_computed_twice(
     await enqueue_prompts(store, spec(max_tokens=30), prompts(n))
     slow_cfg = EngineConfig(step_base_ms=40.0, step_per_seq_ms=0.0)  # ~1.2 s a batch
     async with sim_fleet(1, slow_cfg) as slow, sim_fleet(1) as fast:
-        # Claims go stale after 300 ms: far less than a batch takes on the slow endpoint. (No
+        # Claims go stale after 600 ms: half what a batch takes on the slow endpoint, and three
+        # heartbeats apart (a loaded machine can delay one by a few hundred ms). (No
         # speculative copies: this is about claims; copies are tested on their own.)
         a = Engine(
             make_settings(
-                worker_name="a", batch_size=40, inflight=3, claim_idle_ms=300, speculate=False
+                worker_name="a", batch_size=40, inflight=3, claim_idle_ms=600, speculate=False
             ),
             store,
             [EndpointClient(slow.urls[0])],
         )
         b = Engine(
-            make_settings(worker_name="b", claim_idle_ms=300, speculate=False),
+            make_settings(worker_name="b", claim_idle_ms=600, speculate=False),
             store,
             [EndpointClient(fast.urls[0])],
         )
