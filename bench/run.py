@@ -628,6 +628,8 @@ def _note(key: str, value: Any) -> str:
         return f"{value:,.0f} prompts of the big job preempted (sent again later)"
     if key == "waited_over_1s":
         return f"{value:.0%} waited over 1 s"
+    if isinstance(value, int):
+        return f"{key.replace('_', ' ')} {value:,}"
     return f"{key.replace('_', ' ')} {value:.2f}"
 
 
