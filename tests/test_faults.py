@@ -25,7 +25,7 @@ pytestmark = pytest.mark.slow
 def test_workers_killed_repeatedly_with_server_errors_resets_and_poison_prompts(
     fleet_factory: type[Fleet],
 ) -> None:
-    n = 20_000
+    n = 10_000
     poison = set(range(7, n, 1000))  # 0.1%
     fleet = fleet_factory(4, "--error-rate", "0.05", "--reset-rate", "0.01")
     assert fleet.enqueue("chaos", n, poison).wait(timeout=120) == 0
@@ -37,7 +37,7 @@ def test_workers_killed_repeatedly_with_server_errors_resets_and_poison_prompts(
     }
     live = {"a": fleet.worker("a", [0, 1], **fast), "b": fleet.worker("b", [2, 3], **fast)}
     kills = 0
-    for threshold in range(2000, 16_001, 2000):  # a kill every 2,000 results
+    for threshold in range(1000, 8001, 1000):  # a kill every 1,000 results
         deadline = time.monotonic() + 120
         while fleet.done("chaos") < threshold and time.monotonic() < deadline:
             time.sleep(0.01)
@@ -116,8 +116,8 @@ def test_a_burst_worker_whose_endpoint_stalls_exits_within_seconds_of_the_jobs_e
 def test_redis_restarted_mid_job_everyone_reconnects_and_nothing_is_lost(
     fleet_factory: type[Fleet], tmp_path: Path
 ) -> None:
-    n = 20_000
-    poison = {3, 19_999}
+    n = 10_000
+    poison = {3, 9_999}
     workdir = tmp_path / "redis"
     workdir.mkdir()
     server = EmbeddedRedis(appendonly=True, workdir=str(workdir)).start()
