@@ -7,7 +7,6 @@ import gc
 import shutil
 import subprocess
 import time
-import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -143,6 +142,8 @@ async def test_a_wrong_password_fails_at_once_and_is_never_printed(
     assert f"rediss://alice:***@127.0.0.1:{port}/0" in str(err.value)
 
 
+# redis-py leaves the socket of a failed TLS handshake to the garbage collector, which warns.
+@pytest.mark.filterwarnings("ignore::ResourceWarning")
 async def test_an_unverifiable_server_certificate_is_refused(
     tls_redis: tuple[int, Path], tmp_path: Path
 ) -> None:
@@ -155,11 +156,7 @@ async def test_an_unverifiable_server_certificate_is_refused(
     finally:
         await store.close()
     assert SECRET not in str(err.value)
-    # redis-py leaves the socket of a failed TLS handshake to the garbage collector; collected
-    # here, so that its ResourceWarning does not land on whichever test runs next.
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ResourceWarning)
-        gc.collect()
+    gc.collect()  # now, under this test's filter, not during whichever test runs next
 
 
 async def test_a_consumer_group_the_acl_denies_surfaces_instead_of_being_taken_for_existing() -> (
