@@ -282,6 +282,16 @@ class Sampler:
         return max((max(w) for _, _, w, _ in self.series if w), default=0.0)
 
 
+# Set by ``--smoke``: every endpoint group of a fleet in one worker process. The same code
+# paths at a fraction of the start-up cost (each worker process imports openai, arq...).
+_ONE_PROCESS = [False]
+
+
+def one_worker_process() -> None:
+    """From now on, :class:`Workers` starts one process for all its endpoint groups."""
+    _ONE_PROCESS[0] = True
+
+
 @dataclass
 class Workers:
     """Worker processes, one per endpoint group: long-running ``arq worker.WorkerSettings``,
@@ -299,7 +309,8 @@ class Workers:
     def start(self) -> Workers:
         OUT.mkdir(parents=True, exist_ok=True)
         base = {k: v for k, v in os.environ.items() if not k.startswith("SWARM_")}
-        for i, group in enumerate(self.groups):
+        groups = [[u for g in self.groups for u in g]] if _ONE_PROCESS[0] else self.groups
+        for i, group in enumerate(groups):
             env = {
                 **base,
                 "SWARM_REDIS_URL": self.redis_url,

@@ -34,6 +34,7 @@ from bench.harness import (
     batch_service_s,
     ideal_makespan,
     new_fleet,
+    one_worker_process,
     prompt_iter,
     prompt_set,
     queue_times,
@@ -687,6 +688,8 @@ def main() -> None:
         help="where the figures go as JSON (default: bench/out/smoke.json or results.json)",
     )
     args = p.parse_args()
+    if args.smoke:
+        one_worker_process()
     t0 = time.monotonic()
     scenarios = asyncio.run(main_async(args))
     elapsed = time.monotonic() - t0
