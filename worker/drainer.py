@@ -227,11 +227,8 @@ class EndpointDrainer:
         """Finish one batch, each entry by how many workers died running it (see
         :class:`~worker.deliveries.Triage`). A release (a failing endpoint, a model not served)
         or a restart taking back its own batches is no death: only a run that never finished
-        is. A speculative ``copy`` of entries other consumers hold just runs."""
-        if copy:
-            self.figures.job(job, time.monotonic())
-            await self._run_batch(job, deliveries, copy=True)
-            return
+        is. A speculative ``copy`` runs like any batch: the heartbeat and a release act only on
+        entries this consumer holds, so on a copy they do nothing."""
         sorted_ = Triage(deliveries, self.settings.max_deliveries)
         ids = [eid for eid, _, _ in deliveries]
         # Everything taken stays ours until done: refreshed claims, and never restarted by a
@@ -243,7 +240,7 @@ class EndpointDrainer:
             if sorted_.dead:
                 await self._dead_letter(job, sorted_.dead)
             if sorted_.fresh:
-                await self._run_batch(job, sorted_.fresh)
+                await self._run_batch(job, sorted_.fresh, copy=copy)
             for suspect in sorted_.suspects:
                 await self._run_batch(job, [suspect])
         finally:
@@ -258,8 +255,8 @@ class EndpointDrainer:
         log.warning("%s: dead-lettered %d entries of job %s", self.client.label, len(dead), job)
 
     async def _run_batch(self, job: str, deliveries: list[Delivery], *, copy: bool = False) -> None:
-        """Complete one batch and commit it; on giving up, release it to other workers (a
-        ``copy`` is not ours to release, nor to mark as running, nor worth preempting for)."""
+        """Complete one batch and commit it; on giving up, release it to other workers. A
+        ``copy`` is not marked as running (its run is no entry's death) and preempts nothing."""
         spec = self.engine.jobs.get(job) or await self.store.load_spec(job)
         ids = [eid for eid, _, _ in deliveries]
         items, results = decode_deliveries(deliveries, self.client.label)
@@ -284,14 +281,13 @@ class EndpointDrainer:
                     results.append((eid, result, payload))
         except (GiveUp, EndpointUnusable, ModelNotServed) as exc:
             cause = exc.cause if isinstance(exc, GiveUp) else exc
-            await self._release(job, ids, cause, self.served.model_for(spec), hand_back=not copy)
+            await self._release(job, ids, cause, self.served.model_for(spec))
             return
         except asyncio.CancelledError:
             # Preempted by a batch of a more urgent job, or stopped past the grace period:
             # the batch goes back, and its run is no death.
-            if not copy:
-                with contextlib.suppress(StoreUnavailable):
-                    await asyncio.shield(self.store.release(job, self.consumer, ids))
+            with contextlib.suppress(StoreUnavailable):
+                await asyncio.shield(self.store.release(job, self.consumer, ids))
             if work is not None and work in self._preempted:
                 self.figures.preempted += len(ids)
                 log.debug("%s: preempted %d prompts of job %s", self.client.label, len(ids), job)
@@ -363,20 +359,13 @@ class EndpointDrainer:
                 await self.store.touch(job, self.consumer, ids)
 
     async def _release(
-        self,
-        job: str,
-        ids: list[bytes],
-        cause: EndpointError,
-        model: str | None,
-        *,
-        hand_back: bool = True,
+        self, job: str, ids: list[bytes], cause: EndpointError, model: str | None
     ) -> None:
-        """Give up a batch: hand its entries back (unless they were never ours) and record
-        what the failure says about the endpoint or the job's model."""
-        if hand_back:
-            with contextlib.suppress(StoreUnavailable):
-                await self.store.release(job, self.consumer, ids)
-            self.engine.reclaim_soon(job)  # this worker's other endpoints take them at once
+        """Give up a batch: hand back the entries still ours, and record what the failure
+        says about the endpoint or the job's model."""
+        with contextlib.suppress(StoreUnavailable):
+            await self.store.release(job, self.consumer, ids)
+        self.engine.reclaim_soon(job)  # this worker's other endpoints take them at once
         if isinstance(cause, ModelNotServed):
             # The job's trouble, not the endpoint's: stop taking the job until the served
             # models, re-read soon, say otherwise.

@@ -76,6 +76,8 @@ class Intake:
         self._reclaim_lock = asyncio.Lock()
         # Released entries are reclaimable at once: look for them (and for orphans) often.
         self._reclaim_every_s = min(settings.claim_idle_ms / 4000, 2.0)
+        # Copies are looked for at most once a poll per job (every idle slot steps that often).
+        self._last_copies: dict[str, float] = {}
 
     def reclaim_soon(self, job: str) -> None:
         """Entries of ``job`` were released: look for them on the next step."""
@@ -112,9 +114,9 @@ class Intake:
                 return Taken(job, [(eid, payload, 0) for eid, payload in entries])
         if idle and self.settings.speculate:
             for job in jobs:
-                copies = await self.store.copies(job, self.consumer, batch)
+                copies = await self._copies(job)
                 if copies:
-                    return Taken(job, [(eid, payload, 0) for eid, payload in copies], copy=True)
+                    return Taken(job, copies, copy=True)
         if block_ms:
             entries = await self.store.read_new(jobs[0], self.consumer, batch, block_ms=block_ms)
             if entries:
@@ -143,10 +145,20 @@ class Intake:
                 )
             self._ready.add(job)
 
+    async def _copies(self, job: str) -> list[Delivery]:
+        """Speculative copies of ``job``'s entries other consumers hold, when it is time to
+        look again; a full batch may mean more: look again next step."""
+        if not _due(self._last_copies, job, self.settings.poll_ms / 1000):
+            return []
+        batch = self.settings.batch_size
+        copies = await self.store.copies(job, self.consumer, batch)
+        self._last_copies[job] = -math.inf if len(copies) == batch else time.monotonic()
+        return [(eid, payload, 0) for eid, payload in copies]
+
     async def _reclaim(self, job: str) -> list[Delivery]:
         """Entries of ``job`` orphaned by workers that died or released by failing ones, when
         it is time to look again for them."""
-        if time.monotonic() - self._last_reclaim.get(job, -math.inf) < self._reclaim_every_s:
+        if not _due(self._last_reclaim, job, self._reclaim_every_s):
             return []
         batch = self.settings.batch_size
         async with self._reclaim_lock:  # one slot at a time, so no two take the same entry
@@ -165,3 +177,8 @@ class Intake:
                 job,
             )
         return claimed
+
+
+def _due(last: dict[str, float], job: str, every_s: float) -> bool:
+    """Whether ``every_s`` has passed since ``last[job]`` (never looked: due)."""
+    return time.monotonic() - last.get(job, -math.inf) >= every_s
