@@ -520,12 +520,32 @@ async def urgent_job_time(
     finally:
         workers.stop()
         await store.close()
-    preempted = sum(
-        int(m)
-        for log in OUT.glob(f"worker-{prefix}-*.log")
-        for m in re.findall(r"(\d+) prompts preempted", log.read_text())
-    )
+    (preempted,) = from_exit_lines(prefix, r"(\d+) prompts preempted")
     return finished - t0, meanwhile, preempted
+
+
+def from_exit_lines(prefix: str, pattern: str) -> tuple[int, ...]:
+    """Figures the workers of ``prefix`` logged as they exited: each group of ``pattern``
+    summed over every match in their logs."""
+    found = [
+        tuple(int(g) for g in (m if isinstance(m, tuple) else (m,)))
+        for log in OUT.glob(f"worker-{prefix}-*.log")
+        for m in re.findall(pattern, log.read_text())
+    ]
+    groups = re.compile(pattern).groups
+    return tuple(sum(f[i] for f in found) for i in range(groups))
+
+
+async def kill_at_share(
+    fleet: SimFleetProc, store: JobStore, job: str, done: int, t0: float
+) -> dict[str, float]:
+    """Kill the fleet's last endpoint once ``done`` results of ``job`` are in: when (seconds
+    after ``t0``) and how many results were in by then."""
+    while (await store.status(job)).done < done:
+        await asyncio.sleep(0.02)
+    killed = {"t": time.monotonic() - t0, "done": float((await store.status(job)).done)}
+    fleet.kill_endpoint(len(fleet.ports) - 1)
+    return killed
 
 
 class Bench:

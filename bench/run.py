@@ -33,6 +33,7 @@ from bench.harness import (
     SwarmRun,
     batch_service_s,
     ideal_makespan,
+    kill_at_share,
     new_fleet,
     one_worker_process,
     prompt_iter,
@@ -118,13 +119,8 @@ async def fleet_scenario(
     killed: dict[str, float] = {}
 
     async def killer(store: JobStore, t0: float) -> None:
-        if kill_at is None:
-            return
-        while (await store.status("bench")).done < kill_at * n:
-            await asyncio.sleep(0.02)
-        killed["t"] = time.monotonic() - t0
-        killed["done"] = (await store.status("bench")).done
-        fleet.kill_endpoint(len(speeds) - 1)
+        if kill_at is not None:
+            killed.update(await kill_at_share(fleet, store, "bench", int(kill_at * n), t0))
 
     try:
         groups = [[u] for u in fleet.urls]
@@ -136,7 +132,7 @@ async def fleet_scenario(
             rest = prompts[int(killed["done"]) :]
             ideal = killed["t"] + ideal_makespan(rest, max_tokens, fleet.configs(alive))
             sc.note += (
-                f" It died at {killed['t']:.1f} s with {killed['done']} results in; "
+                f" It died at {killed['t']:.1f} s with {killed['done']:.0f} results in; "
                 "ideal = that time + the remaining tokens at the remaining capacity."
             )
         sc.rows.append(_swarm_row(run, n, ideal))

@@ -6,12 +6,18 @@ it, static round-robin (what the user ran before) on a fresh fleet."""
 from __future__ import annotations
 
 import asyncio
-import re
-import time
 from dataclasses import dataclass
 
 from bench.baselines import static_round_robin
-from bench.harness import OUT, Bench, SimFleetProc, new_fleet, prompt_set, run_swarm
+from bench.harness import (
+    Bench,
+    SimFleetProc,
+    from_exit_lines,
+    kill_at_share,
+    new_fleet,
+    prompt_set,
+    run_swarm,
+)
 from bench.rows import Row, Scenario
 from common.store import JobStore
 from sim.engine import EngineConfig
@@ -60,17 +66,6 @@ def ideal_s(n: int, fleet: SimFleetProc, alive: list[bool] | None = None) -> flo
     return n / sum(c.capacity_seqs_per_s(MAX_TOKENS) for c in fleet.configs(alive))
 
 
-def _copies(prefix: str) -> tuple[int, int]:
-    """Prompts the workers sent as speculative copies, and those whose copy won (from their
-    last log lines): the extra requests the tail cost."""
-    found = [
-        (int(a), int(b))
-        for log in OUT.glob(f"worker-{prefix}-*.log")
-        for a, b in re.findall(r"(\d+) copied at a job's tail \((\d+) first\)", log.read_text())
-    ]
-    return sum(a for a, _ in found), sum(b for _, b in found)
-
-
 def _over_one_batch_share(series: list[tuple[float, list[float], list[float], int]]) -> float:
     """The share of samples in which some endpoint had more than one batch waiting beyond its
     running slots."""
@@ -85,12 +80,8 @@ async def _case(bench: Bench, case: Case, n: int) -> list[Row]:
     killed: dict[str, float] = {}
 
     async def killer(store: JobStore, t0: float) -> None:
-        if case.kill_at is None:
-            return
-        while (await store.status("bench")).done < case.kill_at * n:
-            await asyncio.sleep(0.02)
-        killed["t"], killed["done"] = time.monotonic() - t0, (await store.status("bench")).done
-        fleet.kill_endpoint(len(case.speeds) - 1)
+        if case.kill_at is not None:
+            killed.update(await kill_at_share(fleet, store, "bench", int(case.kill_at * n), t0))
 
     try:
         ideal = ideal_s(n, fleet)
@@ -104,7 +95,7 @@ async def _case(bench: Bench, case: Case, n: int) -> list[Row]:
             ideal = killed["t"] + ideal_s(n - int(killed["done"]), fleet, alive)
     finally:
         fleet.stop()
-    copied, won = _copies(prefix)
+    copied, won = from_exit_lines(prefix, r"(\d+) copied at a job's tail \((\d+) first\)")
     swarm = Row(
         f"swarm-queue: {label}",
         run.wall_s,
