@@ -27,8 +27,9 @@ from common.models import JobSpec, SamplingParams
 from common.settings import Settings
 from common.store import JobStore
 from common.vocab import Meta
-from producer.collect import collect, collect_to_file
 from producer.enqueue import enqueue_prompts
+from producer.outfile import collect_to_file
+from producer.stream import collect
 from sim.engine import Engine, EngineConfig
 from sim.launch import SimExited, launch
 from sim.text import completion_for

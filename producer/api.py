@@ -32,9 +32,9 @@ from common.store import JobStatus, JobStore
 
 # The names are declared once, in the package, which exports them from here lazily.
 from producer import __all__ as __all__
-from producer.collect import follow, wait_final
 from producer.enqueue import enqueue_prompts
 from producer.ops import cancel_job
+from producer.stream import follow, wait_final
 from worker.engine import Engine
 
 Prompts = Iterable[str] | Iterable[tuple[str, str | None]]

@@ -27,8 +27,8 @@ from common.models import JobSpec, SamplingParams
 from common.settings import Settings
 from common.store import JobStore
 from common.vocab import Meta
-from producer.collect import collect
 from producer.enqueue import enqueue_prompts
+from producer.stream import collect
 from sim.launch import launch
 from sim.text import completion_for
 

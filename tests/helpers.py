@@ -14,7 +14,7 @@ from aiohttp import web
 from common.models import JobSpec, SamplingParams
 from common.settings import Settings
 from common.store import JobStore
-from producer.collect import collect
+from producer.stream import collect
 from worker.endpoint import EndpointClient
 from worker.engine import Engine
 

@@ -8,9 +8,9 @@ import msgspec
 
 from common.models import Result, Usage
 from common.store import JobStore
-from producer.collect import collect, line_format
 from producer.enqueue import enqueue_prompts
 from producer.openai_batch import openai_line
+from producer.stream import collect, line_format
 from tests.helpers import spec
 
 

@@ -17,8 +17,8 @@ from common.errors import InputError, JobConflictError
 from common.models import PromptItem, Result, SamplingParams, decode_item
 from common.settings import Settings
 from common.store import JobStore
-from producer.collect import collect
 from producer.enqueue import enqueue_prompts
+from producer.stream import collect
 from sim.engine import EngineConfig
 from sim.server import FaultConfig, SimFleet
 from sim.text import completion_for
@@ -408,7 +408,7 @@ async def test_enqueue_window_keeps_at_most_n_unfinished_prompts_in_redis(
 async def test_collect_evict_leaves_only_unwritten_results_in_redis(
     store: JobStore, tmp_path: pytest.TempPathFactory
 ) -> None:
-    from producer.collect import CursorFile, collect_to_file
+    from producer.outfile import CursorFile, collect_to_file
 
     n = 5000
     await enqueue_prompts(store, spec(), prompts(n))

@@ -1,0 +1,203 @@
+"""A job's results in input order as they arrive, and its reduce output: what swarm-collect,
+the Python API and the benchmarks read.
+
+Results land in Redis in whatever order the endpoints finish; the longest contiguous prefix of
+finished indices is handed on, so output starts long before the job ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable
+from functools import partial
+from typing import BinaryIO
+
+import msgspec
+from tqdm import tqdm
+
+from common.backoff import backoff_s
+from common.errors import ConfigError, JobNotFoundError, StoreUnavailable
+from common.models import OutputLine, ReduceOutput, Result, encode_json_line, result_or_failure
+from common.store import JobStatus, JobStore
+from producer.openai_batch import openai_line
+
+__all__ = [
+    "CollectReport",
+    "collect",
+    "follow",
+    "line_format",
+    "own_line",
+    "wait_final",
+    "wait_for_job",
+]
+
+CHUNK = 2000
+
+
+class CollectReport(msgspec.Struct, frozen=True):
+    """What one run wrote: ``written`` lines from index ``start`` on (``ok``/``failed`` count
+    this run's lines only)."""
+
+    job: str
+    written: int
+    ok: int
+    failed: int
+    total: int | None
+    start: int = 0
+
+    @property
+    def complete(self) -> bool:
+        return self.total is not None and self.start + self.written >= self.total
+
+
+async def wait_for_job(store: JobStore, job: str, wait: bool, poll_s: float) -> None:
+    """Raise JobNotFoundError for an unknown job, unless following it (``--wait``): then the
+    collector may start before the producer, and says what it waits for."""
+    told = False
+    while True:
+        try:
+            await store.load_spec(job)
+            return
+        except JobNotFoundError:
+            if not wait:
+                raise
+            if not told:
+                print(f"swarm-collect: waiting for job {job!r} to be enqueued", file=sys.stderr)
+                told = True
+        except StoreUnavailable as exc:
+            if not wait:
+                raise
+            print(f"swarm-collect: {exc}; retrying", file=sys.stderr)
+        await asyncio.sleep(max(poll_s, 0.5))
+
+
+async def follow(
+    store: JobStore,
+    job: str,
+    *,
+    start: int = 0,
+    wait: bool = False,
+    poll_s: float = 0.2,
+    on_status: Callable[[JobStatus, int], None] | None = None,
+) -> AsyncIterator[list[Result]]:
+    """The results of ``job`` from index ``start`` on, in order, a chunk at a time as they
+    arrive. Ends when every prompt has its result or, without ``wait``, when the next one is
+    not in yet. With ``wait``, a Redis outage is waited out. ``on_status(status, next_index)``
+    sees the job's status between chunks."""
+    await wait_for_job(store, job, wait, poll_s)
+    cursor = start
+    failures = 0
+    while True:
+        try:
+            blobs = await store.fetch_results(job, cursor, CHUNK)
+            chunk = []
+            for i, blob in enumerate(blobs, cursor):
+                if blob is None:
+                    break
+                chunk.append(result_or_failure(i, blob))
+            if chunk:
+                cursor += len(chunk)
+                yield chunk
+            if len(chunk) == CHUNK:
+                continue
+            status = await store.status(job)
+            failures = 0
+        except StoreUnavailable as exc:
+            if not wait:
+                raise
+            failures += 1  # Redis restarting: keep following the job, slower
+            print(f"swarm-collect: {exc}; retrying", file=sys.stderr)
+            await asyncio.sleep(backoff_s(failures, base_s=0.5, cap_s=10.0))
+            continue
+        if on_status is not None:
+            on_status(status, cursor)
+        if (status.total is not None and cursor >= status.total) or not wait:
+            return
+        await asyncio.sleep(poll_s)
+
+
+async def collect(
+    store: JobStore,
+    job: str,
+    out: BinaryIO,
+    *,
+    wait: bool = False,
+    poll_s: float = 0.2,
+    progress: bool = False,
+    start: int = 0,
+    on_commit: Callable[[int], Awaitable[None]] | None = None,
+    line: Callable[[Result], bytes] | None = None,
+) -> CollectReport:
+    """Write results of ``job`` to ``out`` from index ``start`` on, in order; see module doc.
+
+    ``on_commit(index)`` is called after each chunk is written and flushed, with the number of
+    lines now complete: the collector's durable cursor hangs off it. ``line`` formats a
+    result as one output line (default: swarm-queue's own JSON line).
+    """
+    fmt = line or own_line
+    cursor = start
+    ok = failed = 0
+    total: int | None = None
+    bar = tqdm(
+        desc=job,
+        unit=" prompts",
+        file=sys.stderr,
+        disable=None if progress else True,
+        dynamic_ncols=True,
+    )
+
+    def show(status: JobStatus, written: int) -> None:
+        nonlocal total
+        total = status.total
+        if bar.total != (total or status.enqueued):
+            bar.total = total or status.enqueued
+        bar.n = status.done + status.failed
+        bar.set_postfix(written=written, failed=status.failed, refresh=False)
+        bar.refresh()
+
+    try:
+        async for chunk in follow(
+            store, job, start=start, wait=wait, poll_s=poll_s, on_status=show
+        ):
+            n_ok = sum(1 for r in chunk if r.ok)
+            ok += n_ok
+            failed += len(chunk) - n_ok
+            out.write(b"".join(fmt(r) for r in chunk))
+            out.flush()
+            cursor += len(chunk)
+            if on_commit is not None:
+                await on_commit(cursor)
+    finally:
+        bar.close()
+    return CollectReport(job, cursor - start, ok, failed, total, start)
+
+
+def own_line(r: Result) -> bytes:
+    return encode_json_line(OutputLine.of(r))
+
+
+async def line_format(store: JobStore, job: str, name: str) -> Callable[[Result], bytes]:
+    """The line formatter for ``--format name`` (``jsonl`` or ``openai``) for ``job``."""
+    if name == "openai":
+        chat = (await store.load_spec(job)).chat
+        return partial(openai_line, job, chat=chat)
+    return own_line
+
+
+async def wait_final(
+    store: JobStore, job: str, *, wait: bool, poll_s: float = 0.5
+) -> ReduceOutput | None:
+    """The job's reduce output; with ``wait``, waits for it. ConfigError if it has no reduce."""
+    await wait_for_job(store, job, wait, poll_s)
+    spec = await store.load_spec(job)
+    if spec.reduce is None:
+        raise ConfigError(
+            f"job {job!r} has no reduce stage (swarm-enqueue --reduce); collect its results "
+            "without --final"
+        )
+    while True:
+        final = await store.read_final(job)
+        if final is not None or not wait:
+            return final
+        await asyncio.sleep(poll_s)
