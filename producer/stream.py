@@ -33,6 +33,7 @@ __all__ = [
 ]
 
 CHUNK = 2000
+MIN_ASK = 256
 
 
 class CollectReport(msgspec.Struct, frozen=True):
@@ -88,9 +89,10 @@ async def follow(
     await wait_for_job(store, job, wait, poll_s)
     cursor = start
     failures = 0
+    ask = CHUNK
     while True:
         try:
-            blobs = await store.fetch_results(job, cursor, CHUNK)
+            blobs = await store.fetch_results(job, cursor, ask)
             chunk = []
             for i, blob in enumerate(blobs, cursor):
                 if blob is None:
@@ -99,9 +101,15 @@ async def follow(
             if chunk:
                 cursor += len(chunk)
                 yield chunk
-            if len(chunk) == CHUNK:
+            if len(chunk) == ask:
+                ask = CHUNK
                 continue
             status = await store.status(job)
+            # Ask only for as many results as there can be past the cursor (every one before it
+            # is in): polling a job's head would otherwise read CHUNK empty fields each time.
+            # At least MIN_ASK, so that a count thrown off (a retry behind the cursor) cannot
+            # stall it.
+            ask = min(CHUNK, max(MIN_ASK, status.done + status.failed - cursor))
             failures = 0
         except StoreUnavailable as exc:
             if not wait:

@@ -52,3 +52,6 @@ class JobStore(Registry, Feeding, Delivery, Results, Stages, Status):
                 for eid, fields in entries
             ]
             count += (await self.commit(job, batch)).failed
+            # A commit trims only what was delivered: the undelivered entries go here.
+            async with redis_errors(self.url):
+                await self.redis.xdel(self.keys.stream(job), *(eid for eid, _ in entries))

@@ -2,7 +2,8 @@
 
 Each file opens with its KEYS/ARGV contract. The loader puts the meta field names and the
 failure-kind prefix of :mod:`common.vocab` in front of every script (``META.DONE``...), so the
-names Python reads are the names Lua writes.
+names Python reads are the names Lua writes, and then the functions of ``lua/lib/streams.lua``
+(how far the consumer group has read, trimming its acknowledged head).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ __all__ = ["SCRIPT_NAMES", "Scripts", "source"]
 
 SCRIPT_NAMES = (
     "add",
+    "backlog",
     "claim_mine",
     "commit",
     "copy",
@@ -39,8 +41,10 @@ def _lua_string(text: str) -> str:
 @cache
 def _preamble() -> str:
     fields = ", ".join(f"{m.name} = {_lua_string(m.value)}" for m in Meta)
+    lib = files(__package__).joinpath("lua", "lib", "streams.lua").read_text("utf-8")
     return (
         f"local META = {{{fields}}}\nlocal FAILED_KIND_PREFIX = {_lua_string(FAILED_KIND_PREFIX)}\n"
+        + lib
     )
 
 
@@ -61,6 +65,7 @@ class Scripts:
             setattr(self, name, redis.register_script(source(name)))
 
     add: AsyncScript
+    backlog: AsyncScript
     claim_mine: AsyncScript
     commit: AsyncScript
     copy: AsyncScript

@@ -47,8 +47,9 @@ class JobStatus(msgspec.Struct, frozen=True):
     reduced: bool = False
 
 
-def _job_status(job: str, meta: dict[str, str], length: int, in_flight: int) -> JobStatus:
+def _job_status(job: str, meta: dict[str, str], in_flight: int) -> JobStatus:
     done, failed = int(meta.get(Meta.DONE, 0)), int(meta.get(Meta.FAILED, 0))
+    enqueued = int(meta.get(Meta.ENQUEUED, 0))
     rate = 0.0
     if Meta.FIRST_RESULT_S in meta:
         end = float(meta.get(Meta.FINISHED_S) or time.time())
@@ -56,12 +57,14 @@ def _job_status(job: str, meta: dict[str, str], length: int, in_flight: int) -> 
         rate = (done + failed) / span if span > 0 else 0.0
     return JobStatus(
         job=job,
-        enqueued=int(meta.get(Meta.ENQUEUED, 0)),
+        enqueued=enqueued,
         total=int(meta[Meta.TOTAL]) if Meta.TOTAL in meta else None,
         done=done,
         failed=failed,
         in_flight=in_flight,
-        pending=max(0, length - in_flight),
+        # Every queued prompt is answered, in a worker's hands, or waiting: the counters say
+        # which exactly (the stream's length does not: acknowledged entries wait for a trim).
+        pending=max(0, enqueued - done - failed - in_flight),
         rate_per_s=rate,
         finished=Meta.FINISHED_S in meta,
         prompt_tokens=int(meta.get(Meta.PROMPT_TOKENS, 0)),
@@ -85,17 +88,14 @@ class Status(StoreBase):
         meta_key, stream = self.keys.meta(job), self.keys.stream(job)
         async with redis_errors(self.url), self.redis.pipeline(transaction=False) as pipe:
             pipe.hgetall(meta_key)
-            pipe.xlen(stream)
-            pipe.xpending(stream, GROUP)
-            raw, length, pending = await pipe.execute(raise_on_error=False)
+            await self.scripts.backlog(keys=[stream], args=[GROUP], client=pipe)
+            raw, backlog = await pipe.execute()
         if not raw or Meta.SPEC.encode() not in raw:
             raise JobNotFoundError(
                 f"no job named {job!r} in this Redis (prefix {self.keys.prefix!r})"
             )
         meta = {k.decode(): v.decode() for k, v in raw.items() if k != Meta.SPEC.encode()}
-        in_flight = 0 if isinstance(pending, Exception) else int(pending["pending"])
-        length = 0 if isinstance(length, Exception) else int(length)
-        return _job_status(job, meta, length, in_flight)
+        return _job_status(job, meta, int(backlog[0]))
 
     async def publish_endpoints(self, stats: dict[str, dict[str, EndpointStats]]) -> None:
         """Write each job's per-endpoint figures: ``{job: {consumer: stats}}``; jobs deleted

@@ -3,5 +3,15 @@
 -- KEYS: [1] running
 -- ARGV: the entry IDs
 -- Returns how many were marked.
-for i = 1, #ARGV do redis.call('HINCRBY', KEYS[1], ARGV[i], 1) end
+-- One HMGET and one HSET per chunk rather than an HINCRBY per entry (cheaper for Redis).
+for lo = 1, #ARGV, 500 do
+  local ids = {unpack(ARGV, lo, math.min(lo + 499, #ARGV))}
+  local marks = redis.call('HMGET', KEYS[1], unpack(ids))
+  local args = {}
+  for i, id in ipairs(ids) do
+    args[#args + 1] = id
+    args[#args + 1] = (tonumber(marks[i]) or 0) + 1
+  end
+  redis.call('HSET', KEYS[1], unpack(args))
+end
 return #ARGV

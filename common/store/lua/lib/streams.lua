@@ -1,0 +1,44 @@
+-- Shared by every script: how far a job's consumer group has read its stream, and trimming
+-- what it has finished.
+
+-- The group's XINFO GROUPS fields ('pending', 'last-delivered-id'...), or nil when the group
+-- (or the stream) does not exist. O(1), where XPENDING's summary walks every consumer.
+local function group_info(stream, group)
+  if redis.call('EXISTS', stream) == 0 then return nil end
+  for _, g in ipairs(redis.call('XINFO', 'GROUPS', stream)) do
+    local info = {}
+    for i = 1, #g, 2 do info[g[i]] = g[i + 1] end
+    if info['name'] == group then return info end
+  end
+  return nil
+end
+
+-- The group's last delivered entry ID, or nil when the group (or stream) does not exist.
+local function last_delivered(stream, group)
+  local info = group_info(stream, group)
+  return info and info['last-delivered-id']
+end
+
+-- Whether the stream holds entries never delivered to the group (XRANGE past its last read).
+local function any_undelivered(stream, group)
+  local last = last_delivered(stream, group)
+  if not last then return redis.call('XLEN', stream) > 0 end
+  return #redis.call('XRANGE', stream, '(' .. last, '+', 'COUNT', 1) > 0
+end
+
+-- Trim the acknowledged head of the stream: every entry before the oldest still pending (or,
+-- with none pending, every entry delivered) is acknowledged. One XTRIM instead of an XDEL per
+-- entry: deleting entries one by one cost Redis more than the rest of a commit together.
+local function trim_acked(stream, group)
+  local first = redis.call('XPENDING', stream, group, '-', '+', 1)
+  local floor
+  if #first > 0 then
+    floor = first[1][1]
+  else
+    local last = last_delivered(stream, group)
+    if not last then return end
+    local ms, seq = string.match(last, '^(%d+)-(%d+)$')
+    floor = ms .. '-' .. string.format('%d', tonumber(seq) + 1)
+  end
+  redis.call('XTRIM', stream, 'MINID', floor)
+end
