@@ -28,6 +28,9 @@ DEFAULT_PREFIX = "swarm"
 # The consumer group every worker of every job reads through.
 GROUP = "workers"
 
+# The hash tag of arq's keys: the slot of arq's own fixed key ``arq:abort`` (see arq_queue).
+ARQ_TAG = "{arq:abort}"
+
 _JOB_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _STAGE_RE = re.compile(r"r[1-9][0-9]{0,3}")
 _PREFIX_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
@@ -132,8 +135,13 @@ class Keys:
 
     @property
     def arq_queue(self) -> str:
-        """arq's own queue (sorted set) for the worker-side arq functions."""
-        return f"{self.prefix}:arq:queue"
+        """arq's own queue (sorted set) for the worker-side arq functions.
+
+        arq's keys must share one Redis Cluster slot (its transactions span them): its fixed
+        ``arq:abort`` set, and keys named after its job IDs (``arq:job:<id>``...). So the
+        queue and every job ID (see :meth:`advance_job_id`) carry the hash tag
+        ``{arq:abort}``, which hashes exactly as the key ``arq:abort`` does."""
+        return f"{ARQ_TAG}:{self.prefix}:arq:queue"
 
     @property
     def arq_health_check(self) -> str:
@@ -143,7 +151,7 @@ class Keys:
     def advance_job_id(self, job: str, level: int) -> str:
         """The arq job ID of advancing ``job``'s reduce past stage ``level``: one per stage,
         so arq refuses a second while one is queued or running."""
-        return f"{self.prefix}:{validate_job_name(job)}:advance:{level}"
+        return f"{ARQ_TAG}:{self.prefix}:{validate_job_name(job)}:advance:{level}"
 
     def job_pattern(self, job: str) -> str:
         """A SCAN pattern matching every key of ``job``, its reduce stages' included."""

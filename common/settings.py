@@ -70,6 +70,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     redis_url: str = DEFAULT_REDIS_URL
     # With rediss://: the CA certificate file to verify the server with ("" : the system's).
     redis_ca_file: str = ""
+    # The URL names one node of a Redis Cluster: the client follows the cluster's slot map.
+    redis_cluster: bool = False
     prefix: str = DEFAULT_PREFIX
     endpoints: tuple[Endpoint, ...] = ()
     # Prompts per /v1/completions request, and requests in flight per endpoint. A list request
@@ -131,6 +133,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
 
     def __post_init__(self) -> None:
         _validate_redis_url(self.redis_url)
+        if self.redis_cluster and self.redis_url.startswith("unix:"):
+            raise ConfigError("SWARM_REDIS_CLUSTER needs a redis:// or rediss:// URL of a node")
         if self.redis_ca_file and not Path(self.redis_ca_file).is_file():
             raise ConfigError(f"SWARM_REDIS_CA_FILE {self.redis_ca_file}: no such file")
         Keys(self.prefix)  # validates the prefix
@@ -196,6 +200,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
         simple: dict[str, tuple[str, Callable[[str], Any]]] = {
             "SWARM_REDIS_URL": ("redis_url", str),
             "SWARM_REDIS_CA_FILE": ("redis_ca_file", str),
+            "SWARM_REDIS_CLUSTER": ("redis_cluster", boolean),
             "SWARM_PREFIX": ("prefix", str),
             "SWARM_BATCH_SIZE": ("batch_size", int),
             "SWARM_INFLIGHT": ("inflight", int),

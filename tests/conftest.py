@@ -19,6 +19,7 @@ import pytest
 import redis
 
 from common.embedded import EmbeddedRedis, free_port
+from common.keys import ARQ_TAG
 from common.settings import Settings
 from common.store import JobStore
 from sim.engine import EngineConfig
@@ -49,13 +50,20 @@ def redis_url() -> Iterator[str]:
             yield server.url
 
 
+def _glob(pattern: str) -> str:
+    """``pattern`` for SCAN MATCH with the braces of a hash tag taken literally."""
+    return pattern.replace("{", "\\{").replace("}", "\\}")
+
+
 @pytest.fixture
 def prefix(redis_url: str) -> Iterator[str]:
     name = f"t{uuid.uuid4().hex[:12]}"
     yield name
     client = redis.Redis.from_url(redis_url)
     try:
-        keys = list(client.scan_iter(match=f"{name}:*", count=1000))
+        # The prefix's keys, and arq's (under arq's hash tag: see Keys.arq_queue).
+        patterns = [f"{name}:*", f"{ARQ_TAG}:{name}:*", f"arq:*{ARQ_TAG}:{name}:*"]
+        keys = [k for p in patterns for k in client.scan_iter(match=_glob(p), count=1000)]
         if keys:
             client.delete(*keys)
     finally:

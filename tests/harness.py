@@ -5,15 +5,19 @@ the checks of their output. Tests get a Fleet through conftest's ``fleet_factory
 from __future__ import annotations
 
 import os
+import random
+import socket
 import subprocess
 import sys
+import time
 import urllib.request
 from pathlib import Path
 
 import msgspec
 import redis
 
-from common.embedded import free_port
+from common.embedded import EmbeddedRedis, free_port
+from common.reduce import render
 from sim.launch import launch, wait_listening
 from sim.text import completion_for
 
@@ -21,8 +25,11 @@ __all__ = [
     "BIN",
     "MAX_MODEL_LEN",
     "MAX_TOKENS",
+    "TEMPLATE",
     "Fleet",
+    "RedisClusterProcs",
     "check_output",
+    "expected_tree",
     "fleet_prompt",
     "wait_port",
 ]
@@ -43,6 +50,75 @@ def fleet_prompt(i: int, poison: set[int]) -> str:
     """Prompt ``i`` of a Fleet job: over the context where ``i`` is in ``poison``."""
     # Over the simulator's context (600 tokens = 2,400 characters) with 12 output tokens.
     return "p" * 3000 if i in poison else f"Explain observation #{i} of the survey."
+
+
+class RedisClusterProcs:
+    """A Redis Cluster of ``n`` primaries on loopback ports, each a redis-server child process
+    (``--cluster-enabled yes``), the 16384 slots split evenly between them."""
+
+    def __init__(self, n: int = 3) -> None:
+        self.nodes = [
+            EmbeddedRedis(
+                _cluster_port(),
+                extra_args=("--cluster-enabled", "yes", "--cluster-node-timeout", "5000"),
+            )
+            for _ in range(n)
+        ]
+
+    @property
+    def url(self) -> str:
+        """The URL of one node: a cluster client finds the others from it."""
+        return self.nodes[0].url
+
+    def start(self, timeout_s: float = 30.0) -> RedisClusterProcs:
+        for node in self.nodes:
+            node.start()
+        clients = [redis.Redis(port=node.port) for node in self.nodes]
+        try:
+            share = 16384 // len(clients)
+            for i, client in enumerate(clients):
+                hi = 16384 if i == len(clients) - 1 else (i + 1) * share
+                client.execute_command("CLUSTER ADDSLOTS", *range(i * share, hi))
+            for node in self.nodes[1:]:
+                clients[0].execute_command("CLUSTER MEET", "127.0.0.1", node.port)
+            deadline = time.monotonic() + timeout_s
+            while not all(_cluster_ok(c, len(clients)) for c in clients):
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the Redis Cluster did not come up")
+                time.sleep(0.05)
+        finally:
+            for c in clients:
+                c.close()
+        return self
+
+    def node_of(self, key: str) -> int:
+        """Which of :attr:`nodes` serves ``key``."""
+        with redis.Redis(port=self.nodes[0].port) as client:
+            slot = int(client.execute_command("CLUSTER KEYSLOT", key))
+        return min(slot // (16384 // len(self.nodes)), len(self.nodes) - 1)
+
+    def close(self) -> None:
+        for node in self.nodes:
+            node.close()
+
+
+def _cluster_port() -> int:
+    """A free port whose cluster bus port (10000 higher) is free too: at most 55535."""
+    for _ in range(100):
+        port = random.randint(20000, 55535)
+        try:
+            for p in (port, port + 10000):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", p))
+        except OSError:
+            continue
+        return port
+    raise RuntimeError("no free port pair for a Redis Cluster node")
+
+
+def _cluster_ok(client: redis.Redis, n: int) -> bool:
+    info = client.execute_command("CLUSTER INFO")  # parsed by redis-py into a dict
+    return info["cluster_state"] == "ok" and int(info["cluster_known_nodes"]) == n
 
 
 class Fleet:
@@ -156,6 +232,24 @@ class Fleet:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+
+
+TEMPLATE = "Level {level}: merge these findings into one.\n{responses}\nMerged:"
+
+
+def expected_tree(n: int, fanin: int) -> tuple[str, list[int]]:
+    """The final answer of a tree reduce of Fleet prompts 0..n-1 with :data:`TEMPLATE`, and the
+    prompts at each level."""
+    answers = [completion_for(fleet_prompt(i, set()), MAX_TOKENS)[0] for i in range(n)]
+    per_level, level = [], 0
+    while len(answers) > 1:
+        level += 1
+        sup = [
+            render(TEMPLATE, answers[i : i + fanin], level) for i in range(0, len(answers), fanin)
+        ]
+        per_level.append(len(sup))
+        answers = [completion_for(p, 2 * MAX_TOKENS)[0] for p in sup]
+    return answers[0].strip(), per_level
 
 
 def check_output(path: Path, n: int, poison: set[int]) -> None:

@@ -11,6 +11,7 @@ from collections.abc import Callable
 import pytest
 import redis
 
+from common.keys import Keys
 from common.models import Result, encode
 from common.settings import Settings
 from common.store import JobStore
@@ -67,7 +68,7 @@ def test_a_squatted_reduce_step_id_still_gets_the_final_written(fleet_factory: t
     fleet = fleet_factory(1)
     # Before the job exists, a stray record takes the arq job ID of its reduce step.
     client = redis.Redis.from_url(fleet.redis_url)
-    squat = f"arq:job:{fleet.prefix}:sq:advance:0"
+    squat = f"arq:job:{Keys(fleet.prefix).advance_job_id('sq', 0)}"
     try:
         client.set(squat, b"not an arq job")
         assert fleet.enqueue("sq", 200, set(), "--reduce", "concat").wait(timeout=60) == 0

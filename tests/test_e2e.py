@@ -16,6 +16,7 @@ import pytest
 import redis
 
 from common.embedded import free_port
+from common.keys import Keys
 from sim.launch import launch
 from sim.text import completion_for
 from tests.harness import BIN
@@ -238,7 +239,7 @@ def test_arq_payloads_are_msgpack_never_pickle(
             RedisSettings.from_dsn(redis_url),
             job_serializer=job_serializer,
             job_deserializer=job_deserializer,
-            default_queue_name=f"{prefix}:arq:queue",
+            default_queue_name=Keys(prefix).arq_queue,
         )
         try:
             job = await pool.enqueue_job("ping")

@@ -12,27 +12,10 @@ import pytest
 import redis
 
 from common.keys import Keys, stage_name
-from common.reduce import render
-from sim.text import completion_for
-from tests.harness import BIN, MAX_TOKENS, Fleet, fleet_prompt
+from tests.harness import BIN, MAX_TOKENS, TEMPLATE, Fleet, expected_tree, fleet_prompt
 from tests.helpers import wait_until
 
 pytestmark = pytest.mark.slow
-
-TEMPLATE = "Level {level}: merge these findings into one.\n{responses}\nMerged:"
-
-
-def expected_tree(n: int, fanin: int) -> tuple[str, list[int]]:
-    answers = [completion_for(fleet_prompt(i, set()), MAX_TOKENS)[0] for i in range(n)]
-    per_level, level = [], 0
-    while len(answers) > 1:
-        level += 1
-        sup = [
-            render(TEMPLATE, answers[i : i + fanin], level) for i in range(0, len(answers), fanin)
-        ]
-        per_level.append(len(sup))
-        answers = [completion_for(p, 2 * MAX_TOKENS)[0] for p in sup]
-    return answers[0].strip(), per_level
 
 
 def test_tree_reduce_survives_a_worker_killed_between_stages(fleet_factory: type[Fleet]) -> None:

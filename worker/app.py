@@ -34,7 +34,7 @@ from arq.worker import func
 
 from common.errors import ConfigError, EndpointRetryable, StoreUnavailable
 from common.settings import Settings
-from common.store import RETRY_ON, JobStore, redis_retry
+from common.store import RETRY_ON, JobStore, cluster_node_of, redis_retry
 from worker.engine import Engine
 from worker.reduce import StageBusy
 
@@ -251,6 +251,26 @@ async def ping(ctx: dict[str, Any]) -> str:
     return "pong"
 
 
+def _arq_redis_settings(settings: Settings) -> RedisSettings:
+    """arq's connection: the Redis of ``settings``; on a Redis Cluster, the primary serving
+    the slot that every arq key shares (see ``Keys.arq_queue``), since arq's client knows
+    no cluster."""
+    base = RedisSettings.from_dsn(settings.redis_url)
+    if settings.redis_cluster:
+        host, port = cluster_node_of(
+            settings.redis_url, settings.keys.arq_queue, ca_file=settings.redis_ca_file
+        )
+        base = dataclasses.replace(base, host=host, port=port)
+    return dataclasses.replace(
+        base,
+        retry=redis_retry(),
+        retry_on_error=RETRY_ON,
+        retry_on_timeout=True,
+        conn_retries=30,
+        ssl_ca_certs=settings.redis_ca_file or None,
+    )
+
+
 def worker_settings(settings: Settings, *, burst: bool = False) -> dict[str, Any]:
     """arq's worker arguments for ``settings`` (arq takes a mapping as well as a class).
 
@@ -269,14 +289,7 @@ def worker_settings(settings: Settings, *, burst: bool = False) -> dict[str, Any
         ],
         "on_startup": startup,
         "on_shutdown": shutdown,
-        "redis_settings": dataclasses.replace(
-            RedisSettings.from_dsn(settings.redis_url),
-            retry=redis_retry(),
-            retry_on_error=RETRY_ON,
-            retry_on_timeout=True,
-            conn_retries=30,
-            ssl_ca_certs=settings.redis_ca_file or None,
-        ),
+        "redis_settings": _arq_redis_settings(settings),
         "queue_name": settings.keys.arq_queue,
         "health_check_key": settings.keys.arq_health_check,
         "job_serializer": job_serializer,

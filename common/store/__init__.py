@@ -4,8 +4,10 @@ Layout of one job (keys from :class:`common.keys.Keys`, all in the job's hash sl
 
 * stream ``q``: one entry per prompt, entry ID ``0-(index+1)``, field ``d`` = msgpack
   :class:`~common.models.PromptItem`. Explicit IDs make enqueueing idempotent: a rerun resumes
-  after the stream's last generated ID. Entries are deleted as they are acknowledged, so the
-  stream holds only work not yet done, and its length is "pending + in flight".
+  after the stream's last generated ID. Each commit trims the stream's acknowledged head (up
+  to the oldest entry still in a worker's hands), so it holds the work not yet done and what
+  was finished after that oldest entry; what is left to do is read from the consumer group
+  (``lua/backlog.lua``) and the counters, never from the stream's length.
 * hash ``results``: decimal index -> msgpack :class:`~common.models.Result`; first write wins.
 * hash ``meta``: the fields of :class:`common.vocab.Meta` (spec, counters, timestamps).
 * hash ``running``: entry ID -> runs started and never finished (see ``JobStore.start``);
@@ -16,7 +18,13 @@ steps), ``entries`` (entry IDs and payloads), and the parts of :class:`JobStore`
 ``registry``, ``feeding``, ``delivery``, ``results``, ``stages``, ``status``.
 """
 
-from common.store.connection import RETRY_ON, connect, redis_errors, redis_retry
+from common.store.connection import (
+    RETRY_ON,
+    cluster_node_of,
+    connect,
+    redis_errors,
+    redis_retry,
+)
 from common.store.delivery import RELEASED_IDLE_MS, Commit
 from common.store.entries import decode_entry, index_of
 from common.store.feeding import producer_token
@@ -29,6 +37,7 @@ __all__ = [
     "Commit",
     "JobStatus",
     "JobStore",
+    "cluster_node_of",
     "connect",
     "decode_entry",
     "index_of",

@@ -5,13 +5,12 @@ from __future__ import annotations
 from typing import Self
 
 import msgspec
-import redis.asyncio as aioredis
 
 from common.errors import BadRecordError, ConfigError
 from common.keys import Keys
 from common.models import JobSpec, decode_spec
 from common.settings import Settings
-from common.store.connection import connect, redis_errors
+from common.store.connection import Client, connect, redis_errors
 from common.store.scripts import Scripts
 
 __all__ = ["StoreBase", "spec_of"]
@@ -20,7 +19,7 @@ __all__ = ["StoreBase", "spec_of"]
 class StoreBase:
     """One Redis client under one key prefix; the parts of :class:`JobStore` build on it."""
 
-    def __init__(self, redis: aioredis.Redis, keys: Keys, url: str = "") -> None:
+    def __init__(self, redis: Client, keys: Keys, url: str = "") -> None:
         self.redis = redis
         self.keys = keys
         self.url = url
@@ -30,7 +29,12 @@ class StoreBase:
     @classmethod
     def from_settings(cls, settings: Settings, *, patient: bool = True) -> Self:
         """The store of ``settings``' Redis and key prefix (see :func:`connect` for patience)."""
-        redis = connect(settings.redis_url, patient=patient, ca_file=settings.redis_ca_file)
+        redis = connect(
+            settings.redis_url,
+            patient=patient,
+            ca_file=settings.redis_ca_file,
+            cluster=settings.redis_cluster,
+        )
         return cls(redis, settings.keys, settings.redis_url)
 
     async def close(self) -> None:

@@ -11,13 +11,16 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
+from redis.cluster import RedisCluster as SyncRedisCluster
 from redis.exceptions import (
     AuthenticationError,
     AuthorizationError,
     NoPermissionError,
     OutOfMemoryError,
+    RedisError,
     ResponseError,
 )
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -26,7 +29,18 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from common.errors import StoreAccessDenied, StoreFull, StoreUnavailable
 from common.settings import mask_url
 
-__all__ = ["RETRY_ON", "connect", "redis_code", "redis_errors", "redis_retry"]
+__all__ = [
+    "RETRY_ON",
+    "Client",
+    "cluster_node_of",
+    "connect",
+    "redis_code",
+    "redis_errors",
+    "redis_retry",
+]
+
+# One Redis server, or a Redis Cluster (every key of a job shares one hash slot).
+Client = aioredis.Redis | RedisCluster
 
 # Retried by redis-py itself: a Redis restart (or failover) of up to about a minute and a half
 # is ridden out inside a single command; swarm-queue's own loops retry beyond that.
@@ -64,26 +78,44 @@ def redis_retry(retries: int = 30) -> Retry:
     return _Retry(ExponentialBackoff(cap=5.0, base=0.05), retries)
 
 
-def connect(url: str, *, patient: bool = True, ca_file: str = "") -> aioredis.Redis:
+def connect(url: str, *, patient: bool = True, ca_file: str = "", cluster: bool = False) -> Client:
     """A Redis client for ``url`` that rides out connection loss with capped backoff.
 
     ``patient`` (workers, producer, collector) waits out a Redis restart of a minute or two;
     otherwise (one-shot commands such as swarm-status) a missing Redis is reported at once.
     Responses stay bytes (``decode_responses=False``): payloads are msgpack. ``ca_file``
-    verifies a ``rediss://`` server against that CA.
+    verifies a ``rediss://`` server against that CA. ``cluster``: ``url`` is one node of a
+    Redis Cluster, and the client finds the others from it.
     """
     tls: dict[str, Any] = {"ssl_ca_certs": ca_file} if ca_file else {}
+    options: dict[str, Any] = {
+        "retry": redis_retry(30 if patient else 3),
+        "retry_on_error": RETRY_ON,
+        "health_check_interval": 30,
+        "socket_keepalive": True,
+        **tls,
+    }
     try:
-        return aioredis.from_url(
-            url,
-            retry=redis_retry(30 if patient else 3),
-            retry_on_error=RETRY_ON,
-            health_check_interval=30,
-            socket_keepalive=True,
-            **tls,
-        )
+        if cluster:
+            return RedisCluster.from_url(url, **options)
+        return aioredis.from_url(url, **options)
     except ValueError as exc:
         raise StoreUnavailable(f"invalid Redis URL {mask_url(url)}: {exc}") from None
+
+
+def cluster_node_of(url: str, key: str, *, ca_file: str = "") -> tuple[str, int]:
+    """``(host, port)`` of the Redis Cluster primary that serves ``key``, asked of the node at
+    ``url``: where a client that knows no cluster (arq's) must connect for that key's slot."""
+    tls: dict[str, Any] = {"ssl_ca_certs": ca_file} if ca_file else {}
+    try:
+        client = SyncRedisCluster.from_url(url, **tls)
+    except (RedisError, OSError) as exc:
+        raise StoreUnavailable(f"Redis Cluster at {mask_url(url)} unavailable: {exc}") from None
+    try:
+        node = client.get_node_from_key(key)
+        return node.host, int(node.port)
+    finally:
+        client.close()
 
 
 @contextlib.asynccontextmanager
@@ -97,6 +129,11 @@ async def redis_errors(url: str) -> AsyncIterator[None]:
             "the URL, and the user's ACL: it needs the key prefix's keys and stream commands)"
         ) from None
     except ResponseError as exc:
+        if redis_code(exc) in ("MOVED", "ASK", "CLUSTERDOWN", "CROSSSLOT"):
+            raise StoreUnavailable(
+                f"Redis at {mask_url(url)} is a Redis Cluster node ({redis_code(exc)}): set "
+                "SWARM_REDIS_CLUSTER=1 so that the client follows the cluster's slots"
+            ) from None
         if not _is_oom(exc):
             raise
         raise StoreFull(

@@ -120,11 +120,13 @@ class Registry(StoreBase):
         work until it is resumed: a burst worker does not wait for it.)"""
         async with redis_errors(self.url), self.redis.pipeline(transaction=False) as pipe:
             pipe.hmget(self.keys.meta(job), [Meta.TOTAL, Meta.FINISHED_S, Meta.CANCELLED_S])
-            await self.scripts.backlog(keys=[self.keys.stream(job)], args=[GROUP], client=pipe)
             pipe.exists(self.keys.producer_lock(job))
-            (total, finished, cancelled), (pending, undelivered), feeding = await pipe.execute()
-        if finished is not None or cancelled is not None:
-            return False
+            (total, finished, cancelled), feeding = await pipe.execute()
+            if finished is not None or cancelled is not None:
+                return False
+            pending, undelivered = await self.scripts.backlog(
+                keys=[self.keys.stream(job)], args=[GROUP]
+            )
         return int(pending) > 0 or bool(undelivered) or (total is None and bool(feeding))
 
     async def delete_job(self, job: str) -> int:

@@ -12,6 +12,7 @@ from functools import cache
 from importlib.resources import files
 
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
 from redis.commands.core import AsyncScript
 
 from common.vocab import FAILED_KIND_PREFIX, Meta
@@ -24,10 +25,12 @@ SCRIPT_NAMES = (
     "claim_mine",
     "commit",
     "copy",
+    "final",
     "lock",
     "publish",
     "retry",
     "seal",
+    "stage",
     "start",
 )
 
@@ -60,7 +63,7 @@ class Scripts:
 
     __slots__ = SCRIPT_NAMES
 
-    def __init__(self, redis: aioredis.Redis) -> None:
+    def __init__(self, redis: aioredis.Redis | RedisCluster) -> None:
         for name in SCRIPT_NAMES:
             setattr(self, name, redis.register_script(source(name)))
 
@@ -69,8 +72,10 @@ class Scripts:
     claim_mine: AsyncScript
     commit: AsyncScript
     copy: AsyncScript
+    final: AsyncScript
     lock: AsyncScript
     publish: AsyncScript
     retry: AsyncScript
     seal: AsyncScript
+    stage: AsyncScript
     start: AsyncScript

@@ -45,18 +45,18 @@ class Stages(StoreBase):
     async def set_stage(self, job: str, level: int, **info: int) -> None:
         """Record that ``job``'s reduce now runs stage ``level`` (``info``: counts about how it
         was built, kept in the stage's meta)."""
-        async with redis_errors(self.url), self.redis.pipeline(transaction=True) as pipe:
-            if info:
-                pipe.hset(self.keys.meta(stage_name(job, level)), mapping=info)
-            pipe.hset(self.keys.meta(job), Meta.STAGE, level)
-            await pipe.execute()
+        keys = [self.keys.meta(job), self.keys.meta(stage_name(job, level))]
+        args = [level, *(x for kv in info.items() for x in kv)]
+        async with redis_errors(self.url):
+            await self.scripts.stage(keys=keys, args=args)
 
     async def write_final(self, job: str, output: ReduceOutput) -> bool:
         """Store the reduce output, once; False if one was there already."""
-        async with redis_errors(self.url), self.redis.pipeline(transaction=True) as pipe:
-            pipe.set(self.keys.final(job), encode_final(output), nx=True)
-            pipe.hsetnx(self.keys.meta(job), Meta.REDUCED_S, f"{time.time():.3f}")
-            written, _ = await pipe.execute()
+        keys = [self.keys.final(job), self.keys.meta(job)]
+        async with redis_errors(self.url):
+            written = await self.scripts.final(
+                keys=keys, args=[encode_final(output), f"{time.time():.3f}"]
+            )
         return bool(written)
 
     async def read_final(self, job: str) -> ReduceOutput | None:

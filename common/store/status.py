@@ -86,10 +86,9 @@ class Status(StoreBase):
 
     async def status(self, job: str) -> JobStatus:
         meta_key, stream = self.keys.meta(job), self.keys.stream(job)
-        async with redis_errors(self.url), self.redis.pipeline(transaction=False) as pipe:
-            pipe.hgetall(meta_key)
-            await self.scripts.backlog(keys=[stream], args=[GROUP], client=pipe)
-            raw, backlog = await pipe.execute()
+        async with redis_errors(self.url):
+            raw = await self.redis.hgetall(meta_key)
+            backlog = await self.scripts.backlog(keys=[stream], args=[GROUP])
         if not raw or Meta.SPEC.encode() not in raw:
             raise JobNotFoundError(
                 f"no job named {job!r} in this Redis (prefix {self.keys.prefix!r})"
@@ -100,13 +99,12 @@ class Status(StoreBase):
     async def publish_endpoints(self, stats: dict[str, dict[str, EndpointStats]]) -> None:
         """Write each job's per-endpoint figures: ``{job: {consumer: stats}}``; jobs deleted
         meanwhile are skipped."""
-        async with redis_errors(self.url), self.redis.pipeline(transaction=False) as pipe:
+        async with redis_errors(self.url):
             for job, by_consumer in stats.items():
                 if by_consumer:
                     args = [x for c, st in by_consumer.items() for x in (c, encode(st))]
                     keys = [self.keys.meta(job), self.keys.endpoints(job)]
-                    await self.scripts.publish(keys=keys, args=args, client=pipe)
-            await pipe.execute()
+                    await self.scripts.publish(keys=keys, args=args)
 
     async def read_endpoints(self, job: str) -> list[EndpointStats]:
         """Every endpoint's latest figures for ``job`` (undecodable entries skipped), by

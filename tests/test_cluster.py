@@ -1,0 +1,125 @@
+"""swarm-queue on a real Redis Cluster of three primaries, started here: jobs spread over the
+shards by their hash tags, worker and collector processes, a tree reduce advanced by arq (whose
+keys share one slot), and the clear error of a client that does not know it is on a cluster."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+
+import msgspec
+import pytest
+import redis
+
+from common.errors import StoreUnavailable
+from common.keys import Keys
+from common.settings import Settings
+from common.store import JobStore
+from tests.harness import (
+    BIN,
+    TEMPLATE,
+    Fleet,
+    RedisClusterProcs,
+    check_output,
+    expected_tree,
+)
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[RedisClusterProcs]:
+    procs = RedisClusterProcs(3).start()
+    yield procs
+    procs.close()
+
+
+def _names_on_shards(cluster: RedisClusterProcs, keys: Keys, n: int) -> list[str]:
+    """``n`` job names, no two on the same shard while shards remain."""
+    names: list[str] = []
+    used: set[int] = set()
+    for i in range(1000):
+        node = cluster.node_of(keys.stream(f"job{i}"))
+        if node not in used or len(used) == len(cluster.nodes):
+            names.append(f"job{i}")
+            used.add(node)
+        if len(names) == n:
+            return names
+    raise AssertionError("no names found")
+
+
+def test_jobs_over_three_shards_with_workers_collectors_and_a_tree_reduce(
+    cluster: RedisClusterProcs, fleet_factory: type[Fleet], prefix: str
+) -> None:
+    keys = Keys(prefix)
+    fleet = fleet_factory(2, url=cluster.url)
+    fleet.env["SWARM_REDIS_CLUSTER"] = "1"
+    jobs = _names_on_shards(cluster, keys, 3)
+    assert len({cluster.node_of(keys.stream(j)) for j in jobs}) == 3
+    tree, n_tree, fanin = "tree", 200, 10
+    poison = {7, 150}
+
+    for job in jobs:
+        assert fleet.enqueue(job, 300, poison).wait(60) == 0
+    template = fleet.tmp / "reduce.txt"
+    template.write_text(TEMPLATE)
+    assert (
+        fleet.enqueue(
+            tree,
+            n_tree,
+            set(),
+            "--reduce",
+            "tree",
+            "--reduce-prompt",
+            str(template),
+            "--fanin",
+            str(fanin),
+        ).wait(60)
+        == 0
+    )
+    collectors = {job: fleet.collect(job) for job in jobs}
+    workers = [fleet.worker("a", [0]), fleet.worker("b", [1]), fleet.worker("c", [0, 1])]
+    for w, log in zip(workers, fleet.logs, strict=True):
+        assert w.wait(timeout=180) == 0, log.read_text()[-3000:]
+    for job, proc in collectors.items():
+        _, err = proc.communicate(timeout=60)
+        # exit 1: every line written, two of them failures (the over-long prompts)
+        assert proc.returncode == 1, err
+        assert "wrote 300 of 300 results (298 ok, 2 failed)" in err
+        check_output(fleet.tmp / f"{job}.jsonl", 300, poison)
+
+    final = subprocess.run(
+        [BIN / "swarm-collect", tree, "--final", "--out", fleet.tmp / "final.json"],
+        env=fleet.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert final.returncode == 0, final.stderr
+    doc = msgspec.json.decode((fleet.tmp / "final.json").read_bytes())
+    answer, per_level = expected_tree(n_tree, fanin)
+    assert doc["value"] == answer
+    assert [(lv["level"], lv["prompts"]) for lv in doc["levels"]] == [
+        (i + 1, count) for i, count in enumerate(per_level)
+    ]
+    # arq queued and polled its jobs on the primary serving its one slot, and nowhere else.
+    arq_node = cluster.node_of(keys.arq_queue)
+    for i, node in enumerate(cluster.nodes):
+        with redis.Redis(port=node.port) as client:
+            stats = client.info("commandstats")
+        polled = stats.get("cmdstat_zrangebyscore", {}).get("calls", 0)
+        queued = stats.get("cmdstat_psetex", {}).get("calls", 0)
+        assert (polled > 0, queued > 0) == ((True, True) if i == arq_node else (False, False))
+
+
+async def test_a_client_not_told_of_the_cluster_says_so(
+    cluster: RedisClusterProcs, prefix: str
+) -> None:
+    keys = Keys(prefix)
+    elsewhere = next(f"j{i}" for i in range(100) if cluster.node_of(keys.meta(f"j{i}")) != 0)
+    store = JobStore.from_settings(Settings(redis_url=cluster.url, prefix=prefix), patient=False)
+    try:
+        with pytest.raises(StoreUnavailable, match="set SWARM_REDIS_CLUSTER=1"):
+            await store.status(elsewhere)
+    finally:
+        await store.close()
