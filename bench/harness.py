@@ -305,12 +305,15 @@ class Workers:
     # swarm-worker --burst (started with the job, gone when it is done), else long-running
     # arq workers.
     burst: bool = False
+    # One process per group even under --smoke (a scenario about many worker processes).
+    separate: bool = False
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
     def start(self) -> Workers:
         OUT.mkdir(parents=True, exist_ok=True)
         base = {k: v for k, v in os.environ.items() if not k.startswith("SWARM_")}
-        groups = [[u for g in self.groups for u in g]] if _ONE_PROCESS[0] else self.groups
+        one = _ONE_PROCESS[0] and not self.separate
+        groups = [[u for g in self.groups for u in g]] if one else self.groups
         for i, group in enumerate(groups):
             env = {
                 **base,

@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import platform
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from bench.baselines import arq_one_job_per_prompt, naive_gather, static_round_robin
+from bench.fleetscale import fleet_scale_scenario
 from bench.harness import (
     OUT,
     ROOT,
@@ -67,6 +69,7 @@ SCENARIOS = (
     "latency",
     "priority",
     "strict",
+    "fleet_scale",
 )
 
 
@@ -200,6 +203,27 @@ async def _instant_baselines(
     )
 
 
+@contextlib.asynccontextmanager
+async def redis_cost(url: str, n: int) -> AsyncIterator[dict[str, float]]:
+    """Redis's own CPU time and commands (Lua's included) per prompt over the block, read
+    from INFO cpu and INFO commandstats of the bench's private Redis."""
+    r = aioredis.Redis.from_url(url)
+    cost: dict[str, float] = {}
+    try:
+        await r.config_resetstat()
+        cpu = await r.info("cpu")
+        before = float(cpu["used_cpu_sys"]) + float(cpu["used_cpu_user"])
+        yield cost
+        cpu = await r.info("cpu")
+        spent = float(cpu["used_cpu_sys"]) + float(cpu["used_cpu_user"]) - before
+        stats = await r.info("commandstats")
+        calls = sum(int(v["calls"]) for k, v in stats.items() if "config" not in k)
+        cost["Redis CPU us per prompt"] = spent / n * 1e6
+        cost["Redis commands per prompt"] = calls / n
+    finally:
+        await r.aclose()
+
+
 async def overhead_scenario(bench: Bench, n: int, baseline_n: int) -> Scenario:
     """Scenario 4: an endpoint that answers instantly; what the system itself costs."""
     prompts = prompt_set(n)
@@ -211,17 +235,31 @@ async def overhead_scenario(bench: Bench, n: int, baseline_n: int) -> Scenario:
     )
     fleet = new_fleet(2, INSTANT).start()
     try:
-        env = {"SWARM_BATCH_SIZE": "256", "SWARM_INFLIGHT": "4"}
-        run = await run_swarm(
-            bench.url, "b-overhead", fleet, [[u] for u in fleet.urls], prompts, 16, worker_env=env
-        )
-        sc.rows.append(_swarm_row(run, n, None))
+        # What Redis itself spends per prompt: its CPU time and the commands it ran (those
+        # inside Lua scripts included), at the default batch and at the scenario's batch.
+        for system, env in (
+            ("swarm-queue, batch 32 (default)", {}),
+            ("swarm-queue", {"SWARM_BATCH_SIZE": "256", "SWARM_INFLIGHT": "4"}),
+        ):
+            async with redis_cost(bench.url, n) as cost:
+                run = await run_swarm(
+                    bench.url, "b-overhead", fleet, [[u] for u in fleet.urls], prompts, 16,
+                    worker_env=env,
+                )  # fmt: skip
+            row = _swarm_row(run, n, None)
+            row.system = system
+            row.extra.update(cost)
+            sc.rows.append(row)
+            await _flush(bench)  # the same job name runs again
         await _instant_baselines(sc, bench, fleet.urls, prompts, baseline_n)
     finally:
         fleet.stop()
-    swarm = sc.rows[0]
+    swarm = next(r for r in sc.rows if r.system == "swarm-queue")
     arq = next(r for r in sc.rows if r.system.startswith("arq"))
     sc.checks[">= 20,000 prompts/s end to end"] = swarm.rate >= 20_000
+    sc.checks["<= 10 us of Redis CPU per prompt (batch 256)"] = (
+        swarm.extra["Redis CPU us per prompt"] <= 10
+    )
     sc.checks[">= 20x arq one-job-per-prompt"] = swarm.rate >= 20 * arq.rate
     return sc
 
@@ -666,6 +704,11 @@ async def main_async(args: argparse.Namespace) -> list[Scenario]:
             scenarios.append(await priority_scenario(bench, int(50_000 * s), max(20, int(500 * s))))
         if "strict" in want:
             scenarios.append(await strict_scenario(bench, s))
+        if "fleet_scale" in want:
+            endpoints = 200 if args.smoke else 1000
+            scenarios.append(
+                await fleet_scale_scenario(bench, int(200_000 * s), endpoints, 50, endpoints // 200)
+            )
     return scenarios
 
 

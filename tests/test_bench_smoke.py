@@ -36,7 +36,7 @@ def _smoke(name: str, tmp_path: Path) -> dict[str, Any]:
     return scenarios[0]  # type: ignore[no-any-return]
 
 
-def test_the_scenarios_are_the_eight_reported() -> None:
+def test_the_scenarios_are_the_nine_reported() -> None:
     assert list(SCENARIOS) == [
         "homogeneous",
         "heterogeneous",
@@ -46,6 +46,7 @@ def test_the_scenarios_are_the_eight_reported() -> None:
         "latency",
         "priority",
         "strict",
+        "fleet_scale",
     ]
 
 
@@ -101,3 +102,15 @@ def test_the_strict_scenario_runs_every_case_beside_static_round_robin(tmp_path:
         assert base["system"].split(": ", 1)[1] == swarm["system"].split(": ", 1)[1]
         assert swarm["ideal_s"] > 0 and base["ideal_s"] == swarm["ideal_s"]
     assert "--burst" in systems[6] and "dies" in systems[8]
+
+
+def test_two_hundred_endpoints_in_four_worker_processes_answer_every_prompt_once(
+    tmp_path: Path,
+) -> None:
+    """The thousand-endpoint scenario, reduced: 200 endpoints, four worker processes of 50."""
+    sc = _smoke("fleet_scale", tmp_path)
+    (row,) = sc["rows"]
+    assert row["answered"] == row["prompts"] == row["extra"]["done"] == 4000
+    # 4 workers' connections at least (each endpoint's loop shares its worker's pool)
+    assert row["extra"]["Redis clients"] >= 4
+    assert sc["checks"] == {"every prompt answered, each once (done == total)": True}
