@@ -116,7 +116,7 @@ class SimFleetProc:
         for _ in range(3):
             if self._start_once(extra):
                 return self
-            self.ports = [free_port() for _ in self.ports]
+            self.ports = free_ports(len(self.ports))
         raise RuntimeError("swarm-sim did not start")
 
     def _start_once(self, extra: tuple[str, ...]) -> bool:
@@ -567,5 +567,15 @@ class Bench:
         return self.redis.url
 
 
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct free ports (the kernel may hand the same free port out twice)."""
+    ports: list[int] = []
+    while len(ports) < n:
+        port = free_port()
+        if port not in ports:
+            ports.append(port)
+    return ports
+
+
 def new_fleet(n: int, config: EngineConfig, speeds: Sequence[float] | None = None) -> SimFleetProc:
-    return SimFleetProc([free_port() for _ in range(n)], list(speeds or [1.0] * n), config)
+    return SimFleetProc(free_ports(n), list(speeds or [1.0] * n), config)
