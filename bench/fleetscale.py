@@ -13,18 +13,25 @@ from pathlib import Path
 
 import redis.asyncio as aioredis
 
-from bench.harness import Bench, SimFleetProc, Workers, new_fleet, prompt_set
+from bench.harness import (
+    INSTANT,
+    Bench,
+    SimFleetProc,
+    Workers,
+    new_fleet,
+    prompt_set,
+    redis_cost,
+    redis_cpu_s,
+)
 from bench.rows import Row, Scenario
 from common.models import JobSpec, SamplingParams
 from common.settings import Settings
 from common.store import JobStore
 from producer.enqueue import enqueue_prompts
 from producer.stream import collect
-from sim.engine import EngineConfig
 
 __all__ = ["FleetCost", "fleet_scale_scenario"]
 
-INSTANT = EngineConfig(instant=True)
 IDLE_S = 5.0  # how long the idle fleet's cost is measured
 
 
@@ -39,11 +46,6 @@ def _cpu_s(pids: list[int]) -> float:
             continue
         total += int(fields[11]) + int(fields[12])  # utime, stime
     return total / tick
-
-
-async def _redis_cpu_s(r: aioredis.Redis) -> float:
-    cpu = await r.info("cpu")
-    return float(cpu["used_cpu_sys"]) + float(cpu["used_cpu_user"])
 
 
 @dataclass
@@ -84,14 +86,13 @@ async def run_fleet(
             if time.monotonic() > deadline:
                 raise RuntimeError("the workers did not register their endpoints")
             await asyncio.sleep(0.5)
-        c0, rc0, t_idle = _cpu_s(pids), await _redis_cpu_s(r), time.monotonic()
+        c0, rc0, t_idle = _cpu_s(pids), await redis_cpu_s(r), time.monotonic()
         await asyncio.sleep(IDLE_S)
         idle_span = time.monotonic() - t_idle
         idle = (_cpu_s(pids) - c0) / idle_span
-        redis_idle = (await _redis_cpu_s(r) - rc0) / idle_span
+        redis_idle = (await redis_cpu_s(r) - rc0) / idle_span
 
-        await r.config_resetstat()
-        rc0, c0 = await _redis_cpu_s(r), _cpu_s(pids)
+        c0 = _cpu_s(pids)
         peak, clients = 0, 0
         t0 = time.monotonic()
 
@@ -104,16 +105,14 @@ async def run_fleet(
 
         sampler = asyncio.create_task(sample())
         spec = JobSpec(job="fleet", params=SamplingParams(max_tokens=16))
-        await enqueue_prompts(store, spec, ((p, None) for p in prompt_set(n)))
-        with open(os.devnull, "wb") as sink:
-            report = await collect(store, "fleet", sink, wait=True, poll_s=0.1)
+        async with redis_cost(bench.url, n) as cost:
+            await enqueue_prompts(store, spec, ((p, None) for p in prompt_set(n)))
+            with open(os.devnull, "wb") as sink:
+                report = await collect(store, "fleet", sink, wait=True, poll_s=0.1)
         wall = time.monotonic() - t0
         busy = (_cpu_s(pids) - c0) / wall
-        rcpu = await _redis_cpu_s(r) - rc0
         sampler.cancel()
         await asyncio.gather(sampler, return_exceptions=True)
-        stats = await r.info("commandstats")
-        calls = sum(int(v["calls"]) for k, v in stats.items() if "config" not in k)
         status = await store.status("fleet")
         return FleetCost(
             wall_s=wall,
@@ -121,8 +120,8 @@ async def run_fleet(
             done=status.done,
             redis_clients=clients,
             redis_peak_bytes=peak,
-            redis_cpu_us_per_prompt=rcpu / n * 1e6,
-            redis_calls_per_prompt=calls / n,
+            redis_cpu_us_per_prompt=cost["Redis CPU us per prompt"],
+            redis_calls_per_prompt=cost["Redis commands per prompt"],
             redis_idle_pct=100 * redis_idle,
             worker_idle_pct_per_endpoint=100 * idle / len(urls),
             worker_busy_pct_per_endpoint=100 * busy / len(urls),

@@ -9,6 +9,7 @@ the same kind of fleet in the same run, so ratios hold on a noisy shared machine
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import signal
@@ -16,11 +17,12 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
+import redis.asyncio as aioredis
 
 from common.embedded import EmbeddedRedis, free_port
 from common.models import JobSpec, SamplingParams
@@ -550,6 +552,35 @@ async def kill_at_share(
     killed = {"t": time.monotonic() - t0, "done": float((await store.status(job)).done)}
     fleet.kill_endpoint(len(fleet.ports) - 1)
     return killed
+
+
+# An engine that answers at once: what the system itself costs, without the model's time.
+INSTANT = EngineConfig(instant=True)
+
+
+async def redis_cpu_s(r: aioredis.Redis) -> float:
+    """CPU seconds (user + system) the Redis server has used since it started."""
+    cpu = await r.info("cpu")
+    return float(cpu["used_cpu_sys"]) + float(cpu["used_cpu_user"])
+
+
+@contextlib.asynccontextmanager
+async def redis_cost(url: str, n: int) -> AsyncIterator[dict[str, float]]:
+    """Redis's own CPU time and commands (Lua's included) per prompt over the block, read
+    from INFO cpu and INFO commandstats of the bench's private Redis."""
+    r = aioredis.Redis.from_url(url)
+    cost: dict[str, float] = {}
+    try:
+        await r.config_resetstat()
+        before = await redis_cpu_s(r)
+        yield cost
+        spent = await redis_cpu_s(r) - before
+        stats = await r.info("commandstats")
+        calls = sum(int(v["calls"]) for k, v in stats.items() if "config" not in k)
+        cost["Redis CPU us per prompt"] = spent / n * 1e6
+        cost["Redis commands per prompt"] = calls / n
+    finally:
+        await r.aclose()
 
 
 class Bench:

@@ -14,11 +14,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import platform
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,7 @@ import redis.asyncio as aioredis
 from bench.baselines import arq_one_job_per_prompt, naive_gather, static_round_robin
 from bench.fleetscale import fleet_scale_scenario
 from bench.harness import (
+    INSTANT,
     OUT,
     ROOT,
     Bench,
@@ -41,6 +41,7 @@ from bench.harness import (
     prompt_iter,
     prompt_set,
     queue_times,
+    redis_cost,
     run_scale,
     run_swarm,
     urgent_job_time,
@@ -57,7 +58,6 @@ DOCS = ROOT / "docs"
 # A decode step of 20 ms + 0.1 ms per running sequence (about 46 ms at a full batch of 256):
 # in the range of a large model on one GPU node.
 REAL = EngineConfig(max_num_seqs=256, step_base_ms=20.0, step_per_seq_ms=0.1)
-INSTANT = EngineConfig(instant=True)
 
 
 SCENARIOS = (
@@ -201,27 +201,6 @@ async def _instant_baselines(
         len(few),
         None,
     )
-
-
-@contextlib.asynccontextmanager
-async def redis_cost(url: str, n: int) -> AsyncIterator[dict[str, float]]:
-    """Redis's own CPU time and commands (Lua's included) per prompt over the block, read
-    from INFO cpu and INFO commandstats of the bench's private Redis."""
-    r = aioredis.Redis.from_url(url)
-    cost: dict[str, float] = {}
-    try:
-        await r.config_resetstat()
-        cpu = await r.info("cpu")
-        before = float(cpu["used_cpu_sys"]) + float(cpu["used_cpu_user"])
-        yield cost
-        cpu = await r.info("cpu")
-        spent = float(cpu["used_cpu_sys"]) + float(cpu["used_cpu_user"]) - before
-        stats = await r.info("commandstats")
-        calls = sum(int(v["calls"]) for k, v in stats.items() if "config" not in k)
-        cost["Redis CPU us per prompt"] = spent / n * 1e6
-        cost["Redis commands per prompt"] = calls / n
-    finally:
-        await r.aclose()
 
 
 async def overhead_scenario(bench: Bench, n: int, baseline_n: int) -> Scenario:

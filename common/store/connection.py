@@ -87,13 +87,12 @@ def connect(url: str, *, patient: bool = True, ca_file: str = "", cluster: bool 
     verifies a ``rediss://`` server against that CA. ``cluster``: ``url`` is one node of a
     Redis Cluster, and the client finds the others from it.
     """
-    tls: dict[str, Any] = {"ssl_ca_certs": ca_file} if ca_file else {}
     options: dict[str, Any] = {
         "retry": redis_retry(30 if patient else 3),
         "retry_on_error": RETRY_ON,
         "health_check_interval": 30,
         "socket_keepalive": True,
-        **tls,
+        **_tls(ca_file),
     }
     try:
         if cluster:
@@ -103,12 +102,16 @@ def connect(url: str, *, patient: bool = True, ca_file: str = "", cluster: bool 
         raise StoreUnavailable(f"invalid Redis URL {mask_url(url)}: {exc}") from None
 
 
+def _tls(ca_file: str) -> dict[str, Any]:
+    """The client options that verify a ``rediss://`` server against ``ca_file`` (if any)."""
+    return {"ssl_ca_certs": ca_file} if ca_file else {}
+
+
 def cluster_node_of(url: str, key: str, *, ca_file: str = "") -> tuple[str, int]:
     """``(host, port)`` of the Redis Cluster primary that serves ``key``, asked of the node at
     ``url``: where a client that knows no cluster (arq's) must connect for that key's slot."""
-    tls: dict[str, Any] = {"ssl_ca_certs": ca_file} if ca_file else {}
     try:
-        client = SyncRedisCluster.from_url(url, **tls)
+        client = SyncRedisCluster.from_url(url, **_tls(ca_file))
     except (RedisError, OSError) as exc:
         raise StoreUnavailable(f"Redis Cluster at {mask_url(url)} unavailable: {exc}") from None
     try:

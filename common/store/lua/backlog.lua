@@ -6,4 +6,4 @@
 -- Returns {pending entries, 1 if any entry was never delivered else 0}.
 local stream, group = KEYS[1], ARGV[1]
 local info = group_info(stream, group)
-return {info and info['pending'] or 0, any_undelivered(stream, group) and 1 or 0}
+return {info and info['pending'] or 0, any_undelivered(stream, info) and 1 or 0}

@@ -9,7 +9,7 @@ local stream, copies = KEYS[1], KEYS[2]
 local group, me, count = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local info = group_info(stream, group)
 local pending = info and info['pending'] or 0
-if pending == 0 or any_undelivered(stream, group) then return {} end
+if pending == 0 or any_undelivered(stream, info) then return {} end
 local out, after, scanned = {}, '-', 0
 while #out < 2 * count and scanned < 10000 do
   local page = redis.call('XPENDING', stream, group, after, '+', 500)

@@ -19,11 +19,11 @@ local function last_delivered(stream, group)
   return info and info['last-delivered-id']
 end
 
--- Whether the stream holds entries never delivered to the group (XRANGE past its last read).
-local function any_undelivered(stream, group)
-  local last = last_delivered(stream, group)
-  if not last then return redis.call('XLEN', stream) > 0 end
-  return #redis.call('XRANGE', stream, '(' .. last, '+', 'COUNT', 1) > 0
+-- Whether the stream holds entries never delivered to the group (XRANGE past its last read);
+-- `info` is the group's group_info (nil: no group, so every entry is undelivered).
+local function any_undelivered(stream, info)
+  if not info then return redis.call('XLEN', stream) > 0 end
+  return #redis.call('XRANGE', stream, '(' .. info['last-delivered-id'], '+', 'COUNT', 1) > 0
 end
 
 -- Trim the acknowledged head of the stream: every entry before the oldest still pending (or,
