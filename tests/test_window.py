@@ -15,7 +15,7 @@ from sim.text import completion_for
 from tests.helpers import collect_lines, prompts, spec
 from worker.endpoint import EndpointClient, Load, parse_load
 from worker.engine import Engine
-from worker.window import Window, next_window
+from worker.window import Window, follow_load, next_window
 
 VLLM_METRICS = b"""# HELP vllm:num_requests_running Number of requests in model execution batches.
 # TYPE vllm:num_requests_running gauge
@@ -43,6 +43,51 @@ def test_policy_grows_when_idle_sheds_half_the_surplus_queue_and_stays_in_bounds
     assert next_window(16, Load(running=256, waiting=256), **kw) == 13  # 8 batches: 7 surplus
     assert next_window(20, Load(running=100, waiting=0), **kw) == 20
     assert next_window(3, Load(running=256, waiting=500), **kw) == 2
+
+
+def test_shedding_counts_the_surplus_from_the_batches_still_in_flight() -> None:
+    kw = {"busy": True, "lo": 2, "hi": 20, "batch": 32}
+    # 4 in flight, 2 batches waiting: one surplus batch, so 3; a window already cut to 3 while
+    # the 4th is still in flight is not cut again for the same queue.
+    assert next_window(4, Load(running=64, waiting=64), in_use=4, **kw) == 3
+    assert next_window(3, Load(running=64, waiting=64), in_use=4, **kw) == 3
+    assert next_window(3, Load(running=64, waiting=64), in_use=3, **kw) == 2
+
+
+async def test_past_the_ramp_the_window_grows_only_on_nothing_waiting_seen_twice(
+    make_settings: Callable[..., Settings], store: JobStore
+) -> None:
+    settings = make_settings(inflight=4, inflight_max=32, adapt_period_s=0.01)
+    engine = Engine(settings, store, [EndpointClient("http://127.0.0.1:9")])
+    window = engine.drainers[0].window
+    # A queue ends the ramp; then one gap (two batches ending together, their successors on
+    # their way), one batch waiting again, and idle slots seen on two looks running.
+    looks = [
+        Load(running=64, waiting=32),
+        Load(running=32, waiting=0),
+        Load(running=64, waiting=32),
+        Load(running=32, waiting=0),
+        Load(running=32, waiting=0),
+    ]
+    sizes: list[int] = []
+
+    async def load(timeout_s: float = 5.0) -> Load | None:
+        sizes.append(window.size)
+        return looks.pop(0) if looks else None  # then no gauges: the loop ends
+
+    async def busy(seconds: float) -> bool:
+        window.in_use = window.size  # every slot of the window has a batch in flight
+        return False
+
+    engine.drainers[0].client.load = load  # type: ignore[method-assign]
+    try:
+        await window.resize(3)
+        await follow_load(
+            window, load, answered=lambda: 0, sleep=busy, hi=32, settings=settings, label="e"
+        )
+        assert sizes[:6] == [3, 3, 3, 3, 3, 4]
+    finally:
+        await engine.close()
 
 
 def test_policy_doubles_while_ramping_up() -> None:
@@ -138,3 +183,28 @@ async def test_without_gauges_the_adaptive_window_falls_back_to_the_fixed_one(
         assert (reads, drainer.window.size) == (3, 12)
     finally:
         await engine.close()
+
+
+async def test_with_nothing_in_flight_the_gauges_are_read_every_eighth_period(
+    make_settings: Callable[..., Settings],
+) -> None:
+    settings = make_settings(inflight=4, inflight_max=32, adapt_period_s=0.01)
+    window = Window(2)
+    reads: list[int] = []  # the tick of each read
+    ticks = 0
+
+    async def load(timeout_s: float = 5.0) -> Load | None:
+        reads.append(ticks)
+        return Load(running=0, waiting=0)
+
+    async def tick(seconds: float) -> bool:
+        nonlocal ticks
+        ticks += 1
+        if ticks == 24:
+            window.in_use = 1  # a batch taken: every period looks again
+        return ticks >= 28
+
+    await follow_load(
+        window, load, answered=lambda: 0, sleep=tick, hi=32, settings=settings, label="e"
+    )
+    assert reads == [7, 15, 23, 24, 25, 26, 27]

@@ -24,6 +24,9 @@ log = logging.getLogger("swarm.worker")
 
 # The adaptive window opens with this many requests in flight and never goes below it.
 ADAPT_START = 2
+# With nothing in flight the gauges are read only every this many periods (an idle endpoint's
+# /metrics is most of what an idle worker costs); the first batch taken brings the next look.
+IDLE_LOOK_EVERY = 8
 
 
 def next_window(
@@ -36,6 +39,7 @@ def next_window(
     batch: int,
     ramping: bool = False,
     answering: bool = False,
+    in_use: int | None = None,
 ) -> int:
     """The next in-flight window of an endpoint, from vLLM's scheduler gauges.
 
@@ -47,12 +51,14 @@ def next_window(
     batches, unless it is ``answering`` (results came back since the last look: it is merely
     faster than the gauges can show). One batch waiting is what keeps the engine full as a batch
     ends; more is queuing ahead, which only delays results and lengthens a job's tail: shed half
-    the surplus batches beyond one (requests in flight are never cancelled, so the window closes
-    as they finish).
+    the surplus batches beyond one. Requests in flight are never cancelled, so the window closes
+    as they finish: the surplus is counted from the ``in_use`` batches (those the queue shows),
+    not again from a window already made smaller.
     """
     if load.waiting > batch:
         surplus = -(-int(load.waiting - batch) // batch)
-        return max(lo, window - max(1, surplus // 2))
+        held = window if in_use is None else max(window, in_use)
+        return max(lo, min(window, held - max(1, surplus // 2)))
     if load.waiting <= 0 and (load.running > 0 or answering) and busy:
         return min(hi, window * 2 if ramping else window + 1)
     return window
@@ -96,12 +102,23 @@ async def follow_load(
 ) -> None:
     """Resize ``window`` every ``adapt_period_s`` from the endpoint's ``load`` (see
     :func:`next_window`), up to ``hi``; ``answered()`` counts the prompts done so far (results
-    coming back), ``sleep`` returns True when the worker stops. With no gauges to read three
-    times running, fall back to the fixed window and return."""
+    coming back), ``sleep`` returns True when the worker stops. With nothing in flight, look
+    only every :data:`IDLE_LOOK_EVERY` periods. With no gauges to read three times running,
+    fall back to the fixed window and return."""
     misses = 0
     ramping = True
     seen = answered()
+    # Past the ramp, the window grows only on nothing waiting seen twice running: batches that
+    # end together leave a gap of one round trip, which is not room for one more.
+    wanted = False
+    skipped = 0
     while True:
+        if window.in_use == 0 and skipped < IDLE_LOOK_EVERY - 1:
+            skipped += 1
+            if await sleep(settings.adapt_period_s):
+                return
+            continue
+        skipped = 0
         gauges = await load()
         if gauges is None:
             misses += 1
@@ -124,7 +141,12 @@ async def follow_load(
                 batch=settings.batch_size,
                 ramping=ramping,
                 answering=answered() > seen,
+                in_use=window.in_use,
             )
+            if size > window.size and not ramping:
+                size, wanted = (size if wanted else window.size), True
+            else:
+                wanted = False
             ramping = ramping and gauges.waiting <= 0
             seen = answered()
             if size != window.size:
