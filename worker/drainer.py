@@ -37,6 +37,7 @@ from worker.deliveries import Triage, dead_letters, decode_deliveries
 from worker.endpoint import EndpointClient
 from worker.figures import EndpointFigures
 from worker.intake import Delivery, Intake, Taken, service_order
+from worker.lookout import Lookout
 from worker.probe import probe_endpoint
 from worker.served import ServedModels
 from worker.window import ADAPT_START, Window, follow_load
@@ -47,6 +48,9 @@ if TYPE_CHECKING:  # a drainer belongs to its engine: its job registry, clock an
 __all__ = ["EndpointDrainer"]
 
 log = logging.getLogger("swarm.worker")
+
+# How long a slot rests while another looks for work (a safety net: the lookout wakes it).
+LOOKOUT_REST_S = 2.0
 
 
 class EndpointDrainer:
@@ -72,6 +76,8 @@ class EndpointDrainer:
         self._running: dict[asyncio.Task[list[Result]], tuple[int, str]] = {}
         self._preempted: set[asyncio.Task[list[Result]]] = set()
         self._burst_done = False  # burst mode: no work left for this endpoint (_nothing_left)
+        # While there is no work, one slot polls for it and the others rest.
+        self.lookout = Lookout(rest_s=LOOKOUT_REST_S)
 
     def reclaim_soon(self, job: str) -> None:
         self.intake.reclaim_soon(job)
@@ -129,7 +135,7 @@ class EndpointDrainer:
         if adapt:
             helpers.append(asyncio.create_task(self._adapt(slots)))
         try:
-            await asyncio.gather(*(self._slot() for _ in range(slots)))
+            await asyncio.gather(*(self._slot(i) for i in range(slots)))
         finally:
             for task in helpers:
                 task.cancel()
@@ -148,7 +154,13 @@ class EndpointDrainer:
             label=self.client.label,
         )
 
-    async def _slot(self) -> None:
+    async def _slot(self, slot: int) -> None:
+        try:
+            await self._slot_loop(slot)
+        finally:
+            self.lookout.leave(slot)
+
+    async def _slot_loop(self, slot: int) -> None:
         while not self.engine.stopping and self.broken is None and not self._burst_done:
             try:
                 if self.circuit.is_open:
@@ -170,9 +182,11 @@ class EndpointDrainer:
                         and await self.step(block_ms=self.settings.poll_ms)
                     )
                 if did:
+                    self.lookout.found(slot)
                     continue
                 if await self._nothing_left():
                     return
+                await self.lookout.nothing_found(slot)
             except StoreUnavailable as exc:
                 # redis-py already retried with backoff; keep trying, slower. A read whose
                 # reply was lost left entries pending for us: look for them again.
@@ -402,6 +416,7 @@ class EndpointDrainer:
         find so ends them all (the others would each wait out an empty poll in turn)."""
         if not self._burst_done and self.engine.burst and not await self.engine.any_work(self):
             self._burst_done = True
+            self.lookout.wake()
         return self._burst_done
 
     async def _give_up_probing(self) -> bool:

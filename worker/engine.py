@@ -93,6 +93,8 @@ class Engine:
         if not self._stopping.is_set():
             log.info("stopping: finishing batches in flight, taking no new work")
         self._stopping.set()
+        for d in self.drainers:
+            d.lookout.wake()
 
     async def until_stopping(self) -> None:
         """Return once a stop is requested."""

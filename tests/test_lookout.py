@@ -1,0 +1,81 @@
+"""An idle endpoint's slots: one looks for work, the others rest until it finds some."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from common.settings import Settings
+from common.store import JobStore
+from producer.enqueue import enqueue_prompts
+from sim.server import SimFleet
+from sim.text import completion_for
+from tests.helpers import collect_lines, prompts, spec
+from worker.endpoint import EndpointClient
+from worker.engine import Engine
+from worker.lookout import Lookout
+
+
+async def _until(cond: Callable[[], bool]) -> None:
+    async with asyncio.timeout(10):
+        while not cond():  # noqa: ASYNC110 - observing tasks of this loop, no timing assumed
+            await asyncio.sleep(0)
+
+
+async def test_one_slot_looks_and_the_others_rest_until_it_finds_work() -> None:
+    lookout = Lookout(rest_s=60)
+    await lookout.nothing_found(0)  # the first to find nothing looks: no rest
+    await lookout.nothing_found(0)  # and keeps looking
+    resting = [asyncio.create_task(lookout.nothing_found(i)) for i in (1, 2)]
+    await _until(lambda: lookout.resting == 2)
+    lookout.found(1)  # a slot that is not the lookout wakes nobody
+    await asyncio.sleep(0)
+    assert not any(t.done() for t in resting)
+    lookout.found(0)
+    await asyncio.gather(*resting)
+    assert lookout.resting == 0
+    # Work found, so nobody is looking: the next slot to find nothing looks.
+    await lookout.nothing_found(2)
+    rest = asyncio.create_task(lookout.nothing_found(0))
+    await _until(lambda: lookout.resting == 1)
+    lookout.wake()
+    await rest
+
+
+async def test_a_rest_ends_after_rest_s_and_its_slot_takes_over_looking() -> None:
+    lookout = Lookout(rest_s=0.01)
+    await lookout.nothing_found(0)
+    await lookout.nothing_found(1)  # rested rest_s: the lookout went quiet
+    await lookout.nothing_found(1)  # now slot 1 looks: no rest
+    rest = asyncio.create_task(lookout.nothing_found(2))
+    await _until(lambda: lookout.resting == 1)
+    lookout.leave(1)  # the lookout stops: the rest ends at once
+    await rest
+
+
+async def test_an_idle_endpoint_polls_with_one_slot_and_wakes_all_for_new_work(
+    make_settings: Callable[..., Settings], store: JobStore, sim_fleet: Callable[..., SimFleet]
+) -> None:
+    settings = make_settings(batch_size=4, inflight=8)  # a fixed window of 8 slots
+    async with sim_fleet(1) as fleet:
+        engine = Engine(settings, store, [EndpointClient(fleet.urls[0])])
+        drainer = engine.drainers[0]
+        run = asyncio.create_task(engine.run())
+        try:
+            await _until(lambda: drainer.lookout.resting == 7)
+            sent = drainer.client.requests
+            await enqueue_prompts(store, spec(max_tokens=8), prompts(400))
+            async with asyncio.timeout(30):
+                while (await store.status("j")).done < 400:
+                    assert not run.done()
+                    await asyncio.sleep(0.01)
+            assert drainer.client.requests - sent == 100  # 400 prompts in batches of 4
+            # and, idle again, back to one slot looking
+            await _until(lambda: drainer.lookout.resting == 7)
+        finally:
+            engine.request_stop()
+            await run
+            await engine.close()
+    assert drainer.lookout.resting == 0
+    lines = await collect_lines(store, "j")
+    assert [x["text"] for x in lines] == [completion_for(p, 8)[0] for p, _ in prompts(400)]
