@@ -47,6 +47,7 @@ from bench.harness import (
     urgent_job_time,
 )
 from bench.rows import Row, Scenario
+from bench.startup import startup_scenario
 from bench.strict import strict_scenario
 from common.models import JobSpec, SamplingParams
 from common.settings import Settings
@@ -70,6 +71,7 @@ SCENARIOS = (
     "priority",
     "strict",
     "fleet_scale",
+    "start",
 )
 
 
@@ -586,11 +588,9 @@ def report(scenarios: list[Scenario], command: str, elapsed_s: float) -> str:
 
 
 def _section(sc: Scenario) -> list[str]:
-    lines = [
-        f"## {sc.title}",
-        "",
-        sc.note,
-        "",
+    lines = [f"## {sc.title}", "", sc.note, ""]
+    # A scenario that times something other than prompts brings its own table.
+    lines += sc.extra.get("table") or [
         "| system | wall (s) | prompts/s | answered | of capacity | notes |",
         "| --- | ---: | ---: | ---: | ---: | --- |",
     ]
@@ -688,6 +688,8 @@ async def main_async(args: argparse.Namespace) -> list[Scenario]:
             scenarios.append(
                 await fleet_scale_scenario(bench, int(200_000 * s), endpoints, 50, endpoints // 200)
             )
+        if "start" in want:
+            scenarios.append(await startup_scenario(bench, 1 if args.smoke else 7))
     return scenarios
 
 
