@@ -32,7 +32,8 @@ async def _die_running(store: JobStore, n_times: int, ids: list[bytes]) -> None:
     for k in range(n_times):
         stream = store.keys.stream("j")
         await store.redis.xclaim(stream, "workers", f"crashed-{k}", 0, ids, idle=10**6)
-        await store.start("j", ids)
+        entries, _ = await store.claim_own_pending("j", f"crashed-{k}", 100)
+        await store.start("j", {eid: n for eid, _, n in entries})
 
 
 async def _hand_back(store: JobStore, n_times: int, ids: list[bytes]) -> None:
@@ -40,7 +41,7 @@ async def _hand_back(store: JobStore, n_times: int, ids: list[bytes]) -> None:
     a model it does not serve), then restarts and takes its own back: none of it a death."""
     for _ in range(n_times):
         await store.redis.xclaim(store.keys.stream("j"), "workers", "failing", 0, ids)
-        await store.start("j", ids)
+        await store.start("j", dict.fromkeys(ids, 0))
         assert await store.release("j", "failing", ids) == len(ids)
         entries, _ = await store.claim_own_pending("j", "failing", 100)
         assert [(eid, n) for eid, _, n in entries] == [(eid, 0) for eid in ids]

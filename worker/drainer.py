@@ -278,7 +278,8 @@ class EndpointDrainer:
         work: asyncio.Task[list[Result]] | None = None
         try:
             if items and not copy:
-                await self.store.start(job, [eid for eid, _, _ in items])
+                deaths = {eid: n for eid, _, n in deliveries}
+                await self.store.start(job, {eid: deaths[eid] for eid, _, _ in items})
                 self._preempt_below(spec.priority, job)
             if items:
                 model = self.served.model_for(spec)

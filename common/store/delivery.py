@@ -4,7 +4,7 @@ heartbeats and releases, and the atomic commit of their results."""
 from __future__ import annotations
 
 import time
-from collections.abc import Container, Iterable, Sequence
+from collections.abc import Container, Iterable, Mapping, Sequence
 from typing import Any
 
 import msgspec
@@ -101,12 +101,15 @@ class Delivery(StoreBase):
             flat = await self.scripts.copy(keys=keys, args=[GROUP, consumer, count])
         return [(flat[i], flat[i + 1]) for i in range(0, len(flat), 2)]
 
-    async def start(self, job: str, entry_ids: Sequence[bytes]) -> None:
+    async def start(self, job: str, deaths: Mapping[bytes, int]) -> None:
         """Mark entries as running: a mark is taken back by their commit or release, so a mark
-        still there when the entry is taken again is a worker that died running it."""
-        if entry_ids:
+        still there when the entry is taken again is a worker that died running it. ``deaths``
+        are the marks found when the entries were taken (0 for a first delivery): the taker
+        owns them now, so one plain HSET writes each plus one (no script, no read)."""
+        if deaths:
+            marks = [x for eid, n in deaths.items() for x in (eid, n + 1)]
             async with redis_errors(self.url):
-                await self.scripts.start(keys=[self.keys.running(job)], args=list(entry_ids))
+                await self.redis.hset(self.keys.running(job), items=marks)
 
     async def touch(self, job: str, consumer: str, entry_ids: Sequence[bytes]) -> int:
         """Reset the idle time of entries this consumer still owns, so none takes them as

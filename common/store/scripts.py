@@ -31,7 +31,6 @@ SCRIPT_NAMES = (
     "retry",
     "seal",
     "stage",
-    "start",
 )
 
 
@@ -78,4 +77,3 @@ class Scripts:
     retry: AsyncScript
     seal: AsyncScript
     stage: AsyncScript
-    start: AsyncScript
