@@ -15,6 +15,7 @@ import redis.asyncio as aioredis
 
 from bench.harness import (
     INSTANT,
+    REDIS_US,
     Bench,
     SimFleetProc,
     Workers,
@@ -120,7 +121,7 @@ async def run_fleet(
             done=status.done,
             redis_clients=clients,
             redis_peak_bytes=peak,
-            redis_cpu_us_per_prompt=cost["Redis CPU us per prompt"],
+            redis_cpu_us_per_prompt=cost[REDIS_US],
             redis_calls_per_prompt=cost["Redis commands per prompt"],
             redis_idle_pct=100 * redis_idle,
             worker_idle_pct_per_endpoint=100 * idle / len(urls),
@@ -159,7 +160,7 @@ async def fleet_scale_scenario(
                 "done": cost.done,
                 "Redis clients": cost.redis_clients,
                 "peak_redis_bytes": cost.redis_peak_bytes,
-                "Redis CPU us per prompt": cost.redis_cpu_us_per_prompt,
+                REDIS_US: cost.redis_cpu_us_per_prompt,
                 "Redis commands per prompt": cost.redis_calls_per_prompt,
                 "Redis CPU % of a core, fleet idle": cost.redis_idle_pct,
                 "worker CPU % per endpoint idle": cost.worker_idle_pct_per_endpoint,

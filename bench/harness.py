@@ -555,6 +555,8 @@ async def kill_at_share(
 
 
 # An engine that answers at once: what the system itself costs, without the model's time.
+# The key under which redis_cost reports Redis's CPU time per prompt.
+REDIS_US = "Redis CPU us per prompt"
 INSTANT = EngineConfig(instant=True)
 
 
@@ -577,7 +579,7 @@ async def redis_cost(url: str, n: int) -> AsyncIterator[dict[str, float]]:
         spent = await redis_cpu_s(r) - before
         stats = await r.info("commandstats")
         calls = sum(int(v["calls"]) for k, v in stats.items() if "config" not in k)
-        cost["Redis CPU us per prompt"] = spent / n * 1e6
+        cost[REDIS_US] = spent / n * 1e6
         cost["Redis commands per prompt"] = calls / n
     finally:
         await r.aclose()
