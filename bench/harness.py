@@ -309,7 +309,10 @@ class Workers:
     burst: bool = False
     # One process per group even under --smoke (a scenario about many worker processes).
     separate: bool = False
+    # Each process serves Prometheus metrics on a port of its own (metrics_ports).
+    metrics: bool = False
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    metrics_ports: list[int] = field(default_factory=list)
 
     def start(self) -> Workers:
         OUT.mkdir(parents=True, exist_ok=True)
@@ -326,6 +329,10 @@ class Workers:
                 "SWARM_JOBS_REFRESH_S": "0.1",
                 **self.env,
             }
+            if self.metrics:
+                self.metrics_ports.append(free_ports(1)[0])
+                env["SWARM_METRICS_PORT"] = str(self.metrics_ports[-1])
+                env["SWARM_METRICS_ADDR"] = "127.0.0.1"
             with open(OUT / f"worker-{self.prefix}-{i}.log", "wb") as log:
                 self.procs.append(
                     subprocess.Popen(
@@ -361,6 +368,21 @@ class SwarmRun:
     max_waiting: float = 0.0
     series: list[tuple[float, list[float], list[float], int]] = field(default_factory=list)
     queue: QueueTimes = field(default_factory=QueueTimes)
+    # With metrics on: prompts done as the workers' Prometheus pages counted them.
+    scraped_done: float = 0.0
+
+
+def _scraped_done(ports: list[int]) -> float:
+    """``swarm_prompts_done_total`` summed over the workers serving metrics on ``ports``."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    total = 0.0
+    for port in ports:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
+            text = resp.read().decode()
+        for family in text_string_to_metric_families(text):
+            total += sum(s.value for s in family.samples if s.name == "swarm_prompts_done_total")
+    return total
 
 
 async def wait_workers_ready(store: JobStore, n: int, timeout_s: float = 30.0) -> None:
@@ -385,14 +407,17 @@ async def run_swarm(
     worker_env: dict[str, str] | None = None,
     during: object = None,
     burst: bool = False,
+    metrics: bool = False,
 ) -> SwarmRun:
     """One job through the system: workers already running, then enqueue and collect, timed
     from the first enqueue to the last collected line. With ``burst``, ``--burst`` workers are
-    started together with the job, and the time runs from their start."""
+    started together with the job, and the time runs from their start. With ``metrics``, the
+    workers serve Prometheus metrics, read once the job is done (``SwarmRun.scraped_done``)."""
     settings = Settings(redis_url=redis_url, prefix=prefix)
     store = JobStore.from_settings(settings)
     t0 = time.monotonic()
-    workers = Workers(redis_url, prefix, groups, worker_env or {}, burst=burst).start()
+    workers = Workers(redis_url, prefix, groups, worker_env or {}, burst=burst, metrics=metrics)
+    workers.start()
     try:
         if not burst:
             await wait_workers_ready(store, len(groups))
@@ -425,6 +450,7 @@ async def run_swarm(
             sampler.max_waiting,
             sampler.series,
             await queue_times(fleet.urls),
+            await asyncio.to_thread(_scraped_done, workers.metrics_ports),
         )
     finally:
         workers.stop()

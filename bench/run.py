@@ -16,6 +16,7 @@ import argparse
 import asyncio
 import json
 import platform
+import statistics
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict
@@ -34,6 +35,7 @@ from bench.harness import (
     ROOT,
     Bench,
     Sampler,
+    SimFleetProc,
     SwarmRun,
     batch_service_s,
     ideal_makespan,
@@ -207,7 +209,7 @@ async def _instant_baselines(
     )
 
 
-async def overhead_scenario(bench: Bench, n: int, baseline_n: int) -> Scenario:
+async def overhead_scenario(bench: Bench, n: int, baseline_n: int, repeats: int) -> Scenario:
     """Scenario 4: an endpoint that answers instantly; what the system itself costs."""
     prompts = prompt_set(n)
     sc = Scenario(
@@ -234,6 +236,7 @@ async def overhead_scenario(bench: Bench, n: int, baseline_n: int) -> Scenario:
             row.extra.update(cost)
             sc.rows.append(row)
             await _flush(bench)  # the same job name runs again
+        await _metrics_on_and_off(sc, bench, fleet, prompts, repeats)
         await _instant_baselines(sc, bench, fleet.urls, prompts, baseline_n)
     finally:
         fleet.stop()
@@ -243,6 +246,43 @@ async def overhead_scenario(bench: Bench, n: int, baseline_n: int) -> Scenario:
     sc.checks["<= 10 us of Redis CPU per prompt (batch 256)"] = swarm.extra[REDIS_US] <= 10
     sc.checks[">= 20x arq one-job-per-prompt"] = swarm.rate >= 20 * arq.rate
     return sc
+
+
+async def _metrics_on_and_off(
+    sc: Scenario, bench: Bench, fleet: SimFleetProc, prompts: list[str], repeats: int
+) -> None:
+    """The default batch with the workers' Prometheus metrics off and on, runs alternated
+    (this machine's noise drifts), medians compared: the metrics must cost the hot path
+    under 5%."""
+    n = len(prompts)
+    walls: dict[bool, list[float]] = {False: [], True: []}
+    answered: dict[bool, list[int]] = {False: [], True: []}
+    scraped: list[float] = []
+    for _ in range(repeats):
+        for on in (False, True):
+            run = await run_swarm(
+                bench.url, "b-overhead", fleet, [[u] for u in fleet.urls], prompts, 16,
+                metrics=on,
+            )  # fmt: skip
+            walls[on].append(run.wall_s)
+            answered[on].append(run.results)
+            if on:
+                scraped.append(run.scraped_done)
+            await _flush(bench)
+    for on in (False, True):
+        wall = statistics.median(walls[on])
+        row = Row(
+            f"swarm-queue, batch 32, metrics {'on' if on else 'off'} (median of {repeats})",
+            wall,
+            min(answered[on]),
+            n,
+        )
+        if on:
+            row.extra["prompts done on the metrics pages"] = min(scraped)
+        sc.rows.append(row)
+    off_s, on_s = (statistics.median(walls[k]) for k in (False, True))
+    sc.checks["metrics on within 5% of metrics off (batch 32, medians)"] = on_s <= 1.05 * off_s
+    sc.checks["the metrics pages count every prompt"] = min(scraped) == n
 
 
 async def scale_scenario(bench: Bench, n: int, size: int, window: int, baseline_n: int) -> Scenario:
@@ -684,7 +724,11 @@ async def main_async(args: argparse.Namespace) -> list[Scenario]:
                 await fleet_scenario(bench, "dead_node", int(20_000 * s), [1.0] * 4, kill_at=1 / 3)
             )
         if "overhead" in want:
-            scenarios.append(await overhead_scenario(bench, int(100_000 * s), int(10_000 * s)))
+            scenarios.append(
+                await overhead_scenario(
+                    bench, int(100_000 * s), int(10_000 * s), 1 if args.smoke else 3
+                )
+            )
         if "scale" in want:
             scenarios.append(
                 await scale_scenario(

@@ -123,6 +123,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # At a job's tail (every entry delivered), an endpoint with nothing else to do runs copies
     # of the batches other endpoints still hold, each entry once; the first commit wins.
     speculate: bool = True
+    # Prometheus metrics of the worker on http://metrics_addr:metrics_port/metrics (0: off).
+    metrics_port: int = 0
+    metrics_addr: str = "0.0.0.0"
 
     def request_timeout_for(self, n_prompts: int, max_tokens: int) -> float:
         """The timeout of one request of ``n_prompts`` prompts (see ``request_timeout_s``)."""
@@ -175,6 +178,11 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
                 )
         if self.backoff_cap_s < self.backoff_base_s:
             raise ConfigError("backoff_cap_s must be >= backoff_base_s")
+        if not 0 <= self.metrics_port <= 65535:
+            raise ConfigError(
+                f"SWARM_METRICS_PORT must be a port (1-65535; 0 or unset: off), "
+                f"got {self.metrics_port}"
+            )
 
     @property
     def keys(self) -> Keys:
@@ -223,6 +231,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             "SWARM_BACKOFF_BASE_S": ("backoff_base_s", float),
             "SWARM_BACKOFF_CAP_S": ("backoff_cap_s", float),
             "SWARM_SPECULATE": ("speculate", boolean),
+            "SWARM_METRICS_PORT": ("metrics_port", int),
+            "SWARM_METRICS_ADDR": ("metrics_addr", str),
         }
         for var, (field, typ) in simple.items():
             raw = env.get(var, "").strip()

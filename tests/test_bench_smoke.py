@@ -60,6 +60,9 @@ def test_a_scenario_runs_the_system_and_every_baseline(name: str, tmp_path: Path
     assert rows["swarm-queue"]["answered"] == rows["swarm-queue"]["prompts"] > 0
     # every baseline, side by side, in every scenario
     assert set(rows) >= BASELINES
+    if name == "overhead":  # the workers' Prometheus pages, on, counted every prompt
+        (on,) = (r for s, r in rows.items() if "metrics on" in s)
+        assert on["extra"]["prompts done on the metrics pages"] == on["prompts"] > 0
 
 
 def test_the_scale_scenario_answers_every_prompt_both_ways(tmp_path: Path) -> None:

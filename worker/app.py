@@ -93,9 +93,13 @@ async def startup(ctx: dict[str, Any]) -> None:
     settings: Settings = ctx["settings"]
     burst = bool(ctx.get("burst"))
     store = JobStore.from_settings(settings)
+    engine: Engine | None = None
     try:
         engine = Engine(settings, store)
+        await engine.start_metrics()
     except ConfigError as exc:
+        if engine is not None:
+            await engine.close()
         await store.close()
         print(f"swarm worker: error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None

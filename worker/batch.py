@@ -13,15 +13,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from common.errors import EndpointRejected, EndpointRetryable
+from common.errors import EndpointError, EndpointRejected, EndpointRetryable
 from common.models import JobSpec, PromptItem, Result, SamplingParams, Usage, encode
 from common.settings import Settings
 from common.vocab import FailureKind
 from worker.circuit import Circuit, GiveUp
 from worker.endpoint import ChatBody, CompletionBody, CompletionUsage, EndpointClient
+from worker.metrics import NO_METRICS, Metrics
 
 __all__ = ["BatchRunner", "Tally", "check_choice_indices"]
 
@@ -70,17 +72,20 @@ class BatchRunner:
         settings: Settings,
         circuit: Circuit,
         backoff: Callable[[int], float],
+        metrics: Metrics = NO_METRICS,
     ) -> None:
         self.client = client
         self.settings = settings
         self.circuit = circuit
         self.backoff = backoff
+        self.metrics = metrics
         self.retries = 0
 
     async def run(
         self, spec: JobSpec, items: list[PromptItem], model: str, tally: Tally
     ) -> list[Result]:
         """Results for ``items`` of ``spec``'s job in order, asked of ``model``."""
+        self.metrics.batch(spec.job, self.client.label, len(items))
         groups: dict[bytes, list[int]] = {}
         for i, item in enumerate(items):
             groups.setdefault(b"" if item.params is None else encode(item.params), []).append(i)
@@ -99,26 +104,37 @@ class BatchRunner:
             out.update(zip(idx, results, strict=True))
         return [out[i] for i in range(len(items))]
 
-    async def _retrying(self, call: Callable[[], Awaitable[T]]) -> tuple[T, int]:
-        """Run ``call`` with the one retry policy of the worker; returns its value and the
-        attempts it took. Gives up when the attempts run out or the circuit opens meanwhile."""
-        circuit = self.circuit
+    async def _retrying(self, job: str, call: Callable[[], Awaitable[T]]) -> tuple[T, int]:
+        """Run ``call`` (a request of ``job``) with the one retry policy of the worker; returns
+        its value and the attempts it took. Gives up when the attempts run out or the circuit
+        opens meanwhile."""
+        circuit, metrics, label = self.circuit, self.metrics, self.client.label
         attempt = 0
         while True:
             if circuit.is_open:
-                raise GiveUp(EndpointRetryable(self.client.label, "circuit open"))
+                raise GiveUp(EndpointRetryable(label, "circuit open"))
             attempt += 1
+            sent = time.monotonic()
             try:
                 value = await circuit.unless_open(call())
             except EndpointRetryable as exc:
+                metrics.request(job, label, time.monotonic() - sent, "retryable")
                 circuit.failed(exc)
                 if attempt >= self.settings.max_attempts or circuit.is_open:
                     raise GiveUp(exc) from None
                 self.retries += 1
+                metrics.retry(job, label)
                 delay = self.backoff(attempt - 1)
                 log.debug("%s: %s; retry %d in %.2f s", self.client.label, exc, attempt, delay)
                 await circuit.opened_within(delay)  # wakes early if the circuit opens
                 continue
+            except EndpointRejected:
+                metrics.request(job, label, time.monotonic() - sent, "rejected")
+                raise
+            except EndpointError:  # unusable: a wrong key, a model not served
+                metrics.request(job, label, time.monotonic() - sent, "unusable")
+                raise
+            metrics.request(job, label, time.monotonic() - sent, "ok")
             circuit.succeeded()
             return value, attempt
 
@@ -148,7 +164,7 @@ class BatchRunner:
             return body
 
         try:
-            body, attempts = await self._retrying(call)
+            body, attempts = await self._retrying(spec.job, call)
         except EndpointRejected as exc:
             attempts = prior + 1
             if len(items) == 1:
@@ -203,7 +219,7 @@ class BatchRunner:
                 return body
 
             try:
-                body, attempts = await self._retrying(call)
+                body, attempts = await self._retrying(spec.job, call)
             except EndpointRejected as exc:
                 return self._failed(item, exc.message, FailureKind.REJECTED, prior + 1, exc.status)
             usage = None

@@ -65,7 +65,9 @@ class EndpointDrainer:
         self.fleet_field = f"{self.settings.worker_name}|{client.label}"
         self.served = ServedModels(client, self.settings)
         self.circuit = Circuit(client.label, self.settings.circuit_failures)
-        self.runner = BatchRunner(client, self.settings, self.circuit, self._backoff)
+        self.runner = BatchRunner(
+            client, self.settings, self.circuit, self._backoff, engine.metrics
+        )
         self.intake = Intake(self.store, self.consumer, self.settings, client.label, engine.sleep)
         self._rr = 0
         self.window = Window(self.settings.inflight)
@@ -85,6 +87,7 @@ class EndpointDrainer:
     def _count(self, job: str, commit: Commit) -> None:
         self.figures.count(job, commit.done, commit.failed, time.monotonic())
         self.engine.touched.add(job)
+        self.engine.metrics.committed(job, self.client.label, commit)
 
     def info(self, now: float) -> EndpointInfo:
         """This endpoint's row in the fleet registry."""

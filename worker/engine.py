@@ -13,9 +13,11 @@ import asyncio
 import contextlib
 import logging
 import math
+import os
 import random
 import time
 from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
 from common.errors import (
     BadRecordError,
@@ -30,10 +32,14 @@ from common.models import (
 )
 from common.schema import AnswerValidator
 from common.settings import Settings
-from common.store import JobStore
+from common.store import JobStatus, JobStore
 from worker.drainer import EndpointDrainer
 from worker.endpoint import EndpointClient
+from worker.metrics import NO_METRICS, Metrics
 from worker.reduce import Reducer, StageBusy
+
+if TYPE_CHECKING:
+    from aiohttp import web
 
 __all__ = ["Engine"]
 
@@ -61,6 +67,11 @@ class Engine:
             ]
         if not clients:
             raise ConfigError("no endpoints: set SWARM_ENDPOINTS or SWARM_HOSTFILE")
+        # Prometheus metrics (start_metrics), when SWARM_METRICS_PORT asks for them; with
+        # each served job's status as last read, for their gauges.
+        self.metrics: Metrics = NO_METRICS
+        self.job_status: dict[str, JobStatus] = {}
+        self._metrics_server: web.AppRunner | None = None
         self.drainers = [EndpointDrainer(self, c) for c in clients]
         self.reducer = Reducer(store, clients, settings.reduce_functions)
         # Called with (job, level) whenever a job's stage ``level`` is seen finished with its
@@ -295,10 +306,51 @@ class Engine:
         while not await self.sleep(self.settings.stats_period_s):
             try:
                 await self.publish_stats()
+                if self.metrics is not NO_METRICS:
+                    await self.read_job_status()
             except SwarmError as exc:  # figures only: the work goes on without them
                 log.debug("endpoint figures not published: %s", exc)
 
+    async def start_metrics(self) -> None:
+        """Serve Prometheus metrics on ``SWARM_METRICS_PORT``, if set (one page for every
+        endpoint of this worker)."""
+        port, addr = self.settings.metrics_port, self.settings.metrics_addr
+        if not port:
+            return
+        # Imported only when asked for: a worker without metrics starts without them.
+        from worker.prometheus import EndpointGauges, PrometheusMetrics, serve_metrics
+
+        metrics = PrometheusMetrics(
+            lambda: [
+                EndpointGauges(d.client.label, d.window.size, d.window.in_use, d.circuit.state)
+                for d in self.drainers
+            ],
+            lambda: self.job_status,
+        )
+        try:
+            self._metrics_server = await serve_metrics(metrics, addr, port)
+        except OSError as exc:  # asyncio's own text repeats the address: the errno's is enough
+            why = os.strerror(exc.errno) if exc.errno else str(exc)
+            raise ConfigError(
+                f"SWARM_METRICS_PORT={port}: cannot listen on {addr}:{port} ({why})"
+            ) from None
+        self.metrics = metrics
+        for d in self.drainers:
+            d.runner.metrics = metrics
+        log.info("Prometheus metrics on http://%s:%d/metrics", addr, port)
+
+    async def read_job_status(self) -> None:
+        """Read the status of every job served now (the metrics' job gauges)."""
+        status = {}
+        for job in list(self.jobs):
+            with contextlib.suppress(JobNotFoundError):
+                status[job] = await self.store.status(job)
+        self.job_status = status
+
     async def close(self) -> None:
+        if self._metrics_server is not None:
+            await self._metrics_server.cleanup()
+            self._metrics_server = None
         for task in list(self._advancing.values()):
             task.cancel()
         await asyncio.gather(*self._advancing.values(), return_exceptions=True)

@@ -29,6 +29,8 @@ class Commit(msgspec.Struct, frozen=True):
 
     done: int
     failed: int
+    # The new failures by kind (common.vocab.FailureKind values).
+    failed_by_kind: dict[str, int] = msgspec.field(default_factory=dict)
 
 
 class Delivery(StoreBase):
@@ -154,5 +156,10 @@ class Delivery(StoreBase):
                 b"" if result.ok else (payload or b""),
             ]
         async with redis_errors(self.url):
-            done, failed = await self.scripts.commit(keys=self.script_keys(job), args=args)
-        return Commit(int(done), int(failed))
+            done, failed, *kinds = await self.scripts.commit(keys=self.script_keys(job), args=args)
+        by_kind = {_text(k): int(n) for k, n in zip(kinds[::2], kinds[1::2], strict=True)}
+        return Commit(int(done), int(failed), by_kind)
+
+
+def _text(raw: bytes | str) -> str:
+    return raw.decode() if isinstance(raw, bytes) else raw

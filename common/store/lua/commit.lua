@@ -6,7 +6,7 @@
 -- KEYS: [1] results, [2] meta, [3] stream, [4] failed, [5] running
 -- ARGV: [1] group, [2] now_s, [3] prompt_tokens, [4] completion_tokens, then per entry five:
 --       entry_id, index, result blob, failure kind ('' on success), original entry payload
--- Returns {new results done, new results failed}.
+-- Returns {new results done, new results failed, then kind, count for each kind failed}.
 local results, meta, stream, failed_h, running = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local group, now = ARGV[1], ARGV[2]
 local n = (#ARGV - 4) / 5
@@ -62,4 +62,9 @@ if done + failed > 0 then
     if d + f >= tonumber(total) then redis.call('HSETNX', meta, META.FINISHED_S, now) end
   end
 end
-return {done, failed}
+local out = {done, failed}
+for kind, count in pairs(kinds) do
+  out[#out + 1] = kind
+  out[#out + 1] = count
+end
+return out
