@@ -7,13 +7,15 @@ never imports ``prometheus_client``.
 
 from __future__ import annotations
 
+from typing import Literal
+
 from common.store import Commit
 
 __all__ = ["NO_METRICS", "Metrics", "RequestOutcome"]
 
 # How a request ended: answered, failed in a way worth retrying, refused (a bad prompt), or
 # unusable (a wrong key, a model not served).
-RequestOutcome = str  # "ok" | "retryable" | "rejected" | "unusable"
+RequestOutcome = Literal["ok", "retryable", "rejected", "unusable"]
 
 
 class Metrics:
