@@ -83,7 +83,14 @@ async def test_past_the_ramp_the_window_grows_only_on_nothing_waiting_seen_twice
     try:
         await window.resize(3)
         await follow_load(
-            window, load, answered=lambda: 0, sleep=busy, hi=32, settings=settings, label="e"
+            window,
+            load,
+            answered=lambda: 0,
+            in_flight=lambda: window.in_use,
+            sleep=busy,
+            hi=32,
+            settings=settings,
+            label="e",
         )
         assert sizes[:6] == [3, 3, 3, 3, 3, 4]
     finally:
@@ -185,26 +192,34 @@ async def test_without_gauges_the_adaptive_window_falls_back_to_the_fixed_one(
         await engine.close()
 
 
-async def test_with_nothing_in_flight_the_gauges_are_read_every_eighth_period(
+async def test_with_no_request_in_flight_the_gauges_are_read_every_eighth_period(
     make_settings: Callable[..., Settings],
 ) -> None:
     settings = make_settings(inflight=4, inflight_max=32, adapt_period_s=0.01)
     window = Window(2)
+    window.in_use = 1  # a slot polling Redis for work holds a token: that is no request
     reads: list[int] = []  # the tick of each read
-    ticks = 0
+    ticks = requests = 0
 
     async def load(timeout_s: float = 5.0) -> Load | None:
         reads.append(ticks)
         return Load(running=0, waiting=0)
 
     async def tick(seconds: float) -> bool:
-        nonlocal ticks
+        nonlocal ticks, requests
         ticks += 1
         if ticks == 24:
-            window.in_use = 1  # a batch taken: every period looks again
+            requests = 1  # a batch sent: every period looks again
         return ticks >= 28
 
     await follow_load(
-        window, load, answered=lambda: 0, sleep=tick, hi=32, settings=settings, label="e"
+        window,
+        load,
+        answered=lambda: 0,
+        in_flight=lambda: requests,
+        sleep=tick,
+        hi=32,
+        settings=settings,
+        label="e",
     )
     assert reads == [7, 15, 23, 24, 25, 26, 27]

@@ -151,6 +151,7 @@ class EndpointDrainer:
             self.window,
             self.client.load,
             answered=lambda: self.figures.prompts_done,
+            in_flight=lambda: len(self._running),
             sleep=self.engine.sleep,
             hi=hi,
             settings=self.settings,

@@ -95,6 +95,7 @@ async def follow_load(
     load: Callable[[], Awaitable[Load | None]],
     *,
     answered: Callable[[], int],
+    in_flight: Callable[[], int],
     sleep: Callable[[float], Awaitable[bool]],
     hi: int,
     settings: Settings,
@@ -102,9 +103,10 @@ async def follow_load(
 ) -> None:
     """Resize ``window`` every ``adapt_period_s`` from the endpoint's ``load`` (see
     :func:`next_window`), up to ``hi``; ``answered()`` counts the prompts done so far (results
-    coming back), ``sleep`` returns True when the worker stops. With nothing in flight, look
-    only every :data:`IDLE_LOOK_EVERY` periods. With no gauges to read three times running,
-    fall back to the fixed window and return."""
+    coming back), ``in_flight()`` the requests in flight now, ``sleep`` returns True when the
+    worker stops. With no request in flight, look only every :data:`IDLE_LOOK_EVERY` periods
+    (not the window's tokens: a slot polling Redis for work holds one). With no gauges to read
+    three times running, fall back to the fixed window and return."""
     misses = 0
     ramping = True
     seen = answered()
@@ -113,7 +115,7 @@ async def follow_load(
     wanted = False
     skipped = 0
     while True:
-        if window.in_use == 0 and skipped < IDLE_LOOK_EVERY - 1:
+        if in_flight() == 0 and skipped < IDLE_LOOK_EVERY - 1:
             skipped += 1
             if await sleep(settings.adapt_period_s):
                 return
