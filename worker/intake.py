@@ -23,6 +23,11 @@ from common.store import JobStore
 
 __all__ = ["Delivery", "Intake", "Taken", "service_order"]
 
+# After a look for speculative copies of a job found none, the next is this much later: at a
+# job's tail the entries still held are copied once each, so an empty look stays empty until
+# an entry is released or orphaned (and those are reclaimed, not copied).
+NO_COPIES_REST_S = 2.0
+
 log = logging.getLogger("swarm.worker")
 
 # (entry ID, payload, how many workers died running it)
@@ -76,8 +81,10 @@ class Intake:
         self._reclaim_lock = asyncio.Lock()
         # Released entries are reclaimable at once: look for them (and for orphans) often.
         self._reclaim_every_s = min(settings.claim_idle_ms / 4000, 2.0)
-        # Copies are looked for at most once a poll per job (every idle slot steps that often).
-        self._last_copies: dict[str, float] = {}
+        # When copies of each job may be looked for again (monotonic): once a poll after some
+        # were found, NO_COPIES_REST_S after none were (every idle slot steps once a poll, and
+        # a thousand idle endpoints asking each poll cost Redis more than the job itself).
+        self._copies_at: dict[str, float] = {}
 
     def reclaim_soon(self, job: str) -> None:
         """Entries of ``job`` were released: look for them on the next step."""
@@ -148,11 +155,16 @@ class Intake:
     async def _copies(self, job: str) -> list[Delivery]:
         """Speculative copies of ``job``'s entries other consumers hold, when it is time to
         look again; a full batch may mean more: look again next step."""
-        if not _due(self._last_copies, job, self.settings.poll_ms / 1000):
+        if time.monotonic() < self._copies_at.get(job, -math.inf):
             return []
         batch = self.settings.batch_size
         copies = await self.store.copies(job, self.consumer, batch)
-        self._last_copies[job] = -math.inf if len(copies) == batch else time.monotonic()
+        now = time.monotonic()
+        if len(copies) == batch:  # a full batch may mean more: look again next step
+            self._copies_at[job] = -math.inf
+        else:
+            rest = self.settings.poll_ms / 1000 if copies else NO_COPIES_REST_S
+            self._copies_at[job] = now + rest
         return [(eid, payload, 0) for eid, payload in copies]
 
     async def _reclaim(self, job: str) -> list[Delivery]:

@@ -14,13 +14,19 @@ local out, after, scanned = {}, '-', 0
 while #out < 2 * count and scanned < 10000 do
   local page = redis.call('XPENDING', stream, group, after, '+', 500)
   if #page == 0 then break end
-  for _, e in ipairs(page) do
-    if e[2] ~= me and redis.call('SADD', copies, e[1]) == 1 then
+  -- One SMISMEMBER per page, not an SADD per entry: late in a tail nearly every entry held
+  -- has been copied already, and an idle fleet asks again and again.
+  local ids = {}
+  for i, e in ipairs(page) do ids[i] = e[1] end
+  local copied = redis.call('SMISMEMBER', copies, unpack(ids))
+  for i, e in ipairs(page) do
+    if e[2] ~= me and copied[i] == 0 then
+      redis.call('SADD', copies, e[1])
       local got = redis.call('XRANGE', stream, e[1], e[1])
       if #got == 1 then
         local fields, payload = got[1][2], false
-        for i = 1, #fields, 2 do
-          if fields[i] == 'd' then payload = fields[i + 1] end
+        for f = 1, #fields, 2 do
+          if fields[f] == 'd' then payload = fields[f + 1] end
         end
         if payload then
           out[#out + 1] = e[1]
