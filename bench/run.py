@@ -278,7 +278,7 @@ async def _metrics_on_and_off(
             n,
         )
         if on:
-            row.extra["prompts done on the metrics pages"] = min(scraped)
+            row.extra["prompts done on the metrics pages"] = int(min(scraped))
         sc.rows.append(row)
     off_s, on_s = (statistics.median(walls[k]) for k in (False, True))
     sc.checks["metrics on within 5% of metrics off (batch 32, medians)"] = on_s <= 1.05 * off_s
