@@ -16,6 +16,7 @@ import argparse
 import asyncio
 import json
 import platform
+import signal
 import statistics
 import time
 from collections.abc import Awaitable, Callable
@@ -751,6 +752,10 @@ async def main_async(args: argparse.Namespace) -> list[Scenario]:
     return scenarios
 
 
+def _exit_on_term(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.split("\n\n")[0])
     p.add_argument("--smoke", action="store_true", help="tiny sizes; no report written")
@@ -766,6 +771,9 @@ def main() -> None:
         help="where the figures go as JSON (default: bench/out/smoke.json or results.json)",
     )
     args = p.parse_args()
+    # A run stopped with SIGTERM unwinds like an interrupted one: every scenario's finally
+    # stops its workers and simulators (else they outlive the run and load the machine).
+    signal.signal(signal.SIGTERM, _exit_on_term)
     if args.smoke:
         one_worker_process()
     t0 = time.monotonic()
