@@ -41,6 +41,8 @@ from worker.reduce import Reducer, StageBusy
 if TYPE_CHECKING:
     from aiohttp import web
 
+    from worker.prometheus import PrometheusMetrics
+
 __all__ = ["Engine"]
 
 log = logging.getLogger("swarm.worker")
@@ -67,9 +69,10 @@ class Engine:
             ]
         if not clients:
             raise ConfigError("no endpoints: set SWARM_ENDPOINTS or SWARM_HOSTFILE")
-        # Prometheus metrics (start_metrics), when SWARM_METRICS_PORT asks for them; with
-        # each served job's status as last read, for their gauges.
-        self.metrics: Metrics = NO_METRICS
+        # Prometheus metrics when SWARM_METRICS_PORT asks for them (served by start_metrics),
+        # with each served job's status as last read, for their gauges.
+        self._prometheus = self._build_metrics() if settings.metrics_port else None
+        self.metrics: Metrics = self._prometheus or NO_METRICS
         self.job_status: dict[str, JobStatus] = {}
         self._metrics_server: web.AppRunner | None = None
         self.drainers = [EndpointDrainer(self, c) for c in clients]
@@ -306,7 +309,7 @@ class Engine:
         while not await self.sleep(self.settings.stats_period_s):
             try:
                 await self.publish_stats()
-                if self.metrics is not NO_METRICS:
+                if self._prometheus is not None:
                     await self.read_job_status()
             except SwarmError as exc:  # figures only: the work goes on without them
                 log.debug("endpoint figures not published: %s", exc)
@@ -315,29 +318,31 @@ class Engine:
         """Serve Prometheus metrics on ``SWARM_METRICS_PORT``, if set (one page for every
         endpoint of this worker)."""
         port, addr = self.settings.metrics_port, self.settings.metrics_addr
-        if not port:
+        if self._prometheus is None:
             return
-        # Imported only when asked for: a worker without metrics starts without them.
-        from worker.prometheus import EndpointGauges, PrometheusMetrics, serve_metrics
+        from worker.prometheus import serve_metrics
 
-        metrics = PrometheusMetrics(
+        try:
+            self._metrics_server = await serve_metrics(self._prometheus, addr, port)
+        except OSError as exc:  # asyncio's own text repeats the address: the errno's is enough
+            why = os.strerror(exc.errno) if exc.errno else str(exc)
+            raise ConfigError(
+                f"SWARM_METRICS_PORT={port}: cannot listen on {addr}:{port} ({why})"
+            ) from None
+        log.info("Prometheus metrics on http://%s:%d/metrics", addr, port)
+
+    def _build_metrics(self) -> PrometheusMetrics:
+        """The worker's Prometheus metrics, reading the drainers (built after) at each scrape."""
+        # Imported only when asked for: a worker without metrics starts without them.
+        from worker.prometheus import EndpointGauges, PrometheusMetrics
+
+        return PrometheusMetrics(
             lambda: [
                 EndpointGauges(d.client.label, d.window.size, d.window.in_use, d.circuit.state)
                 for d in self.drainers
             ],
             lambda: self.job_status,
         )
-        try:
-            self._metrics_server = await serve_metrics(metrics, addr, port)
-        except OSError as exc:  # asyncio's own text repeats the address: the errno's is enough
-            why = os.strerror(exc.errno) if exc.errno else str(exc)
-            raise ConfigError(
-                f"SWARM_METRICS_PORT={port}: cannot listen on {addr}:{port} ({why})"
-            ) from None
-        self.metrics = metrics
-        for d in self.drainers:
-            d.runner.metrics = metrics
-        log.info("Prometheus metrics on http://%s:%d/metrics", addr, port)
 
     async def read_job_status(self) -> None:
         """Read the status of every job served now (the metrics' job gauges)."""

@@ -77,7 +77,7 @@ class Intake:
         self._ready: set[str] = set()  # jobs whose own leftovers have been taken back
         self._recovery_lock = asyncio.Lock()
         self._recovered: deque[tuple[str, list[Delivery]]] = deque()
-        self._last_reclaim: dict[str, float] = {}
+        self._reclaim_at: dict[str, float] = {}  # when to look for orphans again (monotonic)
         self._reclaim_lock = asyncio.Lock()
         # Released entries are reclaimable at once: look for them (and for orphans) often.
         self._reclaim_every_s = min(settings.claim_idle_ms / 4000, 2.0)
@@ -88,7 +88,7 @@ class Intake:
 
     def reclaim_soon(self, job: str) -> None:
         """Entries of ``job`` were released: look for them on the next step."""
-        self._last_reclaim.pop(job, None)
+        self._reclaim_at.pop(job, None)
 
     def look_again(self) -> None:
         """After Redis trouble (a read whose reply was lost leaves entries pending for this
@@ -155,22 +155,18 @@ class Intake:
     async def _copies(self, job: str) -> list[Delivery]:
         """Speculative copies of ``job``'s entries other consumers hold, when it is time to
         look again; a full batch may mean more: look again next step."""
-        if time.monotonic() < self._copies_at.get(job, -math.inf):
+        if not _due(self._copies_at, job):
             return []
         batch = self.settings.batch_size
         copies = await self.store.copies(job, self.consumer, batch)
-        now = time.monotonic()
-        if len(copies) == batch:  # a full batch may mean more: look again next step
-            self._copies_at[job] = -math.inf
-        else:
-            rest = self.settings.poll_ms / 1000 if copies else NO_COPIES_REST_S
-            self._copies_at[job] = now + rest
+        rest = self.settings.poll_ms / 1000 if copies else NO_COPIES_REST_S
+        self._copies_at[job] = _after(len(copies) == batch, rest)
         return [(eid, payload, 0) for eid, payload in copies]
 
     async def _reclaim(self, job: str) -> list[Delivery]:
         """Entries of ``job`` orphaned by workers that died or released by failing ones, when
         it is time to look again for them."""
-        if not _due(self._last_reclaim, job, self._reclaim_every_s):
+        if not _due(self._reclaim_at, job):
             return []
         batch = self.settings.batch_size
         async with self._reclaim_lock:  # one slot at a time, so no two take the same entry
@@ -178,7 +174,7 @@ class Intake:
                 job, self.consumer, self.settings.claim_idle_ms, batch
             )
             # A full batch may mean more orphans wait: look again next step.
-            self._last_reclaim[job] = -math.inf if len(claimed) == batch else time.monotonic()
+            self._reclaim_at[job] = _after(len(claimed) == batch, self._reclaim_every_s)
             claimed = [d for d in claimed if d[0] not in self.in_hand]
             self.in_hand.update(eid for eid, _, _ in claimed)
         if claimed:
@@ -191,6 +187,11 @@ class Intake:
         return claimed
 
 
-def _due(last: dict[str, float], job: str, every_s: float) -> bool:
-    """Whether ``every_s`` has passed since ``last[job]`` (never looked: due)."""
-    return time.monotonic() - last.get(job, -math.inf) >= every_s
+def _due(at: dict[str, float], job: str) -> bool:
+    """Whether the time ``at[job]`` (monotonic) has come (never set: due)."""
+    return time.monotonic() >= at.get(job, -math.inf)
+
+
+def _after(full: bool, rest_s: float) -> float:
+    """When to look again: at once after a full batch (more may wait), else ``rest_s`` on."""
+    return -math.inf if full else time.monotonic() + rest_s
