@@ -1,4 +1,4 @@
-"""``swarm-collect``: write a job's results as JSON Lines, in input order.
+"""``swarm-collect``: write a job's results as JSON Lines (or Parquet), in input order.
 
 It streams a job's results in input order as they arrive (:mod:`producer.stream`) into a file
 that survives a crash (:mod:`producer.outfile`) or stdout, and with ``--wait`` follows the job
@@ -19,8 +19,9 @@ import msgspec
 from common.cli import add_redis_arg, open_job_store, run
 from common.errors import ConfigError
 from common.models import encode_final
+from common.store import JobStore
 from producer.outfile import collect_to_file
-from producer.stream import collect, line_format, wait_final
+from producer.stream import CollectReport, collect, line_format, wait_final
 
 __all__ = ["EXIT_FAILED", "EXIT_INCOMPLETE", "main"]
 
@@ -37,10 +38,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--wait", action="store_true", help="follow the job until every prompt is done")
     p.add_argument(
         "--format",
-        choices=["jsonl", "openai"],
+        choices=["jsonl", "openai", "parquet"],
         default="jsonl",
         help="jsonl: one swarm-queue line per prompt (default); openai: OpenAI Batch API "
-        "output lines",
+        "output lines; parquet: a directory of Parquet files, one row per prompt "
+        "(needs pyarrow: pip install 'swarm-queue[parquet]')",
     )
     p.add_argument(
         "--final",
@@ -106,7 +108,9 @@ async def _main(args: argparse.Namespace) -> int:
                     f"job {job!r} has a {status.reduce} reduce still to run, which reads the "
                     "results from Redis: --evict once 'swarm-collect --final' has its output"
                 )
-        if args.out == "-":
+        if args.format == "parquet":
+            report = await _parquet(store, job, args)
+        elif args.out == "-":
             if args.evict:
                 raise ConfigError(
                     "--evict needs --out FILE: results leave Redis only once a "
@@ -139,6 +143,23 @@ async def _main(args: argparse.Namespace) -> int:
         print(f"job {job}: not finished; run again (or with --wait) for the rest", file=sys.stderr)
         return EXIT_INCOMPLETE
     return EXIT_FAILED if status.failed else 0
+
+
+async def _parquet(store: JobStore, job: str, args: argparse.Namespace) -> CollectReport:
+    if args.out == "-":
+        raise ConfigError("--format parquet writes a directory: give --out DIR, not -")
+    try:
+        from producer.parquet import collect_to_parquet
+    except ImportError:
+        raise ConfigError(
+            "--format parquet needs pyarrow: pip install 'swarm-queue[parquet]'"
+        ) from None
+    try:
+        return await collect_to_parquet(
+            store, job, args.out, wait=args.wait, progress=args.wait, evict=args.evict
+        )
+    except OSError as exc:
+        raise ConfigError(f"cannot write {args.out}: {exc.strerror}") from None
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -18,15 +18,17 @@ from common.models import Result
 from common.store import JobStore
 from producer.stream import CollectReport, collect
 
-__all__ = ["Cursor", "CursorFile", "collect_to_file"]
+__all__ = ["Cursor", "CursorFile", "collect_to_file", "output_lock"]
 
 
 class Cursor(msgspec.Struct, frozen=True):
-    """How far an output file is known to be complete: ``index`` lines, ``offset`` bytes."""
+    """How far an output is known to be complete: ``index`` results, ``offset`` bytes of a
+    JSON Lines file, ``parts`` closed files of a Parquet directory."""
 
     job: str
     index: int
-    offset: int
+    offset: int = 0
+    parts: int = 0
 
 
 _cursor_decoder = msgspec.json.Decoder(Cursor)
@@ -86,14 +88,15 @@ async def collect_to_file(
     ``evict`` deletes each result from Redis once its line is fsynced in ``path``: the file
     becomes the only copy, and Redis memory stays bounded on a huge job.
     """
-    with _output_lock(path):
+    with output_lock(path):
         return await _collect_locked(store, job, path, wait, progress, evict, line)
 
 
 @contextlib.contextmanager
-def _output_lock(path: str) -> Iterator[None]:
-    """Hold ``FILE.lock`` while writing ``FILE``: a second collector on the same output is
-    refused, naming the first, instead of the two overwriting each other's lines."""
+def output_lock(path: str) -> Iterator[None]:
+    """Hold ``FILE.lock`` while writing ``FILE`` (or directory): a second collector on the
+    same output is refused, naming the first, instead of the two overwriting each other's
+    lines."""
     lock_path = path + ".lock"
     fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
     try:

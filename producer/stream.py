@@ -25,6 +25,7 @@ from producer.openai_batch import openai_line
 __all__ = [
     "CollectReport",
     "collect",
+    "collect_into",
     "follow",
     "line_format",
     "own_line",
@@ -144,6 +145,31 @@ async def collect(
     result as one output line (default: swarm-queue's own JSON line).
     """
     fmt = line or own_line
+
+    async def put(chunk: list[Result], cursor: int) -> None:
+        out.write(b"".join(fmt(r) for r in chunk))
+        out.flush()
+        if on_commit is not None:
+            await on_commit(cursor)
+
+    return await collect_into(
+        store, job, put, wait=wait, poll_s=poll_s, progress=progress, start=start
+    )
+
+
+async def collect_into(
+    store: JobStore,
+    job: str,
+    put: Callable[[list[Result], int], Awaitable[None]],
+    *,
+    wait: bool = False,
+    poll_s: float = 0.2,
+    progress: bool = False,
+    start: int = 0,
+) -> CollectReport:
+    """Hand the results of ``job`` from index ``start`` on to ``put(chunk, cursor)``, in order,
+    ``cursor`` being the index after the chunk; with ``progress``, a bar on stderr. Every
+    output format (JSON Lines, Parquet) is a ``put``."""
     cursor = start
     ok = failed = 0
     total: int | None = None
@@ -171,11 +197,8 @@ async def collect(
             n_ok = sum(1 for r in chunk if r.ok)
             ok += n_ok
             failed += len(chunk) - n_ok
-            out.write(b"".join(fmt(r) for r in chunk))
-            out.flush()
             cursor += len(chunk)
-            if on_commit is not None:
-                await on_commit(cursor)
+            await put(chunk, cursor)
     finally:
         bar.close()
     return CollectReport(job, cursor - start, ok, failed, total, start)
