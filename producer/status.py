@@ -1,4 +1,5 @@
-"""``swarm-status JOB``: a job's progress in one screen."""
+"""``swarm-status JOB``: a job's progress in one screen; ``--serve PORT``: every job and
+endpoint in a live dashboard in the browser (:mod:`producer.dashboard`)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from common.keys import stage_name, validate_job_name
 from common.models import SILENT_PERIODS, EndpointInfo, EndpointStats
 from common.store import JobStatus, JobStore
 
-__all__ = ["format_endpoints", "format_status", "job_state", "jobs_main", "main"]
+__all__ = ["format_endpoints", "format_status", "job_state", "jobs_main", "main", "reduce_where"]
 
 # States a worker publishes once, as it stops serving the job: no later word is expected.
 LAST_WORDS = ("finished", "stopped")
@@ -65,6 +66,21 @@ def job_state(s: JobStatus, waiting: str | None = None) -> str:
     return "waiting" if waiting else "running"
 
 
+def reduce_where(s: JobStatus, stage: JobStatus | None) -> str:
+    """Where a job's reduce stands: finished, cancelled, the tree level running (``stage``:
+    that level's status), or waiting for the job's own prompts."""
+    if s.reduced:
+        return "finished: swarm-collect JOB --final"
+    if s.cancelled:
+        return "cancelled"
+    if stage is not None:
+        return (
+            f"level {s.stage}: {stage.done + stage.failed} of {stage.total or '?'} "
+            "supervisor prompts answered"
+        )
+    return "waiting for every prompt to be answered"
+
+
 def format_status(
     s: JobStatus,
     stage: JobStatus | None = None,
@@ -94,18 +110,7 @@ def format_status(
         f"  tokens     {s.prompt_tokens} prompt, {s.completion_tokens} completion",
     ]
     if s.reduce is not None:
-        if s.reduced:
-            where = "finished: swarm-collect JOB --final"
-        elif s.cancelled:
-            where = "cancelled"
-        elif stage is not None:
-            where = (
-                f"level {s.stage}: {stage.done + stage.failed} of {stage.total or '?'} "
-                f"supervisor prompts answered"
-            )
-        else:
-            where = "waiting for every prompt to be answered"
-        lines.append(f"  reduce     {s.reduce}, {where}")
+        lines.append(f"  reduce     {s.reduce}, {reduce_where(s, stage)}")
     if endpoints is not None:
         lines.extend(format_endpoints(endpoints, time.time() if now is None else now))
     return "\n".join(lines)
@@ -211,9 +216,28 @@ def jobs_main(argv: Sequence[str] | None = None) -> None:
     raise SystemExit(run("swarm-jobs", _jobs(p.parse_args(argv))))
 
 
+def _port(text: str) -> int:
+    port = int(text)
+    if not 0 < port < 65536:
+        raise argparse.ArgumentTypeError(f"{text} is not a TCP port (1-65535)")
+    return port
+
+
+async def _serve(args: argparse.Namespace) -> int:
+    from producer.dashboard import serve  # aiohttp's server: only for --serve
+
+    settings = settings_from_args(args)
+    store = JobStore.from_settings(settings, patient=True)
+    try:
+        await serve(store, settings.redis_url, args.bind, args.serve, args.every)
+    finally:
+        await store.close()
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="swarm-status", description=__doc__)
-    p.add_argument("job")
+    p.add_argument("job", nargs="?", help="the job to show (not with --serve: it shows them all)")
     p.add_argument(
         "--watch",
         nargs="?",
@@ -222,6 +246,34 @@ def main(argv: Sequence[str] | None = None) -> None:
         metavar="S",
         help="redraw every S seconds (default 2) until the job and its reduce are over",
     )
+    p.add_argument(
+        "--serve",
+        type=_port,
+        metavar="PORT",
+        help="serve a live dashboard of every job and endpoint at http://127.0.0.1:PORT/",
+    )
+    p.add_argument(
+        "--bind",
+        default="127.0.0.1",
+        metavar="ADDR",
+        help="with --serve: the address to listen on (default 127.0.0.1, this host only; "
+        "the page has no login)",
+    )
+    p.add_argument(
+        "--every",
+        type=float,
+        default=2.0,
+        metavar="S",
+        help="with --serve: read Redis every S seconds (default 2)",
+    )
     add_redis_arg(p)
     args = p.parse_args(argv)
+    if args.serve is not None:
+        if args.job is not None or args.watch is not None:
+            p.error("--serve shows every job: give no JOB and no --watch")
+        if args.every <= 0:
+            p.error("--every must be a positive number of seconds")
+        raise SystemExit(run("swarm-status", _serve(args)))
+    if args.job is None:
+        p.error("give a JOB (swarm-jobs lists them), or --serve PORT for every job")
     raise SystemExit(run("swarm-status", _main(args)))

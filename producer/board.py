@@ -1,0 +1,237 @@
+"""What the dashboard shows, read from Redis in one pass: every job and every endpoint of the
+fleet, and the throughput history the dashboard keeps of them between passes."""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Iterable, Sequence
+
+import msgspec
+
+from common.errors import BadRecordError, JobNotFoundError
+from common.fleet import waiting_reason
+from common.keys import stage_name
+from common.models import EndpointInfo, EndpointStats
+from common.settings import mask_url
+from common.store import JobStatus, JobStore
+from producer.status import job_state, reduce_where
+
+__all__ = ["Board", "EndpointRow", "History", "JobRow", "read_board"]
+
+
+class JobRow(msgspec.Struct, frozen=True, kw_only=True):
+    """One job as the dashboard shows it; ``recent_rate_per_s``: over the last minute, from
+    the dashboard's own samples (None until it has two)."""
+
+    job: str
+    state: str
+    model: str | None = None
+    total: int | None = None
+    enqueued: int = 0
+    done: int = 0
+    failed: int = 0
+    failed_by_kind: dict[str, int] = msgspec.field(default_factory=dict)
+    in_flight: int = 0
+    pending: int = 0
+    rate_per_s: float = 0.0
+    recent_rate_per_s: float | None = None
+    eta_s: float | None = None
+    reduce: str | None = None
+    reduce_level: str = ""
+    waiting: str | None = None
+    age_s: float | None = None
+    error: str | None = None
+
+
+class EndpointRow(msgspec.Struct, frozen=True, kw_only=True):
+    """One endpoint of one worker, its figures summed over the jobs it serves now;
+    ``throughput``: its rate (prompts/s) at each of the board's ``times``."""
+
+    endpoint: str
+    worker: str
+    circuit: str
+    models: tuple[str, ...] = ()
+    done: int = 0
+    failed: int = 0
+    errors: int = 0
+    rate_per_s: float = 0.0
+    in_flight: int = 0
+    window: int = 0
+    seen_s: float | None = None
+    last_error: str = ""
+    throughput: list[float] = msgspec.field(default_factory=list)
+
+
+class Board(msgspec.Struct, frozen=True, kw_only=True):
+    """Everything the page draws; ``times``: how long before ``generated_s`` each throughput
+    point was read; ``error``: why Redis could not be read (the last board read is kept)."""
+
+    generated_s: float
+    redis: str
+    prefix: str
+    jobs: list[JobRow]
+    endpoints: list[EndpointRow]
+    times: list[float] = msgspec.field(default_factory=list)
+    error: str | None = None
+
+
+def _job_row(
+    s: JobStatus,
+    stage: JobStatus | None,
+    model: str | None,
+    waiting: str | None,
+    age_s: float | None,
+) -> JobRow:
+    state = job_state(s, waiting)
+    eta = None
+    if state in ("running", "waiting") and s.total is not None and s.rate_per_s > 0:
+        eta = (s.total - s.done - s.failed) / s.rate_per_s
+    return JobRow(
+        job=s.job,
+        state=state,
+        model=model,
+        total=s.total,
+        enqueued=s.enqueued,
+        done=s.done,
+        failed=s.failed,
+        failed_by_kind=dict(s.failed_by_kind),
+        in_flight=s.in_flight,
+        pending=s.pending,
+        rate_per_s=s.rate_per_s,
+        eta_s=eta,
+        reduce=s.reduce,
+        reduce_level=reduce_where(s, stage) if s.reduce is not None else "",
+        waiting=waiting if state == "waiting" else None,
+        age_s=age_s,
+    )
+
+
+def _key(worker: str, endpoint: str) -> str:
+    return f"{worker}|{endpoint}"
+
+
+def _endpoint_rows(
+    fleet: Sequence[EndpointInfo], stats: Iterable[EndpointStats], now: float
+) -> list[EndpointRow]:
+    """One row per worker and endpoint: the fleet registry's circuit and models, the live jobs'
+    figures summed (the window and error count are the endpoint's own, shared by its jobs)."""
+    rows: dict[str, EndpointRow] = {}
+    for info in fleet:
+        rows[_key(info.worker, info.endpoint)] = EndpointRow(
+            endpoint=mask_url(info.endpoint),
+            worker=info.worker,
+            circuit=info.circuit if info.live(now) else "silent",
+            models=info.models,
+            seen_s=max(0.0, now - info.updated_s),
+        )
+    latest: dict[str, float] = {}
+    for st in stats:
+        key = _key(st.worker, st.endpoint)
+        row = rows.get(key) or EndpointRow(
+            endpoint=mask_url(st.endpoint), worker=st.worker, circuit=st.circuit
+        )
+        row = msgspec.structs.replace(
+            row,
+            done=row.done + st.done,
+            failed=row.failed + st.failed,
+            in_flight=row.in_flight + st.in_flight,
+            rate_per_s=row.rate_per_s + st.rate_per_s,
+        )
+        if st.updated_s >= latest.get(key, -1.0):  # the freshest word on what the jobs share
+            latest[key] = st.updated_s
+            row = msgspec.structs.replace(
+                row, errors=st.errors, window=st.window, last_error=st.last_error
+            )
+        rows[key] = row
+    return [rows[k] for k in sorted(rows)]
+
+
+async def read_board(store: JobStore, redis_url: str, now: float | None = None) -> Board:
+    """Every job (stages go with their job) and every endpoint, as of now. A job that cannot
+    be read is shown with its reason; it spoils nothing else."""
+    now = time.time() if now is None else now
+    names, _bad = await store.job_names()
+    fleet = await store.read_fleet()
+    jobs: list[JobRow] = []
+    stats: list[EndpointStats] = []
+    for name in sorted(n for n in names if ":" not in n):
+        try:
+            s = await store.status(name)
+            spec = await store.load_spec(name)
+            stage = await store.status(stage_name(name, s.stage)) if s.stage else None
+        except (BadRecordError, JobNotFoundError) as exc:
+            jobs.append(JobRow(job=name, state="unreadable", error=str(exc)))
+            continue
+        waiting = None
+        if not (s.finished or s.cancelled):
+            waiting = waiting_reason(spec.model, fleet, now)
+        age = now - spec.created_s if spec.created_s else None
+        jobs.append(_job_row(s, stage, spec.model, waiting, age))
+        if not (s.cancelled or (s.finished and (s.reduce is None or s.reduced))):
+            # While a tree level runs, the endpoints are busy with it, not with the job.
+            stats.extend(await store.read_endpoints(stage_name(name, s.stage)))
+    return Board(
+        generated_s=now,
+        redis=mask_url(redis_url),
+        prefix=store.keys.prefix,
+        jobs=jobs,
+        endpoints=_endpoint_rows(fleet, stats, now),
+    )
+
+
+class History:
+    """What each board said, kept for ``keep_s``: prompts answered per job (for a rate over the
+    last minute) and each endpoint's published rate (for its throughput chart)."""
+
+    def __init__(self, keep_s: float = 600.0, points: int = 60) -> None:
+        self.keep_s = keep_s
+        self.points = points
+        self.samples: deque[tuple[float, dict[str, float]]] = deque()
+
+    def add(self, board: Board) -> Board:
+        """Record ``board``; the board with recent rates, ETAs and charts filled in."""
+        t = board.generated_s
+        figures = {f"job|{j.job}": float(j.done + j.failed) for j in board.jobs}
+        figures |= {_key(e.worker, e.endpoint): e.rate_per_s for e in board.endpoints}
+        self.samples.append((t, figures))
+        while self.samples and t - self.samples[0][0] > self.keep_s:
+            self.samples.popleft()
+        jobs = [self._job(j) for j in board.jobs]
+        picked = self._picked()
+        times = [round(t - then, 1) for then, _ in picked]
+        endpoints = [
+            msgspec.structs.replace(
+                e,
+                throughput=[
+                    round(figures.get(_key(e.worker, e.endpoint), 0.0), 2) for _, figures in picked
+                ],
+            )
+            for e in board.endpoints
+        ]
+        return msgspec.structs.replace(board, jobs=jobs, endpoints=endpoints, times=times)
+
+    def rate(self, key: str, over_s: float) -> float | None:
+        """How fast the count ``key`` grew over about the last ``over_s`` seconds, per second
+        (None: a single sample); a count that went down (a retry reset it) gives 0."""
+        t, now = self.samples[-1]
+        for then, old in self.samples:
+            if then < t and t - then <= over_s and key in old and key in now:
+                return max(0.0, now[key] - old[key]) / (t - then)
+        return None
+
+    def _job(self, j: JobRow) -> JobRow:
+        if j.state not in ("running", "waiting"):
+            return j
+        recent = self.rate(f"job|{j.job}", 60.0)
+        eta = j.eta_s
+        if recent is not None and j.total is not None:
+            left = j.total - j.done - j.failed
+            eta = left / recent if recent > 0 else None
+        return msgspec.structs.replace(j, recent_rate_per_s=recent, eta_s=eta)
+
+    def _picked(self) -> list[tuple[float, dict[str, float]]]:
+        """At most ``points`` samples, evenly spaced, the newest last."""
+        samples = list(self.samples)
+        step = max(1, -(-len(samples) // self.points))
+        return samples[::-1][::step][::-1]

@@ -1,0 +1,147 @@
+"""``swarm-status --serve PORT``: every job and endpoint of a fleet, live, in the browser.
+
+One sampler reads Redis every ``every_s`` (however many browsers are open) and keeps the
+throughput history the charts draw; the page asks for the latest board as JSON and redraws.
+It is bound to 127.0.0.1 unless told otherwise and has no login, so it refuses requests
+naming another host (a web page cannot reach it by DNS rebinding), and no password leaves it:
+the Redis URL is masked and the page never sees the settings.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import sys
+import time
+from importlib import resources
+
+import msgspec
+from aiohttp import web
+from aiohttp.typedefs import Handler
+
+from common.errors import ConfigError, SwarmError
+from common.store import JobStore
+from producer.board import Board, History, read_board
+
+__all__ = ["Dashboard", "serve"]
+
+_encoder = msgspec.json.Encoder()
+_PAGE_HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'none'; script-src 'self'; style-src 'unsafe-inline'; "
+        "connect-src 'self'; img-src 'self' data:"
+    ),
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-store",
+}
+_LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "[::1]"})
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def _host_name(host: str) -> str:
+    """The name in a Host header, without its port: ``[::1]:80`` -> ``[::1]``."""
+    if host.startswith("["):
+        return host[: host.find("]") + 1]
+    return host.partition(":")[0]
+
+
+class Dashboard:
+    """The sampler and the web app around one store."""
+
+    def __init__(
+        self, store: JobStore, redis_url: str, every_s: float = 2.0, history: History | None = None
+    ) -> None:
+        self.store = store
+        self.redis_url = redis_url
+        self.every_s = every_s
+        self.history = history or History()
+        self.board: Board | None = None
+        self.body = b"{}"
+
+    async def step(self) -> bool:
+        """Read Redis once; False when it could not be read (the last board is kept, with why)."""
+        try:
+            board = self.history.add(await read_board(self.store, self.redis_url))
+        except SwarmError as exc:
+            if self.board is None:
+                self.board = Board(
+                    generated_s=time.time(), redis="", prefix="", jobs=[], endpoints=[]
+                )
+            self.board = msgspec.structs.replace(self.board, error=str(exc))
+            self.body = _encoder.encode(self.board)
+            return False
+        self.board = board
+        self.body = _encoder.encode(board)
+        return True
+
+    async def run(self) -> None:
+        """Sample every ``every_s``, forever (after the step that found the first board)."""
+        while True:
+            await asyncio.sleep(self.every_s)
+            await self.step()
+
+    def app(self, *, local_only: bool) -> web.Application:
+        """The routes: ``/`` (the page), ``/dashboard.js`` and ``/api/board`` (the JSON)."""
+        files = resources.files("producer")
+        page = files.joinpath("dashboard.html").read_bytes()
+        script = files.joinpath("dashboard.js").read_bytes()
+
+        @web.middleware
+        async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
+            if local_only and _host_name(request.host) not in _LOOPBACK_NAMES:
+                # A name other than the loopback's: another site's page, rebound to this one.
+                raise web.HTTPMisdirectedRequest(text="this dashboard answers on localhost only")
+            response = await handler(request)
+            response.headers.update(_PAGE_HEADERS)
+            return response
+
+        async def index(_: web.Request) -> web.Response:
+            return web.Response(body=page, content_type="text/html", charset="utf-8")
+
+        async def js(_: web.Request) -> web.Response:
+            return web.Response(body=script, content_type="text/javascript", charset="utf-8")
+
+        async def board(_: web.Request) -> web.Response:
+            return web.Response(body=self.body, content_type="application/json")
+
+        app = web.Application(middlewares=[guard])
+        app.router.add_get("/", index)
+        app.router.add_get("/dashboard.js", js)
+        app.router.add_get("/api/board", board)
+        return app
+
+
+async def serve(store: JobStore, redis_url: str, host: str, port: int, every_s: float) -> None:
+    """Serve the dashboard on ``host:port`` until interrupted."""
+    dash = Dashboard(store, redis_url, every_s)
+    await dash.step()  # the first page load finds a board
+    local = _is_loopback(host)
+    runner = web.AppRunner(dash.app(local_only=local), access_log=None)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, host, port)
+        try:
+            await site.start()
+        except OSError as exc:
+            raise ConfigError(
+                f"--serve {port}: cannot listen on {host}:{port} ({exc.strerror})"
+            ) from None
+        shown = f"[{host}]" if ":" in host else host
+        print(f"swarm-status: dashboard on http://{shown}:{port}/ (Ctrl-C stops it)", flush=True)
+        if not local:
+            print(
+                f"swarm-status: bound to {host}: anyone who can reach this host sees job names "
+                "and endpoints (there is no login)",
+                file=sys.stderr,
+                flush=True,
+            )
+        await dash.run()
+    finally:
+        await runner.cleanup()
