@@ -30,6 +30,8 @@ GROUP = "workers"
 
 # The hash tag of arq's keys: the slot of arq's own fixed key ``arq:abort`` (see arq_queue).
 ARQ_TAG = "{arq:abort}"
+# The hash tag of the response cache: '~' is in no job name, so no job shares its keys.
+CACHE_TAG = "{~cache}"
 
 _JOB_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _STAGE_RE = re.compile(r"r[1-9][0-9]{0,3}")
@@ -132,6 +134,19 @@ class Keys:
         """Hash: consumer (``worker|endpoint``) -> msgpack :class:`common.models.EndpointInfo`,
         the models each live endpoint serves; like ``jobs``, outside any job's slot."""
         return f"{self.prefix}:fleet"
+
+    @property
+    def cache_answers(self) -> str:
+        """Hash: answer key (see :mod:`common.cache`) -> msgpack answer, shared by every job
+        of this prefix. All of the cache has one hash tag, ``{~cache}``, that no job name can
+        take: its scripts touch both of its keys, so on a Cluster it lives on one shard."""
+        return f"{self.prefix}:{CACHE_TAG}:answers"
+
+    @property
+    def cache_used(self) -> str:
+        """Sorted set: answer key -> when it was last written or read (s): what the cache's
+        TTL and least-recently-used eviction go by."""
+        return f"{self.prefix}:{CACHE_TAG}:used"
 
     @property
     def arq_queue(self) -> str:

@@ -156,6 +156,10 @@ class JobSpec(msgspec.Struct, frozen=True, omit_defaults=True):
     # While a job of higher priority has work, the endpoints serve it first; jobs of equal
     # priority share them in turn.
     priority: int = 0
+    # Answer prompts from the response cache shared by every job of this Redis, and keep new
+    # answers in it (see common.cache); sampled requests too with ``cache_sampled``.
+    cache: bool = False
+    cache_sampled: bool = False
 
     def same_settings(self, other: JobSpec) -> bool:
         """True when ``other`` asks for the same model, sampling and reduce (creation details
@@ -168,6 +172,8 @@ class JobSpec(msgspec.Struct, frozen=True, omit_defaults=True):
             and self.schema == other.schema
             and self.template == other.template
             and self.priority == other.priority
+            and self.cache == other.cache
+            and self.cache_sampled == other.cache_sampled
         )
 
     def render(self, prompt: str) -> str:
@@ -245,6 +251,8 @@ class Result(msgspec.Struct, frozen=True, omit_defaults=True):
     model: str = ""
     # The HTTP status of the server's refusal of this prompt (``rejected``), when it gave one.
     status: int | None = None
+    # Answered from the response cache, with the answer another job got (``endpoint``: where).
+    cached: bool = False
 
     @property
     def ok(self) -> bool:
@@ -252,7 +260,8 @@ class Result(msgspec.Struct, frozen=True, omit_defaults=True):
 
 
 class OutputLine(msgspec.Struct, frozen=True):
-    """One line of ``swarm-collect`` output; ``custom_id`` appears only when the input had one."""
+    """One line of ``swarm-collect`` output; ``custom_id`` appears only when the input had one,
+    ``cached`` only on an answer from the response cache."""
 
     index: int
     custom_id: str | msgspec.UnsetType = msgspec.UNSET
@@ -262,6 +271,7 @@ class OutputLine(msgspec.Struct, frozen=True):
     endpoint: str = ""
     attempts: int = 0
     error: str | None = None
+    cached: bool | msgspec.UnsetType = msgspec.UNSET
 
     @classmethod
     def of(cls, r: Result) -> OutputLine:
@@ -274,6 +284,7 @@ class OutputLine(msgspec.Struct, frozen=True):
             endpoint=r.endpoint,
             attempts=r.attempts,
             error=r.error,
+            cached=True if r.cached else msgspec.UNSET,
         )
 
 

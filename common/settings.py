@@ -126,6 +126,11 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # Prometheus metrics of the worker on http://metrics_addr:metrics_port/metrics (0: off).
     metrics_port: int = 0
     metrics_addr: str = "0.0.0.0"
+    # The response cache (jobs enqueued with --cache): an answer unused this long is dropped,
+    # and beyond this many answers the least recently used go first. Every worker of one
+    # Redis should share them.
+    cache_ttl_s: float = 30 * 86400.0
+    cache_max_answers: int = 1_000_000
 
     def request_timeout_for(self, n_prompts: int, max_tokens: int) -> float:
         """The timeout of one request of ``n_prompts`` prompts (see ``request_timeout_s``)."""
@@ -149,6 +154,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             "claim_idle_ms",
             "circuit_failures",
             "max_deliveries",
+            "cache_max_answers",
         ):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -167,6 +173,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             "stats_period_s",
             "adapt_period_s",
             "reduce_timeout_s",
+            "cache_ttl_s",
         ):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
@@ -233,6 +240,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             "SWARM_SPECULATE": ("speculate", boolean),
             "SWARM_METRICS_PORT": ("metrics_port", int),
             "SWARM_METRICS_ADDR": ("metrics_addr", str),
+            "SWARM_CACHE_TTL_S": ("cache_ttl_s", float),
+            "SWARM_CACHE_MAX_ANSWERS": ("cache_max_answers", int),
         }
         for var, (field, typ) in simple.items():
             raw = env.get(var, "").strip()

@@ -37,6 +37,7 @@ class Meta(StrEnum):
     TOTAL = "total"  # set once all input is queued (the job is sealed)
     DONE = "done"  # prompts answered
     FAILED = "failed"  # prompts failed, all kinds (per kind: ``failed_field``)
+    CACHE_HITS = "cache_hits"  # prompts answered from the response cache (counted in DONE)
     PROMPT_TOKENS = "prompt_tokens"
     COMPLETION_TOKENS = "completion_tokens"
     RETRY_ROUND = "retry_round"  # swarm-retry rounds so far: the ms part of requeued entry IDs

@@ -23,6 +23,7 @@ import uuid
 from collections.abc import AsyncIterator, Iterable, Sequence
 from typing import Any
 
+from common.cache import check_cache_spec
 from common.embedded import EmbeddedRedis
 from common.errors import ConfigError
 from common.keys import validate_job_name
@@ -159,23 +160,37 @@ class Swarm:
         reduce: ReduceSpec | None = None,
         window: int | None = None,
         priority: int = 0,
+        seed: int | None = None,
+        cache: bool = False,
+        cache_sampled: bool = False,
     ) -> str:
         """Queue ``prompts`` (strings, or ``(prompt, custom_id)`` pairs) as a job; returns its
         name. Submitting the same job again resumes it. With ``window``, prompts are fed in
         the background, at most ``window`` unfinished at a time (for inputs too big to queue at
-        once): follow :meth:`results` meanwhile."""
+        once): follow :meth:`results` meanwhile. With ``cache`` (and a ``model``), prompts
+        answered before, by any job, are answered from the response cache: deterministic
+        requests only (``temperature=0`` or a ``seed``), unless ``cache_sampled``."""
         name = validate_job_name(job) if job else f"job-{uuid.uuid4().hex[:12]}"
         if max_tokens < 1:
             raise ConfigError(f"max_tokens must be >= 1, got {max_tokens}")
         spec = JobSpec(
             job=name,
-            params=SamplingParams(max_tokens=max_tokens, temperature=temperature),
+            params=SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed),
             model=model,
             created_s=time.time(),
             source="python",
             reduce=reduce,
             priority=priority,
+            cache=cache or cache_sampled,
+            cache_sampled=cache_sampled,
         )
+        if spec.cache and spec.model is None:
+            raise ConfigError("cache=True needs a model=: an answer depends on the model")
+        if check_cache_spec(spec) is not None:  # prompts here have no settings of their own
+            raise ConfigError(
+                "cache=True keeps deterministic answers only: give temperature=0 or a seed=, "
+                "or cache_sampled=True to keep sampled answers too"
+            )
         if reduce is not None and reduce.function and self._engine is not None:
             self._engine.reducer.allowed.add(reduce.function)  # this session's own code
         feed = enqueue_prompts(self.store, spec, _pairs(prompts), window=window)

@@ -32,6 +32,7 @@ class JobRow(msgspec.Struct, frozen=True, kw_only=True):
     done: int = 0
     failed: int = 0
     failed_by_kind: dict[str, int] = msgspec.field(default_factory=dict)
+    cache_hits: int = 0
     in_flight: int = 0
     pending: int = 0
     rate_per_s: float = 0.0
@@ -96,6 +97,7 @@ def _job_row(
         done=s.done,
         failed=s.failed,
         failed_by_kind=dict(s.failed_by_kind),
+        cache_hits=s.cache_hits,
         in_flight=s.in_flight,
         pending=s.pending,
         rate_per_s=s.rate_per_s,

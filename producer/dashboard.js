@@ -82,7 +82,7 @@ function drawJobs(jobs) {
   if (jobs.length === 0) {
     const row = el("tr");
     const td = cell(row, "none", "no jobs in this Redis", "text");
-    td.colSpan = 14;
+    td.colSpan = 15;
     body.appendChild(row);
   }
   for (const job of jobs) {
@@ -94,6 +94,7 @@ function drawJobs(jobs) {
     cell(row, "progress", null).appendChild(progressBar(job));
     cell(row, "done", int(job.done));
     cell(row, "failed", int(job.failed));
+    cell(row, "cached", int(job.cache_hits));
     cell(row, "total", job.total === null ? int(job.enqueued) + "+" : int(job.total));
     cell(row, "in_flight", int(job.in_flight));
     cell(row, "pending", int(job.pending));

@@ -16,6 +16,7 @@ from typing import Any, BinaryIO
 
 import msgspec
 
+from common.cache import check_cache_spec
 from common.cli import add_redis_arg, run, settings_from_args
 from common.errors import (
     ConfigError,
@@ -184,6 +185,19 @@ def _parser() -> argparse.ArgumentParser:
         help="while a job of higher priority has work, the endpoints serve it first; jobs of "
         "equal priority share them in turn (default 0)",
     )
+    p.add_argument(
+        "--cache",
+        action="store_true",
+        help="answer prompts from the response cache shared by every job of this Redis, and "
+        "keep new answers in it (deterministic requests only: temperature 0 or a seed; "
+        "needs --model)",
+    )
+    p.add_argument(
+        "--cache-sampled",
+        action="store_true",
+        help="with --cache: keep and reuse sampled answers too (a rerun gets the first "
+        "sample again)",
+    )
     p.add_argument("--format", choices=["auto", "txt", "jsonl"], default="auto")
     p.add_argument("--max-prompt-bytes", type=int, default=DEFAULT_MAX_PROMPT_BYTES)
     p.add_argument(
@@ -312,7 +326,11 @@ async def _main(args: argparse.Namespace) -> int:
         chat=args.chat,
         template=template,
         priority=args.priority,
+        cache=args.cache or args.cache_sampled,
+        cache_sampled=args.cache_sampled,
     )
+    if (warning := check_cache_spec(spec)) is not None:
+        print(f"swarm-enqueue: warning: {warning}", file=sys.stderr)
     if args.model is not None or args.check_model:
         await check_model(settings, args.model, strict=args.check_model)
     if args.input == "-":

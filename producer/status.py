@@ -108,6 +108,11 @@ def format_status(
         f"  pending    {s.pending}",
         f"  rate       {s.rate_per_s:,.1f} prompts/s{eta}",
         f"  tokens     {s.prompt_tokens} prompt, {s.completion_tokens} completion",
+        *(
+            [f"  cached     {s.cache_hits} answered from the response cache"]
+            if s.cache_hits
+            else []
+        ),
     ]
     if s.reduce is not None:
         lines.append(f"  reduce     {s.reduce}, {reduce_where(s, stage)}")
@@ -159,6 +164,10 @@ async def _jobs(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
     store = JobStore.from_settings(settings, patient=False)
     try:
+        if args.clear_cache:
+            n = await store.cache_clear()
+            print(f"response cache: cleared ({n} answers)")
+            return 0
         valid, bad = await store.job_names()
         names = [n for n in valid if ":" not in n]  # stages go with their job
         if args.delete or args.delete_finished:
@@ -195,6 +204,12 @@ async def _jobs(args: argparse.Namespace) -> int:
             total = "?" if s.total is None else str(s.total)
             age = _age(now - spec.created_s) if spec.created_s else "?"
             print(f"{name:32} {state:10} {s.done:>10} {s.failed:>8} {total:>10} {age:>7}  {reduce}")
+        size = await store.cache_size()
+        print(
+            f"response cache: {size.answers} answers, {size.bytes / 2**20:,.1f} MiB "
+            f"(each kept {_age(settings.cache_ttl_s)} after its last use, at most "
+            f"{settings.cache_max_answers} answers: the least recently used go first)"
+        )
         for name in bad:
             print(f"ignored in {store.keys.jobs}: {name!r} is not a job name", file=sys.stderr)
         return 0
@@ -205,13 +220,19 @@ async def _jobs(args: argparse.Namespace) -> int:
 def jobs_main(argv: Sequence[str] | None = None) -> None:
     p = argparse.ArgumentParser(
         prog="swarm-jobs",
-        description="List the jobs in Redis with their state and age; delete finished ones.",
+        description="List the jobs in Redis with their state and age, and the response "
+        "cache's size; delete finished jobs; clear the cache.",
     )
     p.add_argument("--delete", nargs="+", metavar="JOB", help="delete these finished jobs")
     p.add_argument(
         "--delete-finished", action="store_true", help="delete every finished or cancelled job"
     )
     p.add_argument("--force", action="store_true", help="with --delete: running jobs too")
+    p.add_argument(
+        "--clear-cache",
+        action="store_true",
+        help="delete every answer of the response cache (swarm-enqueue --cache)",
+    )
     add_redis_arg(p)
     raise SystemExit(run("swarm-jobs", _jobs(p.parse_args(argv))))
 

@@ -44,8 +44,10 @@ async def test_stray_job_names_and_unreadable_specs_block_no_job(
     )
     out, err = (x.decode() for x in await asyncio.wait_for(listing.communicate(), 60))
     assert listing.returncode == 0, err
-    rows = {line.split()[0]: line.split()[1] for line in out.splitlines()[1:]}
+    *listed, cache = out.splitlines()[1:]
+    rows = {line.split()[0]: line.split()[1] for line in listed}
     assert rows == {"junk": "unreadable", "real": "finished"}
+    assert cache.startswith("response cache: 0 answers")
     assert f"ignored in {prefix}:jobs: 'not a job!' is not a job name" in err
 
 

@@ -56,6 +56,8 @@ def _rows(frame: Any) -> list[dict[str, Any]]:
             row["usage"] = {k: int(v) for k, v in row["usage"].items()}
         if row["custom_id"] is None:
             del row["custom_id"]
+        if row.pop("cached"):  # a JSON line says "cached" only when it was
+            row["cached"] = True
         rows.append({k: int(v) if k in ("index", "attempts") else v for k, v in row.items()})
     return rows
 
@@ -89,7 +91,7 @@ async def test_parquet_rows_match_the_jsonl_lines_across_parts_and_a_resumed_run
     )
     expected = await collect_lines(store, "j")
     frame = await asyncio.to_thread(pd.read_parquet, out)
-    assert list(frame.columns) == list(expected[0])  # no custom_id on the first: it has one
+    assert list(frame.columns) == [*expected[0], "cached"]  # the first has a custom_id
     assert _rows(frame) == expected
     assert frame["error"].notna().sum() == len([i for i in range(n) if i % 7 == 0])
 

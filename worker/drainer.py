@@ -32,6 +32,7 @@ from common.models import (
 )
 from common.store import Commit
 from worker.batch import BatchRunner, Tally
+from worker.cache import AnswerCache
 from worker.circuit import Circuit, GiveUp
 from worker.deliveries import Triage, dead_letters, decode_deliveries
 from worker.endpoint import EndpointClient
@@ -69,6 +70,7 @@ class EndpointDrainer:
             client, self.settings, self.circuit, self._backoff, engine.metrics
         )
         self.intake = Intake(self.store, self.consumer, self.settings, client.label, engine.sleep)
+        self.cache = AnswerCache(self.store, self.settings, client.label)
         self._rr = 0
         self.window = Window(self.settings.inflight)
         self.figures = EndpointFigures(
@@ -278,6 +280,11 @@ class EndpointDrainer:
         spec = self.engine.jobs.get(job) or await self.store.load_spec(job)
         ids = [eid for eid, _, _ in deliveries]
         items, results = decode_deliveries(deliveries, self.client.label)
+        validator = self.engine.validator(spec)
+        if items and spec.cache:
+            hits, items = await self.cache.answered(spec, items)
+            results += [(e, validator.checked(r) if validator else r, p) for e, r, p in hits]
+        sent: list[Result] = []
         tally = Tally()
         work: asyncio.Task[list[Result]] | None = None
         try:
@@ -292,11 +299,10 @@ class EndpointDrainer:
                 request = self.runner.run(spec, [it for _, _, it in items], model, tally)
                 work = asyncio.create_task(request)
                 self._running[work] = (spec.priority, job)
-                done = await work
-                validator = self.engine.validator(spec)
+                sent = await work
                 if validator is not None:
-                    done = [validator.checked(r) for r in done]
-                for (eid, payload, _), result in zip(items, done, strict=True):
+                    sent = [validator.checked(r) for r in sent]
+                for (eid, payload, _), result in zip(items, sent, strict=True):
                     results.append((eid, result, payload))
         except (GiveUp, EndpointUnusable, ModelNotServed) as exc:
             cause = exc.cause if isinstance(exc, GiveUp) else exc
@@ -319,6 +325,8 @@ class EndpointDrainer:
         # Shielded: once results exist, finishing the (atomic) commit beats redoing them.
         commit = await self._commit(job, results, tally.prompt_tokens, tally.completion_tokens)
         self._count(job, commit)
+        if spec.cache and sent:
+            await self.cache.keep(spec, items, sent)
         if copy:
             self.figures.copied += len(ids)
             self.figures.copies_won += commit.done + commit.failed

@@ -104,6 +104,12 @@ class PrometheusMetrics(Metrics):
             ["job", "endpoint", "kind"],
             registry=r,
         )
+        self._cache_hits = Counter(
+            "swarm_cache_hits",
+            "Prompts answered from the response cache, without a request (counted in done)",
+            ["job", "endpoint"],
+            registry=r,
+        )
         self._requests = Counter(
             "swarm_requests",
             "Generation requests sent, by how they ended",
@@ -133,6 +139,8 @@ class PrometheusMetrics(Metrics):
     def committed(self, job: str, endpoint: str, commit: Commit) -> None:
         if commit.done:
             self._done.labels(job, endpoint).inc(commit.done)
+        if commit.cache_hits:
+            self._cache_hits.labels(job, endpoint).inc(commit.cache_hits)
         for kind, n in commit.failed_by_kind.items():
             self._failed.labels(job, endpoint, kind).inc(n)
 

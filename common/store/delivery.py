@@ -31,6 +31,8 @@ class Commit(msgspec.Struct, frozen=True):
     failed: int
     # The new failures by kind (common.vocab.FailureKind values).
     failed_by_kind: dict[str, int] = msgspec.field(default_factory=dict)
+    # Of ``done``, the answers that came from the response cache.
+    cache_hits: int = 0
 
 
 class Delivery(StoreBase):
@@ -147,7 +149,7 @@ class Delivery(StoreBase):
         """
         args: list[Any] = [GROUP, f"{time.time():.3f}", prompt_tokens, completion_tokens]
         for entry_id, result, payload in entries:
-            kind = "" if result.ok else (result.error_kind or "error")
+            kind = ("+" if result.cached else "") if result.ok else (result.error_kind or "error")
             args += [
                 entry_id,
                 str(result.index),
@@ -156,9 +158,11 @@ class Delivery(StoreBase):
                 b"" if result.ok else (payload or b""),
             ]
         async with redis_errors(self.url):
-            done, failed, *kinds = await self.scripts.commit(keys=self.script_keys(job), args=args)
+            done, failed, hits, *kinds = await self.scripts.commit(
+                keys=self.script_keys(job), args=args
+            )
         by_kind = {_text(k): int(n) for k, n in zip(kinds[::2], kinds[1::2], strict=True)}
-        return Commit(int(done), int(failed), by_kind)
+        return Commit(int(done), int(failed), by_kind, int(hits))
 
 
 def _text(raw: bytes | str) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 from common.models import Result
+from common.store.cache import ResponseCache
 from common.store.connection import redis_errors
 from common.store.delivery import Delivery
 from common.store.entries import index_of
@@ -18,10 +19,11 @@ from common.vocab import FailureKind, Meta
 __all__ = ["JobStore"]
 
 
-class JobStore(Registry, Feeding, Delivery, Results, Stages, Status):
+class JobStore(Registry, Feeding, Delivery, Results, Stages, Status, ResponseCache):
     """Job operations on one Redis (``JobStore(redis, keys)``), grouped by who uses them:
     :class:`Registry`, :class:`Feeding` (producer), :class:`Delivery` (workers),
-    :class:`Results` (collector, retry), :class:`Stages` (reduce), :class:`Status`."""
+    :class:`Results` (collector, retry), :class:`Stages` (reduce), :class:`Status`, and the
+    :class:`ResponseCache` every job shares."""
 
     async def cancel(self, job: str) -> tuple[bool, int]:
         """Stop ``job``: every prompt not yet answered gets a failed result of kind ``cancelled``

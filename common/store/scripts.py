@@ -22,6 +22,8 @@ __all__ = ["SCRIPT_NAMES", "Scripts", "source"]
 SCRIPT_NAMES = (
     "add",
     "backlog",
+    "cache_get",
+    "cache_put",
     "claim_mine",
     "commit",
     "copy",
@@ -68,6 +70,8 @@ class Scripts:
 
     add: AsyncScript
     backlog: AsyncScript
+    cache_get: AsyncScript
+    cache_put: AsyncScript
     claim_mine: AsyncScript
     commit: AsyncScript
     copy: AsyncScript

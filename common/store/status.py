@@ -45,6 +45,8 @@ class JobStatus(msgspec.Struct, frozen=True):
     reduce: str | None = None
     stage: int = 0
     reduced: bool = False
+    # Of ``done``, the prompts answered from the response cache.
+    cache_hits: int = 0
 
 
 def _job_status(job: str, meta: dict[str, str], in_flight: int) -> JobStatus:
@@ -78,6 +80,7 @@ def _job_status(job: str, meta: dict[str, str], in_flight: int) -> JobStatus:
         reduce=meta.get(Meta.REDUCE),
         stage=int(meta.get(Meta.STAGE, 0)),
         reduced=Meta.REDUCED_S in meta,
+        cache_hits=int(meta.get(Meta.CACHE_HITS, 0)),
     )
 
 

@@ -5,12 +5,14 @@
 -- The last result marks the job finished.
 -- KEYS: [1] results, [2] meta, [3] stream, [4] failed, [5] running
 -- ARGV: [1] group, [2] now_s, [3] prompt_tokens, [4] completion_tokens, then per entry five:
---       entry_id, index, result blob, failure kind ('' on success), original entry payload
--- Returns {new results done, new results failed, then kind, count for each kind failed}.
+--       entry_id, index, result blob, failure kind ('' on success, '+' on a success answered
+--       from the response cache), original entry payload
+-- Returns {new results done, new results failed, new of them from the cache, then kind,
+-- count for each kind failed}.
 local results, meta, stream, failed_h, running = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local group, now = ARGV[1], ARGV[2]
 local n = (#ARGV - 4) / 5
-local done, failed, kinds, seen = 0, 0, {}, {}
+local done, failed, hits, kinds, seen = 0, 0, 0, {}, {}
 -- One HMGET and one HSET per chunk rather than an HSETNX per entry: Redis's cost per command
 -- called from Lua is several times its cost per field.
 for lo = 1, n, 500 do
@@ -31,6 +33,9 @@ for lo = 1, n, 500 do
       local kind = ARGV[b + 3]
       if kind == '' then
         done = done + 1
+      elseif kind == '+' then
+        done = done + 1
+        hits = hits + 1
       else
         failed = failed + 1
         kinds[kind] = (kinds[kind] or 0) + 1
@@ -52,6 +57,7 @@ if tonumber(ARGV[3]) > 0 then redis.call('HINCRBY', meta, META.PROMPT_TOKENS, AR
 if tonumber(ARGV[4]) > 0 then redis.call('HINCRBY', meta, META.COMPLETION_TOKENS, ARGV[4]) end
 if done + failed > 0 then
   if done > 0 then redis.call('HINCRBY', meta, META.DONE, done) end
+  if hits > 0 then redis.call('HINCRBY', meta, META.CACHE_HITS, hits) end
   if failed > 0 then redis.call('HINCRBY', meta, META.FAILED, failed) end
   redis.call('HSETNX', meta, META.FIRST_RESULT_S, now)
   redis.call('HSET', meta, META.LAST_RESULT_S, now)
@@ -62,7 +68,7 @@ if done + failed > 0 then
     if d + f >= tonumber(total) then redis.call('HSETNX', meta, META.FINISHED_S, now) end
   end
 end
-local out = {done, failed}
+local out = {done, failed, hits}
 for kind, count in pairs(kinds) do
   out[#out + 1] = kind
   out[#out + 1] = count

@@ -1,0 +1,125 @@
+"""The response cache shared by every job of one Redis: which prompts it may answer, the key
+of an answer, and what is kept of one.
+
+An answer is kept under a digest of everything that determines it: the API (completions or
+chat), the model, the text sent (the template filled in) or the messages, every sampling field
+(the seed among them), and whether the server adds its special tokens. A request is cached only
+when it is deterministic, temperature 0 or a seed, unless its job asks for sampled ones too.
+Failures are never kept. Model weights changed under the same name are not seen: clear the
+cache then (``swarm-jobs --clear-cache``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import msgspec
+
+from common.errors import ConfigError
+from common.models import JobSpec, PromptItem, Result, SamplingParams, Usage
+
+__all__ = [
+    "CachedAnswer",
+    "answer_key",
+    "check_cache_spec",
+    "decode_answer",
+    "deterministic",
+    "encode_answer",
+]
+
+
+class CachedAnswer(msgspec.Struct, frozen=True, omit_defaults=True, array_like=True):
+    """One answer as the cache keeps it: what a later prompt's result is made of."""
+
+    text: str
+    finish_reason: str | None = None
+    usage: Usage | None = None
+    model: str = ""
+    endpoint: str = ""
+
+    @classmethod
+    def of(cls, r: Result) -> CachedAnswer:
+        return cls(r.text or "", r.finish_reason, r.usage, r.model, r.endpoint)
+
+    def result(self, item: PromptItem) -> Result:
+        """The result of ``item`` answered from this."""
+        return Result(
+            index=item.index,
+            text=self.text,
+            finish_reason=self.finish_reason,
+            usage=self.usage,
+            endpoint=self.endpoint,
+            custom_id=item.custom_id,
+            model=self.model,
+            cached=True,
+        )
+
+
+class _Request(msgspec.Struct, frozen=True, array_like=True):
+    """Everything that determines an answer, in one fixed encoding."""
+
+    api: str
+    model: str
+    text: str | None
+    messages: list[dict[str, str]] | None
+    params: SamplingParams
+    raw_template: bool
+
+
+# Sorted keys: two equal dicts (a response_format schema) give one key, whatever their order.
+_key_encoder = msgspec.msgpack.Encoder(order="sorted")
+_answer_encoder = msgspec.msgpack.Encoder()
+_answer_decoder = msgspec.msgpack.Decoder(CachedAnswer)
+
+
+def deterministic(params: SamplingParams) -> bool:
+    """True when the same request gets the same answer: greedy, or a fixed seed."""
+    return params.temperature == 0 or params.seed is not None
+
+
+def check_cache_spec(spec: JobSpec) -> str | None:
+    """Refuse a cached job without a model (ConfigError); a warning when its own sampling
+    settings are not deterministic, so only prompts with settings of their own could be
+    cached; None when all is well."""
+    if not spec.cache:
+        return None
+    if spec.model is None:
+        raise ConfigError(
+            "--cache needs --model: an answer depends on the model, and without --model each "
+            "endpoint answers with whatever model it serves"
+        )
+    if spec.cache_sampled or deterministic(spec.params):
+        return None
+    return (
+        "--cache keeps deterministic answers only (temperature 0, or a seed): this job's "
+        "requests are sampled, so none is kept but those of prompts with settings of their own "
+        "(give --temperature 0 or --seed N, or --cache-sampled to keep sampled answers too)"
+    )
+
+
+def answer_key(spec: JobSpec, item: PromptItem) -> str | None:
+    """The cache key of ``item``'s answer, or None when it is not to be cached: its job does
+    not use the cache, names no model, or the request is sampled without ``cache_sampled``."""
+    if not spec.cache or spec.model is None:
+        return None
+    params = item.params_in(spec)
+    if not (spec.cache_sampled or deterministic(params)):
+        return None
+    request = _Request(
+        api="chat" if spec.chat else "completions",
+        model=spec.model,
+        text=None if spec.chat else spec.render(item.prompt),
+        messages=item.chat_messages(spec) if spec.chat else None,
+        params=params,
+        raw_template=spec.template is not None,
+    )
+    return hashlib.blake2b(_key_encoder.encode(request), digest_size=20).hexdigest()
+
+
+def encode_answer(r: Result) -> bytes:
+    return _answer_encoder.encode(CachedAnswer.of(r))
+
+
+def decode_answer(blob: bytes) -> CachedAnswer:
+    """Raises msgspec.DecodeError on a value that is not an answer."""
+    return _answer_decoder.decode(blob)

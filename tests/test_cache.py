@@ -1,0 +1,226 @@
+"""The response cache shared by every job of one Redis: what it keys answers on, what it keeps
+and evicts (against a real Redis), and a rerun under a new job name answered without a single
+request, with real worker processes, while a changed setting misses it."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+import msgspec
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from common.cache import CachedAnswer, answer_key, check_cache_spec, decode_answer
+from common.embedded import free_port
+from common.errors import ConfigError
+from common.models import JobSpec, Message, PromptItem, Result, SamplingParams
+from common.settings import Settings
+from common.store import JobStore
+from producer.api import Swarm
+from sim.server import SimFleet
+from sim.text import completion_for
+from tests.harness import MAX_TOKENS, Fleet, fleet_prompt
+from worker.cache import AnswerCache
+
+GREEDY = SamplingParams(max_tokens=16, temperature=0.0)
+
+
+def _spec(**kw: object) -> JobSpec:
+    base: dict[str, object] = {"job": "j", "model": "m", "params": GREEDY, "cache": True}
+    return JobSpec(**(base | kw))  # type: ignore[arg-type]
+
+
+def test_the_key_covers_everything_that_determines_an_answer() -> None:
+    item = PromptItem(0, "What is 2+2?")
+    key = answer_key(_spec(), item)
+    assert key is not None and len(key) == 40
+    assert answer_key(_spec(job="other"), PromptItem(7, "What is 2+2?", "id-7")) == key
+    changed = [
+        _spec(model="m2"),
+        _spec(params=SamplingParams(max_tokens=17, temperature=0.0)),
+        _spec(params=SamplingParams(max_tokens=16, temperature=0.0, stop=["\n"])),
+        _spec(params=SamplingParams(max_tokens=16, temperature=0.0, top_p=0.9)),
+        _spec(params=SamplingParams(max_tokens=16, seed=1)),
+        _spec(params=SamplingParams(max_tokens=16, temperature=0.0, seed=1)),
+        _spec(template="<s>[INST] {prompt} [/INST]"),
+        _spec(template="{prompt}"),  # the same text, sent without the server's BOS
+        _spec(chat=True),
+    ]
+    keys = {answer_key(s, item) for s in changed}
+    assert key not in keys and len(keys) == len(changed)
+    assert answer_key(_spec(), PromptItem(0, "What is 2+3?")) != key
+    # Two equal schemas written in another order are one request.
+    a = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"a": 1, "b": 2}}}
+    b = {"json_schema": {"schema": {"b": 2, "a": 1}, "name": "x"}, "type": "json_schema"}
+    sa = _spec(params=SamplingParams(max_tokens=16, temperature=0.0, response_format=a))
+    sb = _spec(params=SamplingParams(max_tokens=16, temperature=0.0, response_format=b))
+    assert answer_key(sa, item) == answer_key(sb, item) != key
+    # A conversation is keyed by its messages.
+    chat = _spec(chat=True)
+    talk = PromptItem.of(0, (Message("system", "Be brief."), Message("user", "Hi")), None)
+    other = PromptItem.of(0, (Message("system", "Be long."), Message("user", "Hi")), None)
+    assert answer_key(chat, talk) != answer_key(chat, other)
+
+
+def test_only_deterministic_requests_of_cached_jobs_with_a_model_are_cached() -> None:
+    item = PromptItem(0, "hello")
+    sampled = SamplingParams(max_tokens=16, temperature=0.7)
+    assert answer_key(_spec(cache=False), item) is None
+    assert answer_key(_spec(model=None), item) is None
+    assert answer_key(_spec(params=sampled), item) is None
+    assert answer_key(_spec(params=SamplingParams(max_tokens=16)), item) is None  # server default
+    assert answer_key(_spec(params=sampled, cache_sampled=True), item) is not None
+    # A prompt's own settings decide for it (an OpenAI batch line's).
+    own = PromptItem(0, "hello", None, None, GREEDY)
+    assert answer_key(_spec(params=sampled), own) is not None
+
+    with pytest.raises(ConfigError, match="--cache needs --model"):
+        check_cache_spec(_spec(model=None))
+    assert "sampled" in (check_cache_spec(_spec(params=sampled)) or "")
+    assert check_cache_spec(_spec(params=sampled, cache_sampled=True)) is None
+    assert check_cache_spec(_spec()) is None
+
+
+def _answer(text: str) -> bytes:
+    return msgspec.msgpack.encode(CachedAnswer(text, "stop", None, "m", "http://e"))
+
+
+async def test_answers_expire_after_the_ttl_and_the_least_recently_used_go_past_the_cap(
+    store: JobStore,
+) -> None:
+    await store.cache_put([("a", _answer("A")), ("b", _answer("B")), ("c", _answer("C"))], 60, 10)
+    got = await store.cache_get(["a", "b", "c", "nope"], 60)
+    assert [None if g is None else decode_answer(g).text for g in got] == ["A", "B", "C", None]
+    # Last used: a long ago, b and c a little less.
+    now = time.time()
+    await store.redis.zadd(store.keys.cache_used, {"a": now - 100, "b": now - 50, "c": now - 40})
+    assert await store.cache_get(["a"], 60) == [None]  # unused for 100 s > 60: expired
+    assert not await store.redis.hexists(store.keys.cache_answers, "a")
+    assert (await store.cache_get(["b"], 60))[0] is not None  # b is used now: c is the oldest
+    evicted = await store.cache_put([("d", _answer("D"))], 60, 2)
+    assert evicted == 1
+    assert sorted(await store.redis.hkeys(store.keys.cache_answers)) == [b"b", b"d"]
+    assert (await store.cache_size()).answers == 2
+    assert await store.cache_clear() == 2
+    assert (await store.cache_size()).answers == 0
+
+
+async def test_a_failure_is_never_kept(store: JobStore, settings: Settings) -> None:
+    cache = AnswerCache(store, settings, "http://e")
+    spec = _spec()
+    items = [(b"0-1", b"", PromptItem(0, "ok")), (b"0-2", b"", PromptItem(1, "too long"))]
+    results = [
+        Result(index=0, text="fine", finish_reason="stop", endpoint="http://e"),
+        Result(index=1, error="prompt too long", error_kind="rejected", endpoint="http://e"),
+    ]
+    await cache.keep(spec, items, results)
+    assert (await store.cache_size()).answers == 1
+    hits, rest = await cache.answered(spec, items)
+    assert [(eid, r.text, r.cached, r.index) for eid, r, _ in hits] == [(b"0-1", "fine", True, 0)]
+    assert [it.index for _, _, it in rest] == [1]
+
+
+def _sent(fleet: Fleet) -> int:
+    return fleet.answered(0) + fleet.answered(1)
+
+
+def _run(fleet: Fleet, job: str, n: int, *args: str) -> None:
+    """Queue ``job`` and drain it with a burst worker on both endpoints."""
+    assert fleet.enqueue(job, n, set(), "--model", "swarm-sim", *args).wait(60) == 0
+    worker = fleet.worker(f"w-{job}", [0, 1])
+    assert worker.wait(120) == 0, fleet.logs[-1].read_text()
+
+
+@pytest.mark.slow
+async def test_a_rerun_under_a_new_job_sends_no_request_and_a_changed_setting_misses(
+    fleet_factory: type[Fleet], store: JobStore, tmp_path: Path
+) -> None:
+    fleet = fleet_factory(2)
+    n = 10_000
+    await asyncio.to_thread(_run, fleet, "first", n, "--cache", "--temperature", "0")
+    sent = _sent(fleet)
+    assert sent >= n  # and a few speculative copies at its tail
+    assert (await store.cache_size()).answers == n
+
+    # The same prompts under another name: every one answered from the cache, none sent.
+    # The worker serves Prometheus metrics, scraped before it exits.
+    port = free_port()
+    queued = fleet.enqueue(
+        "again", n, set(), "--model", "swarm-sim", "--cache", "--temperature", "0"
+    )
+    assert await asyncio.to_thread(queued.wait, 60) == 0
+    worker = fleet.worker("w-again", [0, 1], burst=False, SWARM_METRICS_PORT=str(port))
+    deadline = time.monotonic() + 120
+    while not (await store.status("again")).finished:
+        assert time.monotonic() < deadline and worker.poll() is None, "never finished"
+        await asyncio.sleep(0.05)
+    page = await asyncio.to_thread(_get, f"http://127.0.0.1:{port}/metrics")
+    worker.terminate()
+    assert await asyncio.to_thread(worker.wait, 60) == 0
+    hits = sum(
+        s.value
+        for family in text_string_to_metric_families(page)
+        for s in family.samples
+        if s.name == "swarm_cache_hits_total" and s.labels["job"] == "again"
+    )
+    assert hits == n
+    assert _sent(fleet) == sent  # not one request more
+    again = await store.status("again")
+    assert (again.done, again.failed, again.cache_hits) == (n, 0, n)
+    lines = [msgspec.json.decode(x) for x in await _lines(fleet, "again")]
+    assert [x["index"] for x in lines] == list(range(n))
+    assert all(x["cached"] is True for x in lines)
+    assert [x["text"] for x in lines[:3]] == [
+        completion_for(fleet_prompt(i, set()), MAX_TOKENS)[0] for i in range(3)
+    ]
+
+    # One setting changed (max tokens), or no --cache at all: every prompt is sent again.
+    await asyncio.to_thread(
+        _run, fleet, "longer", 1000, "--cache", "--temperature", "0", "--max-tokens", "13"
+    )
+    assert _sent(fleet) - sent >= 1000
+    sent = _sent(fleet)
+    assert (await store.status("longer")).cache_hits == 0
+    await asyncio.to_thread(_run, fleet, "uncached", 1000, "--temperature", "0")
+    assert _sent(fleet) - sent >= 1000
+    assert (await store.status("uncached")).cache_hits == 0
+    assert (await store.cache_size()).answers == n + 1000  # the uncached job kept nothing
+
+
+async def _lines(fleet: Fleet, job: str) -> list[bytes]:
+    proc = fleet.collect(job)
+    _, err = await asyncio.to_thread(proc.communicate, timeout=60)
+    assert proc.returncode == 0, err
+    return (await asyncio.to_thread((fleet.tmp / f"{job}.jsonl").read_bytes)).splitlines()
+
+
+def _get(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        return str(resp.read().decode())
+
+
+async def test_the_python_api_caches_across_jobs_and_refuses_what_it_cannot_cache(
+    redis_url: str, prefix: str, sim_fleet: Callable[..., SimFleet]
+) -> None:
+    texts = [f"Name the capital of country {i}." for i in range(200)]
+    fleet = sim_fleet(2)
+    async with fleet, Swarm(redis_url, endpoints=fleet.urls, prefix=prefix, poll_ms=50) as swarm:
+        with pytest.raises(ConfigError, match="cache=True needs a model="):
+            await swarm.submit(texts, cache=True, temperature=0)
+        with pytest.raises(ConfigError, match="give temperature=0 or a seed="):
+            await swarm.submit(texts, cache=True, model="swarm-sim")
+        first = await swarm.gather(
+            await swarm.submit(texts, max_tokens=8, model="swarm-sim", seed=7, cache=True)
+        )
+        sent = sum(e.requests_total for e in fleet.endpoints)
+        again = await swarm.gather(
+            await swarm.submit(texts, max_tokens=8, model="swarm-sim", seed=7, cache=True)
+        )
+        assert sum(e.requests_total for e in fleet.endpoints) == sent
+    assert [r.text for r in again] == [r.text for r in first]
+    assert [r.text for r in first] == [completion_for(t, 8)[0] for t in texts]
+    assert all(r.cached for r in again) and not any(r.cached for r in first)
