@@ -224,3 +224,19 @@ async def test_the_python_api_caches_across_jobs_and_refuses_what_it_cannot_cach
     assert [r.text for r in again] == [r.text for r in first]
     assert [r.text for r in first] == [completion_for(t, 8)[0] for t in texts]
     assert all(r.cached for r in again) and not any(r.cached for r in first)
+
+
+async def test_a_value_that_is_not_an_answer_is_a_miss_and_is_replaced(
+    store: JobStore, settings: Settings
+) -> None:
+    cache = AnswerCache(store, settings, "http://e")
+    spec = _spec()
+    items = [(b"0-1", b"", PromptItem(0, "hello"))]
+    key = answer_key(spec, items[0][2])
+    assert key is not None
+    await store.cache_put([(key, b"\xc1 not msgpack")], 60, 10)
+    hits, rest = await cache.answered(spec, items)
+    assert (hits, rest) == ([], items)
+    await cache.keep(spec, items, [Result(index=0, text="hi", finish_reason="stop")])
+    hits, _ = await cache.answered(spec, items)
+    assert [r.text for _, r, _ in hits] == ["hi"]

@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -276,3 +277,17 @@ async def test_the_dashboard_in_chromium_shows_the_figures_redis_holds_during_a_
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
     if target := os.environ.get("SWARM_DASHBOARD_PNG"):  # how docs/img/dashboard.png is made
         await asyncio.to_thread(Path(target).write_bytes, png)
+
+
+async def test_redis_out_of_reach_is_shown_on_the_page_not_a_crash(
+    make_settings: Callable[..., Settings],
+) -> None:
+    settings = make_settings(redis_url=f"redis://127.0.0.1:{free_port()}/0")
+    store = JobStore.from_settings(settings, patient=False)
+    try:
+        dash = Dashboard(store, settings.redis_url, 1.0)
+        assert not await dash.step()
+        board = json.loads(dash.body)
+        assert board["error"] and board["jobs"] == []
+    finally:
+        await store.close()
