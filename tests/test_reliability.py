@@ -319,4 +319,7 @@ async def test_a_hung_engine_that_still_answers_health_is_not_given_work_again(
     assert stuck.circuit.state == "open"
     ready = [r for r in caplog.records if r.getMessage() == f"{hung}: endpoint ready; taking work"]
     assert len(ready) == 1  # at start only: no probe since has put it back to work
-    assert generations == stuck.client.requests >= 3  # the failed batches, then one-token probes
+    # The failed batches, then one-token probes. The client counts a request as it starts it: a
+    # probe begun as the burst engine closes can be cut off before the server sees it.
+    assert generations >= 3
+    assert stuck.client.requests - generations in (0, 1)
