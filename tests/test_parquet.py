@@ -171,16 +171,19 @@ def test_a_killed_parquet_collector_resumes_to_the_same_rows(
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
+        # Killed once two parts are closed and the third is open (under its hidden name).
+        open_part = out / f".{part_name(2)}.inprogress"
         deadline = time.monotonic() + 120
         parts = 0
-        while parts < 2 and time.monotonic() < deadline:
+        while not (parts == 2 and open_part.exists()):
             assert proc.poll() is None, "finished before it could be killed"
+            assert time.monotonic() < deadline, f"never got there: {parts} parts closed"
             if cursor.exists():
                 parts = msgspec.json.decode(cursor.read_bytes())["parts"]
+            time.sleep(0.01)  # polling: leave the collector the CPU
         proc.send_signal(signal.SIGKILL)
         proc.wait()
-        assert parts == 2, "two parts were never closed"
-        assert sorted(os.listdir(out))[:2] == [part_name(0), part_name(1)]
+        assert sorted(os.listdir(out)) == [open_part.name, part_name(0), part_name(1)]
 
         answer(range(first, n))
         client.hset(meta, mapping={"done": n, "finished_s": "1"})
