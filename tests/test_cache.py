@@ -12,6 +12,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
+import redis
 from prometheus_client.parser import text_string_to_metric_families
 
 from common.cache import CachedAnswer, answer_key, check_cache_spec, decode_answer
@@ -23,7 +24,7 @@ from common.store import JobStore
 from producer.api import Swarm
 from sim.server import SimFleet
 from sim.text import completion_for
-from tests.harness import MAX_TOKENS, Fleet, fleet_prompt
+from tests.harness import MAX_TOKENS, Fleet, check_output, fleet_prompt
 from worker.cache import AnswerCache
 
 GREEDY = SamplingParams(max_tokens=16, temperature=0.0)
@@ -240,3 +241,35 @@ async def test_a_value_that_is_not_an_answer_is_a_miss_and_is_replaced(
     await cache.keep(spec, items, [Result(index=0, text="hi", finish_reason="stop")])
     hits, _ = await cache.answered(spec, items)
     assert [r.text for _, r, _ in hits] == ["hi"]
+
+
+@pytest.mark.slow
+def test_jobs_sharing_the_cache_and_the_fleet_at_once_each_get_every_answer_once(
+    fleet_factory: type[Fleet], redis_url: str, prefix: str
+) -> None:
+    """Three jobs at once on one fleet: two with --cache whose prompts overlap (the second
+    holds all of the first's and more, over-long ones among them), one without. Every job gets
+    every answer in order; the cache holds each distinct answer once and no failure."""
+    fleet = fleet_factory(2)
+    poison = {5, 4500}
+    queued = [
+        fleet.enqueue("a", 4000, poison, "--model", "swarm-sim", "--temperature", "0", "--cache"),
+        fleet.enqueue("b", 6000, poison, "--model", "swarm-sim", "--temperature", "0", "--cache"),
+        fleet.enqueue("c", 2000, poison, "--model", "swarm-sim", "--temperature", "0"),
+    ]
+    assert [q.wait(60) for q in queued] == [0, 0, 0]
+    workers = [fleet.worker("w0", [0]), fleet.worker("w1", [1])]
+    assert [w.wait(120) for w in workers] == [0, 0], [log.read_text() for log in fleet.logs]
+    for job, n in (("a", 4000), ("b", 6000), ("c", 2000)):
+        proc = fleet.collect(job)
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 1, err  # 1: some prompts failed (the over-long ones)
+        check_output(fleet.tmp / f"{job}.jsonl", n, {i for i in poison if i < n})
+    client = redis.Redis.from_url(redis_url)
+    try:
+        kept = client.hlen(f"{prefix}:{{~cache}}:answers")
+        hits = {j: int(client.hget(f"{prefix}:{{{j}}}:meta", "cache_hits") or 0) for j in "abc"}
+    finally:
+        client.close()
+    assert kept == 6000 - len(poison)  # a's and b's distinct answers, once; no failure
+    assert hits["c"] == 0 and hits["a"] + hits["b"] <= 4000 - 1  # only the overlap can hit
