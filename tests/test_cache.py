@@ -118,9 +118,9 @@ async def test_a_failure_is_never_kept(store: JobStore, settings: Settings) -> N
         Result(index=0, text="fine", finish_reason="stop", endpoint="http://e"),
         Result(index=1, error="prompt too long", error_kind="rejected", endpoint="http://e"),
     ]
-    await cache.keep(spec, items, results)
+    await cache.keep([answer_key(spec, item) for _, _, item in items], results)
     assert (await store.cache_size()).answers == 1
-    hits, rest = await cache.answered(spec, items)
+    hits, rest, _ = await cache.answered(spec, items)
     assert [(eid, r.text, r.cached, r.index) for eid, r, _ in hits] == [(b"0-1", "fine", True, 0)]
     assert [it.index for _, _, it in rest] == [1]
 
@@ -236,10 +236,10 @@ async def test_a_value_that_is_not_an_answer_is_a_miss_and_is_replaced(
     key = answer_key(spec, items[0][2])
     assert key is not None
     await store.cache_put([(key, b"\xc1 not msgpack")], 60, 10)
-    hits, rest = await cache.answered(spec, items)
+    hits, rest, keys = await cache.answered(spec, items)
     assert (hits, rest) == ([], items)
-    await cache.keep(spec, items, [Result(index=0, text="hi", finish_reason="stop")])
-    hits, _ = await cache.answered(spec, items)
+    await cache.keep(keys, [Result(index=0, text="hi", finish_reason="stop")])
+    hits, _, _ = await cache.answered(spec, items)
     assert [r.text for _, r, _ in hits] == ["hi"]
 
 

@@ -32,20 +32,22 @@ class AnswerCache:
 
     async def answered(
         self, spec: JobSpec, items: list[Decoded]
-    ) -> tuple[list[Finished], list[Decoded]]:
-        """``(hits, rest)``: the results of the prompts the cache answers, as the commit takes
-        them, and the prompts still to send."""
+    ) -> tuple[list[Finished], list[Decoded], list[str | None]]:
+        """``(hits, rest, keys)``: the results of the prompts the cache answers, as the commit
+        takes them; the prompts still to send; and their answers' keys, for :meth:`keep`
+        (None: not to be cached)."""
         keys = [answer_key(spec, item) for _, _, item in items]
         wanted = [k for k in keys if k is not None]
         if not wanted:
-            return [], items
+            return [], items, keys
         try:
             found = dict(zip(wanted, await self.store.cache_get(wanted, self.ttl_s), strict=True))
         except StoreUnavailable as exc:
             log.warning("%s: response cache not read (%s): asking the endpoint", self.label, exc)
-            return [], items
+            return [], items, keys
         hits: list[Finished] = []
         rest: list[Decoded] = []
+        rest_keys: list[str | None] = []
         for (eid, payload, item), key in zip(items, keys, strict=True):
             blob = found.get(key) if key is not None else None
             try:
@@ -54,17 +56,19 @@ class AnswerCache:
                 answer = None
             if answer is None:
                 rest.append((eid, payload, item))
+                rest_keys.append(key)
             else:
                 hits.append((eid, answer.result(item), payload))
-        return hits, rest
+        return hits, rest, rest_keys
 
-    async def keep(self, spec: JobSpec, items: list[Decoded], results: list[Result]) -> None:
-        """Keep the answers in ``results`` (to ``items``, in order) that may be cached:
-        successes only, never a failure."""
-        answers = []
-        for (_, _, item), r in zip(items, results, strict=True):
-            if r.ok and not r.cached and (key := answer_key(spec, item)) is not None:
-                answers.append((key, encode_answer(r)))
+    async def keep(self, keys: list[str | None], results: list[Result]) -> None:
+        """Keep the answers in ``results`` under ``keys`` (in order, from :meth:`answered`)
+        where they may be cached: successes only, never a failure."""
+        answers = [
+            (key, encode_answer(r))
+            for key, r in zip(keys, results, strict=True)
+            if key is not None and r.ok and not r.cached
+        ]
         if not answers:
             return
         try:

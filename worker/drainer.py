@@ -281,8 +281,9 @@ class EndpointDrainer:
         ids = [eid for eid, _, _ in deliveries]
         items, results = decode_deliveries(deliveries, self.client.label)
         validator = self.engine.validator(spec)
+        keys: list[str | None] = []  # the cache's keys of the answers to come, if it is used
         if items and spec.cache:
-            hits, items = await self.cache.answered(spec, items)
+            hits, items, keys = await self.cache.answered(spec, items)
             results += [(e, validator.checked(r) if validator else r, p) for e, r, p in hits]
         sent: list[Result] = []
         tally = Tally()
@@ -325,8 +326,8 @@ class EndpointDrainer:
         # Shielded: once results exist, finishing the (atomic) commit beats redoing them.
         commit = await self._commit(job, results, tally.prompt_tokens, tally.completion_tokens)
         self._count(job, commit)
-        if spec.cache and sent:
-            await self.cache.keep(spec, items, sent)
+        if keys and sent:
+            await self.cache.keep(keys, sent)
         if copy:
             self.figures.copied += len(ids)
             self.figures.copies_won += commit.done + commit.failed
