@@ -15,9 +15,18 @@ from common.keys import stage_name
 from common.models import EndpointInfo, EndpointStats
 from common.settings import mask_url
 from common.store import JobStatus, JobStore
-from producer.status import job_state, reduce_where
 
-__all__ = ["Board", "EndpointRow", "History", "JobRow", "read_board"]
+__all__ = [
+    "Board",
+    "EndpointRow",
+    "History",
+    "JobRow",
+    "job_list",
+    "job_state",
+    "read_board",
+    "read_jobs",
+    "reduce_where",
+]
 
 
 class JobRow(msgspec.Struct, frozen=True, kw_only=True):
@@ -40,9 +49,18 @@ class JobRow(msgspec.Struct, frozen=True, kw_only=True):
     eta_s: float | None = None
     reduce: str | None = None
     reduce_level: str = ""
+    stage: int = 0
+    reduced: bool = False
     waiting: str | None = None
     age_s: float | None = None
     error: str | None = None
+
+    @property
+    def live(self) -> bool:
+        """Still worked on: its prompts, or its reduce."""
+        if self.state in ("running", "waiting"):
+            return True
+        return self.state == "finished" and self.reduce is not None and not self.reduced
 
 
 class EndpointRow(msgspec.Struct, frozen=True, kw_only=True):
@@ -77,6 +95,30 @@ class Board(msgspec.Struct, frozen=True, kw_only=True):
     error: str | None = None
 
 
+def job_state(s: JobStatus, waiting: str | None = None) -> str:
+    """``cancelled``, ``finished``, ``waiting`` (no live endpoint can serve it) or ``running``."""
+    if s.cancelled:
+        return "cancelled"
+    if s.finished:
+        return "finished"
+    return "waiting" if waiting else "running"
+
+
+def reduce_where(s: JobStatus, stage: JobStatus | None) -> str:
+    """Where a job's reduce stands: finished, cancelled, the tree level running (``stage``:
+    that level's status), or waiting for the job's own prompts."""
+    if s.reduced:
+        return "finished: swarm-collect JOB --final"
+    if s.cancelled:
+        return "cancelled"
+    if stage is not None:
+        return (
+            f"level {s.stage}: {stage.done + stage.failed} of {stage.total or '?'} "
+            "supervisor prompts answered"
+        )
+    return "waiting for every prompt to be answered"
+
+
 def _job_row(
     s: JobStatus,
     stage: JobStatus | None,
@@ -104,6 +146,8 @@ def _job_row(
         eta_s=eta,
         reduce=s.reduce,
         reduce_level=reduce_where(s, stage) if s.reduce is not None else "",
+        stage=s.stage,
+        reduced=s.reduced,
         waiting=waiting if state == "waiting" else None,
         age_s=age_s,
     )
@@ -149,30 +193,46 @@ def _endpoint_rows(
     return [rows[k] for k in sorted(rows)]
 
 
-async def read_board(store: JobStore, redis_url: str, now: float | None = None) -> Board:
-    """Every job (stages go with their job) and every endpoint, as of now. A job that cannot
-    be read is shown with its reason; it spoils nothing else."""
-    now = time.time() if now is None else now
-    names, _bad = await store.job_names()
-    fleet = await store.read_fleet()
-    jobs: list[JobRow] = []
-    stats: list[EndpointStats] = []
-    for name in sorted(n for n in names if ":" not in n):
+async def job_list(store: JobStore) -> tuple[list[str], list[str]]:
+    """The jobs' names, sorted (their reduce stages go with them), and the registry's members
+    that are not job names."""
+    names, bad = await store.job_names()
+    return [n for n in names if ":" not in n], bad
+
+
+async def read_jobs(
+    store: JobStore, fleet: Sequence[EndpointInfo], now: float
+) -> tuple[list[JobRow], list[str]]:
+    """Every job as a row, and the registry's members that are not job names. A job that
+    cannot be read is a row with its reason (``error``); it spoils nothing else."""
+    names, bad = await job_list(store)
+    rows: list[JobRow] = []
+    for name in names:
         try:
             s = await store.status(name)
             spec = await store.load_spec(name)
             stage = await store.status(stage_name(name, s.stage)) if s.stage else None
         except (BadRecordError, JobNotFoundError) as exc:
-            jobs.append(JobRow(job=name, state="unreadable", error=str(exc)))
+            rows.append(JobRow(job=name, state="unreadable", error=str(exc)))
             continue
         waiting = None
         if not (s.finished or s.cancelled):
             waiting = waiting_reason(spec.model, fleet, now)
         age = now - spec.created_s if spec.created_s else None
-        jobs.append(_job_row(s, stage, spec.model, waiting, age))
-        if not (s.cancelled or (s.finished and (s.reduce is None or s.reduced))):
+        rows.append(_job_row(s, stage, spec.model, waiting, age))
+    return rows, bad
+
+
+async def read_board(store: JobStore, redis_url: str, now: float | None = None) -> Board:
+    """Every job and every endpoint, as of now."""
+    now = time.time() if now is None else now
+    fleet = await store.read_fleet()
+    jobs, _ = await read_jobs(store, fleet, now)
+    stats: list[EndpointStats] = []
+    for row in jobs:
+        if row.live:
             # While a tree level runs, the endpoints are busy with it, not with the job.
-            stats.extend(await store.read_endpoints(stage_name(name, s.stage)))
+            stats.extend(await store.read_endpoints(stage_name(row.job, row.stage)))
     return Board(
         generated_s=now,
         redis=mask_url(redis_url),

@@ -11,13 +11,14 @@ from collections import Counter
 from collections.abc import Sequence
 
 from common.cli import add_redis_arg, open_job_store, run, settings_from_args
-from common.errors import BadRecordError, JobConflictError, JobNotFoundError
+from common.errors import JobConflictError
 from common.fleet import waiting_reason
 from common.keys import stage_name, validate_job_name
 from common.models import SILENT_PERIODS, EndpointInfo, EndpointStats
 from common.store import JobStatus, JobStore
+from producer.board import job_list, job_state, read_jobs, reduce_where
 
-__all__ = ["format_endpoints", "format_status", "job_state", "jobs_main", "main", "reduce_where"]
+__all__ = ["format_endpoints", "format_status", "jobs_main", "main"]
 
 # States a worker publishes once, as it stops serving the job: no later word is expected.
 LAST_WORDS = ("finished", "stopped")
@@ -55,30 +56,6 @@ def format_endpoints(endpoints: Sequence[EndpointStats], now: float) -> list[str
             error = st.last_error if len(st.last_error) <= 160 else st.last_error[:157] + "..."
             lines.append(f"      last error: {error}")
     return lines
-
-
-def job_state(s: JobStatus, waiting: str | None = None) -> str:
-    """``cancelled``, ``finished``, ``waiting`` (no live endpoint can serve it) or ``running``."""
-    if s.cancelled:
-        return "cancelled"
-    if s.finished:
-        return "finished"
-    return "waiting" if waiting else "running"
-
-
-def reduce_where(s: JobStatus, stage: JobStatus | None) -> str:
-    """Where a job's reduce stands: finished, cancelled, the tree level running (``stage``:
-    that level's status), or waiting for the job's own prompts."""
-    if s.reduced:
-        return "finished: swarm-collect JOB --final"
-    if s.cancelled:
-        return "cancelled"
-    if stage is not None:
-        return (
-            f"level {s.stage}: {stage.done + stage.failed} of {stage.total or '?'} "
-            "supervisor prompts answered"
-        )
-    return "waiting for every prompt to be answered"
 
 
 def format_status(
@@ -168,10 +145,8 @@ async def _jobs(args: argparse.Namespace) -> int:
             n = await store.cache_clear()
             print(f"response cache: cleared ({n} answers)")
             return 0
-        valid, bad = await store.job_names()
-        names = [n for n in valid if ":" not in n]  # stages go with their job
         if args.delete or args.delete_finished:
-            targets = list(args.delete or []) or names
+            targets = list(args.delete or []) or (await job_list(store))[0]
             for name in targets:
                 job = validate_job_name(name)
                 status = await store.status(job)
@@ -188,22 +163,20 @@ async def _jobs(args: argparse.Namespace) -> int:
         print(
             f"{'job':32} {'state':10} {'done':>10} {'failed':>8} {'total':>10} {'age':>7}  reduce"
         )
-        now = time.time()
-        fleet = await store.read_fleet()
-        for name in names:
-            try:
-                s = await store.status(name)
-                spec = await store.load_spec(name)
-            except (BadRecordError, JobNotFoundError) as exc:  # one bad job spoils no listing
-                print(f"{name:32} {'unreadable':10} {exc}")
+        rows, bad = await read_jobs(store, await store.read_fleet(), time.time())
+        for row in rows:
+            if row.error is not None:  # one bad job spoils no listing
+                print(f"{row.job:32} {'unreadable':10} {row.error}")
                 continue
-            state = job_state(s, waiting_reason(spec.model, fleet, now))
             reduce = ""
-            if s.reduce is not None:
-                reduce = f"{s.reduce}: " + ("done" if s.reduced else f"level {s.stage}")
-            total = "?" if s.total is None else str(s.total)
-            age = _age(now - spec.created_s) if spec.created_s else "?"
-            print(f"{name:32} {state:10} {s.done:>10} {s.failed:>8} {total:>10} {age:>7}  {reduce}")
+            if row.reduce is not None:
+                reduce = f"{row.reduce}: " + ("done" if row.reduced else f"level {row.stage}")
+            total = "?" if row.total is None else str(row.total)
+            age = "?" if row.age_s is None else _age(row.age_s)
+            print(
+                f"{row.job:32} {row.state:10} {row.done:>10} {row.failed:>8} {total:>10} "
+                f"{age:>7}  {reduce}"
+            )
         size = await store.cache_size()
         print(
             f"response cache: {size.answers} answers, {size.bytes / 2**20:,.1f} MiB "
