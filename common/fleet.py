@@ -1,13 +1,85 @@
-"""Who serves what: the fleet registry read back, for the commands that tell a user whether a
-job's model has a live endpoint (``swarm-enqueue``'s warning, ``swarm-status``'s waiting)."""
+"""The fleet as its workers publish it: each endpoint's figures per job (for ``swarm-status``
+and the dashboard) and its row in the fleet registry; and who serves what, read back from it,
+for the commands that tell a user whether a job's model has a live endpoint
+(``swarm-enqueue``'s warning, ``swarm-status``'s waiting)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-from common.models import EndpointInfo
+import msgspec
 
-__all__ = ["live_models", "serving", "waiting_reason"]
+__all__ = [
+    "SILENT_PERIODS",
+    "EndpointInfo",
+    "EndpointStats",
+    "decode_endpoint_info",
+    "decode_endpoint_stats",
+    "live_models",
+    "serving",
+    "waiting_reason",
+]
+
+
+class EndpointStats(msgspec.Struct, frozen=True, omit_defaults=True, kw_only=True):
+    """What one worker's drain loop of one endpoint did for one job, since the worker started;
+    published every ``period_s`` for ``swarm-status``.
+
+    ``circuit``: ``waiting`` (for the endpoint's /health), ``closed`` (taking work), ``open``
+    (failing: its work released, the endpoint probed), ``broken`` (wrong key, model or URL: no
+    more work taken); then, once, ``finished`` (the job is over for this worker) or ``stopped``
+    (the worker has exited).
+    """
+
+    endpoint: str
+    worker: str
+    circuit: str
+    done: int = 0
+    failed: int = 0
+    # Failed requests to the endpoint (retried, or given up and released), all jobs together.
+    errors: int = 0
+    last_error: str = ""
+    rate_per_s: float = 0.0
+    window: int = 0
+    in_flight: int = 0
+    updated_s: float = 0.0
+    period_s: float = 0.0
+
+
+# A worker silent for this many of its publish periods is presumed gone (killed, unreachable).
+SILENT_PERIODS = 5
+
+
+class EndpointInfo(msgspec.Struct, frozen=True, omit_defaults=True, kw_only=True):
+    """One endpoint of one worker as the fleet registry shows it: the models it serves (as its
+    ``/v1/models`` lists them, LoRA adapters included) and its circuit, refreshed every
+    ``period_s``. What ``swarm-enqueue`` and ``swarm-status`` read to tell whether a job's
+    model is served by any live endpoint."""
+
+    endpoint: str
+    worker: str
+    models: tuple[str, ...] = ()
+    circuit: str = "waiting"
+    updated_s: float = 0.0
+    period_s: float = 0.0
+
+    def live(self, now: float) -> bool:
+        """True while its worker publishes (it has not been silent for SILENT_PERIODS)."""
+        return now - self.updated_s <= SILENT_PERIODS * max(self.period_s, 1.0)
+
+
+_endpoint_stats_decoder = msgspec.msgpack.Decoder(EndpointStats)
+
+
+def decode_endpoint_stats(data: bytes) -> EndpointStats:
+    return _endpoint_stats_decoder.decode(data)
+
+
+_endpoint_info_decoder = msgspec.msgpack.Decoder(EndpointInfo)
+
+
+def decode_endpoint_info(data: bytes) -> EndpointInfo:
+    return _endpoint_info_decoder.decode(data)
 
 
 def _usable(e: EndpointInfo, now: float) -> bool:

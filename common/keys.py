@@ -116,7 +116,7 @@ class Keys:
         return self._job(job, "final")
 
     def endpoints(self, job: str) -> str:
-        """Hash: consumer (``worker|endpoint``) -> msgpack :class:`common.models.EndpointStats`,
+        """Hash: consumer (``worker|endpoint``) -> msgpack :class:`common.fleet.EndpointStats`,
         what each drain loop did for the job, refreshed every few seconds."""
         return self._job(job, "endpoints")
 
@@ -131,7 +131,7 @@ class Keys:
 
     @property
     def fleet(self) -> str:
-        """Hash: consumer (``worker|endpoint``) -> msgpack :class:`common.models.EndpointInfo`,
+        """Hash: consumer (``worker|endpoint``) -> msgpack :class:`common.fleet.EndpointInfo`,
         the models each live endpoint serves; like ``jobs``, outside any job's slot."""
         return f"{self.prefix}:fleet"
 

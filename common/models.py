@@ -1,4 +1,6 @@
-"""Every message swarm-queue puts on the wire, as msgspec Structs.
+"""The messages of a job on the wire, as msgspec Structs: its spec, its prompts, its results
+and output lines, its reduce output. (What workers publish about the fleet is in
+:mod:`common.fleet`, the response cache's answers in :mod:`common.cache`.)
 
 Redis holds msgpack (compact, fast); the collector writes JSON Lines. Encoders and decoders are
 built once here and reused. New fields must get defaults so that old records still decode.
@@ -18,9 +20,6 @@ from common.vocab import FailureKind
 
 __all__ = [
     "REDUCE_KINDS",
-    "SILENT_PERIODS",
-    "EndpointInfo",
-    "EndpointStats",
     "FailedPrompt",
     "JobSpec",
     "LevelInfo",
@@ -32,8 +31,6 @@ __all__ = [
     "Result",
     "SamplingParams",
     "Usage",
-    "decode_endpoint_info",
-    "decode_endpoint_stats",
     "decode_final",
     "decode_item",
     "decode_result",
@@ -331,53 +328,6 @@ class ReduceOutput(msgspec.Struct, frozen=True, omit_defaults=True):
         return cls(job=job, kind=kind, error=error, finished_s=timestamp_s())
 
 
-class EndpointStats(msgspec.Struct, frozen=True, omit_defaults=True, kw_only=True):
-    """What one worker's drain loop of one endpoint did for one job, since the worker started;
-    published every ``period_s`` for ``swarm-status``.
-
-    ``circuit``: ``waiting`` (for the endpoint's /health), ``closed`` (taking work), ``open``
-    (failing: its work released, the endpoint probed), ``broken`` (wrong key, model or URL: no
-    more work taken); then, once, ``finished`` (the job is over for this worker) or ``stopped``
-    (the worker has exited).
-    """
-
-    endpoint: str
-    worker: str
-    circuit: str
-    done: int = 0
-    failed: int = 0
-    # Failed requests to the endpoint (retried, or given up and released), all jobs together.
-    errors: int = 0
-    last_error: str = ""
-    rate_per_s: float = 0.0
-    window: int = 0
-    in_flight: int = 0
-    updated_s: float = 0.0
-    period_s: float = 0.0
-
-
-# A worker silent for this many of its publish periods is presumed gone (killed, unreachable).
-SILENT_PERIODS = 5
-
-
-class EndpointInfo(msgspec.Struct, frozen=True, omit_defaults=True, kw_only=True):
-    """One endpoint of one worker as the fleet registry shows it: the models it serves (as its
-    ``/v1/models`` lists them, LoRA adapters included) and its circuit, refreshed every
-    ``period_s``. What ``swarm-enqueue`` and ``swarm-status`` read to tell whether a job's
-    model is served by any live endpoint."""
-
-    endpoint: str
-    worker: str
-    models: tuple[str, ...] = ()
-    circuit: str = "waiting"
-    updated_s: float = 0.0
-    period_s: float = 0.0
-
-    def live(self, now: float) -> bool:
-        """True while its worker publishes (it has not been silent for SILENT_PERIODS)."""
-        return now - self.updated_s <= SILENT_PERIODS * max(self.period_s, 1.0)
-
-
 _msgpack_encoder = msgspec.msgpack.Encoder()
 _json_encoder = msgspec.json.Encoder()
 _spec_decoder = msgspec.msgpack.Decoder(JobSpec)
@@ -420,20 +370,6 @@ def result_or_failure(index: int, data: bytes) -> Result:
             error_kind=FailureKind.BAD_ENTRY,
         )
     return result
-
-
-_endpoint_stats_decoder = msgspec.msgpack.Decoder(EndpointStats)
-
-
-def decode_endpoint_stats(data: bytes) -> EndpointStats:
-    return _endpoint_stats_decoder.decode(data)
-
-
-_endpoint_info_decoder = msgspec.msgpack.Decoder(EndpointInfo)
-
-
-def decode_endpoint_info(data: bytes) -> EndpointInfo:
-    return _endpoint_info_decoder.decode(data)
 
 
 _final_decoder = msgspec.json.Decoder(ReduceOutput)

@@ -10,9 +10,8 @@ from collections.abc import Iterable, Sequence
 import msgspec
 
 from common.errors import BadRecordError, JobNotFoundError
-from common.fleet import waiting_reason
+from common.fleet import EndpointInfo, EndpointStats, waiting_reason
 from common.keys import stage_name
-from common.models import EndpointInfo, EndpointStats
 from common.settings import mask_url
 from common.store import JobStatus, JobStore
 

@@ -12,9 +12,8 @@ from collections.abc import Sequence
 
 from common.cli import add_redis_arg, open_job_store, run, settings_from_args
 from common.errors import JobConflictError
-from common.fleet import waiting_reason
+from common.fleet import SILENT_PERIODS, EndpointInfo, EndpointStats, waiting_reason
 from common.keys import stage_name, validate_job_name
-from common.models import SILENT_PERIODS, EndpointInfo, EndpointStats
 from common.store import JobStatus, JobStore
 from producer.board import job_list, job_state, read_jobs, reduce_where
 

@@ -16,7 +16,8 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from common.embedded import free_port
-from common.models import EndpointInfo, EndpointStats, PromptItem, Result
+from common.fleet import EndpointInfo, EndpointStats
+from common.models import PromptItem, Result
 from common.settings import Settings
 from common.store import JobStore
 from producer.board import Board, EndpointRow, History, JobRow, read_board

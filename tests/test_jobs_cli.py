@@ -11,7 +11,8 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from common.models import EndpointInfo, Result
+from common.fleet import EndpointInfo
+from common.models import Result
 from common.store import JobStore
 from producer.enqueue import enqueue_prompts
 from tests.harness import BIN

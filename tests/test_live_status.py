@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from common.models import EndpointStats, PromptItem
+from common.fleet import EndpointStats
+from common.models import PromptItem
 from common.settings import Settings
 from common.store import JobStore
 from producer.status import format_endpoints, format_status

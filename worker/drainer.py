@@ -24,12 +24,8 @@ from common.errors import (
     ModelNotServed,
     StoreUnavailable,
 )
-from common.models import (
-    EndpointInfo,
-    EndpointStats,
-    JobSpec,
-    Result,
-)
+from common.fleet import EndpointInfo, EndpointStats
+from common.models import JobSpec, Result
 from common.store import Commit
 from worker.batch import BatchRunner, Tally
 from worker.cache import AnswerCache

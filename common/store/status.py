@@ -9,14 +9,9 @@ from collections.abc import Sequence
 import msgspec
 
 from common.errors import JobNotFoundError
+from common.fleet import EndpointInfo, EndpointStats, decode_endpoint_info, decode_endpoint_stats
 from common.keys import GROUP
-from common.models import (
-    EndpointInfo,
-    EndpointStats,
-    decode_endpoint_info,
-    decode_endpoint_stats,
-    encode,
-)
+from common.models import encode
 from common.store.base import StoreBase
 from common.store.connection import redis_errors
 from common.vocab import FAILED_KIND_PREFIX, Meta
