@@ -4,13 +4,17 @@ the checks of their output. Tests get a Fleet through conftest's ``fleet_factory
 
 from __future__ import annotations
 
+import contextlib
+import http.server
 import os
 import random
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import msgspec
@@ -263,3 +267,37 @@ def check_output(path: Path, n: int, poison: set[int]) -> None:
             assert x["error"].startswith("You passed 750 input tokens and requested 12 output")
         else:
             assert x["text"] == completion_for(fleet_prompt(x["index"], poison), MAX_TOKENS)[0]
+
+
+class WrongKey(http.server.BaseHTTPRequestHandler):
+    """vLLM started with --api-key, asked with another key: /health is open, /v1 refuses."""
+
+    def _answer(self) -> None:
+        if self.path == "/health":
+            self.send_response(200)
+            self.end_headers()
+            return
+        body = b'{"error": {"message": "invalid API key", "code": 401}}'
+        self.send_response(401)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_POST = _answer
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def wrong_key_endpoint() -> Iterator[str]:
+    """The URL of a :class:`WrongKey` server, for as long as the block runs: an endpoint a
+    worker finds unusable (``broken``)."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), WrongKey)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()

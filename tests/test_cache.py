@@ -22,9 +22,10 @@ from common.models import JobSpec, Message, PromptItem, Result, SamplingParams
 from common.settings import Settings
 from common.store import JobStore
 from producer.api import Swarm
+from producer.board import read_board
 from sim.server import SimFleet
 from sim.text import completion_for
-from tests.harness import MAX_TOKENS, Fleet, check_output, fleet_prompt
+from tests.harness import MAX_TOKENS, Fleet, check_output, fleet_prompt, wrong_key_endpoint
 from worker.cache import AnswerCache
 
 GREEDY = SamplingParams(max_tokens=16, temperature=0.0)
@@ -192,10 +193,11 @@ async def test_a_rerun_under_a_new_job_sends_no_request_and_a_changed_setting_mi
     assert (await store.cache_size()).answers == n + 1000  # the uncached job kept nothing
 
 
-async def _lines(fleet: Fleet, job: str) -> list[bytes]:
+async def _lines(fleet: Fleet, job: str, expect: int = 0) -> list[bytes]:
+    """The job's collected lines; ``expect``: swarm-collect's exit status (1: some failed)."""
     proc = fleet.collect(job)
     _, err = await asyncio.to_thread(proc.communicate, timeout=60)
-    assert proc.returncode == 0, err
+    assert proc.returncode == expect, err
     return (await asyncio.to_thread((fleet.tmp / f"{job}.jsonl").read_bytes)).splitlines()
 
 
@@ -273,3 +275,63 @@ def test_jobs_sharing_the_cache_and_the_fleet_at_once_each_get_every_answer_once
         client.close()
     assert kept == 6000 - len(poison)  # a's and b's distinct answers, once; no failure
     assert hits["c"] == 0 and hits["a"] + hits["b"] <= 4000 - 1  # only the overlap can hit
+
+
+@pytest.mark.slow
+async def test_the_shared_case_two_models_a_broken_endpoint_and_a_job_nobody_serves(
+    fleet_factory: type[Fleet], store: JobStore, redis_url: str
+) -> None:
+    """One fleet and one cache for several jobs: two models, one job for a model nobody
+    serves, an endpoint with a wrong key. A rerun for model A is answered from the cache (its
+    over-long prompt sent and refused again); the same prompts for model B hit nothing of
+    A's; the unserved job waits; the dashboard's board shows each as Redis holds it."""
+    n, poison = 3000, {5}
+    fleet = fleet_factory(3, "--model", "model-a,model-a,model-b")
+    cache = ("--temperature", "0", "--cache")
+
+    def queue(job: str, model: str) -> None:
+        assert fleet.enqueue(job, n, poison, "--model", model, *cache).wait(60) == 0
+
+    with wrong_key_endpoint() as locked:
+        await asyncio.to_thread(queue, "a1", "model-a")
+        first = fleet.worker("w1", [0, 1], SWARM_ENDPOINTS=f"{fleet.url(0)},{locked}")
+        assert await asyncio.to_thread(first.wait, 120) == 1  # its broken endpoint
+        sent_a = fleet.answered(0)
+        for job, model in (("c", "model-c"), ("a2", "model-a"), ("b", "model-b")):
+            await asyncio.to_thread(queue, job, model)
+        urls = ",".join([fleet.url(0), locked, fleet.url(1), fleet.url(2)])
+        worker = fleet.worker("w2", [0, 1, 2], burst=False, SWARM_ENDPOINTS=urls)
+        try:
+            deadline = time.monotonic() + 120
+            while not all([(await store.status(j)).finished for j in ("a2", "b")]):
+                assert time.monotonic() < deadline and worker.poll() is None, "never finished"
+                await asyncio.sleep(0.05)
+            board = await read_board(store, redis_url)
+            status = {j: await store.status(j) for j in ("a1", "a2", "b", "c")}
+        finally:
+            worker.terminate()
+            await asyncio.to_thread(worker.wait, 60)
+
+    for job in ("a1", "a2", "b"):
+        lines = [msgspec.json.decode(x) for x in await _lines(fleet, job, expect=1)]
+        assert [x["index"] for x in lines] == list(range(n))
+        assert {x["index"] for x in lines if x["error"] is not None} == poison
+        # The over-long prompt was sent again and refused again by the server: never cached.
+        assert lines[5]["error"].startswith("You passed 750 input tokens")
+    assert (status["a2"].done, status["a2"].cache_hits) == (n - 1, n - 1)
+    assert status["b"].cache_hits == 0 and status["b"].done == n - 1
+    assert fleet.answered(0) + fleet.answered(1) == sent_a  # a2: not one sequence generated
+    assert fleet.answered(2) >= n - 1  # b: every answer from model B's endpoint
+    assert (status["c"].done, status["c"].pending) == (0, n)
+
+    rows = {row.job: row for row in board.jobs}
+    assert {j: rows[j].state for j in rows} == {
+        "a1": "finished", "a2": "finished", "b": "finished", "c": "waiting",
+    }  # fmt: skip
+    for job, s in status.items():
+        assert (rows[job].done, rows[job].failed, rows[job].cache_hits) == (
+            s.done, s.failed, s.cache_hits
+        )  # fmt: skip
+    circuits = {e.endpoint: e.circuit for e in board.endpoints if e.worker == "w2"}
+    assert circuits[locked] == "broken"
+    assert [circuits[fleet.url(i)] for i in range(3)] == ["closed"] * 3

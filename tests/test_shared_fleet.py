@@ -3,14 +3,12 @@ model no endpoint serves waits visibly and never stops the fleet or the other jo
 
 from __future__ import annotations
 
-import http.server
 import signal
 import subprocess
-import threading
 
 import pytest
 
-from tests.harness import BIN, Fleet, check_output
+from tests.harness import BIN, Fleet, check_output, wrong_key_endpoint
 from tests.helpers import wait_until
 
 pytestmark = pytest.mark.slow
@@ -81,41 +79,14 @@ def test_burst_workers_exit_0_once_their_models_jobs_are_done(
         assert len(last) == 1 and last[0].endswith("c (model 'model-c')"), last
 
 
-class _WrongKey(http.server.BaseHTTPRequestHandler):
-    """vLLM started with --api-key, asked with another key: /health is open, /v1 refuses."""
-
-    def _answer(self) -> None:
-        if self.path == "/health":
-            self.send_response(200)
-            self.end_headers()
-            return
-        body = b'{"error": {"message": "invalid API key", "code": 401}}'
-        self.send_response(401)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    do_GET = do_POST = _answer
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
 def test_a_burst_worker_with_an_unusable_endpoint_finishes_the_job_then_exits_1(
     fleet_factory: type[Fleet],
 ) -> None:
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _WrongKey)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
+    with wrong_key_endpoint() as locked:
         fleet = fleet_factory(1)
         assert fleet.enqueue("j", 500, set()).wait(timeout=60) == 0
-        locked = f"http://127.0.0.1:{server.server_address[1]}"
         worker = fleet.worker("w", [0], SWARM_ENDPOINTS=f"{locked},{fleet.url(0)}")
         assert worker.wait(timeout=120) == 1
-    finally:
-        server.shutdown()
-        server.server_close()
     assert fleet.done("j") == 500 and fleet.answered(0) == 500
     log = fleet.logs[0].read_text()
     assert f"exiting with an error: endpoint unusable: {locked}: HTTP 401: invalid API key" in log
@@ -127,18 +98,12 @@ def test_two_models_and_an_unusable_endpoint_in_one_burst_worker(
     """The shared case at once: jobs for two models, the job nobody serves, and one endpoint
     with a wrong key, all in one worker. Both served jobs finish exactly on their endpoints;
     the worker exits 1 for its broken endpoint, with the unserved job still waiting."""
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _WrongKey)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
+    with wrong_key_endpoint() as locked:
         fleet = fleet_factory(2, "--model", "model-a,model-b")
         _queue_three_jobs(fleet)
-        locked = f"http://127.0.0.1:{server.server_address[1]}"
         endpoints = f"{fleet.url(0)},{locked},{fleet.url(1)}"
         worker = fleet.worker("w", [0, 1], SWARM_ENDPOINTS=endpoints)
         assert worker.wait(timeout=120) == 1
-    finally:
-        server.shutdown()
-        server.server_close()
     assert (fleet.done("a"), fleet.done("b"), fleet.done("c")) == (N_A, N_B, 0)
     assert (fleet.answered(0), fleet.answered(1)) == (N_A, N_B)
     log = fleet.logs[0].read_text()
