@@ -17,6 +17,7 @@ __all__ = [
     "InputError",
     "JobCancelledError",
     "JobConflictError",
+    "JobGoneError",
     "JobNameError",
     "JobNotFoundError",
     "ModelNotServed",
@@ -56,6 +57,19 @@ class JobNotFoundError(SwarmError):
 
 class JobConflictError(SwarmError):
     """The job exists with settings different from the ones asked for."""
+
+
+class JobGoneError(SwarmError):
+    """The job this work was taken from is gone: deleted, or lost with a Redis restarted
+    empty, and perhaps queued again under its name (another generation). The work is dropped,
+    never written into the job that now holds the name."""
+
+    def __init__(self, job: str) -> None:
+        super().__init__(
+            f"job {job!r} is gone: deleted, or lost with a Redis restarted empty (and perhaps "
+            "queued again under its name); its work in hand is dropped"
+        )
+        self.job = job
 
 
 class ProducerBusyError(JobConflictError):

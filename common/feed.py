@@ -128,13 +128,15 @@ async def enqueue_prompts(
     token = token or producer_token()
     # A new job is registered only when its first prompts are ready: an input refused on its
     # first lines leaves nothing behind. An existing one has its settings checked at once.
-    created = False
+    # Every write carries the generation found (or made) then: if the job is deleted while
+    # this producer runs, it stops instead of writing into whatever takes the name next.
+    stored: JobSpec | None = None
 
-    async def ensure_created() -> None:
-        nonlocal created
-        if not created:
-            await store.create_job(spec)
-            created = True
+    async def ensure_created() -> str:
+        nonlocal stored
+        if stored is None:
+            stored = await store.create_job(spec)
+        return stored.generation
 
     if (await store.meta(job)).get(Meta.SPEC) is not None:
         await ensure_created()
@@ -177,28 +179,28 @@ async def enqueue_prompts(
                 continue
             buf.append(item)
             if len(buf) >= chunk:
-                await ensure_created()
+                gen = await ensure_created()
                 if window is not None:
                     await _wait_for_room(store, job, token, index + 1, window)
-                await store.add_items(job, buf, digest.value)
+                await store.add_items(job, buf, digest.value, gen=gen)
                 added += len(buf)
                 buf.clear()
                 await _take_lock(store, job, token)  # refresh
                 if progress and time.monotonic() - shown > 1.0:
                     print(f"swarm-enqueue: {job}: {count} prompts read", file=sys.stderr)
                     shown = time.monotonic()
-        await ensure_created()
+        gen = await ensure_created()
         if buf:
             if window is not None:
                 await _wait_for_room(store, job, token, count, window)
-            await store.add_items(job, buf, digest.value)
+            await store.add_items(job, buf, digest.value, gen=gen)
             added += len(buf)
         if count < start:
             raise JobConflictError(
                 f"job {job!r} already holds {start} prompts but this input has only {count}. "
                 "Use another job name."
             )
-        await store.seal(job, count)
+        await store.seal(job, count, gen=gen)
         return EnqueueReport(job=job, total=count, added=added, already_queued=count - added)
     finally:
         with contextlib.suppress(SwarmError):

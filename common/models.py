@@ -157,6 +157,10 @@ class JobSpec(msgspec.Struct, frozen=True, omit_defaults=True):
     # answers in it (see common.cache); sampled requests too with ``cache_sampled``.
     cache: bool = False
     cache_sampled: bool = False
+    # Which life of the name this is: set when the job is created (a random token), so that
+    # work taken from a job deleted and queued again under its name is never written into the
+    # new one. Not a setting: a spec asked for has none. '' for jobs created before it was kept.
+    generation: str = ""
 
     def same_settings(self, other: JobSpec) -> bool:
         """True when ``other`` asks for the same model, sampling and reduce (creation details

@@ -30,6 +30,10 @@ class Meta(StrEnum):
     """The fields of a job's meta hash (``Keys.meta``): its spec, counters and timestamps."""
 
     SPEC = "spec"  # msgpack JobSpec, written once by the first producer
+    # A token written with the spec when the job is created: a job deleted (or lost) and
+    # queued again under its name is another generation, and every write of work taken from
+    # the old one is refused (see lua/lib/jobs.lua).
+    GENERATION = "gen"
     REDUCE = "reduce"  # the reduce kind, when the job has one: where workers look for it
     STAGE = "stage"  # the reduce tree level running (0: the job's own prompts)
     ENQUEUED = "enqueued"  # prompts queued so far: the producer's resume point

@@ -22,6 +22,7 @@ __all__ = ["cancel_job", "cancel_main", "retry_main"]
 
 async def _retry(args: argparse.Namespace) -> int:
     async with open_job_store(args, patient=False) as (job, store):
+        gen = (await store.load_spec(job)).generation
         status = await store.status(job)
         if status.total is None and not status.cancelled:
             raise JobConflictError(
@@ -34,7 +35,7 @@ async def _retry(args: argparse.Namespace) -> int:
                 "them as a new job."
             )
         failed = await store.failed_indices(job, set(args.kind) if args.kind else None)
-        n = await store.requeue(job, failed)
+        n = await store.requeue(job, failed, gen=gen)
     if n == 0:
         which = f" of kind {', '.join(args.kind)}" if args.kind else ""
         print(f"job {job}: no failed prompts{which} to retry")
@@ -48,13 +49,14 @@ async def _retry(args: argparse.Namespace) -> int:
 async def cancel_job(store: JobStore, job: str) -> tuple[bool, int]:
     """Stop ``job``, the tree level of its reduce running now included, and end a reduce still
     to come with an error output. Returns (newly cancelled, prompts cancelled now)."""
+    gen = (await store.load_spec(job)).generation
     newly, count = await store.cancel(job)
     status = await store.status(job)
     if status.stage > 0:  # the tree level running now stops too
         count += (await store.cancel(stage_name(job, status.stage)))[1]
     if status.reduce is not None and not status.reduced:
         error = "cancelled by operator (swarm-cancel)"
-        await store.write_final(job, ReduceOutput.failure(job, status.reduce, error))
+        await store.write_final(job, ReduceOutput.failure(job, status.reduce, error), gen=gen)
     return newly, count
 
 

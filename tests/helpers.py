@@ -18,7 +18,7 @@ from producer.stream import collect
 from worker.endpoint import EndpointClient
 from worker.engine import Engine
 
-__all__ = ["collect_lines", "prompts", "run_engine", "serve", "spec", "wait_until"]
+__all__ = ["collect_lines", "gen_of", "prompts", "run_engine", "serve", "spec", "wait_until"]
 
 
 def wait_until(what: str, check: Callable[[], object], timeout_s: float = 60.0) -> None:
@@ -52,6 +52,11 @@ def spec(job: str = "j", max_tokens: int = 16, model: str | None = None) -> JobS
 def prompts(n: int, start: int = 0) -> Iterator[tuple[str, str | None]]:
     """Prompts ``start .. n-1`` as enqueue takes them: ``(prompt, custom_id)``."""
     return ((f"question {i}: what is {i} squared?", None) for i in range(start, n))
+
+
+async def gen_of(store: JobStore, job: str = "j") -> str:
+    """The generation of ``job`` as stored: what every write of its work carries."""
+    return (await store.load_spec(job)).generation
 
 
 async def collect_lines(store: JobStore, job: str) -> list[dict]:

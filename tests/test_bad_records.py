@@ -19,7 +19,7 @@ from producer.enqueue import enqueue_prompts
 from sim.server import SimFleet
 from sim.text import completion_for
 from tests.harness import BIN, Fleet
-from tests.helpers import collect_lines, prompts, run_engine, spec
+from tests.helpers import collect_lines, gen_of, prompts, run_engine, spec
 
 
 async def test_stray_job_names_and_unreadable_specs_block_no_job(
@@ -55,7 +55,9 @@ async def test_an_unreadable_result_fails_its_own_line_only(store: JobStore) -> 
     await enqueue_prompts(store, spec(), prompts(3))
     got = await store.read_new("j", "c", 3)
     await store.commit(
-        "j", [(eid, Result(index=i, text="t"), None) for i, (eid, _) in enumerate(got)]
+        "j",
+        [(eid, Result(index=i, text="t"), None) for i, (eid, _) in enumerate(got)],
+        gen=await gen_of(store, "j"),
     )
     await store.redis.hset(store.keys.results("j"), "1", b"\xc1 damaged")
     await store.redis.hset(store.keys.results("j"), "2", encode(Result(index=0, text="moved")))

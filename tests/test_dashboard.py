@@ -24,7 +24,7 @@ from producer.board import Board, EndpointRow, History, JobRow, read_board
 from producer.dashboard import Dashboard
 from tests.browser import CHROMIUM, Browser
 from tests.harness import BIN, Fleet
-from tests.helpers import prompts, spec
+from tests.helpers import gen_of, prompts, spec
 
 
 def _board(t: float, jobs: dict[str, int], rates: dict[str, float]) -> Board:
@@ -69,8 +69,12 @@ async def test_the_board_shows_every_job_and_sums_each_endpoint_over_live_jobs(
 ) -> None:
     now = time.time()
     await store.create_job(spec("live"))
-    await store.add_items("live", [PromptItem(i, p) for i, (p, _) in enumerate(prompts(10))])
-    await store.seal("live", 10)
+    await store.add_items(
+        "live",
+        [PromptItem(i, p) for i, (p, _) in enumerate(prompts(10))],
+        gen=await gen_of(store, "live"),
+    )
+    await store.seal("live", 10, gen=await gen_of(store, "live"))
     got = await store.read_new("live", "c", 4)
     await store.commit(
         "live",
@@ -78,6 +82,7 @@ async def test_the_board_shows_every_job_and_sums_each_endpoint_over_live_jobs(
             (got[0][0], Result(index=0, text="a"), None),
             (got[1][0], Result(index=1, error="too long", error_kind="rejected"), None),
         ],
+        gen=await gen_of(store, "live"),
     )
     await store.create_job(spec("elsewhere", model="nobody-serves-this"))
     await store.create_job(spec("gone"))

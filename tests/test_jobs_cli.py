@@ -16,7 +16,7 @@ from common.models import Result
 from common.store import JobStore
 from producer.enqueue import enqueue_prompts
 from tests.harness import BIN
-from tests.helpers import prompts, spec, wait_until
+from tests.helpers import gen_of, prompts, spec, wait_until
 
 
 @pytest.fixture
@@ -34,7 +34,9 @@ def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
 async def finish(store: JobStore, job: str) -> None:
     got = await store.read_new(job, "c", 100)
     await store.commit(
-        job, [(eid, Result(index=i, text="t"), None) for i, (eid, _) in enumerate(got)]
+        job,
+        [(eid, Result(index=i, text="t"), None) for i, (eid, _) in enumerate(got)],
+        gen=await gen_of(store, job),
     )
 
 

@@ -18,7 +18,7 @@ from common.settings import Settings
 from common.store import JobStore
 from producer.status import format_endpoints, format_status
 from sim.server import SimFleet
-from tests.helpers import prompts, serve, spec
+from tests.helpers import gen_of, prompts, serve, spec
 from worker.endpoint import EndpointClient
 from worker.engine import Engine
 
@@ -76,7 +76,11 @@ async def test_workers_publish_each_endpoints_figures_and_a_last_word_when_done(
 ) -> None:
     # Not sealed yet: the job stays live, whatever the figures, until the test seals it.
     await store.create_job(spec("live", max_tokens=8))
-    await store.add_items("live", [PromptItem(i, p) for i, (p, _) in enumerate(prompts(600))])
+    await store.add_items(
+        "live",
+        [PromptItem(i, p) for i, (p, _) in enumerate(prompts(600))],
+        gen=await gen_of(store, "live"),
+    )
     await store.create_job(spec("idle"))  # served, never fed: still live when the worker stops
     dead = _nothing_listening()
     settings = make_settings(stats_period_s=0.05, batch_size=16, circuit_failures=2)
@@ -94,7 +98,9 @@ async def test_workers_publish_each_endpoints_figures_and_a_last_word_when_done(
                     and f[failing_later].circuit == "open"
                 ),
             )
-            await store.seal("live", 600)  # now the job is over: each worker says so, once
+            await store.seal(
+                "live", 600, gen=await gen_of(store, "live")
+            )  # now the job is over: each worker says so, once
             over = await _wait_for(
                 store, "live", lambda f: {st.circuit for st in f.values()} == {"finished"}
             )

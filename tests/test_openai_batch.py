@@ -11,7 +11,7 @@ from common.store import JobStore
 from producer.enqueue import enqueue_prompts
 from producer.openai_batch import openai_line
 from producer.stream import collect, line_format
-from tests.helpers import spec
+from tests.helpers import gen_of, spec
 
 
 def test_a_success_is_a_200_response_with_a_completion_body() -> None:
@@ -119,6 +119,7 @@ async def test_collect_writes_openai_lines_in_input_order(store: JobStore) -> No
                 None,
             ),
         ],
+        gen=await gen_of(store, "oa"),
     )
     buf = io.BytesIO()
     report = await collect(store, "oa", buf, line=await line_format(store, "oa", "openai"))

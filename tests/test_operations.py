@@ -16,7 +16,7 @@ from producer.enqueue import enqueue_prompts
 from sim.engine import EngineConfig
 from sim.server import SimFleet
 from sim.text import completion_for
-from tests.helpers import collect_lines, prompts, run_engine, spec
+from tests.helpers import collect_lines, gen_of, prompts, run_engine, spec
 from worker.endpoint import EndpointClient
 from worker.engine import Engine
 
@@ -37,10 +37,14 @@ async def test_retry_requeues_exactly_the_failed_prompts_and_a_second_retry_find
     assert await store.failed_indices("j", {"cancelled"}) == []
 
     # The operator fixes the cause (a server with a longer context) and retries.
-    assert await store.requeue("j", await store.failed_indices("j")) == 4
+    assert (
+        await store.requeue("j", await store.failed_indices("j"), gen=await gen_of(store, "j")) == 4
+    )
     status = await store.status("j")
     assert (status.done, status.failed, status.finished, status.pending) == (36, 0, False, 4)
-    assert await store.requeue("j", await store.failed_indices("j")) == 0
+    assert (
+        await store.requeue("j", await store.failed_indices("j"), gen=await gen_of(store, "j")) == 0
+    )
     async with sim_fleet(1, EngineConfig(max_model_len=4096, step_base_ms=0.5)) as big:
         await run_engine(settings, store, big.urls)
     lines = await collect_lines(store, "j")
@@ -77,7 +81,12 @@ async def test_cancel_records_the_rest_as_cancelled_and_retry_resumes_it(
         with pytest.raises(JobCancelledError, match="was cancelled"):
             await enqueue_prompts(store, spec("j"), prompts(200))
 
-        assert await store.requeue("j", await store.failed_indices("j", {"cancelled"})) == 90
+        assert (
+            await store.requeue(
+                "j", await store.failed_indices("j", {"cancelled"}), gen=await gen_of(store, "j")
+            )
+            == 90
+        )
         assert not (await store.status("j")).cancelled
         await run_engine(settings, store, fleet.urls)
     lines = await collect_lines(store, "j")
@@ -90,12 +99,14 @@ async def test_cancel_of_a_job_still_being_enqueued_seals_it_where_input_stopped
     from common.models import PromptItem
 
     await store.create_job(spec())
-    await store.add_items("j", [PromptItem(i, f"p{i}") for i in range(7)])  # producer still going
+    await store.add_items(
+        "j", [PromptItem(i, f"p{i}") for i in range(7)], gen=await gen_of(store, "j")
+    )  # producer still going
     assert await store.cancel("j") == (True, 7)
     status = await store.status("j")
     assert (status.total, status.failed, status.finished) == (7, 7, True)
     with pytest.raises(JobCancelledError):
-        await store.add_items("j", [PromptItem(7, "late")])
+        await store.add_items("j", [PromptItem(7, "late")], gen=await gen_of(store, "j"))
 
 
 @pytest.mark.slow

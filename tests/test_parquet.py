@@ -22,7 +22,7 @@ from producer import parquet
 from producer.enqueue import enqueue_prompts
 from producer.parquet import collect_to_parquet, part_name
 from tests.harness import BIN
-from tests.helpers import collect_lines, prompts, spec
+from tests.helpers import collect_lines, gen_of, prompts, spec
 
 pd = pytest.importorskip("pandas")
 
@@ -44,7 +44,9 @@ def _result(i: int) -> Result:
 
 
 async def _answer(store: JobStore, got: list[tuple[bytes, Any]], indices: range) -> None:
-    await store.commit("j", [(got[i][0], _result(i), None) for i in indices])
+    await store.commit(
+        "j", [(got[i][0], _result(i), None) for i in indices], gen=await gen_of(store, "j")
+    )
 
 
 def _rows(frame: Any) -> list[dict[str, Any]]:

@@ -22,7 +22,7 @@ from producer.stream import collect
 from sim.engine import EngineConfig
 from sim.server import FaultConfig, SimFleet
 from sim.text import completion_for
-from tests.helpers import collect_lines, prompts, run_engine, spec
+from tests.helpers import collect_lines, gen_of, prompts, run_engine, spec
 from worker.endpoint import Choice, CompletionBody, EndpointClient
 from worker.engine import Engine
 
@@ -77,10 +77,14 @@ async def test_commit_is_first_write_wins_and_counts_only_new_results(store: Job
         (got[0][0], Result(index=0, text="first"), got[0][1]),
         (got[1][0], Result(index=1, error="bad", error_kind="rejected"), got[1][1]),
     ]
-    c = await store.commit("j", first, prompt_tokens=5, completion_tokens=7)
+    c = await store.commit(
+        "j", first, prompt_tokens=5, completion_tokens=7, gen=await gen_of(store, "j")
+    )
     assert (c.done, c.failed) == (1, 1)
     # A redelivered entry's late result never replaces the one already written.
-    c = await store.commit("j", [(got[0][0], Result(index=0, text="second"), None)])
+    c = await store.commit(
+        "j", [(got[0][0], Result(index=0, text="second"), None)], gen=await gen_of(store, "j")
+    )
     assert (c.done, c.failed) == (0, 0)
     lines = [line for line in await collect_lines(store, "j")]
     assert [(x["index"], x["text"], x["error"]) for x in lines] == [
@@ -91,7 +95,9 @@ async def test_commit_is_first_write_wins_and_counts_only_new_results(store: Job
     assert (status.done, status.failed, status.in_flight, status.pending) == (1, 1, 1, 0)
     assert (status.prompt_tokens, status.completion_tokens) == (5, 7)
     assert not status.finished
-    await store.commit("j", [(got[2][0], Result(index=2, text="third"), None)])
+    await store.commit(
+        "j", [(got[2][0], Result(index=2, text="third"), None)], gen=await gen_of(store, "j")
+    )
     status = await store.status("j")
     assert status.finished and status.in_flight == 0
     assert await store.redis.xlen(store.keys.stream("j")) == 0  # acked entries are trimmed
@@ -100,7 +106,11 @@ async def test_commit_is_first_write_wins_and_counts_only_new_results(store: Job
 async def test_collector_writes_only_the_contiguous_prefix(store: JobStore) -> None:
     await enqueue_prompts(store, spec(), prompts(4))
     got = await store.read_new("j", "c", 4)
-    await store.commit("j", [(got[i][0], Result(index=i, text=f"t{i}"), None) for i in (0, 1, 3)])
+    await store.commit(
+        "j",
+        [(got[i][0], Result(index=i, text=f"t{i}"), None) for i in (0, 1, 3)],
+        gen=await gen_of(store, "j"),
+    )
     buf = io.BytesIO()
     report = await collect(store, "j", buf)
     assert [msgspec.json.decode(x)["index"] for x in buf.getvalue().splitlines()] == [0, 1]
@@ -345,9 +355,9 @@ async def test_undecodable_entries_fail_under_their_index(
     settings: Settings, store: JobStore, sim_fleet: Callable[..., SimFleet]
 ) -> None:
     await store.create_job(spec())
-    await store.add_items("j", [PromptItem(0, "good")])
+    await store.add_items("j", [PromptItem(0, "good")], gen=await gen_of(store, "j"))
     await store.redis.xadd(store.keys.stream("j"), {b"d": b"\xc1garbage"}, id="0-2")
-    await store.seal("j", 2)
+    await store.seal("j", 2, gen=await gen_of(store, "j"))
     async with sim_fleet(1) as fleet:
         await run_engine(settings, store, fleet.urls)
     lines = await collect_lines(store, "j")
@@ -363,8 +373,10 @@ async def test_heartbeat_and_release_touch_only_entries_still_owned(store: JobSt
         store.keys.stream("j"), "workers", "fast", 0, mine[:3], justid=True
     )
     assert taken == mine[:3]
-    assert await store.touch("j", "slow", mine) == 3  # the heartbeat keeps only its own 3
-    assert await store.release("j", "slow", mine) == 3
+    assert (
+        await store.touch("j", "slow", mine, gen=await gen_of(store, "j")) == 3
+    )  # the heartbeat keeps only its own 3
+    assert await store.release("j", "slow", mine, gen=await gen_of(store, "j")) == 3
     detail = await store.redis.xpending_range(store.keys.stream("j"), "workers", "-", "+", 10)
     owner = {d["message_id"]: d["consumer"] for d in detail}
     assert [owner[e] for e in mine] == [b"fast"] * 3 + [b"slow"] * 3
@@ -416,6 +428,7 @@ async def test_collect_evict_leaves_only_unwritten_results_in_redis(
     await store.commit(
         "j",
         [(eid, Result(index=i, text=f"t{i}"), None) for i, (eid, _) in enumerate(got) if i < 4500],
+        gen=await gen_of(store, "j"),
     )
     out = str(tmp_path / "out.jsonl")  # type: ignore[operator]
     first = await collect_to_file(store, "j", out, wait=False, progress=False, evict=True)
@@ -425,6 +438,7 @@ async def test_collect_evict_leaves_only_unwritten_results_in_redis(
     await store.commit(
         "j",
         [(eid, Result(index=i, text=f"t{i}"), None) for i, (eid, _) in enumerate(got) if i >= 4500],
+        gen=await gen_of(store, "j"),
     )
     second = await collect_to_file(store, "j", out, wait=False, progress=False, evict=True)
     assert (second.start, second.written, second.complete) == (4500, 500, True)

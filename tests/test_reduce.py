@@ -20,7 +20,7 @@ from producer.enqueue import enqueue_prompts
 from sim.engine import EngineConfig
 from sim.server import SimFleet
 from sim.text import completion_for
-from tests.helpers import prompts, run_engine
+from tests.helpers import gen_of, prompts, run_engine
 from worker.endpoint import EndpointClient
 from worker.engine import Engine
 from worker.reduce import StageBusy
@@ -226,18 +226,22 @@ async def test_a_stage_change_cut_off_halfway_is_finished_by_the_next_run(
             # The leaves' answers, committed as a worker would (what they say does not matter).
             taken = await store.read_new("t", "w", len(leaves))
             await store.commit(
-                "t", [(eid, Result(index=index_of(eid), text="a"), None) for eid, _ in taken]
+                "t",
+                [(eid, Result(index=index_of(eid), text="a"), None) for eid, _ in taken],
+                gen=await gen_of(store, "t"),
             )
             assert (await store.status("t")).finished
             real_add = store.add_items
             calls = 0
 
-            async def add_then_die(job: str, items: list[object], digest: str = "") -> None:
+            async def add_then_die(
+                job: str, items: list[object], digest: str = "", *, gen: str
+            ) -> None:
                 nonlocal calls
                 calls += 1
                 if calls == 2:  # the first chunk of level 1 is in; the process dies
                     raise _Crash
-                await real_add(job, items, digest)  # type: ignore[arg-type]
+                await real_add(job, items, digest, gen=gen)  # type: ignore[arg-type]
 
             store.add_items = add_then_die  # type: ignore[method-assign]
             with pytest.raises(_Crash):

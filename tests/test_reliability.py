@@ -21,7 +21,7 @@ from producer.enqueue import enqueue_prompts
 from sim.engine import EngineConfig
 from sim.server import FaultConfig, SimFleet
 from sim.text import completion_for
-from tests.helpers import collect_lines, prompts, run_engine, serve, spec
+from tests.helpers import collect_lines, gen_of, prompts, run_engine, serve, spec
 from worker.endpoint import EndpointClient
 from worker.engine import Engine
 
@@ -33,7 +33,9 @@ async def _die_running(store: JobStore, n_times: int, ids: list[bytes]) -> None:
         stream = store.keys.stream("j")
         await store.redis.xclaim(stream, "workers", f"crashed-{k}", 0, ids, idle=10**6)
         entries, _ = await store.claim_own_pending("j", f"crashed-{k}", 100)
-        await store.start("j", {eid: n for eid, _, n in entries})
+        await store.start("j", {eid: n for eid, _, n in entries}, gen=await gen_of(store, "j"))
+        # Taking its own entries back reset their idle time: the worker died long ago.
+        await store.redis.xclaim(stream, "workers", f"crashed-{k}", 0, ids, idle=10**6)
 
 
 async def _hand_back(store: JobStore, n_times: int, ids: list[bytes]) -> None:
@@ -41,11 +43,13 @@ async def _hand_back(store: JobStore, n_times: int, ids: list[bytes]) -> None:
     a model it does not serve), then restarts and takes its own back: none of it a death."""
     for _ in range(n_times):
         await store.redis.xclaim(store.keys.stream("j"), "workers", "failing", 0, ids)
-        await store.start("j", dict.fromkeys(ids, 0))
-        assert await store.release("j", "failing", ids) == len(ids)
+        await store.start("j", dict.fromkeys(ids, 0), gen=await gen_of(store, "j"))
+        assert await store.release("j", "failing", ids, gen=await gen_of(store, "j")) == len(ids)
         entries, _ = await store.claim_own_pending("j", "failing", 100)
         assert [(eid, n) for eid, _, n in entries] == [(eid, 0) for eid in ids]
-    await store.release("j", "failing", ids)  # last of all, handed back for anyone to take
+    await store.release(
+        "j", "failing", ids, gen=await gen_of(store, "j")
+    )  # last of all, handed back for anyone to take
 
 
 async def test_entries_that_keep_killing_workers_are_dead_lettered_and_suspects_run_alone(

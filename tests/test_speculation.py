@@ -14,7 +14,7 @@ from producer.enqueue import enqueue_prompts
 from sim.engine import EngineConfig
 from sim.server import SimFleet
 from sim.text import completion_for
-from tests.helpers import collect_lines, prompts, spec
+from tests.helpers import collect_lines, gen_of, prompts, spec
 from worker.endpoint import EndpointClient
 from worker.engine import Engine
 
@@ -22,15 +22,19 @@ from worker.engine import Engine
 async def test_copies_come_only_at_the_tail_oldest_first_each_entry_once(store: JobStore) -> None:
     await enqueue_prompts(store, spec(), prompts(10))
     await store.read_new("j", "a", 4)  # a holds indices 0-3
-    assert await store.copies("j", "b", 10) == []  # six entries were never delivered
+    assert (
+        await store.copies("j", "b", 10, gen=await gen_of(store, "j")) == []
+    )  # six entries were never delivered
     await store.read_new("j", "b", 6)  # b holds 4-9: every entry is out
-    got = await store.copies("j", "b", 3)
+    got = await store.copies("j", "b", 3, gen=await gen_of(store, "j"))
     assert [eid for eid, _ in got] == [b"0-1", b"0-2", b"0-3"]  # a's, oldest first
     assert [decode_item(payload).index for _, payload in got] == [0, 1, 2]
-    assert [eid for eid, _ in await store.copies("j", "b", 10)] == [b"0-4"]  # never b's own
-    assert await store.copies("j", "b", 10) == []  # each entry once
+    assert [eid for eid, _ in await store.copies("j", "b", 10, gen=await gen_of(store, "j"))] == [
+        b"0-4"
+    ]  # never b's own
+    assert await store.copies("j", "b", 10, gen=await gen_of(store, "j")) == []  # each entry once
     # Another endpoint gets what is left: b's, never a's again.
-    assert [eid for eid, _ in await store.copies("j", "c", 10)] == [
+    assert [eid for eid, _ in await store.copies("j", "c", 10, gen=await gen_of(store, "j"))] == [
         f"0-{i}".encode() for i in range(5, 11)
     ]
     # Nothing was claimed: a and b still hold what they took.

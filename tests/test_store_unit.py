@@ -19,6 +19,7 @@ from common.models import JobSpec, PromptItem, Result, SamplingParams
 from common.store import JobStore
 from common.store.scripts import SCRIPT_NAMES, source
 from common.vocab import FailureKind, Meta, failed_field
+from tests.helpers import gen_of
 
 
 @pytest.fixture
@@ -40,10 +41,10 @@ async def test_producer_lock_is_exclusive_and_refreshable(fake: JobStore) -> Non
 
 async def test_seal_records_the_total_once(fake: JobStore) -> None:
     await fake.create_job(JobSpec(job="j"))
-    await fake.seal("j", 5)
-    await fake.seal("j", 5)  # a rerun seals again with the same count
+    await fake.seal("j", 5, gen=await gen_of(fake, "j"))
+    await fake.seal("j", 5, gen=await gen_of(fake, "j"))  # a rerun seals again with the same count
     with pytest.raises(JobConflictError, match="sealed with 5 prompts; this input has 6"):
-        await fake.seal("j", 6)
+        await fake.seal("j", 6, gen=await gen_of(fake, "j"))
     assert (await fake.status("j")).total == 5
 
 
@@ -52,16 +53,24 @@ async def test_job_finishes_when_the_last_result_lands_before_or_after_sealing(
 ) -> None:
     for job, seal_first in (("a", True), ("b", False)):
         await fake.create_job(JobSpec(job=job))
-        await fake.add_items(job, [PromptItem(i, f"p{i}") for i in range(2)])
+        await fake.add_items(
+            job, [PromptItem(i, f"p{i}") for i in range(2)], gen=await gen_of(fake, job)
+        )
         if seal_first:
-            await fake.seal(job, 2)
+            await fake.seal(job, 2, gen=await gen_of(fake, job))
         got = await fake.read_new(job, "c", 2)
-        await fake.commit(job, [(got[0][0], Result(index=0, text="x"), None)])
+        await fake.commit(
+            job, [(got[0][0], Result(index=0, text="x"), None)], gen=await gen_of(fake, job)
+        )
         assert not (await fake.status(job)).finished
-        await fake.commit(job, [(got[1][0], Result(index=1, error="e"), got[1][1])])
+        await fake.commit(
+            job, [(got[1][0], Result(index=1, error="e"), got[1][1])], gen=await gen_of(fake, job)
+        )
         assert (await fake.status(job)).finished is seal_first
         if not seal_first:
-            await fake.seal(job, 2)  # the producer's seal finishes a job whose results are in
+            await fake.seal(
+                job, 2, gen=await gen_of(fake, job)
+            )  # the producer's seal finishes a job whose results are in
         status = await fake.status(job)
         assert (status.finished, status.done, status.failed) == (True, 1, 1)
         assert await fake.unfinished([job]) == []
@@ -103,11 +112,17 @@ def test_every_script_states_its_contract_and_names_meta_fields_from_the_vocabul
 
 async def test_the_meta_fields_the_scripts_write_are_the_vocabulary(fake: JobStore) -> None:
     await fake.create_job(JobSpec(job="j"))
-    await fake.add_items("j", [PromptItem(index=0, prompt="a"), PromptItem(index=1, prompt="b")])
-    await fake.seal("j", 2)
+    await fake.add_items(
+        "j",
+        [PromptItem(index=0, prompt="a"), PromptItem(index=1, prompt="b")],
+        gen=await gen_of(fake, "j"),
+    )
+    await fake.seal("j", 2, gen=await gen_of(fake, "j"))
     ok = Result(index=0, text="A")
     bad = Result(index=1, error="too long", error_kind=FailureKind.REJECTED)
-    await fake.commit("j", [(b"0-1", ok, None), (b"0-2", bad, b"payload")], 3, 4)
+    await fake.commit(
+        "j", [(b"0-1", ok, None), (b"0-2", bad, b"payload")], 3, 4, gen=await gen_of(fake, "j")
+    )
     fields = set(await fake.meta("j"))
     assert fields - {m.value for m in Meta} == {failed_field(FailureKind.REJECTED)}
     assert {Meta.DONE, Meta.FAILED, Meta.TOTAL, Meta.FINISHED_S, Meta.ENQUEUED} <= fields

@@ -7,7 +7,7 @@ from __future__ import annotations
 from common.models import Result
 from common.store import Commit, JobStore
 from producer.enqueue import enqueue_prompts
-from tests.helpers import prompts, spec
+from tests.helpers import gen_of, prompts, spec
 
 
 def _ok(entries: list[tuple[bytes, bytes | None]]) -> list[tuple[bytes, Result, None]]:
@@ -26,13 +26,13 @@ async def test_commits_in_any_order_trim_the_stream_up_to_its_oldest_unfinished_
     second = await store.read_new("j", "b", 3)  # 0-4 .. 0-6
     assert await store.job_has_work("j")
 
-    assert await store.commit("j", _ok(second)) == Commit(3, 0)
+    assert await store.commit("j", _ok(second), gen=await gen_of(store, "j")) == Commit(3, 0)
     # The oldest entries are still pending: nothing after them is trimmed yet.
     assert await _stream_ids(store) == [f"0-{i}".encode() for i in range(1, 11)]
     status = await store.status("j")
     assert (status.done, status.in_flight, status.pending) == (3, 3, 4)
 
-    assert await store.commit("j", _ok(first)) == Commit(3, 0)
+    assert await store.commit("j", _ok(first), gen=await gen_of(store, "j")) == Commit(3, 0)
     # Nothing pending: every delivered entry goes; the four never delivered stay.
     assert await _stream_ids(store) == [f"0-{i}".encode() for i in range(7, 11)]
     status = await store.status("j")
@@ -41,7 +41,7 @@ async def test_commits_in_any_order_trim_the_stream_up_to_its_oldest_unfinished_
 
     rest = await store.read_new("j", "a", 10)
     assert await store.job_has_work("j")  # pending, though none is undelivered
-    assert await store.commit("j", _ok(rest)) == Commit(4, 0)
+    assert await store.commit("j", _ok(rest), gen=await gen_of(store, "j")) == Commit(4, 0)
     assert await _stream_ids(store) == []
     status = await store.status("j")
     assert (status.done, status.in_flight, status.pending, status.finished) == (10, 0, 0, True)
@@ -52,8 +52,10 @@ async def test_a_commit_counts_an_index_once_even_when_it_comes_twice(store: Job
     await enqueue_prompts(store, spec(), prompts(3))
     taken = await store.read_new("j", "a", 3)
     twice = [*_ok(taken[:1]), (taken[0][0], Result(index=0, text="again"), None)]
-    assert await store.commit("j", twice) == Commit(1, 0)
-    assert await store.commit("j", _ok(taken)) == Commit(2, 0)  # index 0 already has its result
+    assert await store.commit("j", twice, gen=await gen_of(store, "j")) == Commit(1, 0)
+    assert await store.commit("j", _ok(taken), gen=await gen_of(store, "j")) == Commit(
+        2, 0
+    )  # index 0 already has its result
     assert [r.text for r in await store.read_results("j", 3)] == ["x", "x", "x"]
     assert (await store.status("j")).done == 3
 

@@ -241,7 +241,8 @@ async def advance(ctx: dict[str, Any], job: str, level: int) -> str:
         return await engine.reducer.advance(job, level)
     except (StoreUnavailable, EndpointRetryable, StageBusy) as exc:
         if ctx.get("job_try", 1) >= ADVANCE_TRIES:
-            return await engine.reducer.fail(job, f"stage {level} could not advance: {exc}")
+            spec = await engine.store.load_spec(job)
+            return await engine.reducer.fail(spec, f"stage {level} could not advance: {exc}")
         log.info("job %s: stage %d not advanced yet (%s); retrying", job, level, exc)
         raise Retry(defer=ctx.get("job_try", 1) * 5) from None
 

@@ -21,6 +21,7 @@ from common.backoff import backoff_s
 from common.errors import (
     EndpointError,
     EndpointUnusable,
+    JobGoneError,
     ModelNotServed,
     StoreUnavailable,
 )
@@ -214,10 +215,14 @@ class EndpointDrainer:
                 self.circuit.trip(exc)
                 return False
         await self.engine.refresh_jobs()
-        got = await self._next_batch(block_ms)
+        try:
+            got = await self._next_batch(block_ms)
+        except JobGoneError as exc:  # its stream went while this slot read it
+            self.engine.job_gone(exc)
+            return False
         if got is None:
             return False
-        await self.process(got.job, got.deliveries, copy=got.copy)
+        await self.process(got.spec, got.deliveries, copy=got.copy)
         return True
 
     # -- taking work --------------------------------------------------------------------
@@ -228,52 +233,66 @@ class EndpointDrainer:
         # runs batches of some priority, nothing below it starts: the engine lightens as the
         # lower work finishes, and the urgent prompts decode faster.
         top = max((p for p, _ in self._running.values()), default=None)
-        served = [
-            (job, spec.priority)
+        specs = {
+            job: spec
             for job, spec in list(self.engine.jobs.items())
             if self.serves(spec) and (top is None or spec.priority >= top)
-        ]
-        jobs = service_order(served, self._rr)
+        }
+        jobs = service_order([(job, spec.priority) for job, spec in specs.items()], self._rr)
         self._rr += 1
-        return await self.intake.next(jobs, block_ms, idle=not self._running)
+        return await self.intake.next([specs[j] for j in jobs], block_ms, idle=not self._running)
 
     # -- doing work ---------------------------------------------------------------------
 
-    async def process(self, job: str, deliveries: list[Delivery], *, copy: bool = False) -> None:
-        """Finish one batch, each entry by how many workers died running it (see
-        :class:`~worker.deliveries.Triage`). A release (a failing endpoint, a model not served)
-        or a restart taking back its own batches is no death: only a run that never finished
-        is. A speculative ``copy`` runs like any batch: the heartbeat and a release act only on
-        entries this consumer holds, so on a copy they do nothing."""
+    async def process(
+        self, spec: JobSpec, deliveries: list[Delivery], *, copy: bool = False
+    ) -> None:
+        """Finish one batch of ``spec``'s job, each entry by how many workers died running it
+        (see :class:`~worker.deliveries.Triage`). A release (a failing endpoint, a model not
+        served) or a restart taking back its own batches is no death: only a run that never
+        finished is. A speculative ``copy`` runs like any batch: the heartbeat and a release act
+        only on entries this consumer holds, so on a copy they do nothing. Every write carries
+        the generation of ``spec``: if the job is gone (deleted, lost, queued again under its
+        name), the batch is dropped and the engine told, once."""
+        job = spec.job
         sorted_ = Triage(deliveries, self.settings.max_deliveries)
         ids = [eid for eid, _, _ in deliveries]
         # Everything taken stays ours until done: refreshed claims, and never restarted by a
         # sibling slot's reclaim while it waits for its turn here.
-        heartbeat = asyncio.create_task(self._keep_claimed(job, ids))
+        heartbeat = asyncio.create_task(self._keep_claimed(spec, ids))
         self.intake.in_hand.update(ids)
         self.figures.job(job, time.monotonic())  # its rate counts from its first batch
         try:
             if sorted_.dead:
-                await self._dead_letter(job, sorted_.dead)
+                await self._dead_letter(spec, sorted_.dead)
             if sorted_.fresh:
-                await self._run_batch(job, sorted_.fresh, copy=copy)
+                await self._run_batch(spec, sorted_.fresh, copy=copy)
             for suspect in sorted_.suspects:
-                await self._run_batch(job, [suspect])
+                await self._run_batch(spec, [suspect])
+        except JobGoneError as exc:
+            # Entries read under a stale spec belong to the job that holds the name now: this
+            # consumer takes them back once the engine has read that job.
+            self.engine.job_gone(exc, spec)
+            self.intake.look_again()
         finally:
             heartbeat.cancel()
             self.intake.in_hand.difference_update(ids)
 
-    async def _dead_letter(self, job: str, dead: list[Delivery]) -> None:
+    async def _dead_letter(self, spec: JobSpec, dead: list[Delivery]) -> None:
         results = dead_letters(dead, self.client.label)
-        commit = await self._commit(job, results)
+        commit = await self._commit(spec, results)
         self.figures.dead_lettered += commit.failed
-        self._count(job, commit)
-        log.warning("%s: dead-lettered %d entries of job %s", self.client.label, len(dead), job)
+        self._count(spec.job, commit)
+        log.warning(
+            "%s: dead-lettered %d entries of job %s", self.client.label, len(dead), spec.job
+        )
 
-    async def _run_batch(self, job: str, deliveries: list[Delivery], *, copy: bool = False) -> None:
+    async def _run_batch(
+        self, spec: JobSpec, deliveries: list[Delivery], *, copy: bool = False
+    ) -> None:
         """Complete one batch and commit it; on giving up, release it to other workers. A
         ``copy`` is not marked as running (its run is no entry's death) and preempts nothing."""
-        spec = self.engine.jobs.get(job) or await self.store.load_spec(job)
+        job, gen = spec.job, spec.generation
         ids = [eid for eid, _, _ in deliveries]
         items, results = decode_deliveries(deliveries, self.client.label)
         validator = self.engine.validator(spec)
@@ -287,7 +306,7 @@ class EndpointDrainer:
         try:
             if items and not copy:
                 deaths = {eid: n for eid, _, n in deliveries}
-                await self.store.start(job, {eid: deaths[eid] for eid, _, _ in items})
+                await self.store.start(job, {eid: deaths[eid] for eid, _, _ in items}, gen=gen)
                 self._preempt_below(spec.priority, job)
             if items:
                 model = self.served.model_for(spec)
@@ -303,13 +322,13 @@ class EndpointDrainer:
                     results.append((eid, result, payload))
         except (GiveUp, EndpointUnusable, ModelNotServed) as exc:
             cause = exc.cause if isinstance(exc, GiveUp) else exc
-            await self._release(job, ids, cause, self.served.model_for(spec))
+            await self._release(spec, ids, cause, self.served.model_for(spec))
             return
         except asyncio.CancelledError:
             # Preempted by a batch of a more urgent job, or stopped past the grace period:
             # the batch goes back, and its run is no death.
-            with contextlib.suppress(StoreUnavailable):
-                await asyncio.shield(self.store.release(job, self.consumer, ids))
+            with contextlib.suppress(StoreUnavailable, JobGoneError):
+                await asyncio.shield(self.store.release(job, self.consumer, ids, gen=gen))
             if work is not None and work in self._preempted:
                 self.figures.preempted += len(ids)
                 log.debug("%s: preempted %d prompts of job %s", self.client.label, len(ids), job)
@@ -320,7 +339,7 @@ class EndpointDrainer:
                 self._running.pop(work, None)
                 self._preempted.discard(work)
         # Shielded: once results exist, finishing the (atomic) commit beats redoing them.
-        commit = await self._commit(job, results, tally.prompt_tokens, tally.completion_tokens)
+        commit = await self._commit(spec, results, tally.prompt_tokens, tally.completion_tokens)
         self._count(job, commit)
         if keys and sent:
             await self.cache.keep(keys, sent)
@@ -350,19 +369,22 @@ class EndpointDrainer:
 
     async def _commit(
         self,
-        job: str,
+        spec: JobSpec,
         results: list[tuple[bytes, Result, bytes | None]],
         prompt_tokens: int = 0,
         completion_tokens: int = 0,
     ) -> Commit:
         """Commit, retrying through a Redis outage: the results are computed and the commit is
         idempotent (first write wins), so keeping them beats redoing the batch. Shielded, so a
-        cancellation does not cut a commit short either."""
+        cancellation does not cut a commit short either. :class:`JobGoneError` when the job is
+        no longer of ``spec``'s generation: nothing was written."""
         attempt = 0
         while True:
             try:
                 return await asyncio.shield(
-                    self.store.commit(job, results, prompt_tokens, completion_tokens)
+                    self.store.commit(
+                        spec.job, results, prompt_tokens, completion_tokens, gen=spec.generation
+                    )
                 )
             except StoreUnavailable as exc:
                 attempt += 1
@@ -374,21 +396,23 @@ class EndpointDrainer:
                 )
                 await asyncio.sleep(self._backoff(attempt))
 
-    async def _keep_claimed(self, job: str, ids: list[bytes]) -> None:
-        """Refresh our claim on a long batch so no other worker takes it as orphaned."""
+    async def _keep_claimed(self, spec: JobSpec, ids: list[bytes]) -> None:
+        """Refresh our claim on a long batch so no other worker takes it as orphaned (a job
+        gone meanwhile has nothing left to claim: its batch learns so at its commit)."""
         period = self.settings.claim_idle_ms / 3000
         while True:
             await asyncio.sleep(period)
-            with contextlib.suppress(StoreUnavailable):
-                await self.store.touch(job, self.consumer, ids)
+            with contextlib.suppress(StoreUnavailable, JobGoneError):
+                await self.store.touch(spec.job, self.consumer, ids, gen=spec.generation)
 
     async def _release(
-        self, job: str, ids: list[bytes], cause: EndpointError, model: str | None
+        self, spec: JobSpec, ids: list[bytes], cause: EndpointError, model: str | None
     ) -> None:
         """Give up a batch: hand back the entries still ours, and record what the failure
         says about the endpoint or the job's model."""
+        job = spec.job
         with contextlib.suppress(StoreUnavailable):
-            await self.store.release(job, self.consumer, ids)
+            await self.store.release(job, self.consumer, ids, gen=spec.generation)
         self.engine.reclaim_soon(job)  # this worker's other endpoints take them at once
         if isinstance(cause, ModelNotServed):
             # The job's trouble, not the endpoint's: stop taking the job until the served

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 from common.errors import (
     BadRecordError,
     ConfigError,
+    JobGoneError,
     JobNotFoundError,
     StoreUnavailable,
     SwarmError,
@@ -88,6 +89,7 @@ class Engine:
         # Per urgent job, the batches one endpoint may start by preemption (see _fair_shares).
         self.shares: dict[str, int] = {}
         self._unreadable: set[str] = set()  # jobs whose spec cannot be read, logged once
+        self._gone: set[tuple[str, str]] = set()  # (job, generation) found gone, logged once
         self._refreshed_at = -math.inf
         self._refresh_lock = asyncio.Lock()
         self._stopping = asyncio.Event()
@@ -148,8 +150,12 @@ class Engine:
                     log.info("serving job %s", name)
             for name in list(self.jobs):
                 if name not in unfinished:
-                    del self.jobs[name]
-                    log.info("job %s finished", name)
+                    spec = self.jobs.pop(name)
+                    if name in names:
+                        log.info("job %s finished", name)
+                    else:
+                        why = f"job {name!r} is gone: deleted, or lost with a Redis restarted empty"
+                        self._say_gone(name, spec.generation, why)
             pending = await self.store.reduces_pending(names)
             # A stage still running is work of its own stage job; only a finished stage waits
             # on the reduce itself.
@@ -162,6 +168,24 @@ class Engine:
                     except SwarmError as exc:
                         log.warning("job %s: cannot advance stage %d yet: %s", job, level, exc)
             self._refreshed_at = time.monotonic()
+
+    def job_gone(self, exc: JobGoneError, spec: JobSpec | None = None) -> None:
+        """Work of a job was refused: that job is gone (deleted, lost with Redis, or queued
+        again under its name). Forget the spec held for it (``spec``'s, if the work came with
+        one), so that the next step reads whatever holds the name now; say so once per
+        generation."""
+        held = self.jobs.get(exc.job)
+        if held is not None and (spec is None or held.generation == spec.generation):
+            del self.jobs[exc.job]
+        self._refreshed_at = -math.inf
+        known = spec or held
+        self._say_gone(exc.job, known.generation if known else "", str(exc))
+
+    def _say_gone(self, job: str, gen: str, why: str) -> None:
+        """Log, once per generation of ``job``, that this worker lost it and drops its work."""
+        if (job, gen) not in self._gone:
+            self._gone.add((job, gen))
+            log.warning("%s; this worker drops every batch it held of it", why)
 
     async def _fair_shares(self) -> dict[str, int]:
         """For each job above the lowest priority served: how many of its batches one endpoint

@@ -18,6 +18,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import NamedTuple
 
+from common.models import JobSpec
 from common.settings import Settings
 from common.store import JobStore
 
@@ -35,12 +36,17 @@ Delivery = tuple[bytes, bytes | None, int]
 
 
 class Taken(NamedTuple):
-    """A batch for a slot: its job and entries; ``copy``: a speculative copy of entries other
+    """A batch for a slot: its job (as it was when the batch was taken: its generation is what
+    the batch's writes carry) and entries; ``copy``: a speculative copy of entries other
     consumers hold (not ours to release, and no run of them is a death)."""
 
-    job: str
+    spec: JobSpec
     deliveries: list[Delivery]
     copy: bool = False
+
+    @property
+    def job(self) -> str:
+        return self.spec.job
 
 
 def service_order(jobs: list[tuple[str, int]], turn: int) -> list[str]:
@@ -76,7 +82,7 @@ class Intake:
         self.in_hand: set[bytes] = set()
         self._ready: set[str] = set()  # jobs whose own leftovers have been taken back
         self._recovery_lock = asyncio.Lock()
-        self._recovered: deque[tuple[str, list[Delivery]]] = deque()
+        self._recovered: deque[tuple[JobSpec, list[Delivery]]] = deque()
         self._reclaim_at: dict[str, float] = {}  # when to look for orphans again (monotonic)
         self._reclaim_lock = asyncio.Lock()
         # Released entries are reclaimable at once: look for them (and for orphans) often.
@@ -96,15 +102,15 @@ class Intake:
         self._ready.clear()
 
     async def next(
-        self, jobs: list[str], block_ms: int | None, *, idle: bool = False
+        self, jobs: list[JobSpec], block_ms: int | None, *, idle: bool = False
     ) -> Taken | None:
         """The next batch among ``jobs`` (in the order given), or None; ``block_ms`` waits that
         long for new entries of the first job when nothing is there at once. Only an ``idle``
         endpoint (no batch in flight) takes speculative copies: in a busy one they would queue
         behind its own batches and could not finish first."""
-        for job in jobs:
-            if job not in self._ready:
-                await self._recover(job)
+        for spec in jobs:
+            if spec.job not in self._ready:
+                await self._recover(spec)
         if self._recovered:
             return Taken(*self._recovered.popleft())
         if not jobs:
@@ -112,26 +118,29 @@ class Intake:
                 await self.sleep(block_ms / 1000)
             return None
         batch = self.settings.batch_size
-        for job in jobs:  # per job, in order: its orphaned or released entries, then new ones
-            claimed = await self._reclaim(job)
+        for spec in jobs:  # per job, in order: its orphaned or released entries, then new ones
+            claimed = await self._reclaim(spec.job)
             if claimed:
-                return Taken(job, claimed)
-            entries = await self.store.read_new(job, self.consumer, batch)
+                return Taken(spec, claimed)
+            entries = await self.store.read_new(spec.job, self.consumer, batch)
             if entries:
-                return Taken(job, [(eid, payload, 0) for eid, payload in entries])
+                return Taken(spec, [(eid, payload, 0) for eid, payload in entries])
         if idle and self.settings.speculate:
-            for job in jobs:
-                copies = await self._copies(job)
+            for spec in jobs:
+                copies = await self._copies(spec)
                 if copies:
-                    return Taken(job, copies, copy=True)
+                    return Taken(spec, copies, copy=True)
         if block_ms:
-            entries = await self.store.read_new(jobs[0], self.consumer, batch, block_ms=block_ms)
+            first = jobs[0]
+            entries = await self.store.read_new(first.job, self.consumer, batch, block_ms=block_ms)
             if entries:
-                return Taken(jobs[0], [(eid, payload, 0) for eid, payload in entries])
+                return Taken(first, [(eid, payload, 0) for eid, payload in entries])
         return None
 
-    async def _recover(self, job: str) -> None:
-        """Queue this consumer's own unacknowledged entries of ``job`` (left by a previous run)."""
+    async def _recover(self, spec: JobSpec) -> None:
+        """Queue this consumer's own unacknowledged entries of ``spec``'s job (left by a
+        previous run)."""
+        job = spec.job
         async with self._recovery_lock:
             if job in self._ready:
                 return
@@ -142,7 +151,7 @@ class Intake:
                 )
                 if entries:
                     self.in_hand.update(eid for eid, _, _ in entries)
-                    self._recovered.append((job, entries))
+                    self._recovered.append((spec, entries))
             if self._recovered:
                 log.info(
                     "%s: resuming %d own unfinished batches of job %s",
@@ -152,13 +161,14 @@ class Intake:
                 )
             self._ready.add(job)
 
-    async def _copies(self, job: str) -> list[Delivery]:
-        """Speculative copies of ``job``'s entries other consumers hold, when it is time to
-        look again; a full batch may mean more: look again next step."""
+    async def _copies(self, spec: JobSpec) -> list[Delivery]:
+        """Speculative copies of ``spec``'s job's entries other consumers hold, when it is time
+        to look again; a full batch may mean more: look again next step."""
+        job = spec.job
         if not _due(self._copies_at, job):
             return []
         batch = self.settings.batch_size
-        copies = await self.store.copies(job, self.consumer, batch)
+        copies = await self.store.copies(job, self.consumer, batch, gen=spec.generation)
         rest = self.settings.poll_ms / 1000 if copies else NO_COPIES_REST_S
         self._copies_at[job] = _after(len(copies) == batch, rest)
         return [(eid, payload, 0) for eid, payload in copies]

@@ -14,7 +14,6 @@ output is written once. No client needs to be attached for a job to go from map 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import uuid
 from collections.abc import Sequence
@@ -24,6 +23,7 @@ import msgspec
 from common.errors import (
     EndpointError,
     EndpointRetryable,
+    JobGoneError,
     ProducerBusyError,
     StoreUnavailable,
     SwarmError,
@@ -86,27 +86,30 @@ class Reducer:
         Redis or the endpoints being unreachable, or another worker advancing the same stage,
         raise (a later sweep or arq retry runs it again); any other failure is final and
         becomes the output's ``error``, so a job never waits forever on a reduce that cannot
-        run.
+        run. Every write carries the generation of the job as read first: a job deleted and
+        queued again under its name meanwhile gets nothing of this one's reduce.
         """
+        spec = await self.store.load_spec(job)
         try:
-            return await self._advance(job, level)
+            return await self._advance(spec, level)
         except (StoreUnavailable, EndpointRetryable, StageBusy):
             raise
+        except JobGoneError:
+            log.warning("job %s: gone while its reduce ran; nothing written", job)
+            return "gone"
         except Exception as exc:
             log.exception("job %s: the reduce failed at stage %d", job, level)
-            return await self.fail(job, f"reduce failed at stage {level}: {exc}")
+            return await self.fail(spec, f"reduce failed at stage {level}: {exc}")
 
-    async def fail(self, job: str, error: str) -> str:
-        """End ``job``'s reduce with ``error`` as its output."""
-        kind = "?"
-        with contextlib.suppress(SwarmError):
-            spec = await self.store.load_spec(job)
-            kind = spec.reduce.kind if spec.reduce else kind
-        await self.store.write_final(job, ReduceOutput.failure(job, kind, error))
+    async def fail(self, spec: JobSpec, error: str) -> str:
+        """End the reduce of ``spec``'s job with ``error`` as its output."""
+        kind = spec.reduce.kind if spec.reduce else "?"
+        output = ReduceOutput.failure(spec.job, kind, error)
+        await self.store.write_final(spec.job, output, gen=spec.generation)
         return "failed"
 
-    async def _advance(self, job: str, level: int) -> str:
-        spec = await self.store.load_spec(job)
+    async def _advance(self, spec: JobSpec, level: int) -> str:
+        job = spec.job
         reduce = spec.reduce
         if reduce is None:
             return "no reduce stage"
@@ -124,17 +127,17 @@ class Reducer:
             return f"stage {level} not finished"
         results = await self.store.read_results(name, status.total)
         if reduce.kind != "tree":
-            await self.store.write_final(job, aggregate(job, reduce, results, self.allowed))
+            output = aggregate(job, reduce, results, self.allowed)
+            await self.store.write_final(job, output, gen=spec.generation)
             log.info("job %s: %s reduce written", job, reduce.kind)
             return "reduced"
         answers = [r for r in results if r.ok]
         if len(answers) <= 1:  # one answer remains (or none): that is the tree's output
-            return await self._finish_tree(job, reduce, level, answers)
-        return await self._next_level(job, spec, reduce, level, answers)
+            return await self._finish_tree(spec, level, answers)
+        return await self._next_level(spec, reduce, level, answers)
 
-    async def _finish_tree(
-        self, job: str, reduce: ReduceSpec, level: int, answers: list[Result]
-    ) -> str:
+    async def _finish_tree(self, spec: JobSpec, level: int, answers: list[Result]) -> str:
+        job = spec.job
         failed, levels = [], []
         used = 0
         for lv in range(level + 1):
@@ -168,14 +171,14 @@ class Reducer:
             error=error,
             finished_s=timestamp_s(),
         )
-        await self.store.write_final(job, output)
+        await self.store.write_final(job, output, gen=spec.generation)
         log.info("job %s: tree reduce finished after %d level(s)", job, level)
         return "reduced"
 
     async def _next_level(
-        self, job: str, spec: JobSpec, reduce: ReduceSpec, level: int, answers: list[Result]
+        self, spec: JobSpec, reduce: ReduceSpec, level: int, answers: list[Result]
     ) -> str:
-        nxt = level + 1
+        job, nxt = spec.job, level + 1
         max_tokens = supervisor_max_tokens(spec, reduce)
         template = reduce.prompt or "{responses}"
         model, budget = await self._budget(spec, max_tokens)
@@ -200,7 +203,11 @@ class Reducer:
         except ProducerBusyError as exc:
             raise StageBusy(str(exc)) from None
         await self.store.set_stage(
-            job, nxt, split_groups=grouping.split, truncated=grouping.truncated
+            job,
+            nxt,
+            gen=spec.generation,
+            split_groups=grouping.split,
+            truncated=grouping.truncated,
         )
         log.info(
             "job %s: level %d queued, %d supervisor prompts over %d answers",

@@ -26,7 +26,7 @@ from redis.exceptions import (
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from common.errors import StoreAccessDenied, StoreFull, StoreUnavailable
+from common.errors import JobGoneError, StoreAccessDenied, StoreFull, StoreUnavailable
 from common.settings import mask_url
 
 __all__ = [
@@ -121,9 +121,16 @@ def cluster_node_of(url: str, key: str, *, ca_file: str = "") -> tuple[str, int]
         client.close()
 
 
+# Error codes that mean the job a command was for is gone: GONE, from a script refusing work
+# of another generation (lua/lib/jobs.lua); NOGROUP, a job's stream and consumer group deleted
+# (or lost with a Redis restarted empty) under a reader.
+_GONE_CODES = ("GONE", "NOGROUP")
+
+
 @contextlib.asynccontextmanager
-async def redis_errors(url: str) -> AsyncIterator[None]:
-    """Translate redis-py's failures into swarm-queue's store errors (the one boundary)."""
+async def redis_errors(url: str, job: str = "") -> AsyncIterator[None]:
+    """Translate redis-py's failures into swarm-queue's store errors (the one boundary);
+    ``job``: the job the commands are for, named by a :class:`JobGoneError`."""
     try:
         yield
     except (AuthenticationError, AuthorizationError, NoPermissionError) as exc:
@@ -132,6 +139,8 @@ async def redis_errors(url: str) -> AsyncIterator[None]:
             "the URL, and the user's ACL: it needs the key prefix's keys and stream commands)"
         ) from None
     except ResponseError as exc:
+        if redis_code(exc) in _GONE_CODES:
+            raise JobGoneError(job or "?") from None
         if redis_code(exc) in ("MOVED", "ASK", "CLUSTERDOWN", "CROSSSLOT"):
             raise StoreUnavailable(
                 f"Redis at {mask_url(url)} is a Redis Cluster node ({redis_code(exc)}): set "

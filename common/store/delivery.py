@@ -1,5 +1,8 @@
 """The workers' side: taking entries (new, own leftovers, orphans), marking them running,
-heartbeats and releases, and the atomic commit of their results."""
+heartbeats and releases, and the atomic commit of their results.
+
+Every write carries the generation of the job the work was taken from (``JobSpec.generation``):
+a job deleted, or lost, and queued again under its name refuses it with :class:`JobGoneError`."""
 
 from __future__ import annotations
 
@@ -45,7 +48,7 @@ class Delivery(StoreBase):
 
         ``block_ms`` None returns at once; otherwise waits up to that long for new entries.
         """
-        async with redis_errors(self.url):
+        async with redis_errors(self.url, job):
             reply = await self.redis.xreadgroup(
                 GROUP, consumer, {self.keys.stream(job): ">"}, count=count, block=block_ms
             )
@@ -66,7 +69,7 @@ class Delivery(StoreBase):
         done). ``exclude``: entries this consumer is still working on."""
         stream = self.keys.stream(job)
         start = after if after == b"-" else b"(" + after
-        async with redis_errors(self.url):
+        async with redis_errors(self.url, job):
             pending = await self.redis.xpending_range(stream, GROUP, start, "+", count, consumer)
             if not pending:
                 return [], None
@@ -79,7 +82,7 @@ class Delivery(StoreBase):
         """Take over up to ``count`` entries idle for ``min_idle_ms`` in any consumer's hands
         (released, or orphaned by a dead worker)."""
         stream = self.keys.stream(job)
-        async with redis_errors(self.url):
+        async with redis_errors(self.url, job):
             reply = await self.redis.xautoclaim(
                 stream, GROUP, consumer, min_idle_ms, start_id="0-0", count=count
             )
@@ -97,43 +100,51 @@ class Delivery(StoreBase):
             for (eid, f), n in zip(claimed, marks, strict=True)
         ]
 
-    async def copies(self, job: str, consumer: str, count: int) -> list[tuple[bytes, bytes]]:
+    async def copies(
+        self, job: str, consumer: str, count: int, *, gen: str
+    ) -> list[tuple[bytes, bytes]]:
         """Up to ``count`` entries other consumers hold, to run again as speculative copies
         (see ``lua/copy.lua``): only at the job's tail, each entry once. Nothing is claimed."""
-        keys = [self.keys.stream(job), self.keys.copies(job)]
-        async with redis_errors(self.url):
-            flat = await self.scripts.copy(keys=keys, args=[GROUP, consumer, count])
+        keys = [self.keys.stream(job), self.keys.copies(job), self.keys.meta(job)]
+        async with redis_errors(self.url, job):
+            flat = await self.scripts.copy(keys=keys, args=[GROUP, consumer, count, gen])
         return [(flat[i], flat[i + 1]) for i in range(0, len(flat), 2)]
 
-    async def start(self, job: str, deaths: Mapping[bytes, int]) -> None:
+    async def start(self, job: str, deaths: Mapping[bytes, int], *, gen: str) -> None:
         """Mark entries as running: a mark is taken back by their commit or release, so a mark
         still there when the entry is taken again is a worker that died running it. ``deaths``
         are the marks found when the entries were taken (0 for a first delivery): the taker
-        owns them now, so one plain HSET writes each plus one (no script, no read)."""
+        owns them now, so each is written plus one, with no read. Refused with
+        :class:`JobGoneError` before anything is sent if the job is not of generation ``gen``."""
         if deaths:
             marks = [x for eid, n in deaths.items() for x in (eid, n + 1)]
-            async with redis_errors(self.url):
-                await self.redis.hset(self.keys.running(job), items=marks)
+            keys = [self.keys.running(job), self.keys.meta(job)]
+            async with redis_errors(self.url, job):
+                await self.scripts.start(keys=keys, args=[gen, *marks])
 
-    async def touch(self, job: str, consumer: str, entry_ids: Sequence[bytes]) -> int:
+    async def touch(self, job: str, consumer: str, entry_ids: Sequence[bytes], *, gen: str) -> int:
         """Reset the idle time of entries this consumer still owns, so none takes them as
         orphaned; returns how many it still owns."""
-        return await self._claim_own(job, consumer, entry_ids, "")
+        return await self._claim_own(job, consumer, entry_ids, "", gen)
 
-    async def release(self, job: str, consumer: str, entry_ids: Sequence[bytes]) -> int:
+    async def release(
+        self, job: str, consumer: str, entry_ids: Sequence[bytes], *, gen: str
+    ) -> int:
         """Hand entries back at once: mark the ones still ours long idle, so any worker's
         reclaim takes them without waiting for the claim idle time."""
-        return await self._claim_own(job, consumer, entry_ids, str(RELEASED_IDLE_MS))
+        return await self._claim_own(job, consumer, entry_ids, str(RELEASED_IDLE_MS), gen)
 
     async def _claim_own(
-        self, job: str, consumer: str, entry_ids: Sequence[bytes], idle: str
+        self, job: str, consumer: str, entry_ids: Sequence[bytes], idle: str, gen: str
     ) -> int:
         if not entry_ids:
             return 0
         ids = sorted(entry_ids, key=id_key)
-        keys = [self.keys.stream(job), self.keys.running(job)]
-        async with redis_errors(self.url):
-            return int(await self.scripts.claim_mine(keys=keys, args=[GROUP, consumer, idle, *ids]))
+        keys = [self.keys.stream(job), self.keys.running(job), self.keys.meta(job)]
+        async with redis_errors(self.url, job):
+            return int(
+                await self.scripts.claim_mine(keys=keys, args=[GROUP, consumer, idle, gen, *ids])
+            )
 
     async def commit(
         self,
@@ -141,13 +152,16 @@ class Delivery(StoreBase):
         entries: Iterable[tuple[bytes, Result, bytes | None]],
         prompt_tokens: int = 0,
         completion_tokens: int = 0,
+        *,
+        gen: str,
     ) -> Commit:
         """Write each result under its index (first write wins) and ack its entry, atomically.
 
         ``entries`` are ``(entry_id, result, original payload)``; a failure's payload is kept so
-        that ``swarm-retry`` can queue the prompt again.
+        that ``swarm-retry`` can queue the prompt again. Work of another generation of the job
+        than ``gen`` is refused whole with :class:`JobGoneError`.
         """
-        args: list[Any] = [GROUP, f"{time.time():.3f}", prompt_tokens, completion_tokens]
+        args: list[Any] = [GROUP, f"{time.time():.3f}", prompt_tokens, completion_tokens, gen]
         for entry_id, result, payload in entries:
             kind = ("+" if result.cached else "") if result.ok else (result.error_kind or "error")
             args += [
@@ -157,7 +171,7 @@ class Delivery(StoreBase):
                 kind,
                 b"" if result.ok else (payload or b""),
             ]
-        async with redis_errors(self.url):
+        async with redis_errors(self.url, job):
             done, failed, hits, *kinds = await self.scripts.commit(
                 keys=self.script_keys(job), args=args
             )

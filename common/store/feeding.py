@@ -53,13 +53,16 @@ class Feeding(StoreBase):
             )
         return int(have or 0), None if digest is None else digest.decode()
 
-    async def add_items(self, job: str, items: Sequence[PromptItem], digest: str = "") -> None:
+    async def add_items(
+        self, job: str, items: Sequence[PromptItem], digest: str = "", *, gen: str
+    ) -> None:
         """Append ``items`` (consecutive indices from the current end) in one atomic step;
-        ``digest``: of the whole input up to the last of them, kept with the resume point."""
+        ``digest``: of the whole input up to the last of them, kept with the resume point.
+        :class:`JobGoneError` if the job is no longer of generation ``gen``."""
         if not items:
             return
-        args: list[Any] = [items[0].index, digest, *(encode(item) for item in items)]
-        async with redis_errors(self.url):
+        args: list[Any] = [items[0].index, digest, gen, *(encode(item) for item in items)]
+        async with redis_errors(self.url, job):
             status, have = await self.scripts.add(
                 keys=[self.keys.meta(job), self.keys.stream(job)], args=args
             )
@@ -73,11 +76,11 @@ class Feeding(StoreBase):
                 f"holds {have}; is another swarm-enqueue writing to it?"
             )
 
-    async def seal(self, job: str, total: int) -> None:
+    async def seal(self, job: str, total: int, *, gen: str) -> None:
         """Record that ``job`` has ``total`` prompts, all queued; a different total is refused."""
-        async with redis_errors(self.url):
+        async with redis_errors(self.url, job):
             ok, stored = await self.scripts.seal(
-                keys=[self.keys.meta(job)], args=[total, f"{time.time():.3f}"]
+                keys=[self.keys.meta(job)], args=[total, f"{time.time():.3f}", gen]
             )
         if not ok:
             raise JobConflictError(

@@ -29,12 +29,12 @@ class JobStore(Registry, Feeding, Delivery, Results, Stages, Status, ResponseCac
         """Stop ``job``: every prompt not yet answered gets a failed result of kind ``cancelled``
         (its entry kept for ``swarm-retry``). Returns (newly cancelled, prompts cancelled now)."""
         meta = self.keys.meta(job)
-        await self.load_spec(job)
+        gen = (await self.load_spec(job)).generation
         async with redis_errors(self.url):
             newly = bool(await self.redis.hsetnx(meta, Meta.CANCELLED_S, f"{time.time():.3f}"))
             total = await self.redis.hget(meta, Meta.TOTAL)
         if total is None:  # the producer had not finished: the job ends where its input stopped
-            await self.seal(job, await self.enqueued_count(job))
+            await self.seal(job, await self.enqueued_count(job), gen=gen)
         count = 0
         while True:
             async with redis_errors(self.url):
@@ -53,7 +53,7 @@ class JobStore(Registry, Feeding, Delivery, Results, Stages, Status, ResponseCac
                 )
                 for eid, fields in entries
             ]
-            count += (await self.commit(job, batch)).failed
+            count += (await self.commit(job, batch, gen=gen)).failed
             # A commit trims only what was delivered: the undelivered entries go here.
             async with redis_errors(self.url):
                 await self.redis.xdel(self.keys.stream(job), *(eid for eid, _ in entries))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import secrets
 from collections.abc import Sequence
 
 import msgspec
@@ -24,16 +25,19 @@ class Registry(StoreBase):
     """Jobs as a whole: their spec, their names, whether they still have work."""
 
     async def create_job(self, spec: JobSpec) -> JobSpec:
-        """Register ``spec`` (first time) or check it matches the stored one; returns the stored.
-        A job with a reduce stage is flagged in its meta, where the workers look for it."""
+        """Register ``spec`` (first time, as a new generation of its name) or check it matches
+        the stored one; returns the stored, whose ``generation`` every write of the job's work
+        carries. A job with a reduce stage is flagged in its meta, where the workers look."""
         job = spec.job
         parse_stage(job)  # validates: a user's name, or one of its reduce stages
-        meta = self.keys.meta(job)
-        async with redis_errors(self.url):
-            created = await self.redis.hsetnx(meta, Meta.SPEC, encode(spec))
-            if created and spec.reduce is not None:
-                await self.redis.hset(meta, Meta.REDUCE, spec.reduce.kind)
-            stored = spec if created else spec_of(job, await self.redis.hget(meta, Meta.SPEC))
+        generation = secrets.token_hex(8)
+        mine = msgspec.structs.replace(spec, generation=generation)
+        kind = spec.reduce.kind if spec.reduce is not None else ""
+        async with redis_errors(self.url, job):
+            created, raw = await self.scripts.create(
+                keys=[self.keys.meta(job)], args=[encode(mine), generation, kind]
+            )
+            stored = spec_of(job, raw)
             if not created and not stored.same_settings(spec):
                 others = [
                     f"{name} {getattr(stored, name)!r} (asked: {getattr(spec, name)!r})"

@@ -66,16 +66,16 @@ class Results(StoreBase):
                         found.append((i, kind))
         return found
 
-    async def requeue(self, job: str, failed: Sequence[tuple[int, str]]) -> int:
+    async def requeue(self, job: str, failed: Sequence[tuple[int, str]], *, gen: str) -> int:
         """Queue the given failed prompts again (see ``lua/retry.lua``); returns how many."""
         if not failed:
             return 0
         keys = self.script_keys(job)[:4]
-        async with redis_errors(self.url):
+        async with redis_errors(self.url, job):
             round_ = await self.redis.hincrby(self.keys.meta(job), Meta.RETRY_ROUND, 1)
             n = 0
             for start in range(0, len(failed), 1000):
-                args: list[Any] = [round_]
+                args: list[Any] = [round_, gen]
                 for index, kind in failed[start : start + 1000]:
                     args += [index, kind]
                 n += int(await self.scripts.retry(keys=keys, args=args))

@@ -2,8 +2,9 @@
 
 Each file opens with its KEYS/ARGV contract. The loader puts the meta field names and the
 failure-kind prefix of :mod:`common.vocab` in front of every script (``META.DONE``...), so the
-names Python reads are the names Lua writes, and then the functions of ``lua/lib/streams.lua``
-(how far the consumer group has read, trimming its acknowledged head).
+names Python reads are the names Lua writes, and then the functions of ``lua/lib/``:
+``streams.lua`` (how far the consumer group has read, trimming its acknowledged head) and
+``jobs.lua`` (whether work in hand still belongs to the job's generation).
 """
 
 from __future__ import annotations
@@ -27,12 +28,14 @@ SCRIPT_NAMES = (
     "claim_mine",
     "commit",
     "copy",
+    "create",
     "final",
     "lock",
     "publish",
     "retry",
     "seal",
     "stage",
+    "start",
 )
 
 
@@ -45,7 +48,10 @@ def _lua_string(text: str) -> str:
 @cache
 def _preamble() -> str:
     fields = ", ".join(f"{m.name} = {_lua_string(m.value)}" for m in Meta)
-    lib = files(__package__).joinpath("lua", "lib", "streams.lua").read_text("utf-8")
+    lib = "".join(
+        files(__package__).joinpath("lua", "lib", name).read_text("utf-8")
+        for name in ("streams.lua", "jobs.lua")
+    )
     return (
         f"local META = {{{fields}}}\nlocal FAILED_KIND_PREFIX = {_lua_string(FAILED_KIND_PREFIX)}\n"
         + lib
@@ -75,9 +81,11 @@ class Scripts:
     claim_mine: AsyncScript
     commit: AsyncScript
     copy: AsyncScript
+    create: AsyncScript
     final: AsyncScript
     lock: AsyncScript
     publish: AsyncScript
     retry: AsyncScript
     seal: AsyncScript
     stage: AsyncScript
+    start: AsyncScript

@@ -42,20 +42,21 @@ class Stages(StoreBase):
                 finished = await pipe.execute()
         return [(n, lv, f is not None) for (n, lv), f in zip(todo, finished, strict=True)]
 
-    async def set_stage(self, job: str, level: int, **info: int) -> None:
-        """Record that ``job``'s reduce now runs stage ``level`` (``info``: counts about how it
-        was built, kept in the stage's meta)."""
+    async def set_stage(self, job: str, level: int, *, gen: str, **info: int) -> None:
+        """Record that ``job`` (of generation ``gen``)'s reduce now runs stage ``level``
+        (``info``: counts about how it was built, kept in the stage's meta)."""
         keys = [self.keys.meta(job), self.keys.meta(stage_name(job, level))]
-        args = [level, *(x for kv in info.items() for x in kv)]
-        async with redis_errors(self.url):
+        args = [level, gen, *(x for kv in info.items() for x in kv)]
+        async with redis_errors(self.url, job):
             await self.scripts.stage(keys=keys, args=args)
 
-    async def write_final(self, job: str, output: ReduceOutput) -> bool:
-        """Store the reduce output, once; False if one was there already."""
+    async def write_final(self, job: str, output: ReduceOutput, *, gen: str) -> bool:
+        """Store the reduce output of ``job`` (of generation ``gen``), once; False if one was
+        there already."""
         keys = [self.keys.final(job), self.keys.meta(job)]
-        async with redis_errors(self.url):
+        async with redis_errors(self.url, job):
             written = await self.scripts.final(
-                keys=keys, args=[encode_final(output), f"{time.time():.3f}"]
+                keys=keys, args=[encode_final(output), f"{time.time():.3f}", gen]
             )
         return bool(written)
 

@@ -2,14 +2,17 @@
 -- Without an idle time this resets their idle time (a heartbeat); with one it marks them long
 -- idle (a release: any worker's reclaim takes them at once) and takes back their `running`
 -- marks, since handing work back is no death. Entries another worker took over meanwhile are
--- left alone, so a slow worker never steals them back.
--- KEYS: [1] stream, [2] running
--- ARGV: [1] group, [2] consumer, [3] idle_ms ('' for a heartbeat), then the entry IDs, sorted
+-- left alone, so a slow worker never steals them back. Entries of another generation of the
+-- job (deleted and queued again under its name, same entry IDs) are refused with GONE.
+-- KEYS: [1] stream, [2] running, [3] meta
+-- ARGV: [1] group, [2] consumer, [3] idle_ms ('' for a heartbeat), [4] generation, then the
+--       entry IDs, sorted
 -- Returns how many entries the consumer still owned.
 local stream, running, group, consumer, idle = KEYS[1], KEYS[2], ARGV[1], ARGV[2], ARGV[3]
+check_generation(KEYS[3], ARGV[4])
 local wanted = {}
-for i = 4, #ARGV do wanted[ARGV[i]] = true end
-local pending = redis.call('XPENDING', stream, group, ARGV[4], ARGV[#ARGV], 100000, consumer)
+for i = 5, #ARGV do wanted[ARGV[i]] = true end
+local pending = redis.call('XPENDING', stream, group, ARGV[5], ARGV[#ARGV], 100000, consumer)
 local ids = {}
 for _, e in ipairs(pending) do
   if wanted[e[1]] then ids[#ids + 1] = e[1] end

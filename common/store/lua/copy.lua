@@ -2,11 +2,12 @@
 -- backup tasks). Only once every entry has been delivered (none new is left to read): the
 -- oldest entries in other consumers' hands, each copied once across the fleet. Nothing is
 -- claimed: the holder keeps its entry, and whichever commit comes first wins.
--- KEYS: [1] stream, [2] copies (the set of entry IDs copied so far)
--- ARGV: [1] group, [2] consumer, [3] count
+-- KEYS: [1] stream, [2] copies (the set of entry IDs copied so far), [3] meta
+-- ARGV: [1] group, [2] consumer, [3] count, [4] generation (GONE if the job is another now)
 -- Returns entry ID, payload, entry ID, payload... (empty while new entries remain).
 local stream, copies = KEYS[1], KEYS[2]
 local group, me, count = ARGV[1], ARGV[2], tonumber(ARGV[3])
+check_generation(KEYS[3], ARGV[4])
 local info = group_info(stream, group)
 local pending = info and info['pending'] or 0
 if pending == 0 or any_undelivered(stream, info) then return {} end

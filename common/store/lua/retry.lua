@@ -2,11 +2,13 @@
 -- stream under IDs `round-(index+1)` (greater than every earlier ID, same index), moves the
 -- counters back and reopens the job.
 -- KEYS: [1] results, [2] meta, [3] stream, [4] failed
--- ARGV: [1] round, then per prompt two: index, failure kind
+-- ARGV: [1] round, [2] generation (GONE if the job is another now), then per prompt two:
+--       index, failure kind
 -- Returns how many were queued again (a prompt with no kept entry is skipped).
 local results, meta, stream, failed_h = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local round, n = ARGV[1], 0
-for b = 2, #ARGV, 2 do
+check_generation(meta, ARGV[2])
+for b = 3, #ARGV, 2 do
   local idx, kind = ARGV[b], ARGV[b + 1]
   local payload = redis.call('HGET', failed_h, idx)
   if payload then
