@@ -22,6 +22,7 @@ __all__ = [
     "JobNotFoundError",
     "ModelNotServed",
     "ProducerBusyError",
+    "ResultsEvictedError",
     "StoreAccessDenied",
     "StoreFull",
     "StoreUnavailable",
@@ -78,6 +79,11 @@ class ProducerBusyError(JobConflictError):
 
 class JobCancelledError(SwarmError):
     """The job was cancelled with ``swarm-cancel``."""
+
+
+class ResultsEvictedError(SwarmError):
+    """The results asked for were collected with ``--evict`` (into another output) and have
+    left Redis for good."""
 
 
 class BadRecordError(SwarmError):

@@ -44,6 +44,9 @@ class Meta(StrEnum):
     CACHE_HITS = "cache_hits"  # prompts answered from the response cache (counted in DONE)
     PROMPT_TOKENS = "prompt_tokens"
     COMPLETION_TOKENS = "completion_tokens"
+    # Every index below it was collected into a file and its result deleted (--evict): a late
+    # commit there is neither stored nor counted, and swarm-retry cannot reach it.
+    EVICTED = "evicted"
     RETRY_ROUND = "retry_round"  # swarm-retry rounds so far: the ms part of requeued entry IDs
     SEALED_S = "sealed_s"
     FIRST_RESULT_S = "first_result_s"

@@ -134,11 +134,12 @@ async def _main(args: argparse.Namespace) -> int:
         status = await store.status(job)
     total = "?" if report.total is None else str(report.total)
     resumed = f", resumed at {report.start}" if report.start else ""
-    print(
-        f"job {job}: wrote {report.start + report.written} of {total} results "
-        f"({status.done} ok, {status.failed} failed{resumed})",
-        file=sys.stderr,
-    )
+    if not report.untouched:
+        print(
+            f"job {job}: wrote {report.start + report.written} of {total} results "
+            f"({status.done} ok, {status.failed} failed{resumed})",
+            file=sys.stderr,
+        )
     if not report.complete:
         print(f"job {job}: not finished; run again (or with --wait) for the rest", file=sys.stderr)
         return EXIT_INCOMPLETE

@@ -1,5 +1,9 @@
 """An output file that survives a crash: lines fsynced before a durable cursor moves, one
 collector per file, and (with ``--evict``) results leaving Redis only once the file holds them.
+
+A collector never truncates or deletes output it did not write: it resumes only a file whose
+cursor says an unfinished run of the same job (same generation) wrote it; a complete output
+(its cursor says so) is left alone, and any other existing output is refused.
 """
 
 from __future__ import annotations
@@ -8,6 +12,7 @@ import contextlib
 import fcntl
 import os
 import socket
+import sys
 from collections.abc import Callable, Iterator
 from typing import BinaryIO
 
@@ -16,19 +21,29 @@ import msgspec
 from common.errors import ConfigError
 from common.models import Result
 from common.store import JobStore
-from producer.stream import CollectReport, collect
+from producer.stream import CollectReport, check_kept, collect
 
-__all__ = ["Cursor", "CursorFile", "collect_to_file", "output_lock"]
+__all__ = [
+    "Cursor",
+    "CursorFile",
+    "already_complete",
+    "claim_output",
+    "collect_to_file",
+    "output_lock",
+]
 
 
 class Cursor(msgspec.Struct, frozen=True):
     """How far an output is known to be complete: ``index`` results, ``offset`` bytes of a
-    JSON Lines file, ``parts`` closed files of a Parquet directory."""
+    JSON Lines file, ``parts`` closed files of a Parquet directory; of which generation of the
+    job (see ``JobSpec.generation``), and whether the output holds the whole job."""
 
     job: str
     index: int
     offset: int = 0
     parts: int = 0
+    generation: str = ""
+    complete: bool = False
 
 
 _cursor_decoder = msgspec.json.Decoder(Cursor)
@@ -71,6 +86,50 @@ class CursorFile:
     def remove(self) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.remove(self.path)
+
+
+def claim_output(
+    path: str, job: str, generation: str, *, present: bool
+) -> tuple[CursorFile, Cursor | None]:
+    """What this run may do with the output ``path`` of ``job`` (``present``: it exists and
+    holds something): resume after the cursor returned, start anew (None), or, when the cursor
+    says the output is complete, nothing (the cursor, ``complete``). Output some other run or
+    tool wrote is refused, never truncated."""
+    cursors = CursorFile(path)
+    cursor = cursors.load(job)
+    if cursor is not None and cursor.generation not in ("", generation):
+        raise ConfigError(
+            f"{path} was collected from an earlier job named {job!r} (deleted since, or lost "
+            "with Redis); it is left alone: choose another --out"
+        )
+    if cursor is not None and cursor.complete:
+        if present:
+            return cursors, cursor
+        cursors.remove()  # the complete output was removed: collect it again
+        cursor = None
+    if cursor is None and present:
+        raise ConfigError(
+            f"{path} exists and no unfinished swarm-collect of job {job!r} wrote it; it is "
+            "left alone (swarm-collect never overwrites output it did not write): choose "
+            "another --out, or remove it to collect again"
+        )
+    return cursors, cursor
+
+
+def _holds_bytes(path: str) -> bool:
+    try:
+        return os.path.getsize(path) > 0
+    except FileNotFoundError:
+        return False
+
+
+def already_complete(job: str, path: str, cursor: Cursor) -> CollectReport:
+    """The report of a run that found ``path`` complete and left it alone."""
+    print(
+        f"swarm-collect: {path} already holds all {cursor.index} results of job {job}; left alone",
+        file=sys.stderr,
+    )
+    return CollectReport(job, 0, 0, 0, cursor.index, cursor.index, untouched=True)
 
 
 async def collect_to_file(
@@ -126,8 +185,11 @@ async def _collect_locked(
     evict: bool,
     line: Callable[[Result], bytes] | None,
 ) -> CollectReport:
-    cursors = CursorFile(path)
-    cursor = cursors.load(job)
+    gen = (await store.load_spec(job)).generation
+    cursors, cursor = claim_output(path, job, gen, present=_holds_bytes(path))
+    if cursor is not None and cursor.complete:
+        return already_complete(job, path, cursor)
+    check_kept(await store.status(job), 0 if cursor is None else cursor.index)
     fh: BinaryIO
     if cursor is None:
         fh = open(path, "wb")  # noqa: SIM115, ASYNC230 - closed below; a CLI, nothing else runs
@@ -154,20 +216,21 @@ async def _collect_locked(
     async def commit(index: int) -> None:
         nonlocal evicted
         os.fsync(fh.fileno())
-        cursors.save(Cursor(job, index, fh.tell()))
+        cursors.save(Cursor(job, index, fh.tell(), generation=gen))
         if evict:  # only lines already durable in the file leave Redis
-            await store.evict_results(job, evicted, index)
+            await store.evict_results(job, evicted, index, gen=gen)
             evicted = index
 
     with fh:
         if cursor is None:
-            cursors.save(Cursor(job, 0, 0))
+            cursors.save(Cursor(job, 0, 0, generation=gen))
         elif evict:
-            await store.evict_results(job, 0, start)  # a crash may have come between the two
+            # A crash may have come between the two.
+            await store.evict_results(job, 0, start, gen=gen)
             evicted = start
         report = await collect(
             store, job, fh, wait=wait, progress=progress, start=start, on_commit=commit, line=line
         )
-    if report.complete:
-        cursors.remove()
+        if report.complete:  # the cursor now says the file holds the whole job
+            cursors.save(Cursor(job, report.total or 0, fh.tell(), generation=gen, complete=True))
     return report

@@ -23,8 +23,8 @@ import pyarrow.parquet as pq
 from common.errors import ConfigError
 from common.models import Result
 from common.store import JobStore
-from producer.outfile import Cursor, CursorFile, output_lock
-from producer.stream import CollectReport, collect_into
+from producer.outfile import Cursor, CursorFile, already_complete, claim_output, output_lock
+from producer.stream import CollectReport, check_kept, collect_into
 
 __all__ = ["PART_ROWS", "PART_S", "SCHEMA", "collect_to_parquet", "part_name", "results_table"]
 
@@ -91,6 +91,7 @@ class _Parts:
     def __init__(self, path: str, job: str, cursor: Cursor, cursors: CursorFile) -> None:
         self.path = path
         self.job = job
+        self.generation = cursor.generation
         self.cursors = cursors
         self.closed = cursor.parts  # parts counted by the cursor
         self.index = cursor.index  # results they hold
@@ -138,7 +139,9 @@ class _Parts:
         self.closed += 1
         self.index += self.written
         self.written = 0
-        self.cursors.save(Cursor(self.job, self.index, parts=self.closed))
+        self.cursors.save(
+            Cursor(self.job, self.index, parts=self.closed, generation=self.generation)
+        )
         return self.index
 
     def abandon(self) -> None:
@@ -157,12 +160,17 @@ def _fsync(path: str) -> None:
         os.close(fd)
 
 
-def _prepare(path: str, cursor: Cursor | None, cursor_path: str) -> None:
-    """Make ``path`` a directory holding the parts ``cursor`` counts only: a part after those,
-    or a part left open, is from a run that stopped before its cursor counted it; without a
-    cursor, a new collection replaces every part of an old one."""
+def _has_parts(path: str) -> bool:
+    """Whether the directory ``path`` holds Parquet parts (closed or open) of a collection."""
     if os.path.exists(path) and not os.path.isdir(path):
         raise ConfigError(f"{path} exists and is not a directory; --format parquet writes one")
+    return os.path.isdir(path) and any(_PART.match(name) for name in os.listdir(path))
+
+
+def _prepare(path: str, cursor: Cursor | None, cursor_path: str) -> None:
+    """Make ``path`` a directory holding the parts ``cursor`` counts only: a part after those,
+    or a part left open, is from this collection's run that stopped before its cursor counted
+    it (a new collection starts with none: see :func:`claim_output`)."""
     if cursor is not None and not os.path.isdir(path):
         raise ConfigError(
             f"{cursor_path} exists but {path} does not; delete the cursor file to start over"
@@ -187,15 +195,18 @@ async def collect_to_parquet(
     """Collect ``job`` into the Parquet directory ``path``, resuming after the parts its
     cursor counts; ``evict`` deletes results from Redis once a closed part holds them."""
     with output_lock(path):
-        cursors = CursorFile(path)
-        cursor = cursors.load(job)
+        gen = (await store.load_spec(job)).generation
+        cursors, cursor = claim_output(path, job, gen, present=_has_parts(path))
+        if cursor is not None and cursor.complete:
+            return already_complete(job, path, cursor)
+        check_kept(await store.status(job), 0 if cursor is None else cursor.index)
         _prepare(path, cursor, cursors.path)
-        cursor = cursor or Cursor(job, 0)
+        cursor = cursor or Cursor(job, 0, generation=gen)
         cursors.save(cursor)
         parts = _Parts(path, job, cursor, cursors)
         evicted = cursor.index
         if evict:  # a crash may have come between a cursor's save and its eviction
-            await store.evict_results(job, 0, evicted)
+            await store.evict_results(job, 0, evicted, gen=gen)
 
         async def put(chunk: list[Result], _cursor: int) -> None:
             nonlocal evicted
@@ -204,7 +215,7 @@ async def collect_to_parquet(
                 if parts.put(rows):
                     index = parts.close_part()
                     if evict:
-                        await store.evict_results(job, evicted, index)
+                        await store.evict_results(job, evicted, index, gen=gen)
                         evicted = index
 
         try:
@@ -216,7 +227,7 @@ async def collect_to_parquet(
             raise
         index = parts.close_part()
         if evict:
-            await store.evict_results(job, evicted, index)
-        if report.complete:
-            cursors.remove()
+            await store.evict_results(job, evicted, index, gen=gen)
+        if report.complete:  # the cursor now says the directory holds the whole job
+            cursors.save(Cursor(job, index, parts=parts.closed, generation=gen, complete=True))
     return report

@@ -17,13 +17,20 @@ import msgspec
 from tqdm import tqdm
 
 from common.backoff import backoff_s
-from common.errors import ConfigError, JobNotFoundError, StoreUnavailable
+from common.errors import (
+    ConfigError,
+    JobGoneError,
+    JobNotFoundError,
+    ResultsEvictedError,
+    StoreUnavailable,
+)
 from common.models import OutputLine, ReduceOutput, Result, encode_json_line, result_or_failure
 from common.store import JobStatus, JobStore
 from producer.openai_batch import openai_line
 
 __all__ = [
     "CollectReport",
+    "check_kept",
     "collect",
     "collect_into",
     "follow",
@@ -47,20 +54,22 @@ class CollectReport(msgspec.Struct, frozen=True):
     failed: int
     total: int | None
     start: int = 0
+    # The output was complete already and left alone: this run wrote nothing.
+    untouched: bool = False
 
     @property
     def complete(self) -> bool:
         return self.total is not None and self.start + self.written >= self.total
 
 
-async def wait_for_job(store: JobStore, job: str, wait: bool, poll_s: float) -> None:
-    """Raise JobNotFoundError for an unknown job, unless following it (``--wait``): then the
-    collector may start before the producer, and says what it waits for."""
+async def wait_for_job(store: JobStore, job: str, wait: bool, poll_s: float) -> str:
+    """The job's generation; raise JobNotFoundError for an unknown job, unless following it
+    (``--wait``): then the collector may start before the producer, and says what it waits
+    for."""
     told = False
     while True:
         try:
-            await store.load_spec(job)
-            return
+            return (await store.load_spec(job)).generation
         except JobNotFoundError:
             if not wait:
                 raise
@@ -72,6 +81,16 @@ async def wait_for_job(store: JobStore, job: str, wait: bool, poll_s: float) -> 
                 raise
             print(f"swarm-collect: {exc}; retrying", file=sys.stderr)
         await asyncio.sleep(max(poll_s, 0.5))
+
+
+def check_kept(status: JobStatus, start: int) -> None:
+    """Raise :class:`ResultsEvictedError` if results from ``start`` on have left Redis with
+    another collector's ``--evict``."""
+    if start < status.evicted:
+        raise ResultsEvictedError(
+            f"job {status.job!r}: results {start} to {status.evicted - 1} were collected with "
+            "--evict into another output and are no longer in Redis: that output holds them"
+        )
 
 
 async def follow(
@@ -86,8 +105,10 @@ async def follow(
     """The results of ``job`` from index ``start`` on, in order, a chunk at a time as they
     arrive. Ends when every prompt has its result or, without ``wait``, when the next one is
     not in yet. With ``wait``, a Redis outage is waited out. ``on_status(status, next_index)``
-    sees the job's status between chunks."""
-    await wait_for_job(store, job, wait, poll_s)
+    sees the job's status between chunks. Results that left Redis with another collector's
+    ``--evict`` raise :class:`ResultsEvictedError`, and a job deleted and queued again under
+    its name meanwhile :class:`JobGoneError`: one output never mixes two jobs."""
+    generation = await wait_for_job(store, job, wait, poll_s)
     cursor = start
     failures = 0
     ask = CHUNK
@@ -106,6 +127,9 @@ async def follow(
                 ask = CHUNK
                 continue
             status = await store.status(job)
+            if status.generation != generation:
+                raise JobGoneError(job)
+            check_kept(status, cursor)
             # Ask only for as many results as there can be past the cursor (every one before it
             # is in): polling a job's head would otherwise read CHUNK empty fields each time.
             # At least MIN_ASK, so that a count thrown off (a retry behind the cursor) cannot

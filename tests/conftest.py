@@ -91,6 +91,13 @@ def make_settings(redis_url: str, prefix: str) -> Callable[..., Settings]:
 
 
 @pytest.fixture
+def cli_env(redis_url: str, prefix: str) -> dict[str, str]:
+    """The environment of a command run against this test's Redis and prefix."""
+    e = {k: v for k, v in os.environ.items() if not k.startswith("SWARM_")}
+    return {**e, "SWARM_REDIS_URL": redis_url, "SWARM_PREFIX": prefix}
+
+
+@pytest.fixture
 def settings(make_settings: Callable[..., Settings]) -> Settings:
     return make_settings()
 

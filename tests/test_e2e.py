@@ -339,7 +339,18 @@ def test_collector_killed_mid_write_resumes_to_a_byte_identical_file(
         assert again.returncode == 0, again.stderr
         assert "resumed at" in again.stderr
         assert out.read_bytes() == reference.read_bytes()
-        assert not cursor.exists()  # a finished file keeps no cursor
+        # A finished file's cursor says so, and the same command again leaves the file alone.
+        assert msgspec.json.decode(cursor.read_bytes())["complete"] is True
+        rerun = subprocess.run(
+            [BIN / "swarm-collect", "big", "--out", out],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert rerun.returncode == 0, rerun.stderr
+        assert f"{out} already holds all {n} results of job big; left alone" in rerun.stderr
+        assert out.read_bytes() == reference.read_bytes()
     finally:
         client.delete(meta, results)
         client.close()

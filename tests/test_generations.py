@@ -144,3 +144,25 @@ async def test_a_job_lost_with_its_redis_refuses_the_work_still_in_hand(store: J
     with pytest.raises(JobGoneError):  # the consumer group went with the stream
         await store.read_new("j", "w", 3)
     assert [k async for k in store.redis.scan_iter(match=store.keys.job_pattern("j"))] == []
+
+
+async def test_an_output_collected_from_an_earlier_job_of_the_name_is_left_alone(
+    store: JobStore, tmp_path: Path
+) -> None:
+    from common.errors import ConfigError
+    from producer.enqueue import enqueue_prompts
+    from producer.outfile import collect_to_file
+
+    await enqueue_prompts(store, spec(), prompts(10))
+    got = await store.read_new("j", "w", 10)
+    half = [(eid, Result(index=i, text="old"), None) for i, (eid, _) in enumerate(got[:5])]
+    await store.commit("j", half, gen=await gen_of(store))
+    out = tmp_path / "out.jsonl"
+    first = await collect_to_file(store, "j", str(out), wait=False, progress=False)
+    assert (first.written, first.complete) == (5, False)
+    written = out.read_bytes()
+    await store.delete_job("j")
+    await enqueue_prompts(store, spec(), prompts(10))  # another job, the same name
+    with pytest.raises(ConfigError, match="was collected from an earlier job named 'j'"):
+        await collect_to_file(store, "j", str(out), wait=False, progress=False)
+    assert out.read_bytes() == written

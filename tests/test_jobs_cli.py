@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import socket
 import subprocess
 import time
@@ -17,12 +16,6 @@ from common.store import JobStore
 from producer.enqueue import enqueue_prompts
 from tests.harness import BIN
 from tests.helpers import gen_of, prompts, spec, wait_until
-
-
-@pytest.fixture
-def cli_env(redis_url: str, prefix: str) -> dict[str, str]:
-    e = {k: v for k, v in os.environ.items() if not k.startswith("SWARM_")}
-    return {**e, "SWARM_REDIS_URL": redis_url, "SWARM_PREFIX": prefix}
 
 
 def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:

@@ -85,12 +85,11 @@ async def test_parquet_rows_match_the_jsonl_lines_across_parts_and_a_resumed_run
     await _answer(store, got, range(2600, n))
     second = await collect_to_parquet(store, "j", str(out), wait=False, progress=False)
     assert (second.start, second.written, second.complete) == (2600, 900, True)
-    assert not await asyncio.to_thread(os.path.exists, f"{out}.cursor")  # none once finished
-
     # The same rows as the JSON Lines output of the same results, in input order.
-    await store.redis.hset(  # the first run evicted them
+    await store.redis.hset(  # the first run evicted them (and marked them evicted)
         store.keys.results("j"), mapping={str(i): encode(_result(i)) for i in range(2600)}
     )
+    await store.redis.hdel(store.keys.meta("j"), "evicted")
     expected = await collect_lines(store, "j")
     frame = await asyncio.to_thread(pd.read_parquet, out)
     assert list(frame.columns) == [*expected[0], "cached"]  # the first has a custom_id
@@ -98,27 +97,34 @@ async def test_parquet_rows_match_the_jsonl_lines_across_parts_and_a_resumed_run
     assert frame["error"].notna().sum() == len([i for i in range(n) if i % 7 == 0])
 
 
-async def test_a_new_collection_replaces_an_old_directory_and_refuses_a_file(
+async def test_parts_no_collection_of_this_job_wrote_are_left_alone_and_a_file_refused(
     store: JobStore, tmp_path: Path
 ) -> None:
     await enqueue_prompts(store, spec(), prompts(10))
     got = await store.read_new("j", "c", 10)
     await _answer(store, got, range(10))
+    from common.errors import ConfigError
+
     out = tmp_path / "out"
     out.mkdir()
-    for stale in (part_name(0), part_name(7), ".part-00003.parquet.inprogress"):
-        (out / stale).write_bytes(b"not parquet")
-    (out / "README.txt").write_text("mine")  # not ours: left alone
-    report = await collect_to_parquet(store, "j", str(out), wait=False, progress=False)
+    stale = (part_name(0), part_name(7), ".part-00003.parquet.inprogress")
+    for name in stale:
+        (out / name).write_bytes(b"not parquet")
+    with pytest.raises(ConfigError, match="no unfinished swarm-collect of job 'j' wrote it"):
+        await collect_to_parquet(store, "j", str(out), wait=False, progress=False)
+    assert sorted(os.listdir(out)) == sorted(stale)  # nothing deleted
+
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "README.txt").write_text("mine")  # no parts: a directory to collect into
+    report = await collect_to_parquet(store, "j", str(mine), wait=False, progress=False)
     assert report.complete
-    assert sorted(os.listdir(out)) == ["README.txt", part_name(0)]
-    frame = await asyncio.to_thread(pd.read_parquet, out / part_name(0))
+    assert sorted(os.listdir(mine)) == ["README.txt", part_name(0)]
+    frame = await asyncio.to_thread(pd.read_parquet, mine / part_name(0))
     assert list(frame["index"]) == list(range(10))
 
     plain = tmp_path / "plain.parquet"
     plain.write_bytes(b"x")
-    from common.errors import ConfigError
-
     with pytest.raises(ConfigError, match="exists and is not a directory"):
         await collect_to_parquet(store, "j", str(plain), wait=False, progress=False)
 
@@ -199,7 +205,7 @@ def test_a_killed_parquet_collector_resumes_to_the_same_rows(
         assert again.returncode == 0, again.stderr
         assert f"wrote {n} of {n} results" in again.stderr and "resumed at 200000" in again.stderr
         assert sorted(os.listdir(out)) == [part_name(0), part_name(1), part_name(2)]
-        assert not cursor.exists()
+        assert msgspec.json.decode(cursor.read_bytes())["complete"] is True
         frame = pd.read_parquet(out)
         assert list(frame["index"]) == list(range(n))
         assert list(frame["text"].iloc[[1, 200_001, n - 2]]) == [

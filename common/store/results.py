@@ -41,12 +41,18 @@ class Results(StoreBase):
                     out.append(result_or_failure(i, blob))
         return out
 
-    async def evict_results(self, job: str, start: int, end: int) -> None:
-        """Delete the results of indices ``start .. end-1`` (written out by a collector)."""
-        async with redis_errors(self.url):
-            for lo in range(start, end, 5000):
-                fields = [str(i) for i in range(lo, min(end, lo + 5000))]
-                await self.redis.hdel(self.keys.results(job), *fields)
+    async def evict_results(self, job: str, start: int, end: int, *, gen: str) -> int:
+        """Delete the results of indices ``start .. end-1``, written out durably by a collector
+        of ``job``'s generation ``gen``, and mark every index below ``end`` evicted (see
+        ``lua/evict.lua``); returns the mark."""
+        keys = [self.keys.results(job), self.keys.meta(job), self.keys.failed(job)]
+        mark = 0
+        async with redis_errors(self.url, job):
+            # A slice at a time: one script call holds Redis for its whole length.
+            for lo in range(start, max(end, start + 1), 50_000):
+                hi = min(end, lo + 50_000)
+                mark = int(await self.scripts.evict(keys=keys, args=[gen, lo, hi]))
+        return mark
 
     async def failed_indices(
         self, job: str, kinds: set[str] | None = None

@@ -29,6 +29,7 @@ SCRIPT_NAMES = (
     "commit",
     "copy",
     "create",
+    "evict",
     "final",
     "lock",
     "publish",
@@ -82,6 +83,7 @@ class Scripts:
     commit: AsyncScript
     copy: AsyncScript
     create: AsyncScript
+    evict: AsyncScript
     final: AsyncScript
     lock: AsyncScript
     publish: AsyncScript

@@ -42,6 +42,10 @@ class JobStatus(msgspec.Struct, frozen=True):
     reduced: bool = False
     # Of ``done``, the prompts answered from the response cache.
     cache_hits: int = 0
+    # Every index below it was collected with --evict: its result is no longer in Redis.
+    evicted: int = 0
+    # Which life of the job's name this is (see JobSpec.generation).
+    generation: str = ""
 
 
 def _job_status(job: str, meta: dict[str, str], in_flight: int) -> JobStatus:
@@ -76,6 +80,8 @@ def _job_status(job: str, meta: dict[str, str], in_flight: int) -> JobStatus:
         stage=int(meta.get(Meta.STAGE, 0)),
         reduced=Meta.REDUCED_S in meta,
         cache_hits=int(meta.get(Meta.CACHE_HITS, 0)),
+        evicted=int(meta.get(Meta.EVICTED, 0)),
+        generation=meta.get(Meta.GENERATION, ""),
     )
 
 

@@ -1,5 +1,6 @@
 -- commit: the worker's atomic "write results + ack". First write wins: counters move only for
--- indices that had no result, so a redelivered or speculative copy changes nothing. A failure
+-- indices that had no result and were never collected and evicted (below the job's eviction
+-- mark), so a redelivered or speculative copy changes nothing. A failure
 -- keeps its original entry (for swarm-retry) and counts under its kind. Acknowledged entries
 -- lose their `running` marks and leave the stream with its acknowledged head (trim_acked).
 -- The last result marks the job finished. Work of another generation of the job (deleted or
@@ -13,6 +14,7 @@
 local results, meta, stream, failed_h, running = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local group, now = ARGV[1], ARGV[2]
 check_generation(meta, ARGV[5])
+local evicted = tonumber(redis.call('HGET', meta, META.EVICTED) or '0')
 -- Entry e's five arguments are ARGV[5 * e + 1] .. ARGV[5 * e + 5].
 local n = (#ARGV - 5) / 5
 local done, failed, hits, kinds, seen = 0, 0, 0, {}, {}
@@ -29,7 +31,7 @@ for lo = 1, n, 500 do
   local fresh, lost = {}, {}
   for e = lo, hi do
     local b, index = 5 * e + 1, ARGV[5 * e + 2]
-    if not have[e - lo + 1] and not seen[index] then
+    if not have[e - lo + 1] and not seen[index] and tonumber(index) >= evicted then
       seen[index] = true
       fresh[#fresh + 1] = index
       fresh[#fresh + 1] = ARGV[b + 2]

@@ -1,0 +1,24 @@
+-- evict: delete the results of indices [start, end) once a collector's output holds them
+-- durably, with the failed entries kept for swarm-retry (their lines are written: a retry
+-- could reach no output), and raise the job's eviction mark to `end`. A collector evicts in
+-- input order, so the mark says every index below it has left Redis for good: a late commit
+-- (a speculative copy, a redelivery after a Redis restart lost an ack) is neither stored nor
+-- counted there. Refused with GONE for another generation of the job.
+-- KEYS: [1] results, [2] meta, [3] failed
+-- ARGV: [1] generation, [2] start, [3] end
+-- Returns the eviction mark.
+local results, meta, failed_h = KEYS[1], KEYS[2], KEYS[3]
+check_generation(meta, ARGV[1])
+local lo, hi = tonumber(ARGV[2]), tonumber(ARGV[3])
+for first = lo, hi - 1, 5000 do
+  local fields = {}
+  for i = first, math.min(first + 4999, hi - 1) do fields[#fields + 1] = tostring(i) end
+  redis.call('HDEL', results, unpack(fields))
+  redis.call('HDEL', failed_h, unpack(fields))
+end
+local mark = tonumber(redis.call('HGET', meta, META.EVICTED) or '0')
+if hi > mark then
+  redis.call('HSET', meta, META.EVICTED, hi)
+  mark = hi
+end
+return mark
