@@ -16,6 +16,8 @@ class FailureKind(StrEnum):
     REJECTED = "rejected"  # the server refused it (HTTP 400: over the context, bad values)
     NO_CHOICE = "no_choice"  # the server never returned a choice for it
     SCHEMA = "schema"  # answered, but not matching the job's --schema (its text kept)
+    # A chat answer with no text (message.content null: tool calls, or reasoning only)
+    NO_CONTENT = "no_content"
     DEAD_LETTER = "dead_letter"  # workers kept dying while running it
     CANCELLED = "cancelled"  # swarm-cancel
     BAD_ENTRY = "bad_entry"  # its stream entry or stored result could not be read

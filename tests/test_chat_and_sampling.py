@@ -392,3 +392,53 @@ async def test_chat_lines_with_a_template_and_the_lines_model_for_the_job(
     spec = JobSpec(job="t", template="<|user|>\n{prompt}\n<|assistant|>\n")
     assert await _enqueue_lines(make_settings(), spec, lines) == 3
     assert (await store.load_spec("t")).model == "lora-7"  # the lines' model is the job's
+
+
+async def test_a_chat_answer_without_text_is_a_failure_of_its_own_kind_and_never_cached(
+    make_settings: Callable[..., Settings], store: JobStore
+) -> None:
+    """``message.content: null`` (tool calls, a reasoning-only answer) is no answer: a
+    ``no_content`` failure with its finish reason, never an empty success, never cached."""
+
+    async def chat(request: web.Request) -> web.Response:
+        said = (await request.json())["messages"][-1]["content"]
+        message: dict[str, Any] = {"role": "assistant", "content": f"answer to {said}"}
+        finish = "stop"
+        if "tool" in said:
+            message = {"role": "assistant", "content": None, "tool_calls": [{"id": "c1"}]}
+            finish = "tool_calls"
+        elif "think" in said:
+            message = {"role": "assistant", "content": None, "reasoning_content": "hmm"}
+            finish = "length"
+        choice = {"index": 0, "message": message, "finish_reason": finish}
+        return web.json_response({"model": "m", "choices": [choice]})
+
+    async def models(request: web.Request) -> web.Response:
+        return web.json_response({"data": [{"id": "m"}]})
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", chat)
+    app.router.add_get("/v1/models", models)
+    said = ["plain", "call a tool", "think hard", "plain again"]
+    job = JobSpec(
+        job="j",
+        params=SamplingParams(max_tokens=8, temperature=0),
+        model="m",
+        chat=True,
+        cache=True,
+    )
+    await enqueue_prompts(store, job, [(p, None) for p in said])
+    async with serve(app) as url:
+        await run_engine(make_settings(), store, [url])
+    lines = await collect_lines(store, "j")
+    assert [x["text"] for x in lines] == ["answer to plain", None, None, "answer to plain again"]
+    assert lines[1]["error"] == (
+        "the answer has no text (message.content null, tool calls only; finish_reason 'tool_calls')"
+    )
+    assert lines[2]["error"] == (
+        "the answer has no text (message.content null, reasoning only; finish_reason 'length')"
+    )
+    assert [x["finish_reason"] for x in lines] == ["stop", "tool_calls", "length", "stop"]
+    status = await store.status("j")
+    assert (status.done, status.failed_by_kind) == (2, {"no_content": 2})
+    assert await store.redis.hlen(store.keys.cache_answers) == 2  # the two answers only

@@ -17,6 +17,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
+import msgspec
+
 from common.errors import EndpointError, EndpointRejected, EndpointRetryable
 from common.models import JobSpec, PromptItem, Result, SamplingParams, Usage, encode
 from common.settings import Settings
@@ -227,9 +229,20 @@ class BatchRunner:
                 tally.add(body.usage)
                 usage = Usage(body.usage.prompt_tokens, body.usage.completion_tokens)
             choice = body.choices[0]
+            if choice.message.content is None:
+                # Not an answer: counting it a success would hand "" on (and to the cache).
+                why = (
+                    f"the answer has no text (message.content null, "
+                    f"{choice.message.without_content()}; finish_reason "
+                    f"{choice.finish_reason!r})"
+                )
+                failed = self._failed(item, why, FailureKind.NO_CONTENT, prior + attempts)
+                return msgspec.structs.replace(
+                    failed, finish_reason=choice.finish_reason, usage=usage, model=body.model
+                )
             return Result(
                 index=item.index,
-                text=choice.message.content or "",
+                text=choice.message.content,
                 finish_reason=choice.finish_reason,
                 usage=usage,
                 endpoint=self.client.label,

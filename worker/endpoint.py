@@ -59,6 +59,17 @@ class CompletionBody(msgspec.Struct):
 
 class ChatMessage(msgspec.Struct, frozen=True):
     content: str | None = None
+    # What a message without content may hold instead (vLLM's reasoning parsers, tool calls).
+    reasoning_content: str | None = None
+    tool_calls: list[object] | None = None
+
+    def without_content(self) -> str:
+        """Why this message has no text, for the failure that records it."""
+        if self.tool_calls:
+            return "tool calls only"
+        if self.reasoning_content:
+            return "reasoning only"
+        return "nothing"
 
 
 class ChatChoice(msgspec.Struct):
