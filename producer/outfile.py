@@ -21,7 +21,7 @@ import msgspec
 from common.errors import ConfigError
 from common.models import Result
 from common.store import JobStore
-from producer.stream import CollectReport, check_kept, collect
+from producer.stream import CollectReport, check_kept, collect, wait_for_job
 
 __all__ = [
     "Cursor",
@@ -185,7 +185,7 @@ async def _collect_locked(
     evict: bool,
     line: Callable[[Result], bytes] | None,
 ) -> CollectReport:
-    gen = (await store.load_spec(job)).generation
+    gen = await wait_for_job(store, job, wait, poll_s=0.5)
     cursors, cursor = claim_output(path, job, gen, present=_holds_bytes(path))
     if cursor is not None and cursor.complete:
         return already_complete(job, path, cursor)

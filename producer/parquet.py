@@ -24,7 +24,7 @@ from common.errors import ConfigError
 from common.models import Result
 from common.store import JobStore
 from producer.outfile import Cursor, CursorFile, already_complete, claim_output, output_lock
-from producer.stream import CollectReport, check_kept, collect_into
+from producer.stream import CollectReport, check_kept, collect_into, wait_for_job
 
 __all__ = ["PART_ROWS", "PART_S", "SCHEMA", "collect_to_parquet", "part_name", "results_table"]
 
@@ -195,7 +195,7 @@ async def collect_to_parquet(
     """Collect ``job`` into the Parquet directory ``path``, resuming after the parts its
     cursor counts; ``evict`` deletes results from Redis once a closed part holds them."""
     with output_lock(path):
-        gen = (await store.load_spec(job)).generation
+        gen = await wait_for_job(store, job, wait, poll_s=0.5)
         cursors, cursor = claim_output(path, job, gen, present=_has_parts(path))
         if cursor is not None and cursor.complete:
             return already_complete(job, path, cursor)
