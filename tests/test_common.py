@@ -273,6 +273,7 @@ def test_swarm_retry_kinds_are_the_failure_kinds_that_keep_their_entry(
         "rejected",
         "no_choice",
         "schema",
+        "no_content",
         "dead_letter",
         "cancelled",
         "bad_entry",
