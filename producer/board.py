@@ -3,7 +3,6 @@ fleet, and the throughput history the dashboard keeps of them between passes."""
 
 from __future__ import annotations
 
-import time
 from collections import deque
 from collections.abc import Iterable, Sequence
 
@@ -224,7 +223,7 @@ async def read_jobs(
 
 async def read_board(store: JobStore, redis_url: str, now: float | None = None) -> Board:
     """Every job and every endpoint, as of now."""
-    now = time.time() if now is None else now
+    now = await store.server_time() if now is None else now
     fleet = await store.read_fleet()
     jobs, _ = await read_jobs(store, fleet, now)
     stats: list[EndpointStats] = []

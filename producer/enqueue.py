@@ -42,7 +42,7 @@ async def check_model(settings: Settings, model: str | None, *, strict: bool) ->
     no live endpoint serves ``model``, as the workers' fleet registry shows it."""
     store = JobStore.from_settings(settings, patient=False)
     try:
-        reason = waiting_reason(model, await store.read_fleet(), time.time())
+        reason = waiting_reason(model, await store.read_fleet(), await store.server_time())
     finally:
         await store.close()
     if reason is None:

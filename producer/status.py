@@ -97,10 +97,13 @@ def format_status(
     return "\n".join(lines)
 
 
-async def waiting_for(store: JobStore, job: str, fleet: Sequence[EndpointInfo]) -> str | None:
-    """Why no live endpoint can serve the running stage of ``job`` (None: one can)."""
+async def waiting_for(
+    store: JobStore, job: str, fleet: Sequence[EndpointInfo], now: float
+) -> str | None:
+    """Why no live endpoint can serve the running stage of ``job`` (None: one can), as of
+    ``now`` (Redis's clock, as every worker's figures are stamped)."""
     spec = await store.load_spec(job)
-    return waiting_reason(spec.model, fleet, time.time())
+    return waiting_reason(spec.model, fleet, now)
 
 
 async def _show(store: JobStore, job: str) -> JobStatus:
@@ -108,10 +111,11 @@ async def _show(store: JobStore, job: str) -> JobStatus:
     stage = await store.status(stage_name(job, status.stage)) if status.stage else None
     # While a tree level runs, the endpoints are busy with it rather than with the job itself.
     endpoints = await store.read_endpoints(stage_name(job, status.stage))
+    now = await store.server_time()
     waiting = None
     if not (status.finished or status.cancelled):
-        waiting = await waiting_for(store, job, await store.read_fleet())
-    print(format_status(status, stage, endpoints, waiting=waiting), flush=True)
+        waiting = await waiting_for(store, job, await store.read_fleet(), now)
+    print(format_status(status, stage, endpoints, now=now, waiting=waiting), flush=True)
     return status
 
 
@@ -162,7 +166,7 @@ async def _jobs(args: argparse.Namespace) -> int:
         print(
             f"{'job':32} {'state':10} {'done':>10} {'failed':>8} {'total':>10} {'age':>7}  reduce"
         )
-        rows, bad = await read_jobs(store, await store.read_fleet(), time.time())
+        rows, bad = await read_jobs(store, await store.read_fleet(), await store.server_time())
         for row in rows:
             if row.error is not None:  # one bad job spoils no listing
                 print(f"{row.job:32} {'unreadable':10} {row.error}")

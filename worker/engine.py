@@ -197,7 +197,7 @@ class Engine:
             return {}
         lowest = min(s.priority for s in specs)
         fleet = await self.store.read_fleet()
-        now = time.time()
+        now = await self.store.server_time()
         shares = {}
         for spec in specs:
             if spec.priority == lowest:
@@ -305,8 +305,9 @@ class Engine:
     async def publish_stats(self, *, stopped: bool = False) -> None:
         """Publish every drainer's figures for ``swarm-status``: for the jobs served now, and
         a last word (``finished``, or ``stopped`` when this worker exits) for the jobs left;
-        and each endpoint's served models in the fleet registry (taken out on stop)."""
-        now = time.time()
+        and each endpoint's served models in the fleet registry (taken out on stop). Stamped
+        with Redis's clock, as every reader compares them with it."""
+        now = await self.store.server_time()
         if stopped:
             await self.store.publish_fleet([], gone=[d.fleet_field for d in self.drainers])
         else:

@@ -40,6 +40,16 @@ class StoreBase:
     async def close(self) -> None:
         await self.redis.aclose()
 
+    async def server_time(self) -> float:
+        """Redis's clock, in seconds: what every time stored or compared across machines is
+        taken from (a worker's clock may be hours off the others')."""
+        async with redis_errors(self.url):
+            reply = await self.redis.time()
+        if isinstance(reply, dict):  # a Cluster client may ask every node: any one will do
+            reply = next(iter(reply.values()))
+        seconds, micros = reply
+        return round(seconds + micros / 1e6, 3)
+
     async def ping(self) -> None:
         """Reach Redis once: StoreAccessDenied for wrong credentials (at once), else
         StoreUnavailable after the client's patience."""

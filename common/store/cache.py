@@ -3,7 +3,6 @@ keep new ones, and its size and clearing for ``swarm-jobs``."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 
 import msgspec
@@ -34,7 +33,7 @@ class ResponseCache(StoreBase):
             return []
         async with redis_errors(self.url):
             values = await self.scripts.cache_get(
-                keys=self._cache_keys(), args=[f"{time.time():.3f}", ttl_s, *keys]
+                keys=self._cache_keys(), args=[ttl_s, *keys]
             )
         return [v if v else None for v in values]
 
@@ -43,7 +42,7 @@ class ResponseCache(StoreBase):
     ) -> int:
         """Keep ``(key, answer)`` pairs, then evict (see ``lua/cache_put.lua``); returns how
         many answers were evicted."""
-        args: list[str | bytes | float | int] = [f"{time.time():.3f}", ttl_s, max_answers]
+        args: list[str | bytes | float | int] = [ttl_s, max_answers]
         for key, blob in answers:
             args += [key, blob]
         async with redis_errors(self.url):

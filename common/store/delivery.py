@@ -6,7 +6,6 @@ a job deleted, or lost, and queued again under its name refuses it with :class:`
 
 from __future__ import annotations
 
-import time
 from collections.abc import Container, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -161,7 +160,7 @@ class Delivery(StoreBase):
         that ``swarm-retry`` can queue the prompt again. Work of another generation of the job
         than ``gen`` is refused whole with :class:`JobGoneError`.
         """
-        args: list[Any] = [GROUP, f"{time.time():.3f}", prompt_tokens, completion_tokens, gen]
+        args: list[Any] = [GROUP, prompt_tokens, completion_tokens, gen]
         for entry_id, result, payload in entries:
             kind = ("+" if result.cached else "") if result.ok else (result.error_kind or "error")
             args += [

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import socket
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -80,7 +79,7 @@ class Feeding(StoreBase):
         """Record that ``job`` has ``total`` prompts, all queued; a different total is refused."""
         async with redis_errors(self.url, job):
             ok, stored = await self.scripts.seal(
-                keys=[self.keys.meta(job)], args=[total, f"{time.time():.3f}", gen]
+                keys=[self.keys.meta(job)], args=[total, gen]
             )
         if not ok:
             raise JobConflictError(

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 from common.models import Result
 from common.store.cache import ResponseCache
 from common.store.connection import redis_errors
@@ -31,7 +29,8 @@ class JobStore(Registry, Feeding, Delivery, Results, Stages, Status, ResponseCac
         meta = self.keys.meta(job)
         gen = (await self.load_spec(job)).generation
         async with redis_errors(self.url):
-            newly = bool(await self.redis.hsetnx(meta, Meta.CANCELLED_S, f"{time.time():.3f}"))
+            now = await self.server_time()
+            newly = bool(await self.redis.hsetnx(meta, Meta.CANCELLED_S, f"{now:.3f}"))
             total = await self.redis.hget(meta, Meta.TOTAL)
         if total is None:  # the producer had not finished: the job ends where its input stopped
             await self.seal(job, await self.enqueued_count(job), gen=gen)

@@ -31,7 +31,9 @@ class Registry(StoreBase):
         job = spec.job
         parse_stage(job)  # validates: a user's name, or one of its reduce stages
         generation = secrets.token_hex(8)
-        mine = msgspec.structs.replace(spec, generation=generation)
+        mine = msgspec.structs.replace(
+            spec, generation=generation, created_s=await self.server_time()
+        )
         kind = spec.reduce.kind if spec.reduce is not None else ""
         async with redis_errors(self.url, job):
             created, raw = await self.scripts.create(

@@ -3,8 +3,9 @@
 Each file opens with its KEYS/ARGV contract. The loader puts the meta field names and the
 failure-kind prefix of :mod:`common.vocab` in front of every script (``META.DONE``...), so the
 names Python reads are the names Lua writes, and then the functions of ``lua/lib/``:
-``streams.lua`` (how far the consumer group has read, trimming its acknowledged head) and
-``jobs.lua`` (whether work in hand still belongs to the job's generation).
+``clock.lua`` (Redis's own time: no caller's clock is stored or compared), ``streams.lua`` (how
+far the consumer group has read, trimming its acknowledged head) and ``jobs.lua`` (whether work
+in hand still belongs to the job's generation).
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ def _preamble() -> str:
     fields = ", ".join(f"{m.name} = {_lua_string(m.value)}" for m in Meta)
     lib = "".join(
         files(__package__).joinpath("lua", "lib", name).read_text("utf-8")
-        for name in ("streams.lua", "jobs.lua")
+        for name in ("clock.lua", "streams.lua", "jobs.lua")
     )
     return (
         f"local META = {{{fields}}}\nlocal FAILED_KIND_PREFIX = {_lua_string(FAILED_KIND_PREFIX)}\n"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 
 from common.keys import stage_name
@@ -56,7 +55,7 @@ class Stages(StoreBase):
         keys = [self.keys.final(job), self.keys.meta(job)]
         async with redis_errors(self.url, job):
             written = await self.scripts.final(
-                keys=keys, args=[encode_final(output), f"{time.time():.3f}", gen]
+                keys=keys, args=[encode_final(output), gen]
             )
         return bool(written)
 

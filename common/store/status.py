@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import Sequence
 
 import msgspec
@@ -48,12 +47,12 @@ class JobStatus(msgspec.Struct, frozen=True):
     generation: str = ""
 
 
-def _job_status(job: str, meta: dict[str, str], in_flight: int) -> JobStatus:
+def _job_status(job: str, meta: dict[str, str], in_flight: int, now: float) -> JobStatus:
     done, failed = int(meta.get(Meta.DONE, 0)), int(meta.get(Meta.FAILED, 0))
     enqueued = int(meta.get(Meta.ENQUEUED, 0))
     rate = 0.0
     if Meta.FIRST_RESULT_S in meta:
-        end = float(meta.get(Meta.FINISHED_S) or time.time())
+        end = float(meta.get(Meta.FINISHED_S) or now)
         span = end - float(meta[Meta.FIRST_RESULT_S])
         rate = (done + failed) / span if span > 0 else 0.0
     return JobStatus(
@@ -93,12 +92,13 @@ class Status(StoreBase):
         async with redis_errors(self.url):
             raw = await self.redis.hgetall(meta_key)
             backlog = await self.scripts.backlog(keys=[stream], args=[GROUP])
+            now = await self.server_time()
         if not raw or Meta.SPEC.encode() not in raw:
             raise JobNotFoundError(
                 f"no job named {job!r} in this Redis (prefix {self.keys.prefix!r})"
             )
         meta = {k.decode(): v.decode() for k, v in raw.items() if k != Meta.SPEC.encode()}
-        return _job_status(job, meta, int(backlog[0]))
+        return _job_status(job, meta, int(backlog[0]), now)
 
     async def publish_endpoints(self, stats: dict[str, dict[str, EndpointStats]]) -> None:
         """Write each job's per-endpoint figures: ``{job: {consumer: stats}}``; jobs deleted
@@ -141,7 +141,7 @@ class Status(StoreBase):
         async with redis_errors(self.url):
             raw = await self.redis.hgetall(self.keys.fleet)
             out, stale = [], []
-            now = time.time()
+            now = await self.server_time()
             for field, value in raw.items():
                 try:
                     info = decode_endpoint_info(value)

@@ -2,15 +2,16 @@
 -- put evicts, so the cache comes back under its cap over the next puts): first the answers
 -- unused for longer than the TTL, then the least recently used beyond the cap.
 -- KEYS: [1] answers (hash: key -> answer), [2] used (sorted set: key -> last used, s)
--- ARGV: [1] now_s, [2] ttl_s, [3] most answers kept, then key, answer for each
+-- ARGV: [1] ttl_s, [2] most answers kept, then key, answer for each (the time is Redis's)
 -- Returns how many answers were evicted.
 local answers, used = KEYS[1], KEYS[2]
-local now, ttl, cap = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local stamp = now_s()
+local now, ttl, cap = tonumber(stamp), tonumber(ARGV[1]), tonumber(ARGV[2])
 local pairs_, scores = {}, {}
-for i = 4, #ARGV, 2 do
+for i = 3, #ARGV, 2 do
   pairs_[#pairs_ + 1] = ARGV[i]
   pairs_[#pairs_ + 1] = ARGV[i + 1]
-  scores[#scores + 1] = ARGV[1]
+  scores[#scores + 1] = stamp
   scores[#scores + 1] = ARGV[i]
 end
 if #pairs_ > 0 then

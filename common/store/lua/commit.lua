@@ -6,17 +6,17 @@
 -- The last result marks the job finished. Work of another generation of the job (deleted or
 -- lost, and queued again under its name) is refused with GONE: nothing written, nothing acked.
 -- KEYS: [1] results, [2] meta, [3] stream, [4] failed, [5] running
--- ARGV: [1] group, [2] now_s, [3] prompt_tokens, [4] completion_tokens, [5] generation, then
---       per entry five: entry_id, index, result blob, failure kind ('' on success, '+' on a
---       success answered from the response cache), original entry payload
+-- ARGV: [1] group, [2] prompt_tokens, [3] completion_tokens, [4] generation, then per entry
+--       five: entry_id, index, result blob, failure kind ('' on success, '+' on a success
+--       answered from the response cache), original entry payload
 -- Returns {new results done, new results failed, new of them from the cache, then kind,
 -- count for each kind failed}.
 local results, meta, stream, failed_h, running = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local group, now = ARGV[1], ARGV[2]
-check_generation(meta, ARGV[5])
+local group, now = ARGV[1], now_s()
+check_generation(meta, ARGV[4])
 local evicted = tonumber(redis.call('HGET', meta, META.EVICTED) or '0')
--- Entry e's five arguments are ARGV[5 * e + 1] .. ARGV[5 * e + 5].
-local n = (#ARGV - 5) / 5
+-- Entry e's five arguments are ARGV[5 * e] .. ARGV[5 * e + 4].
+local n = (#ARGV - 4) / 5
 local done, failed, hits, kinds, seen = 0, 0, 0, {}, {}
 -- One HMGET and one HSET per chunk rather than an HSETNX per entry: Redis's cost per command
 -- called from Lua is several times its cost per field.
@@ -24,13 +24,13 @@ for lo = 1, n, 500 do
   local hi = math.min(lo + 499, n)
   local ids, indices = {}, {}
   for e = lo, hi do
-    ids[#ids + 1] = ARGV[5 * e + 1]
-    indices[#indices + 1] = ARGV[5 * e + 2]
+    ids[#ids + 1] = ARGV[5 * e]
+    indices[#indices + 1] = ARGV[5 * e + 1]
   end
   local have = redis.call('HMGET', results, unpack(indices))
   local fresh, lost = {}, {}
   for e = lo, hi do
-    local b, index = 5 * e + 1, ARGV[5 * e + 2]
+    local b, index = 5 * e, ARGV[5 * e + 1]
     if not have[e - lo + 1] and not seen[index] and tonumber(index) >= evicted then
       seen[index] = true
       fresh[#fresh + 1] = index
@@ -58,8 +58,8 @@ for kind, count in pairs(kinds) do
   redis.call('HINCRBY', meta, FAILED_KIND_PREFIX .. kind, count)
 end
 trim_acked(stream, group)
-if tonumber(ARGV[3]) > 0 then redis.call('HINCRBY', meta, META.PROMPT_TOKENS, ARGV[3]) end
-if tonumber(ARGV[4]) > 0 then redis.call('HINCRBY', meta, META.COMPLETION_TOKENS, ARGV[4]) end
+if tonumber(ARGV[2]) > 0 then redis.call('HINCRBY', meta, META.PROMPT_TOKENS, ARGV[2]) end
+if tonumber(ARGV[3]) > 0 then redis.call('HINCRBY', meta, META.COMPLETION_TOKENS, ARGV[3]) end
 if done + failed > 0 then
   if done > 0 then redis.call('HINCRBY', meta, META.DONE, done) end
   if hits > 0 then redis.call('HINCRBY', meta, META.CACHE_HITS, hits) end

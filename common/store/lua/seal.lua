@@ -1,11 +1,11 @@
 -- seal: record the job's total once all its input is queued, and finish the job if its results
 -- are all in already (a rerun of swarm-enqueue on a job the workers completed meanwhile).
 -- KEYS: [1] meta
--- ARGV: [1] total, [2] now_s, [3] generation (GONE if the job is another now)
+-- ARGV: [1] total, [2] generation (GONE if the job is another now)
 -- Returns {1, total}, or {0, the total sealed before} when it differs.
 local meta = KEYS[1]
-local total, now = ARGV[1], ARGV[2]
-check_generation(meta, ARGV[3])
+local total, now = ARGV[1], now_s()
+check_generation(meta, ARGV[2])
 local old = redis.call('HGET', meta, META.TOTAL)
 if old and old ~= total then return {0, old} end
 redis.call('HSET', meta, META.TOTAL, total)
