@@ -5,8 +5,11 @@ An answer is kept under a digest of everything that determines it: the API (comp
 chat), the model, the text sent (the template filled in) or the messages, every sampling field
 (the seed among them), and whether the server adds its special tokens. A request is cached only
 when it is deterministic, temperature 0 or a seed, unless its job asks for sampled ones too.
-Failures are never kept. Model weights changed under the same name are not seen: clear the
-cache then (``swarm-jobs --clear-cache``).
+Only complete answers are kept: never a failure, never an empty text (a ``length`` answer is,
+since ``max_tokens`` is part of its key). Each answer records the endpoint and the time (Redis's)
+it came from, so the answers of an endpoint that answered wrongly for a while can be purged
+(``swarm-jobs --clear-cache --endpoint URL --since T``). Model weights changed under the same
+name are not seen: clear the cache then.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from common.models import JobSpec, PromptItem, Result, SamplingParams, Usage
 __all__ = [
     "CachedAnswer",
     "answer_key",
+    "cacheable",
     "check_cache_spec",
     "decode_answer",
     "deterministic",
@@ -36,10 +40,12 @@ class CachedAnswer(msgspec.Struct, frozen=True, omit_defaults=True, array_like=T
     usage: Usage | None = None
     model: str = ""
     endpoint: str = ""
+    # When it was kept, by Redis's clock (0: kept before times were recorded).
+    cached_s: float = 0.0
 
     @classmethod
-    def of(cls, r: Result) -> CachedAnswer:
-        return cls(r.text or "", r.finish_reason, r.usage, r.model, r.endpoint)
+    def of(cls, r: Result, cached_s: float) -> CachedAnswer:
+        return cls(r.text or "", r.finish_reason, r.usage, r.model, r.endpoint, cached_s)
 
     def result(self, item: PromptItem) -> Result:
         """The result of ``item`` answered from this."""
@@ -116,8 +122,14 @@ def answer_key(spec: JobSpec, item: PromptItem) -> str | None:
     return hashlib.blake2b(_key_encoder.encode(request), digest_size=20).hexdigest()
 
 
-def encode_answer(r: Result) -> bytes:
-    return _answer_encoder.encode(CachedAnswer.of(r))
+def cacheable(r: Result) -> bool:
+    """Whether ``r`` may be kept: an endpoint's complete answer (not a failure, not one from
+    the cache itself, not an empty text)."""
+    return r.ok and not r.cached and bool(r.text)
+
+
+def encode_answer(r: Result, cached_s: float) -> bytes:
+    return _answer_encoder.encode(CachedAnswer.of(r, cached_s))
 
 
 def decode_answer(blob: bytes) -> CachedAnswer:

@@ -101,6 +101,11 @@ class Keys:
         ``swarm-retry`` can queue it again (acknowledged entries are deleted from the stream)."""
         return self._job(job, "failed")
 
+    def cached(self, job: str) -> str:
+        """Hash: decimal index -> the original queued entry of each prompt answered from the
+        response cache, so that ``swarm-retry --uncached`` can ask an endpoint again."""
+        return self._job(job, "cached")
+
     def running(self, job: str) -> str:
         """Hash: entry ID -> how many times a worker started that entry and neither committed
         nor released it: each one a worker that died running it. What dead-lettering counts."""

@@ -157,6 +157,9 @@ class JobSpec(msgspec.Struct, frozen=True, omit_defaults=True):
     # answers in it (see common.cache); sampled requests too with ``cache_sampled``.
     cache: bool = False
     cache_sampled: bool = False
+    # With ``cache``: never answer from the cache, ask again and replace what it keeps (after
+    # an endpoint answered wrongly for a while).
+    cache_refresh: bool = False
     # Which life of the name this is: set when the job is created (a random token), so that
     # work taken from a job deleted and queued again under its name is never written into the
     # new one. Not a setting: a spec asked for has none. '' for jobs created before it was kept.
@@ -175,6 +178,7 @@ class JobSpec(msgspec.Struct, frozen=True, omit_defaults=True):
             and self.priority == other.priority
             and self.cache == other.cache
             and self.cache_sampled == other.cache_sampled
+            and self.cache_refresh == other.cache_refresh
         )
 
     def render(self, prompt: str) -> str:

@@ -163,13 +163,16 @@ class Swarm:
         seed: int | None = None,
         cache: bool = False,
         cache_sampled: bool = False,
+        cache_refresh: bool = False,
     ) -> str:
         """Queue ``prompts`` (strings, or ``(prompt, custom_id)`` pairs) as a job; returns its
         name. Submitting the same job again resumes it. With ``window``, prompts are fed in
         the background, at most ``window`` unfinished at a time (for inputs too big to queue at
         once): follow :meth:`results` meanwhile. With ``cache`` (and a ``model``), prompts
         answered before, by any job, are answered from the response cache: deterministic
-        requests only (``temperature=0`` or a ``seed``), unless ``cache_sampled``."""
+        requests only (``temperature=0`` or a ``seed``), unless ``cache_sampled``; with
+        ``cache_refresh``, none is answered from it: every prompt is asked again and its answer
+        replaces the kept one."""
         name = validate_job_name(job) if job else f"job-{uuid.uuid4().hex[:12]}"
         if max_tokens < 1:
             raise ConfigError(f"max_tokens must be >= 1, got {max_tokens}")
@@ -181,8 +184,9 @@ class Swarm:
             source="python",
             reduce=reduce,
             priority=priority,
-            cache=cache or cache_sampled,
+            cache=cache or cache_sampled or cache_refresh,
             cache_sampled=cache_sampled,
+            cache_refresh=cache_refresh,
         )
         if spec.cache and spec.model is None:
             raise ConfigError("cache=True needs a model=: an answer depends on the model")

@@ -198,6 +198,12 @@ def _parser() -> argparse.ArgumentParser:
         help="with --cache: keep and reuse sampled answers too (a rerun gets the first "
         "sample again)",
     )
+    p.add_argument(
+        "--refresh",
+        action="store_true",
+        help="with --cache: answer nothing from the cache; ask the endpoints again and "
+        "replace the answers it keeps (after an endpoint answered wrongly for a while)",
+    )
     p.add_argument("--format", choices=["auto", "txt", "jsonl"], default="auto")
     p.add_argument("--max-prompt-bytes", type=int, default=DEFAULT_MAX_PROMPT_BYTES)
     p.add_argument(
@@ -326,8 +332,9 @@ async def _main(args: argparse.Namespace) -> int:
         chat=args.chat,
         template=template,
         priority=args.priority,
-        cache=args.cache or args.cache_sampled,
+        cache=args.cache or args.cache_sampled or args.refresh,
         cache_sampled=args.cache_sampled,
+        cache_refresh=args.refresh,
     )
     if (warning := check_cache_spec(spec)) is not None:
         print(f"swarm-enqueue: warning: {warning}", file=sys.stderr)

@@ -7,6 +7,7 @@ nothing left to cancel.
 from __future__ import annotations
 
 import argparse
+import sys
 from collections import Counter
 from collections.abc import Sequence
 
@@ -18,6 +19,9 @@ from common.store import JobStore
 from common.vocab import RETRYABLE_KINDS
 
 __all__ = ["cancel_job", "cancel_main", "retry_main"]
+
+# The kind swarm-retry gives an answer from the response cache (see lua/retry.lua).
+CACHED = "+"
 
 
 async def _retry(args: argparse.Namespace) -> int:
@@ -34,16 +38,47 @@ async def _retry(args: argparse.Namespace) -> int:
                 "retried answers would not reach it. Collect the failed prompts and submit "
                 "them as a new job."
             )
-        failed = await store.failed_indices(job, set(args.kind) if args.kind else None)
-        n = await store.requeue(job, failed, gen=gen)
+        chosen: list[tuple[int, str]] = []
+        if args.kind or not args.uncached:
+            chosen += await store.failed_indices(job, set(args.kind) if args.kind else None)
+        if args.uncached or args.indexes is not None:
+            chosen += [(i, CACHED) for i in await store.cached_indices(job)]
+        if args.indexes is not None:
+            chosen = [(i, kind) for i, kind in chosen if i in args.indexes]
+        n = await store.requeue(job, sorted(chosen), gen=gen)
+    if args.indexes is not None and (kept := len(args.indexes) - len(chosen)):
+        print(
+            f"job {job}: {kept} of the given indexes kept no entry to queue again (answered "
+            "by an endpoint, or not in the job): only failed prompts and answers from the "
+            "response cache can be asked again",
+            file=sys.stderr,
+        )
+    what = "prompts" if args.uncached or args.indexes is not None else "failed prompts"
     if n == 0:
         which = f" of kind {', '.join(args.kind)}" if args.kind else ""
-        print(f"job {job}: no failed prompts{which} to retry")
+        print(f"job {job}: no {what}{which} to retry")
     else:
-        kinds = Counter(kind for _, kind in failed)
+        kinds = Counter("from the cache" if kind == CACHED else kind for _, kind in chosen)
         detail = ", ".join(f"{k} {c}" for k, c in sorted(kinds.items()))
-        print(f"job {job}: {n} failed prompts queued again ({detail})")
+        print(f"job {job}: {n} {what} queued again ({detail})")
     return 0
+
+
+def _indexes(text: str) -> frozenset[int]:
+    """``3,7,10-20`` as a set of prompt indexes (argparse's type for --indexes)."""
+    out: set[int] = set()
+    for part in text.split(","):
+        lo, sep, hi = part.strip().partition("-")
+        try:
+            first, last = int(lo), int(hi) if sep else int(lo)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"{part.strip()!r} is not an index or a range like 10-20"
+            ) from None
+        if first < 0 or last < first or last - first >= 10_000_000:
+            raise argparse.ArgumentTypeError(f"{part.strip()!r} is not a range of indexes")
+        out.update(range(first, last + 1))
+    return frozenset(out)
 
 
 async def cancel_job(store: JobStore, job: str) -> tuple[bool, int]:
@@ -73,7 +108,9 @@ async def _cancel(args: argparse.Namespace) -> int:
 
 def retry_main(argv: Sequence[str] | None = None) -> None:
     p = argparse.ArgumentParser(
-        prog="swarm-retry", description="Queue a job's failed prompts again."
+        prog="swarm-retry",
+        description="Queue a job's failed prompts again, or the ones answered from the "
+        "response cache (asked of an endpoint, their new answers replacing the cache's).",
     )
     p.add_argument("job")
     p.add_argument(
@@ -81,6 +118,17 @@ def retry_main(argv: Sequence[str] | None = None) -> None:
         action="append",
         choices=[str(k) for k in RETRYABLE_KINDS],
         help="only failures of this kind (repeatable; default: every kind)",
+    )
+    p.add_argument(
+        "--uncached",
+        action="store_true",
+        help="the prompts answered from the response cache (with --kind: those failures too)",
+    )
+    p.add_argument(
+        "--indexes",
+        type=_indexes,
+        metavar="LIST",
+        help="only these prompts (e.g. 3,7,10-20), failed or answered from the cache",
     )
     add_redis_arg(p)
     raise SystemExit(run("swarm-retry", _retry(p.parse_args(argv))))

@@ -5,15 +5,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import re
 import sys
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
 
 from common.cli import add_redis_arg, open_job_store, run, settings_from_args
-from common.errors import JobConflictError
+from common.errors import ConfigError, JobConflictError
 from common.fleet import SILENT_PERIODS, EndpointInfo, EndpointStats, waiting_reason
+from common.hostfile import normalize_url
 from common.keys import stage_name, validate_job_name
+from common.settings import mask_url
 from common.store import JobStatus, JobStore
 from producer.board import job_list, job_state, read_jobs, reduce_where
 
@@ -145,9 +149,28 @@ async def _jobs(args: argparse.Namespace) -> int:
     store = JobStore.from_settings(settings, patient=False)
     try:
         if args.clear_cache:
-            n = await store.cache_clear()
-            print(f"response cache: cleared ({n} answers)")
+            if args.endpoint is None and args.since is None and args.until is None:
+                n = await store.cache_clear()
+                print(f"response cache: cleared ({n} answers)")
+                return 0
+            now = await store.server_time()
+            since = None if args.since is None else args.since(now)
+            until = None if args.until is None else args.until(now)
+            endpoint = None if args.endpoint is None else mask_url(normalize_url(args.endpoint))
+            n = await store.cache_purge(endpoint=endpoint, since=since, until=until)
+            which = " ".join(
+                part
+                for part in (
+                    f"from {endpoint}" if endpoint else "",
+                    f"kept since {_when(since)}" if since is not None else "",
+                    f"before {_when(until)}" if until is not None else "",
+                )
+                if part
+            )
+            print(f"response cache: {n} answers {which} deleted")
             return 0
+        if args.endpoint or args.since or args.until:
+            raise ConfigError("--endpoint, --since and --until go with --clear-cache")
         if args.delete or args.delete_finished:
             targets = list(args.delete or []) or (await job_list(store))[0]
             for name in targets:
@@ -193,6 +216,28 @@ async def _jobs(args: argparse.Namespace) -> int:
         await store.close()
 
 
+def _moment(text: str) -> Callable[[float], float]:
+    """argparse's type for --since/--until: an ISO 8601 time (UTC unless it says otherwise),
+    or a duration before now (``90m``, ``6h``, ``2d``); a function of now (Redis's clock)."""
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)([smhd])", text.strip())
+    if m:
+        ago = float(m.group(1)) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
+        return lambda now: now - ago
+    try:
+        when = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is neither a time (2026-11-20T14:00, UTC unless it says otherwise) nor "
+            "a duration before now (90m, 6h, 2d)"
+        ) from None
+    at = (when if when.tzinfo else when.replace(tzinfo=UTC)).timestamp()
+    return lambda now: at
+
+
+def _when(at: float) -> str:
+    return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
 def jobs_main(argv: Sequence[str] | None = None) -> None:
     p = argparse.ArgumentParser(
         prog="swarm-jobs",
@@ -207,7 +252,23 @@ def jobs_main(argv: Sequence[str] | None = None) -> None:
     p.add_argument(
         "--clear-cache",
         action="store_true",
-        help="delete every answer of the response cache (swarm-enqueue --cache)",
+        help="delete the answers of the response cache (swarm-enqueue --cache): all of "
+        "them, or those --endpoint, --since and --until select",
+    )
+    p.add_argument(
+        "--endpoint",
+        metavar="URL",
+        help="with --clear-cache: only the answers this endpoint gave",
+    )
+    p.add_argument(
+        "--since",
+        type=_moment,
+        metavar="T",
+        help="with --clear-cache: only answers kept at T or later: a time "
+        "(2026-11-20T14:00, UTC unless it says otherwise) or a duration before now (6h, 2d)",
+    )
+    p.add_argument(
+        "--until", type=_moment, metavar="T", help="with --clear-cache: only answers kept before T"
     )
     add_redis_arg(p)
     raise SystemExit(run("swarm-jobs", _jobs(p.parse_args(argv))))

@@ -44,7 +44,9 @@ async def test_a_worker_two_hours_behind_is_live_and_one_forty_days_ahead_evicts
     kept = [(f"k{i}", Result(index=i, text=f"kept {i}")) for i in range(50)]
     from common.cache import encode_answer
 
-    await store.cache_put([(k, encode_answer(r)) for k, r in kept], 30 * 86400, 1_000_000)
+    await store.cache_put(
+        [(k, encode_answer(r, await store.server_time())) for k, r in kept], 30 * 86400, 1_000_000
+    )
 
     behind = fleet.worker("behind", [0], burst=False, **_skewed(tmp_path, -2 * 3600))
     wait_until("the worker behind publishes", lambda: b"behind" in _fleet_fields(store, fleet))

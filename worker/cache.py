@@ -1,7 +1,9 @@
 """The worker's side of the response cache (:mod:`common.cache`): a batch's prompts whose
 answers are kept are answered from the cache before any request, and the endpoint's answers
-to the rest are kept after their commit. The cache only saves work: when Redis cannot serve
-it, every prompt goes to the endpoint as if it were empty."""
+to the rest are kept after their commit. A job with ``cache_refresh``, and a prompt queued again
+by ``swarm-retry``, is never answered from the cache: it is asked again and its answer replaces
+the kept one. The cache only saves work: when Redis cannot serve it, every prompt goes to the
+endpoint as if it were empty."""
 
 from __future__ import annotations
 
@@ -9,11 +11,11 @@ import logging
 
 import msgspec
 
-from common.cache import answer_key, decode_answer, encode_answer
+from common.cache import answer_key, cacheable, decode_answer, encode_answer
 from common.errors import StoreUnavailable
 from common.models import JobSpec, Result
 from common.settings import Settings
-from common.store import JobStore
+from common.store import JobStore, requeued
 from worker.deliveries import Decoded, Finished
 
 __all__ = ["AnswerCache"]
@@ -37,7 +39,11 @@ class AnswerCache:
         takes them; the prompts still to send; and their answers' keys, for :meth:`keep`
         (None: not to be cached)."""
         keys = [answer_key(spec, item) for _, _, item in items]
-        wanted = [k for k in keys if k is not None]
+        wanted = [
+            k
+            for (eid, _, _), k in zip(items, keys, strict=True)
+            if k is not None and not spec.cache_refresh and not requeued(eid)
+        ]
         if not wanted:
             return [], items, keys
         try:
@@ -49,7 +55,7 @@ class AnswerCache:
         rest: list[Decoded] = []
         rest_keys: list[str | None] = []
         for (eid, payload, item), key in zip(items, keys, strict=True):
-            blob = found.get(key) if key is not None else None
+            blob = found.get(key) if key is not None and not requeued(eid) else None
             try:
                 answer = decode_answer(blob) if blob is not None else None
             except msgspec.DecodeError:  # not an answer of ours: asked again, and replaced
@@ -63,17 +69,20 @@ class AnswerCache:
 
     async def keep(self, keys: list[str | None], results: list[Result]) -> None:
         """Keep the answers in ``results`` under ``keys`` (in order, from :meth:`answered`)
-        where they may be cached: successes only, never a failure."""
-        answers = [
-            (key, encode_answer(r))
+        where they may be cached (see :func:`common.cache.cacheable`), replacing what was kept,
+        stamped with Redis's time."""
+        kept = [
+            (key, r)
             for key, r in zip(keys, results, strict=True)
-            if key is not None and r.ok and not r.cached
+            if key is not None and cacheable(r)
         ]
-        if not answers:
+        if not kept:
             return
         try:
+            now = await self.store.server_time()
+            answers = [(key, encode_answer(r, now)) for key, r in kept]
             await self.store.cache_put(answers, self.ttl_s, self.max_answers)
         except StoreUnavailable as exc:
             log.warning(
-                "%s: %d answers not kept in the response cache (%s)", self.label, len(answers), exc
+                "%s: %d answers not kept in the response cache (%s)", self.label, len(kept), exc
             )

@@ -26,7 +26,7 @@ from common.store.connection import (
     redis_retry,
 )
 from common.store.delivery import RELEASED_IDLE_MS, Commit
-from common.store.entries import decode_entry, index_of
+from common.store.entries import decode_entry, index_of, requeued
 from common.store.feeding import producer_token
 from common.store.jobstore import JobStore
 from common.store.status import JobStatus
@@ -44,4 +44,5 @@ __all__ = [
     "producer_token",
     "redis_errors",
     "redis_retry",
+    "requeued",
 ]

@@ -58,9 +58,16 @@ class StoreBase:
 
     def script_keys(self, job: str) -> list[str]:
         """KEYS of the commit and retry scripts, in their order: results, meta, stream, failed,
-        running."""
+        cached, running."""
         k = self.keys
-        return [k.results(job), k.meta(job), k.stream(job), k.failed(job), k.running(job)]
+        return [
+            k.results(job),
+            k.meta(job),
+            k.stream(job),
+            k.failed(job),
+            k.cached(job),
+            k.running(job),
+        ]
 
 
 def spec_of(job: str, raw: bytes) -> JobSpec:

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 import msgspec
 
+from common.cache import decode_answer
 from common.store.base import StoreBase
 from common.store.connection import redis_errors
 
@@ -32,9 +33,7 @@ class ResponseCache(StoreBase):
         if not keys:
             return []
         async with redis_errors(self.url):
-            values = await self.scripts.cache_get(
-                keys=self._cache_keys(), args=[ttl_s, *keys]
-            )
+            values = await self.scripts.cache_get(keys=self._cache_keys(), args=[ttl_s, *keys])
         return [v if v else None for v in values]
 
     async def cache_put(
@@ -55,6 +54,47 @@ class ResponseCache(StoreBase):
             for key in self._cache_keys():
                 used += int(await self.redis.memory_usage(key) or 0)
         return CacheSize(int(answers), used)
+
+    async def cache_purge(
+        self,
+        *,
+        endpoint: str | None = None,
+        since: float | None = None,
+        until: float | None = None,
+    ) -> int:
+        """Delete the answers that came from ``endpoint`` (as its label reads) and were kept
+        in ``[since, until)`` (Redis's seconds); any of the three None: no condition. An answer
+        kept before times were recorded matches no time window. Returns how many went."""
+        gone = 0
+        doomed: list[bytes] = []
+
+        async def drop() -> None:
+            nonlocal gone
+            if doomed:
+                async with self.redis.pipeline(transaction=False) as pipe:
+                    pipe.hdel(self.keys.cache_answers, *doomed)
+                    pipe.zrem(self.keys.cache_used, *doomed)
+                    gone += int((await pipe.execute())[0])
+                doomed.clear()
+
+        async with redis_errors(self.url):
+            # Deleting while scanning is safe: HSCAN returns every field present throughout.
+            async for key, blob in self.redis.hscan_iter(self.keys.cache_answers, count=1000):
+                try:
+                    answer = decode_answer(blob)
+                except msgspec.DecodeError:
+                    continue  # not an answer: the next put of its key replaces it
+                at = answer.cached_s or None
+                if (
+                    (endpoint is None or answer.endpoint == endpoint)
+                    and (since is None or (at is not None and at >= since))
+                    and (until is None or (at is not None and at < until))
+                ):
+                    doomed.append(key)
+                    if len(doomed) >= 1000:
+                        await drop()
+            await drop()
+        return gone
 
     async def cache_clear(self) -> int:
         """Delete every answer; returns how many there were."""

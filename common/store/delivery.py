@@ -156,8 +156,9 @@ class Delivery(StoreBase):
     ) -> Commit:
         """Write each result under its index (first write wins) and ack its entry, atomically.
 
-        ``entries`` are ``(entry_id, result, original payload)``; a failure's payload is kept so
-        that ``swarm-retry`` can queue the prompt again. Work of another generation of the job
+        ``entries`` are ``(entry_id, result, original payload)``; the payload of a failure, or of
+        an answer from the response cache, is kept so that ``swarm-retry`` can queue the prompt
+        again. Work of another generation of the job
         than ``gen`` is refused whole with :class:`JobGoneError`.
         """
         args: list[Any] = [GROUP, prompt_tokens, completion_tokens, gen]
@@ -168,7 +169,7 @@ class Delivery(StoreBase):
                 str(result.index),
                 encode(result),
                 kind,
-                b"" if result.ok else (payload or b""),
+                b"" if result.ok and not result.cached else (payload or b""),
             ]
         async with redis_errors(self.url, job):
             done, failed, hits, *kinds = await self.scripts.commit(

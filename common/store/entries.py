@@ -7,7 +7,7 @@ import msgspec
 
 from common.models import PromptItem, decode_item
 
-__all__ = ["decode_entry", "id_key", "index_of"]
+__all__ = ["decode_entry", "id_key", "index_of", "requeued"]
 
 
 def id_key(entry_id: bytes) -> tuple[int, int]:
@@ -20,6 +20,12 @@ def index_of(entry_id: bytes | str) -> int:
     """The prompt index encoded in a stream entry ID ``0-(index+1)``."""
     text = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
     return int(text.partition("-")[2]) - 1
+
+
+def requeued(entry_id: bytes) -> bool:
+    """Whether the entry was queued again by ``swarm-retry`` (ID ``round-(index+1)``, round
+    >= 1), rather than by the producer (``0-(index+1)``)."""
+    return not entry_id.startswith(b"0-")
 
 
 def decode_entry(entry_id: bytes, payload: bytes | None) -> PromptItem | str:

@@ -78,9 +78,7 @@ class Feeding(StoreBase):
     async def seal(self, job: str, total: int, *, gen: str) -> None:
         """Record that ``job`` has ``total`` prompts, all queued; a different total is refused."""
         async with redis_errors(self.url, job):
-            ok, stored = await self.scripts.seal(
-                keys=[self.keys.meta(job)], args=[total, gen]
-            )
+            ok, stored = await self.scripts.seal(keys=[self.keys.meta(job)], args=[total, gen])
         if not ok:
             raise JobConflictError(
                 f"job {job!r} was sealed with {int(stored)} prompts; this input has {total}. "

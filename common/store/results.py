@@ -72,11 +72,17 @@ class Results(StoreBase):
                         found.append((i, kind))
         return found
 
+    async def cached_indices(self, job: str) -> list[int]:
+        """Every prompt answered from the response cache whose entry is kept, in index order."""
+        async with redis_errors(self.url, job):
+            return sorted([int(i) async for i, _ in self.redis.hscan_iter(self.keys.cached(job))])
+
     async def requeue(self, job: str, failed: Sequence[tuple[int, str]], *, gen: str) -> int:
-        """Queue the given failed prompts again (see ``lua/retry.lua``); returns how many."""
+        """Queue the given prompts again, ``(index, failure kind or '+' for an answer from the
+        cache)`` (see ``lua/retry.lua``); returns how many."""
         if not failed:
             return 0
-        keys = self.script_keys(job)[:4]
+        keys = self.script_keys(job)[:5]
         async with redis_errors(self.url, job):
             round_ = await self.redis.hincrby(self.keys.meta(job), Meta.RETRY_ROUND, 1)
             n = 0

@@ -54,9 +54,7 @@ class Stages(StoreBase):
         there already."""
         keys = [self.keys.final(job), self.keys.meta(job)]
         async with redis_errors(self.url, job):
-            written = await self.scripts.final(
-                keys=keys, args=[encode_final(output), gen]
-            )
+            written = await self.scripts.final(keys=keys, args=[encode_final(output), gen])
         return bool(written)
 
     async def read_final(self, job: str) -> ReduceOutput | None:

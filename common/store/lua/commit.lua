@@ -1,17 +1,18 @@
 -- commit: the worker's atomic "write results + ack". First write wins: counters move only for
 -- indices that had no result and were never collected and evicted (below the job's eviction
--- mark), so a redelivered or speculative copy changes nothing. A failure
--- keeps its original entry (for swarm-retry) and counts under its kind. Acknowledged entries
+-- mark), so a redelivered or speculative copy changes nothing. A failure, and an answer from
+-- the response cache, keeps its original entry (for swarm-retry) and counts under its kind. Acknowledged entries
 -- lose their `running` marks and leave the stream with its acknowledged head (trim_acked).
 -- The last result marks the job finished. Work of another generation of the job (deleted or
 -- lost, and queued again under its name) is refused with GONE: nothing written, nothing acked.
--- KEYS: [1] results, [2] meta, [3] stream, [4] failed, [5] running
+-- KEYS: [1] results, [2] meta, [3] stream, [4] failed, [5] cached, [6] running
 -- ARGV: [1] group, [2] prompt_tokens, [3] completion_tokens, [4] generation, then per entry
 --       five: entry_id, index, result blob, failure kind ('' on success, '+' on a success
 --       answered from the response cache), original entry payload
 -- Returns {new results done, new results failed, new of them from the cache, then kind,
 -- count for each kind failed}.
-local results, meta, stream, failed_h, running = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local results, meta, stream, failed_h, cached_h = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local running = KEYS[6]
 local group, now = ARGV[1], now_s()
 check_generation(meta, ARGV[4])
 local evicted = tonumber(redis.call('HGET', meta, META.EVICTED) or '0')
@@ -28,7 +29,7 @@ for lo = 1, n, 500 do
     indices[#indices + 1] = ARGV[5 * e + 1]
   end
   local have = redis.call('HMGET', results, unpack(indices))
-  local fresh, lost = {}, {}
+  local fresh, lost, hit = {}, {}, {}
   for e = lo, hi do
     local b, index = 5 * e, ARGV[5 * e + 1]
     if not have[e - lo + 1] and not seen[index] and tonumber(index) >= evicted then
@@ -41,6 +42,8 @@ for lo = 1, n, 500 do
       elseif kind == '+' then
         done = done + 1
         hits = hits + 1
+        hit[#hit + 1] = index
+        hit[#hit + 1] = ARGV[b + 4]
       else
         failed = failed + 1
         kinds[kind] = (kinds[kind] or 0) + 1
@@ -51,6 +54,7 @@ for lo = 1, n, 500 do
   end
   if #fresh > 0 then redis.call('HSET', results, unpack(fresh)) end
   if #lost > 0 then redis.call('HSET', failed_h, unpack(lost)) end
+  if #hit > 0 then redis.call('HSET', cached_h, unpack(hit)) end
   redis.call('XACK', stream, group, unpack(ids))
   redis.call('HDEL', running, unpack(ids))
 end

@@ -1,28 +1,39 @@
--- retry: queue failed prompts again. Drops their results, re-adds their original entries to the
--- stream under IDs `round-(index+1)` (greater than every earlier ID, same index), moves the
--- counters back and reopens the job. A prompt below the eviction mark is skipped: its line is
--- in a collected file, and no answer could reach it.
--- KEYS: [1] results, [2] meta, [3] stream, [4] failed
+-- retry: queue prompts again: failed ones, or ones answered from the response cache (to ask an
+-- endpoint instead). Drops their results, re-adds their original entries to the stream under
+-- IDs `round-(index+1)` (greater than every earlier ID, same index: workers send such an entry
+-- to an endpoint, never to the cache), moves the counters back and reopens the job. A prompt
+-- below the eviction mark is skipped: its line is in a collected file, and no answer could
+-- reach it. So is one whose entry is not kept (answered by an endpoint, or retried already).
+-- KEYS: [1] results, [2] meta, [3] stream, [4] failed, [5] cached
 -- ARGV: [1] round, [2] generation (GONE if the job is another now), then per prompt two:
---       index, failure kind
--- Returns how many were queued again (a prompt with no kept entry is skipped).
-local results, meta, stream, failed_h = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local round, n = ARGV[1], 0
+--       index, and its failure kind or '+' for an answer from the cache
+-- Returns how many were queued again.
+local results, meta, stream, failed_h, cached_h = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local round, n, hits = ARGV[1], 0, 0
 check_generation(meta, ARGV[2])
 local evicted = tonumber(redis.call('HGET', meta, META.EVICTED) or '0')
 for b = 3, #ARGV, 2 do
   local idx, kind = ARGV[b], ARGV[b + 1]
-  local payload = tonumber(idx) >= evicted and redis.call('HGET', failed_h, idx)
+  local kept = kind == '+' and cached_h or failed_h
+  local payload = tonumber(idx) >= evicted and redis.call('HGET', kept, idx)
   if payload then
     redis.call('HDEL', results, idx)
-    redis.call('HDEL', failed_h, idx)
+    redis.call('HDEL', kept, idx)
     redis.call('XADD', stream, round .. '-' .. (tonumber(idx) + 1), 'd', payload)
-    redis.call('HINCRBY', meta, FAILED_KIND_PREFIX .. kind, -1)
+    if kind == '+' then
+      hits = hits + 1
+    else
+      redis.call('HINCRBY', meta, FAILED_KIND_PREFIX .. kind, -1)
+    end
     n = n + 1
   end
 end
 if n > 0 then
-  redis.call('HINCRBY', meta, META.FAILED, -n)
+  if n > hits then redis.call('HINCRBY', meta, META.FAILED, hits - n) end
+  if hits > 0 then
+    redis.call('HINCRBY', meta, META.DONE, -hits)
+    redis.call('HINCRBY', meta, META.CACHE_HITS, -hits)
+  end
   redis.call('HDEL', meta, META.FINISHED_S, META.CANCELLED_S)
 end
 return n
