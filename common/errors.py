@@ -8,6 +8,7 @@ decisions are taken from the class, never from message text.
 from __future__ import annotations
 
 __all__ = [
+    "BadKeyError",
     "BadRecordError",
     "ConfigError",
     "EndpointError",
@@ -25,6 +26,7 @@ __all__ = [
     "ResultsEvictedError",
     "StoreAccessDenied",
     "StoreFull",
+    "StoreRefused",
     "StoreUnavailable",
     "SwarmError",
 ]
@@ -88,7 +90,41 @@ class ResultsEvictedError(SwarmError):
 
 class BadRecordError(SwarmError):
     """A record in Redis cannot be read (written by another tool, or damaged): what it belongs
-    to is skipped and shown, never fatal to the other jobs."""
+    to is skipped and shown, never fatal to the other jobs. ``job``: the job it belongs to,
+    if one."""
+
+    def __init__(self, message: str, job: str = "") -> None:
+        super().__init__(message)
+        self.job = job
+
+
+class BadKeyError(BadRecordError):
+    """A key holds another type than swarm-queue keeps under its name (Redis's WRONGTYPE):
+    written by another tool or by hand. What needs that key is skipped and reported; the
+    operator deletes the key (swarm-queue never deletes what it did not write)."""
+
+    def __init__(self, keys: tuple[str, ...] = (), job: str = "") -> None:
+        where = (
+            f"the key {keys[0]!r}"
+            if len(keys) == 1
+            else f"one of the keys {', '.join(map(repr, keys))}"
+            if keys
+            else f"a key of job {job!r}"
+            if job
+            else "a key"
+        )
+        super().__init__(
+            f"{where} in Redis holds another type of value than swarm-queue keeps there "
+            "(WRONGTYPE): another tool or a person wrote it. Look at it (redis-cli TYPE KEY) "
+            "and delete it (redis-cli DEL KEY): until then what needs it is skipped",
+            job,
+        )
+        self.keys = keys
+
+
+class StoreRefused(SwarmError):
+    """Redis refused a command for a reason no wait will fix and swarm-queue has no class for;
+    the message carries Redis's own words."""
 
 
 class StoreUnavailable(SwarmError):

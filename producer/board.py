@@ -22,6 +22,7 @@ __all__ = [
     "job_list",
     "job_state",
     "read_board",
+    "read_fleet",
     "read_jobs",
     "reduce_where",
 ]
@@ -82,7 +83,8 @@ class EndpointRow(msgspec.Struct, frozen=True, kw_only=True):
 
 class Board(msgspec.Struct, frozen=True, kw_only=True):
     """Everything the page draws; ``times``: how long before ``generated_s`` each throughput
-    point was read; ``error``: why Redis could not be read (the last board read is kept)."""
+    point was read; ``error``: why Redis could not be read (the last board read is kept);
+    ``notes``: what was skipped as unreadable."""
 
     generated_s: float
     redis: str
@@ -91,6 +93,8 @@ class Board(msgspec.Struct, frozen=True, kw_only=True):
     endpoints: list[EndpointRow]
     times: list[float] = msgspec.field(default_factory=list)
     error: str | None = None
+    # Records skipped as unreadable (another tool's keys under swarm-queue's names), and why.
+    notes: list[str] = msgspec.field(default_factory=list)
 
 
 def job_state(s: JobStatus, waiting: str | None = None) -> str:
@@ -198,11 +202,21 @@ async def job_list(store: JobStore) -> tuple[list[str], list[str]]:
     return [n for n in names if ":" not in n], bad
 
 
+async def read_fleet(store: JobStore) -> tuple[list[EndpointInfo] | None, str | None]:
+    """The fleet registry, or None and why it cannot be read (its key holds another tool's
+    value): the jobs are shown without it, none said to be waiting."""
+    try:
+        return await store.read_fleet(), None
+    except BadRecordError as exc:
+        return None, f"the fleet registry is unreadable, endpoints not shown: {exc}"
+
+
 async def read_jobs(
-    store: JobStore, fleet: Sequence[EndpointInfo], now: float
+    store: JobStore, fleet: Sequence[EndpointInfo] | None, now: float
 ) -> tuple[list[JobRow], list[str]]:
     """Every job as a row, and the registry's members that are not job names. A job that
-    cannot be read is a row with its reason (``error``); it spoils nothing else."""
+    cannot be read is a row with its reason (``error``); it spoils nothing else. ``fleet``
+    None: unknown (no job is said to wait for an endpoint)."""
     names, bad = await job_list(store)
     rows: list[JobRow] = []
     for name in names:
@@ -214,7 +228,7 @@ async def read_jobs(
             rows.append(JobRow(job=name, state="unreadable", error=str(exc)))
             continue
         waiting = None
-        if not (s.finished or s.cancelled):
+        if not (s.finished or s.cancelled) and fleet is not None:
             waiting = waiting_reason(spec.model, fleet, now)
         age = now - spec.created_s if spec.created_s else None
         rows.append(_job_row(s, stage, spec.model, waiting, age))
@@ -224,19 +238,29 @@ async def read_jobs(
 async def read_board(store: JobStore, redis_url: str, now: float | None = None) -> Board:
     """Every job and every endpoint, as of now."""
     now = await store.server_time() if now is None else now
-    fleet = await store.read_fleet()
-    jobs, _ = await read_jobs(store, fleet, now)
+    fleet, note = await read_fleet(store)
+    notes = [note] if note else []
+    try:
+        jobs, bad = await read_jobs(store, fleet, now)
+    except BadRecordError as exc:  # the job registry itself
+        jobs, bad = [], []
+        notes.append(f"the job registry is unreadable, no job shown: {exc}")
+    notes += [f"ignored in {store.keys.jobs}: {name!r} is not a job name" for name in bad]
     stats: list[EndpointStats] = []
     for row in jobs:
         if row.live:
             # While a tree level runs, the endpoints are busy with it, not with the job.
-            stats.extend(await store.read_endpoints(stage_name(row.job, row.stage)))
+            try:
+                stats.extend(await store.read_endpoints(stage_name(row.job, row.stage)))
+            except BadRecordError as exc:
+                notes.append(f"job {row.job}: its endpoints' figures are unreadable: {exc}")
     return Board(
         generated_s=now,
         redis=mask_url(redis_url),
         prefix=store.keys.prefix,
         jobs=jobs,
-        endpoints=_endpoint_rows(fleet, stats, now),
+        endpoints=_endpoint_rows(fleet or [], stats, now),
+        notes=notes,
     )
 
 

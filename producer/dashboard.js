@@ -158,6 +158,9 @@ async function refresh() {
     const banner = document.getElementById("error");
     banner.textContent = board.error ? "Redis could not be read: " + board.error : "";
     banner.style.display = board.error ? "block" : "none";
+    const notes = document.getElementById("notes");
+    notes.textContent = (board.notes || []).join("\n");
+    notes.style.display = notes.textContent ? "block" : "none";
     drawJobs(board.jobs);
     drawEndpoints(board.endpoints);
     drawTotal(board);

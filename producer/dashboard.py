@@ -20,6 +20,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 
 from common.errors import ConfigError, SwarmError
+from common.settings import mask_url
 from common.store import JobStore
 from producer.board import Board, History, read_board
 
@@ -66,15 +67,20 @@ class Dashboard:
         self.body = b"{}"
 
     async def step(self) -> bool:
-        """Read Redis once; False when it could not be read (the last board is kept, with why)."""
+        """Read Redis once; False when it could not be read. Then no figure is shown (none
+        can be vouched for): the board says why, and when Redis was last read."""
         try:
             board = self.history.add(await read_board(self.store, self.redis_url))
         except SwarmError as exc:
-            if self.board is None:
-                self.board = Board(
-                    generated_s=time.time(), redis="", prefix="", jobs=[], endpoints=[]
-                )
-            self.board = msgspec.structs.replace(self.board, error=str(exc))
+            last = self.board
+            self.board = Board(
+                generated_s=last.generated_s if last else time.time(),
+                redis=mask_url(self.redis_url),
+                prefix=self.store.keys.prefix,
+                jobs=[],
+                endpoints=[],
+                error=str(exc),
+            )
             self.body = _encoder.encode(self.board)
             return False
         self.board = board

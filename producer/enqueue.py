@@ -18,10 +18,7 @@ import msgspec
 
 from common.cache import check_cache_spec
 from common.cli import add_redis_arg, run, settings_from_args
-from common.errors import (
-    ConfigError,
-    InputError,
-)
+from common.errors import BadRecordError, ConfigError, InputError
 from common.feed import EnqueueReport, PromptInput, enqueue_prompts
 from common.fleet import waiting_reason
 from common.keys import validate_job_name
@@ -43,6 +40,8 @@ async def check_model(settings: Settings, model: str | None, *, strict: bool) ->
     store = JobStore.from_settings(settings, patient=False)
     try:
         reason = waiting_reason(model, await store.read_fleet(), await store.server_time())
+    except BadRecordError as exc:  # the fleet registry's key holds another tool's value
+        reason = f"the endpoints serving it cannot be known: {exc}"
     finally:
         await store.close()
     if reason is None:

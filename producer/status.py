@@ -13,13 +13,13 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 
 from common.cli import add_redis_arg, open_job_store, run, settings_from_args
-from common.errors import ConfigError, JobConflictError
+from common.errors import BadRecordError, ConfigError, JobConflictError
 from common.fleet import SILENT_PERIODS, EndpointInfo, EndpointStats, waiting_reason
 from common.hostfile import normalize_url
 from common.keys import stage_name, validate_job_name
 from common.settings import mask_url
 from common.store import JobStatus, JobStore
-from producer.board import job_list, job_state, read_jobs, reduce_where
+from producer.board import job_list, job_state, read_fleet, read_jobs, reduce_where
 
 __all__ = ["format_endpoints", "format_status", "jobs_main", "main"]
 
@@ -118,7 +118,11 @@ async def _show(store: JobStore, job: str) -> JobStatus:
     now = await store.server_time()
     waiting = None
     if not (status.finished or status.cancelled):
-        waiting = await waiting_for(store, job, await store.read_fleet(), now)
+        fleet, note = await read_fleet(store)
+        if note:
+            print(f"swarm-status: warning: {note}", file=sys.stderr)
+        else:
+            waiting = await waiting_for(store, job, fleet or [], now)
     print(format_status(status, stage, endpoints, now=now, waiting=waiting), flush=True)
     return status
 
@@ -186,10 +190,11 @@ async def _jobs(args: argparse.Namespace) -> int:
                 n = await store.delete_job(job)
                 print(f"job {job}: deleted ({n} keys)")
             return 0
+        fleet, note = await read_fleet(store)
+        rows, bad = await read_jobs(store, fleet, await store.server_time())
         print(
             f"{'job':32} {'state':10} {'done':>10} {'failed':>8} {'total':>10} {'age':>7}  reduce"
         )
-        rows, bad = await read_jobs(store, await store.read_fleet(), await store.server_time())
         for row in rows:
             if row.error is not None:  # one bad job spoils no listing
                 print(f"{row.job:32} {'unreadable':10} {row.error}")
@@ -203,14 +208,19 @@ async def _jobs(args: argparse.Namespace) -> int:
                 f"{row.job:32} {row.state:10} {row.done:>10} {row.failed:>8} {total:>10} "
                 f"{age:>7}  {reduce}"
             )
-        size = await store.cache_size()
-        print(
-            f"response cache: {size.answers} answers, {size.bytes / 2**20:,.1f} MiB "
-            f"(each kept {_age(settings.cache_ttl_s)} after its last use, at most "
-            f"{settings.cache_max_answers} answers: the least recently used go first)"
-        )
+        try:
+            size = await store.cache_size()
+            print(
+                f"response cache: {size.answers} answers, {size.bytes / 2**20:,.1f} MiB "
+                f"(each kept {_age(settings.cache_ttl_s)} after its last use, at most "
+                f"{settings.cache_max_answers} answers: the least recently used go first)"
+            )
+        except BadRecordError as exc:
+            print(f"response cache: unreadable: {exc}")
         for name in bad:
             print(f"ignored in {store.keys.jobs}: {name!r} is not a job name", file=sys.stderr)
+        if note:
+            print(f"swarm-jobs: warning: {note}", file=sys.stderr)
         return 0
     finally:
         await store.close()

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from common.embedded import free_port
+from common.embedded import EmbeddedRedis, free_port
+from common.feed import enqueue_prompts
 from common.fleet import EndpointInfo, EndpointStats
 from common.models import PromptItem, Result
 from common.settings import Settings
@@ -297,3 +298,26 @@ async def test_redis_out_of_reach_is_shown_on_the_page_not_a_crash(
         assert board["error"] and board["jobs"] == []
     finally:
         await store.close()
+
+
+async def test_a_redis_lost_shows_no_figure_it_cannot_vouch_for(
+    make_settings: Callable[..., Settings],
+) -> None:
+    with EmbeddedRedis() as server:
+        settings = make_settings(redis_url=server.url)
+        store = JobStore.from_settings(settings, patient=False)
+        try:
+            await enqueue_prompts(store, spec("shown"), prompts(5))
+            dash = Dashboard(store, settings.redis_url, 1.0)
+            assert await dash.step()
+            read_at = json.loads(dash.body)["generated_s"]
+            assert [j["job"] for j in json.loads(dash.body)["jobs"]] == ["shown"]
+            server.stop()
+            assert not await dash.step()
+            board = json.loads(dash.body)
+            # No figure from before (on the code before, the last jobs stayed on the page)...
+            assert board["jobs"] == [] and board["endpoints"] == []
+            # ... the reason, and when Redis was last read.
+            assert "unavailable" in board["error"] and board["generated_s"] == read_at
+        finally:
+            await store.close()

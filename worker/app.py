@@ -153,8 +153,9 @@ async def startup(ctx: dict[str, Any]) -> None:
 
     def engine_done(t: asyncio.Task[None]) -> None:
         if not t.cancelled() and t.exception() is not None:
-            log.error("drain engine failed: %r", t.exception())
-        if not engine.burst and not engine.stopping:
+            # Never a process serving nothing: the worker exits with an error (shutdown).
+            log.error("drain engine failed: %r; stopping the worker", t.exception())
+        elif not engine.burst and not engine.stopping:
             # Only endpoint-wide trouble (a wrong key, no OpenAI server at the URL) ends
             # the drain loops of a long-running worker; never a job.
             log.error("no usable endpoint left; stopping the worker")
@@ -200,6 +201,7 @@ async def shutdown(ctx: dict[str, Any]) -> None:
         except TimeoutError:
             log.warning("grace period over; cancelling batches in flight (they stay queued)")
             task.cancel()
+    failed = task.done() and not task.cancelled() and task.exception() is not None
     with contextlib.suppress(asyncio.CancelledError, Exception):
         await task
     loop = asyncio.get_running_loop()
@@ -220,11 +222,13 @@ async def shutdown(ctx: dict[str, Any]) -> None:
             d.figures.copied,
             d.figures.copies_won,
         )
-    if engine.broken:
+    if engine.broken or failed:
         # The exit status says work was left that these endpoints should have done: arq
         # itself would exit 0. Its Redis pool is closed here, as arq would after this hook.
         for reason in engine.broken:
             log.error("exiting with an error: endpoint unusable: %s", reason)
+        if failed:
+            log.error("exiting with an error: the drain engine failed (see above)")
         await ctx["redis"].close(close_connection_pool=True)
         raise SystemExit(1)
 

@@ -12,7 +12,7 @@ import logging
 import msgspec
 
 from common.cache import answer_key, cacheable, decode_answer, encode_answer
-from common.errors import StoreUnavailable
+from common.errors import BadRecordError, StoreRefused, StoreUnavailable
 from common.models import JobSpec, Result
 from common.settings import Settings
 from common.store import JobStore, requeued
@@ -21,6 +21,10 @@ from worker.deliveries import Decoded, Finished
 __all__ = ["AnswerCache"]
 
 log = logging.getLogger("swarm.worker")
+
+# What the cache may meet in Redis: an outage or a full Redis, or its keys holding another
+# tool's values. Either way the prompts go to the endpoint, as if nothing were cached.
+_CACHE_TROUBLE = (StoreUnavailable, BadRecordError, StoreRefused)
 
 
 class AnswerCache:
@@ -48,8 +52,8 @@ class AnswerCache:
             return [], items, keys
         try:
             found = dict(zip(wanted, await self.store.cache_get(wanted, self.ttl_s), strict=True))
-        except StoreUnavailable as exc:
-            log.warning("%s: response cache not read (%s): asking the endpoint", self.label, exc)
+        except _CACHE_TROUBLE as exc:
+            self._trouble(f"response cache not read ({exc}): asking the endpoint", exc)
             return [], items, keys
         hits: list[Finished] = []
         rest: list[Decoded] = []
@@ -82,7 +86,13 @@ class AnswerCache:
             now = await self.store.server_time()
             answers = [(key, encode_answer(r, now)) for key, r in kept]
             await self.store.cache_put(answers, self.ttl_s, self.max_answers)
-        except StoreUnavailable as exc:
-            log.warning(
-                "%s: %d answers not kept in the response cache (%s)", self.label, len(kept), exc
-            )
+        except _CACHE_TROUBLE as exc:
+            self._trouble(f"{len(kept)} answers not kept in the response cache ({exc})", exc)
+
+    def _trouble(self, what: str, exc: Exception) -> None:
+        """Say what the cache could not do: each time for an outage, once for a bad key (it
+        stays bad until someone deletes it, and every batch would say so again)."""
+        if isinstance(exc, BadRecordError):
+            self.store.warn_once("the response cache", f"{self.label}: {exc}")
+        else:
+            log.warning("%s: %s", self.label, what)

@@ -19,11 +19,13 @@ from typing import TYPE_CHECKING
 
 from common.backoff import backoff_s
 from common.errors import (
+    BadRecordError,
     EndpointError,
     EndpointUnusable,
     JobGoneError,
     ModelNotServed,
     StoreUnavailable,
+    SwarmError,
 )
 from common.fleet import EndpointInfo, EndpointStats
 from common.models import JobSpec, Result
@@ -196,6 +198,11 @@ class EndpointDrainer:
                 log.warning("%s: %s; retrying", self.client.label, exc)
                 self.intake.look_again()
                 await self.engine.sleep(self._backoff(3))
+            except SwarmError as exc:
+                # Redis refused something no job or key above explains: say so, go on slower.
+                log.warning("%s: %s; continuing", self.client.label, exc)
+                self.intake.look_again()
+                await self.engine.sleep(self._backoff(3))
             except Exception:
                 # A bug or an unforeseen answer must not silently kill a slot in a days-long
                 # run: log it loudly and carry on; unacked work is reclaimed as usual.
@@ -219,6 +226,9 @@ class EndpointDrainer:
             got = await self._next_batch(block_ms)
         except JobGoneError as exc:  # its stream went while this slot read it
             self.engine.job_gone(exc)
+            return False
+        except BadRecordError as exc:  # a job's key holds another tool's value: skip the job
+            self.engine.unreadable(exc)
             return False
         if got is None:
             return False
@@ -273,6 +283,11 @@ class EndpointDrainer:
             # Entries read under a stale spec belong to the job that holds the name now: this
             # consumer takes them back once the engine has read that job.
             self.engine.job_gone(exc, spec)
+            self.intake.look_again()
+        except BadRecordError as exc:
+            # A key of the job holds another tool's value: its entries stay pending here,
+            # taken back if the job is read again; no other job waits on it.
+            self.engine.unreadable(exc)
             self.intake.look_again()
         finally:
             heartbeat.cancel()

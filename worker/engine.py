@@ -129,7 +129,12 @@ class Engine:
         async with self._refresh_lock:
             if not force and time.monotonic() - self._refreshed_at < self.settings.jobs_refresh_s:
                 return
-            names = await self.store.list_jobs()
+            try:
+                names = await self.store.list_jobs()
+            except BadRecordError as exc:  # the registry itself: keep serving the jobs known
+                self.store.warn_once("the job registry", str(exc))
+                self._refreshed_at = time.monotonic()
+                return
             unfinished = await self.store.unfinished(names)
             for name in unfinished:
                 if name not in self.jobs:
@@ -181,6 +186,14 @@ class Engine:
         known = spec or held
         self._say_gone(exc.job, known.generation if known else "", str(exc))
 
+    def unreadable(self, exc: BadRecordError) -> None:
+        """A key of job ``exc.job`` cannot be used (another tool's value under its name): the
+        job is dropped until the next sweep reads it again; said once. The other jobs go on."""
+        if exc.job:
+            self.jobs.pop(exc.job, None)
+            self._refreshed_at = -math.inf
+        self.store.warn_once(f"job {exc.job}" if exc.job else str(exc), str(exc))
+
     def _say_gone(self, job: str, gen: str, why: str) -> None:
         """Log, once per generation of ``job``, that this worker lost it and drops its work."""
         if (job, gen) not in self._gone:
@@ -196,7 +209,11 @@ class Engine:
         if len({s.priority for s in specs}) < 2:
             return {}
         lowest = min(s.priority for s in specs)
-        fleet = await self.store.read_fleet()
+        try:
+            fleet = await self.store.read_fleet()
+        except BadRecordError as exc:  # shares from this worker's own endpoints, then
+            self.store.warn_once("the fleet registry", str(exc))
+            fleet = []
         now = await self.store.server_time()
         shares = {}
         for spec in specs:
@@ -273,7 +290,7 @@ class Engine:
     async def run(self, *, burst: bool = False) -> None:
         """Drain until stopped; with ``burst``, return once no job has work left."""
         self.burst = self.burst or burst
-        with contextlib.suppress(StoreUnavailable):  # the slots ride out Redis trouble
+        with contextlib.suppress(SwarmError):  # the slots ride out Redis trouble
             await self.refresh_jobs(force=True)
         publisher = asyncio.create_task(self._publish_loop(), name="swarm-stats")
         try:
@@ -308,10 +325,13 @@ class Engine:
         and each endpoint's served models in the fleet registry (taken out on stop). Stamped
         with Redis's clock, as every reader compares them with it."""
         now = await self.store.server_time()
-        if stopped:
-            await self.store.publish_fleet([], gone=[d.fleet_field for d in self.drainers])
-        else:
-            await self.store.publish_fleet([d.info(now) for d in self.drainers])
+        try:
+            if stopped:
+                await self.store.publish_fleet([], gone=[d.fleet_field for d in self.drainers])
+            else:
+                await self.store.publish_fleet([d.info(now) for d in self.drainers])
+        except BadRecordError as exc:  # the jobs' figures below still go out
+            self.store.warn_once("the fleet registry", str(exc))
         live = set() if stopped else set(self.jobs)
         left = (self._published | self.touched) - live
         self.touched = set()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Self
 
 import msgspec
@@ -14,6 +15,8 @@ from common.store.connection import Client, connect, redis_errors
 from common.store.scripts import Scripts
 
 __all__ = ["StoreBase", "spec_of"]
+
+log = logging.getLogger("swarm.store")
 
 
 class StoreBase:
@@ -39,6 +42,16 @@ class StoreBase:
 
     async def close(self) -> None:
         await self.redis.aclose()
+
+    def warn_once(self, what: str, why: str) -> None:
+        """Log, the first time for ``what``, that a bad record is skipped and why."""
+        if what not in self._warned:
+            self._warned.add(what)
+            log.warning("skipping %s: %s", what, why)
+
+    def skip_unreadable_meta(self, job: str) -> None:
+        """``job``'s meta is no hash (another tool's key under its name): it is no job."""
+        self.warn_once(f"job {job}", f"its meta {self.keys.meta(job)!r} is unreadable")
 
     async def server_time(self) -> float:
         """Redis's clock, in seconds: what every time stored or compared across machines is
@@ -75,4 +88,4 @@ def spec_of(job: str, raw: bytes) -> JobSpec:
     try:
         return decode_spec(raw)
     except (msgspec.DecodeError, msgspec.ValidationError, ConfigError) as exc:
-        raise BadRecordError(f"job {job!r}: its spec in Redis cannot be read: {exc}") from None
+        raise BadRecordError(f"job {job!r}: its spec in Redis cannot be read: {exc}", job) from None

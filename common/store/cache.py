@@ -32,7 +32,7 @@ class ResponseCache(StoreBase):
         found counts as used now."""
         if not keys:
             return []
-        async with redis_errors(self.url):
+        async with redis_errors(self.url, "", *self._cache_keys()):
             values = await self.scripts.cache_get(keys=self._cache_keys(), args=[ttl_s, *keys])
         return [v if v else None for v in values]
 
@@ -44,11 +44,11 @@ class ResponseCache(StoreBase):
         args: list[str | bytes | float | int] = [ttl_s, max_answers]
         for key, blob in answers:
             args += [key, blob]
-        async with redis_errors(self.url):
+        async with redis_errors(self.url, "", *self._cache_keys()):
             return int(await self.scripts.cache_put(keys=self._cache_keys(), args=args))
 
     async def cache_size(self) -> CacheSize:
-        async with redis_errors(self.url):
+        async with redis_errors(self.url, "", *self._cache_keys()):
             answers = await self.redis.hlen(self.keys.cache_answers)
             used = 0
             for key in self._cache_keys():
@@ -77,7 +77,7 @@ class ResponseCache(StoreBase):
                     gone += int((await pipe.execute())[0])
                 doomed.clear()
 
-        async with redis_errors(self.url):
+        async with redis_errors(self.url, "", *self._cache_keys()):
             # Deleting while scanning is safe: HSCAN returns every field present throughout.
             async for key, blob in self.redis.hscan_iter(self.keys.cache_answers, count=1000):
                 try:
@@ -99,6 +99,6 @@ class ResponseCache(StoreBase):
     async def cache_clear(self) -> int:
         """Delete every answer; returns how many there were."""
         size = await self.cache_size()
-        async with redis_errors(self.url):
+        async with redis_errors(self.url, "", *self._cache_keys()):
             await self.redis.delete(*self._cache_keys())
         return size.answers

@@ -7,6 +7,7 @@ catches a redis-py exception.
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -26,7 +27,14 @@ from redis.exceptions import (
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from common.errors import JobGoneError, StoreAccessDenied, StoreFull, StoreUnavailable
+from common.errors import (
+    BadKeyError,
+    JobGoneError,
+    StoreAccessDenied,
+    StoreFull,
+    StoreRefused,
+    StoreUnavailable,
+)
 from common.settings import mask_url
 
 __all__ = [
@@ -128,9 +136,11 @@ _GONE_CODES = ("GONE", "NOGROUP")
 
 
 @contextlib.asynccontextmanager
-async def redis_errors(url: str, job: str = "") -> AsyncIterator[None]:
-    """Translate redis-py's failures into swarm-queue's store errors (the one boundary);
-    ``job``: the job the commands are for, named by a :class:`JobGoneError`."""
+async def redis_errors(url: str, job: str = "", *keys: str) -> AsyncIterator[None]:
+    """Translate redis-py's failures into swarm-queue's store errors (the one boundary): no
+    redis-py exception leaves it. ``job``: the job the commands are for, named by a
+    :class:`JobGoneError`; ``keys``: the keys they touch outside any job, named by a
+    :class:`BadKeyError` (a key holding another type than swarm-queue keeps there)."""
     try:
         yield
     except (AuthenticationError, AuthorizationError, NoPermissionError) as exc:
@@ -139,15 +149,21 @@ async def redis_errors(url: str, job: str = "") -> AsyncIterator[None]:
             "the URL, and the user's ACL: it needs the key prefix's keys and stream commands)"
         ) from None
     except ResponseError as exc:
-        if redis_code(exc) in _GONE_CODES:
+        code = redis_code(exc)
+        if code in _GONE_CODES:
             raise JobGoneError(job or "?") from None
-        if redis_code(exc) in ("MOVED", "ASK", "CLUSTERDOWN", "CROSSSLOT"):
+        if code == "WRONGTYPE":
+            raise BadKeyError(keys, job) from None
+        if code in ("MOVED", "ASK", "CLUSTERDOWN", "CROSSSLOT"):
             raise StoreUnavailable(
-                f"Redis at {mask_url(url)} is a Redis Cluster node ({redis_code(exc)}): set "
+                f"Redis at {mask_url(url)} is a Redis Cluster node ({code}): set "
                 "SWARM_REDIS_CLUSTER=1 so that the client follows the cluster's slots"
             ) from None
+        if code in ("LOADING", "BUSY", "MASTERDOWN", "TRYAGAIN"):
+            # Redis loading its data after a restart, or blocked by a long script: an outage.
+            raise StoreUnavailable(f"Redis at {mask_url(url)} is not ready: {exc}") from None
         if not _is_oom(exc):
-            raise
+            raise StoreRefused(f"Redis at {mask_url(url)} refused a command: {exc}") from None
         raise StoreFull(
             f"Redis at {mask_url(url)} is out of memory (its maxmemory is reached) and refuses "
             "writes: collect finished jobs with swarm-collect --evict, delete them with "
@@ -155,12 +171,22 @@ async def redis_errors(url: str, job: str = "") -> AsyncIterator[None]:
         ) from None
     except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
         raise StoreUnavailable(f"Redis at {mask_url(url)} unavailable: {exc}") from None
+    except RedisError as exc:  # anything else redis-py raises (a reply it cannot parse...)
+        raise StoreRefused(f"Redis at {mask_url(url)}: {type(exc).__name__}: {exc}") from None
+
+
+# redis-py prefixes the reply of a pipeline's failed command with this (then the command).
+_PIPELINE_PREFIX = re.compile(r"Command # \d+ \(.*\) of pipeline caused error: ", re.DOTALL)
 
 
 def redis_code(exc: ResponseError) -> str:
     """The error code of a Redis error reply: its first word (``BUSYGROUP``, ``OOM``...), the
-    protocol's machine-readable part, as redis-py itself maps replies to classes."""
+    protocol's machine-readable part, as redis-py itself maps replies to classes. A pipeline's
+    reply carries it after redis-py's note of which command failed."""
     text = str(exc.args[0]) if exc.args else ""
+    match = _PIPELINE_PREFIX.match(text)
+    if match:
+        text = text[match.end() :].lstrip("('\"")
     return text.split(" ", 1)[0]
 
 

@@ -26,12 +26,12 @@ class Feeding(StoreBase):
 
     async def enqueued_count(self, job: str) -> int:
         """How many prompts the producer has queued: the resume point of a rerun."""
-        async with redis_errors(self.url):
+        async with redis_errors(self.url, job):
             return int(await self.redis.hget(self.keys.meta(job), Meta.ENQUEUED) or 0)
 
     async def acquire_producer_lock(self, job: str, token: str, ttl_ms: int) -> str | None:
         """Take or refresh the job's producer lock; returns the other holder's token if held."""
-        async with redis_errors(self.url):
+        async with redis_errors(self.url, job):
             holder = await self.scripts.lock(
                 keys=[self.keys.producer_lock(job)], args=[token, ttl_ms]
             )
@@ -39,14 +39,14 @@ class Feeding(StoreBase):
 
     async def release_producer_lock(self, job: str, token: str) -> None:
         key = self.keys.producer_lock(job)
-        async with redis_errors(self.url):
+        async with redis_errors(self.url, job):
             if await self.redis.get(key) == token.encode():
                 await self.redis.delete(key)
 
     async def resume_point(self, job: str) -> tuple[int, str | None]:
         """How many prompts the producer has queued, and the digest of the input they came
         from (None for a job queued before digests were kept)."""
-        async with redis_errors(self.url):
+        async with redis_errors(self.url, job):
             have, digest = await self.redis.hmget(
                 self.keys.meta(job), [Meta.ENQUEUED, Meta.INPUT_DIGEST]
             )

@@ -28,7 +28,7 @@ class JobStore(Registry, Feeding, Delivery, Results, Stages, Status, ResponseCac
         (its entry kept for ``swarm-retry``). Returns (newly cancelled, prompts cancelled now)."""
         meta = self.keys.meta(job)
         gen = (await self.load_spec(job)).generation
-        async with redis_errors(self.url):
+        async with redis_errors(self.url, job):
             now = await self.server_time()
             newly = bool(await self.redis.hsetnx(meta, Meta.CANCELLED_S, f"{now:.3f}"))
             total = await self.redis.hget(meta, Meta.TOTAL)
@@ -36,7 +36,7 @@ class JobStore(Registry, Feeding, Delivery, Results, Stages, Status, ResponseCac
             await self.seal(job, await self.enqueued_count(job), gen=gen)
         count = 0
         while True:
-            async with redis_errors(self.url):
+            async with redis_errors(self.url, job):
                 entries = await self.redis.xrange(self.keys.stream(job), count=1000)
             if not entries:
                 return newly, count
@@ -54,5 +54,5 @@ class JobStore(Registry, Feeding, Delivery, Results, Stages, Status, ResponseCac
             ]
             count += (await self.commit(job, batch, gen=gen)).failed
             # A commit trims only what was delivered: the undelivered entries go here.
-            async with redis_errors(self.url):
+            async with redis_errors(self.url, job):
                 await self.redis.xdel(self.keys.stream(job), *(eid for eid, _ in entries))

@@ -53,14 +53,15 @@ class Registry(StoreBase):
                     + (f"; it differs in {', '.join(others)}" if others else "")
                     + ". Use another job name."
                 )
-            await self.ensure_group(job)
+        await self.ensure_group(job)
+        async with redis_errors(self.url, "", self.keys.jobs):
             await self.redis.sadd(self.keys.jobs, job)
         return stored
 
     async def ensure_group(self, job: str) -> None:
         """Create the job's consumer group (and stream) unless it exists; any other refusal
         (an ACL denial, a full Redis) surfaces."""
-        async with redis_errors(self.url):
+        async with redis_errors(self.url, job):
             try:
                 await self.redis.xgroup_create(self.keys.stream(job), GROUP, id="0", mkstream=True)
             except ResponseError as exc:
@@ -73,7 +74,7 @@ class Registry(StoreBase):
             return bool(await self.redis.exists(self.keys.arq_health_check))
 
     async def load_spec(self, job: str) -> JobSpec:
-        async with redis_errors(self.url):
+        async with redis_errors(self.url, job):
             raw = await self.redis.hget(self.keys.meta(job), Meta.SPEC)
         if raw is None:
             raise JobNotFoundError(
@@ -88,7 +89,7 @@ class Registry(StoreBase):
 
     async def job_names(self) -> tuple[list[str], list[str]]:
         """The registry's valid names, and the members that are not (shown by ``swarm-jobs``)."""
-        async with redis_errors(self.url):
+        async with redis_errors(self.url, "", self.keys.jobs):
             members = await self.redis.smembers(self.keys.jobs)
         good, bad = [], []
         for raw in members:
@@ -105,18 +106,25 @@ class Registry(StoreBase):
         return sorted(good), sorted(bad)
 
     async def unfinished(self, names: Sequence[str]) -> list[str]:
-        """The jobs among ``names`` not yet finished (one pipelined round trip)."""
+        """The jobs among ``names`` not yet finished (one pipelined round trip); one whose
+        meta is unreadable is skipped, with a warning the first time."""
         if not names:
             return []
         async with redis_errors(self.url), self.redis.pipeline(transaction=False) as pipe:
             for name in names:
                 pipe.hmget(self.keys.meta(name), [Meta.FINISHED_S, Meta.CANCELLED_S])
-            flags = await pipe.execute()
-        return [n for n, f in zip(names, flags, strict=True) if f[0] is None and f[1] is None]
+            flags = await pipe.execute(raise_on_error=False)
+        out = []
+        for name, f in zip(names, flags, strict=True):
+            if isinstance(f, Exception):  # its meta is no hash (another tool's key): no job
+                self.skip_unreadable_meta(name)
+            elif f[0] is None and f[1] is None:
+                out.append(name)
+        return out
 
     async def meta(self, job: str) -> dict[str, bytes]:
         """The job's meta hash as it is (fields: :class:`common.vocab.Meta`)."""
-        async with redis_errors(self.url):
+        async with redis_errors(self.url, job):
             raw = await self.redis.hgetall(self.keys.meta(job))
         return {k.decode(): v for k, v in raw.items()}
 
@@ -124,7 +132,7 @@ class Registry(StoreBase):
         """True while the job has entries not yet acked, or is not sealed and a live producer
         is still feeding it. (An unsealed job whose producer died or refused its input has no
         work until it is resumed: a burst worker does not wait for it.)"""
-        async with redis_errors(self.url), self.redis.pipeline(transaction=False) as pipe:
+        async with redis_errors(self.url, job), self.redis.pipeline(transaction=False) as pipe:
             pipe.hmget(self.keys.meta(job), [Meta.TOTAL, Meta.FINISHED_S, Meta.CANCELLED_S])
             pipe.exists(self.keys.producer_lock(job))
             (total, finished, cancelled), feeding = await pipe.execute()
@@ -139,7 +147,7 @@ class Registry(StoreBase):
         """Delete every key of ``job`` and of its reduce stages, and unlist them; returns how
         many keys went. The caller checks the job is finished: this does not."""
         n = 0
-        async with redis_errors(self.url):
+        async with redis_errors(self.url, job):
             async for key in self.redis.scan_iter(match=self.keys.job_pattern(job), count=1000):
                 n += int(await self.redis.unlink(key))
             names = [m for m in await self.list_jobs() if parse_stage(m)[0] == job]

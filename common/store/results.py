@@ -19,7 +19,7 @@ class Results(StoreBase):
     async def fetch_results(self, job: str, start: int, count: int) -> list[bytes | None]:
         """Raw result blobs for indices ``start .. start+count-1`` (None where not yet written)."""
         fields = [str(i) for i in range(start, start + count)]
-        async with redis_errors(self.url):
+        async with redis_errors(self.url, job):
             return list(await self.redis.hmget(self.keys.results(job), fields))
 
     async def read_results(self, job: str, total: int, chunk: int = 2000) -> list[Result]:
@@ -59,7 +59,7 @@ class Results(StoreBase):
     ) -> list[tuple[int, str]]:
         """``(index, kind)`` of every failed prompt that can be queued again, in index order."""
         found: list[tuple[int, str]] = []
-        async with redis_errors(self.url):
+        async with redis_errors(self.url, job):
             indices = sorted(
                 [int(i) async for i, _ in self.redis.hscan_iter(self.keys.failed(job))]
             )

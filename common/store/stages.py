@@ -27,19 +27,26 @@ class Stages(StoreBase):
             async with self.redis.pipeline(transaction=False) as pipe:
                 for name in parents:
                     pipe.hmget(self.keys.meta(name), fields)
-                rows = await pipe.execute()
-            todo = [
-                (name, int(stage or 0))
-                for name, (kind, stage, reduced, cancelled) in zip(parents, rows, strict=True)
-                if kind is not None and reduced is None and cancelled is None
-            ]
+                rows = await pipe.execute(raise_on_error=False)
+            todo = []
+            for name, row in zip(parents, rows, strict=True):
+                if isinstance(row, Exception):  # its meta is no hash: see Registry.unfinished
+                    self.skip_unreadable_meta(name)
+                    continue
+                kind, stage, reduced, cancelled = row
+                if kind is not None and reduced is None and cancelled is None:
+                    todo.append((name, int(stage or 0)))
             if not todo:
                 return []
             async with self.redis.pipeline(transaction=False) as pipe:
                 for name, level in todo:
                     pipe.hget(self.keys.meta(stage_name(name, level)), Meta.FINISHED_S)
-                finished = await pipe.execute()
-        return [(n, lv, f is not None) for (n, lv), f in zip(todo, finished, strict=True)]
+                finished = await pipe.execute(raise_on_error=False)
+        return [
+            (n, lv, f is not None)
+            for (n, lv), f in zip(todo, finished, strict=True)
+            if not isinstance(f, Exception)
+        ]
 
     async def set_stage(self, job: str, level: int, *, gen: str, **info: int) -> None:
         """Record that ``job`` (of generation ``gen``)'s reduce now runs stage ``level``
@@ -58,6 +65,6 @@ class Stages(StoreBase):
         return bool(written)
 
     async def read_final(self, job: str) -> ReduceOutput | None:
-        async with redis_errors(self.url):
+        async with redis_errors(self.url, job):
             raw = await self.redis.get(self.keys.final(job))
         return None if raw is None else decode_final(raw)

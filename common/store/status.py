@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import msgspec
 
-from common.errors import JobNotFoundError
+from common.errors import BadRecordError, JobNotFoundError
 from common.fleet import EndpointInfo, EndpointStats, decode_endpoint_info, decode_endpoint_stats
 from common.keys import GROUP
 from common.models import encode
@@ -89,7 +89,7 @@ class Status(StoreBase):
 
     async def status(self, job: str) -> JobStatus:
         meta_key, stream = self.keys.meta(job), self.keys.stream(job)
-        async with redis_errors(self.url):
+        async with redis_errors(self.url, job):
             raw = await self.redis.hgetall(meta_key)
             backlog = await self.scripts.backlog(keys=[stream], args=[GROUP])
             now = await self.server_time()
@@ -102,18 +102,25 @@ class Status(StoreBase):
 
     async def publish_endpoints(self, stats: dict[str, dict[str, EndpointStats]]) -> None:
         """Write each job's per-endpoint figures: ``{job: {consumer: stats}}``; jobs deleted
-        meanwhile are skipped."""
-        async with redis_errors(self.url):
-            for job, by_consumer in stats.items():
-                if by_consumer:
-                    args = [x for c, st in by_consumer.items() for x in (c, encode(st))]
-                    keys = [self.keys.meta(job), self.keys.endpoints(job)]
-                    await self.scripts.publish(keys=keys, args=args)
+        meanwhile are skipped, and so is a job with a bad key (the first is raised after the
+        others are written)."""
+        bad: list[BadRecordError] = []
+        for job, by_consumer in stats.items():
+            if by_consumer:
+                args = [x for c, st in by_consumer.items() for x in (c, encode(st))]
+                keys = [self.keys.meta(job), self.keys.endpoints(job)]
+                try:
+                    async with redis_errors(self.url, job):
+                        await self.scripts.publish(keys=keys, args=args)
+                except BadRecordError as exc:  # one job's bad key spoils no other's figures
+                    bad.append(exc)
+        if bad:
+            raise bad[0]
 
     async def read_endpoints(self, job: str) -> list[EndpointStats]:
         """Every endpoint's latest figures for ``job`` (undecodable entries skipped), by
         endpoint then worker."""
-        async with redis_errors(self.url):
+        async with redis_errors(self.url, job):
             raw = await self.redis.hgetall(self.keys.endpoints(job))
         out = []
         for value in raw.values():
@@ -124,7 +131,10 @@ class Status(StoreBase):
     async def publish_fleet(self, rows: Sequence[EndpointInfo], gone: Sequence[str] = ()) -> None:
         """Write a worker's endpoints to the fleet registry (field ``worker|endpoint``) and
         remove the fields ``gone`` (a worker that stops takes its endpoints out)."""
-        async with redis_errors(self.url), self.redis.pipeline(transaction=False) as pipe:
+        async with (
+            redis_errors(self.url, "", self.keys.fleet),
+            self.redis.pipeline(transaction=False) as pipe,
+        ):
             if rows:
                 pipe.hset(
                     self.keys.fleet,
@@ -138,7 +148,7 @@ class Status(StoreBase):
         """Every endpoint in the fleet registry, by endpoint then worker. Undecodable rows are
         skipped; rows not refreshed for ``prune_after_s`` (workers killed long ago) are
         deleted on the way."""
-        async with redis_errors(self.url):
+        async with redis_errors(self.url, "", self.keys.fleet):
             raw = await self.redis.hgetall(self.keys.fleet)
             out, stale = [], []
             now = await self.server_time()
