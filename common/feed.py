@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import logging
 import os
 import socket
 import sys
@@ -25,9 +26,11 @@ from common.errors import (
     JobCancelledError,
     JobConflictError,
     ProducerBusyError,
+    StoreFull,
     SwarmError,
 )
 from common.models import JobSpec, Message, PromptItem, SamplingParams, encode
+from common.room import Room
 from common.store import JobStore, producer_token
 from common.vocab import Meta
 
@@ -35,6 +38,10 @@ __all__ = ["CHUNK", "LOCK_TTL_MS", "EnqueueReport", "PromptInput", "enqueue_prom
 
 CHUNK = 1000
 LOCK_TTL_MS = 30_000
+# After Redis refused a chunk for want of memory, before the room is looked at again.
+_FULL_RETRY_S = 0.5
+
+log = logging.getLogger("swarm.producer")
 
 
 class EnqueueReport(msgspec.Struct, frozen=True):
@@ -116,9 +123,18 @@ async def enqueue_prompts(
     given and not None, are its own request settings instead of the job's.
 
     ``window``: keep at most this many prompts of the job unfinished in Redis, waiting for
-    results before queuing more, so a huge input streams through with bounded memory.
+    results before queuing more, so a huge input streams through with bounded memory. Without
+    it, a Redis with a ``maxmemory`` still bounds the job (see :mod:`common.room`); what the
+    producer waits for is said on stderr with ``progress``, else logged.
     ``token`` names this writer in the job's producer lock (default: ``host:pid``).
     """
+
+    def say(message: str) -> None:
+        if progress:
+            print(f"swarm-enqueue: {message}", file=sys.stderr, flush=True)
+        else:
+            log.warning("%s", message)
+
     if window is not None:
         if window < 1:
             raise ConfigError(f"--window must be >= 1, got {window}")
@@ -137,6 +153,26 @@ async def enqueue_prompts(
         if stored is None:
             stored = await store.create_job(spec)
         return stored.generation
+
+    room = Room(store, spec, say)
+
+    async def keep_lock() -> None:
+        await _take_lock(store, job, token)
+
+    async def flush(items: list[PromptItem], digest: str, upto: int) -> None:
+        """Queue one chunk (prompts up to index ``upto``), once the window and Redis's memory
+        leave room for it and its answers."""
+        gen = await ensure_created()
+        while True:
+            if window is not None:
+                await _wait_for_room(store, job, token, upto, window)
+            await room.wait(len(items), sum(len(encode(it)) for it in items), keep_lock)
+            try:
+                await store.add_items(job, items, digest, gen=gen)
+                return
+            except StoreFull:  # another writer took the room meanwhile: wait for it again
+                await keep_lock()
+                await asyncio.sleep(_FULL_RETRY_S)
 
     if (await store.meta(job)).get(Meta.SPEC) is not None:
         await ensure_created()
@@ -179,10 +215,7 @@ async def enqueue_prompts(
                 continue
             buf.append(item)
             if len(buf) >= chunk:
-                gen = await ensure_created()
-                if window is not None:
-                    await _wait_for_room(store, job, token, index + 1, window)
-                await store.add_items(job, buf, digest.value, gen=gen)
+                await flush(buf, digest.value, index + 1)
                 added += len(buf)
                 buf.clear()
                 await _take_lock(store, job, token)  # refresh
@@ -191,9 +224,7 @@ async def enqueue_prompts(
                     shown = time.monotonic()
         gen = await ensure_created()
         if buf:
-            if window is not None:
-                await _wait_for_room(store, job, token, count, window)
-            await store.add_items(job, buf, digest.value, gen=gen)
+            await flush(buf, digest.value, count)
             added += len(buf)
         if count < start:
             raise JobConflictError(

@@ -210,7 +210,8 @@ def _parser() -> argparse.ArgumentParser:
         type=int,
         metavar="N",
         help="keep at most N unfinished prompts in Redis: stream a huge input with "
-        "bounded memory, waiting for results before queuing more",
+        "bounded memory, waiting for results before queuing more. Default: as many as "
+        "leave room for their answers within Redis's maxmemory (none without one)",
     )
     r = p.add_argument_group("reduce stage (run by the workers once every prompt is answered)")
     r.add_argument(

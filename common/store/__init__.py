@@ -18,6 +18,7 @@ steps), ``entries`` (entry IDs and payloads), and the parts of :class:`JobStore`
 ``registry``, ``feeding``, ``delivery``, ``results``, ``stages``, ``status``.
 """
 
+from common.store.base import Memory
 from common.store.connection import (
     RETRY_ON,
     cluster_node_of,
@@ -37,6 +38,7 @@ __all__ = [
     "Commit",
     "JobStatus",
     "JobStore",
+    "Memory",
     "cluster_node_of",
     "connect",
     "decode_entry",

@@ -6,6 +6,7 @@ import logging
 from typing import Self
 
 import msgspec
+from redis.asyncio.cluster import RedisCluster
 
 from common.errors import BadRecordError, ConfigError
 from common.keys import Keys
@@ -14,9 +15,18 @@ from common.settings import Settings
 from common.store.connection import Client, connect, redis_errors
 from common.store.scripts import Scripts
 
-__all__ = ["StoreBase", "spec_of"]
+__all__ = ["Memory", "StoreBase", "spec_of"]
 
 log = logging.getLogger("swarm.store")
+
+
+class Memory(msgspec.Struct, frozen=True):
+    """A Redis server's memory as its INFO shows it: bytes used, its ``maxmemory`` (0: no
+    limit) and what it does when full (``maxmemory-policy``)."""
+
+    used: int
+    maxmemory: int
+    policy: str
 
 
 class StoreBase:
@@ -62,6 +72,21 @@ class StoreBase:
             reply = next(iter(reply.values()))
         seconds, micros = reply
         return round(seconds + micros / 1e6, 3)
+
+    async def memory(self, job: str) -> Memory:
+        """How full the Redis server holding ``job``'s keys is (on a Cluster, their node's)."""
+        kwargs = {}
+        if isinstance(self.redis, RedisCluster):
+            kwargs["target_nodes"] = self.redis.get_node_from_key(self.keys.meta(job))
+        async with redis_errors(self.url):
+            info = await self.redis.info("memory", **kwargs)
+        if info and all(isinstance(v, dict) for v in info.values()):  # per node: the one asked
+            info = next(iter(info.values()))
+        return Memory(
+            used=int(info.get("used_memory", 0)),
+            maxmemory=int(info.get("maxmemory", 0)),
+            policy=str(info.get("maxmemory_policy", "")),
+        )
 
     async def ping(self) -> None:
         """Reach Redis once: StoreAccessDenied for wrong credentials (at once), else

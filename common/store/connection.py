@@ -166,8 +166,9 @@ async def redis_errors(url: str, job: str = "", *keys: str) -> AsyncIterator[Non
             raise StoreRefused(f"Redis at {mask_url(url)} refused a command: {exc}") from None
         raise StoreFull(
             f"Redis at {mask_url(url)} is out of memory (its maxmemory is reached) and refuses "
-            "writes: collect finished jobs with swarm-collect --evict, delete them with "
-            "swarm-jobs --delete-finished, or give Redis more memory"
+            "writes: collect jobs with swarm-collect JOB --out FILE --evict (it frees each "
+            "answer once written out, a running job's too), delete finished jobs with "
+            "swarm-jobs --delete-finished, or give Redis more maxmemory"
         ) from None
     except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
         raise StoreUnavailable(f"Redis at {mask_url(url)} unavailable: {exc}") from None

@@ -7,7 +7,7 @@ import secrets
 from collections.abc import Sequence
 
 import msgspec
-from redis.exceptions import ResponseError
+from redis.exceptions import OutOfMemoryError, ResponseError
 
 from common.errors import JobConflictError, JobNameError, JobNotFoundError
 from common.keys import GROUP, parse_stage
@@ -62,8 +62,17 @@ class Registry(StoreBase):
         """Create the job's consumer group (and stream) unless it exists; any other refusal
         (an ACL denial, a full Redis) surfaces."""
         async with redis_errors(self.url, job):
+            stream = self.keys.stream(job)
             try:
-                await self.redis.xgroup_create(self.keys.stream(job), GROUP, id="0", mkstream=True)
+                await self.redis.xgroup_create(stream, GROUP, id="0", mkstream=True)
+            except OutOfMemoryError:
+                # A full Redis refuses the create before it would say BUSYGROUP: a group that
+                # is there already is all a worker needs to drain the job (and free memory).
+                groups = (
+                    await self.redis.xinfo_groups(stream) if await self.redis.exists(stream) else []
+                )
+                if not any(g["name"] == GROUP.encode() for g in groups):
+                    raise
             except ResponseError as exc:
                 if redis_code(exc) != "BUSYGROUP":  # BUSYGROUP: it exists already
                     raise

@@ -52,11 +52,14 @@ for lo = 1, n, 500 do
       end
     end
   end
+  -- The acks come first: a Redis over its maxmemory refuses a script's first write only if
+  -- that write may grow memory (XACK, HDEL never do), so answers land even in a full Redis,
+  -- and the trim below frees their prompts (see common/room.py).
+  redis.call('XACK', stream, group, unpack(ids))
+  redis.call('HDEL', running, unpack(ids))
   if #fresh > 0 then redis.call('HSET', results, unpack(fresh)) end
   if #lost > 0 then redis.call('HSET', failed_h, unpack(lost)) end
   if #hit > 0 then redis.call('HSET', cached_h, unpack(hit)) end
-  redis.call('XACK', stream, group, unpack(ids))
-  redis.call('HDEL', running, unpack(ids))
 end
 for kind, count in pairs(kinds) do
   redis.call('HINCRBY', meta, FAILED_KIND_PREFIX .. kind, count)

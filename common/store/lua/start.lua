@@ -5,5 +5,11 @@
 -- ARGV: [1] generation, then entry_id, mark pairs
 -- Returns 1.
 check_generation(KEYS[2], ARGV[1])
+-- Clearing the marks first is no change (they are set next) but makes this script's first
+-- write one that a Redis over its maxmemory allows (HDEL never grows memory): a full Redis
+-- still lets batches start, and their commits free it (see commit.lua).
+local ids = {}
+for i = 2, #ARGV, 2 do ids[#ids + 1] = ARGV[i] end
+redis.call('HDEL', KEYS[1], unpack(ids))
 redis.call('HSET', KEYS[1], unpack(ARGV, 2))
 return 1

@@ -1,0 +1,123 @@
+"""Admission control: a producer queues prompts only while Redis keeps room for their answers.
+
+A Redis with a ``maxmemory`` filled with queued prompts had no room left for their answers: no
+commit landed, ``swarm-collect --evict`` had nothing to free, and the job made no progress.
+Two things prevent it. A commit frees its prompts before it writes their answers, so computed
+answers always land (see ``lua/commit.lua``). And a producer waits before each chunk until the
+Redis server holds, besides what it holds now, the chunk and an answer for every prompt of the
+job still unanswered, within :data:`SHARE` of ``maxmemory``: the job's default window, derived
+from ``maxmemory`` and the size of its answers (measured once it has some, bounded from
+``max_tokens`` before). A Redis without ``maxmemory`` is not limited here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Awaitable, Callable
+
+from common.models import JobSpec
+from common.store import JobStore, Memory
+
+__all__ = ["SHARE", "Room"]
+
+# Of maxmemory, what a producer fills counting the answers to come; the rest is for other
+# jobs' answers, Redis's own buffers and what the estimate of an answer's size misses.
+SHARE = 0.8
+# An answer's bytes in Redis before any is measured: about 4 bytes per token of max_tokens (the
+# most it can be, for English text), plus the result's fields and the hash's own overhead.
+_BYTES_PER_TOKEN = 4
+_RESULT_OVERHEAD = 300
+_DEFAULT_MAX_TOKENS = 1024  # vLLM's own default is up to the context; this is the guess then
+# Answers held before their measured size replaces the guess, and the margin put on it.
+_MEASURE_FROM = 64
+_MARGIN = 1.25
+_POLL_S = 0.25
+_SAY_EVERY_S = 60.0
+
+
+def _mib(n: float) -> str:
+    return f"{n / 2**20:,.1f} MiB"
+
+
+class Room:
+    """Whether ``spec``'s job may queue its next chunk in the Redis of ``store``, and waiting
+    (saying why, with ``say``) until it may."""
+
+    def __init__(self, store: JobStore, spec: JobSpec, say: Callable[[str], None]) -> None:
+        self.store = store
+        self.job = spec.job
+        self.say = say
+        self.answer_bytes = float(
+            (spec.params.max_tokens or _DEFAULT_MAX_TOKENS) * _BYTES_PER_TOKEN + _RESULT_OVERHEAD
+        )
+        self._said_at = -math.inf
+        self._policy_said = False
+
+    async def wait(
+        self, prompts: int, prompt_bytes: int, keep_alive: Callable[[], Awaitable[None]]
+    ) -> None:
+        """Return once ``prompts`` more prompts of ``prompt_bytes`` leave room for every answer
+        of the job to come; ``keep_alive`` is called while waiting (the producer's lock)."""
+        while True:
+            mem = await self.store.memory(self.job)
+            if not mem.maxmemory:
+                return
+            self._check_policy(mem)
+            status = await self.store.status(self.job)
+            if status.cancelled:
+                return
+            unanswered = max(0, status.enqueued - status.done - status.failed)
+            await self._measure()
+            budget = mem.maxmemory * SHARE
+            need = prompt_bytes + (unanswered + prompts) * self.answer_bytes
+            # With nothing of its own unanswered, the job only needs room for the chunk: else a
+            # chunk whose answers alone exceed the budget would never be queued.
+            if mem.used + need <= budget or (unanswered == 0 and mem.used + prompt_bytes <= budget):
+                return
+            self._say_waiting(mem, unanswered, prompt_bytes, prompts)
+            await keep_alive()
+            await asyncio.sleep(_POLL_S)
+
+    async def _measure(self) -> None:
+        """Replace the guess of an answer's size by the job's own, once it holds enough."""
+        held, used = await self.store.result_bytes(self.job)
+        if held >= _MEASURE_FROM and used > 0:
+            self.answer_bytes = used / held * _MARGIN
+
+    def _say_waiting(self, mem: Memory, unanswered: int, prompt_bytes: int, prompts: int) -> None:
+        now = time.monotonic()
+        if now - self._said_at < _SAY_EVERY_S:
+            return
+        self._said_at = now
+        per_prompt = prompt_bytes / max(prompts, 1) + self.answer_bytes
+        fits = int(max(0.0, mem.maxmemory * SHARE - mem.used) / per_prompt) + unanswered
+        if unanswered:
+            why = (
+                f"the answers of its {unanswered:,} unanswered prompts need about "
+                f"{_mib(unanswered * self.answer_bytes)}; about {fits:,} prompts of it fit "
+                "unanswered at a time (its window). Its prompts are queued as its answers "
+                f"leave Redis: run swarm-collect {self.job} --out FILE --evict (it frees each "
+                "answer once written out)"
+            )
+        else:
+            why = (
+                "other jobs' prompts and answers fill it: swarm-collect --evict the finished "
+                "jobs, or delete them (swarm-jobs --delete-finished)"
+            )
+        self.say(
+            f"job {self.job}: waiting for room in Redis ({_mib(mem.used)} used of maxmemory "
+            f"{_mib(mem.maxmemory)}, {SHARE:.0%} of it for queued work and its answers): {why}; "
+            "or give Redis more maxmemory"
+        )
+
+    def _check_policy(self, mem: Memory) -> None:
+        """Say once that a Redis evicting any key when full would delete jobs' keys."""
+        if mem.policy.startswith("allkeys") and not self._policy_said:
+            self._policy_said = True
+            self.say(
+                f"warning: Redis's maxmemory-policy is {mem.policy}: when full it deletes any "
+                "key, jobs' prompts and answers among them. Set it to noeviction (redis-cli "
+                "CONFIG SET maxmemory-policy noeviction)"
+            )
