@@ -44,6 +44,8 @@ class EndpointStats(msgspec.Struct, frozen=True, omit_defaults=True, kw_only=Tru
     in_flight: int = 0
     updated_s: float = 0.0
     period_s: float = 0.0
+    # The model the endpoint asks for the job's prompts (its own, for a job without --model).
+    model: str = ""
 
 
 # A worker silent for this many of its publish periods is presumed gone (killed, unreachable).

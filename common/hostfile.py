@@ -6,6 +6,8 @@ optional (default 8000); blank lines and lines starting with ``#`` are ignored.
 
 from __future__ import annotations
 
+import ipaddress
+import re
 from urllib.parse import urlsplit
 
 import msgspec
@@ -40,6 +42,10 @@ def normalize_url(raw: str) -> str:
         raise ConfigError(f"invalid endpoint URL {shown!r}: {exc}") from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ConfigError(f"invalid endpoint URL {shown!r}: expected http(s)://host:port")
+    if not _is_host(parts.hostname):
+        raise ConfigError(
+            f"invalid endpoint URL {shown!r}: {parts.hostname!r} is no host name or address"
+        )
     if parts.username is not None or parts.password is not None:
         raise ConfigError(
             f"endpoint URL {shown!r}: credentials in the URL are not sent (vLLM takes a bearer "
@@ -49,6 +55,18 @@ def normalize_url(raw: str) -> str:
     if path.endswith("/v1"):
         path = path[: -len("/v1")]
     return f"{parts.scheme}://{parts.netloc}{path}"
+
+
+_HOST_NAME = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_.-]*[A-Za-z0-9_])?")
+
+
+def _is_host(host: str) -> bool:
+    """A DNS name (HPC node names may hold ``_``) or an IP address."""
+    try:
+        ipaddress.ip_address(host)
+        return True
+    except ValueError:
+        return _HOST_NAME.fullmatch(host) is not None
 
 
 def _masked(url: str) -> str:

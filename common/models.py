@@ -266,7 +266,7 @@ class Result(msgspec.Struct, frozen=True, omit_defaults=True):
 
 class OutputLine(msgspec.Struct, frozen=True):
     """One line of ``swarm-collect`` output; ``custom_id`` appears only when the input had one,
-    ``cached`` only on an answer from the response cache."""
+    ``cached`` only on an answer from the response cache; ``model``: which model answered."""
 
     index: int
     custom_id: str | msgspec.UnsetType = msgspec.UNSET
@@ -276,6 +276,8 @@ class OutputLine(msgspec.Struct, frozen=True):
     endpoint: str = ""
     attempts: int = 0
     error: str | None = None
+    # The model that answered, as its endpoint named it ("" when none did).
+    model: str = ""
     cached: bool | msgspec.UnsetType = msgspec.UNSET
 
     @classmethod
@@ -289,6 +291,7 @@ class OutputLine(msgspec.Struct, frozen=True):
             endpoint=r.endpoint,
             attempts=r.attempts,
             error=r.error,
+            model=r.model,
             cached=True if r.cached else msgspec.UNSET,
         )
 

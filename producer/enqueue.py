@@ -307,8 +307,13 @@ def reduce_from_args(args: argparse.Namespace) -> ReduceSpec | None:
 async def _main(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
     job = validate_job_name(args.job)
-    if args.max_tokens < 1:
-        raise ConfigError(f"--max-tokens must be >= 1, got {args.max_tokens}")
+    for flag, value in (
+        ("--max-tokens", args.max_tokens),
+        ("--max-prompt-bytes", args.max_prompt_bytes),
+        ("--window", args.window),
+    ):
+        if value is not None and value < 1:
+            raise ConfigError(f"{flag} must be >= 1, got {value}")
     template = _read_template(args.template)
     schema = _json_arg(args.schema, "--schema")
     if schema is not None:

@@ -47,6 +47,7 @@ SCHEMA = pa.schema(
         ("endpoint", pa.string()),
         ("attempts", pa.int64()),
         ("error", pa.string()),
+        ("model", pa.string()),
         ("cached", pa.bool_()),
     ]
 )
@@ -79,6 +80,7 @@ def results_table(results: Sequence[Result]) -> pa.Table:
             "endpoint": [r.endpoint for r in results],
             "attempts": [r.attempts for r in results],
             "error": [r.error for r in results],
+            "model": [r.model for r in results],
             "cached": [r.cached for r in results],
         },
         schema=SCHEMA,

@@ -124,7 +124,27 @@ async def _show(store: JobStore, job: str) -> JobStatus:
         else:
             waiting = await waiting_for(store, job, fleet or [], now)
     print(format_status(status, stage, endpoints, now=now, waiting=waiting), flush=True)
+    if (mixed := mixed_models(job, endpoints)) is not None:
+        print(f"swarm-status: warning: {mixed}", file=sys.stderr, flush=True)
     return status
+
+
+def mixed_models(job: str, endpoints: Sequence[EndpointStats]) -> str | None:
+    """Why ``job``'s answers are not all of one model, when its endpoints ask for several (a
+    job without --model takes whatever each endpoint serves); None when they are."""
+    by_model: dict[str, list[str]] = {}
+    for e in endpoints:
+        if e.model and e.endpoint not in by_model.setdefault(e.model, []):
+            by_model[e.model].append(e.endpoint)
+    if len(by_model) < 2:
+        return None
+    which = "; ".join(
+        f"{model} ({', '.join(map(mask_url, urls))})" for model, urls in sorted(by_model.items())
+    )
+    return (
+        f"job {job} is being answered by {len(by_model)} models: {which}. Its answers mix "
+        "them (each output line names its model); queue it with --model NAME to pin one"
+    )
 
 
 async def _main(args: argparse.Namespace) -> int:

@@ -110,6 +110,8 @@ def test_hostfile_errors_name_the_line(text: str, message: str) -> None:
 def test_endpoint_urls_are_normalised() -> None:
     assert normalize_url("host:9000") == "http://host:9000"
     assert normalize_url("http://h:1/v1/") == "http://h:1"
+    assert normalize_url("http://[::1]:8000") == "http://[::1]:8000"
+    assert normalize_url("x3005c0s13b0n0_hsn0:8000") == "http://x3005c0s13b0n0_hsn0:8000"
     assert [e.url for e in parse_endpoints(" http://a:1 , b:2 ,")] == ["http://a:1", "http://b:2"]
     with pytest.raises(ConfigError):
         normalize_url("ftp://x")
@@ -181,6 +183,9 @@ def test_hostfile_endpoints_filtered_by_tag_and_host(tmp_path: pytest.TempPathFa
         ({"SWARM_HOSTFILE": "/nonexistent/hosts"}, "cannot read SWARM_HOSTFILE"),
         ({"SWARM_ENDPOINTS": "http://[::1"}, r"invalid endpoint URL 'http://\[::1': Invalid IPv6"),
         ({"SWARM_ENDPOINTS": "http://n:99999"}, "Port out of range"),
+        # Before, accepted and waited on as a host named 'not a url'.
+        ({"SWARM_ENDPOINTS": "not a url"}, "'http://not a url': 'not a url' is no host name"),
+        ({"SWARM_ENDPOINTS": "http://h;rm/"}, "'h;rm' is no host name or address"),
         (
             {"SWARM_ENDPOINTS": "http://bob:hunter2@n:8000"},
             r"endpoint URL 'http://\*\*\*@n:8000': credentials in the URL are not sent",
@@ -256,6 +261,7 @@ def test_output_line_has_custom_id_only_when_given() -> None:
         "endpoint",
         "attempts",
         "error",
+        "model",
     ]
     tagged = msgspec.json.decode(
         msgspec.json.encode(OutputLine.of(Result(index=0, text="t", custom_id="c")))

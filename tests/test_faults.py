@@ -108,9 +108,9 @@ def test_a_burst_worker_whose_endpoint_stalls_exits_within_seconds_of_the_jobs_e
     healthy = fleet.worker("healthy", [0], **quick)
     assert healthy.wait(timeout=120) == 0
     assert fleet.done("tail") == n
-    # The job is over; the stalled endpoint's worker sees it between two probes and exits.
+    # The job is over; the stalled endpoint's worker sees it (between two probes, or with its
+    # requests still hanging, which it then cuts short) and exits.
     assert stalling.wait(timeout=5) == 0, fleet.logs[0].read_text()[-2000:]
-    assert "circuit open" in fleet.logs[0].read_text()
 
 
 def test_redis_restarted_mid_job_everyone_reconnects_and_nothing_is_lost(

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import msgspec
 import pytest
 
+from common.embedded import free_port
 from common.errors import InputError
 from producer.inputs import detect_format, iter_prompts
 
@@ -105,3 +108,19 @@ def test_prompt_size_limit_and_bad_utf8() -> None:
         _read("short\n" + "x" * 11 + "\n", "p.txt", max_prompt_bytes=10)
     with pytest.raises(InputError, match=r"p.txt:1: not valid UTF-8"):
         list(iter_prompts([b"\xff\xfe\n"], "p.txt"))
+
+
+@pytest.mark.parametrize("flag", ["--max-prompt-bytes", "--window", "--max-tokens"])
+def test_a_count_below_one_is_a_usage_error_before_anything_is_queued(
+    flag: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from producer.enqueue import main as enqueue_main
+
+    # A Redis nobody listens on: the refusal comes before any connection.
+    monkeypatch.setenv("SWARM_REDIS_URL", f"redis://127.0.0.1:{free_port()}/0")
+    src = tmp_path / "p.txt"
+    src.write_text("a prompt\n")
+    with pytest.raises(SystemExit) as usage:
+        enqueue_main([str(src), "--job", "j", flag, "-1"])
+    assert usage.value.code == 2
+    assert capsys.readouterr().err == f"swarm-enqueue: error: {flag} must be >= 1, got -1\n"

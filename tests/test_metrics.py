@@ -19,7 +19,7 @@ import pytest
 import redis
 from prometheus_client.parser import text_string_to_metric_families
 
-from common.embedded import free_port
+from common.embedded import EmbeddedRedis, free_port
 from common.errors import ConfigError
 from common.settings import Settings
 from common.store import Commit, JobStatus
@@ -43,6 +43,14 @@ def _scrape(port: int) -> Samples:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
         assert resp.headers["Content-Type"].startswith("text/plain")
         return _parse(resp.read().decode())
+
+
+def _scrape_soon(port: int) -> Samples:
+    """The samples, or none while the worker is not serving them yet."""
+    try:
+        return _scrape(port)
+    except OSError:
+        return {}
 
 
 def _sum(samples: Samples, name: str, **labels: str) -> float:
@@ -216,3 +224,38 @@ def test_a_worker_whose_metrics_port_is_taken_stops_at_once_saying_so(
         f"SWARM_METRICS_PORT={port}: cannot listen on 127.0.0.1:{port} (Address already in use)"
         in out.stderr
     )
+
+
+@pytest.mark.slow
+def test_while_redis_is_out_of_reach_the_metrics_say_so_and_show_no_stale_figure(
+    fleet_factory: type[Fleet],
+) -> None:
+    with EmbeddedRedis() as server:
+        fleet = fleet_factory(1, url=server.url)
+        port = free_port()
+        worker = fleet.worker(
+            "m", [0], burst=False, SWARM_METRICS_PORT=str(port), SWARM_STATS_PERIOD_S="0.2"
+        )
+        assert fleet.enqueue("big", 50_000, set()).wait(timeout=60) == 0
+        _until(
+            "the job's gauges", lambda: bool(_scrape_soon(port).get("swarm_job_pending_prompts"))
+        )
+        s = _scrape(port)
+        assert _sum(s, "swarm_redis_up") == 1
+        assert _sum(s, "swarm_circuit_state", endpoint=fleet.url(0), state="closed") == 1
+
+        server.stop()  # mid-job
+        _until("Redis seen out of reach", lambda: _sum(_scrape(port), "swarm_redis_up") == 0)
+        s = _scrape(port)
+        # No endpoint takes work, none is shown 'closed', and no job's figure from before
+        # (on the code before: circuits 'closed' and the last queue figures, as if live).
+        assert _sum(s, "swarm_circuit_state", endpoint=fleet.url(0), state="paused") == 1
+        assert _sum(s, "swarm_circuit_state", endpoint=fleet.url(0), state="closed") == 0
+        assert not s.get("swarm_job_pending_prompts")
+
+        server.start()  # empty: the job is lost with it, and the worker goes on
+        _until("Redis reached again", lambda: _sum(_scrape(port), "swarm_redis_up") == 1)
+        s = _scrape(port)
+        assert _sum(s, "swarm_circuit_state", endpoint=fleet.url(0), state="closed") == 1
+        worker.terminate()
+        assert worker.wait(timeout=60) == 0

@@ -20,6 +20,7 @@ from common.store import JobStore
 from producer.enqueue import enqueue_prompts
 from sim.server import SimFleet
 from sim.text import completion_for
+from tests.harness import Fleet
 from tests.helpers import collect_lines, prompts, run_engine, spec
 
 SECRET = "alice-s3cret-pw"
@@ -172,3 +173,19 @@ async def test_a_consumer_group_the_acl_denies_surfaces_instead_of_being_taken_f
         finally:
             await store.close()
     assert "bob-pw" not in str(err.value)
+
+
+@pytest.mark.slow
+def test_a_password_given_as_a_url_parameter_reaches_the_worker_too(
+    fleet_factory: type[Fleet],
+) -> None:
+    """``redis://host:port/0?password=...`` works for every command, and now for the worker
+    too (arq's own URL parser dropped it: the worker could not start)."""
+    with EmbeddedRedis(extra_args=("--requirepass", "q-pw")) as server:
+        fleet = fleet_factory(1, url=f"{server.url}?password=q-pw")
+        assert fleet.enqueue("pw", 100, set()).wait(timeout=60) == 0
+        for arq_cli in (False, True):
+            worker = fleet.worker(f"w{arq_cli}", [0], arq_cli=arq_cli)
+            assert worker.wait(timeout=60) == 0, fleet.logs[-1].read_text()[-2000:]
+        assert fleet.done("pw") == 100
+        assert "q-pw" not in "".join(log.read_text() for log in fleet.logs)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import signal
 import subprocess
 
+import msgspec
 import pytest
 
 from tests.harness import BIN, Fleet, check_output, wrong_key_endpoint
@@ -109,3 +110,34 @@ def test_two_models_and_an_unusable_endpoint_in_one_burst_worker(
     log = fleet.logs[0].read_text()
     assert f"exiting with an error: endpoint unusable: {locked}: HTTP 401" in log
     assert "c (model 'model-c')" in log
+
+
+def test_a_job_without_a_model_answered_by_two_models_says_so_and_each_line_names_its_model(
+    fleet_factory: type[Fleet],
+) -> None:
+    fleet = fleet_factory(2, "--model", "model-a,model-b")
+    assert fleet.enqueue("any", 400, set()).wait(timeout=60) == 0
+    worker = fleet.worker("w", [0, 1], burst=False)
+    wait_until("job any done", lambda: fleet.done("any") == 400)
+    # Its endpoints' figures are published every period: the warning follows them.
+    wait_until("the warning", lambda: "is being answered by 2 models" in _stderr(fleet, "any"))
+    warning = _stderr(fleet, "any")
+    assert f"model-a ({fleet.url(0)}); model-b ({fleet.url(1)})" in warning
+    assert "queue it with --model NAME to pin one" in warning
+    worker.send_signal(signal.SIGTERM)
+    assert worker.wait(timeout=60) == 0
+    collect = fleet.collect("any")
+    collect.communicate(timeout=60)
+    assert collect.returncode == 0
+    lines = [msgspec.json.decode(x) for x in (fleet.tmp / "any.jsonl").read_bytes().splitlines()]
+    by_endpoint = {fleet.url(0): "model-a", fleet.url(1): "model-b"}
+    assert {x["model"] for x in lines} == {"model-a", "model-b"}
+    assert all(x["model"] == by_endpoint[x["endpoint"]] for x in lines)
+
+
+def _stderr(fleet: Fleet, job: str) -> str:
+    out = subprocess.run(
+        [BIN / "swarm-status", job], env=fleet.env, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    return out.stderr

@@ -77,3 +77,34 @@ async def test_an_idle_fast_endpoint_finishes_the_slow_ones_tail_and_nothing_cou
     assert [x["index"] for x in lines] == list(range(n))
     assert [x["text"] for x in lines] == [completion_for(p, 8)[0] for p, _ in prompts(n)]
     assert {x["endpoint"] for x in lines} == {fast.urls[0]}
+
+
+async def test_a_burst_worker_stops_waiting_on_a_stalled_endpoint_once_its_job_is_over(
+    make_settings: Callable[..., Settings], store: JobStore, sim_fleet: Callable[..., SimFleet]
+) -> None:
+    """The stalled endpoint's batches were copied and answered elsewhere: its requests are
+    cut short, and its burst worker ends with the job (before: it waited out the request
+    timeout, minutes, after the job had finished)."""
+    n = 100
+    await enqueue_prompts(store, spec(max_tokens=8), prompts(n))
+    stalled_cfg = EngineConfig(step_base_ms=60_000.0, step_per_seq_ms=0.0)  # 8 min a batch
+    async with sim_fleet(1, stalled_cfg) as stalled, sim_fleet(1) as fast:
+        a = Engine(
+            make_settings(worker_name="a", batch_size=8, inflight=2),
+            store,
+            [EndpointClient(stalled.urls[0])],
+        )
+        b = Engine(make_settings(batch_size=8, inflight=2), store, [EndpointClient(fast.urls[0])])
+        try:
+            run_a = asyncio.create_task(a.run(burst=True))
+            while (await store.status("j")).in_flight < 16:  # noqa: ASYNC110 - observing
+                await asyncio.sleep(0.01)  # the stalled endpoint holds its two batches
+            await b.run(burst=True)
+            assert (await store.status("j")).finished
+            await asyncio.wait_for(run_a, timeout=30)
+        finally:
+            await a.close()
+            await b.close()
+    assert a.drainers[0].figures.prompts_done == 0
+    lines = await collect_lines(store, "j")
+    assert [x["text"] for x in lines] == [completion_for(p, 8)[0] for p, _ in prompts(n)]

@@ -25,6 +25,7 @@ import os
 import signal
 import sys
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 import msgspec
 from arq import Retry
@@ -265,6 +266,14 @@ def _arq_redis_settings(settings: Settings) -> RedisSettings:
     the slot that every arq key shares (see ``Keys.arq_queue``), since arq's client knows
     no cluster."""
     base = RedisSettings.from_dsn(settings.redis_url)
+    # arq reads the user and password from the URL's authority only; redis-py, which every
+    # other command uses, also from its query (``?password=...``): the worker takes both.
+    query = parse_qs(urlsplit(settings.redis_url).query)
+    base = dataclasses.replace(
+        base,
+        username=base.username or next(reversed(query.get("username", [])), None),
+        password=base.password or next(reversed(query.get("password", [])), None),
+    )
     if settings.redis_cluster:
         host, port = cluster_node_of(
             settings.redis_url, settings.keys.arq_queue, ca_file=settings.redis_ca_file

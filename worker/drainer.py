@@ -78,6 +78,7 @@ class EndpointDrainer:
         # Batches in flight (their request work) and their job's priority, oldest first.
         self._running: dict[asyncio.Task[list[Result]], tuple[int, str]] = {}
         self._preempted: set[asyncio.Task[list[Result]]] = set()
+        self._abandoned: set[asyncio.Task[list[Result]]] = set()  # of jobs over (abandon)
         self._burst_done = False  # burst mode: no work left for this endpoint (_nothing_left)
         # While there is no work, one slot polls for it and the others rest.
         self.lookout = Lookout(rest_s=LOOKOUT_REST_S)
@@ -327,6 +328,7 @@ class EndpointDrainer:
                 model = self.served.model_for(spec)
                 if model is None:
                     raise ModelNotServed(self.client.label, "serves no model")
+                self.figures.job(job, time.monotonic()).model = model
                 request = self.runner.run(spec, [it for _, _, it in items], model, tally)
                 work = asyncio.create_task(request)
                 self._running[work] = (spec.priority, job)
@@ -348,11 +350,15 @@ class EndpointDrainer:
                 self.figures.preempted += len(ids)
                 log.debug("%s: preempted %d prompts of job %s", self.client.label, len(ids), job)
                 return
+            if work is not None and work in self._abandoned:
+                log.debug("%s: dropped %d prompts of job %s", self.client.label, len(ids), job)
+                return
             raise
         finally:
             if work is not None:
                 self._running.pop(work, None)
                 self._preempted.discard(work)
+                self._abandoned.discard(work)
         # Shielded: once results exist, finishing the (atomic) commit beats redoing them.
         commit = await self._commit(spec, results, tally.prompt_tokens, tally.completion_tokens)
         self._count(job, commit)
@@ -361,6 +367,16 @@ class EndpointDrainer:
         if copy:
             self.figures.copied += len(ids)
             self.figures.copies_won += commit.done + commit.failed
+
+    def abandon(self, job: str) -> None:
+        """``job`` is over (finished, cancelled or gone): cut its requests still in flight
+        short. Their answers could change nothing (each prompt has its result, or the job is
+        no more), and a stalled endpoint's would hold its slots, and a burst worker, until
+        the request timed out."""
+        for work, (_, running_job) in list(self._running.items()):
+            if running_job == job and work not in self._abandoned:
+                self._abandoned.add(work)
+                work.cancel()
 
     def _preempt_below(self, priority: int, job: str) -> None:
         """A batch of ``priority`` starts: cancel the newest batch in flight of a lower

@@ -101,6 +101,11 @@ class Engine:
         self._published: set[str] = set()
 
     @property
+    def redis_up(self) -> bool:
+        """Whether Redis answered the worker's last attempt (see :attr:`JobStore.reachable`)."""
+        return self.store.reachable
+
+    @property
     def stopping(self) -> bool:
         return self._stopping.is_set()
 
@@ -156,6 +161,8 @@ class Engine:
             for name in list(self.jobs):
                 if name not in unfinished:
                     spec = self.jobs.pop(name)
+                    for d in self.drainers:
+                        d.abandon(name)
                     if name in names:
                         log.info("job %s finished", name)
                     else:
@@ -353,6 +360,9 @@ class Engine:
     async def _publish_loop(self) -> None:
         while not await self.sleep(self.settings.stats_period_s):
             try:
+                # Also here: while every slot is busy (a stalled endpoint's), none steps, and
+                # a job over must still be seen, and its requests in flight cut short.
+                await self.refresh_jobs()
                 await self.publish_stats()
                 if self._prometheus is not None:
                     await self.read_job_status()
@@ -381,12 +391,20 @@ class Engine:
         # Imported only when asked for: a worker without metrics starts without them.
         from worker.prometheus import EndpointGauges, PrometheusMetrics
 
+        # While Redis is out of reach, no endpoint takes work ("paused") and no job's figure
+        # can be vouched for: none is shown.
         return PrometheusMetrics(
             lambda: [
-                EndpointGauges(d.client.label, d.window.size, d.window.in_use, d.circuit.state)
+                EndpointGauges(
+                    d.client.label,
+                    d.window.size,
+                    d.window.in_use,
+                    d.circuit.state if self.redis_up else "paused",
+                )
                 for d in self.drainers
             ],
-            lambda: self.job_status,
+            lambda: self.job_status if self.redis_up else {},
+            lambda: self.redis_up,
         )
 
     async def read_job_status(self) -> None:

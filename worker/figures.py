@@ -17,11 +17,12 @@ RATE_SPAN_S = 10.0
 class JobCount:
     """One drainer's prompts finished for one job, with recent samples for a rate."""
 
-    __slots__ = ("done", "failed", "samples")
+    __slots__ = ("done", "failed", "model", "samples")
 
     def __init__(self, start: float) -> None:
         self.done = 0
         self.failed = 0
+        self.model = ""  # the model last asked for the job's prompts
         self.samples: deque[tuple[float, int]] = deque([(start, 0)])
 
     def rate(self, now: float) -> float:
@@ -105,4 +106,5 @@ class EndpointFigures:
             in_flight=0 if last else in_flight,
             updated_s=now,
             period_s=self.period_s,
+            model=count.model,
         )

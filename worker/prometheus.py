@@ -27,7 +27,8 @@ from worker.metrics import Metrics, RequestOutcome
 
 __all__ = ["CIRCUIT_STATES", "EndpointGauges", "PrometheusMetrics", "serve_metrics"]
 
-CIRCUIT_STATES = ("closed", "open", "waiting", "broken")
+# "paused": the endpoint is fine but takes no work, its worker cannot reach Redis.
+CIRCUIT_STATES = ("closed", "open", "waiting", "broken", "paused")
 # Seconds: from a batch of an instant engine to a long-output batch of a busy one.
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
@@ -49,10 +50,16 @@ class _Gauges(Collector):
         self,
         endpoints: Callable[[], Iterable[EndpointGauges]],
         jobs: Callable[[], Mapping[str, JobStatus]],
+        redis_up: Callable[[], bool],
     ) -> None:
-        self._endpoints, self._jobs = endpoints, jobs
+        self._endpoints, self._jobs, self._redis_up = endpoints, jobs, redis_up
 
     def collect(self) -> Iterator[Metric]:
+        up = GaugeMetricFamily(
+            "swarm_redis_up", "1 while the worker reaches Redis, 0 while it cannot (no work)"
+        )
+        up.add_metric([], 1.0 if self._redis_up() else 0.0)
+        yield up
         window = GaugeMetricFamily(
             "swarm_window_batches", "Batches the endpoint may have in flight", labels=["endpoint"]
         )
@@ -92,6 +99,7 @@ class PrometheusMetrics(Metrics):
         self,
         endpoints: Callable[[], Iterable[EndpointGauges]],
         jobs: Callable[[], Mapping[str, JobStatus]],
+        redis_up: Callable[[], bool] = lambda: True,
     ) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
@@ -134,7 +142,7 @@ class PrometheusMetrics(Metrics):
             buckets=BATCH_BUCKETS,
             registry=r,
         )
-        r.register(_Gauges(endpoints, jobs))
+        r.register(_Gauges(endpoints, jobs, redis_up))
 
     def committed(self, job: str, endpoint: str, commit: Commit) -> None:
         if commit.done:

@@ -12,7 +12,7 @@ from common.errors import BadRecordError, ConfigError
 from common.keys import Keys
 from common.models import JobSpec, decode_spec
 from common.settings import Settings
-from common.store.connection import Client, connect, redis_errors
+from common.store.connection import Client, connect, reachable, redis_errors
 from common.store.scripts import Scripts
 
 __all__ = ["Memory", "StoreBase", "spec_of"]
@@ -62,6 +62,12 @@ class StoreBase:
     def skip_unreadable_meta(self, job: str) -> None:
         """``job``'s meta is no hash (another tool's key under its name): it is no job."""
         self.warn_once(f"job {job}", f"its meta {self.keys.meta(job)!r} is unreadable")
+
+    @property
+    def reachable(self) -> bool:
+        """Whether Redis answered this store's last attempt (False from the first failure of
+        an outage, while commands still wait it out)."""
+        return reachable(self.redis)
 
     async def server_time(self) -> float:
         """Redis's clock, in seconds: what every time stored or compared across machines is

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import contextlib
 import re
+import time
+import weakref
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -42,6 +44,7 @@ __all__ = [
     "Client",
     "cluster_node_of",
     "connect",
+    "reachable",
     "redis_code",
     "redis_errors",
     "redis_retry",
@@ -66,13 +69,41 @@ class _Refused(Exception):
         self.error = error
 
 
+class _Health:
+    """Whether Redis answers now: ``failing_since`` is the monotonic time of the first failed
+    attempt since the last answer (None: it answers)."""
+
+    failing_since: float | None = None
+
+
 class _Retry(Retry):
+    """redis-py's retry, recording in ``health`` whether Redis answers now: what a worker
+    reports at once, while a command still waits out an outage. redis-py gives each
+    connection a deep copy of its client's retry; the copies share the client's record."""
+
+    def __init__(self, retries: int, health: _Health | None = None) -> None:
+        super().__init__(ExponentialBackoff(cap=5.0, base=0.05), retries)
+        self.retries = retries
+        self.health = health or _Health()
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> _Retry:
+        return _Retry(self.retries, self.health)
+
     async def call_with_retry(self, do: Any, fail: Any) -> Any:
         async def once() -> Any:
             try:
-                return await do()
+                result = await do()
             except (AuthenticationError, AuthorizationError) as exc:
                 raise _Refused(exc) from None
+            except (RedisConnectionError, RedisTimeoutError, OSError):
+                if self.health.failing_since is None:
+                    self.health.failing_since = time.monotonic()
+                raise
+            except RedisError:  # an error reply: Redis answered
+                self.health.failing_since = None
+                raise
+            self.health.failing_since = None
+            return result
 
         try:
             return await super().call_with_retry(once, fail)
@@ -83,7 +114,18 @@ class _Retry(Retry):
 def redis_retry(retries: int = 30) -> Retry:
     """Capped exponential backoff for reconnecting to Redis (shared with arq's pool); wrong
     credentials fail at once, since no wait will fix them."""
-    return _Retry(ExponentialBackoff(cap=5.0, base=0.05), retries)
+    return _Retry(retries)
+
+
+# The retry of each client connect() made: what reachable() reads.
+_RETRIES: weakref.WeakKeyDictionary[Client, _Retry] = weakref.WeakKeyDictionary()
+
+
+def reachable(client: Client) -> bool:
+    """Whether ``client``'s last attempt at Redis was answered (a client made by
+    :func:`connect`; any other counts as reachable)."""
+    retry = _RETRIES.get(client)
+    return retry is None or retry.health.failing_since is None
 
 
 def connect(url: str, *, patient: bool = True, ca_file: str = "", cluster: bool = False) -> Client:
@@ -95,19 +137,22 @@ def connect(url: str, *, patient: bool = True, ca_file: str = "", cluster: bool 
     verifies a ``rediss://`` server against that CA. ``cluster``: ``url`` is one node of a
     Redis Cluster, and the client finds the others from it.
     """
+    retry = _Retry(30 if patient else 3)
     options: dict[str, Any] = {
-        "retry": redis_retry(30 if patient else 3),
+        "retry": retry,
         "retry_on_error": RETRY_ON,
         "health_check_interval": 30,
         "socket_keepalive": True,
         **_tls(ca_file),
     }
     try:
-        if cluster:
-            return RedisCluster.from_url(url, **options)
-        return aioredis.from_url(url, **options)
+        client: Client = (
+            RedisCluster.from_url(url, **options) if cluster else aioredis.from_url(url, **options)
+        )
     except ValueError as exc:
         raise StoreUnavailable(f"invalid Redis URL {mask_url(url)}: {exc}") from None
+    _RETRIES[client] = retry
+    return client
 
 
 def _tls(ca_file: str) -> dict[str, Any]:
