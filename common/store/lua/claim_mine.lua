@@ -9,7 +9,8 @@
 --       entry IDs, sorted
 -- Returns how many entries the consumer still owned.
 local stream, running, group, consumer, idle = KEYS[1], KEYS[2], ARGV[1], ARGV[2], ARGV[3]
-check_generation(KEYS[3], ARGV[4])
+local gone = generation_error(KEYS[3], ARGV[4])
+if gone then return gone end
 local wanted = {}
 for i = 5, #ARGV do wanted[ARGV[i]] = true end
 local pending = redis.call('XPENDING', stream, group, ARGV[5], ARGV[#ARGV], 100000, consumer)

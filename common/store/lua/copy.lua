@@ -7,7 +7,8 @@
 -- Returns entry ID, payload, entry ID, payload... (empty while new entries remain).
 local stream, copies = KEYS[1], KEYS[2]
 local group, me, count = ARGV[1], ARGV[2], tonumber(ARGV[3])
-check_generation(KEYS[3], ARGV[4])
+local gone = generation_error(KEYS[3], ARGV[4])
+if gone then return gone end
 local info = group_info(stream, group)
 local pending = info and info['pending'] or 0
 if pending == 0 or any_undelivered(stream, info) then return {} end

@@ -8,7 +8,8 @@
 -- ARGV: [1] generation, [2] start, [3] end
 -- Returns the eviction mark.
 local results, meta, failed_h = KEYS[1], KEYS[2], KEYS[3]
-check_generation(meta, ARGV[1])
+local gone = generation_error(meta, ARGV[1])
+if gone then return gone end
 local lo, hi = tonumber(ARGV[2]), tonumber(ARGV[3])
 for first = lo, hi - 1, 5000 do
   local fields = {}

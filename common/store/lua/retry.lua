@@ -10,7 +10,8 @@
 -- Returns how many were queued again.
 local results, meta, stream, failed_h, cached_h = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local round, n, hits = ARGV[1], 0, 0
-check_generation(meta, ARGV[2])
+local gone = generation_error(meta, ARGV[2])
+if gone then return gone end
 local evicted = tonumber(redis.call('HGET', meta, META.EVICTED) or '0')
 for b = 3, #ARGV, 2 do
   local idx, kind = ARGV[b], ARGV[b + 1]

@@ -5,7 +5,8 @@
 -- Returns {1, total}, or {0, the total sealed before} when it differs.
 local meta = KEYS[1]
 local total, now = ARGV[1], now_s()
-check_generation(meta, ARGV[2])
+local gone = generation_error(meta, ARGV[2])
+if gone then return gone end
 local old = redis.call('HGET', meta, META.TOTAL)
 if old and old ~= total then return {0, old} end
 redis.call('HSET', meta, META.TOTAL, total)

@@ -4,7 +4,8 @@
 -- ARGV: [1] level, [2] the job's generation (GONE if another now), then field, value pairs for
 --       the stage's meta
 -- Returns 1.
-check_generation(KEYS[1], ARGV[2])
+local gone = generation_error(KEYS[1], ARGV[2])
+if gone then return gone end
 if #ARGV > 2 then redis.call('HSET', KEYS[2], unpack(ARGV, 3)) end
 redis.call('HSET', KEYS[1], META.STAGE, ARGV[1])
 return 1

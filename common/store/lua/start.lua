@@ -4,7 +4,8 @@
 -- KEYS: [1] running, [2] meta
 -- ARGV: [1] generation, then entry_id, mark pairs
 -- Returns 1.
-check_generation(KEYS[2], ARGV[1])
+local gone = generation_error(KEYS[2], ARGV[1])
+if gone then return gone end
 -- Clearing the marks first is no change (they are set next) but makes this script's first
 -- write one that a Redis over its maxmemory allows (HDEL never grows memory): a full Redis
 -- still lets batches start, and their commits free it (see commit.lua).

@@ -3,15 +3,17 @@
 -- under its name is another generation; a commit, a release or a reduce step of work taken
 -- from the old one must be refused, never written.
 
--- Refuse (with the error code GONE, translated by the store into JobGoneError) unless `meta`
--- is the meta of a live job of generation `gen`. A job created before generations were kept
--- has none: it matches the empty generation while its spec exists.
-local function check_generation(meta, gen)
+-- The error reply GONE (translated by the store into JobGoneError) to return at once, before
+-- anything is written, unless `meta` is the meta of a live job of generation `gen` (then nil).
+-- A job created before generations were kept has none: it matches the empty generation while
+-- its spec exists. Returned, not raised: Redis 6.2 (the embedded default's) cannot carry a
+-- raised error table, and its reply would lose the code.
+local function generation_error(meta, gen)
   local have = redis.call('HGET', meta, META.GENERATION)
   if have then
-    if have == gen then return end
+    if have == gen then return nil end
   elseif gen == '' and redis.call('HEXISTS', meta, META.SPEC) == 1 then
-    return
+    return nil
   end
-  error({err = 'GONE ' .. meta .. ' is not of generation ' .. gen})
+  return redis.error_reply('GONE ' .. meta .. ' is not of generation ' .. gen)
 end
