@@ -91,7 +91,9 @@ def test_a_dead_and_a_stalled_endpoint_leave_the_job_to_the_healthy_ones(
     assert [w.wait(timeout=120) for w in (dying, *healthy)] == [0, 0, 0]
     check_output(fleet.tmp / "nodes.jsonl", n, poison)
     logs = [log.read_text() for log in fleet.logs]
-    assert "circuit open" in logs[0] and "circuit open" in logs[1]
+    # (The stalled one's circuit opens only if its requests time out before the job ends:
+    # once it has, they are cut short.)
+    assert "circuit open" in logs[0]
     assert "released" in logs[0] + logs[1]
 
 
