@@ -54,6 +54,7 @@ from bench.harness import (
 from bench.rows import Row, Scenario
 from bench.startup import startup_scenario
 from bench.strict import strict_scenario
+from bench.versus import carried_over, with_section
 from common.models import JobSpec, SamplingParams
 from common.settings import Settings
 from common.store import JobStore
@@ -811,7 +812,9 @@ def main() -> None:
             command = " ".join(["python -m bench.run", *(f"--only {n}" for n in args.only)])
             path.write_text(update_report(path.read_text(), scenarios, command))
         else:
-            path.write_text(report(scenarios, "python -m bench.run", elapsed))
+            text = report(scenarios, "python -m bench.run", elapsed)
+            kept = carried_over(path.read_text()) if path.exists() else None
+            path.write_text(with_section(text, kept) if kept else text)
 
 
 if __name__ == "__main__":

@@ -166,7 +166,7 @@ async def enqueue_prompts(
         while True:
             if window is not None:
                 await _wait_for_room(store, job, token, upto, window)
-            await room.wait(len(items), sum(len(encode(it)) for it in items), keep_lock)
+            await room.wait(len(items), lambda: sum(len(encode(it)) for it in items), keep_lock)
             try:
                 await store.add_items(job, items, digest, gen=gen)
                 return

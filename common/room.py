@@ -56,14 +56,21 @@ class Room:
         self._policy_said = False
 
     async def wait(
-        self, prompts: int, prompt_bytes: int, keep_alive: Callable[[], Awaitable[None]]
+        self,
+        prompts: int,
+        size: Callable[[], int],
+        keep_alive: Callable[[], Awaitable[None]],
     ) -> None:
-        """Return once ``prompts`` more prompts of ``prompt_bytes`` leave room for every answer
-        of the job to come; ``keep_alive`` is called while waiting (the producer's lock)."""
+        """Return once ``prompts`` more prompts of ``size()`` bytes (measured only under a
+        maxmemory) leave room for every answer of the job to come; ``keep_alive`` is called
+        while waiting (the producer's lock)."""
+        prompt_bytes = -1
         while True:
             mem = await self.store.memory(self.job)
             if not mem.maxmemory:
                 return
+            if prompt_bytes < 0:
+                prompt_bytes = size()
             self._check_policy(mem)
             status = await self.store.status(self.job)
             if status.cancelled:

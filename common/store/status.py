@@ -92,12 +92,14 @@ class Status(StoreBase):
         async with redis_errors(self.url, job):
             raw = await self.redis.hgetall(meta_key)
             backlog = await self.scripts.backlog(keys=[stream], args=[GROUP])
-            now = await self.server_time()
         if not raw or Meta.SPEC.encode() not in raw:
             raise JobNotFoundError(
                 f"no job named {job!r} in this Redis (prefix {self.keys.prefix!r})"
             )
         meta = {k.decode(): v.decode() for k, v in raw.items() if k != Meta.SPEC.encode()}
+        # Redis's now only for a rate still running (a collector asks between its chunks).
+        running = Meta.FIRST_RESULT_S in meta and Meta.FINISHED_S not in meta
+        now = await self.server_time() if running else 0.0
         return _job_status(job, meta, int(backlog[0]), now)
 
     async def publish_endpoints(self, stats: dict[str, dict[str, EndpointStats]]) -> None:

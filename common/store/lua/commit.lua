@@ -14,9 +14,8 @@
 local results, meta, stream, failed_h, cached_h = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local running = KEYS[6]
 local group, now = ARGV[1], now_s()
-local gone = generation_error(meta, ARGV[4])
+local gone, evicted = generation_error(meta, ARGV[4])
 if gone then return gone end
-local evicted = tonumber(redis.call('HGET', meta, META.EVICTED) or '0')
 -- Entry e's five arguments are ARGV[5 * e] .. ARGV[5 * e + 4].
 local n = (#ARGV - 4) / 5
 local done, failed, hits, kinds, seen = 0, 0, 0, {}, {}

@@ -6,11 +6,9 @@
 -- Returns 1.
 local gone = generation_error(KEYS[2], ARGV[1])
 if gone then return gone end
--- Clearing the marks first is no change (they are set next) but makes this script's first
+-- Clearing the first mark first is no change (it is set next) but makes this script's first
 -- write one that a Redis over its maxmemory allows (HDEL never grows memory): a full Redis
 -- still lets batches start, and their commits free it (see commit.lua).
-local ids = {}
-for i = 2, #ARGV, 2 do ids[#ids + 1] = ARGV[i] end
-redis.call('HDEL', KEYS[1], unpack(ids))
+redis.call('HDEL', KEYS[1], ARGV[2])
 redis.call('HSET', KEYS[1], unpack(ARGV, 2))
 return 1
