@@ -14,7 +14,7 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import msgspec
@@ -33,12 +33,28 @@ __all__ = [
     "Fleet",
     "RedisClusterProcs",
     "check_output",
+    "command",
     "expected_tree",
     "fleet_prompt",
     "wait_port",
 ]
 
 BIN = Path(sys.executable).parent
+
+
+def command(
+    env: Mapping[str, str], *args: str | Path, stdin: str = "", timeout_s: float = 120.0
+) -> subprocess.CompletedProcess[str]:
+    """One installed command (``swarm-...`` and its arguments) run with ``env``, ``stdin`` on
+    its standard input, its output captured as text."""
+    return subprocess.run(
+        [BIN / str(args[0]), *map(str, args[1:])],
+        input=stdin,
+        env=dict(env),
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
 
 
 def wait_port(port: int, proc: subprocess.Popen[bytes], timeout_s: float = 20.0) -> None:

@@ -11,7 +11,7 @@ import pytest
 
 from common.models import Result
 from common.store import JobStore
-from tests.harness import BIN, Fleet
+from tests.harness import Fleet, command
 from tests.helpers import wait_until
 
 # Loaded by every Python process started with its folder on PYTHONPATH: time.time() is off by
@@ -86,14 +86,7 @@ async def test_a_worker_two_hours_behind_is_live_and_one_forty_days_ahead_evicts
 
 def _run(fleet: Fleet, *args: str) -> subprocess.CompletedProcess[str]:
     """One command against the fleet's Redis (a prompt on standard input for ``-``)."""
-    return subprocess.run(
-        [BIN / args[0], *args[1:]],
-        input="a question\n",
-        env=fleet.env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    return command(fleet.env, *args, stdin="a question\n", timeout_s=60)
 
 
 def _fleet_fields(store: JobStore, fleet: Fleet) -> bytes:

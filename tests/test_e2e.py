@@ -19,7 +19,7 @@ from common.embedded import free_port
 from common.keys import Keys
 from sim.launch import launch
 from sim.text import completion_for
-from tests.harness import BIN
+from tests.harness import BIN, command
 
 pytestmark = pytest.mark.slow
 
@@ -305,13 +305,7 @@ def test_collector_killed_mid_write_resumes_to_a_byte_identical_file(
             )
         reference, out = tmp_path / "reference.jsonl", tmp_path / "out.jsonl"
         cursor = Path(f"{out}.cursor")
-        ref = subprocess.run(
-            [BIN / "swarm-collect", "big", "--out", reference],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        ref = command(env, "swarm-collect", "big", "--out", reference)
         assert ref.returncode == 0, ref.stderr
         proc = subprocess.Popen(
             [BIN / "swarm-collect", "big", "--out", out],
@@ -329,25 +323,13 @@ def test_collector_killed_mid_write_resumes_to_a_byte_identical_file(
         assert out.stat().st_size < reference.stat().st_size
         with open(out, "ab") as fh:  # as if it died after writing lines, before their cursor
             fh.write(b'{"index": 999999, "text": "torn')
-        again = subprocess.run(
-            [BIN / "swarm-collect", "big", "--out", out],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        again = command(env, "swarm-collect", "big", "--out", out)
         assert again.returncode == 0, again.stderr
         assert "resumed at" in again.stderr
         assert out.read_bytes() == reference.read_bytes()
         # A finished file's cursor says so, and the same command again leaves the file alone.
         assert msgspec.json.decode(cursor.read_bytes())["complete"] is True
-        rerun = subprocess.run(
-            [BIN / "swarm-collect", "big", "--out", out],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        rerun = command(env, "swarm-collect", "big", "--out", out)
         assert rerun.returncode == 0, rerun.stderr
         assert f"{out} already holds all {n} results of job big; left alone" in rerun.stderr
         assert out.read_bytes() == reference.read_bytes()

@@ -16,7 +16,7 @@ import redis
 from common.embedded import EmbeddedRedis
 from common.keys import Keys
 from sim.text import completion_for
-from tests.harness import BIN, MAX_TOKENS, Fleet
+from tests.harness import MAX_TOKENS, Fleet, command
 from tests.helpers import wait_until
 
 
@@ -30,13 +30,7 @@ def _write(path: Path, prompts: list[str]) -> Path:
 
 
 def _cmd(fleet: Fleet, *args: str | Path) -> subprocess.CompletedProcess[str]:
-    out = subprocess.run(
-        [BIN / str(args[0]), *map(str, args[1:])],
-        env=fleet.env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    out = command(fleet.env, *args)
     assert out.returncode == 0, out.stderr
     return out
 

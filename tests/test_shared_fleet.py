@@ -9,7 +9,7 @@ import subprocess
 import msgspec
 import pytest
 
-from tests.harness import BIN, Fleet, check_output, wrong_key_endpoint
+from tests.harness import BIN, Fleet, check_output, command, wrong_key_endpoint
 from tests.helpers import wait_until
 
 pytestmark = pytest.mark.slow
@@ -136,8 +136,6 @@ def test_a_job_without_a_model_answered_by_two_models_says_so_and_each_line_name
 
 
 def _stderr(fleet: Fleet, job: str) -> str:
-    out = subprocess.run(
-        [BIN / "swarm-status", job], env=fleet.env, capture_output=True, text=True, timeout=60
-    )
+    out = command(fleet.env, "swarm-status", job)
     assert out.returncode == 0, out.stderr
     return out.stderr

@@ -18,20 +18,13 @@ from common.keys import GROUP
 from common.store import JobStore, redis_errors
 from producer.dashboard import Dashboard
 from sim.text import completion_for
-from tests.harness import BIN, MAX_TOKENS, Fleet, fleet_prompt
+from tests.harness import MAX_TOKENS, Fleet, command, fleet_prompt
 from tests.helpers import collect_lines, wait_until
 
 
 def _run(fleet: Fleet, *args: str) -> subprocess.CompletedProcess[str]:
     """One command against the fleet's Redis (a prompt on standard input for ``-``)."""
-    return subprocess.run(
-        [BIN / args[0], *args[1:]],
-        input="a question\n",
-        env=fleet.env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    return command(fleet.env, *args, stdin="a question\n", timeout_s=60)
 
 
 def _queue(fleet: Fleet, job: str, n: int, *args: str) -> None:
