@@ -1,10 +1,11 @@
 """The response cache shared by every job of one Redis: which prompts it may answer, the key
 of an answer, and what is kept of one.
 
-An answer is kept under a digest of everything that determines it: the API (completions or
-chat), the model, the text sent (the template filled in) or the messages, every sampling field
-(the seed among them), and whether the server adds its special tokens. A request is cached only
-when it is deterministic, temperature 0 or a seed, unless its job asks for sampled ones too.
+An answer is kept under the key of its request (:mod:`common.request`): a digest of the route
+(completions or chat), the model, the text sent (the template filled in) or the messages, every
+sampling field (the seed among them), and whether the server adds its special tokens. A request
+is cached only when it is deterministic, temperature 0 or a seed, unless its job asks for
+sampled ones too.
 Only complete answers are kept: never a failure, never an empty text (a ``length`` answer is,
 since ``max_tokens`` is part of its key). Each answer records the endpoint and the time (Redis's)
 it came from, so the answers of an endpoint that answered wrongly for a while can be purged
@@ -14,12 +15,11 @@ name are not seen: clear the cache then.
 
 from __future__ import annotations
 
-import hashlib
-
 import msgspec
 
 from common.errors import ConfigError
 from common.models import JobSpec, PromptItem, Result, SamplingParams, Usage
+from common.request import render, request_key
 
 __all__ = [
     "CachedAnswer",
@@ -61,19 +61,6 @@ class CachedAnswer(msgspec.Struct, frozen=True, omit_defaults=True, array_like=T
         )
 
 
-class _Request(msgspec.Struct, frozen=True, array_like=True):
-    """Everything that determines an answer, in one fixed encoding."""
-
-    api: str
-    model: str
-    text: str | None
-    messages: list[dict[str, str]] | None
-    params: SamplingParams
-    raw_template: bool
-
-
-# Sorted keys: two equal dicts (a response_format schema) give one key, whatever their order.
-_key_encoder = msgspec.msgpack.Encoder(order="sorted")
 _answer_encoder = msgspec.msgpack.Encoder()
 _answer_decoder = msgspec.msgpack.Decoder(CachedAnswer)
 
@@ -104,22 +91,15 @@ def check_cache_spec(spec: JobSpec) -> str | None:
 
 
 def answer_key(spec: JobSpec, item: PromptItem) -> str | None:
-    """The cache key of ``item``'s answer, or None when it is not to be cached: its job does
-    not use the cache, names no model, or the request is sampled without ``cache_sampled``."""
+    """The cache key of ``item``'s answer (its request's key, see :mod:`common.request`), or
+    None when it is not to be cached: its job does not use the cache, names no model, or the
+    request is sampled without ``cache_sampled``."""
     if not spec.cache or spec.model is None:
         return None
-    params = item.params_in(spec)
-    if not (spec.cache_sampled or deterministic(params)):
+    request = render(spec, item)
+    if not (spec.cache_sampled or deterministic(request.params)):
         return None
-    request = _Request(
-        api="chat" if spec.chat else "completions",
-        model=spec.model,
-        text=None if spec.chat else spec.render(item.prompt),
-        messages=item.chat_messages(spec) if spec.chat else None,
-        params=params,
-        raw_template=spec.template is not None,
-    )
-    return hashlib.blake2b(_key_encoder.encode(request), digest_size=20).hexdigest()
+    return request_key(request)
 
 
 def cacheable(r: Result) -> bool:

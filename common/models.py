@@ -225,12 +225,6 @@ class PromptItem(msgspec.Struct, frozen=True, array_like=True):
         """The settings this prompt is sent with: its own, else its job's."""
         return self.params if self.params is not None else spec.params
 
-    def chat_messages(self, spec: JobSpec) -> list[dict[str, str]]:
-        """The messages of a chat request for this prompt."""
-        if self.messages is not None:
-            return [{"role": m.role, "content": m.content} for m in self.messages]
-        return [{"role": "user", "content": spec.render(self.prompt)}]
-
 
 class Usage(msgspec.Struct, frozen=True):
     """Token counts of one prompt, present only when the endpoint reported them exactly."""

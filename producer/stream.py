@@ -25,6 +25,7 @@ from common.errors import (
     StoreUnavailable,
 )
 from common.models import OutputLine, ReduceOutput, Result, encode_json_line, result_or_failure
+from common.request import Route, route_of
 from common.store import JobStatus, JobStore
 from producer.openai_batch import openai_line
 
@@ -235,7 +236,7 @@ def own_line(r: Result) -> bytes:
 async def line_format(store: JobStore, job: str, name: str) -> Callable[[Result], bytes]:
     """The line formatter for ``--format name`` (``jsonl`` or ``openai``) for ``job``."""
     if name == "openai":
-        chat = (await store.load_spec(job)).chat
+        chat = route_of(await store.load_spec(job)) == Route.CHAT
         return partial(openai_line, job, chat=chat)
     return own_line
 

@@ -21,6 +21,7 @@ import msgspec
 
 from common.errors import EndpointError, EndpointRejected, EndpointRetryable
 from common.models import JobSpec, PromptItem, Result, SamplingParams, Usage, encode
+from common.request import Request, Route, render
 from common.settings import Settings
 from common.vocab import FailureKind
 from worker.circuit import Circuit, GiveUp
@@ -151,12 +152,12 @@ class BatchRunner:
     ) -> list[Result]:
         """Results for ``items`` (all sent with ``params``) in order; bisects a rejected list
         to isolate the bad prompts; asks again for choices the server left out."""
-        if spec.chat:
-            return await self._chat(spec, model, items, params, prior, tally)
-        prompts = [spec.render(it.prompt) for it in items]
+        requests = [render(spec, it) for it in items]
+        if requests[0].route == Route.CHAT:
+            return await self._chat(spec, model, items, requests, prior, tally)
+        prompts = [r.text or "" for r in requests]
         timeout = self.settings.request_timeout_for(len(items), params.max_tokens)
-        # A template written out carries its own special tokens: vLLM must not add a BOS.
-        special = False if spec.template is not None else None
+        special = requests[0].add_special_tokens
 
         async def call() -> CompletionBody:
             body = await self.client.complete(
@@ -202,16 +203,16 @@ class BatchRunner:
         spec: JobSpec,
         model: str,
         items: list[PromptItem],
-        params: SamplingParams,
+        requests: list[Request],
         prior: int,
         tally: Tally,
     ) -> list[Result]:
         """A batch of a chat job: one chat request per prompt, all in flight at once (chat
         has no list form); a rejected prompt fails alone."""
-        timeout = self.settings.request_timeout_for(1, params.max_tokens)
 
-        async def one(item: PromptItem) -> Result:
-            messages = item.chat_messages(spec)
+        async def one(item: PromptItem, request: Request) -> Result:
+            messages, params = request.messages or [], request.params
+            timeout = self.settings.request_timeout_for(1, params.max_tokens)
 
             async def call() -> ChatBody:
                 body = await self.client.chat(model, messages, params, timeout_s=timeout)
@@ -251,7 +252,9 @@ class BatchRunner:
                 model=body.model,
             )
 
-        return list(await asyncio.gather(*(one(it) for it in items)))
+        return list(
+            await asyncio.gather(*(one(it, r) for it, r in zip(items, requests, strict=True)))
+        )
 
     def _map_choices(
         self, items: list[PromptItem], body: CompletionBody, attempts: int

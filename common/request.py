@@ -1,0 +1,80 @@
+"""What is sent for one prompt, decided in one place: the route (completions or chat), the text
+or the messages, the sampling settings, whether the server adds its special tokens; and the
+key that identifies its answer.
+
+The batch runner sends what :func:`render` gives, the response cache keys its answers by
+:func:`request_key` of the same, and the OpenAI batch output names the job's :func:`route_of`:
+what is cached can no longer drift from what was asked. A new kind of request (embeddings,
+several samples, tools) is a new :class:`Route` here and its rendering.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from enum import StrEnum
+
+import msgspec
+
+from common.models import JobSpec, PromptItem, SamplingParams
+
+__all__ = ["Request", "Route", "render", "request_key", "route_of"]
+
+
+class Route(StrEnum):
+    """The API a request goes to."""
+
+    COMPLETIONS = "completions"  # /v1/completions: one request may hold a list of prompts
+    CHAT = "chat"  # /v1/chat/completions: one conversation a request
+
+
+class Request(msgspec.Struct, frozen=True, array_like=True):
+    """One prompt's request as it is sent, less the model an endpoint serves it with:
+    ``model`` is the job's (None: whatever each endpoint serves). Its fields, in this order,
+    are what its key digests: changing them changes every key (a cache emptied)."""
+
+    route: str
+    model: str | None
+    text: str | None  # completions: the prompt, its job's template filled in
+    messages: list[dict[str, str]] | None  # chat: the conversation
+    params: SamplingParams
+    # The job's template is written out whole, its special tokens included: the server must
+    # not add its own (vLLM's ``add_special_tokens``).
+    raw_template: bool
+
+    @property
+    def add_special_tokens(self) -> bool | None:
+        """What to ask the server about its special tokens (None: its default)."""
+        return False if self.raw_template else None
+
+
+def route_of(spec: JobSpec) -> Route:
+    return Route.CHAT if spec.chat else Route.COMPLETIONS
+
+
+def render(spec: JobSpec, item: PromptItem) -> Request:
+    """The request for ``item`` of ``spec``'s job."""
+    route = route_of(spec)
+    messages = None
+    if route is Route.CHAT:
+        messages = (
+            [{"role": m.role, "content": m.content} for m in item.messages]
+            if item.messages is not None
+            else [{"role": "user", "content": spec.render(item.prompt)}]
+        )
+    return Request(
+        route=route,
+        model=spec.model,
+        text=spec.render(item.prompt) if route is Route.COMPLETIONS else None,
+        messages=messages,
+        params=item.params_in(spec),
+        raw_template=spec.template is not None,
+    )
+
+
+# Sorted keys: two equal dicts (a response_format schema) give one key, whatever their order.
+_key_encoder = msgspec.msgpack.Encoder(order="sorted")
+
+
+def request_key(request: Request) -> str:
+    """A digest of everything that determines the answer to ``request``."""
+    return hashlib.blake2b(_key_encoder.encode(request), digest_size=20).hexdigest()
