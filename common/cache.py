@@ -78,8 +78,8 @@ def check_cache_spec(spec: JobSpec) -> str | None:
         return None
     if spec.model is None:
         raise ConfigError(
-            "--cache needs --model: an answer depends on the model, and without --model each "
-            "endpoint answers with whatever model it serves"
+            "the cache needs a model (--model NAME, or model=): an answer depends on the "
+            "model, and without one each endpoint answers with whatever model it serves"
         )
     if spec.cache_sampled or deterministic(spec.params):
         return None

@@ -129,6 +129,10 @@ class ReduceSpec(msgspec.Struct, frozen=True, omit_defaults=True, kw_only=True):
             raise ConfigError(f"reduce max_tokens must be >= 0, got {self.max_tokens}")
 
 
+# The fields of a JobSpec that say how a job was made, not what it asks for.
+_NOT_SETTINGS = frozenset({"job", "created_s", "source", "generation"})
+
+
 class JobSpec(msgspec.Struct, frozen=True, omit_defaults=True):
     """What a job is: written once by the first ``swarm-enqueue``, read by every worker.
 
@@ -166,20 +170,17 @@ class JobSpec(msgspec.Struct, frozen=True, omit_defaults=True):
     generation: str = ""
 
     def same_settings(self, other: JobSpec) -> bool:
-        """True when ``other`` asks for the same model, sampling and reduce (creation details
-        aside)."""
-        return (
-            self.model == other.model
-            and self.params == other.params
-            and self.reduce == other.reduce
-            and self.chat == other.chat
-            and self.schema == other.schema
-            and self.template == other.template
-            and self.priority == other.priority
-            and self.cache == other.cache
-            and self.cache_sampled == other.cache_sampled
-            and self.cache_refresh == other.cache_refresh
-        )
+        """True when ``other`` asks for the same model, sampling, reduce and every other
+        setting (creation details aside: every field is a setting but those)."""
+        return not self.differing_settings(other)
+
+    def differing_settings(self, other: JobSpec) -> list[str]:
+        """The settings ``other`` asks for otherwise, by name."""
+        return [
+            name
+            for name in self.__struct_fields__
+            if name not in _NOT_SETTINGS and getattr(self, name) != getattr(other, name)
+        ]
 
     def render(self, prompt: str) -> str:
         """What is sent for ``prompt``: the template filled in, or the prompt itself."""

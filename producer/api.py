@@ -18,16 +18,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterable, Sequence
 from typing import Any
 
-from common.cache import check_cache_spec
 from common.embedded import EmbeddedRedis
 from common.errors import ConfigError
+from common.jobspec import build_spec, options_from
 from common.keys import validate_job_name
-from common.models import JobSpec, ReduceOutput, ReduceSpec, Result, SamplingParams
+from common.models import ReduceOutput, ReduceSpec, Result
 from common.settings import Settings
 from common.store import JobStatus, JobStore
 
@@ -39,6 +40,8 @@ from producer.stream import follow, wait_final
 from worker.engine import Engine
 
 Prompts = Iterable[str] | Iterable[tuple[str, str | None]]
+
+log = logging.getLogger("swarm.producer")
 
 
 # Reduce specs by name, capitalised like the types they stand for: a call reads as a spec.
@@ -154,47 +157,28 @@ class Swarm:
         prompts: Prompts,
         *,
         job: str | None = None,
-        max_tokens: int = 256,
-        temperature: float | None = None,
-        model: str | None = None,
-        reduce: ReduceSpec | None = None,
         window: int | None = None,
-        priority: int = 0,
-        seed: int | None = None,
-        cache: bool = False,
-        cache_sampled: bool = False,
-        cache_refresh: bool = False,
+        **settings: Any,
     ) -> str:
         """Queue ``prompts`` (strings, or ``(prompt, custom_id)`` pairs) as a job; returns its
-        name. Submitting the same job again resumes it. With ``window``, prompts are fed in
-        the background, at most ``window`` unfinished at a time (for inputs too big to queue at
-        once): follow :meth:`results` meanwhile. With ``cache`` (and a ``model``), prompts
-        answered before, by any job, are answered from the response cache: deterministic
-        requests only (``temperature=0`` or a ``seed``), unless ``cache_sampled``; with
-        ``cache_refresh``, none is answered from it: every prompt is asked again and its answer
-        replaces the kept one."""
+        name. Submitting the same job again resumes it.
+
+        ``settings``: the job's, as :class:`common.jobspec.JobOptions` names them, the same as
+        ``swarm-enqueue``'s flags and checked by the same rules (``max_tokens``,
+        ``temperature``, ``model``, ``chat``, ``template``, ``schema``, ``priority``,
+        ``reduce``...). With ``cache`` (and a ``model``), prompts answered before, by any job,
+        are answered from the response cache: deterministic requests only (``temperature=0``
+        or a ``seed``), unless ``cache_sampled``; with ``cache_refresh``, none is answered from
+        it: every prompt is asked again and its answer replaces the kept one.
+
+        With ``window``, prompts are fed in the background, at most ``window`` unfinished at a
+        time (for inputs too big to queue at once): follow :meth:`results` meanwhile."""
         name = validate_job_name(job) if job else f"job-{uuid.uuid4().hex[:12]}"
-        if max_tokens < 1:
-            raise ConfigError(f"max_tokens must be >= 1, got {max_tokens}")
-        spec = JobSpec(
-            job=name,
-            params=SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed),
-            model=model,
-            created_s=time.time(),
-            source="python",
-            reduce=reduce,
-            priority=priority,
-            cache=cache or cache_sampled or cache_refresh,
-            cache_sampled=cache_sampled,
-            cache_refresh=cache_refresh,
-        )
-        if spec.cache and spec.model is None:
-            raise ConfigError("cache=True needs a model=: an answer depends on the model")
-        if check_cache_spec(spec) is not None:  # prompts here have no settings of their own
-            raise ConfigError(
-                "cache=True keeps deterministic answers only: give temperature=0 or a seed=, "
-                "or cache_sampled=True to keep sampled answers too"
-            )
+        options = options_from(settings)
+        spec, warnings = build_spec(name, options, source="python", created_s=time.time())
+        for warning in warnings:
+            log.warning("job %s: %s", name, warning)
+        reduce = spec.reduce
         if reduce is not None and reduce.function and self._engine is not None:
             self._engine.reducer.allowed.add(reduce.function)  # this session's own code
         feed = enqueue_prompts(self.store, spec, _pairs(prompts), window=window)

@@ -11,24 +11,31 @@ import argparse
 import itertools
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, BinaryIO
 
 import msgspec
 
-from common.cache import check_cache_spec
 from common.cli import add_redis_arg, run, settings_from_args
 from common.errors import BadRecordError, ConfigError, InputError
 from common.feed import EnqueueReport, PromptInput, enqueue_prompts
 from common.fleet import waiting_reason
+from common.jobspec import JobOptions, build_spec
 from common.keys import validate_job_name
 from common.models import JobSpec, ReduceSpec, SamplingParams
-from common.schema import AnswerValidator
 from common.settings import Settings
 from common.store import JobStore
 from producer.inputs import DEFAULT_MAX_PROMPT_BYTES, Format, Parsed, iter_prompts
 
-__all__ = ["EnqueueReport", "enqueue", "enqueue_prompts", "main"]
+__all__ = [
+    "JOB_FLAGS",
+    "EnqueueReport",
+    "enqueue",
+    "enqueue_prompts",
+    "main",
+    "options_from_args",
+    "parser",
+]
 
 # enqueue_prompts and EnqueueReport live in common.feed (the reduce stage queues prompts too);
 # they are part of the producer's API, re-exported here.
@@ -130,53 +137,51 @@ def _prompt_of(p: Parsed, source: str, spec: JobSpec) -> PromptInput:
     return (p.messages if p.messages is not None else p.prompt), p.custom_id, params
 
 
-def _parser() -> argparse.ArgumentParser:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="swarm-enqueue",
         description="Queue prompts for a job. Safe to run again after a crash: it resumes.",
     )
     p.add_argument("input", help="prompt file (.txt, .jsonl, OpenAI batch .jsonl) or - for stdin")
     p.add_argument("--job", required=True, help="job name: letters, digits, '.', '_', '-'")
-    p.add_argument("--model", help="model name (default: whatever each endpoint serves)")
-    p.add_argument(
-        "--check-model",
-        action="store_true",
-        help="refuse the job unless a live endpoint serves --model (without it: a warning)",
+    j = p.add_argument_group(
+        "job settings (the keywords of Swarm.submit, with dashes; see common/jobspec.py)"
     )
-    p.add_argument("--max-tokens", type=int, default=256, help="tokens to generate (default 256)")
-    p.add_argument("--temperature", type=float, help="sampling temperature")
-    p.add_argument("--top-p", type=float, help="nucleus sampling")
-    p.add_argument("--stop", action="append", metavar="TEXT", help="stop string (repeatable)")
-    p.add_argument("--seed", type=int, help="sampling seed")
-    p.add_argument(
+    j.add_argument("--model", help="model name (default: whatever each endpoint serves)")
+    j.add_argument("--max-tokens", type=int, default=256, help="tokens to generate (default 256)")
+    j.add_argument("--temperature", type=float, help="sampling temperature")
+    j.add_argument("--top-p", type=float, help="nucleus sampling")
+    j.add_argument("--stop", action="append", metavar="TEXT", help="stop string (repeatable)")
+    j.add_argument("--seed", type=int, help="sampling seed")
+    j.add_argument(
         "--response-format",
         metavar="JSON|FILE",
         help='passed through, e.g. {"type": "json_object"} or a json_schema response format',
     )
-    p.add_argument(
+    j.add_argument(
         "--structured-outputs",
         metavar="JSON|FILE",
         help='vLLM\'s guided decoding, passed through, e.g. {"choice": ["yes", "no"]}',
     )
-    p.add_argument(
+    j.add_argument(
         "--chat",
         action="store_true",
         help="send each prompt as its own /v1/chat/completions request (the server applies "
         "the model's chat template; no list batching)",
     )
-    p.add_argument(
+    j.add_argument(
         "--template",
         metavar="FILE",
         help="wrap each prompt in this text, at {prompt}, before list-prompt batching on "
         "/v1/completions (a chat template written out)",
     )
-    p.add_argument(
+    j.add_argument(
         "--schema",
         metavar="FILE",
         help="a JSON Schema each answer must match; a mismatch fails that prompt (kind "
         "'schema', its text kept)",
     )
-    p.add_argument(
+    j.add_argument(
         "--priority",
         type=int,
         default=0,
@@ -184,24 +189,30 @@ def _parser() -> argparse.ArgumentParser:
         help="while a job of higher priority has work, the endpoints serve it first; jobs of "
         "equal priority share them in turn (default 0)",
     )
-    p.add_argument(
+    j.add_argument(
         "--cache",
         action="store_true",
         help="answer prompts from the response cache shared by every job of this Redis, and "
         "keep new answers in it (deterministic requests only: temperature 0 or a seed; "
         "needs --model)",
     )
-    p.add_argument(
+    j.add_argument(
         "--cache-sampled",
         action="store_true",
         help="with --cache: keep and reuse sampled answers too (a rerun gets the first "
         "sample again)",
     )
-    p.add_argument(
+    j.add_argument(
         "--refresh",
+        dest="cache_refresh",
         action="store_true",
         help="with --cache: answer nothing from the cache; ask the endpoints again and "
         "replace the answers it keeps (after an endpoint answered wrongly for a while)",
+    )
+    p.add_argument(
+        "--check-model",
+        action="store_true",
+        help="refuse the job unless a live endpoint serves --model (without it: a warning)",
     )
     p.add_argument("--format", choices=["auto", "txt", "jsonl"], default="auto")
     p.add_argument("--max-prompt-bytes", type=int, default=DEFAULT_MAX_PROMPT_BYTES)
@@ -216,6 +227,7 @@ def _parser() -> argparse.ArgumentParser:
     r = p.add_argument_group("reduce stage (run by the workers once every prompt is answered)")
     r.add_argument(
         "--reduce",
+        dest="reduce_kind",
         metavar="KIND",
         help="concat, vote, json, stats, tree, or package.module:function (see swarm-collect "
         "--final)",
@@ -278,15 +290,34 @@ def _json_arg(value: str | None, flag: str) -> dict[str, Any] | None:
     return obj
 
 
+# The job settings that are flags of their own (the reduce is built from the --reduce* group).
+JOB_FLAGS = tuple(name for name in JobOptions.__struct_fields__ if name != "reduce")
+# The job settings whose flags name a file (or give JSON inline), and how each is read.
+_FROM_FILES: dict[str, Callable[[Any], Any]] = {
+    "template": lambda path: _read_template(path),
+    "schema": lambda value: _json_arg(value, "--schema"),
+    "response_format": lambda value: _json_arg(value, "--response-format"),
+    "structured_outputs": lambda value: _json_arg(value, "--structured-outputs"),
+}
+
+
+def options_from_args(args: argparse.Namespace) -> JobOptions:
+    """The job settings of parsed ``swarm-enqueue`` arguments, the files they name read."""
+    fields = {name: getattr(args, name) for name in JOB_FLAGS}
+    for name, read in _FROM_FILES.items():  # flags that take a file (or inline JSON)
+        fields[name] = read(fields[name])
+    return JobOptions(**{**fields, "reduce": reduce_from_args(args)})
+
+
 def reduce_from_args(args: argparse.Namespace) -> ReduceSpec | None:
     """The ``--reduce*`` options as a :class:`ReduceSpec` (validated), or None."""
-    if args.reduce is None:
+    if args.reduce_kind is None:
         if args.reduce_prompt is not None:
             raise ConfigError("--reduce-prompt needs --reduce tree")
         return None
-    kind, function = args.reduce, None
+    kind, function = args.reduce_kind, None
     if ":" in kind:
-        kind, function = "function", args.reduce
+        kind, function = "function", args.reduce_kind
     prompt = None
     if args.reduce_prompt is not None:
         if kind != "tree":
@@ -314,34 +345,10 @@ async def _main(args: argparse.Namespace) -> int:
     ):
         if value is not None and value < 1:
             raise ConfigError(f"{flag} must be >= 1, got {value}")
-    template = _read_template(args.template)
-    schema = _json_arg(args.schema, "--schema")
-    if schema is not None:
-        AnswerValidator(schema)  # refuses what it cannot check, before anything is queued
-    spec = JobSpec(
-        job=job,
-        model=args.model,
-        params=SamplingParams(
-            max_tokens=args.max_tokens,
-            temperature=args.temperature,
-            top_p=args.top_p,
-            stop=args.stop,
-            seed=args.seed,
-            response_format=_json_arg(args.response_format, "--response-format"),
-            structured_outputs=_json_arg(args.structured_outputs, "--structured-outputs"),
-        ),
-        created_s=time.time(),
-        source=args.input,
-        reduce=reduce_from_args(args),
-        schema=schema,
-        chat=args.chat,
-        template=template,
-        priority=args.priority,
-        cache=args.cache or args.cache_sampled or args.refresh,
-        cache_sampled=args.cache_sampled,
-        cache_refresh=args.refresh,
+    spec, warnings = build_spec(
+        job, options_from_args(args), source=args.input, created_s=time.time()
     )
-    if (warning := check_cache_spec(spec)) is not None:
+    for warning in warnings:
         print(f"swarm-enqueue: warning: {warning}", file=sys.stderr)
     if args.model is not None or args.check_model:
         await check_model(settings, args.model, strict=args.check_model)
@@ -380,5 +387,5 @@ async def _main(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    args = _parser().parse_args(argv)
+    args = parser().parse_args(argv)
     raise SystemExit(run("swarm-enqueue", _main(args)))

@@ -5,6 +5,7 @@ request, with real worker processes, while a changed setting misses it."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import urllib.request
 from collections.abc import Callable
@@ -21,6 +22,7 @@ from common.errors import ConfigError
 from common.models import JobSpec, Message, PromptItem, Result, SamplingParams
 from common.settings import Settings
 from common.store import JobStore
+from common.store.cache import CacheSize
 from producer.api import Swarm
 from producer.board import read_board
 from sim.server import SimFleet
@@ -80,7 +82,7 @@ def test_only_deterministic_requests_of_cached_jobs_with_a_model_are_cached() ->
     own = PromptItem(0, "hello", None, None, GREEDY)
     assert answer_key(_spec(params=sampled), own) is not None
 
-    with pytest.raises(ConfigError, match="--cache needs --model"):
+    with pytest.raises(ConfigError, match=r"the cache needs a model \(--model NAME, or model=\)"):
         check_cache_spec(_spec(model=None))
     assert "sampled" in (check_cache_spec(_spec(params=sampled)) or "")
     assert check_cache_spec(_spec(params=sampled, cache_sampled=True)) is None
@@ -207,15 +209,27 @@ def _get(url: str) -> str:
 
 
 async def test_the_python_api_caches_across_jobs_and_refuses_what_it_cannot_cache(
-    redis_url: str, prefix: str, sim_fleet: Callable[..., SimFleet]
+    redis_url: str,
+    prefix: str,
+    sim_fleet: Callable[..., SimFleet],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     texts = [f"Name the capital of country {i}." for i in range(200)]
     fleet = sim_fleet(2)
     async with fleet, Swarm(redis_url, endpoints=fleet.urls, prefix=prefix, poll_ms=50) as swarm:
-        with pytest.raises(ConfigError, match="cache=True needs a model="):
+        with pytest.raises(ConfigError, match=r"the cache needs a model \(--model NAME, or"):
             await swarm.submit(texts, cache=True, temperature=0)
-        with pytest.raises(ConfigError, match="give temperature=0 or a seed="):
-            await swarm.submit(texts, cache=True, model="swarm-sim")
+        with pytest.raises(
+            ConfigError, match="job settings: Object contains unknown field `tempreature`"
+        ):
+            await swarm.submit(texts, cache=True, model="swarm-sim", tempreature=0)
+        # Sampled: a warning, as from swarm-enqueue (the same rule), and nothing kept.
+        with caplog.at_level(logging.WARNING, "swarm"):
+            sampled = await swarm.gather(
+                await swarm.submit(texts[:10], max_tokens=8, model="swarm-sim", cache=True)
+            )
+        assert "--cache keeps deterministic answers only" in caplog.text
+        assert len(sampled) == 10 and await swarm.store.cache_size() == CacheSize(0, 0)
         first = await swarm.gather(
             await swarm.submit(texts, max_tokens=8, model="swarm-sim", seed=7, cache=True)
         )

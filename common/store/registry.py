@@ -43,8 +43,8 @@ class Registry(StoreBase):
             if not created and not stored.same_settings(spec):
                 others = [
                     f"{name} {getattr(stored, name)!r} (asked: {getattr(spec, name)!r})"
-                    for name in ("chat", "template", "schema", "reduce", "priority")
-                    if getattr(stored, name) != getattr(spec, name)
+                    for name in stored.differing_settings(spec)
+                    if name not in ("model", "params")
                 ]
                 raise JobConflictError(
                     f"job {job!r} already exists with model={stored.model!r}, "
