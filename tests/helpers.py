@@ -3,6 +3,7 @@ the end, collecting output lines, a throwaway HTTP server, and waiting for a con
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import io
 import time
@@ -18,7 +19,16 @@ from producer.stream import collect
 from worker.endpoint import EndpointClient
 from worker.engine import Engine
 
-__all__ = ["collect_lines", "gen_of", "prompts", "run_engine", "serve", "spec", "wait_until"]
+__all__ = [
+    "collect_lines",
+    "gen_of",
+    "prompts",
+    "run_engine",
+    "serve",
+    "spec",
+    "until",
+    "wait_until",
+]
 
 
 def wait_until(what: str, check: Callable[[], object], timeout_s: float = 60.0) -> None:
@@ -27,6 +37,18 @@ def wait_until(what: str, check: Callable[[], object], timeout_s: float = 60.0) 
     while not check():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.005)
+
+
+async def until(what: str, check: Callable[[], object], timeout_s: float = 10.0) -> None:
+    """In a test's own event loop: yield to its tasks until ``check`` holds; fail naming
+    ``what`` after ``timeout_s``. (Yielding, not sleeping: what is awaited are tasks of this
+    loop, so no time is assumed.)"""
+    try:
+        async with asyncio.timeout(timeout_s):
+            while not check():  # noqa: ASYNC110 - observing tasks of this loop
+                await asyncio.sleep(0)
+    except TimeoutError:
+        raise AssertionError(f"timed out waiting for {what}") from None
 
 
 @contextlib.asynccontextmanager

@@ -10,16 +10,10 @@ from common.store import JobStore
 from producer.enqueue import enqueue_prompts
 from sim.server import SimFleet
 from sim.text import completion_for
-from tests.helpers import collect_lines, prompts, spec
+from tests.helpers import collect_lines, prompts, spec, until
 from worker.endpoint import EndpointClient
 from worker.engine import Engine
 from worker.lookout import Lookout
-
-
-async def _until(cond: Callable[[], bool]) -> None:
-    async with asyncio.timeout(10):
-        while not cond():  # noqa: ASYNC110 - observing tasks of this loop, no timing assumed
-            await asyncio.sleep(0)
 
 
 async def test_one_slot_looks_and_the_others_rest_until_it_finds_work() -> None:
@@ -27,17 +21,17 @@ async def test_one_slot_looks_and_the_others_rest_until_it_finds_work() -> None:
     await lookout.nothing_found(0)  # the first to find nothing looks: no rest
     await lookout.nothing_found(0)  # and keeps looking
     resting = [asyncio.create_task(lookout.nothing_found(i)) for i in (1, 2)]
-    await _until(lambda: lookout.resting == 2)
+    await until("two slots resting", lambda: lookout.resting == 2)
     lookout.found(1)  # a slot that is not the lookout wakes nobody
     await asyncio.sleep(0)
     assert not any(t.done() for t in resting)
     lookout.found(0)
-    await asyncio.gather(*resting)
+    await asyncio.wait_for(asyncio.gather(*resting), timeout=5)  # woken, not rested out
     assert lookout.resting == 0
     # Work found, so nobody is looking: the next slot to find nothing looks.
     await lookout.nothing_found(2)
     rest = asyncio.create_task(lookout.nothing_found(0))
-    await _until(lambda: lookout.resting == 1)
+    await until("a slot resting", lambda: lookout.resting == 1)
     lookout.wake()
     await rest
 
@@ -47,10 +41,22 @@ async def test_a_rest_ends_after_rest_s_and_its_slot_takes_over_looking() -> Non
     await lookout.nothing_found(0)
     await lookout.nothing_found(1)  # rested rest_s: the lookout went quiet
     await lookout.nothing_found(1)  # now slot 1 looks: no rest
-    rest = asyncio.create_task(lookout.nothing_found(2))
-    await _until(lambda: lookout.resting == 1)
-    lookout.leave(1)  # the lookout stops: the rest ends at once
-    await rest
+    assert lookout.resting == 0
+
+
+async def test_a_lookout_that_stops_ends_the_rests_at_once_and_another_slot_looks() -> None:
+    lookout = Lookout(rest_s=3600)  # no rest ends by itself within the test
+    await lookout.nothing_found(1)  # slot 1 looks
+    rests = [asyncio.create_task(lookout.nothing_found(i)) for i in (2, 3)]
+    await until("two slots resting", lambda: lookout.resting == 2)
+    lookout.leave(2)  # a slot that is not the lookout leaving wakes nobody
+    await asyncio.sleep(0)
+    assert not any(t.done() for t in rests)
+    lookout.leave(1)  # the lookout stops: every rest ends now
+    await asyncio.wait_for(asyncio.gather(*rests), timeout=5)
+    # and the next slot to find nothing looks in its place, without a rest
+    await asyncio.wait_for(lookout.nothing_found(3), timeout=5)
+    assert lookout.resting == 0
 
 
 async def test_an_idle_endpoint_polls_with_one_slot_and_wakes_all_for_new_work(
@@ -62,7 +68,7 @@ async def test_an_idle_endpoint_polls_with_one_slot_and_wakes_all_for_new_work(
         drainer = engine.drainers[0]
         run = asyncio.create_task(engine.run())
         try:
-            await _until(lambda: drainer.lookout.resting == 7)
+            await until("seven slots resting", lambda: drainer.lookout.resting == 7)
             sent = drainer.client.requests
             await enqueue_prompts(store, spec(max_tokens=8), prompts(400))
             async with asyncio.timeout(30):
@@ -71,7 +77,7 @@ async def test_an_idle_endpoint_polls_with_one_slot_and_wakes_all_for_new_work(
                     await asyncio.sleep(0.01)
             assert drainer.client.requests - sent == 100  # 400 prompts in batches of 4
             # and, idle again, back to one slot looking
-            await _until(lambda: drainer.lookout.resting == 7)
+            await until("seven slots resting", lambda: drainer.lookout.resting == 7)
         finally:
             engine.request_stop()
             await run

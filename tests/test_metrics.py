@@ -9,10 +9,8 @@ import re
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from collections import defaultdict
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -24,6 +22,7 @@ from common.errors import ConfigError
 from common.settings import Settings
 from common.store import Commit, JobStatus
 from tests.harness import Fleet
+from tests.helpers import wait_until
 from worker.prometheus import EndpointGauges, PrometheusMetrics
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -57,13 +56,6 @@ def _sum(samples: Samples, name: str, **labels: str) -> float:
     return sum(
         v for lab, v in samples.get(name, []) if all(lab.get(k) == x for k, x in labels.items())
     )
-
-
-def _until(what: str, check: Callable[[], bool], timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 def test_the_hooks_become_prometheus_samples() -> None:
@@ -137,7 +129,7 @@ def test_a_worker_serves_metrics_that_agree_with_redis_during_and_after_a_job(
             s.get("swarm_job_pending_prompts")
         )
 
-    _until("failing requests seen in the metrics", failing)
+    wait_until("failing requests seen in the metrics", failing)
     s = _scrape(port)
     assert _sum(s, "swarm_requests_total", outcome="retryable") >= _sum(
         s, "swarm_request_retries_total"
@@ -161,7 +153,7 @@ def test_a_worker_serves_metrics_that_agree_with_redis_during_and_after_a_job(
         assert scraped_done <= done and scraped_failed <= failed
         return done + failed == n and (scraped_done, scraped_failed) == (done, failed)
 
-    _until("the metrics to count the whole job", agrees)
+    wait_until("the metrics to count the whole job", agrees)
     s = _scrape(port)
     assert _sum(s, "swarm_prompts_done_total", job="m") == n - len(poison)
     assert _sum(s, "swarm_prompts_failed_total", job="m", kind="rejected") == len(poison)
@@ -237,7 +229,7 @@ def test_while_redis_is_out_of_reach_the_metrics_say_so_and_show_no_stale_figure
             "m", [0], burst=False, SWARM_METRICS_PORT=str(port), SWARM_STATS_PERIOD_S="0.2"
         )
         assert fleet.enqueue("big", 50_000, set()).wait(timeout=60) == 0
-        _until(
+        wait_until(
             "the job's gauges", lambda: bool(_scrape_soon(port).get("swarm_job_pending_prompts"))
         )
         s = _scrape(port)
@@ -245,7 +237,7 @@ def test_while_redis_is_out_of_reach_the_metrics_say_so_and_show_no_stale_figure
         assert _sum(s, "swarm_circuit_state", endpoint=fleet.url(0), state="closed") == 1
 
         server.stop()  # mid-job
-        _until("Redis seen out of reach", lambda: _sum(_scrape(port), "swarm_redis_up") == 0)
+        wait_until("Redis seen out of reach", lambda: _sum(_scrape(port), "swarm_redis_up") == 0)
         s = _scrape(port)
         # No endpoint takes work, none is shown 'closed', and no job's figure from before
         # (on the code before: circuits 'closed' and the last queue figures, as if live).
@@ -254,7 +246,7 @@ def test_while_redis_is_out_of_reach_the_metrics_say_so_and_show_no_stale_figure
         assert not s.get("swarm_job_pending_prompts")
 
         server.start()  # empty: the job is lost with it, and the worker goes on
-        _until("Redis reached again", lambda: _sum(_scrape(port), "swarm_redis_up") == 1)
+        wait_until("Redis reached again", lambda: _sum(_scrape(port), "swarm_redis_up") == 1)
         s = _scrape(port)
         assert _sum(s, "swarm_circuit_state", endpoint=fleet.url(0), state="closed") == 1
         worker.terminate()
