@@ -30,7 +30,7 @@ from common.settings import Settings
 from common.store import JobStore
 from common.vocab import Meta
 from producer.enqueue import enqueue_prompts
-from producer.outfile import collect_to_file
+from producer.lines import collect_to_file
 from producer.stream import collect
 from sim.engine import Engine, EngineConfig
 from sim.launch import SimExited, launch

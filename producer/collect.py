@@ -1,7 +1,8 @@
-"""``swarm-collect``: write a job's results as JSON Lines (or Parquet), in input order.
+"""``swarm-collect``: write a job's results as JSON Lines (or another format), in input order.
 
-It streams a job's results in input order as they arrive (:mod:`producer.stream`) into a file
-that survives a crash (:mod:`producer.outfile`) or stdout, and with ``--wait`` follows the job
+It streams a job's results in input order as they arrive (:mod:`producer.stream`) into an
+output that survives a crash (:mod:`producer.outfile`), in a format of
+:mod:`producer.formats`, or stdout, and with ``--wait`` follows the job
 to its last prompt with a progress bar on stderr; ``--final`` writes the reduce output.
 
 Exit status: 0 every prompt succeeded; 1 some prompts failed (each has ``"error"``); 3 the job
@@ -19,9 +20,9 @@ import msgspec
 from common.cli import add_redis_arg, open_job_store, run
 from common.errors import ConfigError
 from common.models import encode_final
-from common.store import JobStore
-from producer.outfile import collect_to_file
-from producer.stream import CollectReport, collect, line_format, wait_final
+from producer.formats import FORMATS, format_named
+from producer.outfile import collect_durably
+from producer.stream import collect, wait_final, wait_for_spec
 
 __all__ = ["EXIT_FAILED", "EXIT_INCOMPLETE", "main"]
 
@@ -38,11 +39,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--wait", action="store_true", help="follow the job until every prompt is done")
     p.add_argument(
         "--format",
-        choices=["jsonl", "openai", "parquet"],
+        choices=list(FORMATS),
         default="jsonl",
-        help="jsonl: one swarm-queue line per prompt (default); openai: OpenAI Batch API "
-        "output lines; parquet: a directory of Parquet files, one row per prompt "
-        "(needs pyarrow: pip install 'swarm-queue[parquet]')",
+        help="; ".join(f"{name}: {fmt.help}" for name, fmt in FORMATS.items()),
     )
     p.add_argument(
         "--final",
@@ -108,26 +107,31 @@ async def _main(args: argparse.Namespace) -> int:
                     f"job {job!r} has a {status.reduce} reduce still to run, which reads the "
                     "results from Redis: --evict once 'swarm-collect --final' has its output"
                 )
-        if args.format == "parquet":
-            report = await _parquet(store, job, args)
-        elif args.out == "-":
+        fmt = format_named(args.format)
+        if args.out == "-":
+            if fmt.line is None:
+                kind = "directory" if fmt.what == "DIR" else "file"
+                raise ConfigError(
+                    f"--format {args.format} writes a {kind}: give --out {fmt.what}, not -"
+                )
             if args.evict:
                 raise ConfigError(
                     "--evict needs --out FILE: results leave Redis only once a "
                     "file holds them durably"
                 )
-            fmt = await line_format(store, job, args.format)
-            report = await collect(store, job, sys.stdout.buffer, wait=args.wait, line=fmt)
+            line = fmt.line(await store.load_spec(job))
+            report = await collect(store, job, sys.stdout.buffer, wait=args.wait, line=line)
         else:
+            spec = await wait_for_spec(store, job, wait=args.wait)
             try:
-                report = await collect_to_file(
+                report = await collect_durably(
                     store,
                     job,
                     args.out,
+                    fmt.sink(args.out, spec),
                     wait=args.wait,
                     progress=args.wait,
                     evict=args.evict,
-                    line=await line_format(store, job, args.format),
                 )
             except OSError as exc:
                 raise ConfigError(f"cannot write {args.out}: {exc.strerror}") from None
@@ -144,23 +148,6 @@ async def _main(args: argparse.Namespace) -> int:
         print(f"job {job}: not finished; run again (or with --wait) for the rest", file=sys.stderr)
         return EXIT_INCOMPLETE
     return EXIT_FAILED if status.failed else 0
-
-
-async def _parquet(store: JobStore, job: str, args: argparse.Namespace) -> CollectReport:
-    if args.out == "-":
-        raise ConfigError("--format parquet writes a directory: give --out DIR, not -")
-    try:
-        from producer.parquet import collect_to_parquet
-    except ImportError:
-        raise ConfigError(
-            "--format parquet needs pyarrow: pip install 'swarm-queue[parquet]'"
-        ) from None
-    try:
-        return await collect_to_parquet(
-            store, job, args.out, wait=args.wait, progress=args.wait, evict=args.evict
-        )
-    except OSError as exc:
-        raise ConfigError(f"cannot write {args.out}: {exc.strerror}") from None
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -1,7 +1,11 @@
-"""An output file that survives a crash: lines fsynced before a durable cursor moves, one
-collector per file, and (with ``--evict``) results leaving Redis only once the file holds them.
+"""Output that survives a crash, whatever its format: one collector per output (a lock), a
+durable cursor moved only once what it counts is durable, and (with ``--evict``) results
+leaving Redis only once the output holds them. :func:`collect_durably` owns all of that; a
+format is a :class:`Sink` (JSON Lines and OpenAI batch lines in :mod:`producer.lines`, CSV in
+:mod:`producer.csvout`, Parquet in :mod:`producer.parquet`), chosen by name in
+:mod:`producer.formats`.
 
-A collector never truncates or deletes output it did not write: it resumes only a file whose
+A collector never truncates or deletes output it did not write: it resumes only output whose
 cursor says an unfinished run of the same job (same generation) wrote it; a complete output
 (its cursor says so) is left alone, and any other existing output is refused.
 """
@@ -13,22 +17,24 @@ import fcntl
 import os
 import socket
 import sys
-from collections.abc import Callable, Iterator
-from typing import BinaryIO
+from collections.abc import Iterator
+from typing import Protocol
 
 import msgspec
 
 from common.errors import ConfigError
 from common.models import Result
 from common.store import JobStore
-from producer.stream import CollectReport, check_kept, collect, wait_for_job
+from producer.stream import CollectReport, check_kept, collect_into, wait_for_job
 
 __all__ = [
     "Cursor",
     "CursorFile",
+    "Mark",
+    "Sink",
     "already_complete",
     "claim_output",
-    "collect_to_file",
+    "collect_durably",
     "output_lock",
 ]
 
@@ -132,25 +138,6 @@ def already_complete(job: str, path: str, cursor: Cursor) -> CollectReport:
     return CollectReport(job, 0, 0, 0, cursor.index, cursor.index, untouched=True)
 
 
-async def collect_to_file(
-    store: JobStore,
-    job: str,
-    path: str,
-    *,
-    wait: bool,
-    progress: bool,
-    evict: bool = False,
-    line: Callable[[Result], bytes] | None = None,
-) -> CollectReport:
-    """Collect into ``path``, resuming from its durable cursor after an interrupted run.
-
-    ``evict`` deletes each result from Redis once its line is fsynced in ``path``: the file
-    becomes the only copy, and Redis memory stays bounded on a huge job.
-    """
-    with output_lock(path):
-        return await _collect_locked(store, job, path, wait, progress, evict, line)
-
-
 @contextlib.contextmanager
 def output_lock(path: str) -> Iterator[None]:
     """Hold ``FILE.lock`` while writing ``FILE`` (or directory): a second collector on the
@@ -176,61 +163,89 @@ def output_lock(path: str) -> Iterator[None]:
         os.close(fd)
 
 
-async def _collect_locked(
+class Mark(msgspec.Struct, frozen=True):
+    """How far a sink's output is durable: ``index`` results, ``offset`` bytes of a file,
+    ``parts`` closed files of a directory (what its :class:`Cursor` records)."""
+
+    index: int
+    offset: int = 0
+    parts: int = 0
+
+
+class Sink(Protocol):
+    """One output format, written durably by :func:`collect_durably`: it says whether its
+    output holds anything, prepares it to start anew or to resume after a mark (cutting back
+    what was written after it), takes results in order and says how far they are durable."""
+
+    def present(self) -> bool:
+        """Whether the output exists and holds something (a new collection refuses it)."""
+        ...
+
+    def open(self, mark: Mark | None) -> Mark:
+        """Start anew (``mark`` None) or resume after ``mark``; the mark it starts at."""
+        ...
+
+    def put(self, rows: list[Result], index: int) -> Mark | None:
+        """Take ``rows`` (results up to ``index``); the new durable mark, if it moved."""
+        ...
+
+    def close(self) -> Mark:
+        """Make everything taken durable and close; the final mark."""
+        ...
+
+    def abandon(self) -> None:
+        """Stop after a failure: close without making the unmarked rest durable."""
+        ...
+
+
+async def collect_durably(
     store: JobStore,
     job: str,
     path: str,
+    sink: Sink,
+    *,
     wait: bool,
     progress: bool,
-    evict: bool,
-    line: Callable[[Result], bytes] | None,
+    evict: bool = False,
 ) -> CollectReport:
-    gen = await wait_for_job(store, job, wait, poll_s=0.5)
-    cursors, cursor = claim_output(path, job, gen, present=_holds_bytes(path))
-    if cursor is not None and cursor.complete:
-        return already_complete(job, path, cursor)
-    check_kept(await store.status(job), 0 if cursor is None else cursor.index)
-    fh: BinaryIO
-    if cursor is None:
-        fh = open(path, "wb")  # noqa: SIM115, ASYNC230 - closed below; a CLI, nothing else runs
-        start, offset = 0, 0
-    else:
-        try:
-            fh = open(path, "r+b")  # noqa: SIM115, ASYNC230 - closed below
-        except FileNotFoundError:
-            raise ConfigError(
-                f"{cursors.path} exists but {path} does not; delete the cursor file to start over"
-            ) from None
-        fh.seek(0, os.SEEK_END)
-        if fh.tell() < cursor.offset:
-            fh.close()
-            raise ConfigError(
-                f"{path} is shorter than its cursor says; delete {cursors.path} to start over"
-            )
-        start, offset = cursor.index, cursor.offset
-        fh.truncate(offset)  # drop lines written after the last committed cursor
-        fh.seek(offset)
-
-    evicted = 0
-
-    async def commit(index: int) -> None:
-        nonlocal evicted
-        os.fsync(fh.fileno())
-        cursors.save(Cursor(job, index, fh.tell(), generation=gen))
-        if evict:  # only lines already durable in the file leave Redis
-            await store.evict_results(job, evicted, index, gen=gen)
-            evicted = index
-
-    with fh:
-        if cursor is None:
-            cursors.save(Cursor(job, 0, 0, generation=gen))
-        elif evict:
-            # A crash may have come between the two.
-            await store.evict_results(job, 0, start, gen=gen)
-            evicted = start
-        report = await collect(
-            store, job, fh, wait=wait, progress=progress, start=start, on_commit=commit, line=line
+    """Collect ``job`` into ``sink``'s output at ``path``, resuming from its durable cursor
+    after an interrupted run. ``evict`` deletes results from Redis once the output holds them
+    durably: the output becomes the only copy, and Redis memory stays bounded on a huge job."""
+    with output_lock(path):
+        gen = await wait_for_job(store, job, wait, poll_s=0.5)
+        cursors, cursor = claim_output(path, job, gen, present=sink.present())
+        if cursor is not None and cursor.complete:
+            return already_complete(job, path, cursor)
+        check_kept(await store.status(job), 0 if cursor is None else cursor.index)
+        start = sink.open(
+            None if cursor is None else Mark(cursor.index, cursor.offset, cursor.parts)
         )
-        if report.complete:  # the cursor now says the file holds the whole job
-            cursors.save(Cursor(job, report.total or 0, fh.tell(), generation=gen, complete=True))
+        evicted = 0
+
+        async def durable(mark: Mark, *, complete: bool = False) -> None:
+            nonlocal evicted
+            cursors.save(
+                Cursor(job, mark.index, mark.offset, mark.parts, generation=gen, complete=complete)
+            )
+            if evict and mark.index > evicted:  # only what the output holds leaves Redis
+                await store.evict_results(job, evicted, mark.index, gen=gen)
+                evicted = mark.index
+
+        # (Saved at once, and evicted up to: a crash may have come between the two.)
+        await durable(start)
+
+        async def put(chunk: list[Result], index: int) -> None:
+            mark = sink.put(chunk, index)
+            if mark is not None:
+                await durable(mark)
+
+        try:
+            report = await collect_into(
+                store, job, put, wait=wait, progress=progress, start=start.index
+            )
+        except BaseException:
+            sink.abandon()
+            raise
+        # The cursor now says whether the output holds the whole job.
+        await durable(sink.close(), complete=report.complete)
     return report

@@ -17,16 +17,25 @@ import re
 import time
 from collections.abc import Sequence
 
+import msgspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from common.errors import ConfigError
-from common.models import Result
+from common.models import OutputLine, Result
 from common.store import JobStore
-from producer.outfile import Cursor, CursorFile, already_complete, claim_output, output_lock
-from producer.stream import CollectReport, check_kept, collect_into, wait_for_job
+from producer.outfile import Mark, collect_durably
+from producer.stream import CollectReport
 
-__all__ = ["PART_ROWS", "PART_S", "SCHEMA", "collect_to_parquet", "part_name", "results_table"]
+__all__ = [
+    "PART_ROWS",
+    "PART_S",
+    "SCHEMA",
+    "ParquetSink",
+    "collect_to_parquet",
+    "part_name",
+    "results_table",
+]
 
 PART_ROWS = 100_000
 PART_S = 60.0
@@ -34,23 +43,34 @@ PART_S = 60.0
 # of a few KB each stay well within a collector's memory.
 ROW_GROUP_ROWS = 20_000
 
-SCHEMA = pa.schema(
-    [
-        ("index", pa.int64()),
-        ("custom_id", pa.string()),
-        ("text", pa.string()),
-        ("finish_reason", pa.string()),
-        (
-            "usage",
-            pa.struct([("prompt_tokens", pa.int64()), ("completion_tokens", pa.int64())]),
-        ),
-        ("endpoint", pa.string()),
-        ("attempts", pa.int64()),
-        ("error", pa.string()),
-        ("model", pa.string()),
-        ("cached", pa.bool_()),
-    ]
-)
+
+def _arrow_type(t: msgspec.inspect.Type) -> pa.DataType:
+    """The Arrow type of one field of :class:`OutputLine` (an optional one: nullable)."""
+    if isinstance(t, msgspec.inspect.UnionType):
+        kinds = [x for x in t.types if not isinstance(x, msgspec.inspect.NoneType)]
+        return _arrow_type(kinds[0])
+    if isinstance(t, msgspec.inspect.IntType):
+        return pa.int64()
+    if isinstance(t, msgspec.inspect.BoolType):
+        return pa.bool_()
+    if isinstance(t, msgspec.inspect.StrType):
+        return pa.string()
+    if isinstance(t, msgspec.inspect.StructType):
+        return pa.struct([(f.name, _arrow_type(f.type)) for f in t.fields])
+    raise TypeError(f"no Parquet column type for {t!r}")
+
+
+# The columns are the fields of the JSON Lines output, in its order: one struct says both.
+_FIELDS = msgspec.inspect.type_info(OutputLine).fields  # type: ignore[attr-defined]
+SCHEMA = pa.schema([(f.name, _arrow_type(f.type)) for f in _FIELDS])
+# A field a JSON line leaves out when unset (``custom_id``, ``cached``): null in its column,
+# or false for a flag.
+_UNSET_AS = {
+    f.name: False if isinstance(f.type, msgspec.inspect.BoolType) else None
+    for f in _FIELDS
+    if f.default is msgspec.UNSET
+}
+
 
 _PART = re.compile(r"^\.?part-(\d{5,})\.parquet(\.inprogress)?$")
 
@@ -62,63 +82,70 @@ def part_name(n: int) -> str:
 
 def results_table(results: Sequence[Result]) -> pa.Table:
     """The rows of ``results``, one per prompt, with the fields of the JSON Lines output."""
-    return pa.table(
-        {
-            "index": [r.index for r in results],
-            "custom_id": [r.custom_id for r in results],
-            "text": [r.text for r in results],
-            "finish_reason": [r.finish_reason for r in results],
-            "usage": [
-                None
-                if r.usage is None
-                else {
-                    "prompt_tokens": r.usage.prompt_tokens,
-                    "completion_tokens": r.usage.completion_tokens,
-                }
-                for r in results
-            ],
-            "endpoint": [r.endpoint for r in results],
-            "attempts": [r.attempts for r in results],
-            "error": [r.error for r in results],
-            "model": [r.model for r in results],
-            "cached": [r.cached for r in results],
-        },
-        schema=SCHEMA,
-    )
+    lines = [OutputLine.of(r) for r in results]
+    columns = {
+        f.name: [_value(getattr(line, f.name), _UNSET_AS.get(f.name)) for line in lines]
+        for f in _FIELDS
+    }
+    return pa.table(columns, schema=SCHEMA)
 
 
-class _Parts:
-    """The part being written and the ones closed before it, in directory ``path``."""
+def _value(v: object, default: object) -> object:
+    """A field's value as Arrow takes it: unset is its default, a struct its dict."""
+    if v is msgspec.UNSET:
+        return default
+    if isinstance(v, msgspec.Struct):
+        return msgspec.structs.asdict(v)
+    return v
 
-    def __init__(self, path: str, job: str, cursor: Cursor, cursors: CursorFile) -> None:
+
+class ParquetSink:
+    """A :class:`~producer.outfile.Sink` writing the directory ``path`` of parts: its durable
+    mark counts the closed parts and the results they hold."""
+
+    def __init__(self, path: str) -> None:
         self.path = path
-        self.job = job
-        self.generation = cursor.generation
-        self.cursors = cursors
-        self.closed = cursor.parts  # parts counted by the cursor
-        self.index = cursor.index  # results they hold
+        self.closed = 0  # closed parts
+        self.index = 0  # results they hold
         self.rows: list[Result] = []  # buffered, not yet in a row group
         self.written = 0  # rows in the open part's row groups
         self.writer: pq.ParquetWriter | None = None
         self.opened_at = 0.0
 
+    def present(self) -> bool:
+        return _has_parts(self.path)
+
+    def open(self, mark: Mark | None) -> Mark:
+        _prepare(self.path, mark)
+        mark = mark or Mark(0)
+        self.closed, self.index = mark.parts, mark.index
+        return mark
+
+    def put(self, rows: list[Result], index: int) -> Mark | None:
+        mark = None
+        while rows:  # split at part boundaries: every part but the last of a run is full
+            now, rows = rows[: self._room()], rows[self._room() :]
+            if self._buffer(now):
+                mark = self.close()
+        return mark
+
     @property
     def _open_path(self) -> str:
         return os.path.join(self.path, "." + part_name(self.closed) + ".inprogress")
 
-    def room(self) -> int:
+    def _room(self) -> int:
         """How many more rows the open part takes before it is full."""
         return PART_ROWS - self.written - len(self.rows)
 
-    def put(self, rows: list[Result]) -> bool:
-        """Buffer ``rows`` (at most ``room()``); True when the open part is due to close."""
+    def _buffer(self, rows: list[Result]) -> bool:
+        """Buffer ``rows`` (at most ``_room()``); True when the open part is due to close."""
         if self.writer is None:
             self.writer = pq.ParquetWriter(self._open_path, SCHEMA, compression="zstd")
             self.opened_at = time.monotonic()
         self.rows.extend(rows)
         if len(self.rows) >= ROW_GROUP_ROWS:
             self._flush()
-        return self.room() <= 0 or time.monotonic() - self.opened_at >= PART_S
+        return self._room() <= 0 or time.monotonic() - self.opened_at >= PART_S
 
     def _flush(self) -> None:
         assert self.writer is not None
@@ -127,24 +154,19 @@ class _Parts:
             self.written += len(self.rows)
             self.rows = []
 
-    def close_part(self) -> int:
-        """Close the open part, make it visible and durable, and count it in the cursor; the
-        index of results now in closed parts."""
-        if self.writer is None:
-            return self.index
-        self._flush()
-        self.writer.close()
-        self.writer = None
-        _fsync(self._open_path)
-        os.replace(self._open_path, os.path.join(self.path, part_name(self.closed)))
-        _fsync(self.path)
-        self.closed += 1
-        self.index += self.written
-        self.written = 0
-        self.cursors.save(
-            Cursor(self.job, self.index, parts=self.closed, generation=self.generation)
-        )
-        return self.index
+    def close(self) -> Mark:
+        """Close the open part, if any, and make it visible and durable."""
+        if self.writer is not None:
+            self._flush()
+            self.writer.close()
+            self.writer = None
+            _fsync(self._open_path)
+            os.replace(self._open_path, os.path.join(self.path, part_name(self.closed)))
+            _fsync(self.path)
+            self.closed += 1
+            self.index += self.written
+            self.written = 0
+        return Mark(self.index, parts=self.closed)
 
     def abandon(self) -> None:
         """Drop the open part (its rows stay in Redis and are written again by the next run)."""
@@ -169,16 +191,16 @@ def _has_parts(path: str) -> bool:
     return os.path.isdir(path) and any(_PART.match(name) for name in os.listdir(path))
 
 
-def _prepare(path: str, cursor: Cursor | None, cursor_path: str) -> None:
-    """Make ``path`` a directory holding the parts ``cursor`` counts only: a part after those,
+def _prepare(path: str, mark: Mark | None) -> None:
+    """Make ``path`` a directory holding the parts ``mark`` counts only: a part after those,
     or a part left open, is from this collection's run that stopped before its cursor counted
-    it (a new collection starts with none: see :func:`claim_output`)."""
-    if cursor is not None and not os.path.isdir(path):
+    it (a new collection starts with none: see :func:`~producer.outfile.claim_output`)."""
+    if mark is not None and not os.path.isdir(path):
         raise ConfigError(
-            f"{cursor_path} exists but {path} does not; delete the cursor file to start over"
+            f"{path}.cursor exists but {path} does not; delete the cursor file to start over"
         )
     os.makedirs(path, exist_ok=True)
-    keep = 0 if cursor is None else cursor.parts
+    keep = 0 if mark is None else mark.parts
     for name in os.listdir(path):
         m = _PART.match(name)
         if m and (m.group(2) or int(m.group(1)) >= keep):
@@ -194,42 +216,8 @@ async def collect_to_parquet(
     progress: bool,
     evict: bool = False,
 ) -> CollectReport:
-    """Collect ``job`` into the Parquet directory ``path``, resuming after the parts its
-    cursor counts; ``evict`` deletes results from Redis once a closed part holds them."""
-    with output_lock(path):
-        gen = await wait_for_job(store, job, wait, poll_s=0.5)
-        cursors, cursor = claim_output(path, job, gen, present=_has_parts(path))
-        if cursor is not None and cursor.complete:
-            return already_complete(job, path, cursor)
-        check_kept(await store.status(job), 0 if cursor is None else cursor.index)
-        _prepare(path, cursor, cursors.path)
-        cursor = cursor or Cursor(job, 0, generation=gen)
-        cursors.save(cursor)
-        parts = _Parts(path, job, cursor, cursors)
-        evicted = cursor.index
-        if evict:  # a crash may have come between a cursor's save and its eviction
-            await store.evict_results(job, 0, evicted, gen=gen)
-
-        async def put(chunk: list[Result], _cursor: int) -> None:
-            nonlocal evicted
-            while chunk:  # split at part boundaries: every part but the last of a run is full
-                rows, chunk = chunk[: parts.room()], chunk[parts.room() :]
-                if parts.put(rows):
-                    index = parts.close_part()
-                    if evict:
-                        await store.evict_results(job, evicted, index, gen=gen)
-                        evicted = index
-
-        try:
-            report = await collect_into(
-                store, job, put, wait=wait, progress=progress, start=cursor.index
-            )
-        except BaseException:
-            parts.abandon()
-            raise
-        index = parts.close_part()
-        if evict:
-            await store.evict_results(job, evicted, index, gen=gen)
-        if report.complete:  # the cursor now says the directory holds the whole job
-            cursors.save(Cursor(job, index, parts=parts.closed, generation=gen, complete=True))
-    return report
+    """Collect ``job`` into the Parquet directory ``path``, durably (see
+    :func:`producer.outfile.collect_durably`)."""
+    return await collect_durably(
+        store, job, path, ParquetSink(path), wait=wait, progress=progress, evict=evict
+    )

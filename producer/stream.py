@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
-from functools import partial
 from typing import BinaryIO
 
 import msgspec
@@ -24,10 +23,15 @@ from common.errors import (
     ResultsEvictedError,
     StoreUnavailable,
 )
-from common.models import OutputLine, ReduceOutput, Result, encode_json_line, result_or_failure
-from common.request import Route, route_of
+from common.models import (
+    JobSpec,
+    OutputLine,
+    ReduceOutput,
+    Result,
+    encode_json_line,
+    result_or_failure,
+)
 from common.store import JobStatus, JobStore
-from producer.openai_batch import openai_line
 
 __all__ = [
     "CollectReport",
@@ -35,10 +39,10 @@ __all__ = [
     "collect",
     "collect_into",
     "follow",
-    "line_format",
     "own_line",
     "wait_final",
     "wait_for_job",
+    "wait_for_spec",
 ]
 
 CHUNK = 2000
@@ -63,14 +67,14 @@ class CollectReport(msgspec.Struct, frozen=True):
         return self.total is not None and self.start + self.written >= self.total
 
 
-async def wait_for_job(store: JobStore, job: str, wait: bool, poll_s: float) -> str:
-    """The job's generation; raise JobNotFoundError for an unknown job, unless following it
+async def wait_for_spec(store: JobStore, job: str, *, wait: bool, poll_s: float = 0.5) -> JobSpec:
+    """The job's spec; raise JobNotFoundError for an unknown job, unless following it
     (``--wait``): then the collector may start before the producer, and says what it waits
     for."""
     told = False
     while True:
         try:
-            return (await store.load_spec(job)).generation
+            return await store.load_spec(job)
         except JobNotFoundError:
             if not wait:
                 raise
@@ -82,6 +86,11 @@ async def wait_for_job(store: JobStore, job: str, wait: bool, poll_s: float) -> 
                 raise
             print(f"swarm-collect: {exc}; retrying", file=sys.stderr)
         await asyncio.sleep(max(poll_s, 0.5))
+
+
+async def wait_for_job(store: JobStore, job: str, wait: bool, poll_s: float) -> str:
+    """The job's generation (see :func:`wait_for_spec`)."""
+    return (await wait_for_spec(store, job, wait=wait, poll_s=poll_s)).generation
 
 
 def check_kept(status: JobStatus, start: int) -> None:
@@ -231,14 +240,6 @@ async def collect_into(
 
 def own_line(r: Result) -> bytes:
     return encode_json_line(OutputLine.of(r))
-
-
-async def line_format(store: JobStore, job: str, name: str) -> Callable[[Result], bytes]:
-    """The line formatter for ``--format name`` (``jsonl`` or ``openai``) for ``job``."""
-    if name == "openai":
-        chat = route_of(await store.load_spec(job)) == Route.CHAT
-        return partial(openai_line, job, chat=chat)
-    return own_line
 
 
 async def wait_final(

@@ -97,7 +97,7 @@ async def test_output_no_collection_of_this_job_wrote_is_never_overwritten(
 async def test_a_late_commit_into_an_evicted_index_is_neither_stored_nor_counted(
     store: JobStore, tmp_path: Path
 ) -> None:
-    from producer.outfile import collect_to_file
+    from producer.lines import collect_to_file
 
     got = await _answered(store, 10)
     gen = await gen_of(store)

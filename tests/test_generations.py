@@ -154,7 +154,7 @@ async def test_an_output_collected_from_an_earlier_job_of_the_name_is_left_alone
 ) -> None:
     from common.errors import ConfigError
     from producer.enqueue import enqueue_prompts
-    from producer.outfile import collect_to_file
+    from producer.lines import collect_to_file
 
     await enqueue_prompts(store, spec(), prompts(10))
     got = await store.read_new("j", "w", 10)

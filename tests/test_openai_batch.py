@@ -9,8 +9,9 @@ import msgspec
 from common.models import Result, Usage
 from common.store import JobStore
 from producer.enqueue import enqueue_prompts
+from producer.formats import FORMATS
 from producer.openai_batch import openai_line
-from producer.stream import collect, line_format
+from producer.stream import collect
 from tests.helpers import gen_of, spec
 
 
@@ -122,7 +123,9 @@ async def test_collect_writes_openai_lines_in_input_order(store: JobStore) -> No
         gen=await gen_of(store, "oa"),
     )
     buf = io.BytesIO()
-    report = await collect(store, "oa", buf, line=await line_format(store, "oa", "openai"))
+    line = FORMATS["openai"].line
+    assert line is not None
+    report = await collect(store, "oa", buf, line=line(await store.load_spec("oa")))
     assert report.written == 3
     lines = [msgspec.json.decode(x) for x in buf.getvalue().splitlines()]
     assert [x["custom_id"] for x in lines] == ["id-a", "1", "id-c"]

@@ -420,7 +420,8 @@ async def test_enqueue_window_keeps_at_most_n_unfinished_prompts_in_redis(
 async def test_collect_evict_leaves_only_unwritten_results_in_redis(
     store: JobStore, tmp_path: pytest.TempPathFactory
 ) -> None:
-    from producer.outfile import CursorFile, collect_to_file
+    from producer.lines import collect_to_file
+    from producer.outfile import CursorFile
 
     n = 5000
     await enqueue_prompts(store, spec(), prompts(n))

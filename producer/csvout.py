@@ -1,0 +1,44 @@
+"""``swarm-collect --format csv``: one row per prompt in input order, under a header row of
+the JSON Lines output's fields (the token counts as two columns), for spreadsheets and tools
+that read CSV. A file of lines like JSON Lines, resumed and evicted the same way."""
+
+from __future__ import annotations
+
+import csv
+import io
+
+import msgspec
+
+from common.models import OutputLine, Result
+from producer.lines import LineSink
+
+__all__ = ["COLUMNS", "csv_row", "csv_sink"]
+
+_FIELDS = [f.name for f in msgspec.structs.fields(OutputLine)]
+_USAGE = ("prompt_tokens", "completion_tokens")
+COLUMNS = [*(name for name in _FIELDS if name != "usage"), *_USAGE]
+
+
+def _encode(values: list[object]) -> bytes:
+    buf = io.StringIO()
+    csv.writer(buf, lineterminator="\n").writerow(values)
+    return buf.getvalue().encode()
+
+
+def csv_row(r: Result) -> bytes:
+    """``r`` as one CSV row of :data:`COLUMNS` (an empty cell for what it lacks)."""
+    line = OutputLine.of(r)
+    cells: list[object] = []
+    for name in COLUMNS:
+        if name in _USAGE:
+            value = getattr(line.usage, name) if line.usage is not None else None
+        elif name == "cached":
+            value = r.cached
+        else:
+            value = getattr(line, name)
+        cells.append("" if value is None or value is msgspec.UNSET else value)
+    return _encode(cells)
+
+
+def csv_sink(path: str) -> LineSink:
+    return LineSink(path, csv_row, header=_encode(list(COLUMNS)))

@@ -1,0 +1,97 @@
+"""Output as a file of lines, one per prompt in input order: swarm-queue's JSON lines, or
+OpenAI batch output lines (a line format). Its durable mark is a byte offset: a rerun cuts the
+file back to it and continues, byte for byte as an uninterrupted run would have written."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import BinaryIO
+
+from common.errors import ConfigError
+from common.models import Result
+from common.store import JobStore
+from producer.outfile import Mark, collect_durably
+from producer.stream import CollectReport, own_line
+
+__all__ = ["LineSink", "collect_to_file"]
+
+
+class LineSink:
+    """A :class:`~producer.outfile.Sink` writing each result as one line (``line``: how;
+    default swarm-queue's JSON line), after a ``header`` line if it has one."""
+
+    def __init__(
+        self, path: str, line: Callable[[Result], bytes] | None = None, header: bytes = b""
+    ) -> None:
+        self.path = path
+        self.line = line or own_line
+        self.header = header
+        self._fh: BinaryIO | None = None
+        self._index = 0
+
+    def present(self) -> bool:
+        try:
+            return os.path.getsize(self.path) > 0
+        except FileNotFoundError:
+            return False
+
+    def open(self, mark: Mark | None) -> Mark:
+        if mark is None:
+            self._fh = open(self.path, "wb")  # noqa: SIM115 - closed by close() or abandon()
+            self._fh.write(self.header)
+            self._fh.flush()
+            os.fsync(self._fh.fileno())
+            return Mark(0, self._fh.tell())
+        try:
+            fh = open(self.path, "r+b")  # noqa: SIM115 - closed by close() or abandon()
+        except FileNotFoundError:
+            raise ConfigError(
+                f"{self.path}.cursor exists but {self.path} does not; delete the cursor file "
+                "to start over"
+            ) from None
+        fh.seek(0, os.SEEK_END)
+        if fh.tell() < mark.offset:
+            fh.close()
+            raise ConfigError(
+                f"{self.path} is shorter than its cursor says; delete {self.path}.cursor to "
+                "start over"
+            )
+        fh.truncate(mark.offset)  # drop lines written after the last committed cursor
+        fh.seek(mark.offset)
+        self._fh, self._index = fh, mark.index
+        return mark
+
+    def put(self, rows: list[Result], index: int) -> Mark:
+        assert self._fh is not None
+        self._fh.write(b"".join(self.line(r) for r in rows))
+        self._fh.flush()
+        os.fsync(self._fh.fileno())
+        self._index = index
+        return Mark(index, self._fh.tell())
+
+    def close(self) -> Mark:
+        assert self._fh is not None
+        with self._fh:
+            return Mark(self._index, self._fh.tell())
+
+    def abandon(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+
+
+async def collect_to_file(
+    store: JobStore,
+    job: str,
+    path: str,
+    *,
+    wait: bool,
+    progress: bool,
+    evict: bool = False,
+    line: Callable[[Result], bytes] | None = None,
+) -> CollectReport:
+    """Collect ``job`` into the lines file ``path`` (swarm-queue's JSON lines, or ``line``'s),
+    durably: see :func:`producer.outfile.collect_durably`."""
+    return await collect_durably(
+        store, job, path, LineSink(path, line), wait=wait, progress=progress, evict=evict
+    )
