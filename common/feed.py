@@ -129,81 +129,71 @@ async def enqueue_prompts(
     ``token`` names this writer in the job's producer lock (default: ``host:pid``).
     """
 
-    def say(message: str) -> None:
-        if progress:
-            print(f"swarm-enqueue: {message}", file=sys.stderr, flush=True)
-        else:
-            log.warning("%s", message)
-
     if window is not None:
         if window < 1:
             raise ConfigError(f"--window must be >= 1, got {window}")
         # Small enough chunks that the window stays mostly full while the producer waits.
         chunk = min(chunk, max(1, window // 4))
-    job = spec.job
-    token = token or producer_token()
+    feeder = _Feeder(store, spec, token or producer_token(), window, progress)
     # A new job is registered only when its first prompts are ready: an input refused on its
     # first lines leaves nothing behind. An existing one has its settings checked at once.
-    # Every write carries the generation found (or made) then: if the job is deleted while
-    # this producer runs, it stops instead of writing into whatever takes the name next.
-    stored: JobSpec | None = None
-
-    async def ensure_created() -> str:
-        nonlocal stored
-        if stored is None:
-            stored = await store.create_job(spec)
-        return stored.generation
-
-    room = Room(store, spec, say)
-
-    async def keep_lock() -> None:
-        await _take_lock(store, job, token)
-
-    async def flush(items: list[PromptItem], digest: str, upto: int) -> None:
-        """Queue one chunk (prompts up to index ``upto``), once the window and Redis's memory
-        leave room for it and its answers."""
-        gen = await ensure_created()
-        while True:
-            if window is not None:
-                await _wait_for_room(store, job, token, upto, window)
-            await room.wait(len(items), lambda: sum(len(encode(it)) for it in items), keep_lock)
-            try:
-                await store.add_items(job, items, digest, gen=gen)
-                return
-            except StoreFull:  # another writer took the room meanwhile: wait for it again
-                await keep_lock()
-                await asyncio.sleep(_FULL_RETRY_S)
-
-    if (await store.meta(job)).get(Meta.SPEC) is not None:
-        await ensure_created()
-    await _take_lock(store, job, token)
+    if (await store.meta(spec.job)).get(Meta.SPEC) is not None:
+        await feeder.ensure_created()
+    await feeder.keep_lock()
     try:
-        meta = await store.meta(job)
+        return await feeder.run(prompts, chunk)
+    finally:
+        with contextlib.suppress(SwarmError):
+            await store.release_producer_lock(spec.job, feeder.token)
+
+
+class _Feeder:
+    """One producer's run over one job: its lock, the job's creation, its chunks, each queued
+    once the window and Redis's memory leave room for it. Every write carries the generation
+    found (or made) when the job was first touched: if the job is deleted while this producer
+    runs, it stops instead of writing into whatever takes the name next."""
+
+    def __init__(
+        self, store: JobStore, spec: JobSpec, token: str, window: int | None, progress: bool
+    ) -> None:
+        self.store, self.spec, self.job = store, spec, spec.job
+        self.token, self.window, self.progress = token, window, progress
+        self.stored: JobSpec | None = None
+        self.room = Room(store, spec, self.say)
+        self.shown = time.monotonic()
+
+    def say(self, message: str) -> None:
+        if self.progress:
+            print(f"swarm-enqueue: {message}", file=sys.stderr, flush=True)
+        else:
+            log.warning("%s", message)
+
+    async def ensure_created(self) -> str:
+        if self.stored is None:
+            self.stored = await self.store.create_job(self.spec)
+        return self.stored.generation
+
+    async def keep_lock(self) -> None:
+        await _take_lock(self.store, self.job, self.token)
+
+    async def run(self, prompts: Iterable[PromptInput], chunk: int) -> EnqueueReport:
+        """Queue ``prompts`` after what the job holds, checking that the input is the one it
+        was queued from, then seal the job with its total."""
+        job = self.job
+        meta = await self.store.meta(job)
         if Meta.CANCELLED_S in meta:
             raise JobCancelledError(
                 f"job {job!r} was cancelled (swarm-cancel); 'swarm-retry {job} --kind cancelled' "
                 "resumes what it had queued"
             )
         sealed_total = int(meta[Meta.TOTAL]) if Meta.TOTAL in meta else None
-        start, stored_digest = await store.resume_point(job)
+        start, stored_digest = await self.store.resume_point(job)
         digest = _InputDigest()
         count, added = 0, 0
         buf: list[PromptItem] = []
-        shown = time.monotonic()
-        for prompt, custom_id, *own in prompts:
-            params = own[0] if own else None
-            index = count
-            count += 1
-            if sealed_total is not None and index >= sealed_total:
-                raise JobConflictError(
-                    f"job {job!r} was sealed with {sealed_total} prompts; this input has more. "
-                    "Use another job name."
-                )
-            if not isinstance(prompt, str) and not spec.chat:
-                raise ConfigError(
-                    f"prompt {index} is a conversation: only a --chat job can send one"
-                )
-            item = PromptItem.of(index, prompt, custom_id, params)
+        for index, entry in enumerate(prompts):
+            item = self._item(index, entry, sealed_total)
+            count = index + 1
             digest.add(item)
             if index < start:
                 if index == start - 1 and stored_digest not in (None, digest.value):
@@ -215,24 +205,49 @@ async def enqueue_prompts(
                 continue
             buf.append(item)
             if len(buf) >= chunk:
-                await flush(buf, digest.value, index + 1)
+                await self._flush(buf, digest.value, count)
                 added += len(buf)
                 buf.clear()
-                await _take_lock(store, job, token)  # refresh
-                if progress and time.monotonic() - shown > 1.0:
-                    print(f"swarm-enqueue: {job}: {count} prompts read", file=sys.stderr)
-                    shown = time.monotonic()
-        gen = await ensure_created()
+        gen = await self.ensure_created()
         if buf:
-            await flush(buf, digest.value, count)
+            await self._flush(buf, digest.value, count)
             added += len(buf)
         if count < start:
             raise JobConflictError(
                 f"job {job!r} already holds {start} prompts but this input has only {count}. "
                 "Use another job name."
             )
-        await store.seal(job, count, gen=gen)
+        await self.store.seal(job, count, gen=gen)
         return EnqueueReport(job=job, total=count, added=added, already_queued=count - added)
-    finally:
-        with contextlib.suppress(SwarmError):
-            await store.release_producer_lock(job, token)
+
+    def _item(self, index: int, entry: PromptInput, sealed_total: int | None) -> PromptItem:
+        """Prompt ``index`` of the input as queued; refused if the job cannot take it."""
+        prompt, custom_id, *own = entry
+        if sealed_total is not None and index >= sealed_total:
+            raise JobConflictError(
+                f"job {self.job!r} was sealed with {sealed_total} prompts; this input has more. "
+                "Use another job name."
+            )
+        if not isinstance(prompt, str) and not self.spec.chat:
+            raise ConfigError(f"prompt {index} is a conversation: only a --chat job can send one")
+        return PromptItem.of(index, prompt, custom_id, own[0] if own else None)
+
+    async def _flush(self, items: list[PromptItem], digest: str, upto: int) -> None:
+        """Queue one chunk (prompts up to index ``upto``), once the window and Redis's memory
+        leave room for it and its answers; then refresh the lock and show progress."""
+        gen = await self.ensure_created()
+        while True:
+            if self.window is not None:
+                await _wait_for_room(self.store, self.job, self.token, upto, self.window)
+            size = lambda: sum(len(encode(it)) for it in items)  # noqa: E731
+            await self.room.wait(len(items), size, self.keep_lock)
+            try:
+                await self.store.add_items(self.job, items, digest, gen=gen)
+                break
+            except StoreFull:  # another writer took the room meanwhile: wait for it again
+                await self.keep_lock()
+                await asyncio.sleep(_FULL_RETRY_S)
+        await self.keep_lock()
+        if self.progress and time.monotonic() - self.shown > 1.0:
+            print(f"swarm-enqueue: {self.job}: {upto} prompts read", file=sys.stderr)
+            self.shown = time.monotonic()

@@ -124,8 +124,8 @@ async def test_a_conversation_in_a_completion_job_is_refused_with_its_line(
         f"{batch}:2: a conversation of 4 messages needs --chat: /v1/completions takes one text "
         "per prompt (or write the conversation into a --template)"
     )
+    convo = tuple(Message(m["role"], m["content"]) for m in _conversation(0))
     with pytest.raises(ConfigError, match="prompt 0 is a conversation: only a --chat job"):
-        convo = tuple(Message(m["role"], m["content"]) for m in _conversation(0))
         await enqueue_prompts(store, JobSpec(job="api"), [(convo, None)])
 
 

@@ -71,10 +71,15 @@ def test_backoff_survives_huge_attempt_counts() -> None:
 
 
 @pytest.mark.parametrize(
-    "kwargs", [{"attempt": -1}, {"attempt": 0, "base_s": 0}, {"attempt": 0, "cap_s": 0.1}]
+    ("kwargs", "message"),
+    [
+        ({"attempt": -1}, "attempt must be >= 0, got -1"),
+        ({"attempt": 0, "base_s": 0}, "need 0 < base_s <= cap_s, got base_s=0"),
+        ({"attempt": 0, "cap_s": 0.1}, "need 0 < base_s <= cap_s, got base_s=0.5, cap_s=0.1"),
+    ],
 )
-def test_backoff_rejects_nonsense(kwargs: dict[str, float]) -> None:
-    with pytest.raises(ValueError):
+def test_backoff_rejects_nonsense(kwargs: dict[str, float], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
         backoff_s(**kwargs)  # type: ignore[arg-type]
 
 

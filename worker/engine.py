@@ -143,43 +143,58 @@ class Engine:
             unfinished = await self.store.unfinished(names)
             for name in unfinished:
                 if name not in self.jobs:
-                    try:
-                        spec = await self.store.load_spec(name)
-                        await self.store.ensure_group(name)
-                    except StoreUnavailable as exc:  # a full or lost Redis: the next sweep
-                        log.warning("job %s not served yet: %s", name, exc)
-                        continue
-                    except JobNotFoundError:
-                        continue  # registered but its spec is gone (deleted meanwhile)
-                    except BadRecordError as exc:  # never fatal to the other jobs
-                        if name not in self._unreadable:
-                            self._unreadable.add(name)
-                            log.error("skipping job %s: %s", name, exc)
-                        continue
-                    self.jobs[name] = spec
-                    log.info("serving job %s", name)
-            for name in list(self.jobs):
-                if name not in unfinished:
-                    spec = self.jobs.pop(name)
-                    for d in self.drainers:
-                        d.abandon(name)
-                    if name in names:
-                        log.info("job %s finished", name)
-                    else:
-                        why = f"job {name!r} is gone: deleted, or lost with a Redis restarted empty"
-                        self._say_gone(name, spec.generation, why)
-            pending = await self.store.reduces_pending(names)
-            # A stage still running is work of its own stage job; only a finished stage waits
-            # on the reduce itself.
-            self._reduces_pending = any(finished for _, _, finished in pending)
-            self.shares = await self._fair_shares()
-            for job, level, finished in pending:
-                if finished:
-                    try:
-                        await self.on_stage_done(job, level)
-                    except SwarmError as exc:
-                        log.warning("job %s: cannot advance stage %d yet: %s", job, level, exc)
+                    await self._take_up(name)
+            self._drop_over(names, set(unfinished))
+            await self._advance_reduces(names)
             self._refreshed_at = time.monotonic()
+
+    async def _take_up(self, name: str) -> None:
+        """Start serving the job ``name``, unless it cannot be read yet (the next sweep tries
+        again) or at all (said once; never fatal to the other jobs)."""
+        try:
+            spec = await self.store.load_spec(name)
+            await self.store.ensure_group(name)
+        except StoreUnavailable as exc:  # a full or lost Redis: the next sweep
+            log.warning("job %s not served yet: %s", name, exc)
+            return
+        except JobNotFoundError:
+            return  # registered but its spec is gone (deleted meanwhile)
+        except BadRecordError as exc:
+            if name not in self._unreadable:
+                self._unreadable.add(name)
+                log.error("skipping job %s: %s", name, exc)
+            return
+        self.jobs[name] = spec
+        log.info("serving job %s", name)
+
+    def _drop_over(self, names: list[str], unfinished: set[str]) -> None:
+        """Stop serving the jobs finished, cancelled or gone; cut their requests short."""
+        for name in list(self.jobs):
+            if name in unfinished:
+                continue
+            spec = self.jobs.pop(name)
+            for d in self.drainers:
+                d.abandon(name)
+            if name in names:
+                log.info("job %s finished", name)
+            else:
+                why = f"job {name!r} is gone: deleted, or lost with a Redis restarted empty"
+                self._say_gone(name, spec.generation, why)
+
+    async def _advance_reduces(self, names: list[str]) -> None:
+        """Note whether a finished stage waits on its reduce, compute the fair shares, and have
+        each finished stage advanced."""
+        pending = await self.store.reduces_pending(names)
+        # A stage still running is work of its own stage job; only a finished stage waits on
+        # the reduce itself.
+        self._reduces_pending = any(finished for _, _, finished in pending)
+        self.shares = await self._fair_shares()
+        for job, level, finished in pending:
+            if finished:
+                try:
+                    await self.on_stage_done(job, level)
+                except SwarmError as exc:
+                    log.warning("job %s: cannot advance stage %d yet: %s", job, level, exc)
 
     def job_gone(self, exc: JobGoneError, spec: JobSpec | None = None) -> None:
         """Work of a job was refused: that job is gone (deleted, lost with Redis, or queued
