@@ -9,17 +9,16 @@ built once here and reused. New fields must get defaults so that old records sti
 from __future__ import annotations
 
 import math
-import re
 import time
 from typing import Any
 
 import msgspec
 
 from common.errors import ConfigError
+from common.reducekinds import reduce_problem
 from common.vocab import FailureKind
 
 __all__ = [
-    "REDUCE_KINDS",
     "FailedPrompt",
     "JobSpec",
     "LevelInfo",
@@ -88,17 +87,13 @@ class SamplingParams(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unk
         return {n: getattr(self, n) for n in names if getattr(self, n) is not None}
 
 
-REDUCE_KINDS = ("concat", "vote", "json", "stats", "tree", "function")
-_FUNCTION_RE = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
-
-
 class ReduceSpec(msgspec.Struct, frozen=True, omit_defaults=True, kw_only=True):
     """The reduce stage of a job: what to make of its ordered results once all are in.
 
-    ``kind`` is one of :data:`REDUCE_KINDS`. ``function`` (``package.module:function``) is the
-    user's aggregator for ``function``; ``prompt`` (with ``{responses}`` and ``{level}``) and
-    ``fanin`` drive ``tree``, whose supervisor prompts may generate ``max_tokens`` each (0:
-    twice the job's own).
+    ``kind`` is one of :data:`common.reducekinds.REDUCE_KINDS`. ``function``
+    (``package.module:function``) is the user's aggregator for ``function``; ``prompt`` (with
+    ``{responses}`` and ``{level}``) and ``fanin`` drive ``tree``, whose supervisor prompts
+    may generate ``max_tokens`` each (0: twice the job's own).
     """
 
     kind: str
@@ -109,22 +104,9 @@ class ReduceSpec(msgspec.Struct, frozen=True, omit_defaults=True, kw_only=True):
     separator: str = "\n"
 
     def __post_init__(self) -> None:
-        if self.kind not in REDUCE_KINDS:
-            raise ConfigError(
-                f"unknown reduce {self.kind!r}: use one of {', '.join(REDUCE_KINDS)} "
-                "or package.module:function"
-            )
-        if self.kind == "function" and (
-            not self.function or not _FUNCTION_RE.fullmatch(self.function)
-        ):
-            raise ConfigError(
-                f"reduce function {self.function!r} must be given as package.module:function"
-            )
-        if self.kind == "tree":
-            if not self.prompt or "{responses}" not in self.prompt:
-                raise ConfigError("a tree reduce needs a prompt template containing {responses}")
-            if self.fanin < 2:
-                raise ConfigError(f"fanin must be >= 2, got {self.fanin}")
+        problem = reduce_problem(self)
+        if problem is not None:
+            raise ConfigError(problem)
         if self.max_tokens < 0:
             raise ConfigError(f"reduce max_tokens must be >= 0, got {self.max_tokens}")
 

@@ -20,8 +20,10 @@ import msgspec
 
 from common.errors import ConfigError
 from common.models import FailedPrompt, ReduceOutput, ReduceSpec, Result, timestamp_s
+from common.reducekinds import FUNCTION
 
 __all__ = [
+    "AGGREGATORS",
     "aggregate",
     "failures",
     "function_allowed",
@@ -179,29 +181,10 @@ def aggregate(
     failed = failures(results)
     value: Any = None
     error: str | None = None
-    if spec.kind == "concat":
-        value = spec.separator.join(r.text or "" for r in ok)
-    elif spec.kind == "vote":
-        value = _vote(ok)
-    elif spec.kind == "json":
-        value = _json_merge(ok, failed)
-    elif spec.kind == "stats":
-        value = _stats(ok, failed)
-    elif spec.kind == "function" and not function_allowed(spec.function or "", allowed):
-        names = ", ".join(sorted(allowed)) or "none"
-        error = (
-            f"reduce function {spec.function} is not allowed on this worker: list it in the "
-            f"workers' SWARM_REDUCE_FUNCTIONS (allowed now: {names})"
-        )
-    elif spec.kind == "function":
-        try:
-            value = load_function(spec.function or "")(ok)
-        except Exception as exc:  # the user's code: any failure becomes the output's error
-            value, error = None, f"{spec.function} failed: {type(exc).__name__}: {exc}"
-        try:
-            msgspec.json.encode(value)
-        except (TypeError, msgspec.EncodeError) as exc:
-            value, error = None, f"{spec.function} returned what JSON cannot hold: {exc}"
+    if spec.kind == FUNCTION:
+        value, error = _user_function(spec, ok, allowed)
+    elif spec.kind in AGGREGATORS:
+        value = AGGREGATORS[spec.kind](spec, ok, failed)
     else:
         raise ConfigError(f"aggregate() does not run {spec.kind!r} reduces")
     failed.sort(key=lambda f: f.index)
@@ -215,6 +198,38 @@ def aggregate(
         error=error,
         finished_s=timestamp_s(),
     )
+
+
+def _user_function(
+    spec: ReduceSpec, ok: list[Result], allowed: Iterable[str]
+) -> tuple[Any, str | None]:
+    """The user's aggregator over ``ok``: its value, or None and why."""
+    if not function_allowed(spec.function or "", allowed):
+        names = ", ".join(sorted(allowed)) or "none"
+        return None, (
+            f"reduce function {spec.function} is not allowed on this worker: list it in the "
+            f"workers' SWARM_REDUCE_FUNCTIONS (allowed now: {names})"
+        )
+    try:
+        value = load_function(spec.function or "")(ok)
+    except Exception as exc:  # the user's code: any failure becomes the output's error
+        return None, f"{spec.function} failed: {type(exc).__name__}: {exc}"
+    try:
+        msgspec.json.encode(value)
+    except (TypeError, msgspec.EncodeError) as exc:
+        return None, f"{spec.function} returned what JSON cannot hold: {exc}"
+    return value, None
+
+
+# The aggregator of each kind of reduce that is a function of the results (see
+# common.reducekinds): its value from the spec, the successful results and the failures (to
+# which it adds the answers it could not use).
+AGGREGATORS: dict[str, Callable[[ReduceSpec, list[Result], list[FailedPrompt]], Any]] = {
+    "concat": lambda spec, ok, failed: spec.separator.join(r.text or "" for r in ok),
+    "vote": lambda spec, ok, failed: _vote(ok),
+    "json": lambda spec, ok, failed: _json_merge(ok, failed),
+    "stats": lambda spec, ok, failed: _stats(ok, failed),
+}
 
 
 def render(template: str, responses: Sequence[str], level: int) -> str:

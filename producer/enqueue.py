@@ -23,6 +23,7 @@ from common.fleet import waiting_reason
 from common.jobspec import JobOptions, build_spec
 from common.keys import validate_job_name
 from common.models import JobSpec, ReduceSpec, SamplingParams
+from common.reducekinds import FUNCTION, REDUCE_KINDS, TREE
 from common.settings import Settings
 from common.store import JobStore
 from producer.inputs import DEFAULT_MAX_PROMPT_BYTES, Format, Parsed, iter_prompts
@@ -229,8 +230,10 @@ def parser() -> argparse.ArgumentParser:
         "--reduce",
         dest="reduce_kind",
         metavar="KIND",
-        help="concat, vote, json, stats, tree, or package.module:function (see swarm-collect "
-        "--final)",
+        help="; ".join(
+            f"{name}: {kind.help}" for name, kind in REDUCE_KINDS.items() if name != FUNCTION
+        )
+        + "; or package.module:function, the user's own (see swarm-collect --final)",
     )
     r.add_argument(
         "--reduce-prompt",
@@ -313,18 +316,22 @@ def reduce_from_args(args: argparse.Namespace) -> ReduceSpec | None:
     """The ``--reduce*`` options as a :class:`ReduceSpec` (validated), or None."""
     if args.reduce_kind is None:
         if args.reduce_prompt is not None:
-            raise ConfigError("--reduce-prompt needs --reduce tree")
+            raise ConfigError(f"--reduce-prompt needs --reduce {TREE}")
         return None
     kind, function = args.reduce_kind, None
     if ":" in kind:
-        kind, function = "function", args.reduce_kind
+        kind, function = FUNCTION, args.reduce_kind
+    takes_prompt = kind in REDUCE_KINDS and REDUCE_KINDS[kind].prompt
     prompt = None
     if args.reduce_prompt is not None:
-        if kind != "tree":
-            raise ConfigError("--reduce-prompt is for --reduce tree")
+        if not takes_prompt:
+            takers = " or ".join(n for n, k in REDUCE_KINDS.items() if k.prompt)
+            raise ConfigError(f"--reduce-prompt is for --reduce {takers}")
         prompt = _read_text(args.reduce_prompt, "--reduce-prompt")
-    elif kind == "tree":
-        raise ConfigError("--reduce tree needs --reduce-prompt FILE (a template with {responses})")
+    elif takes_prompt:
+        raise ConfigError(
+            f"--reduce {kind} needs --reduce-prompt FILE (a template with {{responses}})"
+        )
     return ReduceSpec(
         kind=kind,
         function=function,

@@ -205,3 +205,15 @@ def test_render_replaces_only_responses_and_level() -> None:
     assert out == (
         'Level 2. Merge into {"summary": ...}:\nResponse 1:\nfirst\n\nResponse 2:\n{level} second'
     )
+
+
+def test_every_reduce_kind_is_run_by_exactly_one_room() -> None:
+    """The registry names each kind once: a function of the results (an aggregator, or the
+    user's own) or work for the fleet (stages), never both, never neither."""
+    from common.reduce import AGGREGATORS
+    from common.reducekinds import FUNCTION, REDUCE_KINDS
+
+    by_function = set(AGGREGATORS) | {FUNCTION}
+    by_fleet = {name for name, kind in REDUCE_KINDS.items() if kind.fleet}
+    assert by_function.isdisjoint(by_fleet)
+    assert by_function | by_fleet == set(REDUCE_KINDS)

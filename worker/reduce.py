@@ -32,6 +32,7 @@ from common.feed import enqueue_prompts
 from common.keys import stage_name
 from common.models import JobSpec, LevelInfo, ReduceOutput, ReduceSpec, Result, timestamp_s
 from common.reduce import aggregate, failures, render
+from common.reducekinds import REDUCE_KINDS, TREE
 from common.store import JobStore, producer_token
 from common.vocab import Meta
 from worker.endpoint import EndpointClient
@@ -126,7 +127,7 @@ class Reducer:
         if not status.finished or status.total is None:
             return f"stage {level} not finished"
         results = await self.store.read_results(name, status.total)
-        if reduce.kind != "tree":
+        if not REDUCE_KINDS[reduce.kind].fleet:
             output = aggregate(job, reduce, results, self.allowed)
             await self.store.write_final(job, output, gen=spec.generation)
             log.info("job %s: %s reduce written", job, reduce.kind)
@@ -163,7 +164,7 @@ class Reducer:
         error = None if answers else f"no answer left to reduce at level {level}"
         output = ReduceOutput(
             job=job,
-            kind="tree",
+            kind=TREE,
             value=(answers[0].text or "").strip() if answers else None,
             used=used,
             failed=failed,
