@@ -108,7 +108,7 @@ async def startup(ctx: dict[str, Any]) -> None:
         "worker %s: %d endpoint(s) %s, batch %d x %d in flight, Redis %s%s",
         settings.worker_name,
         len(engine.drainers),
-        ", ".join(d.client.label for d in engine.drainers),
+        ", ".join(d.label for d in engine.drainers),
         settings.batch_size,
         settings.inflight,
         settings.redis_url_masked,
@@ -211,18 +211,7 @@ async def shutdown(ctx: dict[str, Any]) -> None:
     await engine.close()
     await running.store.close()
     for d in engine.drainers:
-        log.info(
-            "%s: %d prompts done, %d failed, %d requests, %d retries, %d prompts preempted, "
-            "%d copied at a job's tail (%d first)",
-            d.client.label,
-            d.figures.prompts_done,
-            d.figures.prompts_failed,
-            d.client.requests,
-            d.runner.retries,
-            d.figures.preempted,
-            d.figures.copied,
-            d.figures.copies_won,
-        )
+        log.info("%s", d.summary())
     if engine.broken or failed:
         # The exit status says work was left that these endpoints should have done: arq
         # itself would exit 0. Its Redis pool is closed here, as arq would after this hook.

@@ -15,7 +15,6 @@ import asyncio
 import contextlib
 import logging
 import time
-from typing import TYPE_CHECKING
 
 from common.backoff import backoff_s
 from common.errors import (
@@ -33,6 +32,7 @@ from common.store import Commit
 from worker.batch import BatchRunner, Tally
 from worker.cache import AnswerCache
 from worker.circuit import Circuit, GiveUp
+from worker.context import DrainContext
 from worker.deliveries import Triage, dead_letters, decode_deliveries
 from worker.endpoint import EndpointClient
 from worker.figures import EndpointFigures
@@ -41,9 +41,6 @@ from worker.lookout import Lookout
 from worker.probe import probe_endpoint
 from worker.served import ServedModels
 from worker.window import ADAPT_START, Window, follow_load
-
-if TYPE_CHECKING:  # a drainer belongs to its engine: its job registry, clock and figures
-    from worker.engine import Engine
 
 __all__ = ["EndpointDrainer"]
 
@@ -56,7 +53,7 @@ LOOKOUT_REST_S = 2.0
 class EndpointDrainer:
     """The drain loop of one endpoint: ``inflight`` slots sharing one consumer name."""
 
-    def __init__(self, engine: Engine, client: EndpointClient) -> None:
+    def __init__(self, engine: DrainContext, client: EndpointClient) -> None:
         self.engine = engine
         self.client = client
         self.settings = engine.settings
@@ -82,6 +79,20 @@ class EndpointDrainer:
         self._burst_done = False  # burst mode: no work left for this endpoint (_nothing_left)
         # While there is no work, one slot polls for it and the others rest.
         self.lookout = Lookout(rest_s=LOOKOUT_REST_S)
+
+    @property
+    def label(self) -> str:
+        """The endpoint, as logs and figures name it (its URL, a password masked)."""
+        return self.client.label
+
+    def summary(self) -> str:
+        """What this drain loop did, in one line (the worker's last words)."""
+        f = self.figures
+        return (
+            f"{self.label}: {f.prompts_done} prompts done, {f.prompts_failed} failed, "
+            f"{self.client.requests} requests, {self.runner.retries} retries, {f.preempted} "
+            f"prompts preempted, {f.copied} copied at a job's tail ({f.copies_won} first)"
+        )
 
     def reclaim_soon(self, job: str) -> None:
         self.intake.reclaim_soon(job)
@@ -479,7 +490,11 @@ class EndpointDrainer:
     async def _nothing_left(self) -> bool:
         """In burst mode: True once no work this endpoint can do is left. The first slot to
         find so ends them all (the others would each wait out an empty poll in turn)."""
-        if not self._burst_done and self.engine.burst and not await self.engine.any_work(self):
+        if (
+            not self._burst_done
+            and self.engine.burst
+            and not await self.engine.any_work(self.may_serve)
+        ):
             self._burst_done = True
             self.lookout.wake()
         return self._burst_done

@@ -283,14 +283,15 @@ class Engine:
         for d in self.drainers:
             d.reclaim_soon(job)
 
-    async def any_work(self, drainer: EndpointDrainer | None = None) -> bool:
-        """True while some job (that ``drainer``'s endpoint may serve) still has entries queued
-        or in flight, is still being fed, or has a finished stage whose reduce is to run."""
+    async def any_work(self, may_serve: Callable[[JobSpec], bool] | None = None) -> bool:
+        """True while some job (that ``may_serve`` says an endpoint may serve) still has
+        entries queued or in flight, is still being fed, or has a finished stage whose reduce
+        is to run."""
         await self.refresh_jobs(force=True)
         if self._reduces_pending:
             return True
         for job, spec in list(self.jobs.items()):
-            if drainer is not None and not drainer.may_serve(spec):
+            if may_serve is not None and not may_serve(spec):
                 continue
             if await self.store.job_has_work(job):
                 return True

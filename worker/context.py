@@ -1,0 +1,66 @@
+"""What a drain loop needs of the worker it runs in, and nothing more: the engine provides it
+(checked by mypy where the engine builds its drainers), so the drain loop never imports the
+engine, and the two can change on their own sides of this seam."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+from common.errors import BadRecordError, JobGoneError
+from common.models import JobSpec
+from common.schema import AnswerValidator
+from common.settings import Settings
+from common.store import JobStore
+from worker.metrics import Metrics
+
+__all__ = ["DrainContext"]
+
+
+class DrainContext(Protocol):
+    """The worker as its drain loops see it."""
+
+    settings: Settings
+    store: JobStore
+    metrics: Metrics
+    rand: Callable[[], float]
+    # The jobs served now, by name, with the spec each was taken up with.
+    jobs: dict[str, JobSpec]
+    # Per urgent job, the batches one endpoint may start by preemption.
+    shares: dict[str, int]
+    # Jobs with prompts finished since the figures were last published.
+    touched: set[str]
+    burst: bool
+
+    @property
+    def stopping(self) -> bool:
+        """A stop was asked for: take no new work."""
+        ...
+
+    async def sleep(self, seconds: float) -> bool:
+        """Sleep, waking early on a stop; True if stopping."""
+        ...
+
+    async def refresh_jobs(self, *, force: bool = False) -> None:
+        """Pick up new jobs and drop the ones over (rate-limited unless ``force``)."""
+        ...
+
+    async def any_work(self, may_serve: Callable[[JobSpec], bool] | None = None) -> bool:
+        """Whether some job (that ``may_serve`` says an endpoint may serve) still has work."""
+        ...
+
+    def job_gone(self, exc: JobGoneError, spec: JobSpec | None = None) -> None:
+        """Work of a job was refused: the job is gone; forget it."""
+        ...
+
+    def unreadable(self, exc: BadRecordError) -> None:
+        """A key of a job cannot be used: skip the job until the next sweep."""
+        ...
+
+    def reclaim_soon(self, job: str) -> None:
+        """Entries of ``job`` were released: every drain loop looks for them on its next step."""
+        ...
+
+    def validator(self, spec: JobSpec) -> AnswerValidator | None:
+        """The answer validator of ``spec``'s schema (None: no schema)."""
+        ...
