@@ -24,8 +24,9 @@ from common.models import JobSpec, PromptItem, Result, SamplingParams, Usage, en
 from common.request import Request, Route, render
 from common.settings import Settings
 from common.vocab import FailureKind
+from worker.backend import Backend
 from worker.circuit import Circuit, GiveUp
-from worker.endpoint import ChatBody, CompletionBody, CompletionUsage, EndpointClient
+from worker.endpoint import ChatBody, CompletionBody, CompletionUsage
 from worker.metrics import NO_METRICS, Metrics
 
 __all__ = ["BatchRunner", "Tally", "check_choice_indices"]
@@ -71,7 +72,7 @@ class BatchRunner:
 
     def __init__(
         self,
-        client: EndpointClient,
+        client: Backend,
         settings: Settings,
         circuit: Circuit,
         backoff: Callable[[int], float],

@@ -29,12 +29,12 @@ from common.errors import (
 from common.fleet import EndpointInfo, EndpointStats
 from common.models import JobSpec, Result
 from common.store import Commit
+from worker.backend import Backend
 from worker.batch import BatchRunner, Tally
 from worker.cache import AnswerCache
 from worker.circuit import Circuit, GiveUp
 from worker.context import DrainContext
 from worker.deliveries import Triage, dead_letters, decode_deliveries
-from worker.endpoint import EndpointClient
 from worker.figures import EndpointFigures
 from worker.intake import Delivery, Intake, Taken, service_order
 from worker.lookout import Lookout
@@ -53,7 +53,7 @@ LOOKOUT_REST_S = 2.0
 class EndpointDrainer:
     """The drain loop of one endpoint: ``inflight`` slots sharing one consumer name."""
 
-    def __init__(self, engine: DrainContext, client: EndpointClient) -> None:
+    def __init__(self, engine: DrainContext, client: Backend) -> None:
         self.engine = engine
         self.client = client
         self.settings = engine.settings

@@ -34,8 +34,8 @@ from common.models import (
 from common.schema import AnswerValidator
 from common.settings import Settings
 from common.store import JobStatus, JobStore
+from worker.backend import Backend, backend_for
 from worker.drainer import EndpointDrainer
-from worker.endpoint import EndpointClient
 from worker.metrics import NO_METRICS, Metrics
 from worker.reduce import Reducer, StageBusy
 
@@ -56,7 +56,7 @@ class Engine:
         self,
         settings: Settings,
         store: JobStore,
-        clients: list[EndpointClient] | None = None,
+        clients: list[Backend] | None = None,
         *,
         rand: Callable[[], float] = random.random,
     ) -> None:
@@ -65,7 +65,7 @@ class Engine:
         self.rand = rand
         if clients is None:
             clients = [
-                EndpointClient(e.url, settings.api_key, timeout_s=settings.request_timeout_s or 600)
+                backend_for(e, settings.api_key, timeout_s=settings.request_timeout_s or 600)
                 for e in settings.endpoints
             ]
         if not clients:

@@ -7,14 +7,14 @@ import contextlib
 
 from common.errors import EndpointRejected, EndpointRetryable, ModelNotServed
 from common.models import SamplingParams
-from worker.endpoint import EndpointClient
+from worker.backend import Backend
 from worker.served import ServedModels
 
 __all__ = ["probe_endpoint"]
 
 
 async def probe_endpoint(
-    client: EndpointClient, served: ServedModels, *, timeout_s: float, generate: bool
+    client: Backend, served: ServedModels, *, timeout_s: float, generate: bool
 ) -> None:
     """``/health``, then the models served (read again: a restarted server may serve others),
     and with ``generate`` one token of one prompt: after failures, since a hung engine still

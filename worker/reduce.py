@@ -35,7 +35,7 @@ from common.reduce import aggregate, failures, render
 from common.reducekinds import REDUCE_KINDS, TREE
 from common.store import JobStore, producer_token
 from common.vocab import Meta
-from worker.endpoint import EndpointClient
+from worker.backend import Backend
 
 __all__ = ["Reducer", "StageBusy", "estimate_tokens", "supervisor_max_tokens"]
 
@@ -72,7 +72,7 @@ class Reducer:
     def __init__(
         self,
         store: JobStore,
-        clients: Sequence[EndpointClient],
+        clients: Sequence[Backend],
         allowed: Sequence[str] = (),
     ) -> None:
         self.store = store

@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 from common.errors import EndpointError, EndpointRetryable
 from common.models import JobSpec
 from common.settings import Settings
-from worker.endpoint import EndpointClient
+from worker.backend import Backend
 
 __all__ = ["MODELS_RECHECK_S", "ServedModels"]
 
@@ -30,7 +30,7 @@ MODELS_RECHECK_S = 5.0
 class ServedModels:
     """The models of the endpoint of ``client``; ``names`` is None until it has answered."""
 
-    def __init__(self, client: EndpointClient, settings: Settings) -> None:
+    def __init__(self, client: Backend, settings: Settings) -> None:
         self.client = client
         self.settings = settings
         self.names: tuple[str, ...] | None = None

@@ -1,0 +1,108 @@
+"""The backend seam: the worker drives any implementation of the Backend protocol, and an
+endpoint's backend is chosen by its hostfile tag."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from common.errors import ConfigError
+from common.hostfile import Endpoint, parse_hostfile
+from common.models import SamplingParams
+from common.settings import Settings
+from common.store import JobStore
+from producer.enqueue import enqueue_prompts
+from tests.helpers import collect_lines, prompts, spec
+from worker.backend import Backend, backend_for
+from worker.endpoint import (
+    ChatBody,
+    ChatChoice,
+    ChatMessage,
+    Choice,
+    CompletionBody,
+    EndpointClient,
+    Load,
+    ModelInfo,
+)
+from worker.engine import Engine
+
+
+class Shouting:
+    """A server of another kind, in memory: it answers each prompt in capitals, and knows
+    neither its load nor token counts (the optional parts of the protocol)."""
+
+    url = label = "memory://shouting"
+
+    def __init__(self) -> None:
+        self.requests = 0
+
+    async def ready(self, timeout_s: float = 10.0) -> bool:
+        return True
+
+    async def models(self, timeout_s: float = 30.0) -> list[ModelInfo]:
+        return [ModelInfo("shout")]
+
+    async def complete(
+        self,
+        model: str,
+        prompts: list[str],
+        params: SamplingParams,
+        *,
+        timeout_s: float | None = None,
+        add_special_tokens: bool | None = None,
+    ) -> CompletionBody:
+        self.requests += 1
+        # Answered in reverse order: the worker maps choices by index, never by position.
+        choices = [Choice(i, p.upper(), "stop") for i, p in enumerate(prompts)][::-1]
+        return CompletionBody(choices=choices, model=model)
+
+    async def chat(
+        self,
+        model: str,
+        messages: list[dict[str, str]],
+        params: SamplingParams,
+        *,
+        timeout_s: float | None = None,
+    ) -> ChatBody:
+        self.requests += 1
+        text = messages[-1]["content"].upper()
+        return ChatBody(choices=[ChatChoice(0, ChatMessage(text), "stop")], model=model)
+
+    async def load(self, timeout_s: float = 5.0) -> Load | None:
+        return None
+
+    async def tokenize(self, prompt: str, model: str, timeout_s: float = 30.0) -> int | None:
+        return None
+
+    async def close(self) -> None:
+        pass
+
+
+async def test_the_worker_drives_any_backend_the_protocol_describes(
+    make_settings: Callable[..., Settings], store: JobStore
+) -> None:
+    backend: Backend = Shouting()  # mypy checks it is one
+    await enqueue_prompts(store, spec(), prompts(100))
+    engine = Engine(make_settings(batch_size=8), store, [backend])
+    try:
+        await engine.run(burst=True)
+    finally:
+        await engine.close()
+    lines = await collect_lines(store, "j")
+    assert [x["text"] for x in lines] == [p.upper() for p, _ in prompts(100)]
+    assert {x["model"] for x in lines} == {"shout"} and backend.requests == 100 // 8 + 1
+
+
+async def test_an_endpoints_backend_is_its_hostfile_tag_and_vllm_by_default() -> None:
+    hosts = "n1\t8000\nn2\t8000\tbackend=vllm\nn3\t8000\tbackend=tgi\n"
+    plain, tagged, other = parse_hostfile(hosts)
+    made = [backend_for(e, "k", 60) for e in (plain, tagged, Endpoint("http://n4:1"))]
+    try:
+        assert all(isinstance(b, EndpointClient) for b in made)
+        assert made[2].label == "http://n4:1"
+    finally:
+        for b in made:
+            await b.close()
+    with pytest.raises(ConfigError, match=r"http://n3:8000: no backend 'tgi' \(known: vllm\)"):
+        backend_for(other, "k", 60)

@@ -1,0 +1,90 @@
+"""An inference server as the worker uses it: the :class:`Backend` protocol, and which
+implementation serves an endpoint (:func:`backend_for`).
+
+What every backend must do: say whether it is ready, list the models it serves, and answer a
+list of completion prompts or a chat conversation. What it may not know: its scheduler's load
+(the in-flight window then stays where it is) and a prompt's exact token count (the reduce
+then estimates): those answer None. The drain loop, the window, the probe and the reduce ask
+this protocol, never a server's own types, so another server (or new kinds of request:
+embeddings, several samples, tools) is a new implementation here, not edits across the worker.
+The one implementation today is the vLLM OpenAI-compatible server (:class:`EndpointClient`),
+chosen by default, or by an endpoint's hostfile tag ``backend=vllm``.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from common.errors import ConfigError
+from common.hostfile import Endpoint
+from common.models import SamplingParams
+from worker.endpoint import ChatBody, CompletionBody, EndpointClient, Load, ModelInfo
+
+__all__ = ["BACKENDS", "Backend", "backend_for"]
+
+
+class Backend(Protocol):
+    """One inference server."""
+
+    url: str
+    # The server as logs and figures name it (a password in its URL masked).
+    label: str
+    # Generation requests really sent, whatever their outcome.
+    requests: int
+
+    async def ready(self, timeout_s: float = 10.0) -> bool:
+        """Whether the server is up and its model loaded."""
+        ...
+
+    async def models(self, timeout_s: float = 30.0) -> list[ModelInfo]:
+        """The models it serves (an EndpointError when it cannot say)."""
+        ...
+
+    async def complete(
+        self,
+        model: str,
+        prompts: list[str],
+        params: SamplingParams,
+        *,
+        timeout_s: float | None = None,
+        add_special_tokens: bool | None = None,
+    ) -> CompletionBody:
+        """One completion request holding every prompt of ``prompts``."""
+        ...
+
+    async def chat(
+        self,
+        model: str,
+        messages: list[dict[str, str]],
+        params: SamplingParams,
+        *,
+        timeout_s: float | None = None,
+    ) -> ChatBody:
+        """One chat request of one conversation."""
+        ...
+
+    async def load(self, timeout_s: float = 5.0) -> Load | None:
+        """Its scheduler's load; None: unknown."""
+        ...
+
+    async def tokenize(self, prompt: str, model: str, timeout_s: float = 30.0) -> int | None:
+        """The exact token count of ``prompt``; None: unknown."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+# The implementations, by the name an endpoint's hostfile tag ``backend=`` gives.
+BACKENDS = {"vllm": EndpointClient}
+
+
+def backend_for(endpoint: Endpoint, api_key: str, timeout_s: float) -> Backend:
+    """The backend of ``endpoint``: its ``backend`` tag's, else vLLM's."""
+    name = endpoint.tags.get("backend", "vllm")
+    try:
+        kind = BACKENDS[name]
+    except KeyError:
+        raise ConfigError(
+            f"endpoint {endpoint.url}: no backend {name!r} (known: {', '.join(BACKENDS)})"
+        ) from None
+    return kind(endpoint.url, api_key, timeout_s=timeout_s)
