@@ -26,7 +26,7 @@ from sim.engine import EngineConfig
 from sim.server import FaultConfig, SimEndpoint, SimFleet
 
 if TYPE_CHECKING:
-    from tests.harness import Fleet
+    from tests.harness import Fleet, FleetFactory
 
 
 def _pings(host: str, port: int) -> bool:
@@ -133,7 +133,7 @@ def sim_fleet() -> Callable[..., SimFleet]:
 
 
 @pytest.fixture
-def fleet_factory(tmp_path: Path, redis_url: str, prefix: str) -> Iterator[type[Fleet]]:
+def fleet_factory(tmp_path: Path, redis_url: str, prefix: str) -> Iterator[FleetFactory]:
     """Factory: ``fleet_factory(n_ports, *sim_args)`` -> a swarm-sim process with helpers for
     worker processes around this test's Redis and prefix; everything is killed at the end."""
     from tests.harness import Fleet

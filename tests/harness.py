@@ -16,6 +16,7 @@ import time
 import urllib.request
 from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Protocol
 
 import msgspec
 import redis
@@ -31,6 +32,7 @@ __all__ = [
     "MAX_TOKENS",
     "TEMPLATE",
     "Fleet",
+    "FleetFactory",
     "RedisClusterProcs",
     "check_output",
     "command",
@@ -139,6 +141,13 @@ def _cluster_port() -> int:
 def _cluster_ok(client: redis.Redis, n: int) -> bool:
     info = client.execute_command("CLUSTER INFO")  # parsed by redis-py into a dict
     return info["cluster_state"] == "ok" and int(info["cluster_known_nodes"]) == n
+
+
+class FleetFactory(Protocol):
+    """What conftest's ``fleet_factory`` fixture is: ``fleet_factory(n_ports, *sim_args,
+    url=...)`` makes a :class:`Fleet` around the test's Redis (or ``url``) and key prefix."""
+
+    def __call__(self, n_ports: int, *sim_args: str, url: str = ...) -> Fleet: ...
 
 
 class Fleet:

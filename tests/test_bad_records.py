@@ -18,7 +18,7 @@ from common.store import JobStore
 from producer.enqueue import enqueue_prompts
 from sim.server import SimFleet
 from sim.text import completion_for
-from tests.harness import BIN, Fleet
+from tests.harness import BIN, FleetFactory
 from tests.helpers import collect_lines, gen_of, prompts, run_engine, spec
 
 
@@ -68,7 +68,9 @@ async def test_an_unreadable_result_fails_its_own_line_only(store: JobStore) -> 
 
 
 @pytest.mark.slow
-def test_a_squatted_reduce_step_id_still_gets_the_final_written(fleet_factory: type[Fleet]) -> None:
+def test_a_squatted_reduce_step_id_still_gets_the_final_written(
+    fleet_factory: FleetFactory,
+) -> None:
     fleet = fleet_factory(1)
     # Before the job exists, a stray record takes the arq job ID of its reduce step.
     client = redis.Redis.from_url(fleet.redis_url)

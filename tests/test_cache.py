@@ -27,7 +27,14 @@ from producer.api import Swarm
 from producer.board import read_board
 from sim.server import SimFleet
 from sim.text import completion_for
-from tests.harness import MAX_TOKENS, Fleet, check_output, fleet_prompt, wrong_key_endpoint
+from tests.harness import (
+    MAX_TOKENS,
+    Fleet,
+    FleetFactory,
+    check_output,
+    fleet_prompt,
+    wrong_key_endpoint,
+)
 from worker.cache import AnswerCache
 
 GREEDY = SamplingParams(max_tokens=16, temperature=0.0)
@@ -141,7 +148,7 @@ def _run(fleet: Fleet, job: str, n: int, *args: str) -> None:
 
 @pytest.mark.slow
 async def test_a_rerun_under_a_new_job_sends_no_request_and_a_changed_setting_misses(
-    fleet_factory: type[Fleet], store: JobStore, tmp_path: Path
+    fleet_factory: FleetFactory, store: JobStore, tmp_path: Path
 ) -> None:
     fleet = fleet_factory(2)
     n = 10_000
@@ -261,7 +268,7 @@ async def test_a_value_that_is_not_an_answer_is_a_miss_and_is_replaced(
 
 @pytest.mark.slow
 def test_jobs_sharing_the_cache_and_the_fleet_at_once_each_get_every_answer_once(
-    fleet_factory: type[Fleet], redis_url: str, prefix: str
+    fleet_factory: FleetFactory, redis_url: str, prefix: str
 ) -> None:
     """Three jobs at once on one fleet: two with --cache whose prompts overlap (the second
     holds all of the first's and more, over-long ones among them), one without. Every job gets
@@ -293,7 +300,7 @@ def test_jobs_sharing_the_cache_and_the_fleet_at_once_each_get_every_answer_once
 
 @pytest.mark.slow
 async def test_the_shared_case_two_models_a_broken_endpoint_and_a_job_nobody_serves(
-    fleet_factory: type[Fleet], store: JobStore, redis_url: str
+    fleet_factory: FleetFactory, store: JobStore, redis_url: str
 ) -> None:
     """One fleet and one cache for several jobs: two models, one job for a model nobody
     serves, an endpoint with a wrong key. A rerun for model A is answered from the cache (its

@@ -11,7 +11,7 @@ import pytest
 
 from common.models import Result
 from common.store import JobStore
-from tests.harness import Fleet, command
+from tests.harness import Fleet, FleetFactory, command
 from tests.helpers import wait_until
 
 # Loaded by every Python process started with its folder on PYTHONPATH: time.time() is off by
@@ -37,7 +37,7 @@ def _skewed(tmp_path: Path, offset_s: float) -> dict[str, str]:
 
 @pytest.mark.slow
 async def test_a_worker_two_hours_behind_is_live_and_one_forty_days_ahead_evicts_no_answer(
-    fleet_factory: type[Fleet], store: JobStore, tmp_path: Path
+    fleet_factory: FleetFactory, store: JobStore, tmp_path: Path
 ) -> None:
     fleet = fleet_factory(2, "--model", "m,m")
     # Answers other jobs kept in the cache a minute ago, by Redis's clock.

@@ -18,7 +18,7 @@ from common.store import JobStore
 from tests.harness import (
     BIN,
     TEMPLATE,
-    Fleet,
+    FleetFactory,
     RedisClusterProcs,
     check_output,
     expected_tree,
@@ -49,7 +49,7 @@ def _names_on_shards(cluster: RedisClusterProcs, keys: Keys, n: int) -> list[str
 
 
 def test_jobs_over_three_shards_with_workers_collectors_and_a_tree_reduce(
-    cluster: RedisClusterProcs, fleet_factory: type[Fleet], prefix: str
+    cluster: RedisClusterProcs, fleet_factory: FleetFactory, prefix: str
 ) -> None:
     keys = Keys(prefix)
     fleet = fleet_factory(2, url=cluster.url)

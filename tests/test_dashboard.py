@@ -24,7 +24,7 @@ from common.store import JobStore
 from producer.board import Board, EndpointRow, History, JobRow, read_board
 from producer.dashboard import Dashboard
 from tests.browser import CHROMIUM, Browser
-from tests.harness import BIN, Fleet
+from tests.harness import BIN, FleetFactory
 from tests.helpers import gen_of, prompts, spec
 
 
@@ -190,7 +190,7 @@ def _n(text: str) -> int:
     "the dashboard's browser test needs a real browser",
 )
 async def test_the_dashboard_in_chromium_shows_the_figures_redis_holds_during_a_job(
-    fleet_factory: type[Fleet], store: JobStore, tmp_path: Path, redis_url: str, prefix: str
+    fleet_factory: FleetFactory, store: JobStore, tmp_path: Path, redis_url: str, prefix: str
 ) -> None:
     fleet = fleet_factory(2, "--step-ms", "20")
     poison = {3, 50, 77}

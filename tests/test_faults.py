@@ -16,14 +16,14 @@ import pytest
 import redis
 
 from common.embedded import EmbeddedRedis
-from tests.harness import Fleet, check_output
+from tests.harness import FleetFactory, check_output
 from tests.helpers import wait_until
 
 pytestmark = pytest.mark.slow
 
 
 def test_workers_killed_repeatedly_with_server_errors_resets_and_poison_prompts(
-    fleet_factory: type[Fleet],
+    fleet_factory: FleetFactory,
 ) -> None:
     n = 10_000
     poison = set(range(7, n, 1000))  # 0.1%
@@ -59,7 +59,7 @@ def test_workers_killed_repeatedly_with_server_errors_resets_and_poison_prompts(
 
 
 def test_a_dead_and_a_stalled_endpoint_leave_the_job_to_the_healthy_ones(
-    fleet_factory: type[Fleet],
+    fleet_factory: FleetFactory,
 ) -> None:
     n = 6000
     poison = {11, 4444}
@@ -98,7 +98,7 @@ def test_a_dead_and_a_stalled_endpoint_leave_the_job_to_the_healthy_ones(
 
 
 def test_a_burst_worker_whose_endpoint_stalls_exits_within_seconds_of_the_jobs_end(
-    fleet_factory: type[Fleet],
+    fleet_factory: FleetFactory,
 ) -> None:
     n = 600
     fleet = fleet_factory(2)
@@ -116,7 +116,7 @@ def test_a_burst_worker_whose_endpoint_stalls_exits_within_seconds_of_the_jobs_e
 
 
 def test_redis_restarted_mid_job_everyone_reconnects_and_nothing_is_lost(
-    fleet_factory: type[Fleet], tmp_path: Path
+    fleet_factory: FleetFactory, tmp_path: Path
 ) -> None:
     n = 10_000
     poison = {3, 9_999}
@@ -145,7 +145,7 @@ def test_redis_restarted_mid_job_everyone_reconnects_and_nothing_is_lost(
 
 
 def test_sigterm_finishes_batches_in_flight_or_leaves_them_for_the_successor(
-    fleet_factory: type[Fleet],
+    fleet_factory: FleetFactory,
 ) -> None:
     fleet = fleet_factory(1, "--step-ms", "40")  # a batch takes about half a second
     n = 1200
@@ -178,7 +178,7 @@ def test_sigterm_finishes_batches_in_flight_or_leaves_them_for_the_successor(
 
 
 def test_a_worker_killed_every_second_or_so_under_one_name_dead_letters_nothing(
-    fleet_factory: type[Fleet],
+    fleet_factory: FleetFactory,
 ) -> None:
     """A restart taking back its own batches is no death against them: only a batch running
     when its worker died counts. Each restart takes back hundreds of entries that wait for a

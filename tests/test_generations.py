@@ -19,7 +19,7 @@ from common.models import PromptItem, Result
 from common.settings import Settings
 from common.store import JobStore
 from sim.text import completion_for
-from tests.harness import BIN, MAX_TOKENS, Fleet
+from tests.harness import BIN, MAX_TOKENS, FleetFactory
 from tests.helpers import gen_of, prompts, spec, wait_until
 
 
@@ -36,7 +36,7 @@ def _pending(redis_url: str, stream: str) -> int:
 
 @pytest.mark.slow
 def test_a_job_deleted_while_its_batches_are_in_flight_and_queued_again_gets_only_its_own_answers(
-    fleet_factory: type[Fleet], tmp_path: Path
+    fleet_factory: FleetFactory, tmp_path: Path
 ) -> None:
     n = 3000
     fleet = fleet_factory(1)

@@ -21,7 +21,7 @@ from common.embedded import EmbeddedRedis, free_port
 from common.errors import ConfigError
 from common.settings import Settings
 from common.store import Commit, JobStatus
-from tests.harness import Fleet
+from tests.harness import FleetFactory
 from tests.helpers import wait_until
 from worker.prometheus import EndpointGauges, PrometheusMetrics
 
@@ -99,7 +99,7 @@ def test_a_bad_metrics_port_is_refused_with_the_variable_named() -> None:
 
 @pytest.mark.slow
 def test_a_worker_serves_metrics_that_agree_with_redis_during_and_after_a_job(
-    fleet_factory: type[Fleet], redis_url: str, prefix: str
+    fleet_factory: FleetFactory, redis_url: str, prefix: str
 ) -> None:
     n, poison = 400, {5, 277}
     fleet = fleet_factory(2)
@@ -220,7 +220,7 @@ def test_a_worker_whose_metrics_port_is_taken_stops_at_once_saying_so(
 
 @pytest.mark.slow
 def test_while_redis_is_out_of_reach_the_metrics_say_so_and_show_no_stale_figure(
-    fleet_factory: type[Fleet],
+    fleet_factory: FleetFactory,
 ) -> None:
     with EmbeddedRedis() as server:
         fleet = fleet_factory(1, url=server.url)

@@ -15,7 +15,7 @@ import redis
 from common.embedded import EmbeddedRedis
 from common.keys import Keys
 from sim.text import completion_for
-from tests.harness import BIN, MAX_TOKENS, Fleet
+from tests.harness import BIN, MAX_TOKENS, FleetFactory
 from tests.helpers import wait_until
 
 MAXMEMORY = 8 * 2**20
@@ -29,7 +29,7 @@ def _prompt(i: int) -> str:
 
 @pytest.mark.slow
 def test_a_job_larger_than_maxmemory_streams_through_once_its_answers_are_collected(
-    fleet_factory: type[Fleet], tmp_path: Path
+    fleet_factory: FleetFactory, tmp_path: Path
 ) -> None:
     limits = ("--maxmemory", str(MAXMEMORY), "--maxmemory-policy", "noeviction")
     with EmbeddedRedis(extra_args=limits) as server:

@@ -12,13 +12,20 @@ import pytest
 import redis
 
 from common.keys import Keys, stage_name
-from tests.harness import BIN, MAX_TOKENS, TEMPLATE, Fleet, expected_tree, fleet_prompt
+from tests.harness import (
+    BIN,
+    MAX_TOKENS,
+    TEMPLATE,
+    FleetFactory,
+    expected_tree,
+    fleet_prompt,
+)
 from tests.helpers import wait_until
 
 pytestmark = pytest.mark.slow
 
 
-def test_tree_reduce_survives_a_worker_killed_between_stages(fleet_factory: type[Fleet]) -> None:
+def test_tree_reduce_survives_a_worker_killed_between_stages(fleet_factory: FleetFactory) -> None:
     n, fanin = 1000, 10
     fleet = fleet_factory(2)
     template = fleet.tmp / "reduce.txt"
@@ -88,7 +95,7 @@ def test_tree_reduce_survives_a_worker_killed_between_stages(fleet_factory: type
 
 
 def test_reduce_options_are_checked_before_anything_is_queued(
-    fleet_factory: type[Fleet], tmp_path: Path
+    fleet_factory: FleetFactory, tmp_path: Path
 ) -> None:
     fleet = fleet_factory(1)
     src = tmp_path / "p.txt"
@@ -129,7 +136,7 @@ def test_reduce_options_are_checked_before_anything_is_queued(
 
 
 def test_workers_import_only_the_reduce_functions_they_allow(
-    fleet_factory: type[Fleet], tmp_path: Path
+    fleet_factory: FleetFactory, tmp_path: Path
 ) -> None:
     """A job's spec comes from Redis: naming a module there must not run it on the workers."""
     code = tmp_path / "code"

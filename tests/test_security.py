@@ -20,7 +20,7 @@ from common.store import JobStore
 from producer.enqueue import enqueue_prompts
 from sim.server import SimFleet
 from sim.text import completion_for
-from tests.harness import Fleet
+from tests.harness import FleetFactory
 from tests.helpers import collect_lines, prompts, run_engine, spec
 
 SECRET = "alice-s3cret-pw"
@@ -177,7 +177,7 @@ async def test_a_consumer_group_the_acl_denies_surfaces_instead_of_being_taken_f
 
 @pytest.mark.slow
 def test_a_password_given_as_a_url_parameter_reaches_the_worker_too(
-    fleet_factory: type[Fleet],
+    fleet_factory: FleetFactory,
 ) -> None:
     """``redis://host:port/0?password=...`` works for every command, and now for the worker
     too (arq's own URL parser dropped it: the worker could not start)."""

@@ -16,7 +16,7 @@ import redis
 from common.embedded import EmbeddedRedis
 from common.keys import Keys
 from sim.text import completion_for
-from tests.harness import MAX_TOKENS, Fleet, command
+from tests.harness import MAX_TOKENS, Fleet, FleetFactory, command
 from tests.helpers import wait_until
 
 
@@ -41,7 +41,7 @@ def _enqueue(fleet: Fleet, path: Path, job: str, *args: str) -> None:
 
 @pytest.mark.slow
 def test_a_cached_a_plain_and_a_requeued_job_through_a_redis_restart_get_only_right_answers(
-    fleet_factory: type[Fleet], tmp_path: Path
+    fleet_factory: FleetFactory, tmp_path: Path
 ) -> None:
     workdir = tmp_path / "redis"
     workdir.mkdir()

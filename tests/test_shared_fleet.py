@@ -9,7 +9,7 @@ import subprocess
 import msgspec
 import pytest
 
-from tests.harness import BIN, Fleet, check_output, command, wrong_key_endpoint
+from tests.harness import BIN, Fleet, FleetFactory, check_output, command, wrong_key_endpoint
 from tests.helpers import wait_until
 
 pytestmark = pytest.mark.slow
@@ -32,7 +32,7 @@ def _queue_three_jobs(fleet: Fleet) -> None:
 
 
 def test_jobs_for_two_models_finish_while_a_third_waits_for_its_endpoint(
-    fleet_factory: type[Fleet],
+    fleet_factory: FleetFactory,
 ) -> None:
     fleet = fleet_factory(2, "--model", "model-a,model-b")
     _queue_three_jobs(fleet)
@@ -67,7 +67,7 @@ def test_jobs_for_two_models_finish_while_a_third_waits_for_its_endpoint(
 
 
 def test_burst_workers_exit_0_once_their_models_jobs_are_done(
-    fleet_factory: type[Fleet],
+    fleet_factory: FleetFactory,
 ) -> None:
     fleet = fleet_factory(2, "--model", "model-a,model-b")
     _queue_three_jobs(fleet)
@@ -81,7 +81,7 @@ def test_burst_workers_exit_0_once_their_models_jobs_are_done(
 
 
 def test_a_burst_worker_with_an_unusable_endpoint_finishes_the_job_then_exits_1(
-    fleet_factory: type[Fleet],
+    fleet_factory: FleetFactory,
 ) -> None:
     with wrong_key_endpoint() as locked:
         fleet = fleet_factory(1)
@@ -94,7 +94,7 @@ def test_a_burst_worker_with_an_unusable_endpoint_finishes_the_job_then_exits_1(
 
 
 def test_two_models_and_an_unusable_endpoint_in_one_burst_worker(
-    fleet_factory: type[Fleet],
+    fleet_factory: FleetFactory,
 ) -> None:
     """The shared case at once: jobs for two models, the job nobody serves, and one endpoint
     with a wrong key, all in one worker. Both served jobs finish exactly on their endpoints;
@@ -113,7 +113,7 @@ def test_two_models_and_an_unusable_endpoint_in_one_burst_worker(
 
 
 def test_a_job_without_a_model_answered_by_two_models_says_so_and_each_line_names_its_model(
-    fleet_factory: type[Fleet],
+    fleet_factory: FleetFactory,
 ) -> None:
     fleet = fleet_factory(2, "--model", "model-a,model-b")
     assert fleet.enqueue("any", 400, set()).wait(timeout=60) == 0

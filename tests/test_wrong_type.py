@@ -18,7 +18,7 @@ from common.keys import GROUP
 from common.store import JobStore, redis_errors
 from producer.dashboard import Dashboard
 from sim.text import completion_for
-from tests.harness import MAX_TOKENS, Fleet, command, fleet_prompt
+from tests.harness import MAX_TOKENS, Fleet, FleetFactory, command, fleet_prompt
 from tests.helpers import collect_lines, wait_until
 
 
@@ -41,7 +41,7 @@ async def _answers_right(store: JobStore, job: str, n: int) -> None:
 
 @pytest.mark.slow
 async def test_keys_of_another_type_are_skipped_and_named_and_every_other_job_goes_on(
-    fleet_factory: type[Fleet], store: JobStore, tmp_path: Path
+    fleet_factory: FleetFactory, store: JobStore, tmp_path: Path
 ) -> None:
     fleet = fleet_factory(1, "--model", "m")
     keys = store.keys
