@@ -34,8 +34,9 @@ from worker.batch import BatchRunner, Tally
 from worker.cache import AnswerCache
 from worker.circuit import Circuit, GiveUp
 from worker.context import DrainContext
-from worker.deliveries import Triage, dead_letters, decode_deliveries
+from worker.deliveries import Decoded, Triage, dead_letters, decode_deliveries
 from worker.figures import EndpointFigures
+from worker.inflight import Cancelled, InFlight, Request
 from worker.intake import Delivery, Intake, Taken, service_order
 from worker.lookout import Lookout
 from worker.probe import probe_endpoint
@@ -45,6 +46,12 @@ from worker.window import ADAPT_START, Window, follow_load
 __all__ = ["EndpointDrainer"]
 
 log = logging.getLogger("swarm.worker")
+
+
+class _Dropped(Exception):
+    """A batch's request was cancelled on purpose (see :class:`~worker.inflight.Cancelled`):
+    its batch is released, nothing to commit."""
+
 
 # How long a slot rests while another looks for work (a safety net: the lookout wakes it).
 LOOKOUT_REST_S = 2.0
@@ -72,10 +79,8 @@ class EndpointDrainer:
         self.figures = EndpointFigures(
             client.label, self.settings.worker_name, self.settings.stats_period_s
         )
-        # Batches in flight (their request work) and their job's priority, oldest first.
-        self._running: dict[asyncio.Task[list[Result]], tuple[int, str]] = {}
-        self._preempted: set[asyncio.Task[list[Result]]] = set()
-        self._abandoned: set[asyncio.Task[list[Result]]] = set()  # of jobs over (abandon)
+        # The requests of its batches in flight, with their job and priority.
+        self.inflight = InFlight()
         self._burst_done = False  # burst mode: no work left for this endpoint (_nothing_left)
         # While there is no work, one slot polls for it and the others rest.
         self.lookout = Lookout(rest_s=LOOKOUT_REST_S)
@@ -164,7 +169,7 @@ class EndpointDrainer:
             self.window,
             self.client.load,
             answered=lambda: self.figures.prompts_done,
-            in_flight=lambda: len(self._running),
+            in_flight=lambda: len(self.inflight),
             sleep=self.engine.sleep,
             hi=hi,
             settings=self.settings,
@@ -254,7 +259,7 @@ class EndpointDrainer:
         # the highest priority first, jobs of equal priority in turn; and while this endpoint
         # runs batches of some priority, nothing below it starts: the engine lightens as the
         # lower work finishes, and the urgent prompts decode faster.
-        top = max((p for p, _ in self._running.values()), default=None)
+        top = self.inflight.top_priority()
         specs = {
             job: spec
             for job, spec in list(self.engine.jobs.items())
@@ -262,7 +267,7 @@ class EndpointDrainer:
         }
         jobs = service_order([(job, spec.priority) for job, spec in specs.items()], self._rr)
         self._rr += 1
-        return await self.intake.next([specs[j] for j in jobs], block_ms, idle=not self._running)
+        return await self.intake.next([specs[j] for j in jobs], block_ms, idle=not self.inflight)
 
     # -- doing work ---------------------------------------------------------------------
 
@@ -317,9 +322,10 @@ class EndpointDrainer:
     async def _run_batch(
         self, spec: JobSpec, deliveries: list[Delivery], *, copy: bool = False
     ) -> None:
-        """Complete one batch and commit it; on giving up, release it to other workers. A
-        ``copy`` is not marked as running (its run is no entry's death) and preempts nothing."""
-        job, gen = spec.job, spec.generation
+        """Complete one batch and commit it, in steps: answers from the cache, the request for
+        the rest, the commit, the answers kept. On giving up, the batch is released to other
+        workers. A ``copy`` is not marked as running (its run is no entry's death) and
+        preempts nothing."""
         ids = [eid for eid, _, _ in deliveries]
         items, results = decode_deliveries(deliveries, self.client.label)
         validator = self.engine.validator(spec)
@@ -327,87 +333,79 @@ class EndpointDrainer:
         if items and spec.cache:
             hits, items, keys = await self.cache.answered(spec, items)
             results += [(e, validator.checked(r) if validator else r, p) for e, r, p in hits]
-        sent: list[Result] = []
         tally = Tally()
-        work: asyncio.Task[list[Result]] | None = None
-        try:
-            if items and not copy:
-                deaths = {eid: n for eid, _, n in deliveries}
-                await self.store.start(job, {eid: deaths[eid] for eid, _, _ in items}, gen=gen)
-                self._preempt_below(spec.priority, job)
-            if items:
-                model = self.served.model_for(spec)
-                if model is None:
-                    raise ModelNotServed(self.client.label, "serves no model")
-                self.figures.job(job, time.monotonic()).model = model
-                request = self.runner.run(spec, [it for _, _, it in items], model, tally)
-                work = asyncio.create_task(request)
-                self._running[work] = (spec.priority, job)
-                sent = await work
-                if validator is not None:
-                    sent = [validator.checked(r) for r in sent]
-                for (eid, payload, _), result in zip(items, sent, strict=True):
-                    results.append((eid, result, payload))
-        except (GiveUp, EndpointUnusable, ModelNotServed) as exc:
-            cause = exc.cause if isinstance(exc, GiveUp) else exc
-            await self._release(spec, ids, cause, self.served.model_for(spec))
-            return
-        except asyncio.CancelledError:
-            # Preempted by a batch of a more urgent job, or stopped past the grace period:
-            # the batch goes back, and its run is no death.
-            with contextlib.suppress(StoreUnavailable, JobGoneError):
-                await asyncio.shield(self.store.release(job, self.consumer, ids, gen=gen))
-            if work is not None and work in self._preempted:
-                self.figures.preempted += len(ids)
-                log.debug("%s: preempted %d prompts of job %s", self.client.label, len(ids), job)
+        sent: list[Result] = []
+        if items:
+            try:
+                sent = await self._send(spec, deliveries, items, tally, copy=copy)
+            except (GiveUp, EndpointUnusable, ModelNotServed) as exc:
+                cause = exc.cause if isinstance(exc, GiveUp) else exc
+                await self._release(spec, ids, cause, self.served.model_for(spec))
                 return
-            if work is not None and work in self._abandoned:
-                log.debug("%s: dropped %d prompts of job %s", self.client.label, len(ids), job)
+            except _Dropped:
                 return
-            raise
-        finally:
-            if work is not None:
-                self._running.pop(work, None)
-                self._preempted.discard(work)
-                self._abandoned.discard(work)
+            if validator is not None:
+                sent = [validator.checked(r) for r in sent]
+            results += [(eid, r, payload) for (eid, payload, _), r in zip(items, sent, strict=True)]
         # Shielded: once results exist, finishing the (atomic) commit beats redoing them.
         commit = await self._commit(spec, results, tally.prompt_tokens, tally.completion_tokens)
-        self._count(job, commit)
+        self._count(spec.job, commit)
         if keys and sent:
             await self.cache.keep(keys, sent)
         if copy:
             self.figures.copied += len(ids)
             self.figures.copies_won += commit.done + commit.failed
 
+    async def _send(
+        self,
+        spec: JobSpec,
+        deliveries: list[Delivery],
+        items: list[Decoded],
+        tally: Tally,
+        *,
+        copy: bool,
+    ) -> list[Result]:
+        """The endpoint's results for ``items``, in order: marked running (unless a copy),
+        a lower batch preempted, then one request. :class:`_Dropped` when it was cancelled on
+        purpose (preempted, or its job is over): its batch is released, no death."""
+        job, gen = spec.job, spec.generation
+        request: Request | None = None
+        try:
+            if not copy:
+                deaths = {eid: n for eid, _, n in deliveries}
+                await self.store.start(job, {eid: deaths[eid] for eid, _, _ in items}, gen=gen)
+                self.inflight.preempt_below(spec.priority, job, self.engine.shares.get(job, 0))
+            model = self.served.model_for(spec)
+            if model is None:
+                raise ModelNotServed(self.client.label, "serves no model")
+            self.figures.job(job, time.monotonic()).model = model
+            request = self.inflight.start(
+                self.runner.run(spec, [it for _, _, it in items], model, tally), spec.priority, job
+            )
+            return await request
+        except asyncio.CancelledError:
+            # Preempted by a batch of a more urgent job, its job over, or stopped past the
+            # grace period: the batch goes back, and its run is no death.
+            ids = [eid for eid, _, _ in deliveries]
+            with contextlib.suppress(StoreUnavailable, JobGoneError):
+                await asyncio.shield(self.store.release(job, self.consumer, ids, gen=gen))
+            why = self.inflight.why(request)
+            if why is None:
+                raise
+            if why is Cancelled.PREEMPTED:
+                self.figures.preempted += len(ids)
+            log.debug("%s: %s %d prompts of job %s", self.client.label, why, len(ids), job)
+            raise _Dropped from None
+        finally:
+            if request is not None:
+                self.inflight.remove(request)
+
     def abandon(self, job: str) -> None:
         """``job`` is over (finished, cancelled or gone): cut its requests still in flight
         short. Their answers could change nothing (each prompt has its result, or the job is
         no more), and a stalled endpoint's would hold its slots, and a burst worker, until
         the request timed out."""
-        for work, (_, running_job) in list(self._running.items()):
-            if running_job == job and work not in self._abandoned:
-                self._abandoned.add(work)
-                work.cancel()
-
-    def _preempt_below(self, priority: int, job: str) -> None:
-        """A batch of ``priority`` starts: cancel the newest batch in flight of a lower
-        priority, if any, so the engine gives its slots to the urgent prompts now rather than
-        after the lower ones (as vLLM's own priority scheduling does). The newest has done
-        the least work; one for one, so the engine's load stays the same. (The window keeps
-        the engine just full, and its gauges lag by a period: whether this batch would have
-        found free slots cannot be known, so the trade is always made; it costs at most one
-        lower batch's progress per urgent batch.) Only up to the job's fair share of batches on
-        this endpoint: the rest are for the other endpoints."""
-        mine = sum(1 for _, j in self._running.values() if j == job)
-        if mine >= self.engine.shares.get(job, 0):
-            return
-        lower = [
-            w for w, (p, _) in self._running.items() if p < priority and w not in self._preempted
-        ]
-        if lower:
-            victim = lower[-1]  # dicts keep insertion order: the newest last
-            self._preempted.add(victim)
-            victim.cancel()
+        self.inflight.abandon(job)
 
     async def _commit(
         self,
