@@ -181,14 +181,17 @@ class Fleet:
         *,
         burst: bool = True,
         arq_cli: bool = False,
+        env: Mapping[str, str] | None = None,
         **extra: str,
     ) -> subprocess.Popen[bytes]:
         """A worker process on the given ports: ``swarm-worker``, or with ``arq_cli`` the same
-        worker through ``arq worker.WorkerSettings``; ``extra``: environment variables."""
+        worker through ``arq worker.WorkerSettings``; ``env`` and ``extra``: environment
+        variables."""
         env = {
             **self.env,
             "SWARM_WORKER_NAME": name,
             "SWARM_ENDPOINTS": ",".join(self.url(i) for i in endpoints),
+            **(env or {}),
             **extra,
         }
         log = self.tmp / f"worker-{name}-{len(self.logs)}.log"

@@ -48,7 +48,7 @@ async def test_a_worker_two_hours_behind_is_live_and_one_forty_days_ahead_evicts
         [(k, encode_answer(r, await store.server_time())) for k, r in kept], 30 * 86400, 1_000_000
     )
 
-    behind = fleet.worker("behind", [0], burst=False, **_skewed(tmp_path, -2 * 3600))
+    behind = fleet.worker("behind", [0], burst=False, env=_skewed(tmp_path, -2 * 3600))
     wait_until("the worker behind publishes", lambda: b"behind" in _fleet_fields(store, fleet))
     check = _run(fleet, "swarm-enqueue", "-", "--job", "q", "--model", "m", "--check-model")
     assert check.returncode == 0, check.stderr  # the endpoint behind is live: the job queued
@@ -74,7 +74,7 @@ async def test_a_worker_two_hours_behind_is_live_and_one_forty_days_ahead_evicts
         "0",
     )
     assert queued.returncode == 0, queued.stderr
-    ahead = fleet.worker("ahead", [1], **_skewed(tmp_path, 40 * 86400))
+    ahead = fleet.worker("ahead", [1], env=_skewed(tmp_path, 40 * 86400))
     assert ahead.wait(timeout=120) == 0, fleet.logs[-1].read_text()
     answers = await store.redis.hkeys(store.keys.cache_answers)
     assert {f"k{i}".encode() for i in range(50)} <= set(answers)

@@ -35,7 +35,7 @@ def test_workers_killed_repeatedly_with_server_errors_resets_and_poison_prompts(
         "SWARM_MAX_ATTEMPTS": "20",
         "SWARM_CIRCUIT_FAILURES": "50",
     }
-    live = {"a": fleet.worker("a", [0, 1], **fast), "b": fleet.worker("b", [2, 3], **fast)}
+    live = {"a": fleet.worker("a", [0, 1], env=fast), "b": fleet.worker("b", [2, 3], env=fast)}
     kills = 0
     for threshold in range(1000, 8001, 1000):  # a kill every 1,000 results
         deadline = time.monotonic() + 120
@@ -48,7 +48,7 @@ def test_workers_killed_repeatedly_with_server_errors_resets_and_poison_prompts(
         # Alternate: the successor has the same name (resumes its own leftovers) or a new one
         # (the orphans are taken over by XAUTOCLAIM after the idle time).
         name = victim if kills % 4 < 2 else f"{victim}{kills}"
-        live[victim] = fleet.worker(name, [0, 1] if victim == "a" else [2, 3], **fast)
+        live[victim] = fleet.worker(name, [0, 1] if victim == "a" else [2, 3], env=fast)
     _out, err = collector.communicate(timeout=300)
     codes = [w.wait(timeout=120) for w in live.values()]
     assert collector.returncode == 1, err  # 1: some prompts failed (the poison ones)
@@ -72,9 +72,9 @@ def test_a_dead_and_a_stalled_endpoint_leave_the_job_to_the_healthy_ones(
         "SWARM_CIRCUIT_FAILURES": "3",
         "SWARM_INFLIGHT_MAX": "64",
     }
-    dying = fleet.worker("dying", [0], **quick)
-    stalling = fleet.worker("stalling", [1], **quick)
-    healthy = [fleet.worker("h1", [2], **quick), fleet.worker("h2", [3], **quick)]
+    dying = fleet.worker("dying", [0], env=quick)
+    stalling = fleet.worker("stalling", [1], env=quick)
+    healthy = [fleet.worker("h1", [2], env=quick), fleet.worker("h2", [3], env=quick)]
     # Both doomed workers must be at work (past their /health wait) when their endpoints go.
     deadline = time.monotonic() + 60
     while fleet.done("nodes") < 500 or not all(
@@ -104,10 +104,10 @@ def test_a_burst_worker_whose_endpoint_stalls_exits_within_seconds_of_the_jobs_e
     fleet = fleet_factory(2)
     assert fleet.enqueue("tail", n, set()).wait(timeout=60) == 0
     quick = {"SWARM_REQUEST_TIMEOUT_S": "2", "SWARM_PROBE_TIMEOUT_S": "1"}
-    stalling = fleet.worker("stalling", [1], **quick)
+    stalling = fleet.worker("stalling", [1], env=quick)
     wait_until("the stalling worker at work", lambda: "taking work" in fleet.logs[0].read_text())
     fleet.faults(1, stall_after_s=0.0)  # every request and every probe now hangs
-    healthy = fleet.worker("healthy", [0], **quick)
+    healthy = fleet.worker("healthy", [0], env=quick)
     assert healthy.wait(timeout=120) == 0
     assert fleet.done("tail") == n
     # The job is over; the stalled endpoint's worker sees it (between two probes, or with its
@@ -197,7 +197,7 @@ def test_a_worker_killed_every_second_or_so_under_one_name_dead_letters_nothing(
     limit = {"SWARM_MAX_DELIVERIES": "4"}
     try:
         while kills < 8 and fleet.done("kills") < n:
-            worker = fleet.worker("k", [0, 1], **limit)
+            worker = fleet.worker("k", [0, 1], env=limit)
             # Killed while it holds work, at a moment drawn at random: the fault being
             # modelled, not a wait for something.
             wait_until(
@@ -207,7 +207,7 @@ def test_a_worker_killed_every_second_or_so_under_one_name_dead_letters_nothing(
             worker.send_signal(signal.SIGKILL)
             worker.wait()
             kills += 1
-        last = fleet.worker("k", [0, 1], **limit)
+        last = fleet.worker("k", [0, 1], env=limit)
         assert last.wait(timeout=120) == 0, fleet.logs[-1].read_text()[-2000:]
     finally:
         client.close()

@@ -58,13 +58,13 @@ def test_tree_reduce_survives_a_worker_killed_between_stages(fleet_factory: Flee
     try:
         # A worker killed with a handover after the arq job timeout: 2 s + arq's 10 s.
         fast = {"SWARM_REDUCE_TIMEOUT_S": "2"}
-        first = fleet.worker("a", [0, 1], **fast)
+        first = fleet.worker("a", [0, 1], env=fast)
         # The moment the map stage is done, before or while its reduce is advanced.
         wait_until("the map stage", lambda: client.hexists(keys.meta("tree"), "finished_s"), 120)
         first.send_signal(signal.SIGKILL)
         first.wait()
         assert not client.exists(keys.final("tree"))
-        second = fleet.worker("b", [0, 1], **fast)
+        second = fleet.worker("b", [0, 1], env=fast)
         assert second.wait(timeout=180) == 0, fleet.logs[-1].read_text()[-3000:]
 
         answer, per_level = expected_tree(n, fanin)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from typing import TypedDict
 
 from common.settings import Settings
 from common.store import JobStore
@@ -16,6 +17,21 @@ from tests.helpers import collect_lines, prompts, spec
 from worker.endpoint import EndpointClient, Load, parse_load
 from worker.engine import Engine
 from worker.window import Window, follow_load, next_window
+
+
+class _Limits(TypedDict):
+    """The window's bounds and batch size, as next_window takes them."""
+
+    lo: int
+    hi: int
+    batch: int
+
+
+class _Bounds(_Limits):
+    """The keyword arguments of next_window a test holds fixed."""
+
+    busy: bool
+
 
 VLLM_METRICS = b"""# HELP vllm:num_requests_running Number of requests in model execution batches.
 # TYPE vllm:num_requests_running gauge
@@ -35,7 +51,7 @@ def test_gauges_are_summed_over_label_sets_and_missing_ones_mean_no_load() -> No
 
 
 def test_policy_grows_when_idle_sheds_half_the_surplus_queue_and_stays_in_bounds() -> None:
-    kw = {"busy": True, "lo": 2, "hi": 20, "batch": 32}
+    kw = _Bounds(busy=True, lo=2, hi=20, batch=32)
     assert next_window(10, Load(running=180, waiting=0), **kw) == 11  # idle slots
     assert next_window(10, Load(running=256, waiting=32), **kw) == 10  # full, one batch waits
     assert next_window(10, Load(running=256, waiting=40), **kw) == 9  # more: 1 surplus
@@ -46,7 +62,7 @@ def test_policy_grows_when_idle_sheds_half_the_surplus_queue_and_stays_in_bounds
 
 
 def test_shedding_counts_the_surplus_from_the_batches_still_in_flight() -> None:
-    kw = {"busy": True, "lo": 2, "hi": 20, "batch": 32}
+    kw = _Bounds(busy=True, lo=2, hi=20, batch=32)
     # 4 in flight, 2 batches waiting: one surplus batch, so 3; a window already cut to 3 while
     # the 4th is still in flight is not cut again for the same queue.
     assert next_window(4, Load(running=64, waiting=64), in_use=4, **kw) == 3
@@ -98,16 +114,17 @@ async def test_past_the_ramp_the_window_grows_only_on_nothing_waiting_seen_twice
 
 
 def test_policy_doubles_while_ramping_up() -> None:
-    kw = {"busy": True, "lo": 2, "hi": 32, "batch": 32, "ramping": True}
+    kw = _Bounds(busy=True, lo=2, hi=32, batch=32)
     sizes = [2]
     while sizes[-1] < 32:
-        sizes.append(next_window(sizes[-1], Load(running=1, waiting=0), **kw))
+        sizes.append(next_window(sizes[-1], Load(running=1, waiting=0), ramping=True, **kw))
     assert sizes == [2, 4, 8, 16, 32]
-    assert next_window(16, Load(running=256, waiting=256), **kw) == 13  # a queue ends the ramp
+    # a queue ends the ramp
+    assert next_window(16, Load(running=256, waiting=256), ramping=True, **kw) == 13
 
 
 def test_policy_does_not_grow_for_a_stalled_engine_or_an_unused_window() -> None:
-    kw = {"lo": 2, "hi": 64, "batch": 32}
+    kw = _Limits(lo=2, hi=64, batch=32)
     assert next_window(16, Load(running=0, waiting=0), busy=True, **kw) == 16  # stalled
     # ... unless results keep coming: an engine faster than its gauges can show
     assert next_window(16, Load(running=0, waiting=0), busy=True, answering=True, **kw) == 17
