@@ -432,7 +432,7 @@ async def run_swarm(
             if not first:
                 first.append(time.monotonic() - t0)
 
-        extra = asyncio.create_task(during(store, t0)) if callable(during) else None  # type: ignore[arg-type]
+        extra = asyncio.create_task(during(store, t0)) if callable(during) else None
         with open(os.devnull, "wb") as sink:
             report = await collect(store, "bench", sink, wait=True, poll_s=0.02, on_commit=mark)
         wall = time.monotonic() - t0

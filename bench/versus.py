@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from bench.harness import INSTANT, OUT, Bench, new_fleet
 
@@ -51,7 +52,9 @@ CONFIGS = {
 }
 
 
-def _run(root: Path, url: str, urls: list[str], n: int, worker_env: dict[str, str]) -> dict:
+def _run(
+    root: Path, url: str, urls: list[str], n: int, worker_env: dict[str, str]
+) -> dict[str, Any]:
     env = {
         **os.environ,
         "PYTHONPATH": str(root),
@@ -65,7 +68,7 @@ def _run(root: Path, url: str, urls: list[str], n: int, worker_env: dict[str, st
     )
     if out.returncode != 0:
         raise RuntimeError(f"run from {root} failed:\n{out.stderr[-3000:]}")
-    result: dict = json.loads(out.stdout.strip().splitlines()[-1])
+    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
     if result["answered"] != n:
         raise RuntimeError(f"run from {root} answered {result['answered']} of {n}")
     return result
@@ -158,7 +161,7 @@ def carried_over(old: str) -> str | None:
 
 def _compare(before: Path, rounds: int, n: int) -> dict[str, dict[str, dict[str, float]]]:
     sides = {"before": before, "after": ROOT}
-    runs: dict[str, dict[str, list[dict]]] = {c: {s: [] for s in sides} for c in CONFIGS}
+    runs: dict[str, dict[str, list[dict[str, Any]]]] = {c: {s: [] for s in sides} for c in CONFIGS}
     with Bench() as bench:
         fleet = new_fleet(2, INSTANT).start()
         try:
@@ -190,7 +193,7 @@ def _compare(before: Path, rounds: int, n: int) -> dict[str, dict[str, dict[str,
     return out
 
 
-def _table(report: dict) -> str:
+def _table(report: dict[str, Any]) -> str:
     lines = [
         f"{report['after']} against {report['before']}, {report['prompts']:,} prompts, "
         f"medians of {report['rounds']} alternating rounds.",

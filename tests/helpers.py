@@ -8,6 +8,7 @@ import contextlib
 import io
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
 
 import msgspec
 from aiohttp import web
@@ -81,7 +82,7 @@ async def gen_of(store: JobStore, job: str = "j") -> str:
     return (await store.load_spec(job)).generation
 
 
-async def collect_lines(store: JobStore, job: str) -> list[dict]:
+async def collect_lines(store: JobStore, job: str) -> list[dict[str, Any]]:
     """The job's output lines as ``swarm-collect`` writes them, decoded."""
     buf = io.BytesIO()
     await collect(store, job, buf)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 from pathlib import Path
+from typing import Any
 
 from common.models import Result, Usage
 from common.store import JobStore
@@ -33,7 +34,7 @@ def _result(i: int) -> Result:
     )
 
 
-def _expected(line: dict) -> dict[str, str]:
+def _expected(line: dict[str, Any]) -> dict[str, str]:
     """A JSON line as its CSV row reads back: text cells, empty for what it lacks."""
     usage = line.get("usage") or {}
     values = {**line, **usage, "cached": line.get("cached", False)}

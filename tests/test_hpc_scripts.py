@@ -11,6 +11,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import pytest
@@ -86,7 +87,7 @@ def _enqueue(env: dict[str, str], tmp_path: Path, job: str, n: int, max_tokens: 
     )
 
 
-def _collect(env: dict[str, str], tmp_path: Path, job: str) -> list[dict]:
+def _collect(env: dict[str, str], tmp_path: Path, job: str) -> list[dict[str, Any]]:
     out = tmp_path / f"{job}.jsonl"
     run = subprocess.run(
         [BIN / "swarm-collect", job, "--out", out],

@@ -59,7 +59,7 @@ def test_the_cli_and_the_api_build_the_same_spec_from_the_same_settings(tmp_path
         ({"top_p": 3.0}, r"top_p must be in \(0, 1\], got 3.0"),
     ],
 )
-def test_one_rule_refuses_a_bad_setting_for_both(settings: dict, message: str) -> None:
+def test_one_rule_refuses_a_bad_setting_for_both(settings: dict[str, object], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         build_spec("j", options_from(settings), source="x")
 

@@ -198,6 +198,7 @@ async def test_swarm_api_cancel_ends_the_reduce_too_so_final_does_not_wait_forev
         await swarm.cancel(job)
         final = await asyncio.wait_for(swarm.final(job), timeout=10)
         status = await swarm.status(job)
+    assert final is not None
     assert (final.kind, final.value, final.error) == (
         "concat",
         None,

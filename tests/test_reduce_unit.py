@@ -167,7 +167,7 @@ def test_a_function_the_worker_does_not_allow_is_never_imported(user_module: str
         def find_spec(self, name: str, *args: object) -> None:
             imported.append(name)
 
-    sys.meta_path.insert(0, Finder())  # type: ignore[arg-type]
+    sys.meta_path.insert(0, Finder())
     try:
         out = aggregate(
             "j",

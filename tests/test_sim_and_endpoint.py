@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from typing import Any
 
 import msgspec
 import pytest
@@ -64,7 +65,7 @@ def test_step_cost_grows_with_running_count_and_capacity_follows() -> None:
 # -- the HTTP surface --------------------------------------------------------------------
 
 
-async def _post(url: str, path: str, body: object) -> tuple[int, dict]:
+async def _post(url: str, path: str, body: object) -> tuple[int, dict[str, Any]]:
     reader, writer = await asyncio.open_connection(*url.removeprefix("http://").split(":"))
     data = msgspec.json.encode(body)
     writer.write(
