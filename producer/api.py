@@ -39,7 +39,8 @@ from producer.ops import cancel_job
 from producer.stream import follow, wait_final
 from worker.engine import Engine
 
-Prompts = Iterable[str] | Iterable[tuple[str, str | None]]
+# Prompts, each a text or a (text, custom_id) pair: a list may mix the two.
+Prompts = Iterable[str | tuple[str, str | None]]
 
 log = logging.getLogger("swarm.producer")
 
