@@ -124,6 +124,14 @@ async def _show(store: JobStore, job: str) -> JobStatus:
         else:
             waiting = await waiting_for(store, job, fleet or [], now)
     print(format_status(status, stage, endpoints, now=now, waiting=waiting), flush=True)
+    for bad in await store.bad_keys(job):
+        print(
+            f"swarm-status: warning: job {job} is skipped by every worker: its key {bad} "
+            "(another tool or a person wrote it); delete it (redis-cli DEL KEY) and the "
+            "workers take the job up again",
+            file=sys.stderr,
+            flush=True,
+        )
     if (mixed := mixed_models(job, endpoints)) is not None:
         print(f"swarm-status: warning: {mixed}", file=sys.stderr, flush=True)
     return status

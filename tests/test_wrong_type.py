@@ -72,6 +72,8 @@ async def test_keys_of_another_type_are_skipped_and_named_and_every_other_job_go
     status = _run(fleet, "swarm-status", "squat")
     assert status.returncode == 0 and "done       0" in status.stdout, status.stderr
     assert fleet_key in status.stderr
+    squatted = f"job squat is skipped by every worker: its key {keys.results('squat')!r} holds"
+    assert f"{squatted} a string, not a hash" in status.stderr
     queued = _run(fleet, "swarm-enqueue", "-", "--job", "q", "--model", "m")
     assert queued.returncode == 0, queued.stderr
     assert f"the endpoints serving it cannot be known: the key {fleet_key}" in queued.stderr

@@ -102,6 +102,33 @@ class Status(StoreBase):
         now = await self.server_time() if running else 0.0
         return _job_status(job, meta, int(backlog[0]), now)
 
+    async def bad_keys(self, job: str) -> list[str]:
+        """Which of ``job``'s keys hold another type than swarm-queue keeps there (another
+        tool's or a person's value): the workers skip the job while one does. Each as
+        ``'KEY' holds a string, not a hash``."""
+        k = self.keys
+        expected = {
+            k.stream(job): "stream",
+            k.meta(job): "hash",
+            k.results(job): "hash",
+            k.failed(job): "hash",
+            k.cached(job): "hash",
+            k.running(job): "hash",
+            k.endpoints(job): "hash",
+            k.copies(job): "set",
+            k.final(job): "string",
+            k.producer_lock(job): "string",
+        }
+        async with redis_errors(self.url, job), self.redis.pipeline(transaction=False) as pipe:
+            for key in expected:
+                pipe.type(key)
+            types = await pipe.execute()
+        return [
+            f"{key!r} holds a {held}, not a {want}"
+            for (key, want), raw in zip(expected.items(), types, strict=True)
+            if (held := raw.decode() if isinstance(raw, bytes) else str(raw)) not in ("none", want)
+        ]
+
     async def publish_endpoints(self, stats: dict[str, dict[str, EndpointStats]]) -> None:
         """Write each job's per-endpoint figures: ``{job: {consumer: stats}}``; jobs deleted
         meanwhile are skipped, and so is a job with a bad key (the first is raised after the
