@@ -1,43 +1,37 @@
 """One endpoint's drain loop: ``inflight`` slots sharing one consumer name.
 
-A slot takes a batch (see :mod:`worker.intake`), sends it (see :mod:`worker.batch`), and
-commits the results and the acks atomically. Because a slot only takes work when it is free,
-fast endpoints take more batches than slow ones: no static split, no straggler share. The
-endpoint's models decide which jobs it takes; its circuit (:mod:`worker.circuit`) whether it
-takes any; its window (:mod:`worker.window`) how many batches it has in flight. A batch of a
-more urgent job preempts a lower one in flight; an entry whose workers died running it runs
-alone, and past ``max_deliveries`` deaths is dead-lettered.
+A slot takes a batch (see :mod:`worker.intake`) and hands it down its path
+(:mod:`worker.batchpath`: the cache, the request, the commit). Because a slot only takes work
+when it is free, fast endpoints take more batches than slow ones: no static split, no
+straggler share. The endpoint's models decide which jobs it takes; its circuit
+(:mod:`worker.circuit`) whether it takes any; its window (:mod:`worker.window`) how many
+batches it has in flight. A batch of a more urgent job preempts a lower one in flight.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import time
 
 from common.backoff import backoff_s
 from common.errors import (
     BadRecordError,
     EndpointError,
-    EndpointUnusable,
     JobGoneError,
-    ModelNotServed,
     StoreUnavailable,
     SwarmError,
 )
 from common.fleet import EndpointInfo, EndpointStats
-from common.models import JobSpec, Result
-from common.store import Commit
+from common.models import JobSpec
 from worker.backend import Backend
-from worker.batch import BatchRunner, Tally
+from worker.batch import BatchRunner
+from worker.batchpath import BatchPath
 from worker.cache import AnswerCache
-from worker.circuit import Circuit, GiveUp
+from worker.circuit import Circuit
 from worker.context import DrainContext
-from worker.deliveries import Decoded, Triage, dead_letters, decode_deliveries
 from worker.figures import EndpointFigures
-from worker.inflight import Cancelled, InFlight, Request
-from worker.intake import Delivery, Intake, Taken, service_order
+from worker.inflight import InFlight
+from worker.intake import Intake, Taken, service_order
 from worker.lookout import Lookout
 from worker.probe import probe_endpoint
 from worker.served import ServedModels
@@ -46,11 +40,6 @@ from worker.window import ADAPT_START, Window, follow_load
 __all__ = ["EndpointDrainer"]
 
 log = logging.getLogger("swarm.worker")
-
-
-class _Dropped(Exception):
-    """A batch's request was cancelled on purpose (see :class:`~worker.inflight.Cancelled`):
-    its batch is released, nothing to commit."""
 
 
 # How long a slot rests while another looks for work (a safety net: the lookout wakes it).
@@ -84,6 +73,20 @@ class EndpointDrainer:
         self._burst_done = False  # burst mode: no work left for this endpoint (_nothing_left)
         # While there is no work, one slot polls for it and the others rest.
         self.lookout = Lookout(rest_s=LOOKOUT_REST_S)
+        # Where each batch taken goes: the cache, the request, the commit.
+        self.path = BatchPath(
+            engine,
+            client,
+            consumer=self.consumer,
+            served=self.served,
+            circuit=self.circuit,
+            runner=self.runner,
+            cache=self.cache,
+            intake=self.intake,
+            figures=self.figures,
+            inflight=self.inflight,
+            backoff=self._backoff,
+        )
 
     @property
     def label(self) -> str:
@@ -101,11 +104,6 @@ class EndpointDrainer:
 
     def reclaim_soon(self, job: str) -> None:
         self.intake.reclaim_soon(job)
-
-    def _count(self, job: str, commit: Commit) -> None:
-        self.figures.count(job, commit.done, commit.failed, time.monotonic())
-        self.engine.touched.add(job)
-        self.engine.metrics.committed(job, self.client.label, commit)
 
     def info(self, now: float) -> EndpointInfo:
         """This endpoint's row in the fleet registry."""
@@ -249,7 +247,7 @@ class EndpointDrainer:
             return False
         if got is None:
             return False
-        await self.process(got.spec, got.deliveries, copy=got.copy)
+        await self.path.process(got.spec, got.deliveries, copy=got.copy)
         return True
 
     # -- taking work --------------------------------------------------------------------
@@ -269,213 +267,12 @@ class EndpointDrainer:
         self._rr += 1
         return await self.intake.next([specs[j] for j in jobs], block_ms, idle=not self.inflight)
 
-    # -- doing work ---------------------------------------------------------------------
-
-    async def process(
-        self, spec: JobSpec, deliveries: list[Delivery], *, copy: bool = False
-    ) -> None:
-        """Finish one batch of ``spec``'s job, each entry by how many workers died running it
-        (see :class:`~worker.deliveries.Triage`). A release (a failing endpoint, a model not
-        served) or a restart taking back its own batches is no death: only a run that never
-        finished is. A speculative ``copy`` runs like any batch: the heartbeat and a release act
-        only on entries this consumer holds, so on a copy they do nothing. Every write carries
-        the generation of ``spec``: if the job is gone (deleted, lost, queued again under its
-        name), the batch is dropped and the engine told, once."""
-        job = spec.job
-        sorted_ = Triage(deliveries, self.settings.max_deliveries)
-        ids = [eid for eid, _, _ in deliveries]
-        # Everything taken stays ours until done: refreshed claims, and never restarted by a
-        # sibling slot's reclaim while it waits for its turn here.
-        heartbeat = asyncio.create_task(self._keep_claimed(spec, ids))
-        self.intake.in_hand.update(ids)
-        self.figures.job(job, time.monotonic())  # its rate counts from its first batch
-        try:
-            if sorted_.dead:
-                await self._dead_letter(spec, sorted_.dead)
-            if sorted_.fresh:
-                await self._run_batch(spec, sorted_.fresh, copy=copy)
-            for suspect in sorted_.suspects:
-                await self._run_batch(spec, [suspect])
-        except JobGoneError as exc:
-            # Entries read under a stale spec belong to the job that holds the name now: this
-            # consumer takes them back once the engine has read that job.
-            self.engine.job_gone(exc, spec)
-            self.intake.look_again()
-        except BadRecordError as exc:
-            # A key of the job holds another tool's value: its entries stay pending here,
-            # taken back if the job is read again; no other job waits on it.
-            self.engine.unreadable(exc)
-            self.intake.look_again()
-        finally:
-            heartbeat.cancel()
-            self.intake.in_hand.difference_update(ids)
-
-    async def _dead_letter(self, spec: JobSpec, dead: list[Delivery]) -> None:
-        results = dead_letters(dead, self.client.label)
-        commit = await self._commit(spec, results)
-        self.figures.dead_lettered += commit.failed
-        self._count(spec.job, commit)
-        log.warning(
-            "%s: dead-lettered %d entries of job %s", self.client.label, len(dead), spec.job
-        )
-
-    async def _run_batch(
-        self, spec: JobSpec, deliveries: list[Delivery], *, copy: bool = False
-    ) -> None:
-        """Complete one batch and commit it, in steps: answers from the cache, the request for
-        the rest, the commit, the answers kept. On giving up, the batch is released to other
-        workers. A ``copy`` is not marked as running (its run is no entry's death) and
-        preempts nothing."""
-        ids = [eid for eid, _, _ in deliveries]
-        items, results = decode_deliveries(deliveries, self.client.label)
-        validator = self.engine.validator(spec)
-        keys: list[str | None] = []  # the cache's keys of the answers to come, if it is used
-        if items and spec.cache:
-            hits, items, keys = await self.cache.answered(spec, items)
-            results += [(e, validator.checked(r) if validator else r, p) for e, r, p in hits]
-        tally = Tally()
-        sent: list[Result] = []
-        if items:
-            try:
-                sent = await self._send(spec, deliveries, items, tally, copy=copy)
-            except (GiveUp, EndpointUnusable, ModelNotServed) as exc:
-                cause = exc.cause if isinstance(exc, GiveUp) else exc
-                await self._release(spec, ids, cause, self.served.model_for(spec))
-                return
-            except _Dropped:
-                return
-            if validator is not None:
-                sent = [validator.checked(r) for r in sent]
-            results += [(eid, r, payload) for (eid, payload, _), r in zip(items, sent, strict=True)]
-        # Shielded: once results exist, finishing the (atomic) commit beats redoing them.
-        commit = await self._commit(spec, results, tally.prompt_tokens, tally.completion_tokens)
-        self._count(spec.job, commit)
-        if keys and sent:
-            await self.cache.keep(keys, sent)
-        if copy:
-            self.figures.copied += len(ids)
-            self.figures.copies_won += commit.done + commit.failed
-
-    async def _send(
-        self,
-        spec: JobSpec,
-        deliveries: list[Delivery],
-        items: list[Decoded],
-        tally: Tally,
-        *,
-        copy: bool,
-    ) -> list[Result]:
-        """The endpoint's results for ``items``, in order: marked running (unless a copy),
-        a lower batch preempted, then one request. :class:`_Dropped` when it was cancelled on
-        purpose (preempted, or its job is over): its batch is released, no death."""
-        job, gen = spec.job, spec.generation
-        request: Request | None = None
-        try:
-            if not copy:
-                deaths = {eid: n for eid, _, n in deliveries}
-                await self.store.start(job, {eid: deaths[eid] for eid, _, _ in items}, gen=gen)
-                self.inflight.preempt_below(spec.priority, job, self.engine.shares.get(job, 0))
-            model = self.served.model_for(spec)
-            if model is None:
-                raise ModelNotServed(self.client.label, "serves no model")
-            self.figures.job(job, time.monotonic()).model = model
-            request = self.inflight.start(
-                self.runner.run(spec, [it for _, _, it in items], model, tally), spec.priority, job
-            )
-            return await request
-        except asyncio.CancelledError:
-            # Preempted by a batch of a more urgent job, its job over, or stopped past the
-            # grace period: the batch goes back, and its run is no death.
-            ids = [eid for eid, _, _ in deliveries]
-            with contextlib.suppress(StoreUnavailable, JobGoneError):
-                await asyncio.shield(self.store.release(job, self.consumer, ids, gen=gen))
-            why = self.inflight.why(request)
-            if why is None:
-                raise
-            if why is Cancelled.PREEMPTED:
-                self.figures.preempted += len(ids)
-            log.debug("%s: %s %d prompts of job %s", self.client.label, why, len(ids), job)
-            raise _Dropped from None
-        finally:
-            if request is not None:
-                self.inflight.remove(request)
-
     def abandon(self, job: str) -> None:
         """``job`` is over (finished, cancelled or gone): cut its requests still in flight
         short. Their answers could change nothing (each prompt has its result, or the job is
         no more), and a stalled endpoint's would hold its slots, and a burst worker, until
         the request timed out."""
         self.inflight.abandon(job)
-
-    async def _commit(
-        self,
-        spec: JobSpec,
-        results: list[tuple[bytes, Result, bytes | None]],
-        prompt_tokens: int = 0,
-        completion_tokens: int = 0,
-    ) -> Commit:
-        """Commit, retrying through a Redis outage: the results are computed and the commit is
-        idempotent (first write wins), so keeping them beats redoing the batch. Shielded, so a
-        cancellation does not cut a commit short either. :class:`JobGoneError` when the job is
-        no longer of ``spec``'s generation: nothing was written."""
-        attempt = 0
-        while True:
-            try:
-                return await asyncio.shield(
-                    self.store.commit(
-                        spec.job, results, prompt_tokens, completion_tokens, gen=spec.generation
-                    )
-                )
-            except StoreUnavailable as exc:
-                attempt += 1
-                log.warning(
-                    "%s: commit of %d results waits for Redis (%s)",
-                    self.client.label,
-                    len(results),
-                    exc,
-                )
-                await asyncio.sleep(self._backoff(attempt))
-
-    async def _keep_claimed(self, spec: JobSpec, ids: list[bytes]) -> None:
-        """Refresh our claim on a long batch so no other worker takes it as orphaned (a job
-        gone meanwhile has nothing left to claim: its batch learns so at its commit)."""
-        period = self.settings.claim_idle_ms / 3000
-        while True:
-            await asyncio.sleep(period)
-            with contextlib.suppress(StoreUnavailable, JobGoneError):
-                await self.store.touch(spec.job, self.consumer, ids, gen=spec.generation)
-
-    async def _release(
-        self, spec: JobSpec, ids: list[bytes], cause: EndpointError, model: str | None
-    ) -> None:
-        """Give up a batch: hand back the entries still ours, and record what the failure
-        says about the endpoint or the job's model."""
-        job = spec.job
-        with contextlib.suppress(StoreUnavailable):
-            await self.store.release(job, self.consumer, ids, gen=spec.generation)
-        self.engine.reclaim_soon(job)  # this worker's other endpoints take them at once
-        if isinstance(cause, ModelNotServed):
-            # The job's trouble, not the endpoint's: stop taking the job until the served
-            # models, re-read soon, say otherwise.
-            if self.served.refused(model):
-                log.warning(
-                    "%s: does not serve model %r (%s); job %s is left to endpoints that do",
-                    self.client.label,
-                    model,
-                    cause.message,
-                    job,
-                )
-            return
-        if isinstance(cause, EndpointUnusable):
-            self.circuit.broken = str(cause)
-            log.error(
-                "%s: endpoint unusable, no more work taken from it: %s", self.client.label, cause
-            )
-            return
-        log.warning(
-            "%s: released %d entries to other workers (%s)", self.client.label, len(ids), cause
-        )
-        self.circuit.trip(cause)
 
     async def _probe(self) -> None:
         await probe_endpoint(
