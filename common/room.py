@@ -76,16 +76,23 @@ class Room:
             if status.cancelled:
                 return
             unanswered = max(0, status.enqueued - status.done - status.failed)
+            # The answers' size is measured only when the estimate says to wait.
+            if self._fits(mem, unanswered, prompts, prompt_bytes):
+                return
             await self._measure()
-            budget = mem.maxmemory * SHARE
-            need = prompt_bytes + (unanswered + prompts) * self.answer_bytes
-            # With nothing of its own unanswered, the job only needs room for the chunk: else a
-            # chunk whose answers alone exceed the budget would never be queued.
-            if mem.used + need <= budget or (unanswered == 0 and mem.used + prompt_bytes <= budget):
+            if self._fits(mem, unanswered, prompts, prompt_bytes):
                 return
             self._say_waiting(mem, unanswered, prompt_bytes, prompts)
             await keep_alive()
             await asyncio.sleep(_POLL_S)
+
+    def _fits(self, mem: Memory, unanswered: int, prompts: int, prompt_bytes: int) -> bool:
+        """Whether the chunk and every answer to come fit within the budget. With nothing of
+        its own unanswered, the job only needs room for the chunk: else a chunk whose answers
+        alone exceed the budget would never be queued."""
+        budget = mem.maxmemory * SHARE
+        need = prompt_bytes + (unanswered + prompts) * self.answer_bytes
+        return mem.used + need <= budget or (unanswered == 0 and mem.used + prompt_bytes <= budget)
 
     async def _measure(self) -> None:
         """Replace the guess of an answer's size by the job's own, once it holds enough."""

@@ -22,7 +22,7 @@ from common.errors import ConfigError
 from common.models import encode_final
 from producer.formats import FORMATS, format_named
 from producer.outfile import collect_durably
-from producer.stream import collect, wait_final, wait_for_spec
+from producer.stream import collect, wait_final
 
 __all__ = ["EXIT_FAILED", "EXIT_INCOMPLETE", "main"]
 
@@ -122,13 +122,12 @@ async def _main(args: argparse.Namespace) -> int:
             line = fmt.line(await store.load_spec(job))
             report = await collect(store, job, sys.stdout.buffer, wait=args.wait, line=line)
         else:
-            spec = await wait_for_spec(store, job, wait=args.wait)
             try:
                 report = await collect_durably(
                     store,
                     job,
                     args.out,
-                    fmt.sink(args.out, spec),
+                    fmt.sink,
                     wait=args.wait,
                     progress=args.wait,
                     evict=args.evict,

@@ -93,5 +93,11 @@ async def collect_to_file(
     """Collect ``job`` into the lines file ``path`` (swarm-queue's JSON lines, or ``line``'s),
     durably: see :func:`producer.outfile.collect_durably`."""
     return await collect_durably(
-        store, job, path, LineSink(path, line), wait=wait, progress=progress, evict=evict
+        store,
+        job,
+        path,
+        lambda path, _spec: LineSink(path, line),
+        wait=wait,
+        progress=progress,
+        evict=evict,
     )

@@ -17,15 +17,15 @@ import fcntl
 import os
 import socket
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Protocol
 
 import msgspec
 
 from common.errors import ConfigError
-from common.models import Result
+from common.models import JobSpec, Result
 from common.store import JobStore
-from producer.stream import CollectReport, check_kept, collect_into, wait_for_job
+from producer.stream import CollectReport, check_kept, collect_into, wait_for_spec
 
 __all__ = [
     "Cursor",
@@ -202,17 +202,19 @@ async def collect_durably(
     store: JobStore,
     job: str,
     path: str,
-    sink: Sink,
+    make_sink: Callable[[str, JobSpec], Sink],
     *,
     wait: bool,
     progress: bool,
     evict: bool = False,
 ) -> CollectReport:
-    """Collect ``job`` into ``sink``'s output at ``path``, resuming from its durable cursor
-    after an interrupted run. ``evict`` deletes results from Redis once the output holds them
-    durably: the output becomes the only copy, and Redis memory stays bounded on a huge job."""
+    """Collect ``job`` into the output at ``path`` that ``make_sink(path, spec)`` writes,
+    resuming from its durable cursor after an interrupted run. ``evict`` deletes results from
+    Redis once the output holds them durably: the output becomes the only copy, and Redis
+    memory stays bounded on a huge job."""
     with output_lock(path):
-        gen = await wait_for_job(store, job, wait, poll_s=0.5)
+        spec = await wait_for_spec(store, job, wait=wait)
+        gen, sink = spec.generation, make_sink(path, spec)
         cursors, cursor = claim_output(path, job, gen, present=sink.present())
         if cursor is not None and cursor.complete:
             return already_complete(job, path, cursor)

@@ -219,5 +219,11 @@ async def collect_to_parquet(
     """Collect ``job`` into the Parquet directory ``path``, durably (see
     :func:`producer.outfile.collect_durably`)."""
     return await collect_durably(
-        store, job, path, ParquetSink(path), wait=wait, progress=progress, evict=evict
+        store,
+        job,
+        path,
+        lambda path, _spec: ParquetSink(path),
+        wait=wait,
+        progress=progress,
+        evict=evict,
     )

@@ -55,16 +55,11 @@ async def test_csv_rows_hold_what_the_json_lines_hold_and_a_rerun_resumes(
     gen = await gen_of(store)
     await store.commit("j", [(got[i][0], _result(i), None) for i in range(25)], gen=gen)
     out = str(tmp_path / "j.csv")
-    job_spec = await store.load_spec("j")
 
-    first = await collect_durably(
-        store, "j", out, FORMATS["csv"].sink(out, job_spec), wait=False, progress=False
-    )
+    first = await collect_durably(store, "j", out, FORMATS["csv"].sink, wait=False, progress=False)
     assert (first.written, first.complete) == (25, False)
     await store.commit("j", [(got[i][0], _result(i), None) for i in range(25, n)], gen=gen)
-    second = await collect_durably(
-        store, "j", out, FORMATS["csv"].sink(out, job_spec), wait=False, progress=False
-    )
+    second = await collect_durably(store, "j", out, FORMATS["csv"].sink, wait=False, progress=False)
     assert (second.start, second.written, second.complete) == (25, 15, True)
 
     rows = _rows(out)

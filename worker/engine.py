@@ -88,7 +88,6 @@ class Engine:
         self.jobs: dict[str, JobSpec] = {}
         # Per urgent job, the batches one endpoint may start by preemption (see _fair_shares).
         self.shares: dict[str, int] = {}
-        self._unreadable: set[str] = set()  # jobs whose spec cannot be read, logged once
         self._gone: set[tuple[str, str]] = set()  # (job, generation) found gone, logged once
         self._refreshed_at = -math.inf
         self._refresh_lock = asyncio.Lock()
@@ -160,9 +159,7 @@ class Engine:
         except JobNotFoundError:
             return  # registered but its spec is gone (deleted meanwhile)
         except BadRecordError as exc:
-            if name not in self._unreadable:
-                self._unreadable.add(name)
-                log.error("skipping job %s: %s", name, exc)
+            self.store.warn_once(f"job {name}", str(exc))
             return
         self.jobs[name] = spec
         log.info("serving job %s", name)
