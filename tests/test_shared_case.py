@@ -1,10 +1,12 @@
-"""The shared case of issue 21: on one fleet and one Redis, a job answered partly from the
-response cache, a plain job, and a job deleted mid-run and queued again under its name with
-another input, with Redis restarted in the middle. No output holds a wrong answer, and every
-job's counts equal its total. Real processes throughout."""
+"""The shared case of issue 21: on one fleet of two models and one Redis, a job answered partly
+from the response cache, a plain job, a job for the other model, and a job deleted mid-run and
+queued again under its name with another input, one endpoint unusable (a wrong key), with Redis
+restarted in the middle. No output holds a wrong answer or another model's, and every job's
+counts equal its total. Real processes throughout."""
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import subprocess
 from pathlib import Path
@@ -16,7 +18,7 @@ import redis
 from common.embedded import EmbeddedRedis
 from common.keys import Keys
 from sim.text import completion_for
-from tests.harness import MAX_TOKENS, Fleet, FleetFactory, command
+from tests.harness import MAX_TOKENS, Fleet, FleetFactory, command, wrong_key_endpoint
 from tests.helpers import wait_until
 
 
@@ -40,18 +42,21 @@ def _enqueue(fleet: Fleet, path: Path, job: str, *args: str) -> None:
 
 
 @pytest.mark.slow
-def test_a_cached_a_plain_and_a_requeued_job_through_a_redis_restart_get_only_right_answers(
+def test_jobs_of_two_models_a_broken_endpoint_a_requeued_job_and_a_redis_restart(
     fleet_factory: FleetFactory, tmp_path: Path
 ) -> None:
     workdir = tmp_path / "redis"
     workdir.mkdir()
     server = EmbeddedRedis(appendonly=True, workdir=str(workdir)).start()
+    stack = contextlib.ExitStack()
     try:
-        fleet = fleet_factory(2, "--model", "m,m", url=server.url)
+        # Ports 0 and 1 serve model m, port 2 model n; and a wrong-key endpoint beside port 0.
+        fleet = fleet_factory(3, "--model", "m,m,n", url=server.url)
         keys = Keys(fleet.prefix)
         cache_args = ("--model", "m", "--cache", "--temperature", "0")
         cached_in = _questions("cached", 4000)
         plain_in = _questions("plain", 6000)
+        other_in = _questions("other", 2000)
         old_in, new_in = _questions("old", 3000), _questions("new", 3000)
 
         # Yesterday's job kept the answers to the first 1,000 of today's cached questions.
@@ -60,19 +65,22 @@ def test_a_cached_a_plain_and_a_requeued_job_through_a_redis_restart_get_only_ri
         assert warm.wait(timeout=120) == 0
 
         _enqueue(fleet, _write(tmp_path / "cached.txt", cached_in), "cached", *cache_args)
-        _enqueue(fleet, _write(tmp_path / "plain.txt", plain_in), "plain")
-        _enqueue(fleet, _write(tmp_path / "reused.txt", old_in), "reused")
-        workers = [fleet.worker("w1", [0], burst=False), fleet.worker("w2", [1], burst=False)]
+        _enqueue(fleet, _write(tmp_path / "plain.txt", plain_in), "plain", "--model", "m")
+        _enqueue(fleet, _write(tmp_path / "other.txt", other_in), "other", "--model", "n")
+        _enqueue(fleet, _write(tmp_path / "reused.txt", old_in), "reused", "--model", "m")
+        locked = stack.enter_context(wrong_key_endpoint())
+        broken = fleet.worker("w1", [0], burst=False, SWARM_ENDPOINTS=f"{fleet.url(0)},{locked}")
+        healthy = fleet.worker("w2", [1, 2], burst=False)
         wait_until("the reused job under way", lambda: fleet.done("reused") >= 300)
 
         # The reused job is deleted with batches in flight and queued again with new input.
         fleet.sim.send_signal(signal.SIGSTOP)
         try:
             _cmd(fleet, "swarm-jobs", "--delete", "reused", "--force")
-            _enqueue(fleet, _write(tmp_path / "new.txt", new_in), "reused")
+            _enqueue(fleet, _write(tmp_path / "new.txt", new_in), "reused", "--model", "m")
         finally:
             fleet.sim.send_signal(signal.SIGCONT)
-        collectors = {job: fleet.collect(job) for job in ("cached", "plain", "reused")}
+        collectors = {job: fleet.collect(job) for job in ("cached", "plain", "other", "reused")}
 
         # Redis restarts mid-run (AOF on, the same data back).
         wait_until("work after the requeue", lambda: fleet.done("plain") >= 1000)
@@ -82,15 +90,21 @@ def test_a_cached_a_plain_and_a_requeued_job_through_a_redis_restart_get_only_ri
         for job, collector in collectors.items():
             _, err = collector.communicate(timeout=300)
             assert collector.returncode == 0, (job, err)
-        for w in workers:
+        for w in (broken, healthy):
             w.terminate()
-            assert w.wait(timeout=60) == 0
+        # The worker with the wrong-key endpoint served all along with its other one, and
+        # says on exit that one of its endpoints was unusable.
+        assert broken.wait(timeout=60) == 1
+        assert "endpoint unusable" in fleet.logs[1].read_text()
+        assert healthy.wait(timeout=60) == 0
         with redis.Redis.from_url(server.url) as client:
-            metas = {j: client.hgetall(keys.meta(j)) for j in ("cached", "plain", "reused")}
+            metas = {j: client.hgetall(keys.meta(j)) for j in collectors}
     finally:
+        stack.close()
         server.close()
 
-    for job, prompts in (("cached", cached_in), ("plain", plain_in), ("reused", new_in)):
+    jobs = {"cached": cached_in, "plain": plain_in, "other": other_in, "reused": new_in}
+    for job, prompts in jobs.items():
         lines = [
             msgspec.json.decode(x)
             for x in (tmp_path / f"{job}.jsonl").read_bytes().split(b"\n")
@@ -104,6 +118,7 @@ def test_a_cached_a_plain_and_a_requeued_job_through_a_redis_restart_get_only_ri
             or x["text"] != completion_for(prompts[x["index"]], MAX_TOKENS)[0]
         ]
         assert wrong == [], (job, wrong[:10])
+        assert {x["model"] for x in lines} == {"n" if job == "other" else "m"}, job
         meta = metas[job]
         done, failed = int(meta[b"done"]), int(meta.get(b"failed", 0))
         assert (done, failed) == (len(prompts), 0), job
