@@ -35,6 +35,8 @@ _MEASURE_FROM = 64
 _MARGIN = 1.25
 _POLL_S = 0.25
 _SAY_EVERY_S = 60.0
+# A Redis without maxmemory: how long before INFO is read again (not at every chunk).
+_UNLIMITED_RECHECK_S = 5.0
 
 
 def _mib(n: float) -> str:
@@ -53,6 +55,7 @@ class Room:
             (spec.params.max_tokens or _DEFAULT_MAX_TOKENS) * _BYTES_PER_TOKEN + _RESULT_OVERHEAD
         )
         self._said_at = -math.inf
+        self._unlimited_until = -math.inf
         self._policy_said = False
 
     async def wait(
@@ -64,10 +67,14 @@ class Room:
         """Return once ``prompts`` more prompts of ``size()`` bytes (measured only under a
         maxmemory) leave room for every answer of the job to come; ``keep_alive`` is called
         while waiting (the producer's lock)."""
+        if time.monotonic() < self._unlimited_until:
+            return
         prompt_bytes = -1
         while True:
             mem = await self.store.memory(self.job)
             if not mem.maxmemory:
+                # No limit: asked again only now and then (an operator may set one).
+                self._unlimited_until = time.monotonic() + _UNLIMITED_RECHECK_S
                 return
             if prompt_bytes < 0:
                 prompt_bytes = size()

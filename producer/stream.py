@@ -136,7 +136,7 @@ async def follow(
             if len(chunk) == ask:
                 ask = CHUNK
                 continue
-            status = await store.status(job)
+            status = await store.status(job, rate=False)
             if status.generation != generation:
                 raise JobGoneError(job)
             check_kept(status, cursor)

@@ -87,7 +87,9 @@ def _job_status(job: str, meta: dict[str, str], in_flight: int, now: float) -> J
 class Status(StoreBase):
     """Progress and per-endpoint figures, written by workers and read by the commands."""
 
-    async def status(self, job: str) -> JobStatus:
+    async def status(self, job: str, *, rate: bool = True) -> JobStatus:
+        """The job's progress; its rate (which asks Redis's clock of a job still running)
+        only with ``rate``: a collector polling between its chunks needs none."""
         meta_key, stream = self.keys.meta(job), self.keys.stream(job)
         async with redis_errors(self.url, job):
             raw = await self.redis.hgetall(meta_key)
@@ -97,9 +99,8 @@ class Status(StoreBase):
                 f"no job named {job!r} in this Redis (prefix {self.keys.prefix!r})"
             )
         meta = {k.decode(): v.decode() for k, v in raw.items() if k != Meta.SPEC.encode()}
-        # Redis's now only for a rate still running (a collector asks between its chunks).
         running = Meta.FIRST_RESULT_S in meta and Meta.FINISHED_S not in meta
-        now = await self.server_time() if running else 0.0
+        now = await self.server_time() if rate and running else 0.0
         return _job_status(job, meta, int(backlog[0]), now)
 
     async def bad_keys(self, job: str) -> list[str]:
