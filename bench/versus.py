@@ -145,7 +145,7 @@ def with_section(text: str, section: str) -> str:
     start = text.find(TITLE)
     if start >= 0:
         end = text.find("\n## ", start + 1)
-        return text[:start] + section + text[end + 1 if end >= 0 else len(text) :]
+        return text[:start] + section + "\n" + text[end + 1 if end >= 0 else len(text) :]
     at = text.find("## Defaults, and why")
     return text[:at] + section + "\n" + text[at:] if at >= 0 else text + "\n" + section
 
