@@ -6,7 +6,8 @@ COPY common common
 COPY producer producer
 COPY worker worker
 COPY sim sim
-RUN pip install --no-cache-dir .
+COPY flows flows
+RUN pip install --no-cache-dir ".[uq]"
 # Never run as root inside the container.
 RUN useradd --create-home swarm
 USER swarm

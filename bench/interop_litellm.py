@@ -158,8 +158,8 @@ def main() -> int:
             for proc in procs:
                 proc.terminate()
                 proc.wait(timeout=30)
-            for fh in logs:
-                fh.close()
+            for handle in logs:
+                handle.close()
     prompts = [
         json.loads(line)["prompt"] for line in (OUT / "prompts.jsonl").read_text().splitlines()
     ]

@@ -19,13 +19,14 @@ import platform
 import signal
 import statistics
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import redis.asyncio as aioredis
 
+from bench.agents import TITLE as AGENTS_TITLE
 from bench.baselines import arq_one_job_per_prompt, naive_gather, static_round_robin
 from bench.capacity import plot_capacity
 from bench.fleetscale import fleet_scale_scenario
@@ -51,9 +52,11 @@ from bench.harness import (
     run_swarm,
     urgent_job_time,
 )
+from bench.pipeline import TITLE as PIPELINE_TITLE
 from bench.rows import Row, Scenario
 from bench.startup import startup_scenario
 from bench.strict import strict_scenario
+from bench.versus import TITLE as VERSUS_TITLE
 from bench.versus import carried_over, with_section
 from common.models import JobSpec, SamplingParams
 from common.settings import Settings
@@ -150,7 +153,7 @@ async def fleet_scenario(
         sc.series = run.series
     finally:
         fleet.stop()
-    baselines: dict[str, Callable[[list[str]], Awaitable[tuple[float, int]]]] = {
+    baselines: dict[str, Callable[[list[str]], Coroutine[Any, Any, tuple[float, int]]]] = {
         "static round-robin": lambda urls: static_round_robin(urls, prompts, max_tokens),
         "naive gather": lambda urls: naive_gather(urls, prompts, max_tokens),
         "arq, one job per prompt": lambda urls: arq_one_job_per_prompt(
@@ -813,8 +816,13 @@ def main() -> None:
             path.write_text(update_report(path.read_text(), scenarios, command))
         else:
             text = report(scenarios, "python -m bench.run", elapsed)
-            kept = carried_over(path.read_text()) if path.exists() else None
-            path.write_text(with_section(text, kept) if kept else text)
+            old = path.read_text() if path.exists() else ""
+            # Sections measured by commands of their own (versus, pipeline, agents) stay.
+            for title in (VERSUS_TITLE, PIPELINE_TITLE, AGENTS_TITLE):
+                kept = carried_over(old, title)
+                if kept:
+                    text = with_section(text, kept, title)
+            path.write_text(text)
 
 
 if __name__ == "__main__":

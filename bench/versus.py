@@ -139,10 +139,11 @@ def _section(table: str, command: str) -> str:
     )
 
 
-def with_section(text: str, section: str) -> str:
-    """``text`` (docs/BENCHMARKS.md) with this comparison's section replaced, or added before
-    the defaults note. A full ``bench.run`` carries it over (see ``carried_over``)."""
-    start = text.find(TITLE)
+def with_section(text: str, section: str, title: str = TITLE) -> str:
+    """``text`` (docs/BENCHMARKS.md) with the section ``title`` (this comparison's by
+    default) replaced, or added before the defaults note. A full ``bench.run`` carries such
+    sections over (see ``carried_over``)."""
+    start = text.find(title)
     if start >= 0:
         end = text.find("\n## ", start + 1)
         return text[:start] + section + "\n" + text[end + 1 if end >= 0 else len(text) :]
@@ -150,9 +151,9 @@ def with_section(text: str, section: str) -> str:
     return text[:at] + section + "\n" + text[at:] if at >= 0 else text + "\n" + section
 
 
-def carried_over(old: str) -> str | None:
-    """The comparison's section of an earlier report, if it has one."""
-    start = old.find(TITLE)
+def carried_over(old: str, title: str = TITLE) -> str | None:
+    """The section ``title`` (this comparison's by default) of an earlier report, if any."""
+    start = old.find(title)
     if start < 0:
         return None
     end = old.find("\n## ", start + 1)

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Coroutine
 from typing import Any
 
 from common.errors import ConfigError, InputError, JobConflictError, JobNotFoundError, SwarmError
-from common.keys import validate_job_name
+from common.keys import parse_stage
 from common.settings import Settings
 from common.store import JobStore
 
@@ -48,9 +48,11 @@ async def open_job_store(
     args: argparse.Namespace, *, patient: bool = True
 ) -> AsyncIterator[tuple[str, JobStore]]:
     """``(job, store)`` for a command working on ``args.job``: settings parsed, the job name
-    validated, the store closed on the way out (see :func:`common.store.connect` for patience)."""
+    validated (a user's, or a job of a workflow: ``job:s1``, a pipeline's step), the store
+    closed on the way out (see :func:`common.store.connect` for patience)."""
     settings = settings_from_args(args)
-    job = validate_job_name(args.job)
+    job = args.job
+    parse_stage(job)
     store = JobStore.from_settings(settings, patient=patient)
     try:
         yield job, store

@@ -14,7 +14,8 @@ import msgspec
 from common.cache import check_cache_spec
 from common.errors import ConfigError
 from common.keys import validate_job_name
-from common.models import JobSpec, ReduceSpec, SamplingParams
+from common.models import JobSpec, PerPrompt, ReduceSpec, SamplingParams
+from common.perprompt import PER_PROMPT_KINDS
 from common.schema import AnswerValidator
 
 __all__ = ["JobOptions", "build_spec", "options_from"]
@@ -30,9 +31,17 @@ class JobOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     top_p: float | None = None
     stop: list[str] | None = None
     seed: int | None = None
+    # Answers sampled per prompt (vLLM's n), and what is made of them per prompt (a kind of
+    # common.perprompt; the uncertainty measures embed the samples with per_prompt_model).
+    samples: int = 1
+    per_prompt: str | None = None
+    per_prompt_model: str | None = None
+    similarity: float = 0.9
     response_format: dict[str, object] | None = None
     structured_outputs: dict[str, object] | None = None
     chat: bool = False
+    # Embed each prompt (/v1/embeddings) instead of generating an answer.
+    embed: bool = False
     # The text each prompt is put into, at {prompt} (a chat template written out).
     template: str | None = None
     # A JSON Schema every answer must match.
@@ -53,6 +62,50 @@ def options_from(settings: Mapping[str, Any]) -> JobOptions:
         raise ConfigError(f"job settings: {exc}") from None
 
 
+# The settings an embeddings job cannot have: they shape a generated answer, which it has none of.
+_NOT_FOR_EMBED = ("chat", "schema", "response_format", "structured_outputs", "stop", "reduce")
+
+
+def _check_embed(options: JobOptions) -> None:
+    given = [name for name in _NOT_FOR_EMBED if getattr(options, name)]
+    if given:
+        raise ConfigError(
+            f"an embeddings job (embed) has no {', '.join(given)}: it generates no text"
+        )
+    if options.cache or options.cache_sampled or options.cache_refresh:
+        raise ConfigError("the response cache keeps generated answers only, not embeddings")
+    if options.samples != 1:
+        raise ConfigError("an embeddings job (embed) has one vector a prompt: no samples")
+
+
+def _per_prompt(options: JobOptions) -> PerPrompt | None:
+    """The per-prompt reduce asked for, checked against the samples it needs."""
+    if options.per_prompt is None:
+        if options.per_prompt_model is not None:
+            raise ConfigError(
+                "per_prompt_model is for --per-prompt semantic-entropy or kernel-entropy"
+            )
+        return None
+    kind = PER_PROMPT_KINDS.get(options.per_prompt)
+    if kind is None:
+        raise ConfigError(
+            f"unknown per-prompt reduce {options.per_prompt!r}: use one of "
+            + ", ".join(PER_PROMPT_KINDS)
+        )
+    if options.samples < 2:
+        raise ConfigError(f"--per-prompt {options.per_prompt} needs --samples 2 or more")
+    if kind.embeddings and options.per_prompt_model is None:
+        raise ConfigError(
+            f"--per-prompt {options.per_prompt} embeds the samples: name the embeddings model "
+            "(--per-prompt-model)"
+        )
+    if not 0 < options.similarity <= 1:
+        raise ConfigError(f"similarity must be in (0, 1], got {options.similarity}")
+    return PerPrompt(
+        kind=options.per_prompt, model=options.per_prompt_model, similarity=options.similarity
+    )
+
+
 def build_spec(
     job: str, options: JobOptions, *, source: str, created_s: float = 0.0
 ) -> tuple[JobSpec, list[str]]:
@@ -63,6 +116,9 @@ def build_spec(
         raise ConfigError(f"max_tokens must be >= 1, got {options.max_tokens}")
     if options.template is not None and "{prompt}" not in options.template:
         raise ConfigError("the template has no {prompt} to fill in")
+    if options.embed:
+        _check_embed(options)
+    per_prompt = _per_prompt(options)
     if options.schema is not None:
         AnswerValidator(options.schema)  # refuses what it cannot check, before anything is queued
     try:
@@ -74,6 +130,7 @@ def build_spec(
             seed=options.seed,
             response_format=options.response_format,
             structured_outputs=options.structured_outputs,
+            n=options.samples if options.samples != 1 else None,
         )
     except msgspec.ValidationError as exc:
         raise ConfigError(str(exc)) from None
@@ -86,11 +143,15 @@ def build_spec(
         reduce=options.reduce,
         schema=options.schema,
         chat=options.chat,
+        embed=options.embed,
+        per_prompt=per_prompt,
         template=options.template,
         priority=options.priority,
         cache=options.cache or options.cache_sampled or options.cache_refresh,
         cache_sampled=options.cache_sampled,
         cache_refresh=options.cache_refresh,
     )
+    if options.samples != 1 and spec.cache:
+        raise ConfigError("the response cache keeps one answer a prompt: not with --samples")
     warning = check_cache_spec(spec)  # ConfigError for a cached job without a model
     return spec, [warning] if warning is not None else []

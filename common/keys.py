@@ -5,7 +5,9 @@ one Redis Cluster slot and the multi-key Lua commit can touch its stream, result
 together. Job names are validated so that no name can reach another job's keys or a global key.
 
 A job's reduce stages are jobs of their own to the workers, named ``job:r1``, ``job:r2``...
-(see :func:`stage_name`); their keys sit under the parent's hash tag, ``swarm:{job}:r1:q``, so
+(see :func:`stage_name`), and so are the later steps of a pipeline, ``job:s1``, ``job:s2``...
+(see :func:`step_name`), and the rounds of a blackboard, ``board:b1``... (see
+:func:`round_name`); their keys sit under the parent's hash tag, ``swarm:{job}:r1:q``, so
 the whole job, stages included, stays in one slot. Users cannot name a job with a ``:``.
 """
 
@@ -18,23 +20,32 @@ from common.errors import ConfigError, JobNameError
 __all__ = [
     "DEFAULT_PREFIX",
     "GROUP",
+    "PUMP_GROUP",
     "Keys",
     "parse_stage",
+    "round_name",
     "stage_name",
+    "step_name",
+    "step_of",
     "validate_job_name",
 ]
 
 DEFAULT_PREFIX = "swarm"
 # The consumer group every worker of every job reads through.
 GROUP = "workers"
+# The consumer group of a pipeline step's ``landed`` stream, read by the pumps that feed the
+# next step (see flows/pipeline).
+PUMP_GROUP = "pump"
 
 # The hash tag of arq's keys: the slot of arq's own fixed key ``arq:abort`` (see arq_queue).
 ARQ_TAG = "{arq:abort}"
 # The hash tag of the response cache: '~' is in no job name, so no job shares its keys.
 CACHE_TAG = "{~cache}"
+# The hash tag of the tool calls agents share across jobs (their claims and answers).
+TOOLS_TAG = "{~tools}"
 
 _JOB_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
-_STAGE_RE = re.compile(r"r[1-9][0-9]{0,3}")
+_STAGE_RE = re.compile(r"[rsb][1-9][0-9]{0,3}")
 _PREFIX_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
@@ -53,20 +64,48 @@ def validate_job_name(job: str) -> str:
 
 
 def stage_name(job: str, level: int) -> str:
-    """The name of ``job``'s reduce stage ``level`` (level 0 is the job itself)."""
+    """The name of ``job``'s reduce stage ``level`` (level 0 is the job itself, which may be
+    a pipeline's last step: its reduce has no further levels)."""
+    if level == 0:
+        parse_stage(job)
+        return job
     validate_job_name(job)
-    return job if level == 0 else f"{job}:r{level}"
+    return f"{job}:r{level}"
+
+
+def step_name(job: str, step: int) -> str:
+    """The name of pipeline ``job``'s step ``step`` (step 0 is the job itself)."""
+    validate_job_name(job)
+    return job if step == 0 else f"{job}:s{step}"
+
+
+def round_name(board: str, n: int) -> str:
+    """The job of round ``n`` (from 1) of blackboard ``board``."""
+    validate_job_name(board)
+    if not 1 <= n <= 9999:
+        raise ConfigError(f"a blackboard has rounds 1..9999, not {n}")
+    return f"{board}:b{n}"
+
+
+def step_of(name: str) -> tuple[str, int] | None:
+    """``(job, step)`` of a later step's (or agent turn's) name, ``job:s2``; None for any
+    other name."""
+    job, sep, stage = name.partition(":")
+    if not sep or not stage.startswith("s") or not stage[1:].isdigit():
+        return None
+    return job, int(stage[1:])
 
 
 def parse_stage(name: str) -> tuple[str, int]:
-    """``(job, level)`` of a job or stage name; raises :class:`JobNameError` if invalid."""
+    """``(job, level)`` of a job, reduce stage or pipeline step name (a step's reduce level is
+    0); raises :class:`JobNameError` if invalid."""
     job, sep, stage = name.partition(":")
     validate_job_name(job)
     if not sep:
         return job, 0
     if not _STAGE_RE.fullmatch(stage):
-        raise JobNameError(f"invalid stage name {name!r}: expected JOB:rN")
-    return job, int(stage[1:])
+        raise JobNameError(f"invalid stage name {name!r}: expected JOB:rN, JOB:sN or JOB:bN")
+    return job, int(stage[1:]) if stage[0] == "r" else 0
 
 
 class Keys:
@@ -80,9 +119,9 @@ class Keys:
         self.prefix = prefix
 
     def _job(self, job: str, part: str) -> str:
-        parent, level = parse_stage(job)
-        stage = f"r{level}:" if level else ""
-        return f"{self.prefix}:{{{parent}}}:{stage}{part}"
+        parse_stage(job)  # validates
+        parent, sep, stage = job.partition(":")
+        return f"{self.prefix}:{{{parent}}}:{stage + ':' if sep else ''}{part}"
 
     def stream(self, job: str) -> str:
         """The job's Redis Stream of queued prompts; entry ID ``0-(index+1)``."""
@@ -125,6 +164,46 @@ class Keys:
         what each drain loop did for the job, refreshed every few seconds."""
         return self._job(job, "endpoints")
 
+    def landed(self, job: str) -> str:
+        """Stream of a pipeline step's answers as they are committed (fields ``i``: index,
+        ``d``: the prompt's entry), read through :data:`PUMP_GROUP` by the pump that queues
+        them into the next step; trimmed as the pump acknowledges them."""
+        return self._job(job, "landed")
+
+    def fed(self, job: str) -> str:
+        """Hash on a pipeline step: the input index an item came from -> its index in this
+        step (items are numbered in the order their answers reached the step before)."""
+        return self._job(job, "fed")
+
+    def dropped(self, job: str) -> str:
+        """Hash on a pipeline step: input index -> why its item was not queued into this step
+        (its answer before failed the step's filter)."""
+        return self._job(job, "dropped")
+
+    def board(self, name: str) -> str:
+        """Hash of blackboard ``name``: ``round`` (rounds finished) and ``state`` (msgpack:
+        its sections and what each round wrote there)."""
+        return self._job(validate_job_name(name), "board")
+
+    def agents(self, job: str) -> str:
+        """Hash of an agent job: agent (input index) -> msgpack state (turns, tool calls,
+        tokens so far) while it runs."""
+        return self._job(job, "agents")
+
+    def agents_waiting(self, job: str) -> str:
+        """Hash of an agent job: agent -> the tool calls it waits on, and its conversation:
+        an agent here holds no slot of any endpoint."""
+        return self._job(job, "waiting")
+
+    def agents_done(self, job: str) -> str:
+        """Hash of an agent job: agent -> msgpack :class:`flows.agents.AgentResult`, written
+        once, when the agent has finished (answered, or failed with its reason)."""
+        return self._job(job, "done")
+
+    def agents_finished(self, job: str) -> str:
+        """Stream of an agent job: each agent as it finished (field ``a``), in that order."""
+        return self._job(job, "finished")
+
     def producer_lock(self, job: str) -> str:
         """String: ``host:pid`` of the swarm-enqueue writing the job, with a TTL."""
         return self._job(job, "lock")
@@ -163,6 +242,34 @@ class Keys:
         ``{arq:abort}``, which hashes exactly as the key ``arq:abort`` does."""
         return f"{ARQ_TAG}:{self.prefix}:arq:queue"
 
+    def tool_claim(self, key: str) -> str:
+        """String, with a TTL: held while one runner has the tool call ``key`` (a digest of
+        the tool and its arguments) in hand; who asks again meanwhile waits for its answer."""
+        return f"{self.prefix}:{TOOLS_TAG}:claim:{key}"
+
+    def tool_answer(self, key: str) -> str:
+        """String, with a TTL: the answer of the tool call ``key`` (msgpack
+        :class:`common.tools.ToolAnswer`), kept for its waiters, and as a cache if the tool
+        asks for one."""
+        return f"{self.prefix}:{TOOLS_TAG}:answer:{key}"
+
+    @property
+    def tool_stats(self) -> str:
+        """Hash: tool calls ``queued`` for a runner, ``shared`` (answered by a run another
+        asker started, or kept), and ``runs`` (what the runners ran), since Redis started."""
+        return f"{self.prefix}:{TOOLS_TAG}:stats"
+
+    @property
+    def tool_queue(self) -> str:
+        """arq's queue of tool calls, served by the tool runners (``swarm-tools``); under
+        arq's hash tag like :attr:`arq_queue`."""
+        return f"{ARQ_TAG}:{self.prefix}:tools:queue"
+
+    @property
+    def tool_health_check(self) -> str:
+        """String: what a live tool runner of this prefix writes every few seconds."""
+        return f"{self.tool_queue}:health-check"
+
     @property
     def arq_health_check(self) -> str:
         """String: what a live arq worker of this prefix writes every few seconds."""
@@ -171,7 +278,8 @@ class Keys:
     def advance_job_id(self, job: str, level: int) -> str:
         """The arq job ID of advancing ``job``'s reduce past stage ``level``: one per stage,
         so arq refuses a second while one is queued or running."""
-        return f"{ARQ_TAG}:{self.prefix}:{validate_job_name(job)}:advance:{level}"
+        parse_stage(job)
+        return f"{ARQ_TAG}:{self.prefix}:{job}:advance:{level}"
 
     def job_pattern(self, job: str) -> str:
         """A SCAN pattern matching every key of ``job``, its reduce stages' included."""

@@ -9,7 +9,9 @@ built once here and reused. New fields must get defaults so that old records sti
 from __future__ import annotations
 
 import math
+import sys
 import time
+from array import array
 from typing import Any
 
 import msgspec
@@ -19,16 +21,20 @@ from common.reducekinds import reduce_problem
 from common.vocab import FailureKind
 
 __all__ = [
+    "AgentSpec",
     "FailedPrompt",
     "JobSpec",
     "LevelInfo",
+    "Link",
     "Message",
     "OutputLine",
+    "PerPrompt",
     "PromptItem",
     "ReduceOutput",
     "ReduceSpec",
     "Result",
     "SamplingParams",
+    "ToolCall",
     "Usage",
     "decode_final",
     "decode_item",
@@ -37,9 +43,28 @@ __all__ = [
     "encode",
     "encode_final",
     "encode_json_line",
+    "pack_vector",
     "result_or_failure",
     "timestamp_s",
+    "unpack_vector",
 ]
+
+
+def pack_vector(values: list[float]) -> bytes:
+    """An embedding as Redis keeps it: float32, little-endian (4 bytes a dimension)."""
+    packed = array("f", values)
+    if sys.byteorder != "little":
+        packed.byteswap()
+    return packed.tobytes()
+
+
+def unpack_vector(data: bytes) -> list[float]:
+    """The floats of :func:`pack_vector`'s bytes."""
+    values = array("f")
+    values.frombytes(data)
+    if sys.byteorder != "little":
+        values.byteswap()
+    return values.tolist()
 
 
 def timestamp_s() -> float:
@@ -49,6 +74,8 @@ def timestamp_s() -> float:
 
 # The largest max_tokens accepted: far beyond any context, and within a 32-bit integer.
 MAX_TOKENS_LIMIT = 2**31 - 1
+# The most samples per prompt: a study's self-consistency runs 5 to 40.
+MAX_SAMPLES = 256
 
 
 class SamplingParams(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fields=False):
@@ -66,6 +93,8 @@ class SamplingParams(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unk
     seed: int | None = None
     response_format: dict[str, Any] | None = None
     structured_outputs: dict[str, Any] | None = None
+    # Samples per prompt (vLLM's ``n``; None: one).
+    n: int | None = None
 
     def __post_init__(self) -> None:
         # Refused here, with the value named, rather than by every request of the job (or
@@ -80,10 +109,20 @@ class SamplingParams(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unk
             raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.seed is not None and not -(2**63) <= self.seed < 2**63:
             raise ConfigError(f"seed must fit in 64 bits, got {self.seed}")
+        if self.n is not None and not 1 <= self.n <= MAX_SAMPLES:
+            raise ConfigError(f"samples must be 1..{MAX_SAMPLES}, got {self.n}")
 
     def extra(self) -> dict[str, Any]:
         """Every parameter besides ``max_tokens`` that is set, as request fields."""
-        names = ("temperature", "top_p", "stop", "seed", "response_format", "structured_outputs")
+        names = (
+            "temperature",
+            "top_p",
+            "stop",
+            "seed",
+            "response_format",
+            "structured_outputs",
+            "n",
+        )
         return {n: getattr(self, n) for n in names if getattr(self, n) is not None}
 
 
@@ -111,6 +150,42 @@ class ReduceSpec(msgspec.Struct, frozen=True, omit_defaults=True, kw_only=True):
             raise ConfigError(f"reduce max_tokens must be >= 0, got {self.max_tokens}")
 
 
+class Link(msgspec.Struct, frozen=True, omit_defaults=True, kw_only=True):
+    """Where a pipeline step's answers go the moment each is committed: job ``job`` (the next
+    step), each as ``template`` with ``{answer}`` (this step's answer) and ``{prompt}`` (the
+    input's prompt) filled in. An answer that ``keep_if`` (a regular expression searched in
+    it) or ``keep_fn`` (``package.module:function``, which the workers' ``SWARM_REDUCE_FUNCTIONS``
+    allow) refuses goes no further, with the reason kept."""
+
+    job: str
+    template: str
+    keep_if: str | None = None
+    keep_fn: str | None = None
+    # What moves on is the answer's samples, to be embedded together (an uncertainty
+    # measure's step), rather than its text filled into the template.
+    samples: bool = False
+
+
+class AgentSpec(msgspec.Struct, frozen=True, omit_defaults=True, kw_only=True):
+    """What makes a job's prompts agents: each a conversation of turns, the tools of the job
+    (``JobSpec.tools``) run by the tool runners between them, its final answer checked against
+    ``output_schema`` (a JSON Schema) with up to ``max_repairs`` turns to repair it."""
+
+    max_turns: int = 4
+    max_repairs: int = 1
+    output_schema: dict[str, Any] | None = None
+
+
+class PerPrompt(msgspec.Struct, frozen=True, omit_defaults=True, kw_only=True):
+    """What a job makes of each prompt's samples (see :mod:`common.perprompt`): ``kind``;
+    for the uncertainty measures the embeddings ``model`` their samples are embedded with,
+    and (semantic entropy) the cosine ``similarity`` at which two answers mean the same."""
+
+    kind: str
+    model: str | None = None
+    similarity: float = 0.9
+
+
 # The fields of a JobSpec that say how a job was made, not what it asks for.
 _NOT_SETTINGS = frozenset({"job", "created_s", "source", "generation"})
 
@@ -133,6 +208,8 @@ class JobSpec(msgspec.Struct, frozen=True, omit_defaults=True):
     # Completion prompts are this text with {prompt} replaced (a chat template written out, for
     # list-prompt batching of an instruction-tuned model); None sends them as given.
     template: str | None = None
+    # Sent to /v1/embeddings, a list of inputs a request: each answer is a vector, no text.
+    embed: bool = False
     # A JSON Schema every answer must match (see common.schema); a mismatch is a failure of
     # kind "schema", its text kept, retryable with swarm-retry --kind schema.
     schema: dict[str, Any] | None = None
@@ -146,6 +223,15 @@ class JobSpec(msgspec.Struct, frozen=True, omit_defaults=True):
     # With ``cache``: never answer from the cache, ask again and replace what it keeps (after
     # an endpoint answered wrongly for a while).
     cache_refresh: bool = False
+    # Tools offered with every request, as OpenAI's chat API takes them ({"type": "function",
+    # "function": {...}}): an answer may be tool calls instead of text (an agent's turn).
+    tools: list[dict[str, Any]] | None = None
+    # The job's prompts are agents (see flows/agents.py); its later turns are jobs job:s1...
+    agent: AgentSpec | None = None
+    # With several samples a prompt (params.n): what is made of them, per prompt.
+    per_prompt: PerPrompt | None = None
+    # A pipeline step: where each committed answer goes next (None: nowhere, a plain job).
+    then: Link | None = None
     # Which life of the name this is: set when the job is created (a random token), so that
     # work taken from a job deleted and queued again under its name is never written into the
     # new one. Not a setting: a spec asked for has none. '' for jobs created before it was kept.
@@ -169,11 +255,40 @@ class JobSpec(msgspec.Struct, frozen=True, omit_defaults=True):
         return prompt if self.template is None else self.template.replace("{prompt}", prompt)
 
 
-class Message(msgspec.Struct, frozen=True, array_like=True):
-    """One message of a chat conversation, as OpenAI's chat API takes it."""
+class ToolCall(msgspec.Struct, frozen=True, array_like=True):
+    """One tool call an answer asks for: its id, the tool's name and its arguments (JSON
+    text, as the model wrote them)."""
+
+    id: str
+    name: str
+    arguments: str
+
+
+class Message(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):
+    """One message of a chat conversation, as OpenAI's chat API takes it: an assistant's may
+    hold the tool calls it asked for, a ``tool`` message answers the call ``tool_call_id``."""
 
     role: str
     content: str
+    tool_calls: tuple[ToolCall, ...] | None = None
+    tool_call_id: str | None = None
+
+    def as_openai(self) -> dict[str, Any]:
+        """The message as the chat API takes it (keys only for what it has)."""
+        out: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.tool_calls:
+            out["content"] = self.content or None
+            out["tool_calls"] = [
+                {
+                    "id": c.id,
+                    "type": "function",
+                    "function": {"name": c.name, "arguments": c.arguments},
+                }
+                for c in self.tool_calls
+            ]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        return out
 
 
 class PromptItem(msgspec.Struct, frozen=True, array_like=True):
@@ -189,6 +304,13 @@ class PromptItem(msgspec.Struct, frozen=True, array_like=True):
     messages: tuple[Message, ...] | None = None
     # This prompt's own request settings (an OpenAI batch line's body); None: the job's.
     params: SamplingParams | None = None
+    # In a pipeline's later step: the input index this item comes from, and that input's
+    # prompt (what the step templates' ``{prompt}`` is). None in a job's own input.
+    origin: int | None = None
+    root: str | None = None
+    # In an embeddings job: several texts to embed for this one prompt (a prompt's samples,
+    # for an uncertainty measure); None: its prompt alone.
+    texts: tuple[str, ...] | None = None
 
     @classmethod
     def of(
@@ -235,6 +357,14 @@ class Result(msgspec.Struct, frozen=True, omit_defaults=True):
     status: int | None = None
     # Answered from the response cache, with the answer another job got (``endpoint``: where).
     cached: bool = False
+    # An embeddings job's answer: the vector (see pack_vector), and no text.
+    embedding: bytes | None = None
+    # Every sample of a prompt sampled several times (``text``: the first, or the answer its
+    # per-prompt reduce chose), and what that reduce made of them.
+    samples: list[str] | None = None
+    value: dict[str, Any] | None = None
+    # An answer that asks for tools instead of answering (an agent's turn): no text.
+    tool_calls: list[ToolCall] | None = None
 
     @property
     def ok(self) -> bool:
@@ -256,6 +386,11 @@ class OutputLine(msgspec.Struct, frozen=True):
     # The model that answered, as its endpoint named it ("" when none did).
     model: str = ""
     cached: bool | msgspec.UnsetType = msgspec.UNSET
+    # An embeddings job's vector (float32 values).
+    embedding: list[float] | msgspec.UnsetType = msgspec.UNSET
+    # A sampled job's samples, and what its per-prompt reduce made of them.
+    samples: list[str] | msgspec.UnsetType = msgspec.UNSET
+    value: dict[str, Any] | msgspec.UnsetType = msgspec.UNSET
 
     @classmethod
     def of(cls, r: Result) -> OutputLine:
@@ -270,6 +405,9 @@ class OutputLine(msgspec.Struct, frozen=True):
             error=r.error,
             model=r.model,
             cached=True if r.cached else msgspec.UNSET,
+            embedding=unpack_vector(r.embedding) if r.embedding is not None else msgspec.UNSET,
+            samples=r.samples if r.samples is not None else msgspec.UNSET,
+            value=r.value if r.value is not None else msgspec.UNSET,
         )
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 from enum import StrEnum
+from typing import Any
 
 import msgspec
 
@@ -25,21 +26,26 @@ class Route(StrEnum):
 
     COMPLETIONS = "completions"  # /v1/completions: one request may hold a list of prompts
     CHAT = "chat"  # /v1/chat/completions: one conversation a request
+    EMBEDDINGS = "embeddings"  # /v1/embeddings: one request may hold a list of inputs
 
 
 class Request(msgspec.Struct, frozen=True, array_like=True):
     """One prompt's request as it is sent, less the model an endpoint serves it with:
-    ``model`` is the job's (None: whatever each endpoint serves). Its fields, in this order,
-    are what its key digests: changing them changes every key (a cache emptied)."""
+    ``model`` is the job's (None: whatever each endpoint serves). Its fields up to
+    ``raw_template``, in this order, are what its key digests (then its tools, if any):
+    changing them changes every key (a cache emptied)."""
 
     route: str
     model: str | None
     text: str | None  # completions: the prompt, its job's template filled in
-    messages: list[dict[str, str]] | None  # chat: the conversation
+    messages: list[dict[str, Any]] | None  # chat: the conversation
     params: SamplingParams
     # The job's template is written out whole, its special tokens included: the server must
     # not add its own (vLLM's ``add_special_tokens``).
     raw_template: bool
+    # Chat: the tools offered. Digested apart, after the rest, and only when there are
+    # some: the keys of every request without tools are those kept before tools existed.
+    tools: list[dict[str, Any]] | None = None
 
     @property
     def add_special_tokens(self) -> bool | None:
@@ -48,6 +54,8 @@ class Request(msgspec.Struct, frozen=True, array_like=True):
 
 
 def route_of(spec: JobSpec) -> Route:
+    if spec.embed:
+        return Route.EMBEDDINGS
     return Route.CHAT if spec.chat else Route.COMPLETIONS
 
 
@@ -57,17 +65,18 @@ def render(spec: JobSpec, item: PromptItem) -> Request:
     messages = None
     if route is Route.CHAT:
         messages = (
-            [{"role": m.role, "content": m.content} for m in item.messages]
+            [m.as_openai() for m in item.messages]
             if item.messages is not None
             else [{"role": "user", "content": spec.render(item.prompt)}]
         )
     return Request(
         route=route,
         model=spec.model,
-        text=spec.render(item.prompt) if route is Route.COMPLETIONS else None,
+        text=spec.render(item.prompt) if route is not Route.CHAT else None,
         messages=messages,
         params=item.params_in(spec),
         raw_template=spec.template is not None,
+        tools=spec.tools if route is Route.CHAT else None,
     )
 
 
@@ -77,4 +86,15 @@ _key_encoder = msgspec.msgpack.Encoder(order="sorted")
 
 def request_key(request: Request) -> str:
     """A digest of everything that determines the answer to ``request``."""
-    return hashlib.blake2b(_key_encoder.encode(request), digest_size=20).hexdigest()
+    core = (
+        request.route,
+        request.model,
+        request.text,
+        request.messages,
+        request.params,
+        request.raw_template,
+    )
+    digest = hashlib.blake2b(_key_encoder.encode(core), digest_size=20)
+    if request.tools:
+        digest.update(_key_encoder.encode(request.tools))
+    return digest.hexdigest()

@@ -118,6 +118,13 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # The user aggregators (``package.module:function``, or ``package.module:*``) this
     # worker may import for a job's ``--reduce package.module:function``; none by default.
     reduce_functions: tuple[str, ...] = ()
+    # The tools (``package.module:function``, or ``package.module:*``) a tool runner
+    # (``swarm-tools``) may run for agents; none by default. Each call is cut at
+    # ``tool_timeout_s``, its error then the tool's answer.
+    tools: tuple[str, ...] = ()
+    tool_timeout_s: float = 60.0
+    # Tool calls one runner process runs at once.
+    tool_concurrency: int = 64
     # How often (s) each worker publishes its per-endpoint figures for swarm-status.
     stats_period_s: float = 2.0
     # At a job's tail (every entry delivered), an endpoint with nothing else to do runs copies
@@ -174,15 +181,21 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             "adapt_period_s",
             "reduce_timeout_s",
             "cache_ttl_s",
+            "tool_timeout_s",
         ):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
-        for name in self.reduce_functions:
-            if not _FUNCTION_RE.fullmatch(name):
-                raise ConfigError(
-                    f"SWARM_REDUCE_FUNCTIONS: {name!r} is not package.module:function "
-                    "(or package.module:*)"
-                )
+        for var, names in (
+            ("SWARM_REDUCE_FUNCTIONS", self.reduce_functions),
+            ("SWARM_TOOLS", self.tools),
+        ):
+            for name in names:
+                if not _FUNCTION_RE.fullmatch(name):
+                    raise ConfigError(
+                        f"{var}: {name!r} is not package.module:function (or package.module:*)"
+                    )
+        if self.tool_concurrency < 1:
+            raise ConfigError(f"SWARM_TOOL_CONCURRENCY must be >= 1, got {self.tool_concurrency}")
         if self.backoff_cap_s < self.backoff_base_s:
             raise ConfigError("backoff_cap_s must be >= backoff_base_s")
         if not 0 <= self.metrics_port <= 65535:
@@ -242,6 +255,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             "SWARM_METRICS_ADDR": ("metrics_addr", str),
             "SWARM_CACHE_TTL_S": ("cache_ttl_s", float),
             "SWARM_CACHE_MAX_ANSWERS": ("cache_max_answers", int),
+            "SWARM_TOOL_TIMEOUT_S": ("tool_timeout_s", float),
+            "SWARM_TOOL_CONCURRENCY": ("tool_concurrency", int),
         }
         for var, (field, typ) in simple.items():
             raw = env.get(var, "").strip()
@@ -251,9 +266,13 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
                 values[field] = typ(raw)
             except ValueError:
                 raise ConfigError(f"{var}={raw!r} is not a valid {typ.__name__}") from None
-        functions = [f.strip() for f in env.get("SWARM_REDUCE_FUNCTIONS", "").split(",")]
-        if any(functions):
-            values["reduce_functions"] = tuple(f for f in functions if f)
+        for var, field in (
+            ("SWARM_REDUCE_FUNCTIONS", "reduce_functions"),
+            ("SWARM_TOOLS", "tools"),
+        ):
+            functions = [f.strip() for f in env.get(var, "").split(",")]
+            if any(functions):
+                values[field] = tuple(f for f in functions if f)
         endpoints = _endpoints_from_env(env)
         if endpoints:
             values["endpoints"] = tuple(endpoints)

@@ -21,6 +21,8 @@ class FailureKind(StrEnum):
     DEAD_LETTER = "dead_letter"  # workers kept dying while running it
     CANCELLED = "cancelled"  # swarm-cancel
     BAD_ENTRY = "bad_entry"  # its stream entry or stored result could not be read
+    # Its samples were answered, but their per-prompt measure could not be computed
+    MEASURE = "measure"
     MISSING = "missing"  # no result in Redis any more (collected with --evict)
 
 

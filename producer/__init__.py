@@ -10,6 +10,7 @@ __all__ = [
     "Concat",
     "JsonMerge",
     "Stats",
+    "Step",
     "Swarm",
     "TreeReduce",
     "UserReduce",

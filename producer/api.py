@@ -8,6 +8,11 @@
 
     results = await scatter_gather(prompts, endpoints=["http://node1:8000"])   # one call
 
+    job = await swarm.pipeline(questions, [Step("Check: {answer}", keep=is_claim),
+                                           Step("Summarise: {answer}", max_tokens=64)])
+    async for chain in swarm.chains(job):                          # one per input, in order
+        print(chain.index, chain.text or chain.error)
+
 With ``endpoints``, a :class:`Swarm` drains its jobs itself, in this process (the same engine
 as ``arq worker``: batching, retries, bisection, the adaptive window); without, it only talks
 to Redis and the workers on the compute nodes do the work. With no Redis URL it starts a
@@ -21,23 +26,32 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from typing import Any
+
+import msgspec
+from arq.worker import Worker
 
 from common.embedded import EmbeddedRedis
 from common.errors import ConfigError
 from common.jobspec import build_spec, options_from
 from common.keys import validate_job_name
-from common.models import ReduceOutput, ReduceSpec, Result
+from common.models import AgentSpec, ReduceOutput, ReduceSpec, Result
 from common.settings import Settings
 from common.store import JobStatus, JobStore
+from flows.agents import AgentResult, agent_prompts, build_agents, enqueue_agents, tool_definition
+from flows.pipeline import StepOptions, build_pipeline, enqueue_pipeline, needs_steps
+from flows.rounds import Blackboard, BoardState
 
 # The names are declared once, in the package, which exports them from here lazily.
 from producer import __all__ as __all__
+from producer.agentout import agents_as_finished, follow_agents
+from producer.chains import ChainLine, follow_chains, steps_of
 from producer.enqueue import enqueue_prompts
 from producer.ops import cancel_job
 from producer.stream import follow, wait_final
 from worker.engine import Engine
+from worker.tools import tool_settings
 
 # Prompts, each a text or a (text, custom_id) pair: a list may mix the two.
 Prompts = Iterable[str | tuple[str, str | None]]
@@ -77,6 +91,34 @@ def UserReduce(function: str) -> ReduceSpec:
     successful results in order. The workers must allow it (``SWARM_REDUCE_FUNCTIONS``);
     a Swarm that drains its jobs itself allows those it submits."""
     return ReduceSpec(kind="function", function=function)
+
+
+def Step(
+    template: str,
+    *,
+    keep_if: str | None = None,
+    keep: Callable[[str], object] | str | None = None,
+    **settings: Any,
+) -> StepOptions:
+    """A pipeline step after the first: ``template`` with ``{answer}`` (the answer before)
+    and ``{prompt}`` (the input's); only answers matching ``keep_if`` (a regular expression),
+    and that ``keep`` (a module-level function, or ``package.module:function``) is true for,
+    go on; ``settings``: the step's own, as :meth:`Swarm.submit` takes them (``model`` and
+    ``priority`` default to the first step's)."""
+    fn = keep
+    if callable(keep):
+        fn = f"{keep.__module__}:{keep.__qualname__}"
+        if "." in keep.__qualname__ or keep.__module__ == "__main__":
+            raise ConfigError(
+                f"keep={keep.__qualname__}: the workers import it by name, so it must be a "
+                "module-level function of an importable module (not a lambda or __main__)"
+            )
+    return StepOptions(
+        template=template,
+        keep_if=keep_if,
+        keep_fn=fn if isinstance(fn, str) else None,
+        options=options_from(settings),
+    )
 
 
 def _pairs(prompts: Prompts) -> Iterable[tuple[str, str | None]]:
@@ -119,6 +161,9 @@ class Swarm:
         self._engine: Engine | None = None
         self._engine_task: asyncio.Task[None] | None = None
         self._feeding: dict[str, asyncio.Task[Any]] = {}
+        self._tool_entries: list[str] = []
+        self._tool_worker: Worker | None = None
+        self._tool_task: asyncio.Task[Any] | None = None
         self.settings: Settings | None = None
 
     async def __aenter__(self) -> Swarm:
@@ -130,10 +175,13 @@ class Swarm:
         self._store = JobStore.from_settings(self.settings)
         if self.settings.endpoints:
             self._engine = Engine(self.settings, self._store)
+            if self.settings.metrics_port:  # metrics_port=...: the worker's /metrics, here
+                await self._engine.start_metrics()
             self._engine_task = asyncio.create_task(self._engine.run(), name="swarm-engine")
         return self
 
     async def __aexit__(self, *exc: object) -> None:
+        await self._stop_tools()
         for task in self._feeding.values():
             task.cancel()
         await asyncio.gather(*self._feeding.values(), return_exceptions=True)
@@ -176,6 +224,8 @@ class Swarm:
         time (for inputs too big to queue at once): follow :meth:`results` meanwhile."""
         name = validate_job_name(job) if job else f"job-{uuid.uuid4().hex[:12]}"
         options = options_from(settings)
+        if needs_steps(options):  # its measure is a step of its own: follow it with chains()
+            return await self.pipeline(prompts, [], job=name, window=window, **settings)
         spec, warnings = build_spec(name, options, source="python", created_s=time.time())
         for warning in warnings:
             log.warning("job %s: %s", name, warning)
@@ -188,6 +238,162 @@ class Swarm:
         else:
             self._feeding[name] = asyncio.create_task(feed)
         return name
+
+    async def pipeline(
+        self,
+        prompts: Prompts,
+        steps: Sequence[StepOptions],
+        *,
+        job: str | None = None,
+        window: int | None = None,
+        **settings: Any,
+    ) -> str:
+        """Queue ``prompts`` as the first step of a pipeline (``settings``: that step's, as
+        :meth:`submit` takes them) whose answers each go on through ``steps`` (see
+        :func:`Step`) the moment they are committed; returns its name. Follow it with
+        :meth:`chains`. Submitting the same pipeline again resumes it."""
+        name = validate_job_name(job) if job else f"pipeline-{uuid.uuid4().hex[:12]}"
+        first = options_from(settings)
+        specs, warnings = build_pipeline(name, first, steps, source="python")
+        for warning in warnings:
+            log.warning("pipeline %s: %s", name, warning)
+        if self._engine is not None:  # this session's own keep functions
+            self._engine.pump.allowed.update(s.keep_fn for s in steps if s.keep_fn)
+        feed = enqueue_pipeline(self.store, specs, _pairs(prompts), window=window)
+        if window is None:
+            await feed
+        else:
+            self._feeding[name] = asyncio.create_task(feed)
+        return name
+
+    async def chains(self, job: str, *, poll_s: float = 0.2) -> AsyncIterator[ChainLine]:
+        """Every input of pipeline ``job``, in input order, once its way through the steps
+        has ended: each step's answer, or where and why it stopped."""
+        rows = follow_chains(len(await steps_of(self.store, job)))
+        async for chunk in rows(self.store, job, wait=True, poll_s=poll_s):
+            self._check_feed(job)
+            for chain in chunk:
+                yield chain
+        self._check_feed(job)
+
+    async def broadcast(self, prompt: str, n: int, **settings: Any) -> list[Result]:
+        """``prompt`` answered ``n`` times (sample with ``temperature``), as one job: its
+        results, in order. With ``reduce=...``, :meth:`final` of the job named ``job``
+        (give one) reduces them, as Aurora-Swarm's ``broadcast_and_reduce`` did."""
+        if n < 1:
+            raise ConfigError(f"broadcast to n >= 1, got {n}")
+        job = await self.submit([(prompt, f"agent-{i}") for i in range(n)], **settings)
+        return await self.gather(job)
+
+    async def blackboard(
+        self,
+        name: str,
+        sections: Sequence[str],
+        prompt: Callable[[str, dict[str, list[str]]], str],
+        *,
+        max_rounds: int,
+        agents: dict[str, int] | int = 1,
+        until: Callable[[dict[str, list[str]]], bool] | None = None,
+        **settings: Any,
+    ) -> BoardState:
+        """Rounds of roles on a shared board kept in Redis (see :mod:`flows.rounds`): each
+        round, ``prompt(role, sections)`` for every role's ``agents``, answered on the fleet
+        as one job (``settings``: its, as :meth:`submit` takes them); the answers appended to
+        their sections. Stops after ``max_rounds`` or once ``until(sections)`` holds; run it
+        again after a crash and it resumes at its last finished round."""
+        board = Blackboard(self.store, name, sections, prompt, agents=agents)
+        spec, warnings = build_spec(name, options_from(settings), source="python blackboard")
+        for warning in warnings:
+            log.warning("blackboard %s: %s", name, warning)
+
+        async def answer(job: str, prompts: list[tuple[str, str | None]]) -> list[Result]:
+            await enqueue_prompts(self.store, msgspec.structs.replace(spec, job=job), prompts)
+            return await self.gather(job)
+
+        return await board.run(answer, max_rounds=max_rounds, until=until)
+
+    async def agents(
+        self,
+        *,
+        task: str,
+        inputs: Iterable[dict[str, Any]],
+        tools: Sequence[Callable[..., Any] | str] = (),
+        output_schema: dict[str, Any] | None = None,
+        system: str | None = None,
+        max_turns: int = 4,
+        max_repairs: int = 1,
+        job: str | None = None,
+        in_order: bool = True,
+        **settings: Any,
+    ) -> AsyncIterator[AgentResult]:
+        """Run one agent per input (its fields fill ``task``'s ``{field}``s), each up to
+        ``max_turns`` turns on the fleet, calling ``tools`` between them; yields each agent's
+        result (its output as data, or its failure and why) as they finish: in input order,
+        or with ``in_order=False`` in the order they finish.
+
+        ``tools``: module-level functions (a Swarm that drains its jobs runs them itself, in
+        this process) or names of the tools the runners (``swarm-tools``) run. ``settings``:
+        the agents' job settings, as :meth:`submit` takes them (``model``, ``max_tokens``...).
+        """
+        name = validate_job_name(job) if job else f"agents-{uuid.uuid4().hex[:12]}"
+        entries, definitions = [], []
+        for t in tools:
+            if callable(t):
+                if "." in t.__qualname__ or t.__module__ == "__main__":
+                    raise ConfigError(
+                        f"tool {t.__qualname__}: runners import it by name, so it must be a "
+                        "module-level function of an importable module"
+                    )
+                entries.append(f"{t.__module__}:{t.__name__}")
+                doc = (t.__doc__ or "").strip().splitlines()
+                definitions.append(tool_definition(t.__name__, doc[0] if doc else ""))
+            else:
+                definitions.append(tool_definition(t))
+        if entries:
+            await self._run_tools(entries)
+        agent = AgentSpec(max_turns=max_turns, max_repairs=max_repairs, output_schema=output_schema)
+        specs, warnings = build_agents(
+            name, options_from(settings), agent, definitions, source="python"
+        )
+        for warning in warnings:
+            log.warning("agents %s: %s", name, warning)
+        await enqueue_agents(self.store, specs, agent_prompts(task, inputs, system))
+        chunks = (
+            follow_agents(self.store, name, wait=True, poll_s=0.1)
+            if in_order
+            else agents_as_finished(self.store, name)
+        )
+        async for chunk in chunks:
+            for result in chunk:
+                yield result
+
+    async def _run_tools(self, entries: list[str]) -> None:
+        """A tool runner in this process for this session's own tool functions."""
+        if self._engine is None:
+            raise ConfigError(
+                "tools given as functions run in this process, which needs endpoints= (to "
+                "drain here); with remote workers, name the tools their runners run"
+            )
+        wanted = sorted(set(entries) | set(self._tool_entries))
+        if wanted == self._tool_entries:
+            return
+        await self._stop_tools()
+        self._tool_entries = wanted
+        assert self.settings is not None
+        settings = msgspec.structs.replace(self.settings, tools=tuple(wanted))
+        self._tool_worker = Worker(**tool_settings(settings), handle_signals=False)
+        self._tool_task = asyncio.create_task(self._tool_worker.async_run(), name="swarm-tools")
+
+    async def _stop_tools(self) -> None:
+        if self._tool_worker is not None and self._tool_task is not None:
+            self._tool_task.cancel()
+            await asyncio.gather(self._tool_task, return_exceptions=True)
+            worker = self._tool_worker
+            # (Not arq's Worker.close(): it calls redis-py's deprecated close().)
+            if worker.on_shutdown is not None:
+                await worker.on_shutdown(worker.ctx)
+            await worker.pool.aclose()
+        self._tool_worker = self._tool_task = None
 
     def _check_feed(self, job: str) -> None:
         task = self._feeding.get(job)

@@ -20,9 +20,12 @@ import msgspec
 from common.cli import add_redis_arg, open_job_store, run
 from common.errors import ConfigError
 from common.models import encode_final
+from common.store import JobStore
+from producer.agentout import collect_agents
+from producer.chains import ChainLine, chain_line, collect_chains, follow_chains, steps_of
 from producer.formats import FORMATS, format_named
 from producer.outfile import collect_durably
-from producer.stream import collect, wait_final
+from producer.stream import collect, collect_into, wait_final, wait_for_spec
 
 __all__ = ["EXIT_FAILED", "EXIT_INCOMPLETE", "main"]
 
@@ -100,6 +103,11 @@ async def _main(args: argparse.Namespace) -> int:
     if args.out is None:
         raise ConfigError("--out FILE (or - for stdout) is required")
     async with open_job_store(args) as (job, store):
+        spec = await wait_for_spec(store, job, wait=args.wait)
+        if spec.then is not None:
+            return await _pipeline(args, job, store)
+        if spec.agent is not None:
+            return await _agents(args, job, store)
         if args.evict:
             status = await store.status(job)
             if status.reduce is not None and not status.reduced:
@@ -147,6 +155,62 @@ async def _main(args: argparse.Namespace) -> int:
         print(f"job {job}: not finished; run again (or with --wait) for the rest", file=sys.stderr)
         return EXIT_INCOMPLETE
     return EXIT_FAILED if status.failed else 0
+
+
+async def _pipeline(args: argparse.Namespace, job: str, store: JobStore) -> int:
+    """Collect a pipeline: one line per input with every step (see producer/chains.py)."""
+    if args.format != "jsonl":
+        raise ConfigError("a pipeline is collected as JSON Lines (one chain per line)")
+    if args.out == "-":
+        steps = len(await steps_of(store, job))
+        out = sys.stdout.buffer
+
+        async def put(rows: list[ChainLine], _index: int) -> None:
+            out.write(b"".join(chain_line(r) for r in rows))
+            out.flush()
+
+        report = await collect_into(store, job, put, rows=follow_chains(steps), wait=args.wait)
+    else:
+        report = await collect_chains(
+            store, job, args.out, wait=args.wait, progress=args.wait, evict=args.evict
+        )
+    total = "?" if report.total is None else str(report.total)
+    if not report.complete:
+        print(
+            f"pipeline {job}: wrote {report.start + report.written} of {total} inputs; not "
+            "finished, run again (or with --wait)",
+            file=sys.stderr,
+        )
+        return EXIT_INCOMPLETE
+    # The whole pipeline's figures: an input is through when its last step answered it.
+    last = (await steps_of(store, job))[-1].job
+    through = (await store.status(last)).done
+    stopped = (report.total or 0) - through
+    if not report.untouched:
+        print(
+            f"pipeline {job}: wrote {report.start + report.written} of {total} inputs "
+            f"({through} through every step, {stopped} stopped on the way)",
+            file=sys.stderr,
+        )
+    return EXIT_FAILED if stopped else 0
+
+
+async def _agents(args: argparse.Namespace, job: str, store: JobStore) -> int:
+    """Collect an agent job: one line per agent (see producer/agentout.py)."""
+    if args.format != "jsonl" or args.out in (None, "-"):
+        raise ConfigError("an agent job is collected as JSON Lines into --out FILE")
+    report = await collect_agents(
+        store, job, args.out, wait=args.wait, progress=args.wait, evict=args.evict
+    )
+    total = "?" if report.total is None else str(report.total)
+    print(
+        f"agents {job}: wrote {report.start + report.written} of {total} "
+        f"({report.ok} answered, {report.failed} failed in this run)",
+        file=sys.stderr,
+    )
+    if not report.complete:
+        return EXIT_INCOMPLETE
+    return EXIT_FAILED if report.failed else 0
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -36,9 +36,11 @@ def csv_row(r: Result) -> bytes:
             value = r.cached
         else:
             value = getattr(line, name)
+        if isinstance(value, list | dict):  # an embedding, samples, a value: one cell of JSON
+            value = msgspec.json.encode(value).decode()
         cells.append("" if value is None or value is msgspec.UNSET else value)
     return _encode(cells)
 
 
-def csv_sink(path: str) -> LineSink:
+def csv_sink(path: str) -> LineSink[Result]:
     return LineSink(path, csv_row, header=_encode(list(COLUMNS)))

@@ -11,8 +11,8 @@ import argparse
 import itertools
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
-from typing import Any, BinaryIO
+from collections.abc import Iterator, Sequence
+from typing import BinaryIO
 
 import msgspec
 
@@ -20,13 +20,23 @@ from common.cli import add_redis_arg, run, settings_from_args
 from common.errors import BadRecordError, ConfigError, InputError
 from common.feed import EnqueueReport, PromptInput, enqueue_prompts
 from common.fleet import waiting_reason
-from common.jobspec import JobOptions, build_spec
+from common.jobspec import build_spec
 from common.keys import validate_job_name
-from common.models import JobSpec, ReduceSpec, SamplingParams
-from common.reducekinds import FUNCTION, REDUCE_KINDS, TREE
+from common.models import JobSpec, SamplingParams
 from common.settings import Settings
 from common.store import JobStore
+from flows.pipeline import build_pipeline, enqueue_pipeline, needs_steps
+from producer.agentjob import add_agent_args, enqueue_agent_job, is_agent_job
 from producer.inputs import DEFAULT_MAX_PROMPT_BYTES, Format, Parsed, iter_prompts
+from producer.jobflags import (
+    JOB_FLAGS,
+    add_job_settings,
+    add_reduce_args,
+    options_from_args,
+    split_steps,
+    step_from_args,
+    step_parser,
+)
 
 __all__ = [
     "JOB_FLAGS",
@@ -36,10 +46,12 @@ __all__ = [
     "main",
     "options_from_args",
     "parser",
+    "split_steps",
+    "step_parser",
 ]
 
-# enqueue_prompts and EnqueueReport live in common.feed (the reduce stage queues prompts too);
-# they are part of the producer's API, re-exported here.
+# enqueue_prompts and EnqueueReport live in common.feed (the reduce stage queues prompts too),
+# the job's flags in producer.jobflags; they are part of the producer's API, re-exported here.
 
 
 async def check_model(settings: Settings, model: str | None, *, strict: bool) -> None:
@@ -72,13 +84,17 @@ async def enqueue(
     max_prompt_bytes: int = DEFAULT_MAX_PROMPT_BYTES,
     progress: bool = False,
     window: int | None = None,
+    later: Sequence[JobSpec] = (),
 ) -> EnqueueReport:
-    """Queue every prompt of ``stream`` (a binary line iterator) for ``spec.job``."""
+    """Queue every prompt of ``stream`` (a binary line iterator) for ``spec.job``; ``later``:
+    the pipeline steps after it (see :mod:`flows.pipeline`), created first."""
     store = JobStore.from_settings(settings)
     try:
         parsed = iter_prompts(stream, source, fmt, max_prompt_bytes=max_prompt_bytes)
         spec, prompts = _prompts_for(spec, source, parsed)
-        return await enqueue_prompts(store, spec, prompts, progress=progress, window=window)
+        return await enqueue_pipeline(
+            store, [spec, *later], prompts, progress=progress, window=window
+        )
     finally:
         await store.close()
 
@@ -145,75 +161,22 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("input", help="prompt file (.txt, .jsonl, OpenAI batch .jsonl) or - for stdin")
     p.add_argument("--job", required=True, help="job name: letters, digits, '.', '_', '-'")
-    j = p.add_argument_group(
-        "job settings (the keywords of Swarm.submit, with dashes; see common/jobspec.py)"
-    )
-    j.add_argument("--model", help="model name (default: whatever each endpoint serves)")
-    j.add_argument("--max-tokens", type=int, default=256, help="tokens to generate (default 256)")
-    j.add_argument("--temperature", type=float, help="sampling temperature")
-    j.add_argument("--top-p", type=float, help="nucleus sampling")
-    j.add_argument("--stop", action="append", metavar="TEXT", help="stop string (repeatable)")
-    j.add_argument("--seed", type=int, help="sampling seed")
-    j.add_argument(
-        "--response-format",
-        metavar="JSON|FILE",
-        help='passed through, e.g. {"type": "json_object"} or a json_schema response format',
-    )
-    j.add_argument(
-        "--structured-outputs",
-        metavar="JSON|FILE",
-        help='vLLM\'s guided decoding, passed through, e.g. {"choice": ["yes", "no"]}',
-    )
-    j.add_argument(
-        "--chat",
-        action="store_true",
-        help="send each prompt as its own /v1/chat/completions request (the server applies "
-        "the model's chat template; no list batching)",
-    )
-    j.add_argument(
-        "--template",
-        metavar="FILE",
-        help="wrap each prompt in this text, at {prompt}, before list-prompt batching on "
-        "/v1/completions (a chat template written out)",
-    )
-    j.add_argument(
-        "--schema",
-        metavar="FILE",
-        help="a JSON Schema each answer must match; a mismatch fails that prompt (kind "
-        "'schema', its text kept)",
-    )
-    j.add_argument(
-        "--priority",
-        type=int,
-        default=0,
-        metavar="N",
-        help="while a job of higher priority has work, the endpoints serve it first; jobs of "
-        "equal priority share them in turn (default 0)",
-    )
-    j.add_argument(
-        "--cache",
-        action="store_true",
-        help="answer prompts from the response cache shared by every job of this Redis, and "
-        "keep new answers in it (deterministic requests only: temperature 0 or a seed; "
-        "needs --model)",
-    )
-    j.add_argument(
-        "--cache-sampled",
-        action="store_true",
-        help="with --cache: keep and reuse sampled answers too (a rerun gets the first "
-        "sample again)",
-    )
-    j.add_argument(
-        "--refresh",
-        dest="cache_refresh",
-        action="store_true",
-        help="with --cache: answer nothing from the cache; ask the endpoints again and "
-        "replace the answers it keeps (after an endpoint answered wrongly for a while)",
-    )
+    add_job_settings(p)
     p.add_argument(
         "--check-model",
         action="store_true",
         help="refuse the job unless a live endpoint serves --model (without it: a warning)",
+    )
+    p.add_argument(
+        "--then",
+        metavar="TEMPLATE",
+        action="append",
+        help="a pipeline's next step: each answer, the moment it is committed, is sent on as "
+        "this file's text with {answer} and {prompt} (the input's) filled in. The flags after "
+        "it, up to the next --then, are that step's own: --max-tokens, --chat, --template..., "
+        "--keep-if REGEX (only answers it matches go on), --keep-fn package.module:fn (allowed "
+        "by the workers' SWARM_REDUCE_FUNCTIONS); --model and --priority default to the first "
+        "step's. Collect the pipeline with swarm-collect JOB: one line per input, every step",
     )
     p.add_argument("--format", choices=["auto", "txt", "jsonl"], default="auto")
     p.add_argument("--max-prompt-bytes", type=int, default=DEFAULT_MAX_PROMPT_BYTES)
@@ -225,124 +188,13 @@ def parser() -> argparse.ArgumentParser:
         "bounded memory, waiting for results before queuing more. Default: as many as "
         "leave room for their answers within Redis's maxmemory (none without one)",
     )
-    r = p.add_argument_group("reduce stage (run by the workers once every prompt is answered)")
-    r.add_argument(
-        "--reduce",
-        dest="reduce_kind",
-        metavar="KIND",
-        help="; ".join(
-            f"{name}: {kind.help}" for name, kind in REDUCE_KINDS.items() if name != FUNCTION
-        )
-        + "; or package.module:function, the user's own (see swarm-collect --final)",
-    )
-    r.add_argument(
-        "--reduce-prompt",
-        metavar="FILE",
-        help="tree: supervisor prompt template; {responses} and {level} are filled in",
-    )
-    r.add_argument("--fanin", type=int, default=10, help="tree: answers per supervisor prompt")
-    r.add_argument(
-        "--reduce-max-tokens",
-        type=int,
-        default=0,
-        metavar="N",
-        help="tree: tokens a supervisor prompt may generate (default: twice --max-tokens)",
-    )
-    r.add_argument("--separator", default="\n", help="concat: text between answers")
+    add_agent_args(p)
+    add_reduce_args(p)
     add_redis_arg(p)
     return p
 
 
-def _read_text(path: str, flag: str) -> str:
-    """The text of the file given to ``flag``; ConfigError naming both if it cannot be read."""
-    try:
-        with open(path, encoding="utf-8") as fh:
-            return fh.read()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot read {flag} {path}: {exc}") from None
-
-
-def _read_template(path: str | None) -> str | None:
-    if path is None:
-        return None
-    template = _read_text(path, "--template")
-    if "{prompt}" not in template:
-        raise ConfigError(f"--template {path} has no {{prompt}} to fill in")
-    return template
-
-
-def _json_arg(value: str | None, flag: str) -> dict[str, Any] | None:
-    """A JSON object given inline or as a file name."""
-    if value is None:
-        return None
-    text = value
-    if not value.lstrip().startswith("{"):
-        try:
-            with open(value, encoding="utf-8") as fh:
-                text = fh.read()
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ConfigError(
-                f"{flag} {value}: not inline JSON, and cannot read it: {exc}"
-            ) from None
-    try:
-        obj = msgspec.json.decode(text)
-    except msgspec.DecodeError as exc:
-        raise ConfigError(f"{flag}: invalid JSON: {exc}") from None
-    if not isinstance(obj, dict):
-        raise ConfigError(f"{flag}: expected a JSON object")
-    return obj
-
-
-# The job settings that are flags of their own (the reduce is built from the --reduce* group).
-JOB_FLAGS = tuple(name for name in JobOptions.__struct_fields__ if name != "reduce")
-# The job settings whose flags name a file (or give JSON inline), and how each is read.
-_FROM_FILES: dict[str, Callable[[Any], Any]] = {
-    "template": lambda path: _read_template(path),
-    "schema": lambda value: _json_arg(value, "--schema"),
-    "response_format": lambda value: _json_arg(value, "--response-format"),
-    "structured_outputs": lambda value: _json_arg(value, "--structured-outputs"),
-}
-
-
-def options_from_args(args: argparse.Namespace) -> JobOptions:
-    """The job settings of parsed ``swarm-enqueue`` arguments, the files they name read."""
-    fields = {name: getattr(args, name) for name in JOB_FLAGS}
-    for name, read in _FROM_FILES.items():  # flags that take a file (or inline JSON)
-        fields[name] = read(fields[name])
-    return JobOptions(**{**fields, "reduce": reduce_from_args(args)})
-
-
-def reduce_from_args(args: argparse.Namespace) -> ReduceSpec | None:
-    """The ``--reduce*`` options as a :class:`ReduceSpec` (validated), or None."""
-    if args.reduce_kind is None:
-        if args.reduce_prompt is not None:
-            raise ConfigError(f"--reduce-prompt needs --reduce {TREE}")
-        return None
-    kind, function = args.reduce_kind, None
-    if ":" in kind:
-        kind, function = FUNCTION, args.reduce_kind
-    takes_prompt = kind in REDUCE_KINDS and REDUCE_KINDS[kind].prompt
-    prompt = None
-    if args.reduce_prompt is not None:
-        if not takes_prompt:
-            takers = " or ".join(n for n, k in REDUCE_KINDS.items() if k.prompt)
-            raise ConfigError(f"--reduce-prompt is for --reduce {takers}")
-        prompt = _read_text(args.reduce_prompt, "--reduce-prompt")
-    elif takes_prompt:
-        raise ConfigError(
-            f"--reduce {kind} needs --reduce-prompt FILE (a template with {{responses}})"
-        )
-    return ReduceSpec(
-        kind=kind,
-        function=function,
-        prompt=prompt,
-        fanin=args.fanin,
-        max_tokens=args.reduce_max_tokens,
-        separator=args.separator,
-    )
-
-
-async def _main(args: argparse.Namespace) -> int:
+async def _main(args: argparse.Namespace, steps: Sequence[list[str]] = ()) -> int:
     settings = settings_from_args(args)
     job = validate_job_name(args.job)
     for flag, value in (
@@ -352,9 +204,19 @@ async def _main(args: argparse.Namespace) -> int:
     ):
         if value is not None and value < 1:
             raise ConfigError(f"{flag} must be >= 1, got {value}")
-    spec, warnings = build_spec(
-        job, options_from_args(args), source=args.input, created_s=time.time()
-    )
+    first = options_from_args(args)
+    if is_agent_job(args):
+        if steps:
+            raise ConfigError("an agent job has turns, not --then steps")
+        print(await enqueue_agent_job(settings, args, job, first))
+        return 0
+    later: list[JobSpec] = []
+    if steps or needs_steps(first):
+        step_options = [step_from_args(step_parser().parse_args(a)) for a in steps]
+        specs, warnings = build_pipeline(job, first, step_options, source=args.input)
+        spec, later = specs[0], specs[1:]
+    else:
+        spec, warnings = build_spec(job, first, source=args.input, created_s=time.time())
     for warning in warnings:
         print(f"swarm-enqueue: warning: {warning}", file=sys.stderr)
     if args.model is not None or args.check_model:
@@ -369,6 +231,7 @@ async def _main(args: argparse.Namespace) -> int:
             max_prompt_bytes=args.max_prompt_bytes,
             progress=True,
             window=args.window,
+            later=later,
         )
     else:
         try:
@@ -385,6 +248,7 @@ async def _main(args: argparse.Namespace) -> int:
                 max_prompt_bytes=args.max_prompt_bytes,
                 progress=True,
                 window=args.window,
+                later=later,
             )
     print(
         f"job {report.job}: {report.total} prompts queued "
@@ -394,5 +258,8 @@ async def _main(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    args = parser().parse_args(argv)
-    raise SystemExit(run("swarm-enqueue", _main(args)))
+    head, steps = split_steps(sys.argv[1:] if argv is None else argv)
+    args = parser().parse_args(head)
+    for step in steps:  # usage errors of every step before anything runs
+        step_parser().parse_args(step)
+    raise SystemExit(run("swarm-enqueue", _main(args, steps)))

@@ -6,26 +6,28 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import BinaryIO
+from typing import BinaryIO, Generic, TypeVar
 
 from common.errors import ConfigError
 from common.models import Result
 from common.store import JobStore
 from producer.outfile import Mark, collect_durably
-from producer.stream import CollectReport, own_line
+from producer.stream import CollectReport, Row, own_line
 
 __all__ = ["LineSink", "collect_to_file"]
 
 
-class LineSink:
-    """A :class:`~producer.outfile.Sink` writing each result as one line (``line``: how;
-    default swarm-queue's JSON line), after a ``header`` line if it has one."""
+R = TypeVar("R", bound=Row)
 
-    def __init__(
-        self, path: str, line: Callable[[Result], bytes] | None = None, header: bytes = b""
-    ) -> None:
+
+class LineSink(Generic[R]):
+    """A :class:`~producer.outfile.RowSink` writing each row as one line (``line``: how; for
+    results, :func:`producer.stream.own_line` is swarm-queue's JSON line), after a ``header``
+    line if it has one."""
+
+    def __init__(self, path: str, line: Callable[[R], bytes], header: bytes = b"") -> None:
         self.path = path
-        self.line = line or own_line
+        self.line = line
         self.header = header
         self._fh: BinaryIO | None = None
         self._index = 0
@@ -62,7 +64,7 @@ class LineSink:
         self._fh, self._index = fh, mark.index
         return mark
 
-    def put(self, rows: list[Result], index: int) -> Mark:
+    def put(self, rows: list[R], index: int) -> Mark:
         assert self._fh is not None
         self._fh.write(b"".join(self.line(r) for r in rows))
         self._fh.flush()
@@ -96,7 +98,7 @@ async def collect_to_file(
         store,
         job,
         path,
-        lambda path, _spec: LineSink(path, line),
+        lambda path, _spec: LineSink(path, line or own_line),
         wait=wait,
         progress=progress,
         evict=evict,

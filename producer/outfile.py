@@ -17,24 +17,33 @@ import fcntl
 import os
 import socket
 import sys
-from collections.abc import Callable, Iterator
-from typing import Protocol
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Protocol, TypeVar
 
 import msgspec
 
 from common.errors import ConfigError
 from common.models import JobSpec, Result
 from common.store import JobStore
-from producer.stream import CollectReport, check_kept, collect_into, wait_for_spec
+from producer.stream import (
+    CollectReport,
+    Row,
+    check_kept,
+    collect_into,
+    follow,
+    wait_for_spec,
+)
 
 __all__ = [
     "Cursor",
     "CursorFile",
     "Mark",
+    "RowSink",
     "Sink",
     "already_complete",
     "claim_output",
     "collect_durably",
+    "collect_rows_durably",
     "output_lock",
 ]
 
@@ -172,10 +181,14 @@ class Mark(msgspec.Struct, frozen=True):
     parts: int = 0
 
 
-class Sink(Protocol):
+R = TypeVar("R", bound=Row)
+
+
+class RowSink(Protocol[R]):
     """One output format, written durably by :func:`collect_durably`: it says whether its
     output holds anything, prepares it to start anew or to resume after a mark (cutting back
-    what was written after it), takes results in order and says how far they are durable."""
+    what was written after it), takes rows (a job's results, a pipeline's chains) in order and
+    says how far they are durable."""
 
     def present(self) -> bool:
         """Whether the output exists and holds something (a new collection refuses it)."""
@@ -185,8 +198,8 @@ class Sink(Protocol):
         """Start anew (``mark`` None) or resume after ``mark``; the mark it starts at."""
         ...
 
-    def put(self, rows: list[Result], index: int) -> Mark | None:
-        """Take ``rows`` (results up to ``index``); the new durable mark, if it moved."""
+    def put(self, rows: list[R], index: int) -> Mark | None:
+        """Take ``rows`` (up to input index ``index``); the new durable mark, if it moved."""
         ...
 
     def close(self) -> Mark:
@@ -196,6 +209,10 @@ class Sink(Protocol):
     def abandon(self) -> None:
         """Stop after a failure: close without making the unmarked rest durable."""
         ...
+
+
+# A sink of a job's results: what every output format of swarm-collect is.
+Sink = RowSink[Result]
 
 
 async def collect_durably(
@@ -208,10 +225,28 @@ async def collect_durably(
     progress: bool,
     evict: bool = False,
 ) -> CollectReport:
-    """Collect ``job`` into the output at ``path`` that ``make_sink(path, spec)`` writes,
-    resuming from its durable cursor after an interrupted run. ``evict`` deletes results from
-    Redis once the output holds them durably: the output becomes the only copy, and Redis
-    memory stays bounded on a huge job."""
+    """Collect ``job``'s results into the output at ``path`` that ``make_sink(path, spec)``
+    writes, resuming from its durable cursor after an interrupted run. ``evict`` deletes
+    results from Redis once the output holds them durably: the output becomes the only copy,
+    and Redis memory stays bounded on a huge job."""
+    return await collect_rows_durably(
+        store, job, path, make_sink, rows=follow, wait=wait, progress=progress, evict=evict
+    )
+
+
+async def collect_rows_durably(
+    store: JobStore,
+    job: str,
+    path: str,
+    make_sink: Callable[[str, JobSpec], RowSink[R]],
+    *,
+    rows: Callable[..., AsyncIterator[list[R]]],
+    wait: bool,
+    progress: bool,
+    evict: bool = False,
+) -> CollectReport:
+    """:func:`collect_durably` for any rows of a job, one per input index in order, as
+    ``rows`` yields them (:func:`producer.stream.follow`'s signature: a pipeline's chains)."""
     with output_lock(path):
         spec = await wait_for_spec(store, job, wait=wait)
         gen, sink = spec.generation, make_sink(path, spec)
@@ -236,14 +271,14 @@ async def collect_durably(
         # (Saved at once, and evicted up to: a crash may have come between the two.)
         await durable(start)
 
-        async def put(chunk: list[Result], index: int) -> None:
+        async def put(chunk: list[R], index: int) -> None:
             mark = sink.put(chunk, index)
             if mark is not None:
                 await durable(mark)
 
         try:
             report = await collect_into(
-                store, job, put, wait=wait, progress=progress, start=start.index
+                store, job, put, rows=rows, wait=wait, progress=progress, start=start.index
             )
         except BaseException:
             sink.abandon()

@@ -57,6 +57,14 @@ def _arrow_type(t: msgspec.inspect.Type) -> pa.DataType:
         return pa.string()
     if isinstance(t, msgspec.inspect.StructType):
         return pa.struct([(f.name, _arrow_type(f.type)) for f in t.fields])
+    if isinstance(t, msgspec.inspect.ListType) and isinstance(
+        t.item_type, msgspec.inspect.FloatType
+    ):
+        return pa.list_(pa.float32())  # an embedding: float32, as the server computed it
+    if isinstance(t, msgspec.inspect.ListType):
+        return pa.list_(_arrow_type(t.item_type))
+    if isinstance(t, msgspec.inspect.DictType):
+        return pa.string()  # a free-form object (a per-prompt value): its JSON
     raise TypeError(f"no Parquet column type for {t!r}")
 
 
@@ -96,6 +104,8 @@ def _value(v: object, default: object) -> object:
         return default
     if isinstance(v, msgspec.Struct):
         return msgspec.structs.asdict(v)
+    if isinstance(v, dict):
+        return msgspec.json.encode(v).decode()
     return v
 
 

@@ -17,6 +17,7 @@ from common.errors import BadRecordError, ConfigError, JobConflictError
 from common.fleet import SILENT_PERIODS, EndpointInfo, EndpointStats, waiting_reason
 from common.hostfile import normalize_url
 from common.keys import stage_name, validate_job_name
+from common.models import JobSpec
 from common.settings import mask_url
 from common.store import JobStatus, JobStore
 from producer.board import job_list, job_state, read_fleet, read_jobs, reduce_where
@@ -124,6 +125,20 @@ async def _show(store: JobStore, job: str) -> JobStatus:
         else:
             waiting = await waiting_for(store, job, fleet or [], now)
     print(format_status(status, stage, endpoints, now=now, waiting=waiting), flush=True)
+    spec = await store.load_spec(job)
+    if spec.agent is not None:
+        print(await agent_lines(store, spec, status), flush=True)
+    k = 0
+    while spec.then is not None:  # a pipeline: each later step, as a job of its own
+        k += 1
+        spec = await store.load_spec(spec.then.job)
+        step = await store.status(spec.job, rate=False)
+        of = str(step.total) if step.total is not None else f"{step.enqueued} so far"
+        state = "finished" if step.finished else "running"
+        print(
+            f"  step {k} {spec.job}: {step.done} done, {step.failed} failed of {of} ({state})",
+            flush=True,
+        )
     for bad in await store.bad_keys(job):
         print(
             f"swarm-status: warning: job {job} is skipped by every worker: its key {bad} "
@@ -135,6 +150,20 @@ async def _show(store: JobStore, job: str) -> JobStatus:
     if (mixed := mixed_models(job, endpoints)) is not None:
         print(f"swarm-status: warning: {mixed}", file=sys.stderr, flush=True)
     return status
+
+
+async def agent_lines(store: JobStore, spec: JobSpec, status: JobStatus) -> str:
+    """An agent job's agents by state, and the tool calls of this Redis."""
+    done = await store.agents_finished(spec.job)
+    waiting = len(await store.parked(spec.job))
+    total = status.total if status.total is not None else status.enqueued
+    tools = await store.tool_stats()
+    return (
+        f"  agents: {done} done, {waiting} waiting for a tool, "
+        f"{max(0, total - done - waiting)} thinking (of {total})\n"
+        f"  tool calls (all jobs): {tools.get('runs', 0)} run, "
+        f"{tools.get('shared', 0)} answered by a run already made or under way"
+    )
 
 
 def mixed_models(job: str, endpoints: Sequence[EndpointStats]) -> str | None:

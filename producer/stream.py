@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import BinaryIO
+from typing import BinaryIO, Protocol, TypeVar
 
 import msgspec
 from tqdm import tqdm
@@ -35,6 +35,7 @@ from common.store import JobStatus, JobStore
 
 __all__ = [
     "CollectReport",
+    "Row",
     "check_kept",
     "collect",
     "collect_into",
@@ -47,6 +48,16 @@ __all__ = [
 
 CHUNK = 2000
 MIN_ASK = 256
+
+
+class Row(Protocol):
+    """What a collector writes, one per input index: a result, or a pipeline's chain."""
+
+    @property
+    def ok(self) -> bool: ...
+
+
+R = TypeVar("R", bound=Row)
 
 
 class CollectReport(msgspec.Struct, frozen=True):
@@ -187,23 +198,24 @@ async def collect(
             await on_commit(cursor)
 
     return await collect_into(
-        store, job, put, wait=wait, poll_s=poll_s, progress=progress, start=start
+        store, job, put, rows=follow, wait=wait, poll_s=poll_s, progress=progress, start=start
     )
 
 
 async def collect_into(
     store: JobStore,
     job: str,
-    put: Callable[[list[Result], int], Awaitable[None]],
+    put: Callable[[list[R], int], Awaitable[None]],
     *,
+    rows: Callable[..., AsyncIterator[list[R]]],
     wait: bool = False,
     poll_s: float = 0.2,
     progress: bool = False,
     start: int = 0,
 ) -> CollectReport:
-    """Hand the results of ``job`` from index ``start`` on to ``put(chunk, cursor)``, in order,
-    ``cursor`` being the index after the chunk; with ``progress``, a bar on stderr. Every
-    output format (JSON Lines, Parquet) is a ``put``."""
+    """Hand the ``rows`` of ``job`` (:func:`follow` for its results) from index ``start`` on to
+    ``put(chunk, cursor)``, in order, ``cursor`` being the index after the chunk; with
+    ``progress``, a bar on stderr. Every output format (JSON Lines, Parquet) is a ``put``."""
     cursor = start
     ok = failed = 0
     total: int | None = None
@@ -225,9 +237,7 @@ async def collect_into(
         bar.refresh()
 
     try:
-        async for chunk in follow(
-            store, job, start=start, wait=wait, poll_s=poll_s, on_status=show
-        ):
+        async for chunk in rows(store, job, start=start, wait=wait, poll_s=poll_s, on_status=show):
             n_ok = sum(1 for r in chunk if r.ok)
             ok += n_ok
             failed += len(chunk) - n_ok
@@ -248,6 +258,9 @@ async def wait_final(
     """The job's reduce output; with ``wait``, waits for it. ConfigError if it has no reduce."""
     await wait_for_job(store, job, wait, poll_s)
     spec = await store.load_spec(job)
+    while spec.then is not None:  # a pipeline's reduce runs over its last step
+        job = spec.then.job
+        spec = await store.load_spec(job)
     if spec.reduce is None:
         raise ConfigError(
             f"job {job!r} has no reduce stage (swarm-enqueue --reduce); collect its results "

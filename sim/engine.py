@@ -85,6 +85,9 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
     step_per_seq_ms: float = 0.05
     # Answer at once, with no decode time: measures the cost of everything but the model.
     instant: bool = False
+    # Prefill time per prompt token not found in the engine's prefix cache (0: free, as the
+    # throughput scenarios assume; the agent scenarios set it).
+    prefill_ms_per_token: float = 0.0
     # Every request as if it set vLLM's ignore_eos: exactly max_tokens tokens each.
     ignore_eos: bool = False
 
@@ -93,6 +96,8 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
             raise ValueError("max_num_seqs must be >= 1 and max_model_len >= 2")
         if self.speed <= 0:
             raise ValueError(f"speed must be > 0, got {self.speed}")
+        if self.prefill_ms_per_token < 0:
+            raise ValueError(f"prefill_ms_per_token must be >= 0, got {self.prefill_ms_per_token}")
 
     def step_s(self, running: int) -> float:
         """Wall time of one decode step with ``running`` sequences."""

@@ -3,10 +3,12 @@ the tests with real processes share."""
 
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Sequence
 from typing import IO
 
@@ -14,7 +16,8 @@ __all__ = ["SimExited", "launch", "wait_listening"]
 
 
 class SimExited(RuntimeError):
-    """The simulator ended before it listened: most often a port taken meanwhile."""
+    """The simulator ended before it listened, or a port it was given is another process's:
+    a port taken between choosing it and binding it (choose new ports and launch again)."""
 
 
 def wait_listening(
@@ -48,9 +51,22 @@ def launch(
     )
     try:
         wait_listening(ports, proc, timeout_s)
+        for port in ports:  # something listens: that it is this simulator, not a neighbour
+            if _pid_of(port) != proc.pid:
+                raise SimExited(f"port {port} is another process's")
     except BaseException:
         if proc.poll() is None:
             proc.kill()
         proc.wait()
         raise
     return proc
+
+
+def _pid_of(port: int) -> int | None:
+    """The pid a swarm-sim on ``port`` reports (None: no simulator of ours answers there)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/sim/pid", timeout=5) as resp:
+            pid = json.loads(resp.read()).get("pid")
+    except (OSError, ValueError):
+        return None
+    return pid if isinstance(pid, int) else None

@@ -2,8 +2,16 @@
 
 Faithful where swarm-queue depends on it: ``/v1/completions`` with a string or a list of prompts
 (choices carry ``index``; ``usage`` is the request's total), ``/v1/chat/completions``,
+``/v1/embeddings`` with a string or a list of inputs (a deterministic vector per text, see
+:func:`sim.text.embedding_for`; one over-long input fails the whole list, as in vLLM),
 ``/v1/models`` with ``max_model_len``, ``/health``, ``/metrics`` with vLLM's gauge names, and
 vLLM's 400 for a prompt that does not fit the context, which fails the WHOLE list request.
+
+For agents: tool calls (a user message's ``CALL name({...})`` directive answered, when the
+tool is offered, with a ``tool_calls`` message: see :mod:`sim.tools`), a JSON schema's object
+when ``response_format`` asks for one, and vLLM's automatic prefix caching (a prompt's cached
+leading blocks prefill for free; ``vllm:prefix_cache_queries_total`` and
+``vllm:prefix_cache_hits_total`` on ``/metrics``: see :mod:`sim.prefix`).
 
 Fault switches (command line, or ``POST /sim/faults`` at run time): a rate of HTTP 500s, a rate
 of connection resets, and an endpoint that dies (stops listening, drops connections) or stalls
@@ -19,6 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import random
 import signal
 import sys
@@ -32,7 +41,9 @@ import msgspec
 from aiohttp import web
 
 from sim.engine import Engine, EngineConfig, EngineStopped
-from sim.text import completion_for, count_tokens
+from sim.prefix import PrefixCache
+from sim.text import count_tokens, embedding_for, sample_for
+from sim.tools import call_id, pending_call, schema_answer
 
 __all__ = ["FaultConfig", "SimEndpoint", "SimFleet", "main"]
 
@@ -57,6 +68,7 @@ class _CompletionRequest(msgspec.Struct, kw_only=True):
     # vLLM's default on /v1/completions: the tokenizer adds its special tokens (the BOS).
     add_special_tokens: bool = True
     ignore_eos: bool = False  # vLLM's: generate exactly max_tokens
+    n: int = 1  # samples per prompt: choice i * n + j is prompt i's sample j, as in vLLM
 
 
 class _TokenizeRequest(msgspec.Struct, kw_only=True):
@@ -68,6 +80,8 @@ class _TokenizeRequest(msgspec.Struct, kw_only=True):
 class _Message(msgspec.Struct):
     role: str
     content: str | None = None
+    tool_calls: list[Any] | None = None
+    tool_call_id: str | None = None
 
 
 class _ChatRequest(msgspec.Struct, kw_only=True):
@@ -80,9 +94,21 @@ class _ChatRequest(msgspec.Struct, kw_only=True):
     # vLLM's default on chat: the chat template carries the special tokens it needs.
     add_special_tokens: bool = False
     ignore_eos: bool = False
+    n: int = 1
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Any = None
+    response_format: dict[str, Any] | None = None
+
+
+class _EmbeddingRequest(msgspec.Struct, kw_only=True):
+    model: str
+    input: str | list[str]
+    encoding_format: str = "float"
+    stream: bool = False  # never set: what the shared route checks
 
 
 _completion_decoder = msgspec.json.Decoder(_CompletionRequest)
+_embedding_decoder = msgspec.json.Decoder(_EmbeddingRequest)
 _chat_decoder = msgspec.json.Decoder(_ChatRequest)
 
 
@@ -120,6 +146,7 @@ class SimEndpoint:
         self.dead = False
         self.requests_total = 0
         self.prompt_tokens_total = 0
+        self.prefix = PrefixCache()
         self._runner: web.AppRunner | None = None
         self._die_task: asyncio.Task[None] | None = None
         self._stalled: list[asyncio.Future[None]] = []
@@ -132,11 +159,13 @@ class SimEndpoint:
         app = web.Application(client_max_size=2**31)  # vLLM (uvicorn) sets no body limit
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_post("/v1/embeddings", self._embeddings)
         app.router.add_get("/v1/models", self._models)
         app.router.add_post("/tokenize", self._tokenize)
         app.router.add_get("/health", self._health)
         app.router.add_get("/metrics", self._metrics)
         app.router.add_post("/sim/faults", self._set_faults)
+        app.router.add_get("/sim/pid", self._pid)
         app.router.add_post("/sim/models", self._set_models)
         return app
 
@@ -278,7 +307,11 @@ class SimEndpoint:
             _abort(request)
             return web.Response(status=503)
 
-    async def _generate(self, lengths: list[int], prompt_tokens: int) -> None:
+    async def _generate(self, lengths: list[int], prompt_tokens: int, prefill: int = 0) -> None:
+        """Decode ``lengths`` after prefilling ``prefill`` uncached prompt tokens."""
+        cost = self.config.prefill_ms_per_token
+        if prefill and cost and not self.config.instant:
+            await asyncio.sleep(prefill * cost / 1000.0 / self.config.speed)
         await self.engine.generate(lengths)
         if self.dead:
             raise EngineStopped()
@@ -307,8 +340,11 @@ class SimEndpoint:
             if (err := self._context_error(n, max_tokens)) is not None:
                 return err
         ignore_eos = req.ignore_eos or self.config.ignore_eos
-        outs = [completion_for(p, max_tokens, ignore_eos=ignore_eos) for p in seen]
-        await self._generate([n for _, n, _ in outs], sum(ptoks))
+        if req.n < 1:
+            return self._error(400, f"n must be at least 1, got {req.n}.", "BadRequestError", "n")
+        outs = [_sample(p, max_tokens, j, req, ignore_eos) for p in seen for j in range(req.n)]
+        prefill = sum(self.prefix.lookup(p) for p in seen)
+        await self._generate([n for _, n, _ in outs], sum(ptoks), prefill)
         ctoks = sum(n for _, n, _ in outs)
         return self._ok(
             {
@@ -335,13 +371,50 @@ class SimEndpoint:
             }
         )
 
+    async def _embeddings(self, request: web.Request) -> web.StreamResponse:
+        return await self._serve(request, _embedding_decoder, self._embed)
+
+    async def _embed(self, req: _EmbeddingRequest) -> web.Response:
+        texts = [req.input] if isinstance(req.input, str) else req.input
+        if not texts:
+            return self._error(400, "input must not be empty", "BadRequestError", "input")
+        if req.encoding_format != "float":
+            return self._error(
+                400, "swarm-sim answers encoding_format float only", "BadRequestError"
+            )
+        ptoks = [count_tokens(t) for t in texts]
+        limit = self.config.max_model_len
+        for n in ptoks:  # one over-long input fails the whole list, as in vLLM
+            if n > limit:
+                return self._error(
+                    400,
+                    f"This model's maximum context length is {limit} tokens. However, you "
+                    f"requested {n} tokens in the input for embedding generation. Please "
+                    "reduce the length of the input.",
+                    "BadRequestError",
+                )
+        await self._generate([1] * len(texts), sum(ptoks))  # a prefill, one step
+        return self._ok(
+            {
+                "id": f"embd-{uuid.uuid4().hex}",
+                "object": "list",
+                "created": int(time.time()),
+                "model": req.model,
+                "data": [
+                    {"index": i, "object": "embedding", "embedding": embedding_for(t)}
+                    for i, t in enumerate(texts)
+                ],
+                "usage": {"prompt_tokens": sum(ptoks), "total_tokens": sum(ptoks)},
+            }
+        )
+
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         return await self._serve(request, _chat_decoder, self._chat_complete)
 
     async def _chat_complete(self, req: _ChatRequest) -> web.Response:
         # A stand-in chat template: what the model sees is a pure function of the messages.
         prompt = self.bos_token if self.chat_template_bos else ""
-        prompt += "".join(f"<|{m.role}|>\n{m.content or ''}\n" for m in req.messages)
+        prompt += "".join(f"<|{m.role}|>\n{_said(m)}\n" for m in req.messages)
         prompt += "<|assistant|>\n"
         if req.add_special_tokens:
             prompt = self.bos_token + prompt
@@ -352,8 +425,35 @@ class SimEndpoint:
         if (err := self._context_error(ptoks, max_tokens)) is not None:
             return err
         ignore_eos = req.ignore_eos or self.config.ignore_eos
-        text, n, reason = completion_for(prompt, max_tokens, ignore_eos=ignore_eos)
-        await self._generate([n], ptoks)
+        if req.n < 1:
+            return self._error(400, f"n must be at least 1, got {req.n}.", "BadRequestError", "n")
+        prefill = self.prefix.lookup(prompt)
+        offered = {t.get("function", {}).get("name") for t in req.tools or []}
+        pending = pending_call([(m.role, m.content) for m in req.messages], offered)
+        if pending is not None:
+            return await self._tool_call(req, pending, ptoks, prefill)
+        schema = ((req.response_format or {}).get("json_schema") or {}).get("schema")
+        if isinstance(schema, dict):
+            text = _json.encode(schema_answer(schema, prompt)).decode()
+            outs = [(text, count_tokens(text), "stop")] * req.n
+        else:
+            outs = [_sample(prompt, max_tokens, j, req, ignore_eos) for j in range(req.n)]
+        await self._generate([n for _, n, _ in outs], ptoks, prefill)
+        messages = [
+            {"role": "assistant", "content": t.lstrip(), "tool_calls": []} for t, _, _ in outs
+        ]
+        reasons = [reason for _, _, reason in outs]
+        return self._chat_answer(req, messages, reasons, ptoks, sum(n for _, n, _ in outs))
+
+    def _chat_answer(
+        self,
+        req: _ChatRequest,
+        messages: list[dict[str, Any]],
+        reasons: list[str],
+        ptoks: int,
+        ctoks: int,
+    ) -> web.Response:
+        """A chat completion holding ``messages`` as its choices, in vLLM's shape."""
         return self._ok(
             {
                 "id": f"chatcmpl-{uuid.uuid4().hex}",
@@ -362,24 +462,38 @@ class SimEndpoint:
                 "model": req.model,
                 "choices": [
                     {
-                        "index": 0,
-                        "message": {
-                            "role": "assistant",
-                            "content": text.lstrip(),
-                            "tool_calls": [],
-                        },
+                        "index": j,
+                        "message": message,
                         "logprobs": None,
                         "finish_reason": reason,
                         "stop_reason": None,
                     }
+                    for j, (message, reason) in enumerate(zip(messages, reasons, strict=True))
                 ],
                 "usage": {
                     "prompt_tokens": ptoks,
-                    "completion_tokens": n,
-                    "total_tokens": ptoks + n,
+                    "completion_tokens": ctoks,
+                    "total_tokens": ptoks + ctoks,
                 },
             }
         )
+
+    async def _tool_call(
+        self, req: _ChatRequest, call: tuple[str, str], ptoks: int, prefill: int
+    ) -> web.Response:
+        """The answer asking for tool ``call``: a ``tool_calls`` message, as vLLM's parsers
+        give it."""
+        name, arguments = call
+        ctoks = count_tokens(arguments) + 4
+        await self._generate([ctoks], ptoks, prefill)
+        turn = sum(1 for m in req.messages if m.role == "assistant")
+        call_json = {
+            "id": call_id(name, arguments, turn),
+            "type": "function",
+            "function": {"name": name, "arguments": arguments},
+        }
+        message = {"role": "assistant", "content": None, "tool_calls": [call_json]}
+        return self._chat_answer(req, [message], ["tool_calls"], ptoks, ctoks)
 
     async def _alive(self, request: web.Request) -> web.Response | None:
         """For /health and /v1/models: a dead endpoint drops the connection, a stalled one hangs."""
@@ -447,6 +561,12 @@ class SimEndpoint:
             f"vllm:generation_tokens_total{label} {self.engine.generated_tokens}",
             "# TYPE vllm:prompt_tokens_total counter",
             f"vllm:prompt_tokens_total{label} {self.prompt_tokens_total}",
+            "# HELP vllm:prefix_cache_queries_total Prefix cache queries, in tokens.",
+            "# TYPE vllm:prefix_cache_queries_total counter",
+            f"vllm:prefix_cache_queries_total{label} {self.prefix.queries}",
+            "# HELP vllm:prefix_cache_hits_total Prefix cache hits, in tokens.",
+            "# TYPE vllm:prefix_cache_hits_total counter",
+            f"vllm:prefix_cache_hits_total{label} {self.prefix.hits}",
         ]
         for name, hist in (
             ("vllm:request_queue_time_seconds", self.engine.queue_time),
@@ -470,6 +590,10 @@ class SimEndpoint:
         self.models = models
         return self._ok(models)
 
+    async def _pid(self, request: web.Request) -> web.StreamResponse:
+        """The simulator's process: which process a port belongs to (see sim/launch.py)."""
+        return self._ok({"pid": os.getpid()})
+
     async def _set_faults(self, request: web.Request) -> web.StreamResponse:
         try:
             self.faults = msgspec.json.decode(await request.read(), type=FaultConfig)
@@ -478,6 +602,25 @@ class SimEndpoint:
         self.started = time.monotonic()  # die/stall delays count from now
         self._schedule_death()
         return self._ok(msgspec.to_builtins(self.faults))
+
+
+def _said(m: _Message) -> str:
+    """What a message contributes to the stand-in chat template: its text, its tool calls."""
+    calls = _json.encode(m.tool_calls).decode() if m.tool_calls else ""
+    return (m.content or "") + calls
+
+
+def _sample(
+    prompt: str,
+    max_tokens: int,
+    j: int,
+    req: _CompletionRequest | _ChatRequest,
+    ignore_eos: bool,
+) -> tuple[str, int, str]:
+    """Sample ``j`` of ``prompt``: greedy decoding (temperature 0) gives every sample the same
+    answer, as an engine does; sampling spreads them (see :func:`sim.text.sample_for`)."""
+    greedy = req.temperature is not None and req.temperature == 0
+    return sample_for(prompt, max_tokens, 0 if greedy else j, ignore_eos=ignore_eos)
 
 
 def _abort(request: web.Request) -> None:
@@ -533,6 +676,12 @@ def build_fleet(argv: Sequence[str] | None = None) -> SimFleet:
     p.add_argument("--speed", default="1.0", help="per-port speed factors, e.g. 1,1,1,0.5")
     p.add_argument("--step-ms", type=float, default=10.0, help="decode step base cost (ms)")
     p.add_argument("--step-per-seq-ms", type=float, default=0.05, help="added cost per running seq")
+    p.add_argument(
+        "--prefill-ms-per-token",
+        type=float,
+        default=0.0,
+        help="prefill cost of each prompt token not in the engine's prefix cache (default 0)",
+    )
     p.add_argument("--instant", action="store_true", help="answer at once (overhead benchmarks)")
     p.add_argument(
         "--ignore-eos",
@@ -585,6 +734,7 @@ def build_fleet(argv: Sequence[str] | None = None) -> SimFleet:
             speed=speeds[i] or 1.0,
             step_base_ms=a.step_ms,
             step_per_seq_ms=a.step_per_seq_ms,
+            prefill_ms_per_token=a.prefill_ms_per_token,
             instant=a.instant,
             ignore_eos=a.ignore_eos,
         )

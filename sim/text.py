@@ -2,13 +2,28 @@
 
 Tests and benchmarks import :func:`completion_for` to check every result the system returns.
 One word is one token; a prompt is ``ceil(chars / 4)`` tokens, a rough stand-in for a tokenizer.
+An embedding (:func:`embedding_for`) is a pure function of the text too, built so that texts
+sharing most of their words lie close (cosine near 1) and unrelated texts do not: clustering
+tests have known answers.
 """
 
 from __future__ import annotations
 
+import math
+import re
 import zlib
 
-__all__ = ["completion_for", "count_tokens", "natural_length"]
+__all__ = [
+    "EMBED_DIMS",
+    "completion_for",
+    "count_tokens",
+    "embedding_for",
+    "natural_length",
+    "sample_for",
+]
+
+# The simulator's embedding size (small real models have 384 to 1024).
+EMBED_DIMS = 64
 
 _WORDS = [
     "alpha",
@@ -68,3 +83,33 @@ def completion_for(
     n = min(natural, max_tokens)
     words = [f"<{h:08x}>"] + [_WORDS[(h + 7 * i) % len(_WORDS)] for i in range(1, n)]
     return " " + " ".join(words[:n]), n, "length" if natural > max_tokens else "stop"
+
+
+_TOKEN = re.compile(r"\w+")
+
+
+def embedding_for(text: str, dims: int = EMBED_DIMS) -> list[float]:
+    """The simulator's embedding of ``text``: each word (lower-cased) hashed to one of ``dims``
+    axes with a sign, summed, normalised to length 1. Texts with the same words embed the
+    same; one word in ten changed still leaves a cosine near 0.9. A text with no word gets a
+    fixed unit vector."""
+    vec = [0.0] * dims
+    for word in _TOKEN.findall(text.lower()):
+        h = zlib.crc32(word.encode("utf-8"))
+        vec[h % dims] += 1.0 if (h >> 16) & 1 else -1.0
+    norm = math.sqrt(sum(x * x for x in vec))
+    if norm == 0:
+        return [1.0] + [0.0] * (dims - 1)
+    return [x / norm for x in vec]
+
+
+def sample_for(
+    prompt: str, max_tokens: int, j: int, *, ignore_eos: bool = False
+) -> tuple[str, int, str]:
+    """Sample ``j`` of a sampled request (vLLM's ``n``): sample 0 is :func:`completion_for`'s
+    answer, each later one one of two others, chosen by the prompt and ``j``: so a prompt's
+    samples agree in part, and a majority and an entropy have known values."""
+    if j == 0:
+        return completion_for(prompt, max_tokens, ignore_eos=ignore_eos)
+    variant = 1 + (_digest(prompt) + j) % 2
+    return completion_for(f"{prompt}\x00{variant}", max_tokens, ignore_eos=ignore_eos)

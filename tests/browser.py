@@ -40,6 +40,7 @@ class Browser:
 
     def __init__(self, tmp: Path, width: int = 1400, height: int = 900) -> None:
         assert CHROMIUM is not None
+        self.chromium: str = CHROMIUM
         self.profile = tmp / "chromium-profile"
         self.width, self.height = width, height
         self.proc: asyncio.subprocess.Process | None = None
@@ -50,7 +51,7 @@ class Browser:
     async def __aenter__(self) -> Browser:
         await asyncio.to_thread(self.profile.mkdir)
         self.proc = await asyncio.create_subprocess_exec(
-            CHROMIUM,
+            self.chromium,
             *_FLAGS,
             f"--user-data-dir={self.profile}",
             "about:blank",

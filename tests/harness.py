@@ -22,8 +22,9 @@ import msgspec
 import redis
 
 from common.embedded import EmbeddedRedis, free_port
+from common.keys import Keys
 from common.reduce import render
-from sim.launch import launch, wait_listening
+from sim.launch import SimExited, launch, wait_listening
 from sim.text import completion_for
 
 __all__ = [
@@ -165,9 +166,15 @@ class Fleet:
             SWARM_BACKOFF_BASE_S="0.05",
             SWARM_BACKOFF_CAP_S="0.5",
         )
-        self.sim = launch(
-            self.ports, "--step-ms", "2", "--max-model-len", str(MAX_MODEL_LEN), *sim_args
-        )
+        args = ("--step-ms", "2", "--max-model-len", str(MAX_MODEL_LEN), *sim_args)
+        for attempt in range(3):  # a port taken meanwhile by another test: choose others
+            try:
+                self.sim = launch(self.ports, *args)
+                break
+            except SimExited:
+                if attempt == 2:
+                    raise
+                self.ports = [free_port() for _ in range(n_ports)]
         self.workers: list[subprocess.Popen[bytes]] = []
         self.logs: list[Path] = []
 
@@ -234,7 +241,7 @@ class Fleet:
     def done(self, job: str) -> int:
         client = redis.Redis.from_url(self.redis_url)
         try:
-            raw = client.hmget(f"{self.prefix}:{{{job}}}:meta", ["done", "failed"])
+            raw = client.hmget(Keys(self.prefix).meta(job), ["done", "failed"])
         except redis.ConnectionError:
             return 0
         finally:
@@ -329,3 +336,35 @@ def wrong_key_endpoint() -> Iterator[str]:
     finally:
         server.shutdown()
         server.server_close()
+
+
+# What the agent tests share: their output schema and their task, whose two directives have the
+# simulator call tests.agent_tools's slow_add (the same for every agent) then fetch (each its own).
+AGENT_SCHEMA = {
+    "type": "object",
+    "properties": {"title": {"type": "string"}, "year": {"type": "integer"}},
+    "required": ["title", "year"],
+}
+AGENT_TASK = (
+    'Find paper {n}. CALL slow_add({{"a": 1, "b": 2}}) then CALL fetch({{"url": "doc{n}"}})'
+)
+
+
+def tool_runner(env: Mapping[str, str], log: Path, out: Path) -> subprocess.Popen[bytes]:
+    """A tool runner process (``arq worker.ToolSettings``) running tests.agent_tools, each run
+    written to ``log``, its output to ``out``; ``env``: its Redis and any other setting."""
+    repo = Path(__file__).resolve().parent.parent
+    full = {
+        "PATH": "/usr/bin:/bin",
+        **env,
+        "SWARM_TOOLS": "tests.agent_tools:*",
+        "SWARM_TEST_TOOL_LOG": str(log),
+    }
+    with open(out, "ab") as fh:
+        return subprocess.Popen(
+            [sys.executable, "-m", "arq", "worker.ToolSettings"],
+            cwd=repo,
+            env=full,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+        )

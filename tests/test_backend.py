@@ -4,7 +4,9 @@ endpoint's backend is chosen by its hostfile tag."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
+import msgspec
 import pytest
 
 from common.errors import ConfigError
@@ -21,6 +23,8 @@ from worker.endpoint import (
     ChatMessage,
     Choice,
     CompletionBody,
+    EmbeddingBody,
+    EmbeddingDatum,
     EndpointClient,
     Load,
     ModelInfo,
@@ -60,14 +64,26 @@ class Shouting:
     async def chat(
         self,
         model: str,
-        messages: list[dict[str, str]],
+        messages: list[dict[str, Any]],
         params: SamplingParams,
         *,
         timeout_s: float | None = None,
+        tools: list[dict[str, Any]] | None = None,
     ) -> ChatBody:
         self.requests += 1
         text = messages[-1]["content"].upper()
         return ChatBody(choices=[ChatChoice(0, ChatMessage(text), "stop")], model=model)
+
+    async def embed(
+        self, model: str, texts: list[str], *, timeout_s: float | None = None
+    ) -> EmbeddingBody:
+        self.requests += 1
+        # A text's vector is its length and its count of capitals, answered in reverse order.
+        data = [
+            EmbeddingDatum(i, [float(len(t)), float(sum(c.isupper() for c in t))])
+            for i, t in enumerate(texts)
+        ][::-1]
+        return EmbeddingBody(data=data, model=model)
 
     async def load(self, timeout_s: float = 5.0) -> Load | None:
         return None
@@ -92,6 +108,25 @@ async def test_the_worker_drives_any_backend_the_protocol_describes(
     lines = await collect_lines(store, "j")
     assert [x["text"] for x in lines] == [p.upper() for p, _ in prompts(100)]
     assert {x["model"] for x in lines} == {"shout"} and backend.requests == 100 // 8 + 1
+
+
+async def test_an_embeddings_job_fits_the_protocol_as_a_request_kind(
+    make_settings: Callable[..., Settings], store: JobStore
+) -> None:
+    backend = Shouting()
+    texts = ["abc", "Hello World", "X"] * 10
+    embed = msgspec.structs.replace(spec(), embed=True)
+    await enqueue_prompts(store, embed, [(t, None) for t in texts])
+    engine = Engine(make_settings(batch_size=8), store, [backend])
+    try:
+        await engine.run(burst=True)
+    finally:
+        await engine.close()
+    lines = await collect_lines(store, "j")
+    assert [x["embedding"] for x in lines] == [
+        [float(len(t)), float(sum(c.isupper() for c in t))] for t in texts
+    ]
+    assert all(x["text"] is None for x in lines) and backend.requests == 30 // 8 + 1
 
 
 async def test_an_endpoints_backend_is_its_hostfile_tag_and_vllm_by_default() -> None:

@@ -30,7 +30,7 @@ class FakeEndpoint(EndpointClient):
         out = self.answer(prompts)
         if isinstance(out, Exception):
             raise out
-        return out  # type: ignore[no-any-return]
+        return out
 
 
 def _echo(prompts: list[str], skip: frozenset[int] = frozenset()) -> CompletionBody:

@@ -34,7 +34,7 @@ def _smoke(name: str, tmp_path: Path) -> dict[str, Any]:
     assert run.returncode == 0, run.stderr[-3000:]
     scenarios = json.loads(out.read_text())
     assert [s["name"] for s in scenarios] == [name]
-    return scenarios[0]  # type: ignore[no-any-return]
+    return scenarios[0]
 
 
 def test_the_scenarios_are_the_ten_reported() -> None:

@@ -53,7 +53,7 @@ async def test_chat_mode_and_template_mode_give_the_model_the_same_text(
 async def test_a_chat_prompt_over_the_context_fails_alone(
     make_settings: Callable[..., Settings], store: JobStore, sim_fleet: Callable[..., SimFleet]
 ) -> None:
-    items = [(p, None) for p, _ in prompts(20)]
+    items: list[tuple[str, str | None]] = [(p, None) for p, _ in prompts(20)]
     items[4] = ("z" * 20000, "long")
     await enqueue_prompts(
         store, JobSpec(job="c", params=SamplingParams(max_tokens=8), chat=True), items

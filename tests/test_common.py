@@ -80,7 +80,7 @@ def test_backoff_survives_huge_attempt_counts() -> None:
 )
 def test_backoff_rejects_nonsense(kwargs: dict[str, float], message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        backoff_s(**kwargs)  # type: ignore[arg-type]
+        backoff_s(**kwargs)
 
 
 # -- hostfile ---------------------------------------------------------------------------
@@ -140,14 +140,14 @@ def test_settings_from_env_with_overrides() -> None:
 
 
 def test_settings_hostfile(tmp_path: pytest.TempPathFactory) -> None:
-    path = tmp_path / "hosts"  # type: ignore[operator]
+    path = tmp_path / "hosts"
     path.write_text("n1\t8001\nn2\n")
     s = Settings.from_env({"SWARM_HOSTFILE": str(path)})
     assert [e.url for e in s.endpoints] == ["http://n1:8001", "http://n2:8000"]
 
 
 def test_hostfile_endpoints_filtered_by_tag_and_host(tmp_path: pytest.TempPathFactory) -> None:
-    path = tmp_path / "hosts"  # type: ignore[operator]
+    path = tmp_path / "hosts"
     path.write_text(
         "# written by the vLLM launch script\n"
         "x1000c0s0b0n0.hsn.example\t8000\tmodel=70b\tgpu=4\n"
@@ -288,6 +288,7 @@ def test_swarm_retry_kinds_are_the_failure_kinds_that_keep_their_entry(
         "dead_letter",
         "cancelled",
         "bad_entry",
+        "measure",
     ]
     assert FailureKind.MISSING not in RETRYABLE_KINDS  # evicted: nothing left to queue again
     with pytest.raises(SystemExit) as usage:

@@ -14,7 +14,7 @@ from producer.inputs import detect_format, iter_prompts
 
 def _read(text: str, source: str = "in.jsonl", **kw: object) -> list[tuple[int, str, str | None]]:
     lines = text.encode().splitlines(keepends=True)
-    return [(p.line, p.prompt, p.custom_id) for p in iter_prompts(lines, source, **kw)]  # type: ignore[arg-type]
+    return [(p.line, p.prompt, p.custom_id) for p in iter_prompts(lines, source, **kw)]
 
 
 def test_plain_text_one_prompt_per_line_blank_lines_skipped() -> None:

@@ -431,7 +431,7 @@ async def test_collect_evict_leaves_only_unwritten_results_in_redis(
         [(eid, Result(index=i, text=f"t{i}"), None) for i, (eid, _) in enumerate(got) if i < 4500],
         gen=await gen_of(store, "j"),
     )
-    out = str(tmp_path / "out.jsonl")  # type: ignore[operator]
+    out = str(tmp_path / "out.jsonl")
     first = await collect_to_file(store, "j", out, wait=False, progress=False, evict=True)
     assert (first.written, first.complete) == (4500, False)
     assert await store.redis.hlen(store.keys.results("j")) == 0  # all written lines evicted

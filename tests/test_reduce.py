@@ -5,13 +5,13 @@ reduce over three levels, context-sized groups, aggregators with failures, idemp
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import pytest
 
 from common.errors import ConfigError
 from common.keys import stage_name
-from common.models import JobSpec, ReduceSpec, Result, SamplingParams
+from common.models import JobSpec, PromptItem, ReduceSpec, Result, SamplingParams
 from common.reduce import render
 from common.settings import Settings
 from common.store import JobStore, index_of
@@ -115,9 +115,9 @@ async def test_aggregator_reduce_runs_when_the_map_stage_ends(
     final = await store.read_final("v")
     assert final is not None
     winner = completion_for("same question", 8)[0].strip().casefold()
-    assert final.value["winner"] == winner  # type: ignore[index]
-    assert final.value["votes"] == 5  # type: ignore[index]
-    assert final.value["share"] == 5 / 6  # type: ignore[index]
+    assert final.value["winner"] == winner
+    assert final.value["votes"] == 5
+    assert final.value["share"] == 5 / 6
     assert [(f.index, f.kind) for f in final.failed] == [(5, "rejected")]
 
 
@@ -236,13 +236,13 @@ async def test_a_stage_change_cut_off_halfway_is_finished_by_the_next_run(
             calls = 0
 
             async def add_then_die(
-                job: str, items: list[object], digest: str = "", *, gen: str
+                job: str, items: Sequence[PromptItem], digest: str = "", *, gen: str
             ) -> None:
                 nonlocal calls
                 calls += 1
                 if calls == 2:  # the first chunk of level 1 is in; the process dies
                     raise _Crash
-                await real_add(job, items, digest, gen=gen)  # type: ignore[arg-type]
+                await real_add(job, items, digest, gen=gen)
 
             store.add_items = add_then_die  # type: ignore[method-assign]
             with pytest.raises(_Crash):

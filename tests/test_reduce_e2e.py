@@ -156,7 +156,7 @@ def test_workers_import_only_the_reduce_functions_they_allow(
             text=True,
             timeout=60,
         )
-        return msgspec.json.decode(out.stdout)  # type: ignore[no-any-return]
+        return msgspec.json.decode(out.stdout)
 
     assert fleet.enqueue("denied", 50, set(), "--reduce", "reducer_mod:count").wait(60) == 0
     assert fleet.worker("w", [0]).wait(timeout=60) == 0

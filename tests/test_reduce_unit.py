@@ -46,7 +46,7 @@ def test_vote_normalises_answers_and_reports_the_winning_share() -> None:
 
 def test_vote_tie_goes_to_the_answer_seen_first() -> None:
     out = aggregate("j", ReduceSpec(kind="vote"), results("B", "a", "b", "A"))
-    assert out.value["winner"] == "b"  # type: ignore[index]
+    assert out.value["winner"] == "b"
 
 
 def test_vote_with_every_prompt_failed_has_no_winner() -> None:

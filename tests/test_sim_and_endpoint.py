@@ -306,3 +306,17 @@ async def test_vllm_routes_missing_or_unreachable_are_answers_not_errors() -> No
         assert await gone.tokenize("x", "m", timeout_s=2) is None
     finally:
         await gone.close()
+
+
+def test_a_simulator_given_a_port_another_process_holds_says_so() -> None:
+    """Not "listening" because a neighbour listens there: the launch checks the pid."""
+    import socket
+
+    from sim.launch import SimExited, launch
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(SimExited):
+            launch([port], timeout_s=20)

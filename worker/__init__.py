@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["WorkerSettings"]
+__all__ = ["ToolSettings", "WorkerSettings"]
 
 
 def __getattr__(name: str) -> Any:
@@ -17,4 +17,8 @@ def __getattr__(name: str) -> Any:
         from worker.app import load_worker_settings
 
         return load_worker_settings()
+    if name == "ToolSettings":  # a tool runner (swarm-tools)
+        from worker.tools import load_tool_settings
+
+        return load_tool_settings()
     raise AttributeError(f"module 'worker' has no attribute {name!r}")

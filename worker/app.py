@@ -25,36 +25,22 @@ import os
 import signal
 import sys
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
 
-import msgspec
 from arq import Retry
-from arq.connections import ArqRedis, RedisSettings
+from arq.connections import ArqRedis
 from arq.jobs import Job, JobStatus
 from arq.worker import func
 
+from common.arqconf import arq_redis_settings, job_deserializer, job_serializer
 from common.errors import ConfigError, EndpointRetryable, StoreUnavailable
 from common.settings import Settings
-from common.store import RETRY_ON, JobStore, cluster_node_of, redis_retry
+from common.store import JobStore
 from worker.engine import Engine
 from worker.reduce import StageBusy
 
 __all__ = ["job_deserializer", "job_serializer", "load_worker_settings", "worker_settings"]
 
 log = logging.getLogger("swarm.worker")
-
-_encoder = msgspec.msgpack.Encoder()
-_decoder = msgspec.msgpack.Decoder()
-
-
-def job_serializer(data: dict[str, Any]) -> bytes:
-    """arq job payloads as msgpack (arq's default is pickle)."""
-    return _encoder.encode(data)
-
-
-def job_deserializer(data: bytes) -> dict[str, Any]:
-    result: dict[str, Any] = _decoder.decode(data)
-    return result
 
 
 def load_worker_settings() -> dict[str, Any]:
@@ -250,34 +236,6 @@ async def ping(ctx: dict[str, Any]) -> str:
     return "pong"
 
 
-def _arq_redis_settings(settings: Settings) -> RedisSettings:
-    """arq's connection: the Redis of ``settings``; on a Redis Cluster, the primary serving
-    the slot that every arq key shares (see ``Keys.arq_queue``), since arq's client knows
-    no cluster."""
-    base = RedisSettings.from_dsn(settings.redis_url)
-    # arq reads the user and password from the URL's authority only; redis-py, which every
-    # other command uses, also from its query (``?password=...``): the worker takes both.
-    query = parse_qs(urlsplit(settings.redis_url).query)
-    base = dataclasses.replace(
-        base,
-        username=base.username or next(reversed(query.get("username", [])), None),
-        password=base.password or next(reversed(query.get("password", [])), None),
-    )
-    if settings.redis_cluster:
-        host, port = cluster_node_of(
-            settings.redis_url, settings.keys.arq_queue, ca_file=settings.redis_ca_file
-        )
-        base = dataclasses.replace(base, host=host, port=port)
-    return dataclasses.replace(
-        base,
-        retry=redis_retry(),
-        retry_on_error=RETRY_ON,
-        retry_on_timeout=True,
-        conn_retries=30,
-        ssl_ca_certs=settings.redis_ca_file or None,
-    )
-
-
 def worker_settings(settings: Settings, *, burst: bool = False) -> dict[str, Any]:
     """arq's worker arguments for ``settings`` (arq takes a mapping as well as a class).
 
@@ -296,7 +254,7 @@ def worker_settings(settings: Settings, *, burst: bool = False) -> dict[str, Any
         ],
         "on_startup": startup,
         "on_shutdown": shutdown,
-        "redis_settings": _arq_redis_settings(settings),
+        "redis_settings": arq_redis_settings(settings),
         "queue_name": settings.keys.arq_queue,
         "health_check_key": settings.keys.arq_health_check,
         "job_serializer": job_serializer,

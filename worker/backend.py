@@ -2,23 +2,31 @@
 implementation serves an endpoint (:func:`backend_for`).
 
 What every backend must do: say whether it is ready, list the models it serves, and answer a
-list of completion prompts or a chat conversation. What it may not know: its scheduler's load
-(the in-flight window then stays where it is) and a prompt's exact token count (the reduce
-then estimates): those answer None. The drain loop, the window, the probe and the reduce ask
-this protocol, never a server's own types, so another server (or new kinds of request:
-embeddings, several samples, tools) is a new implementation here, not edits across the worker.
+list of completion prompts, a chat conversation or a list of texts to embed. What it may not
+know: its scheduler's load (the in-flight window then stays where it is) and a prompt's exact
+token count (the reduce then estimates): those answer None. The drain loop, the window, the
+probe and the reduce ask this protocol, never a server's own types, so another server (or new
+kinds of request: several samples, tools) is a new implementation here, not edits across the
+worker.
 The one implementation today is the vLLM OpenAI-compatible server (:class:`EndpointClient`),
 chosen by default, or by an endpoint's hostfile tag ``backend=vllm``.
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 from common.errors import ConfigError
 from common.hostfile import Endpoint
 from common.models import SamplingParams
-from worker.endpoint import ChatBody, CompletionBody, EndpointClient, Load, ModelInfo
+from worker.endpoint import (
+    ChatBody,
+    CompletionBody,
+    EmbeddingBody,
+    EndpointClient,
+    Load,
+    ModelInfo,
+)
 
 __all__ = ["BACKENDS", "Backend", "backend_for"]
 
@@ -55,12 +63,19 @@ class Backend(Protocol):
     async def chat(
         self,
         model: str,
-        messages: list[dict[str, str]],
+        messages: list[dict[str, Any]],
         params: SamplingParams,
         *,
         timeout_s: float | None = None,
+        tools: list[dict[str, Any]] | None = None,
     ) -> ChatBody:
-        """One chat request of one conversation."""
+        """One chat request of one conversation (``tools``: offered to the model)."""
+        ...
+
+    async def embed(
+        self, model: str, texts: list[str], *, timeout_s: float | None = None
+    ) -> EmbeddingBody:
+        """One embeddings request holding every text of ``texts``, vectors mapped by index."""
         ...
 
     async def load(self, timeout_s: float = 5.0) -> Load | None:

@@ -1,6 +1,7 @@
 """One batch of prompts through one endpoint: the worker's one retry loop, lists split by
-sampling settings, rejected lists bisected, chat fanned out, and the answer checked and mapped
-by ``choice.index``. Talks to the endpoint only; Redis is the drainer's.
+sampling settings, rejected lists bisected, chat fanned out, embeddings sent as lists too, and
+the answer checked and mapped by ``choice.index`` (an embedding's ``index``). Talks to the
+endpoint only; Redis is the drainer's.
 
 A list request carries one set of sampling fields, so prompts with settings of their own (an
 OpenAI batch line's) go in one request per distinct setting, side by side. vLLM fails a whole
@@ -20,13 +21,23 @@ from typing import TypeVar
 import msgspec
 
 from common.errors import EndpointError, EndpointRejected, EndpointRetryable
-from common.models import JobSpec, PromptItem, Result, SamplingParams, Usage, encode
+from common.models import (
+    JobSpec,
+    PromptItem,
+    Result,
+    SamplingParams,
+    ToolCall,
+    Usage,
+    encode,
+    pack_vector,
+)
+from common.perprompt import PER_PROMPT_KINDS
 from common.request import Request, Route, render
 from common.settings import Settings
 from common.vocab import FailureKind
 from worker.backend import Backend
 from worker.circuit import Circuit, GiveUp
-from worker.endpoint import ChatBody, CompletionBody, CompletionUsage
+from worker.endpoint import ChatBody, CompletionBody, CompletionUsage, EmbeddingBody
 from worker.metrics import NO_METRICS, Metrics
 
 __all__ = ["BatchRunner", "Tally", "check_choice_indices"]
@@ -153,51 +164,138 @@ class BatchRunner:
     ) -> list[Result]:
         """Results for ``items`` (all sent with ``params``) in order; bisects a rejected list
         to isolate the bad prompts; asks again for choices the server left out."""
+        if spec.embed:
+            return await self._embed(spec, model, items, prior, tally)
         requests = [render(spec, it) for it in items]
         if requests[0].route == Route.CHAT:
             return await self._chat(spec, model, items, requests, prior, tally)
         prompts = [r.text or "" for r in requests]
-        timeout = self.settings.request_timeout_for(len(items), params.max_tokens)
+        # Every sample is a sequence of its own to the engine.
+        timeout = self.settings.request_timeout_for(len(items) * (params.n or 1), params.max_tokens)
         special = requests[0].add_special_tokens
+
+        n = params.n or 1
 
         async def call() -> CompletionBody:
             body = await self.client.complete(
                 model, prompts, params, timeout_s=timeout, add_special_tokens=special
             )
-            check_choice_indices(self.client.label, [c.index for c in body.choices], len(prompts))
+            # Several samples a prompt: choice i * n + j is prompt i's sample j.
+            check_choice_indices(
+                self.client.label, [c.index for c in body.choices], len(prompts) * n
+            )
             return body
+
+        def again(part: list[PromptItem], attempts: int) -> Awaitable[list[Result]]:
+            return self._complete(spec, model, part, params, attempts, tally)
 
         try:
             body, attempts = await self._retrying(spec.job, call)
         except EndpointRejected as exc:
-            attempts = prior + 1
-            if len(items) == 1:
-                return [
-                    self._failed(items[0], exc.message, FailureKind.REJECTED, attempts, exc.status)
-                ]
-            mid = len(items) // 2
-            left, right = await asyncio.gather(
-                self._complete(spec, model, items[:mid], params, attempts, tally),
-                self._complete(spec, model, items[mid:], params, attempts, tally),
-            )
-            return left + right
+            return await self._bisect(items, exc, prior, again)
         if body.usage is not None:
             tally.add(body.usage)
         attempts += prior
-        mapped = self._map_choices(items, body, attempts)
+        mapped = self._map_choices(items, body, attempts, n)
+        return await self._fill_missing(items, mapped, attempts, again)
+
+    async def _bisect(
+        self,
+        items: list[PromptItem],
+        exc: EndpointRejected,
+        prior: int,
+        again: Callable[[list[PromptItem], int], Awaitable[list[Result]]],
+    ) -> list[Result]:
+        """A list the server refused (one item over the context fails it whole): each half
+        asked ``again``, down to the items that fail alone, with the server's message."""
+        attempts = prior + 1
+        if len(items) == 1:
+            return [self._failed(items[0], exc.message, FailureKind.REJECTED, attempts, exc.status)]
+        mid = len(items) // 2
+        left, right = await asyncio.gather(
+            again(items[:mid], attempts), again(items[mid:], attempts)
+        )
+        return left + right
+
+    async def _fill_missing(
+        self,
+        items: list[PromptItem],
+        mapped: list[Result | None],
+        attempts: int,
+        again: Callable[[list[PromptItem], int], Awaitable[list[Result]]],
+    ) -> list[Result]:
+        """``mapped`` with the answers the server left out asked for ``again``, on their own,
+        until the attempts run out; only then does an item fail for want of an answer."""
         missing = [it for it, r in zip(items, mapped, strict=True) if r is None]
         if not missing:
             return [r for r in mapped if r is not None]
-        # Choices the server left out are asked for again, on their own, until the attempts
-        # run out; only then does a prompt fail for want of a choice.
         if attempts < self.settings.max_attempts:
-            again = iter(await self._complete(spec, model, missing, params, attempts, tally))
+            more = iter(await again(missing, attempts))
         else:
             reason = f"endpoint returned no choice for it in {attempts} attempts"
-            again = iter(
-                self._failed(it, reason, FailureKind.NO_CHOICE, attempts) for it in missing
+            more = iter(self._failed(it, reason, FailureKind.NO_CHOICE, attempts) for it in missing)
+        return [r if r is not None else next(more) for r in mapped]
+
+    async def _embed(
+        self, spec: JobSpec, model: str, items: list[PromptItem], prior: int, tally: Tally
+    ) -> list[Result]:
+        """A batch of an embeddings job: one request holding every text of every item (an
+        item's several texts are a prompt's samples, to be measured), bisected like a
+        completion list when the server refuses it; vectors mapped by their ``index``."""
+        texts = [list(it.texts) if it.texts else [render(spec, it).text or ""] for it in items]
+        flat = [t for group in texts for t in group]
+        timeout = self.settings.request_timeout_for(len(flat), 1)
+
+        async def call() -> EmbeddingBody:
+            body = await self.client.embed(model, flat, timeout_s=timeout)
+            check_choice_indices(self.client.label, [d.index for d in body.data], len(flat))
+            return body
+
+        def again(part: list[PromptItem], attempts: int) -> Awaitable[list[Result]]:
+            return self._embed(spec, model, part, attempts, tally)
+
+        try:
+            body, attempts = await self._retrying(spec.job, call)
+        except EndpointRejected as exc:
+            return await self._bisect(items, exc, prior, again)
+        if body.usage is not None:
+            tally.add(body.usage)
+        attempts += prior
+        by_index = {d.index: d.embedding for d in body.data if d.embedding}
+        usage = body.usage if len(items) == 1 else None
+        mapped: list[Result | None] = []
+        at = 0
+        for item, group in zip(items, texts, strict=True):
+            vectors = [by_index.get(at + j) for j in range(len(group))]
+            at += len(group)
+            if any(v is None for v in vectors):
+                mapped.append(None)
+                continue
+            found = Result(
+                index=item.index,
+                usage=Usage(usage.prompt_tokens, 0) if usage is not None else None,
+                endpoint=self.client.label,
+                attempts=attempts,
+                custom_id=item.custom_id,
+                model=body.model,
             )
-        return [r if r is not None else next(again) for r in mapped]
+            mapped.append(self._measured(spec, found, group, [v for v in vectors if v]))
+        return await self._fill_missing(items, mapped, attempts, again)
+
+    def _measured(
+        self, spec: JobSpec, found: Result, texts: list[str], vectors: list[list[float]]
+    ) -> Result:
+        """An embeddings answer: the vector; or, in an uncertainty measure's step, what the
+        measure makes of a prompt's samples and their vectors (the vectors are not kept)."""
+        per = spec.per_prompt
+        if per is None:
+            return msgspec.structs.replace(found, embedding=pack_vector(vectors[0]))
+        try:
+            value = PER_PROMPT_KINDS[per.kind].fn(texts, vectors, similarity=per.similarity)
+        except ImportError as exc:
+            why = f"{per.kind} needs numpy on the workers (pip install 'swarm-queue[uq]'): {exc}"
+            return msgspec.structs.replace(found, error=why, error_kind=FailureKind.MEASURE)
+        return msgspec.structs.replace(found, text=value["answer"], value=value, samples=texts)
 
     async def _chat(
         self,
@@ -212,14 +310,21 @@ class BatchRunner:
         has no list form); a rejected prompt fails alone."""
 
         async def one(item: PromptItem, request: Request) -> Result:
-            messages, params = request.messages or [], request.params
+            messages, params, tools = request.messages or [], request.params, request.tools
             timeout = self.settings.request_timeout_for(1, params.max_tokens)
 
+            n = params.n or 1
+
             async def call() -> ChatBody:
-                body = await self.client.chat(model, messages, params, timeout_s=timeout)
-                check_choice_indices(self.client.label, [c.index for c in body.choices[:1]], 1)
-                if not body.choices:
-                    raise EndpointRetryable(self.client.label, "malformed answer: no choice")
+                body = await self.client.chat(
+                    model, messages, params, timeout_s=timeout, tools=tools
+                )
+                check_choice_indices(self.client.label, [c.index for c in body.choices], n)
+                if len(body.choices) < n:
+                    raise EndpointRetryable(
+                        self.client.label, f"malformed answer: {len(body.choices)} of {n} choices"
+                    )
+                body.choices.sort(key=lambda c: c.index)
                 return body
 
             try:
@@ -231,6 +336,22 @@ class BatchRunner:
                 tally.add(body.usage)
                 usage = Usage(body.usage.prompt_tokens, body.usage.completion_tokens)
             choice = body.choices[0]
+            if choice.message.content is None and tools and choice.message.tool_calls:
+                # An agent's turn that asks for tools: the calls are its answer.
+                calls = [
+                    ToolCall(c.id, c.function.name, c.function.arguments)
+                    for c in choice.message.tool_calls
+                ]
+                return Result(
+                    index=item.index,
+                    finish_reason=choice.finish_reason,
+                    usage=usage,
+                    endpoint=self.client.label,
+                    attempts=prior + attempts,
+                    custom_id=item.custom_id,
+                    model=body.model,
+                    tool_calls=calls,
+                )
             if choice.message.content is None:
                 # Not an answer: counting it a success would hand "" on (and to the cache).
                 why = (
@@ -251,6 +372,7 @@ class BatchRunner:
                 attempts=prior + attempts,
                 custom_id=item.custom_id,
                 model=body.model,
+                samples=[c.message.content or "" for c in body.choices] if n > 1 else None,
             )
 
         return list(
@@ -258,18 +380,21 @@ class BatchRunner:
         )
 
     def _map_choices(
-        self, items: list[PromptItem], body: CompletionBody, attempts: int
+        self, items: list[PromptItem], body: CompletionBody, attempts: int, n: int
     ) -> list[Result | None]:
-        """One result per item, matched by ``choice.index`` (never by position); None where
-        the server gave no choice (indices already checked by :func:`check_choice_indices`)."""
+        """One result per item, matched by ``choice.index`` (never by position), its ``n``
+        samples at ``i * n .. i * n + n - 1``; None where the server left out any (indices
+        already checked by :func:`check_choice_indices`)."""
         by_index = {c.index: c for c in body.choices}
         exact_usage = len(items) == 1 and body.usage is not None
         out: list[Result | None] = []
         for i, item in enumerate(items):
-            choice = by_index.get(i)
-            if choice is None:
+            picked = [by_index.get(i * n + j) for j in range(n)]
+            if any(c is None for c in picked):
                 out.append(None)
                 continue
+            choice = picked[0]
+            assert choice is not None
             usage = None
             if exact_usage and body.usage is not None:
                 usage = Usage(body.usage.prompt_tokens, body.usage.completion_tokens)
@@ -283,6 +408,7 @@ class BatchRunner:
                     attempts=attempts,
                     custom_id=item.custom_id,
                     model=body.model,
+                    samples=[c.text for c in picked if c is not None] if n > 1 else None,
                 )
             )
         return out

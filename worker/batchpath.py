@@ -22,6 +22,7 @@ from common.errors import (
     StoreUnavailable,
 )
 from common.models import JobSpec, Result
+from common.perprompt import answered
 from common.store import Commit
 from worker.backend import Backend
 from worker.batch import BatchRunner, Tally
@@ -146,6 +147,8 @@ class BatchPath:
                 return
             except _Dropped:
                 return
+            if spec.per_prompt is not None:
+                sent = [answered(spec, r) for r in sent]
             if validator is not None:
                 sent = [validator.checked(r) for r in sent]
             results += [(eid, r, payload) for (eid, payload, _), r in zip(items, sent, strict=True)]
@@ -218,7 +221,12 @@ class BatchPath:
             try:
                 return await asyncio.shield(
                     self.store.commit(
-                        spec.job, results, prompt_tokens, completion_tokens, gen=spec.generation
+                        spec.job,
+                        results,
+                        prompt_tokens,
+                        completion_tokens,
+                        gen=spec.generation,
+                        moves_on=spec.then is not None or spec.agent is not None,
                     )
                 )
             except StoreUnavailable as exc:

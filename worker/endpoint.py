@@ -31,6 +31,7 @@ __all__ = [
     "Choice",
     "CompletionBody",
     "CompletionUsage",
+    "EmbeddingBody",
     "EndpointClient",
     "Load",
     "ModelInfo",
@@ -57,11 +58,21 @@ class CompletionBody(msgspec.Struct):
     model: str = ""
 
 
+class FunctionCall(msgspec.Struct, frozen=True):
+    name: str = ""
+    arguments: str = ""
+
+
+class ChatToolCall(msgspec.Struct, frozen=True):
+    id: str = ""
+    function: FunctionCall = FunctionCall()
+
+
 class ChatMessage(msgspec.Struct, frozen=True):
     content: str | None = None
     # What a message without content may hold instead (vLLM's reasoning parsers, tool calls).
     reasoning_content: str | None = None
-    tool_calls: list[object] | None = None
+    tool_calls: list[ChatToolCall] | None = None
 
     def without_content(self) -> str:
         """Why this message has no text, for the failure that records it."""
@@ -82,6 +93,19 @@ class ChatBody(msgspec.Struct):
     """The parts of a ``/v1/chat/completions`` response swarm-queue uses."""
 
     choices: list[ChatChoice] = []
+    usage: CompletionUsage | None = None
+    model: str = ""
+
+
+class EmbeddingDatum(msgspec.Struct):
+    index: int
+    embedding: list[float] = []
+
+
+class EmbeddingBody(msgspec.Struct):
+    """The parts of a ``/v1/embeddings`` response swarm-queue uses."""
+
+    data: list[EmbeddingDatum] = []
     usage: CompletionUsage | None = None
     model: str = ""
 
@@ -124,6 +148,7 @@ class _Tokenized(msgspec.Struct):
 _tokenize_decoder = msgspec.json.Decoder(_Tokenized)
 _completion_decoder = msgspec.json.Decoder(CompletionBody)
 _chat_decoder = msgspec.json.Decoder(ChatBody)
+_embedding_decoder = msgspec.json.Decoder(EmbeddingBody)
 _models_decoder = msgspec.json.Decoder(_ModelList)
 
 # 408 Request Timeout and 409 Conflict are the server's transient states, not the prompt's fault.
@@ -294,15 +319,19 @@ class EndpointClient:
     async def chat(
         self,
         model: str,
-        messages: list[dict[str, str]],
+        messages: list[dict[str, Any]],
         params: SamplingParams,
         *,
         timeout_s: float | None = None,
+        tools: list[dict[str, Any]] | None = None,
     ) -> ChatBody:
         """One ``/v1/chat/completions`` request of one conversation, the server's chat
-        template applied."""
+        template applied; ``tools`` offered (the server's tool-call parser answers with
+        ``tool_calls``)."""
         timeout = timeout_s or self._timeout_s
         extra, body = _sampling(params, ("structured_outputs",))
+        if tools:
+            extra["tools"] = tools
         create = self._client.chat.completions.with_raw_response.create(
             model=model,
             messages=messages,  # type: ignore[arg-type]
@@ -312,6 +341,17 @@ class EndpointClient:
             **extra,
         )
         return await self._answer(create, _chat_decoder, timeout, "chat")
+
+    async def embed(
+        self, model: str, texts: list[str], *, timeout_s: float | None = None
+    ) -> EmbeddingBody:
+        """One ``/v1/embeddings`` request holding every text of ``texts``, answered as floats
+        (openai's client would otherwise ask for base64)."""
+        timeout = timeout_s or self._timeout_s
+        create = self._client.embeddings.with_raw_response.create(
+            model=model, input=texts, encoding_format="float", timeout=timeout
+        )
+        return await self._answer(create, _embedding_decoder, timeout, "embeddings")
 
     async def _answer(
         self,

@@ -3,8 +3,9 @@
 
 The engine keeps the job registry (new jobs picked up, finished ones dropped, each job's spec
 read once), runs one :class:`~worker.drainer.EndpointDrainer` per endpoint, schedules the reduce
-of every finished stage, computes each urgent job's fair share of preemptions, and publishes the
-per-endpoint figures and served models for ``swarm-status``.
+of every finished stage, computes each urgent job's fair share of preemptions, runs the
+workflows' pumps (:mod:`worker.pumps`), and publishes the per-endpoint
+figures and served models for ``swarm-status``.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from common.store import JobStatus, JobStore
 from worker.backend import Backend, backend_for
 from worker.drainer import EndpointDrainer
 from worker.metrics import NO_METRICS, Metrics
+from worker.pumps import Pumps
 from worker.reduce import Reducer, StageBusy
 
 if TYPE_CHECKING:
@@ -78,6 +80,8 @@ class Engine:
         self._metrics_server: web.AppRunner | None = None
         self.drainers = [EndpointDrainer(self, c) for c in clients]
         self.reducer = Reducer(store, clients, settings.reduce_functions)
+        self.pumps = Pumps(store, settings)
+        self.pump, self.agents = self.pumps.pipeline, self.pumps.agents
         # Called with (job, level) whenever a job's stage ``level`` is seen finished with its
         # reduce not yet advanced; by default advances it here, in the background. The arq
         # worker replaces it with queuing one arq job per (job, level).
@@ -285,7 +289,7 @@ class Engine:
         entries queued or in flight, is still being fed, or has a finished stage whose reduce
         is to run."""
         await self.refresh_jobs(force=True)
-        if self._reduces_pending:
+        if self._reduces_pending or await self.pumps.has_work():
             return True
         for job, spec in list(self.jobs.items()):
             if may_serve is not None and not may_serve(spec):
@@ -313,6 +317,7 @@ class Engine:
         with contextlib.suppress(SwarmError):  # the slots ride out Redis trouble
             await self.refresh_jobs(force=True)
         publisher = asyncio.create_task(self._publish_loop(), name="swarm-stats")
+        pump = asyncio.create_task(self._pump_loop(), name="swarm-pump")
         try:
             await asyncio.gather(*(d.run() for d in self.drainers))
             if self.burst and not self.stopping:
@@ -329,7 +334,8 @@ class Engine:
                     )
         finally:
             publisher.cancel()
-            await asyncio.gather(publisher, return_exceptions=True)
+            pump.cancel()
+            await asyncio.gather(publisher, pump, return_exceptions=True)
             with contextlib.suppress(SwarmError):  # the last word: this worker has stopped
                 await self.publish_stats(stopped=True)
 
@@ -369,6 +375,10 @@ class Engine:
                 for job in live | left
             }
         )
+
+    async def _pump_loop(self) -> None:
+        """The workflows' pumps, until the worker stops (see worker/pumps.py)."""
+        await self.pumps.run(self.sleep, lambda: self.stopping)
 
     async def _publish_loop(self) -> None:
         while not await self.sleep(self.settings.stats_period_s):
@@ -418,6 +428,8 @@ class Engine:
             ],
             lambda: self.job_status if self.redis_up else {},
             lambda: self.redis_up,
+            lambda: self.pumps.agent_status if self.redis_up else {},
+            lambda: self.pumps.tool_stats if self.redis_up else {},
         )
 
     async def read_job_status(self) -> None:
@@ -427,8 +439,10 @@ class Engine:
             with contextlib.suppress(JobNotFoundError):
                 status[job] = await self.store.status(job)
         self.job_status = status
+        await self.pumps.read_gauges()
 
     async def close(self) -> None:
+        await self.pumps.close()
         if self._metrics_server is not None:
             await self._metrics_server.cleanup()
             self._metrics_server = None

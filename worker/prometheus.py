@@ -25,7 +25,13 @@ from prometheus_client.registry import Collector
 from common.store import Commit, JobStatus
 from worker.metrics import Metrics, RequestOutcome
 
-__all__ = ["CIRCUIT_STATES", "EndpointGauges", "PrometheusMetrics", "serve_metrics"]
+__all__ = [
+    "CIRCUIT_STATES",
+    "AgentGauges",
+    "EndpointGauges",
+    "PrometheusMetrics",
+    "serve_metrics",
+]
 
 # "paused": the endpoint is fine but takes no work, its worker cannot reach Redis.
 CIRCUIT_STATES = ("closed", "open", "waiting", "broken", "paused")
@@ -43,6 +49,14 @@ class EndpointGauges(NamedTuple):
     circuit: str  # one of CIRCUIT_STATES
 
 
+class AgentGauges(NamedTuple):
+    """An agent job's agents by state, and the tool calls of its Redis, as last read."""
+
+    done: int
+    waiting: int  # for a tool: in no queue
+    thinking: int  # queued or at an endpoint
+
+
 class _Gauges(Collector):
     """The gauges, read from the worker at each scrape."""
 
@@ -51,8 +65,11 @@ class _Gauges(Collector):
         endpoints: Callable[[], Iterable[EndpointGauges]],
         jobs: Callable[[], Mapping[str, JobStatus]],
         redis_up: Callable[[], bool],
+        agents: Callable[[], Mapping[str, AgentGauges]] = dict,
+        tools: Callable[[], Mapping[str, int]] = dict,
     ) -> None:
         self._endpoints, self._jobs, self._redis_up = endpoints, jobs, redis_up
+        self._agents, self._tools = agents, tools
 
     def collect(self) -> Iterator[Metric]:
         up = GaugeMetricFamily(
@@ -89,7 +106,24 @@ class _Gauges(Collector):
         for job, status in sorted(self._jobs().items()):
             pending.add_metric([job], status.pending)
             job_in_flight.add_metric([job], status.in_flight)
-        yield from (window, in_flight, circuit, pending, job_in_flight)
+        agents = GaugeMetricFamily(
+            "swarm_agents",
+            "An agent job's agents by state: thinking (queued or at an endpoint), waiting "
+            "(for a tool: holding no endpoint slot), done (as last read)",
+            labels=["job", "state"],
+        )
+        for job, a in sorted(self._agents().items()):
+            for state in ("thinking", "waiting", "done"):
+                agents.add_metric([job, state], getattr(a, state))
+        tools = GaugeMetricFamily(
+            "swarm_tool_calls",
+            "Tool calls of this Redis: run by the runners, or answered by a run already made "
+            "or under way (shared), as last read",
+            labels=["outcome"],
+        )
+        for outcome in ("runs", "shared"):
+            tools.add_metric([outcome], self._tools().get(outcome, 0))
+        yield from (window, in_flight, circuit, pending, job_in_flight, agents, tools)
 
 
 class PrometheusMetrics(Metrics):
@@ -100,6 +134,8 @@ class PrometheusMetrics(Metrics):
         endpoints: Callable[[], Iterable[EndpointGauges]],
         jobs: Callable[[], Mapping[str, JobStatus]],
         redis_up: Callable[[], bool] = lambda: True,
+        agents: Callable[[], Mapping[str, AgentGauges]] = dict,
+        tools: Callable[[], Mapping[str, int]] = dict,
     ) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
@@ -142,7 +178,7 @@ class PrometheusMetrics(Metrics):
             buckets=BATCH_BUCKETS,
             registry=r,
         )
-        r.register(_Gauges(endpoints, jobs, redis_up))
+        r.register(_Gauges(endpoints, jobs, redis_up, agents, tools))
 
     def committed(self, job: str, endpoint: str, commit: Commit) -> None:
         if commit.done:

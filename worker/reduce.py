@@ -126,7 +126,9 @@ class Reducer:
         status = await self.store.status(name)
         if not status.finished or status.total is None:
             return f"stage {level} not finished"
-        results = await self.store.read_results(name, status.total)
+        results = await self._in_input_order(
+            name, await self.store.read_results(name, status.total)
+        )
         if not REDUCE_KINDS[reduce.kind].fleet:
             output = aggregate(job, reduce, results, self.allowed)
             await self.store.write_final(job, output, gen=spec.generation)
@@ -136,6 +138,22 @@ class Reducer:
         if len(answers) <= 1:  # one answer remains (or none): that is the tree's output
             return await self._finish_tree(spec, level, answers)
         return await self._next_level(spec, reduce, level, answers)
+
+    async def _in_input_order(self, name: str, results: list[Result]) -> list[Result]:
+        """A pipeline's last step's results under their inputs' indices, in input order, with
+        a failure for each input that stopped before it (a plain job's: as they are)."""
+        parent, _, stage = name.partition(":")
+        if not stage.startswith("s"):
+            return results
+        inputs = (await self.store.status(parent)).total or 0
+        origins = await self.store.step_origins(name)
+        by_input = {
+            origins[r.index]: msgspec.structs.replace(r, index=origins[r.index])
+            for r in results
+            if r.index in origins
+        }
+        why = "stopped before the pipeline's last step (failed or filtered: see its line)"
+        return [by_input.get(i) or Result(index=i, error=why) for i in range(inputs)]
 
     async def _finish_tree(self, spec: JobSpec, level: int, answers: list[Result]) -> str:
         job = spec.job

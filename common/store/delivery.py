@@ -153,28 +153,32 @@ class Delivery(StoreBase):
         completion_tokens: int = 0,
         *,
         gen: str,
+        moves_on: bool = False,
     ) -> Commit:
         """Write each result under its index (first write wins) and ack its entry, atomically.
 
         ``entries`` are ``(entry_id, result, original payload)``; the payload of a failure, or of
         an answer from the response cache, is kept so that ``swarm-retry`` can queue the prompt
-        again. Work of another generation of the job
-        than ``gen`` is refused whole with :class:`JobGoneError`.
+        again. ``moves_on``: the job is a pipeline step, each new answer is appended to its
+        ``landed`` stream with its entry, in the same step. Work of another generation of the
+        job than ``gen`` is refused whole with :class:`JobGoneError`.
         """
         args: list[Any] = [GROUP, prompt_tokens, completion_tokens, gen]
         for entry_id, result, payload in entries:
             kind = ("+" if result.cached else "") if result.ok else (result.error_kind or "error")
+            keep = moves_on or not result.ok or result.cached
             args += [
                 entry_id,
                 str(result.index),
                 encode(result),
                 kind,
-                b"" if result.ok and not result.cached else (payload or b""),
+                payload or b"" if keep else b"",
             ]
+        keys = self.script_keys(job)
+        if moves_on:
+            keys.append(self.keys.landed(job))
         async with redis_errors(self.url, job):
-            done, failed, hits, *kinds = await self.scripts.commit(
-                keys=self.script_keys(job), args=args
-            )
+            done, failed, hits, *kinds = await self.scripts.commit(keys=keys, args=args)
         by_kind = {_text(k): int(n) for k, n in zip(kinds[::2], kinds[1::2], strict=True)}
         return Commit(int(done), int(failed), by_kind, int(hits))
 

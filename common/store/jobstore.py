@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from common.models import Result
+from common.store.agents import Agents
+from common.store.boards import Boards
 from common.store.cache import ResponseCache
 from common.store.connection import redis_errors
 from common.store.delivery import Delivery
@@ -12,16 +14,31 @@ from common.store.registry import Registry
 from common.store.results import Results
 from common.store.stages import Stages
 from common.store.status import Status
+from common.store.steps import Steps
+from common.store.tools import Tools
 from common.vocab import FailureKind, Meta
 
 __all__ = ["JobStore"]
 
 
-class JobStore(Registry, Feeding, Delivery, Results, Stages, Status, ResponseCache):
+class JobStore(
+    Registry,
+    Feeding,
+    Delivery,
+    Results,
+    Stages,
+    Steps,
+    Boards,
+    Tools,
+    Agents,
+    Status,
+    ResponseCache,
+):
     """Job operations on one Redis (``JobStore(redis, keys)``), grouped by who uses them:
     :class:`Registry`, :class:`Feeding` (producer), :class:`Delivery` (workers),
-    :class:`Results` (collector, retry), :class:`Stages` (reduce), :class:`Status`, and the
-    :class:`ResponseCache` every job shares."""
+    :class:`Results` (collector, retry), :class:`Stages` (reduce), :class:`Steps` (pipelines),
+    :class:`Boards` (blackboards), :class:`Tools` (agents' tool calls), :class:`Agents`,
+    :class:`Status`, and the :class:`ResponseCache` every job shares."""
 
     async def cancel(self, job: str) -> tuple[bool, int]:
         """Stop ``job``: every prompt not yet answered gets a failed result of kind ``cancelled``

@@ -131,6 +131,17 @@ class Registry(StoreBase):
                 out.append(name)
         return out
 
+    async def generations(self, names: Sequence[str]) -> list[str | None]:
+        """Each job's generation (None: no job, or its meta unreadable), in one round trip:
+        what a cache of specs is checked against."""
+        if not names:
+            return []
+        async with redis_errors(self.url), self.redis.pipeline(transaction=False) as pipe:
+            for name in names:
+                pipe.hget(self.keys.meta(name), Meta.GENERATION)
+            raws = await pipe.execute(raise_on_error=False)
+        return [r.decode() if isinstance(r, bytes) else None for r in raws]
+
     async def meta(self, job: str) -> dict[str, bytes]:
         """The job's meta hash as it is (fields: :class:`common.vocab.Meta`)."""
         async with redis_errors(self.url, job):

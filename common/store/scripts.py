@@ -24,6 +24,7 @@ __all__ = ["SCRIPT_NAMES", "Scripts", "source"]
 SCRIPT_NAMES = (
     "add",
     "backlog",
+    "board",
     "cache_get",
     "cache_put",
     "claim_mine",
@@ -32,7 +33,9 @@ SCRIPT_NAMES = (
     "create",
     "evict",
     "final",
+    "finish",
     "lock",
+    "move",
     "publish",
     "retry",
     "seal",
@@ -78,6 +81,7 @@ class Scripts:
 
     add: AsyncScript
     backlog: AsyncScript
+    board: AsyncScript
     cache_get: AsyncScript
     cache_put: AsyncScript
     claim_mine: AsyncScript
@@ -86,7 +90,9 @@ class Scripts:
     create: AsyncScript
     evict: AsyncScript
     final: AsyncScript
+    finish: AsyncScript
     lock: AsyncScript
+    move: AsyncScript
     publish: AsyncScript
     retry: AsyncScript
     seal: AsyncScript

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from common.keys import stage_name
+from common.keys import stage_name, step_of
 from common.models import ReduceOutput, decode_final, encode_final
 from common.store.base import StoreBase
 from common.store.connection import redis_errors
@@ -19,7 +19,8 @@ class Stages(StoreBase):
     async def reduces_pending(self, names: Sequence[str]) -> list[tuple[str, int, bool]]:
         """For each job among ``names`` whose reduce has not finished (nor been cancelled):
         ``(job, level of its current stage, whether that stage has finished)``."""
-        parents = [n for n in names if ":" not in n]
+        # A job's own reduce, or a pipeline's (on its last step, ``job:sK``).
+        parents = [n for n in names if ":" not in n or step_of(n) is not None]
         if not parents:
             return []
         fields = [Meta.REDUCE, Meta.STAGE, Meta.REDUCED_S, Meta.CANCELLED_S]

@@ -5,14 +5,17 @@
 -- lose their `running` marks and leave the stream with its acknowledged head (trim_acked).
 -- The last result marks the job finished. Work of another generation of the job (deleted or
 -- lost, and queued again under its name) is refused with GONE: nothing written, nothing acked.
--- KEYS: [1] results, [2] meta, [3] stream, [4] failed, [5] cached, [6] running
+-- A pipeline step's commit also appends each new answer to its `landed` stream (index and
+-- entry), where the pump that feeds the next step reads it: an answer moves on once, at once.
+-- KEYS: [1] results, [2] meta, [3] stream, [4] failed, [5] cached, [6] running, [7] landed
+--       (only for a pipeline step; then successes carry their entry payload too)
 -- ARGV: [1] group, [2] prompt_tokens, [3] completion_tokens, [4] generation, then per entry
 --       five: entry_id, index, result blob, failure kind ('' on success, '+' on a success
 --       answered from the response cache), original entry payload
 -- Returns {new results done, new results failed, new of them from the cache, then kind,
 -- count for each kind failed}.
 local results, meta, stream, failed_h, cached_h = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local running = KEYS[6]
+local running, landed = KEYS[6], KEYS[7]
 local group, now = ARGV[1], now_s()
 local gone, evicted = generation_error(meta, ARGV[4])
 if gone then return gone end
@@ -29,7 +32,7 @@ for lo = 1, n, 500 do
     indices[#indices + 1] = ARGV[5 * e + 1]
   end
   local have = redis.call('HMGET', results, unpack(indices))
-  local fresh, lost, hit = {}, {}, {}
+  local fresh, lost, hit, moved = {}, {}, {}, {}
   for e = lo, hi do
     local b, index = 5 * e, ARGV[5 * e + 1]
     if not have[e - lo + 1] and not seen[index] and tonumber(index) >= evicted then
@@ -37,6 +40,10 @@ for lo = 1, n, 500 do
       fresh[#fresh + 1] = index
       fresh[#fresh + 1] = ARGV[b + 2]
       local kind = ARGV[b + 3]
+      if landed and (kind == '' or kind == '+') then
+        moved[#moved + 1] = index
+        moved[#moved + 1] = ARGV[b + 4]
+      end
       if kind == '' then
         done = done + 1
       elseif kind == '+' then
@@ -60,6 +67,9 @@ for lo = 1, n, 500 do
   if #fresh > 0 then redis.call('HSET', results, unpack(fresh)) end
   if #lost > 0 then redis.call('HSET', failed_h, unpack(lost)) end
   if #hit > 0 then redis.call('HSET', cached_h, unpack(hit)) end
+  for m = 1, #moved, 2 do
+    redis.call('XADD', landed, '*', 'i', moved[m], 'd', moved[m + 1])
+  end
 end
 for kind, count in pairs(kinds) do
   redis.call('HINCRBY', meta, FAILED_KIND_PREFIX .. kind, count)

@@ -1,0 +1,245 @@
+"""Scenario 11: a pipeline of three steps (answer, check, summarise) over 10,000 inputs on the
+heterogeneous fleet, in one run, three ways:
+
+* swarm-queue's pipeline: each answer queued for the next step the moment it is committed;
+* swarm-queue, the steps as three jobs one after another (each step's prompts built from the
+  last one's answers once all are in): the barrier, on the same queue;
+* Aurora-Swarm as its users run it, installed unchanged from its repository:
+  ``scatter_gather`` per step, each step's prompts built from the last one's answers.
+
+Wall time, time to the first final answer (an input through all three steps), and the
+fraction of fleet capacity (the minimum time for all three steps' tokens, every sequence
+inside the engines at t=0, over the measured time). Reproduce with
+
+    git clone https://github.com/brettin/Aurora-Swarm /tmp/aurora-swarm
+    python -m bench.pipeline --aurora /tmp/aurora-swarm
+
+It rewrites its own section of docs/BENCHMARKS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from bench.harness import (
+    OUT,
+    ROOT,
+    Bench,
+    Workers,
+    ideal_makespan,
+    new_fleet,
+    wait_workers_ready,
+)
+from bench.rows import Row
+from bench.versus import with_section
+from common.jobspec import JobOptions, build_spec
+from common.settings import Settings
+from common.store import JobStore
+from common.vocab import Meta
+from flows.pipeline import StepOptions, build_pipeline, enqueue_pipeline, fill
+from producer.chains import follow_chains
+from producer.enqueue import enqueue_prompts
+from producer.stream import follow
+from sim.engine import EngineConfig
+from sim.text import completion_for
+
+TITLE = "## 11. A pipeline of three steps"
+SPEEDS = [1.0, 1.0, 1.0, 0.5]
+REAL = EngineConfig(max_num_seqs=256, step_base_ms=20.0, step_per_seq_ms=0.1)
+MAX_TOKENS = 32
+CHECK = "Check this answer and correct it if needed: {answer}\nQuestion: {prompt}"
+SUMMARY = "Summarise in one line: {answer}"
+TEMPLATES = ("{prompt}", CHECK, SUMMARY)
+
+
+def inputs(n: int) -> list[str]:
+    return [f"Question {i}: what does sample {i * 7919 % 100003} show?" for i in range(n)]
+
+
+def every_step_prompt(questions: Sequence[str]) -> list[str]:
+    """Every prompt the three steps send, as the simulator answers them."""
+    out = []
+    for q in questions:
+        answer = q
+        for template in TEMPLATES:
+            prompt = fill(template, answer, q)
+            out.append(prompt)
+            answer = completion_for(prompt, MAX_TOKENS)[0]
+    return out
+
+
+async def _redis_s(store: JobStore) -> float:
+    return await store.server_time()
+
+
+async def swarm_pipeline(url: str, urls: list[str], questions: list[str]) -> dict[str, Any]:
+    store = JobStore.from_settings(Settings(redis_url=url, prefix="pipe"))
+    workers = Workers(url, "pipe", [[u] for u in urls]).start()
+    try:
+        await wait_workers_ready(store, len(urls))
+        t0, r0 = time.monotonic(), await _redis_s(store)
+        steps = [
+            StepOptions(template=t, options=JobOptions(max_tokens=MAX_TOKENS))
+            for t in TEMPLATES[1:]
+        ]
+        specs, _ = build_pipeline("p", JobOptions(max_tokens=MAX_TOKENS), steps, source="bench")
+        await enqueue_pipeline(store, specs, ((q, None) for q in questions))
+        rows = follow_chains(3)
+        ok = 0
+        async for chunk in rows(store, "p", wait=True, poll_s=0.05):
+            ok += sum(1 for c in chunk if c.ok)
+        wall = time.monotonic() - t0
+        first = float((await store.meta(specs[-1].job))[Meta.FIRST_RESULT_S]) - r0
+        return {"wall_s": wall, "first_s": first, "answered": ok}
+    finally:
+        workers.stop()
+        await store.close()
+
+
+async def swarm_three_jobs(url: str, urls: list[str], questions: list[str]) -> dict[str, Any]:
+    store = JobStore.from_settings(Settings(redis_url=url, prefix="jobs"))
+    workers = Workers(url, "jobs", [[u] for u in urls]).start()
+    try:
+        await wait_workers_ready(store, len(urls))
+        t0, r0 = time.monotonic(), await _redis_s(store)
+        answers: list[str | None] = list(questions)
+        for k, template in enumerate(TEMPLATES):
+            spec, _ = build_spec(f"s{k}", JobOptions(max_tokens=MAX_TOKENS), source="bench")
+            alive = [i for i, a in enumerate(answers) if a is not None]
+            prompts = [(fill(template, answers[i] or "", questions[i]), str(i)) for i in alive]
+            await enqueue_prompts(store, spec, prompts)
+            got: list[str | None] = [None] * len(questions)
+            async for chunk in follow(store, spec.job, wait=True, poll_s=0.05):
+                for r in chunk:
+                    if r.ok:
+                        got[int(r.custom_id or 0)] = r.text
+            answers = got
+        wall = time.monotonic() - t0
+        first = float((await store.meta("s2"))[Meta.FIRST_RESULT_S]) - r0
+        return {"wall_s": wall, "first_s": first, "answered": sum(a is not None for a in answers)}
+    finally:
+        workers.stop()
+        await store.close()
+
+
+async def aurora(urls: list[str], questions: list[str]) -> dict[str, Any]:
+    """Aurora-Swarm as its README shows: a VLLMPool of the endpoints, scatter_gather per
+    stage, each stage's prompts built from the last one's answers."""
+    swarm = importlib.import_module("aurora_swarm")
+    patterns = importlib.import_module("aurora_swarm.patterns.scatter_gather")
+    hosts = [u.removeprefix("http://").rsplit(":", 1) for u in urls]
+    endpoints = [swarm.AgentEndpoint(host, int(port)) for host, port in hosts]
+    pool = swarm.VLLMPool(endpoints, model="swarm-sim", max_tokens=MAX_TOKENS)
+    t0 = time.monotonic()
+    answers: list[str | None] = list(questions)
+    try:
+        for template in TEMPLATES:
+            prompts = [fill(template, a or "", q) for a, q in zip(answers, questions, strict=True)]
+            responses = await patterns.scatter_gather(pool, prompts)
+            answers = [
+                r.text if r.success and a is not None else None
+                for r, a in zip(responses, answers, strict=True)
+            ]
+        wall = time.monotonic() - t0
+    finally:
+        await pool.close()
+    # Its answers come back together when the last step's scatter_gather returns.
+    return {"wall_s": wall, "first_s": wall, "answered": sum(a is not None for a in answers)}
+
+
+def install_aurora(source: Path) -> None:
+    """Aurora-Swarm from its source tree, unchanged, into a directory of the bench's own."""
+    target = OUT / "aurora-swarm"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--upgrade",
+         "--target", str(target), str(source)],
+        check=True,
+    )  # fmt: skip
+    sys.path.insert(0, str(target))
+
+
+async def run(n: int) -> list[Row]:
+    questions = inputs(n)
+    ideal_fleet = new_fleet(len(SPEEDS), REAL, SPEEDS)
+    ideal = ideal_makespan(every_step_prompt(questions), MAX_TOKENS, ideal_fleet.configs())
+    systems = {
+        "swarm-queue pipeline": lambda url, urls: swarm_pipeline(url, urls, questions),
+        "swarm-queue, three jobs one after another": lambda url, urls: swarm_three_jobs(
+            url, urls, questions
+        ),
+        "Aurora-Swarm, scatter_gather per step": lambda _url, urls: aurora(urls, questions),
+    }
+    rows = []
+    with Bench() as bench:
+        for name, system in systems.items():
+            fleet = new_fleet(len(SPEEDS), REAL, SPEEDS).start()
+            try:
+                got = await system(bench.url, fleet.urls)
+            finally:
+                fleet.stop()
+            first = {"first_s": got["first_s"]}
+            rows.append(Row(name, got["wall_s"], got["answered"], n, ideal, first))
+            print(f"{name}: {got}", file=sys.stderr, flush=True)
+    return rows
+
+
+def section(rows: list[Row], n: int, command: str) -> str:
+    base = rows[0]
+    lines = [
+        TITLE,
+        "",
+        f"{n:,} inputs through three steps (answer, check, summarise; `max_tokens={MAX_TOKENS}` "
+        "each) on the heterogeneous fleet (speeds 1, 1, 1, 0.5), the three systems one after "
+        "another in one run, each on a fresh fleet. **Of capacity**: the minimum time for all "
+        "three steps' tokens (every sequence inside the engines at t=0) over the measured time. "
+        f"Measured with `{command}`.",
+        "",
+        "| system | wall (s) | first final answer (s) | inputs through | of capacity "
+        "| wall vs pipeline |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r.system} | {r.wall_s:.2f} | {r.extra['first_s']:.2f} | {r.answered:,}/{n:,} | "
+            f"{(r.capacity_fraction or 0):.1%} | {r.wall_s / base.wall_s:.2f}x |"
+        )
+    lines += [
+        "",
+        "Aurora-Swarm hands back a step's answers when its slowest endpoint's share is done, "
+        "and nothing before its last step returns: its first final answer is its wall time, "
+        "and each step waits on the slow node. The same steps as three jobs on swarm-queue "
+        "balance each step across the fleet but still wait at each barrier for the step's "
+        "tail. The pipeline has the first input through all three steps after one pass, and "
+        "keeps the engines fed across the steps' boundaries.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m bench.pipeline", description=__doc__)
+    p.add_argument("--n", type=int, default=10_000)
+    p.add_argument("--aurora", type=Path, required=True, help="Aurora-Swarm's source tree")
+    p.add_argument("--no-docs", action="store_true", help="print the section, leave the docs")
+    args = p.parse_args(argv)
+    install_aurora(args.aurora)
+    rows = asyncio.run(run(args.n))
+    command = "python -m bench.pipeline --aurora PATH"
+    if args.n != 10_000:
+        command += f" --n {args.n}"
+    text = section(rows, args.n, command)
+    print(text)
+    if not args.no_docs:
+        path = ROOT / "docs" / "BENCHMARKS.md"
+        path.write_text(with_section(path.read_text(), text, TITLE))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,48 @@
+-- move: a pipeline step's answers, taken from its `landed` stream, queued into the next step
+-- (or recorded as dropped by the step's filter), and acknowledged there: all or nothing. Each
+-- input index moves once: one already fed or dropped refuses the whole call (another pump
+-- moved it meanwhile: the caller reads again). Items are numbered on from the next step's
+-- `enqueued`, as the caller numbered them; a call from another starting point is refused. A
+-- next step sealed meanwhile (a retried answer arriving late) is opened again: its pump seals
+-- it once more when the step before is finished.
+-- KEYS: [1] next meta, [2] next stream, [3] next fed, [4] next dropped, [5] landed
+-- ARGV: [1] next generation, [2] first index, [3] group, [4] n landed IDs to acknowledge,
+--       then those IDs, then per input index three: origin, '+' or '-', payload or reason
+-- Returns {1, queued now}, {-2, queued} if misplaced, {-3, origin} if one moved already.
+local meta, stream, fed, dropped, landed = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local gone = generation_error(meta, ARGV[1])
+if gone then return gone end
+local have = tonumber(redis.call('HGET', meta, META.ENQUEUED) or '0')
+if have ~= tonumber(ARGV[2]) then return {-2, have} end
+local n = tonumber(ARGV[4])
+local first = 5 + n
+for t = first, #ARGV, 3 do
+  local origin = ARGV[t]
+  if redis.call('HEXISTS', fed, origin) == 1 or redis.call('HEXISTS', dropped, origin) == 1 then
+    return {-3, tonumber(origin)}
+  end
+end
+local queued = 0
+for t = first, #ARGV, 3 do
+  if ARGV[t + 1] == '+' then
+    redis.call('XADD', stream, string.format('0-%d', have + 1), 'd', ARGV[t + 2])
+    redis.call('HSET', fed, ARGV[t], have)
+    have = have + 1
+    queued = queued + 1
+  else
+    redis.call('HSET', dropped, ARGV[t], ARGV[t + 2])
+  end
+end
+if queued > 0 then
+  redis.call('HSET', meta, META.ENQUEUED, have)
+  if redis.call('HEXISTS', meta, META.TOTAL) == 1 then
+    redis.call('HDEL', meta, META.TOTAL, META.SEALED_S, META.FINISHED_S)
+  end
+end
+if n > 0 then
+  local ids = {}
+  for i = 5, 4 + n do ids[#ids + 1] = ARGV[i] end
+  redis.call('XACK', landed, ARGV[3], unpack(ids))
+  redis.call('XDEL', landed, unpack(ids))
+end
+return {1, have}

@@ -1,0 +1,65 @@
+"""Tool calls shared by agents across jobs: the claim of a call in flight and its answer (see
+:mod:`common.tools`). Their keys share the tag ``{~tools}``."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import msgspec
+
+from common.store.base import StoreBase
+from common.store.connection import redis_errors
+from common.tools import ToolAnswer, decode_answer, encode_answer
+
+__all__ = ["Tools"]
+
+
+class Tools(StoreBase):
+    """Claiming a tool call, and its answer."""
+
+    async def claim_tool(self, key: str, ttl_s: float) -> bool:
+        """Take the call ``key`` in hand for ``ttl_s`` (its deadline and retries); False when
+        another has it in hand already."""
+        async with redis_errors(self.url, ""):
+            return bool(
+                await self.redis.set(self.keys.tool_claim(key), b"1", nx=True, px=int(ttl_s * 1000))
+            )
+
+    async def tool_answers(self, keys: Sequence[str]) -> list[ToolAnswer | None]:
+        """The answers kept for ``keys`` (None: none yet; an unreadable one is an error)."""
+        if not keys:
+            return []
+        async with redis_errors(self.url, ""):
+            raws = await self.redis.mget([self.keys.tool_answer(k) for k in keys])
+        out: list[ToolAnswer | None] = []
+        for raw in raws:
+            try:
+                out.append(None if raw is None else decode_answer(raw))
+            except msgspec.DecodeError as exc:
+                out.append(ToolAnswer(error=f"unreadable tool answer in Redis: {exc}"))
+        return out
+
+    async def in_hand(self, keys: Sequence[str]) -> list[bool]:
+        """Whether each call is claimed (a runner has it, or it is queued for one)."""
+        if not keys:
+            return []
+        async with redis_errors(self.url, ""):
+            raws = await self.redis.mget([self.keys.tool_claim(k) for k in keys])
+        return [raw is not None for raw in raws]
+
+    async def count_tools(self, field: str, n: int = 1) -> None:
+        """Count tool calls (``queued``, ``shared``, ``runs``: see ``Keys.tool_stats``)."""
+        async with redis_errors(self.url, ""):
+            await self.redis.hincrby(self.keys.tool_stats, field, n)
+
+    async def tool_stats(self) -> dict[str, int]:
+        async with redis_errors(self.url, ""):
+            raw = await self.redis.hgetall(self.keys.tool_stats)
+        return {k.decode(): int(v) for k, v in raw.items()}
+
+    async def put_tool_answer(self, key: str, answer: ToolAnswer, keep_s: float) -> None:
+        """Keep ``answer`` of the call ``key`` for ``keep_s`` and let go of its claim."""
+        async with redis_errors(self.url, ""), self.redis.pipeline(transaction=False) as pipe:
+            pipe.set(self.keys.tool_answer(key), encode_answer(answer), px=int(keep_s * 1000))
+            pipe.delete(self.keys.tool_claim(key))
+            await pipe.execute()

@@ -1,0 +1,63 @@
+"""Tool calls as agents share them: the key that names a call (the tool and its arguments,
+whatever their order), and the answer a tool runner keeps for it.
+
+A call is run once while it is in flight: the first asker claims it (a key with a TTL) and
+queues it for the tool runners; who asks again meanwhile waits for its answer. The answer is
+kept for the waiters, and as a cache for later callers when the tool asks for one (a
+function's ``swarm_cache_s`` attribute). A runner that dies holding a call lets its claim
+expire, and the next asker runs it again: at least once, deduplicated by its key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import msgspec
+
+__all__ = ["HAND_OVER_S", "ToolAnswer", "decode_answer", "encode_answer", "tool_key"]
+
+# How long an answer is kept for the callers that waited on it when its tool keeps no cache.
+HAND_OVER_S = 120.0
+
+
+def tool_key(name: str, arguments: str) -> str:
+    """The key of calling ``name`` with ``arguments`` (JSON text): equal for equal arguments
+    in any key order; arguments that are no JSON object are keyed as written."""
+    try:
+        canonical = json.dumps(json.loads(arguments), sort_keys=True, separators=(",", ":"))
+    except ValueError:
+        canonical = arguments
+    digest = hashlib.blake2b(f"{name}\0{canonical}".encode(), digest_size=16).hexdigest()
+    return f"{name}:{digest}"
+
+
+class ToolAnswer(msgspec.Struct, frozen=True, omit_defaults=True):
+    """What a tool call returned (``content``, as the model receives it), or why it failed
+    (``error``: then the model receives that as the tool's answer, as OpenAI's API does)."""
+
+    content: str = ""
+    error: str | None = None
+    runner: str = ""
+    elapsed_s: float = 0.0
+    refused: bool = False  # the runner does not allow the tool: the agent fails with kind "tool"
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    def for_model(self) -> str:
+        """The tool message's content."""
+        return self.content if self.error is None else f"error: {self.error}"
+
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(ToolAnswer)
+
+
+def encode_answer(answer: ToolAnswer) -> bytes:
+    return _encoder.encode(answer)
+
+
+def decode_answer(data: bytes) -> ToolAnswer:
+    return _decoder.decode(data)

@@ -1,0 +1,73 @@
+"""Asking for tool calls on behalf of agents: each call named by its key (the tool and its
+arguments), answered from what Redis keeps, or claimed and queued once for the tool runners
+while others who ask the same wait for that one answer (see :mod:`common.tools`)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+
+from arq.connections import ArqRedis
+
+from common.settings import Settings
+from common.store import JobStore
+from common.tools import ToolAnswer, tool_key
+
+__all__ = ["ToolCaller"]
+
+
+class ToolCaller:
+    """Tool calls through the runners of one Redis; counts what it ran and what it shared."""
+
+    def __init__(self, store: JobStore, pool: ArqRedis, settings: Settings) -> None:
+        self.store, self.pool, self.settings = store, pool, settings
+        # A claim outlives the longest a runner may hold a call (arq's tries, each timed out).
+        self.claim_s = 3 * (settings.tool_timeout_s + 10) + 30
+        self.queued = 0  # calls this caller handed to the runners
+        self.shared = 0  # calls answered by a run another asker (or an earlier one) started
+
+    async def ask(self, name: str, arguments: str) -> str:
+        """Ask for a call; returns its key, to look its answer up with :meth:`answers`."""
+        key = tool_key(name, arguments)
+        await self._start(key, name, arguments)
+        return key
+
+    async def _start(
+        self, key: str, name: str, arguments: str, again: bool = False
+    ) -> ToolAnswer | None:
+        """Claim and queue a call unless it is answered or held; returns its answer if in.
+        Asked ``again`` (the same call, found neither answered nor held a moment before), an
+        answer that landed in between is this asker's own, not counted as shared."""
+        (answer,) = await self.store.tool_answers([key])
+        if answer is not None:
+            if not again:
+                self.shared += 1
+                await self.store.count_tools("shared")
+            return answer
+        if await self.store.claim_tool(key, self.claim_s):
+            await self.pool.enqueue_job(
+                "run_tool",
+                name,
+                arguments,
+                key,
+                _queue_name=self.settings.keys.tool_queue,
+                _job_id=f"tool:{key}:{uuid.uuid4().hex}",
+            )
+            self.queued += 1
+            await self.store.count_tools("queued")
+        elif not again:
+            self.shared += 1
+            await self.store.count_tools("shared")
+        return None
+
+    async def answers(self, calls: Sequence[tuple[str, str, str]]) -> list[ToolAnswer | None]:
+        """The answers of ``calls`` (``(key, name, arguments)``), None where none is in yet. A
+        call neither answered nor in a runner's hands (its runner died, its claim expired, or
+        its answer was kept no longer) is asked for again."""
+        found = await self.store.tool_answers([k for k, _, _ in calls])
+        missing = [i for i, a in enumerate(found) if a is None]
+        held = await self.store.in_hand([calls[i][0] for i in missing])
+        for i, claimed in zip(missing, held, strict=True):
+            if not claimed:  # its runner finished between the two reads, or died
+                found[i] = await self._start(*calls[i], again=True)
+        return found

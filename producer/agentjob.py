@@ -1,0 +1,146 @@
+"""``swarm-enqueue ... --task FILE`` (or ``--agent agent.toml``): an agent job from the
+command line. Each input line is a JSON object whose fields fill the task's ``{field}``s; the
+tools are named (the tool runners' ``SWARM_TOOLS`` decide what each is) or, in the TOML file,
+described with their parameters; ``--schema`` is the agents' output schema."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tomllib
+from collections.abc import Iterator
+from typing import Any, BinaryIO
+
+from common.errors import ConfigError, InputError
+from common.jobspec import JobOptions
+from common.models import AgentSpec
+from common.settings import Settings
+from common.store import JobStore
+from flows.agents import agent_prompts, build_agents, enqueue_agents, tool_definition
+from producer.jobflags import read_text
+
+__all__ = ["add_agent_args", "enqueue_agent_job", "is_agent_job"]
+
+
+def add_agent_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group(
+        "agents (each input line a JSON object; its fields fill the task's {field}s)"
+    )
+    g.add_argument("--task", metavar="FILE", help="the task template: makes the job an agent job")
+    g.add_argument("--system", metavar="FILE", help="the agents' system prompt")
+    g.add_argument(
+        "--tools",
+        metavar="NAMES",
+        help="tools offered to the agents, by name (comma-separated): the tool runners "
+        "(swarm-tools) run them, each only if its SWARM_TOOLS allows it",
+    )
+    g.add_argument("--max-turns", type=int, default=4, metavar="N", help="turns (default 4)")
+    g.add_argument(
+        "--max-repairs",
+        type=int,
+        default=1,
+        metavar="N",
+        help="turns to repair an answer that misses --schema (default 1)",
+    )
+    g.add_argument(
+        "--agent",
+        metavar="FILE",
+        help="all of the above in a TOML file: task, system, max_turns, max_repairs, and "
+        "[[tools]] tables (name, description, parameters)",
+    )
+
+
+def is_agent_job(args: argparse.Namespace) -> bool:
+    return bool(args.task or args.agent)
+
+
+def _agent_config(args: argparse.Namespace) -> dict[str, Any]:
+    """The agent's settings: the TOML file's, the flags given beside it winning."""
+    config: dict[str, Any] = {}
+    if args.agent:
+        try:
+            config = tomllib.loads(read_text(args.agent, "--agent"))
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"--agent {args.agent}: {exc}") from None
+    if args.task:
+        config["task"] = read_text(args.task, "--task")
+    if args.system:
+        config["system"] = read_text(args.system, "--system")
+    if args.tools:
+        config["tools"] = [t.strip() for t in args.tools.split(",") if t.strip()]
+    config.setdefault("max_turns", args.max_turns)
+    config.setdefault("max_repairs", args.max_repairs)
+    if not isinstance(config.get("task"), str):
+        raise ConfigError("an agent job needs its task (--task FILE, or task = ... in --agent)")
+    return config
+
+
+def _tools(config: dict[str, Any]) -> list[dict[str, Any]]:
+    out = []
+    for t in config.get("tools", []):
+        if isinstance(t, str):
+            out.append(tool_definition(t))
+        elif isinstance(t, dict) and isinstance(t.get("name"), str):
+            d = tool_definition(t["name"], t.get("description", ""))
+            if isinstance(t.get("parameters"), dict):
+                d["function"]["parameters"] = t["parameters"]
+            out.append(d)
+        else:
+            raise ConfigError(f"a tool is a name or a table with a name, got {t!r}")
+    return out
+
+
+def _inputs(stream: BinaryIO, source: str) -> Iterator[dict[str, Any]]:
+    for n, raw in enumerate(stream, 1):
+        if not raw.strip():
+            continue
+        try:
+            obj = json.loads(raw)
+        except ValueError as exc:
+            raise InputError(source, n, f"not JSON: {exc}") from None
+        if not isinstance(obj, dict):
+            raise InputError(source, n, "an agent's input is a JSON object of the task's fields")
+        yield obj
+
+
+async def enqueue_agent_job(
+    settings: Settings, args: argparse.Namespace, job: str, options: JobOptions
+) -> str:
+    """Queue the agent job the arguments describe; the line to print."""
+    config = _agent_config(args)
+    agent = AgentSpec(
+        max_turns=int(config["max_turns"]),
+        max_repairs=int(config["max_repairs"]),
+        output_schema=options.schema,
+    )
+    plain = JobOptions(**{**_fields(options), "schema": None})
+    specs, warnings = build_agents(job, plain, agent, _tools(config), source=args.input)
+    for warning in warnings:
+        print(f"swarm-enqueue: warning: {warning}", file=sys.stderr)
+    store = JobStore.from_settings(settings)
+    try:
+        if args.input == "-":
+            stream: BinaryIO = sys.stdin.buffer
+            prompts = agent_prompts(
+                config["task"], _inputs(stream, "<stdin>"), config.get("system")
+            )
+            report = await enqueue_agents(store, specs, prompts, progress=True)
+        else:
+            with open(args.input, "rb") as fh:  # noqa: ASYNC230 - a CLI, nothing else runs
+                prompts = agent_prompts(
+                    config["task"], _inputs(fh, args.input), config.get("system")
+                )
+                report = await enqueue_agents(store, specs, prompts, progress=True)
+    except OSError as exc:
+        raise ConfigError(f"cannot read {args.input}: {exc.strerror}") from None
+    finally:
+        await store.close()
+    return (
+        f"agent job {report.job}: {report.total} agents queued ({report.added} new, "
+        f"{report.already_queued} already queued), up to {agent.max_turns} turns each"
+    )
+
+
+def _fields(options: JobOptions) -> dict[str, Any]:
+    return {name: getattr(options, name) for name in options.__struct_fields__}

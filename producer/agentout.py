@@ -1,0 +1,104 @@
+"""An agent job's output: one line per agent, in input order, as each agent (and every one
+before it) has finished: its output as data, or its failure and why, with the turns, tool
+calls and tokens it used. Written durably like any output (the lock, the cursor, resuming:
+:func:`producer.outfile.collect_rows_durably`)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import msgspec
+
+from common.errors import JobGoneError
+from common.store import JobStatus, JobStore
+from flows.agents import AgentResult
+from producer.lines import LineSink
+from producer.outfile import collect_rows_durably
+from producer.stream import CollectReport, wait_for_job
+
+__all__ = ["agent_line", "agents_as_finished", "collect_agents", "follow_agents"]
+
+CHUNK = 1000
+
+_decoder = msgspec.msgpack.Decoder(AgentResult)
+_encoder = msgspec.json.Encoder()
+
+
+def agent_line(r: AgentResult) -> bytes:
+    """One JSON line, newline included."""
+    return _encoder.encode(r) + b"\n"
+
+
+async def follow_agents(
+    store: JobStore,
+    job: str,
+    *,
+    start: int = 0,
+    wait: bool = False,
+    poll_s: float = 0.2,
+    on_status: Callable[[JobStatus, int], None] | None = None,
+) -> AsyncIterator[list[AgentResult]]:
+    """The agents of ``job`` from ``start`` on, in input order, a chunk at a time as they
+    finish; ends once every agent has, or, without ``wait``, at the first still running."""
+    generation = await wait_for_job(store, job, wait, poll_s)
+    cursor = start
+    while True:
+        raws = await store.agent_results(job, cursor, CHUNK)
+        chunk = []
+        for raw in raws:
+            if raw is None:
+                break
+            chunk.append(_decoder.decode(raw))
+        if chunk:
+            cursor += len(chunk)
+            yield chunk
+            if len(chunk) == CHUNK:
+                continue
+        status = await store.status(job, rate=False)
+        if status.generation != generation:
+            raise JobGoneError(job)
+        if on_status is not None:
+            on_status(status, cursor)
+        if (status.total is not None and cursor >= status.total) or not wait:
+            return
+        await asyncio.sleep(poll_s)
+
+
+async def agents_as_finished(
+    store: JobStore, job: str, *, poll_s: float = 0.1
+) -> AsyncIterator[list[AgentResult]]:
+    """The agents of ``job`` in the order they finish, a chunk at a time, until every one
+    has (what a user who acts on each result at once wants, rather than input order)."""
+    generation = await wait_for_job(store, job, True, poll_s)
+    after, seen = b"0", 0
+    while True:
+        agents, after = await store.finished_since(job, after)
+        if agents:
+            raws = await store.agent_results_of(job, agents)
+            yield [_decoder.decode(r) for r in raws if r is not None]
+            seen += len(agents)
+        status = await store.status(job, rate=False)
+        if status.generation != generation:
+            raise JobGoneError(job)
+        if status.total is not None and seen >= status.total:
+            return
+        if not agents:
+            await asyncio.sleep(poll_s)
+
+
+async def collect_agents(
+    store: JobStore, job: str, path: str, *, wait: bool, progress: bool, **kw: Any
+) -> CollectReport:
+    """Collect agent job ``job`` into the JSON Lines file ``path``, one agent a line."""
+    return await collect_rows_durably(
+        store,
+        job,
+        path,
+        lambda p, _spec: LineSink(p, agent_line),
+        rows=follow_agents,
+        wait=wait,
+        progress=progress,
+        **kw,
+    )

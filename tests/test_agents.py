@@ -1,0 +1,234 @@
+"""Agents on the queue against real Redis, simulated endpoints and a real tool runner process:
+every agent through its turns once, its tools run by the runner (a call all agents share run
+once, each agent's own once each), its output checked against the schema."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+from common.embedded import free_port
+from common.errors import ConfigError
+from common.jobspec import JobOptions
+from common.models import AgentSpec
+from common.settings import Settings
+from common.store import JobStore
+from flows.agents import AgentResult, agent_prompts, build_agents, enqueue_agents, tool_definition
+from sim.server import SimFleet
+from tests.harness import AGENT_SCHEMA, AGENT_TASK, tool_runner
+from tests.helpers import run_engine
+
+pytestmark = pytest.mark.slow
+
+SCHEMA, TASK = AGENT_SCHEMA, AGENT_TASK
+
+
+@pytest.fixture
+def runs_log(tmp_path: Path, redis_url: str, prefix: str) -> Iterator[Path]:
+    """A tool runner process on this test's Redis; the file it writes each run to."""
+    log = tmp_path / "runs.log"
+    log.touch()
+    env = {"SWARM_REDIS_URL": redis_url, "SWARM_PREFIX": prefix}
+    proc = tool_runner(env, log, tmp_path / "runner.log")
+    yield log
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+async def test_agents_take_their_turns_share_a_tool_call_and_answer_as_data(
+    runs_log: Path,
+    make_settings: Callable[..., Settings],
+    store: JobStore,
+    sim_fleet: Callable[..., SimFleet],
+) -> None:
+    n = 60
+    tools = [tool_definition("slow_add"), tool_definition("fetch")]
+    specs, _ = build_agents(
+        "ag",
+        JobOptions(max_tokens=64),
+        AgentSpec(max_turns=3, output_schema=SCHEMA),
+        tools,
+        source="test",
+    )
+    assert [(s.job, s.priority) for s in specs] == [("ag", 0), ("ag:s1", 1), ("ag:s2", 2)]
+    inputs = [{"n": i, "custom_id": f"paper-{i}"} for i in range(n)]
+    await enqueue_agents(store, specs, agent_prompts(TASK, inputs, system="Be exact."))
+    async with sim_fleet(2) as fleet:
+        await run_engine(make_settings(), store, fleet.urls)
+    raws = await store.agent_results("ag", 0, n)
+    results = [msgspec.msgpack.decode(r, type=AgentResult) for r in raws if r is not None]
+    assert [r.index for r in results] == list(range(n))  # every agent finished
+    for r in results:
+        assert r.ok, r
+        assert set(r.output) == {"title", "year"} and isinstance(r.output["year"], int)
+        assert (r.turns, r.tool_calls, r.custom_id) == (3, 2, f"paper-{r.index}")
+        assert json.loads(r.text or "") == r.output
+    runs = (await asyncio.to_thread(runs_log.read_text)).split()
+    assert runs.count("slow_add") == 1  # shared by all 60 agents: run once
+    assert runs.count("fetch") == n  # each agent's own: once each
+
+
+async def test_the_python_api_runs_agents_with_its_own_tool_functions(
+    redis_url: str,
+    prefix: str,
+    sim_fleet: Callable[..., SimFleet],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from producer.api import Swarm
+    from tests.agent_tools import fetch, slow_add
+
+    log = tmp_path / "runs.log"
+    log.touch()
+    monkeypatch.setenv("SWARM_TEST_TOOL_LOG", str(log))
+    async with (
+        sim_fleet(2) as fleet,
+        Swarm(redis_url, endpoints=fleet.urls, prefix=prefix, poll_ms=50) as swarm,
+    ):
+        results = [
+            r
+            async for r in swarm.agents(
+                task=TASK,
+                inputs=[{"n": i} for i in range(30)],
+                tools=[slow_add, fetch],
+                output_schema=SCHEMA,
+                max_turns=3,
+                max_tokens=64,
+            )
+        ]
+        # As they finish rather than in input order: each once.
+        finished = [
+            r.index
+            async for r in swarm.agents(
+                task=TASK,
+                inputs=[{"n": i} for i in range(30)],
+                tools=[slow_add, fetch],
+                max_turns=3,
+                max_tokens=64,
+                in_order=False,
+            )
+        ]
+        with pytest.raises(ConfigError, match="module-level function"):
+            async for _ in swarm.agents(task=TASK, inputs=[], tools=[lambda: "x"]):
+                pass
+    assert sorted(finished) == list(range(30))
+    assert [r.index for r in results] == list(range(30))
+    assert all(r.ok and set(r.output) == {"title", "year"} for r in results)
+    runs = (await asyncio.to_thread(log.read_text)).split()
+    assert runs.count("slow_add") == 1 and runs.count("fetch") == 30
+
+
+async def test_agents_waiting_on_a_tool_hold_no_slot_of_any_endpoint(
+    redis_url: str,
+    prefix: str,
+    sim_fleet: Callable[..., SimFleet],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from producer.api import Swarm
+    from tests import agent_tools
+
+    n = 40
+    monkeypatch.setenv("SWARM_TEST_TOOL_LOG", str(tmp_path / "runs.log"))
+    monkeypatch.setattr(agent_tools, "GATE", asyncio.Event())
+    port = free_port()
+    metrics = {"metrics_port": port, "metrics_addr": "127.0.0.1", "stats_period_s": 0.1}
+    async with (
+        sim_fleet(2) as fleet,
+        Swarm(redis_url, endpoints=fleet.urls, prefix=prefix, poll_ms=50, **metrics) as swarm,
+    ):
+        run = swarm.agents(
+            task='Look up {n}. CALL wait_gate({{"topic": "t{n}"}})',
+            inputs=[{"n": i} for i in range(n)],
+            tools=[agent_tools.wait_gate],
+            max_turns=2,
+            max_tokens=16,
+            job="gated",
+        )
+        collected = asyncio.create_task(_all(run))
+        async with asyncio.timeout(30):  # every agent's first turn answered, its tool awaited
+            while len(await swarm.store.parked("gated")) < n:  # noqa: ASYNC110 - state in Redis
+                await asyncio.sleep(0.02)
+        # Every agent waits on its tool: no endpoint runs or queues any of their sequences.
+        assert [(e.engine.num_running, e.engine.num_waiting) for e in fleet.endpoints] == [
+            (0, 0),
+            (0, 0),
+        ]
+        # The worker's metrics say so too, once its figures are read again.
+        async with asyncio.timeout(30):
+            while _gauge(await asyncio.to_thread(_page, port), "gated", "waiting") != n:  # noqa: ASYNC110
+                await asyncio.sleep(0.05)
+        agent_tools.GATE.set()
+        results = await collected
+    assert [r.index for r in results] == list(range(n))
+    assert all(r.ok and r.turns == 2 and r.tool_calls == 1 for r in results)
+
+
+def _page(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+        return str(resp.read().decode())
+
+
+def _gauge(page: str, job: str, state: str) -> float:
+    want = f'swarm_agents{{job="{job}",state="{state}"}} '
+    return next((float(x[len(want) :]) for x in page.splitlines() if x.startswith(want)), -1.0)
+
+
+async def _all(run: Any) -> list[AgentResult]:
+    return [r async for r in run]
+
+
+async def test_an_answer_off_schema_is_repaired_then_fails_and_the_last_turn_ends_asking(
+    redis_url: str,
+    prefix: str,
+    sim_fleet: Callable[..., SimFleet],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from producer.api import Swarm
+    from tests.agent_tools import fetch
+
+    monkeypatch.setenv("SWARM_TEST_TOOL_LOG", str(tmp_path / "runs.log"))
+    verdict = {
+        "type": "object",
+        "properties": {"verdict": {"enum": ["yes", "no"]}},
+        "required": ["verdict"],
+    }
+    async with (
+        sim_fleet(1) as fleet,
+        Swarm(redis_url, endpoints=fleet.urls, prefix=prefix, poll_ms=50) as swarm,
+    ):
+        # The simulator's object never names an enum's value: the answer stays off schema.
+        off = [
+            r
+            async for r in swarm.agents(
+                task="Judge claim {n}.",
+                inputs=[{"n": i} for i in range(5)],
+                output_schema=verdict,
+                max_turns=3,
+                max_repairs=1,
+                max_tokens=32,
+            )
+        ]
+        # Two tools asked for, two turns allowed: the last turn still asks.
+        asking = [
+            r
+            async for r in swarm.agents(
+                task='Read {n}. CALL fetch({{"url": "a{n}"}}) CALL fetch({{"url": "b{n}"}})',
+                inputs=[{"n": i} for i in range(5)],
+                tools=[fetch],
+                max_turns=2,
+                max_tokens=32,
+            )
+        ]
+    assert all(r.failure == "schema" and r.turns == 2 for r in off)  # one repair, then failed
+    assert all("does not match the schema" in (r.error or "") for r in off)
+    assert all(r.failure == "max_turns" and r.turns == 2 and r.tool_calls == 1 for r in asking)
+    assert all(r.error == "asked for tools at its last turn (2)" for r in asking)

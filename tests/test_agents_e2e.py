@@ -1,0 +1,205 @@
+"""Agents with real processes: swarm-enqueue --task, worker processes and a tool runner
+process (each SIGKILLed once mid-run), swarm-collect; beside them on one fleet a plain job, a
+pipeline, and an agent job naming a tool no runner allows, which fails with that reason and
+stops nothing else."""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+
+import msgspec
+import pytest
+import redis
+
+from common.embedded import EmbeddedRedis
+from common.keys import Keys, step_name
+from common.models import decode_spec
+from tests.harness import (
+    AGENT_SCHEMA,
+    AGENT_TASK,
+    FleetFactory,
+    command,
+    fleet_prompt,
+    tool_runner,
+)
+from tests.helpers import wait_until
+
+pytestmark = pytest.mark.slow
+
+SCHEMA, TASK = AGENT_SCHEMA, AGENT_TASK
+
+
+def test_agents_survive_a_killed_worker_and_tool_runner_beside_other_jobs(
+    fleet_factory: FleetFactory,
+) -> None:
+    n = 500
+    fleet = fleet_factory(3)
+    tmp = fleet.tmp
+    (tmp / "task.txt").write_text(TASK)
+    (tmp / "schema.json").write_text(json.dumps(SCHEMA))
+    (tmp / "in.jsonl").write_text("".join(json.dumps({"n": i}) + "\n" for i in range(n)))
+    (tmp / "bad.jsonl").write_text("".join(json.dumps({"q": i}) + "\n" for i in range(20)))
+    (tmp / "bad-task.txt").write_text('Do {q}. CALL rm_rf({{"path": "/"}})')
+    (tmp / "plain.txt").write_text("".join(fleet_prompt(i, set()) + "\n" for i in range(300)))
+    (tmp / "step.txt").write_text("Check: {answer}")
+    env = {**fleet.env, "SWARM_CLAIM_IDLE_MS": "2000"}
+    log = tmp / "runs.log"
+    log.touch()
+    for args in (
+        [tmp / "in.jsonl", "--job", "ag", "--task", tmp / "task.txt", "--tools", "slow_add,fetch",
+         "--schema", tmp / "schema.json", "--max-turns", "3", "--max-tokens", "64"],
+        [tmp / "bad.jsonl", "--job", "nope", "--task", tmp / "bad-task.txt", "--tools", "rm_rf",
+         "--max-turns", "2"],
+        [tmp / "plain.txt", "--job", "j", "--max-tokens", "12"],
+        [tmp / "plain.txt", "--job", "p", "--max-tokens", "12",
+         "--then", tmp / "step.txt", "--max-tokens", "8"],
+    ):  # fmt: skip
+        enq = command(env, "swarm-enqueue", *args)
+        assert enq.returncode == 0, enq.stderr
+    runner = tool_runner(env, log, tmp / "runner.log")
+    doomed = fleet.worker("a", [0, 1], env=env)
+    fleet.worker("b", [2], env=env)
+    wait_until("agents at their second turn", lambda: fleet.done(step_name("ag", 1)) > 20)
+    doomed.send_signal(signal.SIGKILL)
+    runner.send_signal(signal.SIGKILL)
+    doomed.wait()
+    runner.wait()
+    runner = tool_runner(env, log, tmp / "runner.log")
+    fleet.worker("a2", [0, 1], env=env)
+    try:
+        got = command(
+            env, "swarm-collect", "ag", "--out", tmp / "ag.jsonl", "--wait", timeout_s=240
+        )
+        assert got.returncode == 0, got.stderr
+        lines = [msgspec.json.decode(x) for x in (tmp / "ag.jsonl").read_bytes().splitlines()]
+        assert [x["index"] for x in lines] == list(range(n))  # every agent, once, in order
+        for x in lines:
+            assert "failure" not in x, x
+            assert set(x["output"]) == {"title", "year"} and (x["turns"], x["tool_calls"]) == (3, 2)
+        status = command(env, "swarm-status", "ag")
+        assert f"agents: {n} done, 0 waiting for a tool, 0 thinking (of {n})" in status.stdout
+        assert "tool calls (all jobs): " in status.stdout
+        runs = log.read_text().split()
+        # The shared call ran once (again at most once per runner that died holding it).
+        assert 1 <= runs.count("slow_add") <= 2
+        assert n <= runs.count("fetch") <= n + 2 * 64  # each agent's own; a killed runner's again
+
+        bad = command(env, "swarm-collect", "nope", "--out", tmp / "nope.jsonl", "--wait")
+        assert bad.returncode == 1, bad.stderr
+        failed = [msgspec.json.decode(x) for x in (tmp / "nope.jsonl").read_bytes().splitlines()]
+        assert [x["index"] for x in failed] == list(range(20))
+        for x in failed:
+            assert x["failure"] == "tool"
+            assert x["error"] == "tool 'rm_rf' is not among this runner's SWARM_TOOLS"
+        plain = command(env, "swarm-collect", "j", "--out", tmp / "j.jsonl", "--wait")
+        assert plain.returncode == 0, plain.stderr
+        pipe = command(env, "swarm-collect", "p", "--out", tmp / "p.jsonl", "--wait")
+        assert pipe.returncode == 0, pipe.stderr
+        chains = [msgspec.json.decode(x) for x in (tmp / "p.jsonl").read_bytes().splitlines()]
+        assert len(chains) == 300 and all(len(c["steps"]) == 2 and c["text"] for c in chains)
+    finally:
+        runner.terminate()
+        runner.wait(timeout=30)
+
+
+def test_an_agent_toml_describes_the_agents_and_bad_input_is_named(
+    fleet_factory: FleetFactory,
+) -> None:
+    fleet = fleet_factory(1)
+    tmp = fleet.tmp
+    (tmp / "agent.toml").write_text(
+        "\n".join(
+            [
+                f"task = '''{TASK}'''",
+                "system = 'Be exact.'",
+                "max_turns = 3",
+                "[[tools]]",
+                "name = 'slow_add'",
+                "description = 'adds'",
+                "parameters = {type = 'object', properties = {a = {type = 'integer'}}}",
+                "[[tools]]",
+                "name = 'fetch'",
+            ]
+        )
+    )
+    (tmp / "in.jsonl").write_text("".join(json.dumps({"n": i}) + "\n" for i in range(30)))
+    (tmp / "bad.jsonl").write_text('{"n": 1}\n[1, 2]\n')
+    (tmp / "missing.jsonl").write_text('{"m": 1}\n')
+    env = fleet.env
+    ok = command(
+        env, "swarm-enqueue", tmp / "in.jsonl", "--job", "t", "--agent", tmp / "agent.toml"
+    )
+    assert ok.returncode == 0, ok.stderr
+    assert "agent job t: 30 agents queued (30 new, 0 already queued), up to 3 turns" in ok.stdout
+    bad = command(
+        env, "swarm-enqueue", tmp / "bad.jsonl", "--job", "b", "--agent", tmp / "agent.toml"
+    )
+    assert bad.returncode == 2 and "bad.jsonl:2: an agent's input is a JSON object" in bad.stderr
+    missing = command(
+        env, "swarm-enqueue", tmp / "missing.jsonl", "--job", "m", "--agent", tmp / "agent.toml"
+    )
+    assert missing.returncode == 2 and "input 0 has no field 'n' the task names" in missing.stderr
+    log = tmp / "runs.log"
+    log.touch()
+    runner = tool_runner(env, log, tmp / "runner.log")
+    fleet.worker("w", [0], env=env)
+    try:
+        got = command(env, "swarm-collect", "t", "--out", tmp / "t.jsonl", "--wait", timeout_s=120)
+        assert got.returncode == 0, got.stderr
+        lines = [msgspec.json.decode(x) for x in (tmp / "t.jsonl").read_bytes().splitlines()]
+        assert [(x["index"], x["turns"], x["tool_calls"]) for x in lines] == [
+            (i, 3, 2) for i in range(30)
+        ]
+    finally:
+        runner.terminate()
+        runner.wait(timeout=30)
+    client = redis.Redis.from_url(fleet.redis_url)
+    spec = decode_spec(client.hget(Keys(fleet.prefix).meta("t"), "spec") or b"")
+    client.close()
+    assert spec.agent is not None and spec.agent.max_turns == 3
+    assert [t["function"]["name"] for t in spec.tools or []] == ["slow_add", "fetch"]
+    assert (spec.tools or [])[0]["function"]["description"] == "adds"
+    assert (spec.tools or [])[0]["function"]["parameters"]["properties"] == {
+        "a": {"type": "integer"}
+    }
+
+
+def test_agents_survive_a_redis_restart(fleet_factory: FleetFactory, tmp_path: Path) -> None:
+    """Redis restarts mid-run (AOF on, the same data back): no turn and no agent is lost,
+    the worker and the tool runner ride it out, every agent finishes once."""
+    n = 300
+    workdir = tmp_path / "redis"
+    workdir.mkdir()
+    server = EmbeddedRedis(appendonly=True, workdir=str(workdir)).start()
+    try:
+        fleet = fleet_factory(2, url=server.url)
+        tmp = fleet.tmp
+        (tmp / "task.txt").write_text(TASK)
+        (tmp / "in.jsonl").write_text("".join(json.dumps({"n": i}) + "\n" for i in range(n)))
+        env = fleet.env
+        args = [tmp / "in.jsonl", "--job", "ag", "--task", tmp / "task.txt"]
+        enq = command(env, "swarm-enqueue", *args, "--tools", "slow_add,fetch", "--max-turns", "3")
+        assert enq.returncode == 0, enq.stderr
+        log = tmp / "runs.log"
+        log.touch()
+        runner = tool_runner(env, log, tmp / "runner.log")
+        worker = fleet.worker("w", [0, 1], burst=False, env=env)
+        try:
+            wait_until("agents at their second turn", lambda: fleet.done(step_name("ag", 1)) > 30)
+            server.stop()
+            server.start()
+            got = command(
+                env, "swarm-collect", "ag", "--out", tmp / "ag.jsonl", "--wait", timeout_s=240
+            )
+            assert got.returncode == 0, got.stderr
+        finally:
+            for proc in (runner, worker):
+                proc.terminate()
+                proc.wait(timeout=60)
+        lines = [msgspec.json.decode(x) for x in (tmp / "ag.jsonl").read_bytes().splitlines()]
+        assert [x["index"] for x in lines] == list(range(n))
+        assert all((x["turns"], x["tool_calls"]) == (3, 2) for x in lines)
+    finally:
+        server.close()

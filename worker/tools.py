@@ -1,0 +1,172 @@
+"""The tool runner: an arq worker (``swarm-tools``, or ``arq worker.ToolSettings``) that runs
+agents' tool calls, on any machine. It runs only the functions its own ``SWARM_TOOLS`` lists
+(``package.module:function`` or ``package.module:*``): a job names a tool, the runner decides
+what code that is. A call is cut at ``SWARM_TOOL_TIMEOUT_S``; a tool that raises or times out
+answers with its error, as OpenAI's API hands a tool's failure to the model, and the runner
+goes on. The answer is kept for the callers that wait on it (see :mod:`common.tools`), as a
+cache for ``swarm_cache_s`` seconds when the function has that attribute.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import inspect
+import json
+import logging
+import os
+import socket
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from arq.worker import func
+
+from common.arqconf import arq_redis_settings, job_deserializer, job_serializer
+from common.errors import ConfigError
+from common.settings import Settings
+from common.store import JobStore
+from common.tools import HAND_OVER_S, ToolAnswer
+
+__all__ = ["ToolRunner", "load_tool_settings", "tool_settings"]
+
+log = logging.getLogger("swarm.tools")
+
+
+class ToolRunner:
+    """The tools this runner may run, by name, and running one call of them."""
+
+    def __init__(self, settings: Settings, store: JobStore) -> None:
+        self.settings, self.store = settings, store
+        self.label = f"{settings.worker_name or socket.gethostname()}:{os.getpid()}"
+        self.tools = allowed_tools(settings.tools)
+        self.runs = 0
+
+    async def run(self, name: str, arguments: str, key: str) -> ToolAnswer:
+        """Run the call, keep its answer for its waiters, and return it."""
+        t0 = time.monotonic()
+        fn = self.tools.get(name)
+        if fn is None:
+            answer = ToolAnswer(
+                error=f"tool {name!r} is not among this runner's SWARM_TOOLS",
+                runner=self.label,
+                refused=True,
+            )
+        else:
+            self.runs += 1
+            await self.store.count_tools("runs")
+            answer = await self._call(fn, name, arguments)
+            answer = ToolAnswer(
+                answer.content, answer.error, self.label, round(time.monotonic() - t0, 3)
+            )
+        keep = float(getattr(fn, "swarm_cache_s", 0) or 0) if answer.ok else 0.0
+        await self.store.put_tool_answer(key, answer, keep or HAND_OVER_S)
+        return answer
+
+    async def _call(self, fn: Callable[..., Any], name: str, arguments: str) -> ToolAnswer:
+        try:
+            args = json.loads(arguments) if arguments.strip() else {}
+        except ValueError as exc:
+            return ToolAnswer(error=f"arguments of {name} are not JSON: {exc}")
+        if not isinstance(args, dict):
+            return ToolAnswer(error=f"arguments of {name} must be a JSON object")
+        try:
+            async with asyncio.timeout(self.settings.tool_timeout_s):
+                if inspect.iscoroutinefunction(fn):
+                    value = await fn(**args)
+                else:
+                    value = await asyncio.to_thread(fn, **args)
+        except TimeoutError:
+            return ToolAnswer(error=f"{name} took longer than {self.settings.tool_timeout_s:g} s")
+        except Exception as exc:  # the operator's code: its failure is the tool's answer
+            return ToolAnswer(error=f"{name} raised {type(exc).__name__}: {exc}")
+        return ToolAnswer(content=value if isinstance(value, str) else json.dumps(value))
+
+
+def allowed_tools(entries: tuple[str, ...]) -> dict[str, Callable[..., Any]]:
+    """The functions ``entries`` (``SWARM_TOOLS``) name, by tool name, imported; ConfigError
+    naming an entry that cannot be imported."""
+    out: dict[str, Callable[..., Any]] = {}
+    for entry in entries:
+        module_name, _, attr = entry.partition(":")
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as exc:
+            raise ConfigError(f"SWARM_TOOLS: cannot import {module_name}: {exc}") from None
+        if attr == "*":
+            for name, fn in vars(module).items():
+                # The module's own public functions, not what it imported.
+                own = inspect.isfunction(fn) and fn.__module__ == module.__name__
+                if own and not name.startswith("_"):
+                    out.setdefault(name, fn)
+            continue
+        fn = getattr(module, attr, None)
+        if not callable(fn):
+            raise ConfigError(f"SWARM_TOOLS: {module_name} has no function {attr!r}")
+        out.setdefault(attr, fn)
+    return out
+
+
+async def run_tool(ctx: dict[str, Any], name: str, arguments: str, key: str) -> str:
+    """arq's job: one tool call (its answer goes to Redis, where its callers look)."""
+    runner: ToolRunner = ctx["runner"]
+    answer = await runner.run(name, arguments, key)
+    return "ok" if answer.ok else "error"
+
+
+async def _startup(ctx: dict[str, Any]) -> None:
+    settings: Settings = ctx["settings"]
+    store = JobStore.from_settings(settings)
+    ctx["store"] = store
+    ctx["runner"] = ToolRunner(settings, store)
+    log.info("tool runner %s: %s", ctx["runner"].label, ", ".join(sorted(ctx["runner"].tools)))
+
+
+async def _shutdown(ctx: dict[str, Any]) -> None:
+    store: JobStore | None = ctx.get("store")
+    if store is not None:
+        await store.close()
+
+
+def tool_settings(settings: Settings) -> dict[str, Any]:
+    """arq's worker arguments for a tool runner of ``settings``."""
+    if not settings.tools:
+        raise ConfigError("no tools to run: set SWARM_TOOLS=package.module:function,...")
+    allowed_tools(settings.tools)  # fails here, naming the entry, rather than on a call
+    return {
+        "functions": [
+            # keep_result=0: the answer lives in its own key (common/tools.py), not arq's.
+            func(run_tool, keep_result=0, max_tries=3, timeout=settings.tool_timeout_s + 10)
+        ],
+        "on_startup": _startup,
+        "on_shutdown": _shutdown,
+        "redis_settings": arq_redis_settings(settings),
+        "queue_name": settings.keys.tool_queue,
+        "health_check_key": settings.keys.tool_health_check,
+        "job_serializer": job_serializer,
+        "job_deserializer": job_deserializer,
+        "max_jobs": settings.tool_concurrency,
+        "poll_delay": 0.05,
+        "ctx": {"settings": settings},
+    }
+
+
+def load_tool_settings() -> dict[str, Any]:
+    """``worker.ToolSettings`` as arq's CLI reads it, from the environment of that moment."""
+    try:
+        return tool_settings(Settings.from_env(os.environ))
+    except ConfigError as exc:
+        print(f"swarm-tools: error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def main() -> None:
+    """``swarm-tools``: a tool runner, Redis and the tools checked first."""
+    settings_map = load_tool_settings()
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    from arq.worker import run_worker
+
+    run_worker(settings_map)
