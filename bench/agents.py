@@ -24,7 +24,8 @@ from typing import Any
 from bench.harness import OUT, ROOT, Bench, Workers, new_fleet, wait_workers_ready
 from bench.versus import with_section
 from common.jobspec import JobOptions
-from common.models import AgentSpec
+from common.keys import step_name
+from common.models import AgentSpec, decode_result
 from common.settings import Settings
 from common.store import JobStore
 from flows.agents import agent_prompts, build_agents, enqueue_agents, tool_definition
@@ -94,12 +95,33 @@ async def swarm_agents(url: str, urls: list[str], n: int) -> dict[str, Any]:
         async for chunk in follow_agents(store, "ag", wait=True, poll_s=0.05):
             ok += sum(1 for r in chunk if r.ok)
         wall = time.monotonic() - t0
-        return {"wall_s": wall, "ok": ok, "tools": _tool_runs(), "prefix": prefix_rate(urls)}
+        return {
+            "wall_s": wall,
+            "ok": ok,
+            "tools": _tool_runs(),
+            "prefix": prefix_rate(urls),
+            "same_endpoint": await same_endpoint(store, "ag", n),
+        }
     finally:
         workers.stop()
         runner.terminate()
         runner.wait(timeout=30)
         await store.close()
+
+
+async def same_endpoint(store: JobStore, job: str, n: int) -> float:
+    """Of the agents' second turns, the share served by the endpoint of their first."""
+    firsts = await store.results_at(job, range(n))
+    at = await store.step_indices(step_name(job, 1), range(n))
+    seconds = await store.results_at(step_name(job, 1), [i for i in at if i is not None])
+    pairs = [
+        (decode_result(a).endpoint, decode_result(b).endpoint)
+        for a, b in zip(
+            [f for f, i in zip(firsts, at, strict=True) if i is not None], seconds, strict=True
+        )
+        if a is not None and b is not None
+    ]
+    return sum(1 for a, b in pairs if a == b) / len(pairs) if pairs else 0.0
 
 
 async def batch_agent(url: str, n: int, max_inflight: int) -> dict[str, Any]:

@@ -13,6 +13,7 @@ the whole job, stages included, stays in one slot. Users cannot name a job with 
 
 from __future__ import annotations
 
+import hashlib
 import re
 
 from common.errors import ConfigError, JobNameError
@@ -20,8 +21,10 @@ from common.errors import ConfigError, JobNameError
 __all__ = [
     "DEFAULT_PREFIX",
     "GROUP",
+    "LANE_PREFIX",
     "PUMP_GROUP",
     "Keys",
+    "lane_name",
     "parse_stage",
     "round_name",
     "stage_name",
@@ -36,6 +39,9 @@ GROUP = "workers"
 # The consumer group of a pipeline step's ``landed`` stream, read by the pumps that feed the
 # next step (see flows/pipeline).
 PUMP_GROUP = "pump"
+# Consumers of GROUP that are no worker: an endpoint's lane, holding the agent turns queued
+# for the endpoint that served the turn before (see :func:`lane_name`).
+LANE_PREFIX = "lane:"
 
 # The hash tag of arq's keys: the slot of arq's own fixed key ``arq:abort`` (see arq_queue).
 ARQ_TAG = "{arq:abort}"
@@ -47,6 +53,13 @@ TOOLS_TAG = "{~tools}"
 _JOB_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _STAGE_RE = re.compile(r"[rsb][1-9][0-9]{0,3}")
 _PREFIX_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+def lane_name(endpoint: str) -> str:
+    """The lane of an endpoint (its label, as results name it): a consumer of GROUP that
+    holds the entries queued for that endpoint until one of its drain loops takes them."""
+    digest = hashlib.blake2b(endpoint.encode(), digest_size=6).hexdigest()
+    return f"{LANE_PREFIX}{digest}"
 
 
 def validate_job_name(job: str) -> str:

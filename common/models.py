@@ -237,6 +237,12 @@ class JobSpec(msgspec.Struct, frozen=True, omit_defaults=True):
     # new one. Not a setting: a spec asked for has none. '' for jobs created before it was kept.
     generation: str = ""
 
+    @property
+    def laned(self) -> bool:
+        """An agent's later turns: each queued in the lane of the endpoint that served the
+        turn before (its prefix is in that engine's cache; see common/store/lanes.py)."""
+        return self.agent is not None and ":" in self.job
+
     def same_settings(self, other: JobSpec) -> bool:
         """True when ``other`` asks for the same model, sampling, reduce and every other
         setting (creation details aside: every field is a setting but those)."""

@@ -130,6 +130,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # At a job's tail (every entry delivered), an endpoint with nothing else to do runs copies
     # of the batches other endpoints still hold, each entry once; the first commit wins.
     speculate: bool = True
+    # An agent's next turn waits this long in the lane of the endpoint that served its turn
+    # before (whose engine holds its prefix) before an endpoint with nothing else to do takes
+    # it; 0 takes it at once.
+    lane_wait_ms: int = 3_000
     # Prometheus metrics of the worker on http://metrics_addr:metrics_port/metrics (0: off).
     metrics_port: int = 0
     metrics_addr: str = "0.0.0.0"
@@ -153,38 +157,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
         if self.redis_ca_file and not Path(self.redis_ca_file).is_file():
             raise ConfigError(f"SWARM_REDIS_CA_FILE {self.redis_ca_file}: no such file")
         Keys(self.prefix)  # validates the prefix
-        for name in (
-            "batch_size",
-            "inflight",
-            "max_attempts",
-            "poll_ms",
-            "claim_idle_ms",
-            "circuit_failures",
-            "max_deliveries",
-            "cache_max_answers",
-        ):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.inflight_max < 0:
-            raise ConfigError(
-                f"inflight_max must be >= 0 (0: no adaptation), got {self.inflight_max}"
-            )
-        if self.request_timeout_s < 0:
-            raise ConfigError(f"request_timeout_s must be >= 0, got {self.request_timeout_s}")
-        for name in (
-            "probe_timeout_s",
-            "backoff_base_s",
-            "backoff_cap_s",
-            "jobs_refresh_s",
-            "models_refresh_s",
-            "stats_period_s",
-            "adapt_period_s",
-            "reduce_timeout_s",
-            "cache_ttl_s",
-            "tool_timeout_s",
-        ):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
+        self._check_bounds()
         for var, names in (
             ("SWARM_REDUCE_FUNCTIONS", self.reduce_functions),
             ("SWARM_TOOLS", self.tools),
@@ -203,6 +176,44 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
                 f"SWARM_METRICS_PORT must be a port (1-65535; 0 or unset: off), "
                 f"got {self.metrics_port}"
             )
+
+    def _check_bounds(self) -> None:
+        """Every count at least 1, every period above 0, the rest at least 0."""
+        at_least_1 = (
+            "batch_size",
+            "inflight",
+            "max_attempts",
+            "poll_ms",
+            "claim_idle_ms",
+            "circuit_failures",
+            "max_deliveries",
+            "cache_max_answers",
+        )
+        above_0 = (
+            "probe_timeout_s",
+            "backoff_base_s",
+            "backoff_cap_s",
+            "jobs_refresh_s",
+            "models_refresh_s",
+            "stats_period_s",
+            "adapt_period_s",
+            "reduce_timeout_s",
+            "cache_ttl_s",
+            "tool_timeout_s",
+        )
+        for name in at_least_1:
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.inflight_max < 0:
+            raise ConfigError(
+                f"inflight_max must be >= 0 (0: no adaptation), got {self.inflight_max}"
+            )
+        for name in ("request_timeout_s", "lane_wait_ms"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
+        for name in above_0:
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
 
     @property
     def keys(self) -> Keys:
@@ -251,6 +262,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             "SWARM_BACKOFF_BASE_S": ("backoff_base_s", float),
             "SWARM_BACKOFF_CAP_S": ("backoff_cap_s", float),
             "SWARM_SPECULATE": ("speculate", boolean),
+            "SWARM_LANE_WAIT_MS": ("lane_wait_ms", int),
             "SWARM_METRICS_PORT": ("metrics_port", int),
             "SWARM_METRICS_ADDR": ("metrics_addr", str),
             "SWARM_CACHE_TTL_S": ("cache_ttl_s", float),

@@ -36,7 +36,7 @@ from common.errors import (
 )
 from common.feed import EnqueueReport, enqueue_prompts
 from common.jobspec import JobOptions, build_spec
-from common.keys import step_name
+from common.keys import lane_name, step_name
 from common.models import (
     AgentSpec,
     JobSpec,
@@ -94,11 +94,23 @@ class AgentState(msgspec.Struct):
 
 
 class Waiting(msgspec.Struct, frozen=True):
-    """A parked agent: the turn it asked from, its conversation, and its calls (key, call)."""
+    """A parked agent: the turn it asked from, its conversation, its calls (key, call), and
+    the lane of the endpoint that served that turn (where its next turn is queued)."""
 
     turn: int
     item: PromptItem
     calls: list[tuple[str, ToolCall]]
+    lane: str = ""
+
+
+# An agent going on to its next turn: its index, the item of the turn before, the
+# conversation of the next turn, and the lane to queue it in ("" for any endpoint).
+Onward = tuple[int, PromptItem, tuple[Message, ...], str]
+
+
+def _lane(r: Result | None) -> str:
+    """The lane of the endpoint that computed ``r`` (none for an answer from the cache)."""
+    return lane_name(r.endpoint) if r is not None and r.endpoint and not r.cached else ""
 
 
 class AgentResult(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -250,7 +262,7 @@ class AgentPump:
         states = await self.store.agent_states(spec.job, origins)
         finished: dict[int, bytes] = {}
         parked: dict[int, bytes] = {}
-        onward: list[tuple[int, PromptItem, tuple[Message, ...]]] = []
+        onward: list[Onward] = []
         new_states: dict[int, bytes] = {}
         for x, item, origin, raw, blob in zip(landed, items, origins, raws, states, strict=True):
             state = _state_decoder.decode(blob) if blob else AgentState()
@@ -265,10 +277,10 @@ class AgentPump:
             elif r is not None and r.tool_calls:
                 calls = [(await self.caller.ask(c.name, c.arguments), c) for c in r.tool_calls]
                 state.tool_calls += len(calls)
-                parked[origin] = _encoder.encode(Waiting(k, item, calls))
+                parked[origin] = _encoder.encode(Waiting(k, item, calls, _lane(r)))
             elif repair is not None:
                 state.repairs += 1
-                onward.append((origin, item, repair))
+                onward.append((origin, item, repair, _lane(r)))
             new_states[origin] = _encoder.encode(state)
         await self.store.put_agent_states(spec.job, new_states)
         await self.store.park(spec.job, parked)
@@ -328,7 +340,7 @@ class AgentPump:
         self,
         spec: JobSpec,
         k: int,
-        onward: list[tuple[int, PromptItem, tuple[Message, ...]]],
+        onward: list[Onward],
         acked: list[bytes],
     ) -> None:
         """Queue ``onward`` agents' next turns, acknowledging ``acked`` of turn ``k``."""
@@ -338,14 +350,14 @@ class AgentPump:
                 await self._ack_only(spec, k, acked)
             return
         goal = await self._target(target)
-        done = await self.store.moved(target, [o for o, _, _ in onward])
+        done = await self.store.moved(target, [o for o, _, _, _ in onward])
         first = await self.store.enqueued_count(target)
         moves, queued = [], 0
-        for origin, item, conversation in onward:
+        for origin, item, conversation, lane in onward:
             if origin in done:
                 continue
             moved = PromptItem.of(first + queued, conversation, item.custom_id)
-            moves.append(Move(origin, item=msgspec.structs.replace(moved, origin=origin)))
+            moves.append(Move(origin, msgspec.structs.replace(moved, origin=origin), lane=lane))
             queued += 1
         await self.store.move_on(source, target, first, moves, acked, gen=goal.generation)
 
@@ -366,7 +378,7 @@ class AgentPump:
         parked = await self.store.parked(spec.job)
         if not parked:
             return False
-        ready: dict[int, list[tuple[int, PromptItem, tuple[Message, ...]]]] = {}
+        ready: dict[int, list[Onward]] = {}
         failed: dict[int, bytes] = {}
         for origin, blob in parked.items():
             w = _waiting_decoder.decode(blob)
@@ -393,11 +405,11 @@ class AgentPump:
                     for (_, c), a in zip(w.calls, answers, strict=True)
                 ),
             )
-            ready.setdefault(w.turn, []).append((origin, w.item, conversation))
+            ready.setdefault(w.turn, []).append((origin, w.item, conversation, w.lane))
         await self.store.finish_agents(spec.job, failed)
         for k, onward in ready.items():
             await self._onward(spec, k, onward, [])
-            await self.store.unpark(spec.job, [o for o, _, _ in onward])
+            await self.store.unpark(spec.job, [o for o, _, _, _ in onward])
         return bool(ready or failed)
 
     async def _seal(self, spec: JobSpec) -> None:

@@ -17,7 +17,8 @@ import pytest
 from common.embedded import free_port
 from common.errors import ConfigError
 from common.jobspec import JobOptions
-from common.models import AgentSpec
+from common.keys import step_name
+from common.models import AgentSpec, decode_result
 from common.settings import Settings
 from common.store import JobStore
 from flows.agents import AgentResult, agent_prompts, build_agents, enqueue_agents, tool_definition
@@ -73,6 +74,33 @@ async def test_agents_take_their_turns_share_a_tool_call_and_answer_as_data(
     runs = (await asyncio.to_thread(runs_log.read_text)).split()
     assert runs.count("slow_add") == 1  # shared by all 60 agents: run once
     assert runs.count("fetch") == n  # each agent's own: once each
+
+
+async def test_each_turn_goes_to_the_endpoint_that_served_the_turn_before(
+    runs_log: Path,
+    make_settings: Callable[..., Settings],
+    store: JobStore,
+    sim_fleet: Callable[..., SimFleet],
+) -> None:
+    """Its engine holds the conversation's prefix: every later turn of an agent is served
+    where its first was, while the first turns spread over every endpoint."""
+    n = 48
+    tools = [tool_definition("slow_add"), tool_definition("fetch")]
+    options = JobOptions(max_tokens=64)
+    specs, _ = build_agents("af", options, AgentSpec(max_turns=3), tools, source="test")
+    await enqueue_agents(store, specs, agent_prompts(TASK, [{"n": i} for i in range(n)]))
+    async with sim_fleet(3) as fleet:
+        settings = make_settings(batch_size=4, inflight=1, lane_wait_ms=60_000)
+        await run_engine(settings, store, fleet.urls)
+    served = []
+    for k in range(3):
+        job = step_name("af", k)
+        at = list(range(n)) if k == 0 else await store.step_indices(job, range(n))
+        assert None not in at  # every agent took every turn
+        raws = await store.results_at(job, [i for i in at if i is not None])
+        served.append([decode_result(r).endpoint if r else None for r in raws])
+    assert set(served[0]) == {e.url for e in fleet.endpoints}
+    assert served[1] == served[0] and served[2] == served[0]
 
 
 async def test_the_python_api_runs_agents_with_its_own_tool_functions(

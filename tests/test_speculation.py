@@ -1,6 +1,6 @@
 """Speculative copies at a job's tail (MapReduce's backup tasks), against a real Redis: only
-once every entry is delivered, oldest first, each entry once across the fleet, nothing claimed;
-the first commit wins and nothing is counted twice."""
+once the job is sealed and every entry delivered, oldest first, each entry once across the
+fleet, nothing claimed; the first commit wins and nothing is counted twice."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from collections.abc import Callable
 from common.models import decode_item
 from common.settings import Settings
 from common.store import JobStore
+from common.vocab import Meta
 from producer.enqueue import enqueue_prompts
 from sim.engine import EngineConfig
 from sim.server import SimFleet
@@ -40,6 +41,18 @@ async def test_copies_come_only_at_the_tail_oldest_first_each_entry_once(store: 
     # Nothing was claimed: a and b still hold what they took.
     owners = await store.redis.xpending_range(store.keys.stream("j"), "workers", "-", "+", 20)
     assert [p["consumer"] for p in owners] == [b"a"] * 4 + [b"b"] * 6
+
+
+async def test_a_job_still_fed_is_not_at_its_tail_and_gets_no_copies(store: JobStore) -> None:
+    """Every entry out is no tail while more will come (a producer still queuing, a pipeline
+    step fed from the step before): copying then would run most of the job twice."""
+    await enqueue_prompts(store, spec(), prompts(6))
+    await store.redis.hdel(store.keys.meta("j"), Meta.TOTAL)  # as while its producer runs
+    await store.read_new("j", "a", 6)
+    gen = await gen_of(store, "j")
+    assert await store.copies("j", "b", 10, gen=gen) == []
+    await store.seal("j", 6, gen=gen)
+    assert len(await store.copies("j", "b", 10, gen=gen)) == 6
 
 
 async def test_an_idle_fast_endpoint_finishes_the_slow_ones_tail_and_nothing_counts_twice(

@@ -1,8 +1,10 @@
 """Where a drain loop's next batch comes from, job by job in service order: its own
 unacknowledged entries first (a restarted worker's leftovers, taken back at once), then
-entries orphaned by workers that died or released by failing endpoints, then new ones; and
-at a job's tail, when none of these is left, speculative copies of the batches other endpoints
-still hold (MapReduce's backup tasks: the first commit wins).
+entries orphaned by workers that died or released by failing endpoints, then those waiting in
+its endpoint's lane (agent turns whose prefix its engine holds), then new ones. When none of
+these is left anywhere: entries that waited too long in other endpoints' lanes, and at a job's
+tail speculative copies of the batches other endpoints still hold (MapReduce's backup tasks:
+the first commit wins).
 
 Released entries are reclaimable at once, so they are looked for often; a full batch of
 orphans means more may wait, so the next step looks again at once.
@@ -18,6 +20,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import NamedTuple
 
+from common.keys import lane_name
 from common.models import JobSpec
 from common.settings import Settings
 from common.store import JobStore
@@ -76,6 +79,7 @@ class Intake:
         self.consumer = consumer
         self.settings = settings
         self.label = label
+        self.lane = lane_name(label)
         self.sleep = sleep
         # Entries this drain loop is working on: a reclaim that returns them (their idle time
         # outran the heartbeat) must not start them twice.
@@ -91,6 +95,7 @@ class Intake:
         # were found, NO_COPIES_REST_S after none were (every idle slot steps once a poll, and
         # a thousand idle endpoints asking each poll cost Redis more than the job itself).
         self._copies_at: dict[str, float] = {}
+        self._steal_at: dict[str, float] = {}  # when others' lanes may be looked at again
 
     def reclaim_soon(self, job: str) -> None:
         """Entries of ``job`` were released: look for them on the next step."""
@@ -117,24 +122,47 @@ class Intake:
             if block_ms:
                 await self.sleep(block_ms / 1000)
             return None
-        batch = self.settings.batch_size
-        for spec in jobs:  # per job, in order: its orphaned or released entries, then new ones
-            claimed = await self._reclaim(spec.job)
-            if claimed:
-                return Taken(spec, claimed)
-            entries = await self.store.read_new(spec.job, self.consumer, batch)
-            if entries:
-                return Taken(spec, [(eid, payload, 0) for eid, payload in entries])
-        if idle and self.settings.speculate:
-            for spec in jobs:
-                copies = await self._copies(spec)
-                if copies:
-                    return Taken(spec, copies, copy=True)
-        if block_ms:
+        got = await self._own(jobs) or await self._others(jobs, idle)
+        if got is None and block_ms:
             first = jobs[0]
+            batch = self.settings.batch_size
             entries = await self.store.read_new(first.job, self.consumer, batch, block_ms=block_ms)
             if entries:
                 return Taken(first, [(eid, payload, 0) for eid, payload in entries])
+        return got
+
+    async def _own(self, jobs: list[JobSpec]) -> Taken | None:
+        """Per job, in order: its orphaned or released entries, those in this endpoint's
+        lane, then new ones."""
+        batch = self.settings.batch_size
+        for spec in jobs:
+            claimed = await self._reclaim(spec.job)
+            if claimed:
+                return Taken(spec, claimed)
+            if spec.laned:
+                mine = await self.store.take_lane(spec.job, self.lane, self.consumer, batch)
+                if mine:
+                    return Taken(spec, mine)
+            entries = await self.store.read_new(spec.job, self.consumer, batch)
+            if entries:
+                return Taken(spec, [(eid, payload, 0) for eid, payload in entries])
+        return None
+
+    async def _others(self, jobs: list[JobSpec], idle: bool) -> Taken | None:
+        """With nothing of its own: what waited too long in other endpoints' lanes, then (if
+        ``idle``) speculative copies of what other endpoints hold."""
+        for spec in jobs:
+            if spec.laned:
+                stolen = await self._steal(spec.job)
+                if stolen:
+                    return Taken(spec, stolen)
+        if idle and self.settings.speculate:
+            # Not an agent's later turns: a copy on another engine would compute its whole
+            # conversation again, and a stuck endpoint's turns come back by its circuit.
+            for spec in (s for s in jobs if not s.laned):
+                copies = await self._copies(spec)
+                if copies:
+                    return Taken(spec, copies, copy=True)
         return None
 
     async def _recover(self, spec: JobSpec) -> None:
@@ -172,6 +200,22 @@ class Intake:
         rest = self.settings.poll_ms / 1000 if copies else NO_COPIES_REST_S
         self._copies_at[job] = _after(len(copies) == batch, rest)
         return [(eid, payload, 0) for eid, payload in copies]
+
+    async def _steal(self, job: str) -> list[Delivery]:
+        """Entries of ``job`` that waited at least ``lane_wait_ms`` in other endpoints' lanes,
+        when it is time to look again (every poll while some are found)."""
+        if not _due(self._steal_at, job):
+            return []
+        batch = self.settings.batch_size
+        stolen = await self.store.steal_lanes(
+            job, self.lane, self.consumer, batch, self.settings.lane_wait_ms
+        )
+        self._steal_at[job] = _after(len(stolen) == batch, self.settings.poll_ms / 1000)
+        if stolen:
+            log.debug(
+                "%s: took %d entries of job %s from other lanes", self.label, len(stolen), job
+            )
+        return stolen
 
     async def _reclaim(self, job: str) -> list[Delivery]:
         """Entries of ``job`` orphaned by workers that died or released by failing ones, when

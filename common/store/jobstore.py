@@ -10,6 +10,7 @@ from common.store.connection import redis_errors
 from common.store.delivery import Delivery
 from common.store.entries import index_of
 from common.store.feeding import Feeding
+from common.store.lanes import Lanes
 from common.store.registry import Registry
 from common.store.results import Results
 from common.store.stages import Stages
@@ -25,6 +26,7 @@ class JobStore(
     Registry,
     Feeding,
     Delivery,
+    Lanes,
     Results,
     Stages,
     Steps,
@@ -35,7 +37,7 @@ class JobStore(
     ResponseCache,
 ):
     """Job operations on one Redis (``JobStore(redis, keys)``), grouped by who uses them:
-    :class:`Registry`, :class:`Feeding` (producer), :class:`Delivery` (workers),
+    :class:`Registry`, :class:`Feeding` (producer), :class:`Delivery` and :class:`Lanes` (workers),
     :class:`Results` (collector, retry), :class:`Stages` (reduce), :class:`Steps` (pipelines),
     :class:`Boards` (blackboards), :class:`Tools` (agents' tool calls), :class:`Agents`,
     :class:`Status`, and the :class:`ResponseCache` every job shares."""

@@ -1,8 +1,9 @@
 """The Lua scripts, loaded from ``lua/*.lua`` and registered once per Redis client.
 
-Each file opens with its KEYS/ARGV contract. The loader puts the meta field names and the
-failure-kind prefix of :mod:`common.vocab` in front of every script (``META.DONE``...), so the
-names Python reads are the names Lua writes, and then the functions of ``lua/lib/``:
+Each file opens with its KEYS/ARGV contract. The loader puts the meta field names, the
+failure-kind prefix of :mod:`common.vocab` and the lanes' prefix in front of every script
+(``META.DONE``...), so the names Python reads are the names Lua writes, and then the
+functions of ``lua/lib/``:
 ``clock.lua`` (Redis's own time: no caller's clock is stored or compared), ``streams.lua`` (how
 far the consumer group has read, trimming its acknowledged head) and ``jobs.lua`` (whether work
 in hand still belongs to the job's generation).
@@ -17,6 +18,7 @@ import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 from redis.commands.core import AsyncScript
 
+from common.keys import LANE_PREFIX
 from common.vocab import FAILED_KIND_PREFIX, Meta
 
 __all__ = ["SCRIPT_NAMES", "Scripts", "source"]
@@ -34,6 +36,8 @@ SCRIPT_NAMES = (
     "evict",
     "final",
     "finish",
+    "lane_steal",
+    "lane_take",
     "lock",
     "move",
     "publish",
@@ -59,7 +63,7 @@ def _preamble() -> str:
     )
     return (
         f"local META = {{{fields}}}\nlocal FAILED_KIND_PREFIX = {_lua_string(FAILED_KIND_PREFIX)}\n"
-        + lib
+        f"local LANE_PREFIX = {_lua_string(LANE_PREFIX)}\n" + lib
     )
 
 
@@ -91,6 +95,8 @@ class Scripts:
     evict: AsyncScript
     final: AsyncScript
     finish: AsyncScript
+    lane_steal: AsyncScript
+    lane_take: AsyncScript
     lock: AsyncScript
     move: AsyncScript
     publish: AsyncScript

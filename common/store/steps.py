@@ -9,7 +9,7 @@ import msgspec
 from redis.exceptions import ResponseError
 
 from common.errors import JobConflictError
-from common.keys import PUMP_GROUP
+from common.keys import GROUP, PUMP_GROUP
 from common.models import PromptItem, encode
 from common.store.base import StoreBase
 from common.store.connection import redis_code, redis_errors
@@ -27,12 +27,13 @@ class Landed(msgspec.Struct, frozen=True):
 
 
 class Move(msgspec.Struct, frozen=True):
-    """What becomes of one input index at the next step: ``item`` queued, or dropped with
-    ``reason``."""
+    """What becomes of one input index at the next step: ``item`` queued (handed to
+    ``lane`` if one is named: see :mod:`common.store.lanes`), or dropped with ``reason``."""
 
     origin: int
     item: PromptItem | None = None
     reason: str = ""
+    lane: str = ""
 
 
 class Steps(StoreBase):
@@ -147,10 +148,10 @@ class Steps(StoreBase):
         k = self.keys
         keys = [k.meta(target), k.stream(target), k.fed(target), k.dropped(target)]
         keys.append(k.landed(source))
-        args: list[bytes | str | int] = [gen, first, PUMP_GROUP, len(acked), *acked]
+        args: list[bytes | str | int] = [gen, first, PUMP_GROUP, GROUP, len(acked), *acked]
         for m in moves:
             if m.item is not None:
-                args += [m.origin, "+", encode(m.item)]
+                args += [m.origin, f"@{m.lane}" if m.lane else "+", encode(m.item)]
             else:
                 args += [m.origin, "-", m.reason]
         async with redis_errors(self.url, target):

@@ -1,7 +1,9 @@
 -- copy: speculative copies for an endpoint with nothing else to do at a job's tail (MapReduce's
--- backup tasks). Only once every entry has been delivered (none new is left to read): the
--- oldest entries in other consumers' hands, each copied once across the fleet. Nothing is
--- claimed: the holder keeps its entry, and whichever commit comes first wins.
+-- backup tasks). Only once the job is sealed (no entry will come any more: a pipeline step or
+-- an agent's later turn is fed until the one before ends, and copying it meanwhile would run
+-- most of it twice) and every entry has been delivered (none new is left to read): the oldest
+-- entries in other consumers' hands, each copied once across the fleet. Nothing is claimed:
+-- the holder keeps its entry, and whichever commit comes first wins.
 -- KEYS: [1] stream, [2] copies (the set of entry IDs copied so far), [3] meta
 -- ARGV: [1] group, [2] consumer, [3] count, [4] generation (GONE if the job is another now)
 -- Returns entry ID, payload, entry ID, payload... (empty while new entries remain).
@@ -9,6 +11,7 @@ local stream, copies = KEYS[1], KEYS[2]
 local group, me, count = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local gone = generation_error(KEYS[3], ARGV[4])
 if gone then return gone end
+if redis.call('HEXISTS', KEYS[3], META.TOTAL) == 0 then return {} end
 local info = group_info(stream, group)
 local pending = info and info['pending'] or 0
 if pending == 0 or any_undelivered(stream, info) then return {} end

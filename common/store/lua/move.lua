@@ -4,28 +4,47 @@
 -- moved it meanwhile: the caller reads again). Items are numbered on from the next step's
 -- `enqueued`, as the caller numbered them; a call from another starting point is refused. A
 -- next step sealed meanwhile (a retried answer arriving late) is opened again: its pump seals
--- it once more when the step before is finished.
+-- it once more when the step before is finished. An item marked for a lane ('@' and the
+-- lane) is handed to that lane as it is queued (read by the lane consumer: see lanes.py), as
+-- long as no entry is left undelivered before it (the read takes the oldest): else it is
+-- queued for any endpoint, like the ones after it in this call.
 -- KEYS: [1] next meta, [2] next stream, [3] next fed, [4] next dropped, [5] landed
--- ARGV: [1] next generation, [2] first index, [3] group, [4] n landed IDs to acknowledge,
---       then those IDs, then per input index three: origin, '+' or '-', payload or reason
+-- ARGV: [1] next generation, [2] first index, [3] landed's group, [4] the next stream's group,
+--       [5] n landed IDs to acknowledge, then those IDs, then per input index three: origin,
+--       '+' (queued), '@' and a lane (queued for that lane) or '-' (dropped), payload or reason
 -- Returns {1, queued now}, {-2, queued} if misplaced, {-3, origin} if one moved already.
 local meta, stream, fed, dropped, landed = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local gone = generation_error(meta, ARGV[1])
 if gone then return gone end
 local have = tonumber(redis.call('HGET', meta, META.ENQUEUED) or '0')
 if have ~= tonumber(ARGV[2]) then return {-2, have} end
-local n = tonumber(ARGV[4])
-local first = 5 + n
+local n = tonumber(ARGV[5])
+local first = 6 + n
 for t = first, #ARGV, 3 do
   local origin = ARGV[t]
   if redis.call('HEXISTS', fed, origin) == 1 or redis.call('HEXISTS', dropped, origin) == 1 then
     return {-3, tonumber(origin)}
   end
 end
+local handing = false
+for t = first, #ARGV, 3 do
+  if string.sub(ARGV[t + 1], 1, 1) == '@' then
+    local info = group_info(stream, ARGV[4])
+    handing = info ~= nil and not any_undelivered(stream, info)
+    break
+  end
+end
 local queued = 0
 for t = first, #ARGV, 3 do
-  if ARGV[t + 1] == '+' then
+  local mark = ARGV[t + 1]
+  if mark ~= '-' then
     redis.call('XADD', stream, string.format('0-%d', have + 1), 'd', ARGV[t + 2])
+    if handing and mark ~= '+' then
+      redis.call('XREADGROUP', 'GROUP', ARGV[4], string.sub(mark, 2), 'COUNT', 1,
+        'STREAMS', stream, '>')
+    else
+      handing = false  -- left undelivered: a later read would take it, not its own entry
+    end
     redis.call('HSET', fed, ARGV[t], have)
     have = have + 1
     queued = queued + 1
@@ -41,7 +60,7 @@ if queued > 0 then
 end
 if n > 0 then
   local ids = {}
-  for i = 5, 4 + n do ids[#ids + 1] = ARGV[i] end
+  for i = 6, 5 + n do ids[#ids + 1] = ARGV[i] end
   redis.call('XACK', landed, ARGV[3], unpack(ids))
   redis.call('XDEL', landed, unpack(ids))
 end

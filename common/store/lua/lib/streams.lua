@@ -42,3 +42,21 @@ local function trim_acked(stream, group)
   end
   redis.call('XTRIM', stream, 'MINID', floor)
 end
+
+-- An XCLAIM reply as entry ID, payload, entry ID, payload... ('' where the entry is gone: a
+-- Redis before 7 answers nil for it).
+local function claimed_flat(reply)
+  local out = {}
+  for _, e in ipairs(reply) do
+    if e then
+      local payload = ''
+      local fields = e[2] or {}
+      for f = 1, #fields, 2 do
+        if fields[f] == 'd' then payload = fields[f + 1] end
+      end
+      out[#out + 1] = e[1]
+      out[#out + 1] = payload
+    end
+  end
+  return out
+end

@@ -1,0 +1,121 @@
+"""Lanes against real Redis: an agent's next turn handed to the lane of the endpoint that
+served its turn before, taken by that endpoint's drain loops before anything new, by another
+endpoint only once it has waited ``lane_wait_ms`` with that endpoint having nothing else to
+do, and never copied speculatively."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from common.jobspec import JobOptions
+from common.keys import GROUP, lane_name
+from common.models import AgentSpec, JobSpec, PromptItem
+from common.settings import Settings
+from common.store import JobStore
+from common.store.steps import Move
+from flows.agents import build_agents
+from worker.intake import Intake
+
+A, B, C = "http://node-a:8000", "http://node-b:8000", "http://node-c:8000"
+
+
+async def _no_sleep(_: float) -> bool:
+    return True
+
+
+async def _turn_job(store: JobStore) -> JobSpec:
+    specs, _ = build_agents("lj", JobOptions(max_tokens=8), AgentSpec(max_turns=2), [], source="t")
+    for spec in specs:
+        await store.create_job(spec)
+    turn = await store.load_spec("lj:s1")
+    assert turn.laned and not (await store.load_spec("lj")).laned
+    return turn
+
+
+async def _move(store: JobStore, turn: JobSpec, lanes: list[str]) -> None:
+    first = await store.enqueued_count(turn.job)
+    moves = [
+        Move(first + i, PromptItem.of(first + i, f"turn of {first + i}", None), lane=lane)
+        for i, lane in enumerate(lanes)
+    ]
+    await store.move_on("lj", turn.job, first, moves, [], gen=turn.generation)
+
+
+def _intake(store: JobStore, settings: Settings, endpoint: str) -> Intake:
+    return Intake(store, f"w/{endpoint}", settings, endpoint, _no_sleep)
+
+
+def _indices(taken: object) -> list[int]:
+    assert taken is not None
+    return sorted(int(eid.split(b"-")[1]) - 1 for eid, _, _ in taken.deliveries)  # type: ignore[attr-defined]
+
+
+async def test_an_endpoint_takes_its_own_lane_and_others_wait(
+    store: JobStore, make_settings: Callable[..., Settings]
+) -> None:
+    settings = make_settings(batch_size=8, lane_wait_ms=60_000)
+    turn = await _turn_job(store)
+    await _move(store, turn, [lane_name(A), lane_name(B), lane_name(A), lane_name(B)])
+    a, b, c = (_intake(store, settings, e) for e in (A, B, C))
+
+    # C served none of these turns before: nothing for it (the lanes' wait is long).
+    assert await c.next([turn], None, idle=True) is None
+    assert _indices(await a.next([turn], None)) == [0, 2]
+    assert _indices(await b.next([turn], None)) == [1, 3]
+    assert await a.next([turn], None) is None
+
+
+async def test_a_turn_that_waited_long_enough_goes_to_an_endpoint_with_nothing_else(
+    store: JobStore, make_settings: Callable[..., Settings]
+) -> None:
+    turn = await _turn_job(store)
+    await _move(store, turn, [lane_name(A)] * 3)
+    waiting = _intake(store, make_settings(batch_size=8, lane_wait_ms=60_000), C)
+    assert await waiting.next([turn], None, idle=True) is None
+    eager = _intake(store, make_settings(batch_size=8, lane_wait_ms=0), C)
+    taken = await eager.next([turn], None, idle=True)
+    assert _indices(taken) == [0, 1, 2] and taken is not None and not taken.copy
+    # Taken from the lane: A finds nothing left, and C holds them as its own work.
+    assert await _intake(store, make_settings(batch_size=8), A).next([turn], None) is None
+    held = await store.redis.xpending_range(
+        store.keys.stream(turn.job), GROUP, "-", "+", 9, "w/" + C
+    )
+    assert len(held) == 3
+
+
+async def test_a_lane_hand_over_never_takes_an_entry_queued_for_any_endpoint(
+    store: JobStore, make_settings: Callable[..., Settings]
+) -> None:
+    """An item with no lane (its turn before came from the cache) stays for any endpoint;
+    items queued after it in lanes then stay for any endpoint too, so that no lane ever takes
+    an entry that is not its own."""
+    settings = make_settings(batch_size=8, lane_wait_ms=60_000)
+    turn = await _turn_job(store)
+    await _move(store, turn, ["", lane_name(A)])
+    await _move(store, turn, [lane_name(B)])
+    b = _intake(store, settings, B)
+    assert _indices(await b.next([turn], None)) == [0, 1, 2]  # read as new: none in a lane
+    await _move(store, turn, [lane_name(A), lane_name(B)])  # nothing left undelivered: handed
+    assert _indices(await b.next([turn], None)) == [4]
+    assert _indices(await _intake(store, settings, A).next([turn], None)) == [3]
+
+
+async def test_an_agents_later_turns_are_never_copied_at_their_tail(
+    store: JobStore, make_settings: Callable[..., Settings]
+) -> None:
+    """A copy on another engine would compute the whole conversation again: an idle endpoint
+    copies a plain job's batches at its tail, never a later turn's."""
+    settings = make_settings(batch_size=8, lane_wait_ms=60_000)
+    turn = await _turn_job(store)
+    await _move(store, turn, [lane_name(B), lane_name(B)])
+    await store.seal(turn.job, 2, gen=turn.generation)
+    assert _indices(await _intake(store, settings, B).next([turn], None)) == [0, 1]
+    assert await _intake(store, settings, C).next([turn], None, idle=True) is None
+
+
+@pytest.mark.parametrize("endpoint", [A, "http://user:secret@node-a:8000/v1"])
+def test_a_lane_is_named_by_its_endpoint_alone(endpoint: str) -> None:
+    assert lane_name(endpoint).startswith("lane:") and "secret" not in lane_name(endpoint)
+    assert lane_name(endpoint) != lane_name(B)
