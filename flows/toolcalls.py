@@ -38,26 +38,22 @@ class ToolCaller:
         """Claim and queue a call unless it is answered or held; returns its answer if in.
         Asked ``again`` (the same call, found neither answered nor held a moment before), an
         answer that landed in between is this asker's own, not counted as shared."""
-        (answer,) = await self.store.tool_answers([key])
-        if answer is not None:
+        got = await self.store.claim_tool(key, self.claim_s)
+        if isinstance(got, ToolAnswer) or not got:  # answered, or in another's hands
             if not again:
                 self.shared += 1
                 await self.store.count_tools("shared")
-            return answer
-        if await self.store.claim_tool(key, self.claim_s):
-            await self.pool.enqueue_job(
-                "run_tool",
-                name,
-                arguments,
-                key,
-                _queue_name=self.settings.keys.tool_queue,
-                _job_id=f"tool:{key}:{uuid.uuid4().hex}",
-            )
-            self.queued += 1
-            await self.store.count_tools("queued")
-        elif not again:
-            self.shared += 1
-            await self.store.count_tools("shared")
+            return got if isinstance(got, ToolAnswer) else None
+        await self.pool.enqueue_job(
+            "run_tool",
+            name,
+            arguments,
+            key,
+            _queue_name=self.settings.keys.tool_queue,
+            _job_id=f"tool:{key}:{uuid.uuid4().hex}",
+        )
+        self.queued += 1
+        await self.store.count_tools("queued")
         return None
 
     async def answers(self, calls: Sequence[tuple[str, str, str]]) -> list[ToolAnswer | None]:

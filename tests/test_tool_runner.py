@@ -122,3 +122,15 @@ async def test_a_call_answered_between_two_reads_is_returned_and_not_counted_as_
     finally:
         await pool.aclose()
         await store.close()
+
+
+async def test_a_call_is_claimed_only_while_no_answer_is_kept(store: JobStore) -> None:
+    """The check and the claim are one step: an asker who comes once the answer is kept and
+    the claim let go gets that answer and claims nothing (two steps let it claim the call,
+    and run it a second time, between the runner's answer and its letting go: seen in CI)."""
+    key = tool_key("slow_add", '{"a": 1, "b": 2}')
+    assert await store.claim_tool(key, 60) is True
+    assert await store.claim_tool(key, 60) is False  # in another's hands
+    await store.put_tool_answer(key, ToolAnswer(content="3"), HAND_OVER_S)
+    assert await store.claim_tool(key, 60) == ToolAnswer(content="3")
+    assert await store.in_hand([key]) == [False]

@@ -45,6 +45,7 @@ SCRIPT_NAMES = (
     "seal",
     "stage",
     "start",
+    "tool_claim",
 )
 
 
@@ -104,3 +105,4 @@ class Scripts:
     seal: AsyncScript
     stage: AsyncScript
     start: AsyncScript
+    tool_claim: AsyncScript

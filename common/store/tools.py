@@ -17,13 +17,15 @@ __all__ = ["Tools"]
 class Tools(StoreBase):
     """Claiming a tool call, and its answer."""
 
-    async def claim_tool(self, key: str, ttl_s: float) -> bool:
-        """Take the call ``key`` in hand for ``ttl_s`` (its deadline and retries); False when
-        another has it in hand already."""
+    async def claim_tool(self, key: str, ttl_s: float) -> ToolAnswer | bool:
+        """The answer kept for the call ``key``, or else whether this asker took it in hand
+        for ``ttl_s`` (its deadline and retries): False when another has it in hand."""
+        keys = [self.keys.tool_answer(key), self.keys.tool_claim(key)]
         async with redis_errors(self.url, ""):
-            return bool(
-                await self.redis.set(self.keys.tool_claim(key), b"1", nx=True, px=int(ttl_s * 1000))
-            )
+            got = await self.scripts.tool_claim(keys=keys, args=[int(ttl_s * 1000)])
+        if isinstance(got, bytes):
+            return _decoded(got)
+        return bool(got)
 
     async def tool_answers(self, keys: Sequence[str]) -> list[ToolAnswer | None]:
         """The answers kept for ``keys`` (None: none yet; an unreadable one is an error)."""
@@ -31,13 +33,7 @@ class Tools(StoreBase):
             return []
         async with redis_errors(self.url, ""):
             raws = await self.redis.mget([self.keys.tool_answer(k) for k in keys])
-        out: list[ToolAnswer | None] = []
-        for raw in raws:
-            try:
-                out.append(None if raw is None else decode_answer(raw))
-            except msgspec.DecodeError as exc:
-                out.append(ToolAnswer(error=f"unreadable tool answer in Redis: {exc}"))
-        return out
+        return [None if raw is None else _decoded(raw) for raw in raws]
 
     async def in_hand(self, keys: Sequence[str]) -> list[bool]:
         """Whether each call is claimed (a runner has it, or it is queued for one)."""
@@ -63,3 +59,11 @@ class Tools(StoreBase):
             pipe.set(self.keys.tool_answer(key), encode_answer(answer), px=int(keep_s * 1000))
             pipe.delete(self.keys.tool_claim(key))
             await pipe.execute()
+
+
+def _decoded(raw: bytes) -> ToolAnswer:
+    """A kept answer; an unreadable one is the call's error (another tool wrote the key)."""
+    try:
+        return decode_answer(raw)
+    except msgspec.DecodeError as exc:
+        return ToolAnswer(error=f"unreadable tool answer in Redis: {exc}")
