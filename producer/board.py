@@ -12,7 +12,7 @@ from common.errors import BadRecordError, JobNotFoundError
 from common.fleet import EndpointInfo, EndpointStats, waiting_reason
 from common.keys import stage_name
 from common.settings import mask_url
-from common.store import JobStatus, JobStore
+from common.store import AgentCounts, JobStatus, JobStore
 
 __all__ = [
     "Board",
@@ -53,6 +53,8 @@ class JobRow(msgspec.Struct, frozen=True, kw_only=True):
     waiting: str | None = None
     age_s: float | None = None
     error: str | None = None
+    # An agent job's agents by state (None: not an agent job).
+    agents: AgentCounts | None = None
 
     @property
     def live(self) -> bool:
@@ -95,6 +97,8 @@ class Board(msgspec.Struct, frozen=True, kw_only=True):
     error: str | None = None
     # Records skipped as unreadable (another tool's keys under swarm-queue's names), and why.
     notes: list[str] = msgspec.field(default_factory=list)
+    # The agents' tool calls of this Redis (runs, shared, queued), when an agent job is shown.
+    tool_calls: dict[str, int] = msgspec.field(default_factory=dict)
 
 
 def job_state(s: JobStatus, waiting: str | None = None) -> str:
@@ -231,7 +235,10 @@ async def read_jobs(
         if not (s.finished or s.cancelled) and fleet is not None:
             waiting = waiting_reason(spec.model, fleet, now)
         age = now - spec.created_s if spec.created_s else None
-        rows.append(_job_row(s, stage, spec.model, waiting, age))
+        row = _job_row(s, stage, spec.model, waiting, age)
+        if spec.agent is not None:
+            row = msgspec.structs.replace(row, agents=await store.agent_counts(name))
+        rows.append(row)
     return rows, bad
 
 
@@ -254,6 +261,7 @@ async def read_board(store: JobStore, redis_url: str, now: float | None = None) 
                 stats.extend(await store.read_endpoints(stage_name(row.job, row.stage)))
             except BadRecordError as exc:
                 notes.append(f"job {row.job}: its endpoints' figures are unreadable: {exc}")
+    tools = await store.tool_stats() if any(j.agents for j in jobs) else {}
     return Board(
         generated_s=now,
         redis=mask_url(redis_url),
@@ -261,6 +269,7 @@ async def read_board(store: JobStore, redis_url: str, now: float | None = None) 
         jobs=jobs,
         endpoints=_endpoint_rows(fleet or [], stats, now),
         notes=notes,
+        tool_calls=tools,
     )
 
 

@@ -82,7 +82,7 @@ function drawJobs(jobs) {
   if (jobs.length === 0) {
     const row = el("tr");
     const td = cell(row, "none", "no jobs in this Redis", "text");
-    td.colSpan = 15;
+    td.colSpan = 16;
     body.appendChild(row);
   }
   for (const job of jobs) {
@@ -104,8 +104,23 @@ function drawJobs(jobs) {
     const kinds = Object.entries(job.failed_by_kind).map(([k, n]) => k + " " + n).join(", ");
     cell(row, "failed_by_kind", kinds || (job.error || job.waiting || ""), "wrap");
     cell(row, "reduce", job.reduce ? job.reduce + ": " + job.reduce_level : "", "wrap");
+    cell(row, "agents", job.agents ? agentStates(job.agents) : "", "wrap");
     body.appendChild(row);
   }
+}
+
+function agentStates(a) {
+  return a.thinking + " thinking, " + a.waiting + " waiting for a tool, " + a.done + " done";
+}
+
+function drawTools(calls) {
+  const line = document.getElementById("tools");
+  const any = Object.keys(calls || {}).length > 0;
+  line.textContent = any
+    ? "tool calls (all jobs): " + int(calls.runs || 0) + " run, " + int(calls.shared || 0) +
+      " answered by a run already made or under way"
+    : "";
+  line.style.display = any ? "block" : "none";
 }
 
 function drawEndpoints(endpoints) {
@@ -162,6 +177,7 @@ async function refresh() {
     notes.textContent = (board.notes || []).join("\n");
     notes.style.display = notes.textContent ? "block" : "none";
     drawJobs(board.jobs);
+    drawTools(board.tool_calls);
     drawEndpoints(board.endpoints);
     drawTotal(board);
     document.body.dataset.updated = String(board.generated_s);

@@ -127,7 +127,7 @@ async def _show(store: JobStore, job: str) -> JobStatus:
     print(format_status(status, stage, endpoints, now=now, waiting=waiting), flush=True)
     spec = await store.load_spec(job)
     if spec.agent is not None:
-        print(await agent_lines(store, spec, status), flush=True)
+        print(await agent_lines(store, spec), flush=True)
     k = 0
     while spec.then is not None:  # a pipeline: each later step, as a job of its own
         k += 1
@@ -152,15 +152,13 @@ async def _show(store: JobStore, job: str) -> JobStatus:
     return status
 
 
-async def agent_lines(store: JobStore, spec: JobSpec, status: JobStatus) -> str:
+async def agent_lines(store: JobStore, spec: JobSpec) -> str:
     """An agent job's agents by state, and the tool calls of this Redis."""
-    done = await store.agents_finished(spec.job)
-    waiting = len(await store.parked(spec.job))
-    total = status.total if status.total is not None else status.enqueued
+    a = await store.agent_counts(spec.job)
     tools = await store.tool_stats()
     return (
-        f"  agents: {done} done, {waiting} waiting for a tool, "
-        f"{max(0, total - done - waiting)} thinking (of {total})\n"
+        f"  agents: {a.done} done, {a.waiting} waiting for a tool, "
+        f"{a.thinking} thinking (of {a.done + a.waiting + a.thinking})\n"
         f"  tool calls (all jobs): {tools.get('runs', 0)} run, "
         f"{tools.get('shared', 0)} answered by a run already made or under way"
     )

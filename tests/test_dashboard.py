@@ -18,9 +18,11 @@ from aiohttp.test_utils import TestClient, TestServer
 from common.embedded import EmbeddedRedis, free_port
 from common.feed import enqueue_prompts
 from common.fleet import EndpointInfo, EndpointStats
-from common.models import PromptItem, Result
+from common.jobspec import JobOptions
+from common.models import AgentSpec, PromptItem, Result
 from common.settings import Settings
-from common.store import JobStore
+from common.store import AgentCounts, JobStore
+from flows.agents import agent_prompts, build_agents, enqueue_agents
 from producer.board import Board, EndpointRow, History, JobRow, read_board
 from producer.dashboard import Dashboard
 from tests.browser import CHROMIUM, Browser
@@ -148,6 +150,52 @@ async def test_the_board_shows_every_job_and_sums_each_endpoint_over_live_jobs(
         4,
     )
     assert (b.endpoint, b.circuit, b.done) == ("http://b:8000", "silent", 0)
+
+
+async def _agents_under_way(store: JobStore) -> None:
+    """An agent job of five agents: two waiting for a tool, one done, two thinking; and the
+    tool calls this Redis ran and shared."""
+    specs, _ = build_agents("ag", JobOptions(max_tokens=8), AgentSpec(max_turns=2), [], source="t")
+    await enqueue_agents(store, specs, agent_prompts("task {n}", [{"n": i} for i in range(5)]))
+    await store.park("ag", {0: b"calls", 1: b"calls"})
+    await store.finish_agents("ag", {4: b"result"})
+    await store.count_tools("runs", 3)
+    await store.count_tools("shared", 7)
+
+
+async def test_the_board_shows_an_agent_jobs_agents_by_state_and_the_tool_calls(
+    store: JobStore,
+) -> None:
+    await _agents_under_way(store)
+    await enqueue_prompts(store, spec("plain"), prompts(3))
+    board = await read_board(store, "redis://127.0.0.1:6379/0")
+    jobs = {j.job: j for j in board.jobs}
+    assert jobs["ag"].agents == AgentCounts(thinking=2, waiting=2, done=1)
+    assert jobs["plain"].agents is None
+    assert (board.tool_calls["runs"], board.tool_calls["shared"]) == (3, 7)
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="no Chromium on this machine")
+async def test_the_page_shows_agents_by_state_and_the_tool_calls(
+    store: JobStore, tmp_path: Path
+) -> None:
+    await _agents_under_way(store)
+    dash = Dashboard(store, "redis://127.0.0.1:6379/0", 1.0)
+    assert await dash.step()
+    server = TestServer(dash.app(local_only=True), host="127.0.0.1")
+    await server.start_server()
+    try:
+        async with Browser(tmp_path) as browser:
+            await browser.goto(str(server.make_url("/")))
+            await browser.wait_for("document.querySelector('#jobs tr[data-job=\"ag\"]') !== null")
+            agents = await browser.evaluate(
+                "document.querySelector('#jobs tr[data-job=\"ag\"] td[data-k=agents]').textContent"
+            )
+            tools = await browser.evaluate("document.getElementById('tools').textContent")
+    finally:
+        await server.close()
+    assert agents == "2 thinking, 2 waiting for a tool, 1 done"
+    assert tools == "tool calls (all jobs): 3 run, 7 answered by a run already made or under way"
 
 
 async def test_the_server_answers_localhost_only_and_never_shows_the_password(

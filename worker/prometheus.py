@@ -22,12 +22,11 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from common.store import Commit, JobStatus
+from common.store import AgentCounts, Commit, JobStatus
 from worker.metrics import Metrics, RequestOutcome
 
 __all__ = [
     "CIRCUIT_STATES",
-    "AgentGauges",
     "EndpointGauges",
     "PrometheusMetrics",
     "serve_metrics",
@@ -49,14 +48,6 @@ class EndpointGauges(NamedTuple):
     circuit: str  # one of CIRCUIT_STATES
 
 
-class AgentGauges(NamedTuple):
-    """An agent job's agents by state, and the tool calls of its Redis, as last read."""
-
-    done: int
-    waiting: int  # for a tool: in no queue
-    thinking: int  # queued or at an endpoint
-
-
 class _Gauges(Collector):
     """The gauges, read from the worker at each scrape."""
 
@@ -65,7 +56,7 @@ class _Gauges(Collector):
         endpoints: Callable[[], Iterable[EndpointGauges]],
         jobs: Callable[[], Mapping[str, JobStatus]],
         redis_up: Callable[[], bool],
-        agents: Callable[[], Mapping[str, AgentGauges]] = dict,
+        agents: Callable[[], Mapping[str, AgentCounts]] = dict,
         tools: Callable[[], Mapping[str, int]] = dict,
     ) -> None:
         self._endpoints, self._jobs, self._redis_up = endpoints, jobs, redis_up
@@ -134,7 +125,7 @@ class PrometheusMetrics(Metrics):
         endpoints: Callable[[], Iterable[EndpointGauges]],
         jobs: Callable[[], Mapping[str, JobStatus]],
         redis_up: Callable[[], bool] = lambda: True,
-        agents: Callable[[], Mapping[str, AgentGauges]] = dict,
+        agents: Callable[[], Mapping[str, AgentCounts]] = dict,
         tools: Callable[[], Mapping[str, int]] = dict,
     ) -> None:
         self.registry = CollectorRegistry()

@@ -5,24 +5,19 @@ show of agents and tool calls."""
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
 
 from arq import create_pool
 from arq.connections import ArqRedis
 
 from common.arqconf import arq_redis_settings, job_deserializer, job_serializer
-from common.errors import JobNotFoundError, SwarmError
+from common.errors import SwarmError
 from common.settings import Settings
-from common.store import JobStore
+from common.store import AgentCounts, JobStore
 from flows.agents import AgentPump
 from flows.pump import Pump
 from flows.toolcalls import ToolCaller
-
-if TYPE_CHECKING:
-    from worker.prometheus import AgentGauges
 
 __all__ = ["PUMP_IDLE_S", "Pumps"]
 
@@ -42,7 +37,7 @@ class Pumps:
         self.agents = AgentPump(store, self._tool_caller, refresh_s=refresh)
         self._tool_queue: ArqRedis | None = None
         # Each agent job's agents by state, and the tool calls of this Redis (the metrics').
-        self.agent_status: dict[str, AgentGauges] = {}
+        self.agent_status: dict[str, AgentCounts] = {}
         self.tool_stats: dict[str, int] = {}
 
     async def has_work(self) -> bool:
@@ -68,15 +63,7 @@ class Pumps:
 
     async def read_gauges(self) -> None:
         """Read each running agent job's agents by state, and the tool calls."""
-        from worker.prometheus import AgentGauges  # (loaded with the metrics, as they are on)
-
-        agents = {}
-        for job in list(self.agents.jobs):
-            with contextlib.suppress(JobNotFoundError):
-                done = await self.store.agents_finished(job)
-                waiting = len(await self.store.parked(job))
-                total = (await self.store.status(job, rate=False)).enqueued
-                agents[job] = AgentGauges(done, waiting, max(0, total - done - waiting))
+        agents = {job: await self.store.agent_counts(job) for job in list(self.agents.jobs)}
         self.agent_status = agents
         self.tool_stats = await self.store.tool_stats() if agents else self.tool_stats
 

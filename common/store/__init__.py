@@ -15,9 +15,11 @@ Layout of one job (keys from :class:`common.keys.Keys`, all in the job's hash sl
 
 Rooms: ``connection`` (client, retry, the error boundary), ``scripts`` and ``lua/`` (the atomic
 steps), ``entries`` (entry IDs and payloads), and the parts of :class:`JobStore`:
-``registry``, ``feeding``, ``delivery``, ``results``, ``stages``, ``status``.
+``registry``, ``feeding``, ``delivery``, ``lanes``, ``results``, ``stages``, ``steps``,
+``boards``, ``tools``, ``agents``, ``status``.
 """
 
+from common.store.agents import AgentCounts
 from common.store.base import Memory
 from common.store.connection import (
     RETRY_ON,
@@ -35,6 +37,7 @@ from common.store.status import JobStatus
 __all__ = [
     "RELEASED_IDLE_MS",
     "RETRY_ON",
+    "AgentCounts",
     "Commit",
     "JobStatus",
     "JobStore",

@@ -5,10 +5,23 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import msgspec
+
 from common.store.base import StoreBase
 from common.store.connection import redis_errors
+from common.vocab import Meta
 
-__all__ = ["Agents"]
+__all__ = ["AgentCounts", "Agents"]
+
+
+class AgentCounts(msgspec.Struct, frozen=True):
+    """An agent job's agents by state, as swarm-status, the dashboard and the metrics show
+    them: ``thinking`` (a turn queued or at an endpoint), ``waiting`` for a tool (in no queue,
+    holding no slot), ``done`` (finished, with an output or a failure)."""
+
+    thinking: int
+    waiting: int
+    done: int
 
 
 class Agents(StoreBase):
@@ -87,6 +100,16 @@ class Agents(StoreBase):
             return list(
                 await self.redis.hmget(self.keys.agents_done(job), [str(a) for a in agents])
             )
+
+    async def agent_counts(self, job: str) -> AgentCounts:
+        """``job``'s agents by state, in one round trip (its agents are its first turns)."""
+        k = self.keys
+        async with redis_errors(self.url, job), self.redis.pipeline(transaction=False) as pipe:
+            pipe.hlen(k.agents_done(job))
+            pipe.hlen(k.agents_waiting(job))
+            pipe.hget(k.meta(job), Meta.ENQUEUED)
+            done, waiting, enqueued = await pipe.execute()
+        return AgentCounts(max(0, int(enqueued or 0) - done - waiting), waiting, done)
 
     async def agents_finished(self, job: str) -> int:
         async with redis_errors(self.url, job):
