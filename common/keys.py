@@ -266,6 +266,11 @@ class Keys:
         asks for one."""
         return f"{self.prefix}:{TOOLS_TAG}:answer:{key}"
 
+    def tool_rate(self, tool: str) -> str:
+        """String, with a TTL: the next moment a run of rate-limited ``tool`` may start
+        (Redis's clock, seconds), shared by every runner."""
+        return f"{self.prefix}:{TOOLS_TAG}:rate:{tool}"
+
     @property
     def tool_stats(self) -> str:
         """Hash: tool calls ``queued`` for a runner, ``shared`` (answered by a run another

@@ -15,10 +15,30 @@ import json
 
 import msgspec
 
-__all__ = ["HAND_OVER_S", "ToolAnswer", "decode_answer", "encode_answer", "tool_key"]
+__all__ = [
+    "HAND_OVER_S",
+    "ToolAnswer",
+    "claim_s",
+    "decode_answer",
+    "encode_answer",
+    "runner_hold_s",
+    "tool_key",
+]
 
 # How long an answer is kept for the callers that waited on it when its tool keeps no cache.
 HAND_OVER_S = 120.0
+
+
+def runner_hold_s(tool_timeout_s: float) -> float:
+    """The longest a runner holds one try of a call: a wait for its tool's limits, then its
+    run, each at most ``tool_timeout_s`` (arq's timeout of a try)."""
+    return 2 * tool_timeout_s + 10
+
+
+def claim_s(tool_timeout_s: float) -> float:
+    """How long a call's claim lasts: longer than arq's three tries of it, so that no one
+    asks for it again while a runner may still answer."""
+    return 3 * runner_hold_s(tool_timeout_s) + 30
 
 
 def tool_key(name: str, arguments: str) -> str:

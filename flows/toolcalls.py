@@ -11,7 +11,7 @@ from arq.connections import ArqRedis
 
 from common.settings import Settings
 from common.store import JobStore
-from common.tools import ToolAnswer, tool_key
+from common.tools import ToolAnswer, claim_s, tool_key
 
 __all__ = ["ToolCaller"]
 
@@ -21,8 +21,7 @@ class ToolCaller:
 
     def __init__(self, store: JobStore, pool: ArqRedis, settings: Settings) -> None:
         self.store, self.pool, self.settings = store, pool, settings
-        # A claim outlives the longest a runner may hold a call (arq's tries, each timed out).
-        self.claim_s = 3 * (settings.tool_timeout_s + 10) + 30
+        self.claim_s = claim_s(settings.tool_timeout_s)
         self.queued = 0  # calls this caller handed to the runners
         self.shared = 0  # calls answered by a run another asker (or an earlier one) started
 

@@ -49,3 +49,23 @@ async def wait_gate(topic: str) -> str:
     assert GATE is not None
     await GATE.wait()
     return f"opened {topic}"
+
+
+async def two_at_once(n: int) -> int:
+    """Runs at most two at a time in a runner; its log shows each start (+) and end (-)."""
+    _ran("two_at_once+")
+    await asyncio.sleep(0.2)
+    _ran("two_at_once-")
+    return n
+
+
+two_at_once.swarm_max_concurrent = 2  # type: ignore[attr-defined]
+
+
+def one_a_second(n: int) -> int:
+    """At most one call a second across runners: its log shows when each started."""
+    _ran(f"one_a_second@{time.time():.3f}")
+    return n
+
+
+one_a_second.swarm_rate_per_s = 1  # type: ignore[attr-defined]

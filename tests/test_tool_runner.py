@@ -14,11 +14,13 @@ import pytest
 from arq import create_pool
 
 from common.arqconf import arq_redis_settings, job_deserializer, job_serializer
+from common.errors import ConfigError
 from common.settings import Settings
 from common.store import JobStore
 from common.tools import HAND_OVER_S, ToolAnswer, tool_key
 from flows.toolcalls import ToolCaller
 from tests.harness import tool_runner
+from worker.toollimits import check_limits
 
 pytestmark = pytest.mark.slow
 
@@ -124,6 +126,49 @@ async def test_a_call_answered_between_two_reads_is_returned_and_not_counted_as_
         await store.close()
 
 
+async def test_a_tool_runs_within_the_limits_it_declares(
+    runner: tuple[Path, subprocess.Popen[bytes]], make_settings: Callable[..., Settings]
+) -> None:
+    """``swarm_max_concurrent = 2``: six calls run two at a time. ``swarm_rate_per_s = 1``
+    with one second's wait allowed (SWARM_TOOL_TIMEOUT_S=1): of four calls at once, the
+    turns now and in one second run, the two others answer that their turn is too far."""
+    log, _ = runner
+    settings: Settings = make_settings()
+    store = JobStore.from_settings(settings)
+    pool = await create_pool(
+        arq_redis_settings(settings),
+        job_serializer=job_serializer,
+        job_deserializer=job_deserializer,
+    )
+    caller = ToolCaller(store, pool, settings)
+    try:
+        calls = [("two_at_once", json.dumps({"n": i})) for i in range(6)]
+        calls += [("one_a_second", json.dumps({"n": i})) for i in range(4)]
+        keyed = [(await caller.ask(name, args), name, args) for name, args in calls]
+        async with asyncio.timeout(30):
+            while not all(a is not None for a in await caller.answers(keyed)):  # noqa: ASYNC110 - another process answers, in Redis
+                await asyncio.sleep(0.05)
+        answers = await caller.answers(keyed)
+    finally:
+        await pool.aclose()
+        await store.close()
+    assert [a.content for a in answers[:6] if a is not None] == [str(i) for i in range(6)]
+    running, most = 0, 0
+    for line in log.read_text().split():
+        if line.startswith("two_at_once"):
+            running += 1 if line.endswith("+") else -1
+            most = max(most, running)
+    assert most == 2
+    rated = [a for a in answers[6:] if a is not None]
+    assert (
+        sorted(a.error or "ran" for a in rated)
+        == ["one_a_second is limited to 1 calls/s: its turn would come after more than 1 s"] * 2
+        + ["ran"] * 2
+    )
+    starts = sorted(float(x.split("@")[1]) for x in log.read_text().split() if "@" in x)
+    assert len(starts) == 2 and starts[1] - starts[0] >= 0.95
+
+
 async def test_a_call_is_claimed_only_while_no_answer_is_kept(store: JobStore) -> None:
     """The check and the claim are one step: an asker who comes once the answer is kept and
     the claim let go gets that answer and claims nothing (two steps let it claim the call,
@@ -134,3 +179,23 @@ async def test_a_call_is_claimed_only_while_no_answer_is_kept(store: JobStore) -
     await store.put_tool_answer(key, ToolAnswer(content="3"), HAND_OVER_S)
     assert await store.claim_tool(key, 60) == ToolAnswer(content="3")
     assert await store.in_hand([key]) == [False]
+
+
+@pytest.mark.parametrize(
+    ("attr", "value", "why"),
+    [
+        ("swarm_max_concurrent", 0, "must be a positive number, got 0"),
+        ("swarm_max_concurrent", 1.5, "must be a whole number, got 1.5"),
+        ("swarm_rate_per_s", "fast", "must be a positive number, got 'fast'"),
+    ],
+)
+def test_a_tool_declaring_limits_that_are_no_numbers_is_refused_by_name(
+    attr: str, value: object, why: str
+) -> None:
+    def search(q: str) -> str:
+        return q
+
+    setattr(search, attr, value)
+    with pytest.raises(ConfigError) as err:
+        check_limits({"search": search})
+    assert str(err.value) == f"search.{attr} {why}"

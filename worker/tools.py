@@ -4,7 +4,8 @@ agents' tool calls, on any machine. It runs only the functions its own ``SWARM_T
 what code that is. A call is cut at ``SWARM_TOOL_TIMEOUT_S``; a tool that raises or times out
 answers with its error, as OpenAI's API hands a tool's failure to the model, and the runner
 goes on. The answer is kept for the callers that wait on it (see :mod:`common.tools`), as a
-cache for ``swarm_cache_s`` seconds when the function has that attribute.
+cache for ``swarm_cache_s`` seconds when the function has that attribute; its limits, if it
+declares any, are kept as :mod:`worker.toollimits` says.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from common.arqconf import arq_redis_settings, job_deserializer, job_serializer
 from common.errors import ConfigError
 from common.settings import Settings
 from common.store import JobStore
-from common.tools import HAND_OVER_S, ToolAnswer
+from common.tools import HAND_OVER_S, ToolAnswer, runner_hold_s
+from worker.toollimits import ToolBusy, ToolLimit, check_limits
 
 __all__ = ["ToolRunner", "load_tool_settings", "tool_settings"]
 
@@ -41,6 +43,10 @@ class ToolRunner:
         self.settings, self.store = settings, store
         self.label = f"{settings.worker_name or socket.gethostname()}:{os.getpid()}"
         self.tools = allowed_tools(settings.tools)
+        self.limits = {
+            name: ToolLimit(name, fn, store, settings.tool_timeout_s)
+            for name, fn in self.tools.items()
+        }
         self.runs = 0
 
     async def run(self, name: str, arguments: str, key: str) -> ToolAnswer:
@@ -54,9 +60,13 @@ class ToolRunner:
                 refused=True,
             )
         else:
-            self.runs += 1
-            await self.store.count_tools("runs")
-            answer = await self._call(fn, name, arguments)
+            try:
+                async with self.limits[name].turn():
+                    self.runs += 1
+                    await self.store.count_tools("runs")
+                    answer = await self._call(fn, name, arguments)
+            except ToolBusy as exc:
+                answer = ToolAnswer(error=str(exc))
             answer = ToolAnswer(
                 answer.content, answer.error, self.label, round(time.monotonic() - t0, 3)
             )
@@ -133,11 +143,17 @@ def tool_settings(settings: Settings) -> dict[str, Any]:
     """arq's worker arguments for a tool runner of ``settings``."""
     if not settings.tools:
         raise ConfigError("no tools to run: set SWARM_TOOLS=package.module:function,...")
-    allowed_tools(settings.tools)  # fails here, naming the entry, rather than on a call
+    # Fails here, naming the entry, rather than on a call.
+    check_limits(allowed_tools(settings.tools))
     return {
         "functions": [
             # keep_result=0: the answer lives in its own key (common/tools.py), not arq's.
-            func(run_tool, keep_result=0, max_tries=3, timeout=settings.tool_timeout_s + 10)
+            func(
+                run_tool,
+                keep_result=0,
+                max_tries=3,
+                timeout=runner_hold_s(settings.tool_timeout_s),
+            )
         ],
         "on_startup": _startup,
         "on_shutdown": _shutdown,

@@ -46,6 +46,7 @@ SCRIPT_NAMES = (
     "stage",
     "start",
     "tool_claim",
+    "tool_rate",
 )
 
 
@@ -106,3 +107,4 @@ class Scripts:
     stage: AsyncScript
     start: AsyncScript
     tool_claim: AsyncScript
+    tool_rate: AsyncScript

@@ -27,6 +27,14 @@ class Tools(StoreBase):
             return _decoded(got)
         return bool(got)
 
+    async def tool_turn(self, tool: str, rate_per_s: float, max_wait_s: float) -> float | None:
+        """A turn for one run of ``tool``, limited to ``rate_per_s`` across every runner: how
+        long to wait for it (s), or None when that would be more than ``max_wait_s``."""
+        args = [1.0 / rate_per_s, max_wait_s]
+        async with redis_errors(self.url, ""):
+            wait_ms = int(await self.scripts.tool_rate(keys=[self.keys.tool_rate(tool)], args=args))
+        return None if wait_ms < 0 else wait_ms / 1000
+
     async def tool_answers(self, keys: Sequence[str]) -> list[ToolAnswer | None]:
         """The answers kept for ``keys`` (None: none yet; an unreadable one is an error)."""
         if not keys:
