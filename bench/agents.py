@@ -219,6 +219,18 @@ def section(rows: list[tuple[str, dict[str, Any]]], n: int, command: str) -> str
         }
         lines.append("")
         lines += [f"- {'met' if ok else 'NOT met'}: {what}" for what, ok in checks.items()]
+        name = next(n for n, g in rows[1:] if g is best).rsplit(", ", 1)[1]
+        lines += [
+            "",
+            f"The SDK's best setting here is `{name}` of those tried, with "
+            "`streaming_tool_dispatch=False` (swarm-sim answers whole responses only). "
+            f"swarm-queue ran {base_rate / (best['ok'] / best['wall_s']):.2f}x its agents/s. "
+            f"{base.get('same_endpoint', 0.0):.1%} of swarm-queue's second turns ran on the "
+            "endpoint of the agent's first (its lane, `SWARM_LANE_WAIT_MS`), where the "
+            "conversation's prefix was cached; the SDK's single engine holds every prefix by "
+            "design, so its rate is the ceiling both reach. Hit rates: "
+            f"{base['prefix']:.2%} against {best['prefix']:.2%}.",
+        ]
     return "\n".join(lines) + "\n"
 
 
