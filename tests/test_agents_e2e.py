@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
 from pathlib import Path
 
 import msgspec
@@ -19,6 +20,7 @@ from common.models import decode_spec
 from tests.harness import (
     AGENT_SCHEMA,
     AGENT_TASK,
+    BIN,
     FleetFactory,
     command,
     fleet_prompt,
@@ -164,6 +166,53 @@ def test_an_agent_toml_describes_the_agents_and_bad_input_is_named(
     assert (spec.tools or [])[0]["function"]["parameters"]["properties"] == {
         "a": {"type": "integer"}
     }
+
+
+def test_agents_survive_their_producer_killed_mid_enqueue(fleet_factory: FleetFactory) -> None:
+    """The producer dies with part of the input queued, while those agents take their turns;
+    the same command run again queues the rest, and every agent finishes once."""
+    n = 1_500
+    fleet = fleet_factory(2)
+    tmp = fleet.tmp
+    (tmp / "task.txt").write_text('Find paper {n}. CALL slow_add({{"a": 1, "b": 2}})')
+    lines = [json.dumps({"n": i}) + "\n" for i in range(n)]
+    (tmp / "in.jsonl").write_text("".join(lines))
+    log = tmp / "runs.log"
+    log.touch()
+    env = fleet.env
+    runner = tool_runner(env, log, tmp / "runner.log")
+    worker = fleet.worker("w", [0, 1], burst=False, env=env)
+    flags = ["--job", "ag", "--task", tmp / "task.txt", "--tools", "slow_add", "--max-turns", "2"]
+    producer = subprocess.Popen(
+        [BIN / "swarm-enqueue", "-", *map(str, flags)],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        assert producer.stdin is not None
+        producer.stdin.write("".join(lines[:1_100]).encode())  # one chunk of 1,000 is queued
+        producer.stdin.flush()
+        wait_until("the first agents answered", lambda: fleet.done("ag") > 0)
+        producer.send_signal(signal.SIGKILL)
+        producer.wait()
+        producer.stdin.close()
+        again = command(env, "swarm-enqueue", tmp / "in.jsonl", *flags)
+        assert again.returncode == 0, again.stderr
+        assert f"{n} agents queued ({n - 1_000} new, 1000 already queued)" in again.stdout
+        got = command(
+            env, "swarm-collect", "ag", "--out", tmp / "ag.jsonl", "--wait", timeout_s=240
+        )
+        assert got.returncode == 0, got.stderr
+    finally:
+        for proc in (runner, worker):
+            proc.terminate()
+            proc.wait(timeout=60)
+    out = [msgspec.json.decode(x) for x in (tmp / "ag.jsonl").read_bytes().splitlines()]
+    assert [x["index"] for x in out] == list(range(n))  # every agent, once, in order
+    assert all("failure" not in x and (x["turns"], x["tool_calls"]) == (2, 1) for x in out)
+    assert log.read_text().split() == ["slow_add"]  # the one call all of them share
 
 
 def test_agents_survive_a_redis_restart(fleet_factory: FleetFactory, tmp_path: Path) -> None:
