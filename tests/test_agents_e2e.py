@@ -9,6 +9,7 @@ import json
 import signal
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import pytest
@@ -31,6 +32,13 @@ from tests.helpers import wait_until
 pytestmark = pytest.mark.slow
 
 SCHEMA, TASK = AGENT_SCHEMA, AGENT_TASK
+
+
+def _collect(env: dict[str, str], tmp: Path, job: str, rc: int = 0) -> list[dict[str, Any]]:
+    """``swarm-collect JOB --wait``'s lines, once it exits with ``rc``."""
+    got = command(env, "swarm-collect", job, "--out", tmp / f"{job}.jsonl", "--wait", timeout_s=240)
+    assert got.returncode == rc, got.stderr
+    return [msgspec.json.decode(x) for x in (tmp / f"{job}.jsonl").read_bytes().splitlines()]
 
 
 def test_agents_survive_a_killed_worker_and_tool_runner_beside_other_jobs(
@@ -71,11 +79,7 @@ def test_agents_survive_a_killed_worker_and_tool_runner_beside_other_jobs(
     runner = tool_runner(env, log, tmp / "runner.log")
     fleet.worker("a2", [0, 1], env=env)
     try:
-        got = command(
-            env, "swarm-collect", "ag", "--out", tmp / "ag.jsonl", "--wait", timeout_s=240
-        )
-        assert got.returncode == 0, got.stderr
-        lines = [msgspec.json.decode(x) for x in (tmp / "ag.jsonl").read_bytes().splitlines()]
+        lines = _collect(env, tmp, "ag")
         assert [x["index"] for x in lines] == list(range(n))  # every agent, once, in order
         for x in lines:
             assert "failure" not in x, x
@@ -88,18 +92,13 @@ def test_agents_survive_a_killed_worker_and_tool_runner_beside_other_jobs(
         assert 1 <= runs.count("slow_add") <= 2
         assert n <= runs.count("fetch") <= n + 2 * 64  # each agent's own; a killed runner's again
 
-        bad = command(env, "swarm-collect", "nope", "--out", tmp / "nope.jsonl", "--wait")
-        assert bad.returncode == 1, bad.stderr
-        failed = [msgspec.json.decode(x) for x in (tmp / "nope.jsonl").read_bytes().splitlines()]
+        failed = _collect(env, tmp, "nope", rc=1)
         assert [x["index"] for x in failed] == list(range(20))
         for x in failed:
             assert x["failure"] == "tool"
             assert x["error"] == "tool 'rm_rf' is not among this runner's SWARM_TOOLS"
-        plain = command(env, "swarm-collect", "j", "--out", tmp / "j.jsonl", "--wait")
-        assert plain.returncode == 0, plain.stderr
-        pipe = command(env, "swarm-collect", "p", "--out", tmp / "p.jsonl", "--wait")
-        assert pipe.returncode == 0, pipe.stderr
-        chains = [msgspec.json.decode(x) for x in (tmp / "p.jsonl").read_bytes().splitlines()]
+        assert len(_collect(env, tmp, "j")) == 300
+        chains = _collect(env, tmp, "p")
         assert len(chains) == 300 and all(len(c["steps"]) == 2 and c["text"] for c in chains)
     finally:
         runner.terminate()
@@ -201,15 +200,11 @@ def test_agents_survive_their_producer_killed_mid_enqueue(fleet_factory: FleetFa
         again = command(env, "swarm-enqueue", tmp / "in.jsonl", *flags)
         assert again.returncode == 0, again.stderr
         assert f"{n} agents queued ({n - 1_000} new, 1000 already queued)" in again.stdout
-        got = command(
-            env, "swarm-collect", "ag", "--out", tmp / "ag.jsonl", "--wait", timeout_s=240
-        )
-        assert got.returncode == 0, got.stderr
+        out = _collect(env, tmp, "ag")
     finally:
         for proc in (runner, worker):
             proc.terminate()
             proc.wait(timeout=60)
-    out = [msgspec.json.decode(x) for x in (tmp / "ag.jsonl").read_bytes().splitlines()]
     assert [x["index"] for x in out] == list(range(n))  # every agent, once, in order
     assert all("failure" not in x and (x["turns"], x["tool_calls"]) == (2, 1) for x in out)
     assert log.read_text().split() == ["slow_add"]  # the one call all of them share
@@ -239,15 +234,11 @@ def test_agents_survive_a_redis_restart(fleet_factory: FleetFactory, tmp_path: P
             wait_until("agents at their second turn", lambda: fleet.done(step_name("ag", 1)) > 30)
             server.stop()
             server.start()
-            got = command(
-                env, "swarm-collect", "ag", "--out", tmp / "ag.jsonl", "--wait", timeout_s=240
-            )
-            assert got.returncode == 0, got.stderr
+            lines = _collect(env, tmp, "ag")
         finally:
             for proc in (runner, worker):
                 proc.terminate()
                 proc.wait(timeout=60)
-        lines = [msgspec.json.decode(x) for x in (tmp / "ag.jsonl").read_bytes().splitlines()]
         assert [x["index"] for x in lines] == list(range(n))
         assert all((x["turns"], x["tool_calls"]) == (3, 2) for x in lines)
     finally:

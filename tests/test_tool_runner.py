@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -40,10 +40,9 @@ def runner(
     proc.wait(timeout=30)
 
 
-async def test_tool_calls_run_once_and_fail_as_answers(
-    runner: tuple[Path, subprocess.Popen[bytes]], make_settings: Callable[..., Settings]
-) -> None:
-    log, _ = runner
+@pytest.fixture
+async def caller(make_settings: Callable[..., Settings]) -> AsyncIterator[ToolCaller]:
+    """Tool calls asked of this test's Redis (its store as ``caller.store``)."""
     settings: Settings = make_settings()
     store = JobStore.from_settings(settings)
     pool = await create_pool(
@@ -51,107 +50,95 @@ async def test_tool_calls_run_once_and_fail_as_answers(
         job_serializer=job_serializer,
         job_deserializer=job_deserializer,
     )
-    caller = ToolCaller(store, pool, settings)
-    try:
-        # Fifty agents ask the same call at once (two spellings of one argument object).
-        asks = [
-            caller.ask("slow_add", json.dumps({"a": 1, "b": 2} if i % 2 else {"b": 2, "a": 1}))
-            for i in range(50)
-        ]
-        keys = set(await asyncio.gather(*asks))
-        assert keys == {tool_key("slow_add", '{"a": 1, "b": 2}')}
-        others = {
-            "boom": '{"record": "r7"}',
-            "forever": "{}",
-            "rm_rf": '{"path": "/"}',
-            "fetch": '{"url": "doi:1"}',
-        }
-        calls = [(keys.pop(), "slow_add", '{"a": 1, "b": 2}')]
-        for name, args in others.items():
-            calls.append((await caller.ask(name, args), name, args))
+    yield ToolCaller(store, pool, settings)
+    await pool.aclose()
+    await store.close()
 
-        async with asyncio.timeout(30):  # every call answered (the runner is another process)
-            while not all(a is not None for a in await caller.answers(calls)):  # noqa: ASYNC110 - another process answers, in Redis
-                await asyncio.sleep(0.05)
-        answers = dict(zip([n for _, n, _ in calls], await caller.answers(calls), strict=True))
-        assert answers["slow_add"] is not None and answers["slow_add"].content == "3"
-        assert answers["boom"] is not None and answers["boom"].for_model() == (
-            "error: boom raised ValueError: no such record r7"
-        )
-        assert answers["forever"] is not None
-        assert answers["forever"].error == "forever took longer than 1 s"
-        assert answers["rm_rf"] is not None
-        assert answers["rm_rf"].error == "tool 'rm_rf' is not among this runner's SWARM_TOOLS"
-        assert [n for n, a in answers.items() if a is not None and a.refused] == ["rm_rf"]
-        assert answers["fetch"] is not None and answers["fetch"].content == "<page doi:1>"
-        # Asked again later: the cached tool is answered from what is kept, not run again.
-        await caller.ask("fetch", '{"url": "doi:1"}')
-        runs = log.read_text().split()
-        assert sorted(runs) == ["boom", "fetch", "forever", "slow_add"]  # each ran once
-        assert caller.queued == 5 and caller.shared == 50 - 1 + 1
-    finally:
-        await pool.aclose()
-        await store.close()
+
+async def _all_answered(
+    caller: ToolCaller, calls: list[tuple[str, str, str]]
+) -> list[ToolAnswer | None]:
+    """The answers of ``calls``, once every one is in (the runner is another process)."""
+    async with asyncio.timeout(30):
+        while not all(a is not None for a in await caller.answers(calls)):  # noqa: ASYNC110 - another process answers, in Redis
+            await asyncio.sleep(0.05)
+    return await caller.answers(calls)
+
+
+async def test_tool_calls_run_once_and_fail_as_answers(
+    runner: tuple[Path, subprocess.Popen[bytes]], caller: ToolCaller
+) -> None:
+    log, _ = runner
+    # Fifty agents ask the same call at once (two spellings of one argument object).
+    asks = [
+        caller.ask("slow_add", json.dumps({"a": 1, "b": 2} if i % 2 else {"b": 2, "a": 1}))
+        for i in range(50)
+    ]
+    keys = set(await asyncio.gather(*asks))
+    assert keys == {tool_key("slow_add", '{"a": 1, "b": 2}')}
+    others = {
+        "boom": '{"record": "r7"}',
+        "forever": "{}",
+        "rm_rf": '{"path": "/"}',
+        "fetch": '{"url": "doi:1"}',
+    }
+    calls = [(keys.pop(), "slow_add", '{"a": 1, "b": 2}')]
+    for name, args in others.items():
+        calls.append((await caller.ask(name, args), name, args))
+
+    async with asyncio.timeout(30):  # every call answered (the runner is another process)
+        while not all(a is not None for a in await caller.answers(calls)):  # noqa: ASYNC110 - another process answers, in Redis
+            await asyncio.sleep(0.05)
+    answers = dict(zip([n for _, n, _ in calls], await caller.answers(calls), strict=True))
+    assert answers["slow_add"] is not None and answers["slow_add"].content == "3"
+    assert answers["boom"] is not None and answers["boom"].for_model() == (
+        "error: boom raised ValueError: no such record r7"
+    )
+    assert answers["forever"] is not None
+    assert answers["forever"].error == "forever took longer than 1 s"
+    assert answers["rm_rf"] is not None
+    assert answers["rm_rf"].error == "tool 'rm_rf' is not among this runner's SWARM_TOOLS"
+    assert [n for n, a in answers.items() if a is not None and a.refused] == ["rm_rf"]
+    assert answers["fetch"] is not None and answers["fetch"].content == "<page doi:1>"
+    # Asked again later: the cached tool is answered from what is kept, not run again.
+    await caller.ask("fetch", '{"url": "doi:1"}')
+    runs = log.read_text().split()
+    assert sorted(runs) == ["boom", "fetch", "forever", "slow_add"]  # each ran once
+    assert caller.queued == 5 and caller.shared == 50 - 1 + 1
 
 
 async def test_a_call_answered_between_two_reads_is_returned_and_not_counted_as_shared(
-    make_settings: Callable[..., Settings],
+    caller: ToolCaller,
 ) -> None:
     """The runner may finish a call (answer kept, claim let go) after the caller found no
     answer and before it looked at the claim: the caller returns that answer, asks nothing
     again, and counts no other asker's run (seen once in CI: 51 calls shared of 50)."""
-    settings: Settings = make_settings()
-    store = JobStore.from_settings(settings)
-    pool = await create_pool(
-        arq_redis_settings(settings),
-        job_serializer=job_serializer,
-        job_deserializer=job_deserializer,
-    )
-    caller = ToolCaller(store, pool, settings)
-    try:
-        key = await caller.ask("slow_add", '{"a": 1, "b": 2}')
-        real_in_hand = store.in_hand
+    store = caller.store
+    key = await caller.ask("slow_add", '{"a": 1, "b": 2}')
+    real_in_hand = store.in_hand
 
-        async def runner_finishes_first(keys: Sequence[str]) -> list[bool]:
-            await store.put_tool_answer(key, ToolAnswer(content="3"), HAND_OVER_S)
-            return await real_in_hand(keys)
+    async def runner_finishes_first(keys: Sequence[str]) -> list[bool]:
+        await store.put_tool_answer(key, ToolAnswer(content="3"), HAND_OVER_S)
+        return await real_in_hand(keys)
 
-        store.in_hand = runner_finishes_first  # type: ignore[method-assign]
-        (answer,) = await caller.answers([(key, "slow_add", '{"a": 1, "b": 2}')])
-        assert answer == ToolAnswer(content="3")
-        assert (caller.queued, caller.shared) == (1, 0)
-        assert await store.in_hand([key]) == [False]  # not claimed and queued a second time
-    finally:
-        await pool.aclose()
-        await store.close()
+    store.in_hand = runner_finishes_first  # type: ignore[method-assign]
+    (answer,) = await caller.answers([(key, "slow_add", '{"a": 1, "b": 2}')])
+    assert answer == ToolAnswer(content="3")
+    assert (caller.queued, caller.shared) == (1, 0)
+    assert await store.in_hand([key]) == [False]  # not claimed and queued a second time
 
 
 async def test_a_tool_runs_within_the_limits_it_declares(
-    runner: tuple[Path, subprocess.Popen[bytes]], make_settings: Callable[..., Settings]
+    runner: tuple[Path, subprocess.Popen[bytes]], caller: ToolCaller
 ) -> None:
     """``swarm_max_concurrent = 2``: six calls run two at a time. ``swarm_rate_per_s = 1``
     with one second's wait allowed (SWARM_TOOL_TIMEOUT_S=1): of four calls at once, the
     turns now and in one second run, the two others answer that their turn is too far."""
     log, _ = runner
-    settings: Settings = make_settings()
-    store = JobStore.from_settings(settings)
-    pool = await create_pool(
-        arq_redis_settings(settings),
-        job_serializer=job_serializer,
-        job_deserializer=job_deserializer,
-    )
-    caller = ToolCaller(store, pool, settings)
-    try:
-        calls = [("two_at_once", json.dumps({"n": i})) for i in range(6)]
-        calls += [("one_a_second", json.dumps({"n": i})) for i in range(4)]
-        keyed = [(await caller.ask(name, args), name, args) for name, args in calls]
-        async with asyncio.timeout(30):
-            while not all(a is not None for a in await caller.answers(keyed)):  # noqa: ASYNC110 - another process answers, in Redis
-                await asyncio.sleep(0.05)
-        answers = await caller.answers(keyed)
-    finally:
-        await pool.aclose()
-        await store.close()
+    calls = [("two_at_once", json.dumps({"n": i})) for i in range(6)]
+    calls += [("one_a_second", json.dumps({"n": i})) for i in range(4)]
+    keyed = [(await caller.ask(name, args), name, args) for name, args in calls]
+    answers = await _all_answered(caller, keyed)
     assert [a.content for a in answers[:6] if a is not None] == [str(i) for i in range(6)]
     running, most = 0, 0
     for line in log.read_text().split():
