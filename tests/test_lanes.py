@@ -60,11 +60,15 @@ async def test_an_endpoint_takes_its_own_lane_and_others_wait(
     await _move(store, turn, [lane_name(A), lane_name(B), lane_name(A), lane_name(B)])
     a, b, c = (_intake(store, settings, e) for e in (A, B, C))
 
+    status = await store.status(turn.job)
+    assert (status.pending, status.in_flight) == (4, 0)  # queued in lanes, in no one's hands
     # C served none of these turns before: nothing for it (the lanes' wait is long).
     assert await c.next([turn], None, idle=True) is None
     assert _indices(await a.next([turn], None)) == [0, 2]
     assert _indices(await b.next([turn], None)) == [1, 3]
     assert await a.next([turn], None) is None
+    status = await store.status(turn.job)
+    assert (status.pending, status.in_flight) == (0, 4)
 
 
 async def test_a_turn_that_waited_long_enough_goes_to_an_endpoint_with_nothing_else(

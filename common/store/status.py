@@ -101,7 +101,8 @@ class Status(StoreBase):
         meta = {k.decode(): v.decode() for k, v in raw.items() if k != Meta.SPEC.encode()}
         running = Meta.FIRST_RESULT_S in meta and Meta.FINISHED_S not in meta
         now = await self.server_time() if rate and running else 0.0
-        return _job_status(job, meta, int(backlog[0]), now)
+        # An entry waiting in an endpoint's lane is queued, in no worker's hands yet.
+        return _job_status(job, meta, int(backlog[0]) - int(backlog[2]), now)
 
     async def bad_keys(self, job: str) -> list[str]:
         """Which of ``job``'s keys hold another type than swarm-queue keeps there (another

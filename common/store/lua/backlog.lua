@@ -1,9 +1,17 @@
--- backlog: what of a job the workers still have to do, from the stream itself: entries in
--- workers' hands (pending) and whether any was never delivered. (The stream's length says
--- neither: acknowledged entries stay in it until its head is trimmed.)
+-- backlog: what of a job the workers still have to do, from the stream itself: entries
+-- delivered and not acknowledged (pending: in workers' hands, or waiting in an endpoint's
+-- lane), whether any was never delivered, and how many of the pending wait in lanes (queued
+-- for an endpoint, in no worker's hands yet). (The stream's length says none of this:
+-- acknowledged entries stay in it until its head is trimmed.)
 -- KEYS: [1] stream
 -- ARGV: [1] group
--- Returns {pending entries, 1 if any entry was never delivered else 0}.
+-- Returns {pending entries, 1 if any entry was never delivered else 0, of the pending: in lanes}.
 local stream, group = KEYS[1], ARGV[1]
 local info = group_info(stream, group)
-return {info and info['pending'] or 0, any_undelivered(stream, info) and 1 or 0}
+local pending, in_lanes = info and info['pending'] or 0, 0
+if pending > 0 then
+  for _, c in ipairs(redis.call('XPENDING', stream, group)[4] or {}) do
+    if string.sub(c[1], 1, #LANE_PREFIX) == LANE_PREFIX then in_lanes = in_lanes + tonumber(c[2]) end
+  end
+end
+return {pending, any_undelivered(stream, info) and 1 or 0, in_lanes}
