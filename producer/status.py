@@ -355,7 +355,8 @@ async def _serve(args: argparse.Namespace) -> int:
         await serve(store, settings.redis_url, args.bind, args.serve, args.every)
     finally:
         await store.close()
-    return 0
+    print("swarm-status: interrupted", file=sys.stderr)
+    return 130  # stopped by a signal, as any command interrupted says
 
 
 def main(argv: Sequence[str] | None = None) -> None:

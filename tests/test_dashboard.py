@@ -334,6 +334,37 @@ async def test_the_dashboard_in_chromium_shows_the_figures_redis_holds_during_a_
         await asyncio.to_thread(Path(target).write_bytes, png)
 
 
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+async def test_a_signal_stops_the_dashboard_at_once_with_a_request_half_sent(
+    cli_env: dict[str, str], sig: signal.Signals
+) -> None:
+    """Ctrl-C, or a scheduler's SIGTERM, ends it as an interrupted command (130), with a
+    browser's connection left open mid-request."""
+    port = free_port()
+    server = await asyncio.create_subprocess_exec(
+        BIN / "swarm-status",
+        "--serve",
+        str(port),
+        env=cli_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        assert server.stdout is not None and server.stderr is not None
+        assert b"dashboard on" in await asyncio.wait_for(server.stdout.readline(), 60)
+        _, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET /api/board HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 9\r\n\r\nx")
+        await writer.drain()
+        server.send_signal(sig)
+        assert await asyncio.wait_for(server.wait(), 15) == 130
+        assert (await server.stderr.read()).decode().strip() == "swarm-status: interrupted"
+        writer.close()
+    finally:
+        if server.returncode is None:
+            server.kill()
+            await server.wait()
+
+
 async def test_redis_out_of_reach_is_shown_on_the_page_not_a_crash(
     make_settings: Callable[..., Settings],
 ) -> None:
