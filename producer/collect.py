@@ -12,6 +12,7 @@ has not finished (without ``--wait``); 2 bad usage or unknown job.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from collections.abc import Sequence
 
@@ -21,7 +22,7 @@ from common.cli import add_redis_arg, open_job_store, run
 from common.errors import ConfigError
 from common.models import encode_final
 from common.store import JobStore
-from producer.agentout import collect_agents
+from producer.agentout import agent_line, agents_as_finished, collect_agents
 from producer.chains import ChainLine, chain_line, collect_chains, follow_chains, steps_of
 from producer.formats import FORMATS, format_named
 from producer.outfile import collect_durably
@@ -56,6 +57,12 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="delete results from Redis once written to FILE (bounds Redis memory; "
         "the file becomes the only copy)",
+    )
+    p.add_argument(
+        "--as-finished",
+        action="store_true",
+        help="an agent job: each agent's line as it finishes, not in input order, following "
+        "the job to its end (run again, it writes them all again)",
     )
     add_redis_arg(p)
     return p
@@ -104,9 +111,13 @@ async def _main(args: argparse.Namespace) -> int:
         raise ConfigError("--out FILE (or - for stdout) is required")
     async with open_job_store(args) as (job, store):
         spec = await wait_for_spec(store, job, wait=args.wait)
+        # An agent job's later turns (job:s1...) are collected as the jobs they are.
+        agents = spec.agent is not None and not spec.laned
+        if args.as_finished and not agents:
+            raise ConfigError(f"--as-finished is for agent jobs; {job!r} is not one")
         if spec.then is not None:
             return await _pipeline(args, job, store)
-        if spec.agent is not None:
+        if agents:
             return await _agents(args, job, store)
         if args.evict:
             status = await store.status(job)
@@ -197,6 +208,8 @@ async def _pipeline(args: argparse.Namespace, job: str, store: JobStore) -> int:
 
 async def _agents(args: argparse.Namespace, job: str, store: JobStore) -> int:
     """Collect an agent job: one line per agent (see producer/agentout.py)."""
+    if args.as_finished:
+        return await _agents_as_finished(args, job, store)
     if args.format != "jsonl" or args.out in (None, "-"):
         raise ConfigError("an agent job is collected as JSON Lines into --out FILE")
     report = await collect_agents(
@@ -211,6 +224,26 @@ async def _agents(args: argparse.Namespace, job: str, store: JobStore) -> int:
     if not report.complete:
         return EXIT_INCOMPLETE
     return EXIT_FAILED if report.failed else 0
+
+
+async def _agents_as_finished(args: argparse.Namespace, job: str, store: JobStore) -> int:
+    """Every agent's line in the order they finish, to ``--out`` (a file, or - for stdout),
+    until the last has: for who acts on each result at once. Nothing is kept in Redis about
+    what was written, so nothing is evicted; a rerun writes every line again."""
+    if args.format != "jsonl" or args.evict:
+        raise ConfigError("--as-finished writes JSON Lines, and evicts nothing")
+    ok = failed = 0
+    with contextlib.ExitStack() as stack:
+        out = (
+            sys.stdout.buffer if args.out == "-" else stack.enter_context(open(args.out, "wb"))  # noqa: ASYNC230 - a CLI's one file
+        )
+        async for chunk in agents_as_finished(store, job):
+            for r in chunk:
+                out.write(agent_line(r))
+                ok, failed = (ok + 1, failed) if r.ok else (ok, failed + 1)
+            out.flush()
+    print(f"agents {job}: wrote {ok + failed} as they finished ({failed} failed)", file=sys.stderr)
+    return EXIT_FAILED if failed else 0
 
 
 def main(argv: Sequence[str] | None = None) -> None:

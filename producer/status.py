@@ -126,7 +126,7 @@ async def _show(store: JobStore, job: str) -> JobStatus:
             waiting = await waiting_for(store, job, fleet or [], now)
     print(format_status(status, stage, endpoints, now=now, waiting=waiting), flush=True)
     spec = await store.load_spec(job)
-    if spec.agent is not None:
+    if spec.agent is not None and not spec.laned:  # an agent job, not one of its turns
         print(await agent_lines(store, spec), flush=True)
     k = 0
     while spec.then is not None:  # a pipeline: each later step, as a job of its own

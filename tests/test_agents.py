@@ -23,7 +23,7 @@ from common.settings import Settings
 from common.store import JobStore
 from flows.agents import AgentResult, agent_prompts, build_agents, enqueue_agents, tool_definition
 from sim.server import SimFleet
-from tests.harness import AGENT_SCHEMA, AGENT_TASK, tool_runner
+from tests.harness import AGENT_SCHEMA, AGENT_TASK, command, tool_runner
 from tests.helpers import run_engine
 
 pytestmark = pytest.mark.slow
@@ -74,6 +74,37 @@ async def test_agents_take_their_turns_share_a_tool_call_and_answer_as_data(
     runs = (await asyncio.to_thread(runs_log.read_text)).split()
     assert runs.count("slow_add") == 1  # shared by all 60 agents: run once
     assert runs.count("fetch") == n  # each agent's own: once each
+
+
+async def test_swarm_collect_writes_agents_as_they_finished_and_refuses_other_jobs(
+    runs_log: Path,
+    make_settings: Callable[..., Settings],
+    store: JobStore,
+    sim_fleet: Callable[..., SimFleet],
+    cli_env: dict[str, str],
+    tmp_path: Path,
+) -> None:
+    n = 30
+    tools = [tool_definition("slow_add"), tool_definition("fetch")]
+    options = JobOptions(max_tokens=64)
+    specs, _ = build_agents("fin", options, AgentSpec(max_turns=3), tools, source="test")
+    await enqueue_agents(store, specs, agent_prompts(TASK, [{"n": i} for i in range(n)]))
+    async with sim_fleet(2) as fleet:
+        await run_engine(make_settings(), store, fleet.urls)
+    out = tmp_path / "fin.jsonl"
+    got = await asyncio.to_thread(
+        command, cli_env, "swarm-collect", "fin", "--out", out, "--as-finished"
+    )
+    assert got.returncode == 0, got.stderr
+    assert got.stderr.strip() == f"agents fin: wrote {n} as they finished (0 failed)"
+    written = [msgspec.json.decode(x)["index"] for x in out.read_bytes().splitlines()]
+    finished, _ = await store.finished_since("fin", b"0")
+    assert written == finished and sorted(written) == list(range(n))
+    plain = await asyncio.to_thread(
+        command, cli_env, "swarm-collect", "fin:s1", "--out", out, "--as-finished"
+    )
+    assert plain.returncode == 2
+    assert "--as-finished is for agent jobs; 'fin:s1' is not one" in plain.stderr
 
 
 async def test_each_turn_goes_to_the_endpoint_that_served_the_turn_before(
