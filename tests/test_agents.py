@@ -76,6 +76,14 @@ async def test_agents_take_their_turns_share_a_tool_call_and_answer_as_data(
     assert runs.count("fetch") == n  # each agent's own: once each
 
 
+async def _queue_agents(store: JobStore, job: str, n: int) -> None:
+    """``n`` agents of up to 3 turns, each calling slow_add (shared) and fetch (its own)."""
+    tools = [tool_definition("slow_add"), tool_definition("fetch")]
+    options = JobOptions(max_tokens=64)
+    specs, _ = build_agents(job, options, AgentSpec(max_turns=3), tools, source="test")
+    await enqueue_agents(store, specs, agent_prompts(TASK, [{"n": i} for i in range(n)]))
+
+
 async def test_swarm_collect_writes_agents_as_they_finished_and_refuses_other_jobs(
     runs_log: Path,
     make_settings: Callable[..., Settings],
@@ -85,10 +93,7 @@ async def test_swarm_collect_writes_agents_as_they_finished_and_refuses_other_jo
     tmp_path: Path,
 ) -> None:
     n = 30
-    tools = [tool_definition("slow_add"), tool_definition("fetch")]
-    options = JobOptions(max_tokens=64)
-    specs, _ = build_agents("fin", options, AgentSpec(max_turns=3), tools, source="test")
-    await enqueue_agents(store, specs, agent_prompts(TASK, [{"n": i} for i in range(n)]))
+    await _queue_agents(store, "fin", n)
     async with sim_fleet(2) as fleet:
         await run_engine(make_settings(), store, fleet.urls)
     out = tmp_path / "fin.jsonl"
@@ -116,10 +121,7 @@ async def test_each_turn_goes_to_the_endpoint_that_served_the_turn_before(
     """Its engine holds the conversation's prefix: every later turn of an agent is served
     where its first was, while the first turns spread over the endpoints."""
     n = 48
-    tools = [tool_definition("slow_add"), tool_definition("fetch")]
-    options = JobOptions(max_tokens=64)
-    specs, _ = build_agents("af", options, AgentSpec(max_turns=3), tools, source="test")
-    await enqueue_agents(store, specs, agent_prompts(TASK, [{"n": i} for i in range(n)]))
+    await _queue_agents(store, "af", n)
     async with sim_fleet(3) as fleet:
         settings = make_settings(batch_size=4, inflight=1, lane_wait_ms=60_000)
         await run_engine(settings, store, fleet.urls)
