@@ -93,7 +93,7 @@ class Status(StoreBase):
         meta_key, stream = self.keys.meta(job), self.keys.stream(job)
         async with redis_errors(self.url, job):
             raw = await self.redis.hgetall(meta_key)
-            backlog = await self.scripts.backlog(keys=[stream], args=[GROUP])
+            backlog = await self.scripts.backlog(keys=[stream], args=[GROUP, 1])
         if not raw or Meta.SPEC.encode() not in raw:
             raise JobNotFoundError(
                 f"no job named {job!r} in this Redis (prefix {self.keys.prefix!r})"

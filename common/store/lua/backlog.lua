@@ -4,12 +4,14 @@
 -- for an endpoint, in no worker's hands yet). (The stream's length says none of this:
 -- acknowledged entries stay in it until its head is trimmed.)
 -- KEYS: [1] stream
--- ARGV: [1] group
--- Returns {pending entries, 1 if any entry was never delivered else 0, of the pending: in lanes}.
+-- ARGV: [1] group, [2] '1' to count the pending in lanes (a status; not whether work is left,
+--       which idle workers ask often)
+-- Returns {pending entries, 1 if any entry was never delivered else 0, of the pending: in lanes
+-- (0 when not asked)}.
 local stream, group = KEYS[1], ARGV[1]
 local info = group_info(stream, group)
 local pending, in_lanes = info and info['pending'] or 0, 0
-if pending > 0 then
+if pending > 0 and ARGV[2] == '1' then
   for _, c in ipairs(redis.call('XPENDING', stream, group)[4] or {}) do
     if string.sub(c[1], 1, #LANE_PREFIX) == LANE_PREFIX then in_lanes = in_lanes + tonumber(c[2]) end
   end
