@@ -16,7 +16,7 @@ from common.store import JobStatus, JobStore
 from flows.agents import AgentResult
 from producer.lines import LineSink
 from producer.outfile import collect_rows_durably
-from producer.stream import CollectReport, wait_for_job
+from producer.stream import CollectReport, follow_rows, wait_for_job
 
 __all__ = ["agent_line", "agents_as_finished", "collect_agents", "follow_agents"]
 
@@ -31,7 +31,17 @@ def agent_line(r: AgentResult) -> bytes:
     return _encoder.encode(r) + b"\n"
 
 
-async def follow_agents(
+async def _agents(store: JobStore, job: str, start: int, count: int) -> list[AgentResult]:
+    """The agents of ``job`` from ``start`` on, up to the first not finished yet."""
+    chunk = []
+    for raw in await store.agent_results(job, start, count):
+        if raw is None:
+            break
+        chunk.append(_decoder.decode(raw))
+    return chunk
+
+
+def follow_agents(
     store: JobStore,
     job: str,
     *,
@@ -41,29 +51,10 @@ async def follow_agents(
     on_status: Callable[[JobStatus, int], None] | None = None,
 ) -> AsyncIterator[list[AgentResult]]:
     """The agents of ``job`` from ``start`` on, in input order, a chunk at a time as they
-    finish; ends once every agent has, or, without ``wait``, at the first still running."""
-    generation = await wait_for_job(store, job, wait, poll_s)
-    cursor = start
-    while True:
-        raws = await store.agent_results(job, cursor, CHUNK)
-        chunk = []
-        for raw in raws:
-            if raw is None:
-                break
-            chunk.append(_decoder.decode(raw))
-        if chunk:
-            cursor += len(chunk)
-            yield chunk
-            if len(chunk) == CHUNK:
-                continue
-        status = await store.status(job, rate=False)
-        if status.generation != generation:
-            raise JobGoneError(job)
-        if on_status is not None:
-            on_status(status, cursor)
-        if (status.total is not None and cursor >= status.total) or not wait:
-            return
-        await asyncio.sleep(poll_s)
+    finish (:func:`producer.stream.follow_rows`: an agent job's row source)."""
+    return follow_rows(
+        store, job, _agents, start=start, wait=wait, poll_s=poll_s, on_status=on_status
+    )
 
 
 async def agents_as_finished(

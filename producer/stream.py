@@ -40,6 +40,7 @@ __all__ = [
     "collect",
     "collect_into",
     "follow",
+    "follow_rows",
     "own_line",
     "wait_final",
     "wait_for_job",
@@ -114,33 +115,33 @@ def check_kept(status: JobStatus, start: int) -> None:
         )
 
 
-async def follow(
+# Reads the rows of a job from an index on, up to a count, stopping before the first not in yet.
+Fetch = Callable[[JobStore, str, int, int], Awaitable[list[R]]]
+
+
+async def follow_rows(
     store: JobStore,
     job: str,
+    fetch: Fetch[R],
     *,
     start: int = 0,
     wait: bool = False,
     poll_s: float = 0.2,
     on_status: Callable[[JobStatus, int], None] | None = None,
-) -> AsyncIterator[list[Result]]:
-    """The results of ``job`` from index ``start`` on, in order, a chunk at a time as they
-    arrive. Ends when every prompt has its result or, without ``wait``, when the next one is
-    not in yet. With ``wait``, a Redis outage is waited out. ``on_status(status, next_index)``
-    sees the job's status between chunks. Results that left Redis with another collector's
-    ``--evict`` raise :class:`ResultsEvictedError`, and a job deleted and queued again under
-    its name meanwhile :class:`JobGoneError`: one output never mixes two jobs."""
+) -> AsyncIterator[list[R]]:
+    """The rows of ``job`` (read by ``fetch``) from index ``start`` on, in order, a chunk at
+    a time as they arrive. Ends when every input has its row or, without ``wait``, when the
+    next one is not in yet. With ``wait``, a Redis outage is waited out. ``on_status(status,
+    next_index)`` sees the job's status between chunks. Results that left Redis with another
+    collector's ``--evict`` raise :class:`ResultsEvictedError`, and a job deleted and queued
+    again under its name meanwhile :class:`JobGoneError`: one output never mixes two jobs."""
     generation = await wait_for_job(store, job, wait, poll_s)
     cursor = start
     failures = 0
     ask = CHUNK
     while True:
         try:
-            blobs = await store.fetch_results(job, cursor, ask)
-            chunk = []
-            for i, blob in enumerate(blobs, cursor):
-                if blob is None:
-                    break
-                chunk.append(result_or_failure(i, blob))
+            chunk = await fetch(store, job, cursor, ask)
             if chunk:
                 cursor += len(chunk)
                 yield chunk
@@ -151,10 +152,10 @@ async def follow(
             if status.generation != generation:
                 raise JobGoneError(job)
             check_kept(status, cursor)
-            # Ask only for as many results as there can be past the cursor (every one before it
-            # is in): polling a job's head would otherwise read CHUNK empty fields each time.
-            # At least MIN_ASK, so that a count thrown off (a retry behind the cursor) cannot
-            # stall it.
+            # Ask only for as many rows as there can be past the cursor (a row needs its
+            # input's result, and every one before the cursor is in): polling a job's head
+            # would otherwise read CHUNK empty fields each time. At least MIN_ASK, so that a
+            # count thrown off (a retry behind the cursor) cannot stall it.
             ask = min(CHUNK, max(MIN_ASK, status.done + status.failed - cursor))
             failures = 0
         except StoreUnavailable as exc:
@@ -169,6 +170,31 @@ async def follow(
         if (status.total is not None and cursor >= status.total) or not wait:
             return
         await asyncio.sleep(poll_s)
+
+
+async def _results(store: JobStore, job: str, start: int, count: int) -> list[Result]:
+    """The results of ``job`` from ``start`` on, up to the first not in yet."""
+    chunk = []
+    for i, blob in enumerate(await store.fetch_results(job, start, count), start):
+        if blob is None:
+            break
+        chunk.append(result_or_failure(i, blob))
+    return chunk
+
+
+def follow(
+    store: JobStore,
+    job: str,
+    *,
+    start: int = 0,
+    wait: bool = False,
+    poll_s: float = 0.2,
+    on_status: Callable[[JobStatus, int], None] | None = None,
+) -> AsyncIterator[list[Result]]:
+    """A job's results, as :func:`follow_rows` gives rows: the row source of a plain job."""
+    return follow_rows(
+        store, job, _results, start=start, wait=wait, poll_s=poll_s, on_status=on_status
+    )
 
 
 async def collect(
