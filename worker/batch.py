@@ -16,7 +16,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 import msgspec
 
@@ -45,6 +45,16 @@ __all__ = ["BatchRunner", "Tally", "check_choice_indices"]
 log = logging.getLogger("swarm.worker")
 
 T = TypeVar("T")
+
+
+class _Billed(Protocol):
+    """An answer that may say what it cost."""
+
+    @property
+    def usage(self) -> CompletionUsage | None: ...
+
+
+B = TypeVar("B", bound=_Billed)
 
 
 def check_choice_indices(endpoint: str, indices: list[int], n: int) -> None:
@@ -119,6 +129,16 @@ class BatchRunner:
             out.update(zip(idx, results, strict=True))
         return [out[i] for i in range(len(items))]
 
+    async def _sent(
+        self, job: str, call: Callable[[], Awaitable[B]], tally: Tally, prior: int
+    ) -> tuple[B, int]:
+        """``call`` through :meth:`_retrying`, its usage tallied; the attempts it took counted
+        on from ``prior`` (a bisected half's). A refusal is the caller's to handle."""
+        body, attempts = await self._retrying(job, call)
+        if body.usage is not None:
+            tally.add(body.usage)
+        return body, attempts + prior
+
     async def _retrying(self, job: str, call: Callable[[], Awaitable[T]]) -> tuple[T, int]:
         """Run ``call`` (a request of ``job``) with the one retry policy of the worker; returns
         its value and the attempts it took. Gives up when the attempts run out or the circuit
@@ -190,12 +210,9 @@ class BatchRunner:
             return self._complete(spec, model, part, params, attempts, tally)
 
         try:
-            body, attempts = await self._retrying(spec.job, call)
+            body, attempts = await self._sent(spec.job, call, tally, prior)
         except EndpointRejected as exc:
             return await self._bisect(items, exc, prior, again)
-        if body.usage is not None:
-            tally.add(body.usage)
-        attempts += prior
         mapped = self._map_choices(items, body, attempts, n)
         return await self._fill_missing(items, mapped, attempts, again)
 
@@ -255,12 +272,9 @@ class BatchRunner:
             return self._embed(spec, model, part, attempts, tally)
 
         try:
-            body, attempts = await self._retrying(spec.job, call)
+            body, attempts = await self._sent(spec.job, call, tally, prior)
         except EndpointRejected as exc:
             return await self._bisect(items, exc, prior, again)
-        if body.usage is not None:
-            tally.add(body.usage)
-        attempts += prior
         by_index = {d.index: d.embedding for d in body.data if d.embedding}
         usage = body.usage if len(items) == 1 else None
         mapped: list[Result | None] = []
@@ -328,12 +342,11 @@ class BatchRunner:
                 return body
 
             try:
-                body, attempts = await self._retrying(spec.job, call)
+                body, attempts = await self._sent(spec.job, call, tally, prior)
             except EndpointRejected as exc:
                 return self._failed(item, exc.message, FailureKind.REJECTED, prior + 1, exc.status)
             usage = None
             if body.usage is not None:
-                tally.add(body.usage)
                 usage = Usage(body.usage.prompt_tokens, body.usage.completion_tokens)
             choice = body.choices[0]
             if choice.message.content is None and tools and choice.message.tool_calls:
@@ -347,7 +360,7 @@ class BatchRunner:
                     finish_reason=choice.finish_reason,
                     usage=usage,
                     endpoint=self.client.label,
-                    attempts=prior + attempts,
+                    attempts=attempts,
                     custom_id=item.custom_id,
                     model=body.model,
                     tool_calls=calls,
@@ -359,7 +372,7 @@ class BatchRunner:
                     f"{choice.message.without_content()}; finish_reason "
                     f"{choice.finish_reason!r})"
                 )
-                failed = self._failed(item, why, FailureKind.NO_CONTENT, prior + attempts)
+                failed = self._failed(item, why, FailureKind.NO_CONTENT, attempts)
                 return msgspec.structs.replace(
                     failed, finish_reason=choice.finish_reason, usage=usage, model=body.model
                 )
@@ -369,7 +382,7 @@ class BatchRunner:
                 finish_reason=choice.finish_reason,
                 usage=usage,
                 endpoint=self.client.label,
-                attempts=prior + attempts,
+                attempts=attempts,
                 custom_id=item.custom_id,
                 model=body.model,
                 samples=[c.message.content or "" for c in body.choices] if n > 1 else None,
