@@ -172,6 +172,7 @@ class AgentPump:
         for name, gen in zip(names, await self.store.generations(names), strict=True):
             spec = self._specs.get(name)
             if spec is None or spec.generation != gen:  # new, or deleted and queued again
+                self._forget(name)
                 try:
                     spec = self._specs[name] = await self.store.load_spec(name)
                 except (JobNotFoundError, BadRecordError):
@@ -209,12 +210,17 @@ class AgentPump:
                 log.debug("agents of %s: %s", spec.job, exc)
                 did = True
             except (JobGoneError, JobNotFoundError):
-                # Deleted, or queued again under its name: forget what was read of it.
                 self.jobs.pop(spec.job, None)
-                self._specs.pop(spec.job, None)
-                for name in [t for t in self._targets if t.partition(":")[0] == spec.job]:
-                    del self._targets[name]
+                self._forget(spec.job)
         return did
+
+    def _forget(self, job: str) -> None:
+        """Forget what was read of ``job`` and its turns: deleted, or queued again under its
+        name (a turn's spec kept from before would refuse the new job's moves, after its
+        agents' states were written: each such turn counted twice)."""
+        self._specs.pop(job, None)
+        for name in [t for t in self._targets if t.partition(":")[0] == job]:
+            del self._targets[name]
 
     async def _step(self, spec: JobSpec) -> bool:
         agent = spec.agent
@@ -282,9 +288,9 @@ class AgentPump:
                 state.repairs += 1
                 onward.append((origin, item, repair, _lane(r)))
             new_states[origin] = _encoder.encode(state)
-        await self.store.put_agent_states(spec.job, new_states)
-        await self.store.park(spec.job, parked)
-        await self.store.finish_agents(spec.job, finished)
+        await self.store.record_agents(
+            spec.job, gen=spec.generation, states=new_states, waits=parked, results=finished
+        )
         await self._onward(spec, k, onward, [x.entry_id for x in landed])
 
     def _outcome(
@@ -406,10 +412,11 @@ class AgentPump:
                 ),
             )
             ready.setdefault(w.turn, []).append((origin, w.item, conversation, w.lane))
-        await self.store.finish_agents(spec.job, failed)
+        await self.store.record_agents(spec.job, gen=spec.generation, results=failed)
         for k, onward in ready.items():
             await self._onward(spec, k, onward, [])
-            await self.store.unpark(spec.job, [o for o, _, _, _ in onward])
+            unparked = [o for o, _, _, _ in onward]
+            await self.store.record_agents(spec.job, gen=spec.generation, unparked=unparked)
         return bool(ready or failed)
 
     async def _seal(self, spec: JobSpec) -> None:

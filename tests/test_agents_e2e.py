@@ -1,7 +1,8 @@
 """Agents with real processes: swarm-enqueue --task, worker processes and a tool runner
 process (each SIGKILLed once mid-run), swarm-collect; beside them on one fleet a plain job, a
-pipeline, and an agent job naming a tool no runner allows, which fails with that reason and
-stops nothing else."""
+pipeline, an agent job deleted mid-run and queued again under its name with other input, and
+an agent job naming a tool no runner allows, which fails with that reason and stops nothing
+else."""
 
 from __future__ import annotations
 
@@ -54,6 +55,11 @@ def test_agents_survive_a_killed_worker_and_tool_runner_beside_other_jobs(
     (tmp / "bad-task.txt").write_text('Do {q}. CALL rm_rf({{"path": "/"}})')
     (tmp / "plain.txt").write_text("".join(fleet_prompt(i, set()) + "\n" for i in range(300)))
     (tmp / "step.txt").write_text("Check: {answer}")
+    for era, count in (("old", 150), ("new", 120)):  # an agent job deleted and queued again
+        inputs = [{"n": i, "custom_id": f"{era}-{i}"} for i in range(count)]
+        (tmp / f"rq-{era}.jsonl").write_text("".join(json.dumps(x) + "\n" for x in inputs))
+    requeued = ["--job", "rq", "--task", tmp / "task.txt", "--tools", "slow_add,fetch",
+                "--max-turns", "3", "--max-tokens", "64"]  # fmt: skip
     env = {**fleet.env, "SWARM_CLAIM_IDLE_MS": "2000"}
     log = tmp / "runs.log"
     log.touch()
@@ -65,6 +71,7 @@ def test_agents_survive_a_killed_worker_and_tool_runner_beside_other_jobs(
         [tmp / "plain.txt", "--job", "j", "--max-tokens", "12"],
         [tmp / "plain.txt", "--job", "p", "--max-tokens", "12",
          "--then", tmp / "step.txt", "--max-tokens", "8"],
+        [tmp / "rq-old.jsonl", *requeued],
     ):  # fmt: skip
         enq = command(env, "swarm-enqueue", *args)
         assert enq.returncode == 0, enq.stderr
@@ -72,6 +79,12 @@ def test_agents_survive_a_killed_worker_and_tool_runner_beside_other_jobs(
     doomed = fleet.worker("a", [0, 1], env=env)
     fleet.worker("b", [2], env=env)
     wait_until("agents at their second turn", lambda: fleet.done(step_name("ag", 1)) > 20)
+    # Job rq is deleted mid-run, its turns in flight, and queued again with other input.
+    wait_until("rq at its second turn", lambda: fleet.done(step_name("rq", 1)) > 5)
+    gone = command(env, "swarm-jobs", "--delete", "rq", "--force")
+    assert gone.returncode == 0, gone.stderr
+    again = command(env, "swarm-enqueue", tmp / "rq-new.jsonl", *requeued)
+    assert again.returncode == 0, again.stderr
     doomed.send_signal(signal.SIGKILL)
     runner.send_signal(signal.SIGKILL)
     doomed.wait()
@@ -98,6 +111,10 @@ def test_agents_survive_a_killed_worker_and_tool_runner_beside_other_jobs(
             assert x["failure"] == "tool"
             assert x["error"] == "tool 'rm_rf' is not among this runner's SWARM_TOOLS"
         assert len(_collect(env, tmp, "j")) == 300
+        # The requeued agent job: the new input's agents only, each once, every turn taken.
+        rq = _collect(env, tmp, "rq")
+        assert [x["custom_id"] for x in rq] == [f"new-{i}" for i in range(120)]
+        assert all("failure" not in x and (x["turns"], x["tool_calls"]) == (3, 2) for x in rq)
         chains = _collect(env, tmp, "p")
         assert len(chains) == 300 and all(len(c["steps"]) == 2 and c["text"] for c in chains)
     finally:

@@ -157,8 +157,10 @@ async def _agents_under_way(store: JobStore) -> None:
     tool calls this Redis ran and shared."""
     specs, _ = build_agents("ag", JobOptions(max_tokens=8), AgentSpec(max_turns=2), [], source="t")
     await enqueue_agents(store, specs, agent_prompts("task {n}", [{"n": i} for i in range(5)]))
-    await store.park("ag", {0: b"calls", 1: b"calls"})
-    await store.finish_agents("ag", {4: b"result"})
+    gen = (await store.load_spec("ag")).generation
+    await store.record_agents(
+        "ag", gen=gen, waits={0: b"calls", 1: b"calls"}, results={4: b"result"}
+    )
     await store.count_tools("runs", 3)
     await store.count_tools("shared", 7)
 

@@ -3,7 +3,8 @@ no slot of any endpoint), and each agent's result, written once (see flows/agent
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 
 import msgspec
 
@@ -12,6 +13,8 @@ from common.store.connection import redis_errors
 from common.vocab import Meta
 
 __all__ = ["AgentCounts", "Agents"]
+
+EMPTY: Mapping[int, bytes] = MappingProxyType({})
 
 
 class AgentCounts(msgspec.Struct, frozen=True):
@@ -33,42 +36,38 @@ class Agents(StoreBase):
         async with redis_errors(self.url, job):
             return list(await self.redis.hmget(self.keys.agents(job), [str(a) for a in agents]))
 
-    async def put_agent_states(self, job: str, states: dict[int, bytes]) -> None:
-        if states:
-            async with redis_errors(self.url, job):
-                await self.redis.hset(
-                    self.keys.agents(job), mapping={str(a): s for a, s in states.items()}
-                )
-
-    async def park(self, job: str, parked: dict[int, bytes]) -> None:
-        """Agents now waiting on tool calls, with what they wait on."""
-        if parked:
-            async with redis_errors(self.url, job):
-                await self.redis.hset(
-                    self.keys.agents_waiting(job), mapping={str(a): p for a, p in parked.items()}
-                )
-
     async def parked(self, job: str) -> dict[int, bytes]:
         """Every agent of ``job`` waiting on tool calls."""
         async with redis_errors(self.url, job):
             raw = await self.redis.hgetall(self.keys.agents_waiting(job))
         return {int(a): p for a, p in raw.items()}
 
-    async def unpark(self, job: str, agents: Sequence[int]) -> None:
-        if agents:
-            async with redis_errors(self.url, job):
-                await self.redis.hdel(self.keys.agents_waiting(job), *(str(a) for a in agents))
-
-    async def finish_agents(self, job: str, results: dict[int, bytes]) -> int:
-        """Record each agent's result, once (a second is ignored), in the order they finished;
-        returns how many are new. Its state and any wait go with it."""
-        if not results:
+    async def record_agents(
+        self,
+        job: str,
+        *,
+        gen: str,
+        states: Mapping[int, bytes] = EMPTY,
+        waits: Mapping[int, bytes] = EMPTY,
+        results: Mapping[int, bytes] = EMPTY,
+        unparked: Sequence[int] = (),
+    ) -> int:
+        """Write what a pump learnt of ``job``'s agents at once (``lua/agents.lua``): their
+        ``states``, the ``waits`` of agents now waiting on tool calls, their ``results``
+        (each once, in the order they finish; a finished agent's state and wait go), and the
+        agents ``unparked``. Returns how many results were new; :class:`JobGoneError` when
+        ``job`` is not of generation ``gen`` (its agents are others now)."""
+        if not (states or waits or results or unparked):
             return 0
         k = self.keys
         keys = [k.agents_done(job), k.agents(job), k.agents_waiting(job), k.agents_finished(job)]
-        args = [x for a, blob in results.items() for x in (str(a), blob)]
+        args: list[str | bytes | int] = [gen]
+        for group in (states, waits, results):
+            args.append(len(group))
+            args += [x for a, blob in group.items() for x in (str(a), blob)]
+        args += [str(a) for a in unparked]
         async with redis_errors(self.url, job):
-            return int(await self.scripts.finish(keys=keys, args=args))
+            return int(await self.scripts.agents(keys=[*keys, k.meta(job)], args=args))
 
     async def finished_since(
         self, job: str, after: bytes, count: int = 1000

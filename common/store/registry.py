@@ -168,9 +168,13 @@ class Registry(StoreBase):
         many keys went. The caller checks the job is finished: this does not."""
         n = 0
         async with redis_errors(self.url, job):
+            names = [m for m in await self.list_jobs() if parse_stage(m)[0] == job]
+            # The metas first: from then on every write that checks a generation (a commit, a
+            # move, a pump's record of agents) is refused, so none re-creates a key the scan
+            # below has already removed, for a job queued again under the name to inherit.
+            n += int(await self.redis.unlink(*(self.keys.meta(m) for m in {job, *names})))
             async for key in self.redis.scan_iter(match=self.keys.job_pattern(job), count=1000):
                 n += int(await self.redis.unlink(key))
-            names = [m for m in await self.list_jobs() if parse_stage(m)[0] == job]
             if names:
                 await self.redis.srem(self.keys.jobs, *names)
         return n

@@ -25,6 +25,7 @@ __all__ = ["SCRIPT_NAMES", "Scripts", "source"]
 
 SCRIPT_NAMES = (
     "add",
+    "agents",
     "backlog",
     "board",
     "cache_get",
@@ -35,7 +36,6 @@ SCRIPT_NAMES = (
     "create",
     "evict",
     "final",
-    "finish",
     "lane_steal",
     "lane_take",
     "lock",
@@ -86,6 +86,7 @@ class Scripts:
             setattr(self, name, redis.register_script(source(name)))
 
     add: AsyncScript
+    agents: AsyncScript
     backlog: AsyncScript
     board: AsyncScript
     cache_get: AsyncScript
@@ -96,7 +97,6 @@ class Scripts:
     create: AsyncScript
     evict: AsyncScript
     final: AsyncScript
-    finish: AsyncScript
     lane_steal: AsyncScript
     lane_take: AsyncScript
     lock: AsyncScript
