@@ -22,7 +22,7 @@ from producer.enqueue import enqueue_prompts
 from sim.engine import EngineConfig
 from sim.server import FaultConfig, SimFleet
 from sim.text import completion_for
-from tests.helpers import collect_lines, gen_of, prompts, run_engine, serve, spec
+from tests.helpers import collect_lines, gen_of, prompts, run_engine, serve, spec, until
 from worker.endpoint import EndpointClient
 from worker.engine import Engine
 
@@ -122,13 +122,14 @@ async def test_graceful_stop_finishes_and_commits_batches_in_flight(
 ) -> None:
     await enqueue_prompts(store, spec(max_tokens=30), prompts(400))
     settings = make_settings(batch_size=10, inflight=3)
-    async with sim_fleet(1, EngineConfig(step_base_ms=20.0, step_per_seq_ms=0.0)) as fleet:
+    # A batch decodes for 3 s: under any load the three overlap, and the job is far from over
+    # when they do (at 20 ms a step a loaded run once finished the job unseen and waited on).
+    async with sim_fleet(1, EngineConfig(step_base_ms=100.0, step_per_seq_ms=0.0)) as fleet:
         sim = fleet.endpoints[0].engine
         engine = Engine(settings, store, [EndpointClient(fleet.urls[0])])
         run = asyncio.create_task(engine.run())
         try:
-            while sim.num_running < 30:  # wait until three batches of 10 are decoding  # noqa: ASYNC110
-                await asyncio.sleep(0.005)
+            await until("three batches of 10 decoding", lambda: sim.num_running >= 30, 30)
             engine.request_stop()
             await asyncio.wait_for(run, timeout=30)
         finally:
@@ -168,8 +169,9 @@ async def test_a_slow_batch_keeps_its_claim_and_is_never_computed_twice(
         )
         try:
             run_a = asyncio.create_task(a.run(burst=True))
-            while (await store.status("j")).pending > 0:  # a has taken every entry  # noqa: ASYNC110
-                await asyncio.sleep(0.01)
+            async with asyncio.timeout(30):  # a has taken every entry
+                while (await store.status("j")).pending > 0:  # noqa: ASYNC110
+                    await asyncio.sleep(0.01)
             await asyncio.gather(run_a, b.run(burst=True))  # b idles beside a's slow batches
         finally:
             await a.close()

@@ -71,8 +71,9 @@ async def test_an_idle_fast_endpoint_finishes_the_slow_ones_tail_and_nothing_cou
         b = Engine(settings, store, [EndpointClient(fast.urls[0])])
         try:
             run_a = asyncio.create_task(a.run(burst=True))
-            while (await store.status("j")).in_flight < 16:  # noqa: ASYNC110 - observing
-                await asyncio.sleep(0.01)  # the slow endpoint holds its two batches
+            async with asyncio.timeout(30):  # the slow endpoint holds its two batches
+                while (await store.status("j")).in_flight < 16:  # noqa: ASYNC110 - observing
+                    await asyncio.sleep(0.01)
             await b.run(burst=True)  # the rest, then copies of the slow one's tail
             status = await store.status("j")
             assert status.finished and (status.done, status.failed) == (n, 0)
@@ -110,8 +111,9 @@ async def test_a_burst_worker_stops_waiting_on_a_stalled_endpoint_once_its_job_i
         b = Engine(make_settings(batch_size=8, inflight=2), store, [EndpointClient(fast.urls[0])])
         try:
             run_a = asyncio.create_task(a.run(burst=True))
-            while (await store.status("j")).in_flight < 16:  # noqa: ASYNC110 - observing
-                await asyncio.sleep(0.01)  # the stalled endpoint holds its two batches
+            async with asyncio.timeout(30):  # the stalled endpoint holds its two batches
+                while (await store.status("j")).in_flight < 16:  # noqa: ASYNC110 - observing
+                    await asyncio.sleep(0.01)
             await b.run(burst=True)
             assert (await store.status("j")).finished
             await asyncio.wait_for(run_a, timeout=30)
