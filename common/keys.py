@@ -31,6 +31,7 @@ __all__ = [
     "step_name",
     "step_of",
     "validate_job_name",
+    "validate_tool_name",
 ]
 
 DEFAULT_PREFIX = "swarm"
@@ -50,9 +51,21 @@ CACHE_TAG = "{~cache}"
 # The hash tag of the tool calls agents share across jobs (their claims and answers).
 TOOLS_TAG = "{~tools}"
 
+# OpenAI's rule for a function's name: what a tool may be called, and so what its keys hold.
+_TOOL_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _JOB_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _STAGE_RE = re.compile(r"[rsb][1-9][0-9]{0,3}")
 _PREFIX_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+def validate_tool_name(name: str) -> str:
+    """``name`` if it is a tool's name as OpenAI allows one (letters, digits, ``_``, ``-``,
+    at most 64); ConfigError otherwise."""
+    if not isinstance(name, str) or not _TOOL_RE.fullmatch(name):
+        raise ConfigError(
+            f"invalid tool name {name!r}: use 1-64 letters, digits, '_' or '-' (OpenAI's rule)"
+        )
+    return name
 
 
 def lane_name(endpoint: str) -> str:
@@ -277,16 +290,24 @@ class Keys:
         asker started, or kept), and ``runs`` (what the runners ran), since Redis started."""
         return f"{self.prefix}:{TOOLS_TAG}:stats"
 
-    @property
-    def tool_queue(self) -> str:
-        """arq's queue of tool calls, served by the tool runners (``swarm-tools``); under
-        arq's hash tag like :attr:`arq_queue`."""
-        return f"{ARQ_TAG}:{self.prefix}:tools:queue"
+    def tool_queue(self, tool: str) -> str:
+        """arq's queue of calls to ``tool``, served only by the tool runners (``swarm-tools``)
+        whose ``SWARM_TOOLS`` allow it: a call is never taken by a runner that would refuse
+        it. Under arq's hash tag like :attr:`arq_queue`."""
+        return f"{ARQ_TAG}:{self.prefix}:tools:queue:{validate_tool_name(tool)}"
 
-    @property
-    def tool_health_check(self) -> str:
-        """String: what a live tool runner of this prefix writes every few seconds."""
-        return f"{self.tool_queue}:health-check"
+    def tool_health_check(self, tool: str) -> str:
+        """String: what arq writes while a runner serves ``tool``'s queue."""
+        return f"{self.tool_queue(tool)}:health-check"
+
+    def tool_runners(self, tool: str) -> str:
+        """Sorted set: runner label -> until when (Redis's clock, ms) it serves ``tool``,
+        renewed every few seconds by each live runner that allows it."""
+        return f"{self.prefix}:{TOOLS_TAG}:runners:{validate_tool_name(tool)}"
+
+    def tool_job_id(self, key: str, nonce: str) -> str:
+        """The arq job ID of one queued try of the tool call ``key``, under arq's hash tag."""
+        return f"{ARQ_TAG}:{self.prefix}:tool:{key}:{nonce}"
 
     @property
     def arq_health_check(self) -> str:

@@ -123,8 +123,12 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # ``tool_timeout_s``, its error then the tool's answer.
     tools: tuple[str, ...] = ()
     tool_timeout_s: float = 60.0
-    # Tool calls one runner process runs at once.
+    # Tool calls one runner process runs at once, for each tool it serves.
     tool_concurrency: int = 64
+    # How long an agent waits for a tool call that no live runner serves (no runner's
+    # SWARM_TOOLS allows its tool) before it fails with that reason; a call a runner serves
+    # waits for its answer however long its queue is.
+    tool_wait_s: float = 600.0
     # How often (s) each worker publishes its per-endpoint figures for swarm-status.
     stats_period_s: float = 2.0
     # At a job's tail (every entry delivered), an endpoint with nothing else to do runs copies
@@ -200,6 +204,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             "reduce_timeout_s",
             "cache_ttl_s",
             "tool_timeout_s",
+            "tool_wait_s",
         )
         for name in at_least_1:
             if getattr(self, name) < 1:
@@ -269,6 +274,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             "SWARM_CACHE_MAX_ANSWERS": ("cache_max_answers", int),
             "SWARM_TOOL_TIMEOUT_S": ("tool_timeout_s", float),
             "SWARM_TOOL_CONCURRENCY": ("tool_concurrency", int),
+            "SWARM_TOOL_WAIT_S": ("tool_wait_s", float),
         }
         for var, (field, typ) in simple.items():
             raw = env.get(var, "").strip()

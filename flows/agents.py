@@ -36,7 +36,7 @@ from common.errors import (
 )
 from common.feed import EnqueueReport, enqueue_prompts
 from common.jobspec import JobOptions, build_spec
-from common.keys import lane_name, step_name
+from common.keys import lane_name, step_name, validate_tool_name
 from common.models import (
     AgentSpec,
     JobSpec,
@@ -50,6 +50,7 @@ from common.models import (
 from common.schema import AnswerValidator
 from common.store import JobStore, producer_token
 from common.store.steps import Landed, Move
+from common.tools import ToolAnswer
 from common.vocab import Meta
 from flows.pipeline import MAX_STEPS
 from flows.toolcalls import ToolCaller
@@ -62,6 +63,8 @@ __all__ = [
     "build_agents",
     "enqueue_agents",
     "fill_task",
+    "not_offered",
+    "offered_tools",
     "tool_definition",
 ]
 
@@ -94,13 +97,27 @@ class AgentState(msgspec.Struct):
 
 
 class Waiting(msgspec.Struct, frozen=True):
-    """A parked agent: the turn it asked from, its conversation, its calls (key, call), and
-    the lane of the endpoint that served that turn (where its next turn is queued)."""
+    """A parked agent: the turn it asked from, its conversation, its calls (key, call; the
+    key "" for a tool its job did not offer: never asked of a runner), the lane of the
+    endpoint that served that turn (where its next turn is queued), and since when it waits
+    (Redis's clock, s)."""
 
     turn: int
     item: PromptItem
     calls: list[tuple[str, ToolCall]]
     lane: str = ""
+    since_s: float = 0.0
+
+
+def offered_tools(spec: JobSpec) -> list[str]:
+    """The names of the tools ``spec``'s job offers its agents."""
+    return [t.get("function", {}).get("name", "") for t in spec.tools or ()]
+
+
+def not_offered(name: str, offered: list[str]) -> ToolAnswer:
+    """The answer the model gets for calling a tool its job did not offer: never run."""
+    names = ", ".join(repr(n) for n in offered) or "none"
+    return ToolAnswer(error=f"tool {name!r} was not offered to this job (its tools: {names})")
 
 
 # An agent going on to its next turn: its index, the item of the turn before, the
@@ -266,6 +283,8 @@ class AgentPump:
         items = [decode_item(x.payload or b"") for x in landed]
         origins = [it.origin if it.origin is not None else it.index for it in items]
         states = await self.store.agent_states(spec.job, origins)
+        offered = offered_tools(spec)
+        now = await self.store.server_time()
         finished: dict[int, bytes] = {}
         parked: dict[int, bytes] = {}
         onward: list[Onward] = []
@@ -281,9 +300,15 @@ class AgentPump:
             if end is not None:
                 finished[origin] = _encoder.encode(end)
             elif r is not None and r.tool_calls:
-                calls = [(await self.caller.ask(c.name, c.arguments), c) for c in r.tool_calls]
+                # Only a tool the job offered is ever asked of a runner: a model may name any
+                # tool (a prompt injection another team's), and a runner allows more than this
+                # job was given.
+                calls = [
+                    (await self.caller.ask(c.name, c.arguments) if c.name in offered else "", c)
+                    for c in r.tool_calls
+                ]
                 state.tool_calls += len(calls)
-                parked[origin] = _encoder.encode(Waiting(k, item, calls, _lane(r)))
+                parked[origin] = _encoder.encode(Waiting(k, item, calls, _lane(r), now))
             elif repair is not None:
                 state.repairs += 1
                 onward.append((origin, item, repair, _lane(r)))
@@ -386,11 +411,21 @@ class AgentPump:
             return False
         ready: dict[int, list[Onward]] = {}
         failed: dict[int, bytes] = {}
+        offered = offered_tools(spec)
+        now = await self.store.server_time()
         for origin, blob in parked.items():
             w = _waiting_decoder.decode(blob)
-            calls = [(key, c.name, c.arguments) for key, c in w.calls]
-            answers = await self.caller.answers(calls)
+            asked = [(key, c.name, c.arguments) for key, c in w.calls if key]
+            got = iter(await self.caller.answers(asked))
+            answers = [next(got) if key else not_offered(c.name, offered) for key, c in w.calls]
             if any(a is None for a in answers):
+                why = await self._unserved(w, answers, now)
+                if why is not None:
+                    failed[origin] = _encoder.encode(
+                        AgentResult(
+                            index=origin, custom_id=w.item.custom_id, failure="tool", error=why
+                        )
+                    )
                 continue
             refused = next((a for a in answers if a is not None and a.refused), None)
             if refused is not None:
@@ -418,6 +453,24 @@ class AgentPump:
             unparked = [o for o, _, _, _ in onward]
             await self.store.record_agents(spec.job, gen=spec.generation, unparked=unparked)
         return bool(ready or failed)
+
+    async def _unserved(
+        self, w: Waiting, answers: list[ToolAnswer | None], now: float
+    ) -> str | None:
+        """Why a parked agent ends, when a call it waits on has waited ``tool_wait_s`` and no
+        live runner serves its tool; None while it may still be answered."""
+        wait_s = self.caller.settings.tool_wait_s
+        if not w.since_s or now - w.since_s < wait_s:
+            return None
+        tools = sorted({c.name for (_, c), a in zip(w.calls, answers, strict=True) if a is None})
+        runners = await self.store.tool_runners(tools)
+        unserved = [t for t in tools if not runners.get(t)]
+        if not unserved:
+            return None
+        return (
+            f"no tool runner serves {', '.join(map(repr, unserved))} (waited {wait_s:g} s): "
+            "start swarm-tools with SWARM_TOOLS allowing it"
+        )
 
     async def _seal(self, spec: JobSpec) -> None:
         """Seal each later turn once the turn before has finished, every answer of it has been
@@ -482,6 +535,8 @@ def build_agents(
     names = [t.get("function", {}).get("name") for t in tools]
     if len(set(names)) != len(names) or not all(names):
         raise ConfigError(f"tools must each have a distinct name, got {names}")
+    for name in names:
+        validate_tool_name(name)
     chat = msgspec.structs.replace(options, chat=True)
     if agent.output_schema is not None and options.response_format is None:
         # Guided decoding on the server (vLLM's json_schema) keeps repairs rare.

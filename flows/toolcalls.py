@@ -43,13 +43,17 @@ class ToolCaller:
                 self.shared += 1
                 await self.store.count_tools("shared")
             return got if isinstance(got, ToolAnswer) else None
+        keys = self.settings.keys
         await self.pool.enqueue_job(
             "run_tool",
             name,
             arguments,
             key,
-            _queue_name=self.settings.keys.tool_queue,
-            _job_id=f"tool:{key}:{uuid.uuid4().hex}",
+            # The tool's own queue: only runners that allow the tool take from it.
+            _queue_name=keys.tool_queue(name),
+            _job_id=keys.tool_job_id(key, uuid.uuid4().hex),
+            # A try not started within its claim is stale: its asker asks again by then.
+            _expires=self.claim_s,
         )
         self.queued += 1
         await self.store.count_tools("queued")

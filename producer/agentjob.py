@@ -17,10 +17,16 @@ from common.jobspec import JobOptions
 from common.models import AgentSpec
 from common.settings import Settings
 from common.store import JobStore
-from flows.agents import agent_prompts, build_agents, enqueue_agents, tool_definition
+from flows.agents import (
+    agent_prompts,
+    build_agents,
+    enqueue_agents,
+    offered_tools,
+    tool_definition,
+)
 from producer.jobflags import read_text
 
-__all__ = ["add_agent_args", "enqueue_agent_job", "is_agent_job"]
+__all__ = ["add_agent_args", "enqueue_agent_job", "is_agent_job", "unserved_tools"]
 
 
 def add_agent_args(p: argparse.ArgumentParser) -> None:
@@ -120,6 +126,8 @@ async def enqueue_agent_job(
         print(f"swarm-enqueue: warning: {warning}", file=sys.stderr)
     store = JobStore.from_settings(settings)
     try:
+        for warning in await unserved_tools(store, offered_tools(specs[0])):
+            print(f"swarm-enqueue: warning: {warning}", file=sys.stderr)
         if args.input == "-":
             stream: BinaryIO = sys.stdin.buffer
             prompts = agent_prompts(
@@ -140,6 +148,18 @@ async def enqueue_agent_job(
         f"agent job {report.job}: {report.total} agents queued ({report.added} new, "
         f"{report.already_queued} already queued), up to {agent.max_turns} turns each"
     )
+
+
+async def unserved_tools(store: JobStore, tools: list[str]) -> list[str]:
+    """A warning for each of ``tools`` that no live tool runner serves now: its calls wait
+    in its queue until one does, and fail after SWARM_TOOL_WAIT_S."""
+    runners = await store.tool_runners(tools)
+    return [
+        f"no tool runner serves {t!r} now: its calls wait for one (a swarm-tools whose "
+        "SWARM_TOOLS allows it), and fail after SWARM_TOOL_WAIT_S"
+        for t in tools
+        if not runners[t]
+    ]
 
 
 def _fields(options: JobOptions) -> dict[str, Any]:

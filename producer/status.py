@@ -20,9 +20,10 @@ from common.keys import stage_name, validate_job_name
 from common.models import JobSpec
 from common.settings import mask_url
 from common.store import JobStatus, JobStore
+from flows.agents import offered_tools
 from producer.board import job_list, job_state, read_fleet, read_jobs, reduce_where
 
-__all__ = ["format_endpoints", "format_status", "jobs_main", "main"]
+__all__ = ["format_endpoints", "format_status", "jobs_main", "main", "tool_lines"]
 
 # States a worker publishes once, as it stops serving the job: no later word is expected.
 LAST_WORDS = ("finished", "stopped")
@@ -156,12 +157,29 @@ async def agent_lines(store: JobStore, spec: JobSpec) -> str:
     """An agent job's agents by state, and the tool calls of this Redis."""
     a = await store.agent_counts(spec.job)
     tools = await store.tool_stats()
-    return (
+    lines = [
         f"  agents: {a.done} done, {a.waiting} waiting for a tool, "
-        f"{a.thinking} thinking (of {a.done + a.waiting + a.thinking})\n"
+        f"{a.thinking} thinking (of {a.done + a.waiting + a.thinking})",
         f"  tool calls (all jobs): {tools.get('runs', 0)} run, "
-        f"{tools.get('shared', 0)} answered by a run already made or under way"
-    )
+        f"{tools.get('shared', 0)} answered by a run already made or under way",
+    ]
+    lines += await tool_lines(store, offered_tools(spec))
+    return "\n".join(lines)
+
+
+async def tool_lines(store: JobStore, tools: Sequence[str]) -> list[str]:
+    """A line per tool: how many live runners serve it, how many calls wait in its queue;
+    a tool no runner serves is named as such (its calls wait, then fail by SWARM_TOOL_WAIT_S)."""
+    runners = await store.tool_runners(tools)
+    queued = await store.tool_queued(tools)
+    out = []
+    for t in tools:
+        waiting = f", {queued[t]} calls queued" if queued[t] else ""
+        if runners[t]:
+            out.append(f"  tool {t}: {runners[t]} runner(s){waiting}")
+        else:
+            out.append(f"  tool {t}: no runner serves it (SWARM_TOOLS of swarm-tools){waiting}")
+    return out
 
 
 def mixed_models(job: str, endpoints: Sequence[EndpointStats]) -> str | None:

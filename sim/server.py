@@ -57,6 +57,9 @@ class FaultConfig(msgspec.Struct, kw_only=True):
     reset_rate: float = 0.0
     die_after_s: float | None = None
     stall_after_s: float | None = None
+    # The model calls tools it was not offered, as a real one may (vLLM's tool parsers pass
+    # on whatever name it writes): every CALL directive is answered, offered or not.
+    calls_unoffered: bool = False
 
 
 class _CompletionRequest(msgspec.Struct, kw_only=True):
@@ -428,7 +431,11 @@ class SimEndpoint:
         if req.n < 1:
             return self._error(400, f"n must be at least 1, got {req.n}.", "BadRequestError", "n")
         prefill = self.prefix.lookup(prompt)
-        offered = {t.get("function", {}).get("name") for t in req.tools or []}
+        offered: set[str | None] | None = {
+            t.get("function", {}).get("name") for t in req.tools or []
+        }
+        if self.faults.calls_unoffered and req.tools:
+            offered = None  # any tool its directives name
         pending = pending_call([(m.role, m.content) for m in req.messages], offered)
         if pending is not None:
             return await self._tool_call(req, pending, ptoks, prefill)

@@ -23,16 +23,17 @@ def call_id(name: str, arguments: str, turn: int) -> str:
 
 
 def pending_call(
-    messages: list[tuple[str, str | None]], offered: set[str]
+    messages: list[tuple[str, str | None]], offered: set[str | None] | None
 ) -> tuple[str, str] | None:
     """``(name, arguments)`` of the first tool call the conversation's directives ask for and
-    no ``tool`` message answers yet (None: all answered, or none asked for)."""
+    no ``tool`` message answers yet (None: all answered, or none asked for); only of the
+    ``offered`` tools, unless that is None."""
     asked = [
         (name, json.dumps(json.loads(args), sort_keys=True))
         for role, content in messages
         if role == "user" and content
         for name, args in _CALL.findall(content)
-        if name in offered
+        if offered is None or name in offered
     ]
     answered = sum(1 for role, _ in messages if role == "tool")
     return asked[answered] if answered < len(asked) else None

@@ -351,13 +351,14 @@ AGENT_TASK = (
 
 
 def tool_runner(env: Mapping[str, str], log: Path, out: Path) -> subprocess.Popen[bytes]:
-    """A tool runner process (``arq worker.ToolSettings``) running tests.agent_tools, each run
-    written to ``log``, its output to ``out``; ``env``: its Redis and any other setting."""
+    """A tool runner process (``arq worker.ToolSettings``) running tests.agent_tools (all of
+    them, unless ``env`` says SWARM_TOOLS), each run written to ``log``, its output to
+    ``out``; ``env``: its Redis and any other setting."""
     repo = Path(__file__).resolve().parent.parent
     full = {
         "PATH": "/usr/bin:/bin",
-        **env,
         "SWARM_TOOLS": "tests.agent_tools:*",
+        **env,
         "SWARM_TEST_TOOL_LOG": str(log),
     }
     with open(out, "ab") as fh:

@@ -11,6 +11,7 @@ declares any, are kept as :mod:`worker.toollimits` says.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import inspect
 import json
@@ -22,10 +23,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from arq.worker import func
+from arq.worker import Worker, func
 
 from common.arqconf import arq_redis_settings, job_deserializer, job_serializer
-from common.errors import ConfigError
+from common.errors import ConfigError, StoreUnavailable
+from common.keys import validate_tool_name
 from common.settings import Settings
 from common.store import JobStore
 from common.tools import HAND_OVER_S, ToolAnswer, runner_hold_s
@@ -115,6 +117,8 @@ def allowed_tools(entries: tuple[str, ...]) -> dict[str, Callable[..., Any]]:
         if not callable(fn):
             raise ConfigError(f"SWARM_TOOLS: {module_name} has no function {attr!r}")
         out.setdefault(attr, fn)
+    for name in out:
+        validate_tool_name(name)
     return out
 
 
@@ -125,45 +129,103 @@ async def run_tool(ctx: dict[str, Any], name: str, arguments: str, key: str) -> 
     return "ok" if answer.ok else "error"
 
 
-async def _startup(ctx: dict[str, Any]) -> None:
-    settings: Settings = ctx["settings"]
-    store = JobStore.from_settings(settings)
-    ctx["store"] = store
-    ctx["runner"] = ToolRunner(settings, store)
-    log.info("tool runner %s: %s", ctx["runner"].label, ", ".join(sorted(ctx["runner"].tools)))
+# How often a runner says again which tools it serves, and for how long each saying holds.
+SERVE_EVERY_S = 2.0
+SERVE_TTL_MS = 10_000
 
 
-async def _shutdown(ctx: dict[str, Any]) -> None:
-    store: JobStore | None = ctx.get("store")
-    if store is not None:
-        await store.close()
-
-
-def tool_settings(settings: Settings) -> dict[str, Any]:
-    """arq's worker arguments for a tool runner of ``settings``."""
-    if not settings.tools:
-        raise ConfigError("no tools to run: set SWARM_TOOLS=package.module:function,...")
-    # Fails here, naming the entry, rather than on a call.
-    check_limits(allowed_tools(settings.tools))
+def _worker_args(settings: Settings, tool: str) -> dict[str, Any]:
+    """arq's worker arguments for the queue of ``tool``'s calls."""
+    hold_s = runner_hold_s(settings.tool_timeout_s)
     return {
-        "functions": [
-            # keep_result=0: the answer lives in its own key (common/tools.py), not arq's.
-            func(
-                run_tool,
-                keep_result=0,
-                max_tries=3,
-                timeout=runner_hold_s(settings.tool_timeout_s),
-            )
-        ],
-        "on_startup": _startup,
-        "on_shutdown": _shutdown,
+        # keep_result=0: the answer lives in its own key (common/tools.py), not arq's.
+        "functions": [func(run_tool, keep_result=0, max_tries=3, timeout=hold_s)],
         "redis_settings": arq_redis_settings(settings),
-        "queue_name": settings.keys.tool_queue,
-        "health_check_key": settings.keys.tool_health_check,
+        "queue_name": settings.keys.tool_queue(tool),
+        "health_check_key": settings.keys.tool_health_check(tool),
+        "health_check_interval": 5,
         "job_serializer": job_serializer,
         "job_deserializer": job_deserializer,
         "max_jobs": settings.tool_concurrency,
         "poll_delay": 0.05,
+    }
+
+
+async def _serve(store: JobStore, label: str, tools: list[str]) -> None:
+    """Say, every few seconds, which tools this runner serves (what agents' waits and
+    ``swarm-status`` read); Redis away only delays the next saying."""
+    while True:
+        try:
+            await store.serve_tools(label, tools, SERVE_TTL_MS)
+        except StoreUnavailable as exc:
+            log.warning("tool runner %s: cannot say what it serves: %s", label, exc)
+        await asyncio.sleep(SERVE_EVERY_S)
+
+
+async def _startup(ctx: dict[str, Any]) -> None:
+    """The runner, and beside the queue arq runs for its first tool, one arq worker for the
+    queue of each other tool it allows (each queue is one tool's, so that no call reaches a
+    runner that would refuse it)."""
+    settings: Settings = ctx["settings"]
+    store = JobStore.from_settings(settings)
+    runner = ToolRunner(settings, store)
+    ctx.update(store=store, runner=runner)
+    names = sorted(runner.tools)
+    siblings = [
+        Worker(
+            **_worker_args(settings, name),
+            handle_signals=False,
+            ctx={"settings": settings, "store": store, "runner": runner},
+        )
+        for name in names[1:]
+    ]
+    ctx["siblings"] = siblings
+    ctx["sibling_tasks"] = [asyncio.create_task(w.main()) for w in siblings]
+    await store.serve_tools(runner.label, names, SERVE_TTL_MS)
+    ctx["serving"] = asyncio.create_task(_serve(store, runner.label, names))
+    log.info("tool runner %s: %s", runner.label, ", ".join(names))
+
+
+async def _shutdown(ctx: dict[str, Any]) -> None:
+    serving: asyncio.Task[None] | None = ctx.get("serving")
+    if serving is not None:
+        serving.cancel()
+    for worker, task in zip(ctx.get("siblings", []), ctx.get("sibling_tasks", []), strict=True):
+        await _stop_worker(worker, task)
+    store: JobStore | None = ctx.get("store")
+    if store is not None:
+        runner: ToolRunner = ctx["runner"]
+        with contextlib.suppress(StoreUnavailable):
+            await store.serve_tools(runner.label, sorted(runner.tools), 0)
+        await store.close()
+
+
+async def _stop_worker(worker: Worker, task: asyncio.Task[None]) -> None:
+    """Stop a sibling worker as arq stops its own on a signal: its polling ended, the calls
+    it runs cancelled (arq runs each again later, elsewhere), its connections closed. (Not
+    arq's ``Worker.close()``: it calls redis-py's deprecated ``close()``.)"""
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    for running in worker.tasks.values():
+        running.cancel()
+    await asyncio.gather(*worker.tasks.values(), return_exceptions=True)
+    if worker.pool is not None:
+        await worker.pool.aclose()
+
+
+def tool_settings(settings: Settings) -> dict[str, Any]:
+    """arq's worker arguments for a tool runner of ``settings``: the queue of its first tool
+    (by name); its startup runs a worker for each other tool's queue beside it."""
+    if not settings.tools:
+        raise ConfigError("no tools to run: set SWARM_TOOLS=package.module:function,...")
+    # Fails here, naming the entry, rather than on a call.
+    tools = allowed_tools(settings.tools)
+    check_limits(tools)
+    return {
+        **_worker_args(settings, min(tools)),
+        "on_startup": _startup,
+        "on_shutdown": _shutdown,
         "ctx": {"settings": settings},
     }
 

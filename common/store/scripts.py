@@ -47,6 +47,8 @@ SCRIPT_NAMES = (
     "start",
     "tool_claim",
     "tool_rate",
+    "tool_runners",
+    "tool_serve",
 )
 
 
@@ -108,3 +110,5 @@ class Scripts:
     start: AsyncScript
     tool_claim: AsyncScript
     tool_rate: AsyncScript
+    tool_runners: AsyncScript
+    tool_serve: AsyncScript

@@ -35,6 +35,32 @@ class Tools(StoreBase):
             wait_ms = int(await self.scripts.tool_rate(keys=[self.keys.tool_rate(tool)], args=args))
         return None if wait_ms < 0 else wait_ms / 1000
 
+    async def serve_tools(self, label: str, tools: Sequence[str], ttl_ms: int) -> None:
+        """Say that runner ``label`` serves ``tools`` for ``ttl_ms`` from now (0: no more)."""
+        keys = [self.keys.tool_runners(t) for t in tools]
+        if keys:
+            async with redis_errors(self.url, ""):
+                await self.scripts.tool_serve(keys=keys, args=[label, ttl_ms])
+
+    async def tool_runners(self, tools: Sequence[str]) -> dict[str, int]:
+        """How many live runners serve each of ``tools``."""
+        if not tools:
+            return {}
+        keys = [self.keys.tool_runners(t) for t in tools]
+        async with redis_errors(self.url, ""):
+            counts = await self.scripts.tool_runners(keys=keys, args=[])
+        return {t: int(n) for t, n in zip(tools, counts, strict=True)}
+
+    async def tool_queued(self, tools: Sequence[str]) -> dict[str, int]:
+        """How many calls of each of ``tools`` wait in its queue for a runner to take them."""
+        if not tools:
+            return {}
+        async with redis_errors(self.url, ""), self.redis.pipeline(transaction=False) as pipe:
+            for t in tools:
+                pipe.zcard(self.keys.tool_queue(t))
+            counts = await pipe.execute()
+        return {t: int(n) for t, n in zip(tools, counts, strict=True)}
+
     async def tool_answers(self, keys: Sequence[str]) -> list[ToolAnswer | None]:
         """The answers kept for ``keys`` (None: none yet; an unreadable one is an error)."""
         if not keys:

@@ -1,0 +1,161 @@
+"""Workflows on a fleet that is not uniform, against real Redis and real tool runner processes:
+runners that allow different tools, a model that calls a tool its job did not offer, a tool no
+runner serves. Each case was seen failing (issue 30); each must hold here."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from common.jobspec import JobOptions
+from common.models import AgentSpec
+from common.settings import Settings
+from common.store import JobStore
+from flows.agents import AgentResult, agent_prompts, build_agents, enqueue_agents, tool_definition
+from sim.server import FaultConfig, SimFleet
+from tests.harness import command, tool_runner
+from tests.helpers import run_engine
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def runners(tmp_path: Path, redis_url: str, prefix: str) -> Iterator[Callable[[str], Path]]:
+    """Start a tool runner process allowing the given tests.agent_tools functions; returns
+    the file it writes each run to. Every runner is stopped after the test."""
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def start(tools: str) -> Path:
+        log = tmp_path / f"runs-{len(procs)}.log"
+        log.touch()
+        env = {"SWARM_REDIS_URL": redis_url, "SWARM_PREFIX": prefix, "SWARM_TOOLS": tools}
+        procs.append(tool_runner(env, log, tmp_path / f"runner-{len(procs)}.log"))
+        return log
+
+    yield start
+    for proc in procs:
+        proc.terminate()
+    for proc in procs:
+        proc.wait(timeout=30)
+
+
+async def _agents(store: JobStore, job: str, tools: list[str], task: str, n: int) -> None:
+    specs, _ = build_agents(
+        job,
+        JobOptions(max_tokens=32),
+        AgentSpec(max_turns=2),
+        [tool_definition(t) for t in tools],
+        source="test",
+    )
+    await enqueue_agents(store, specs, agent_prompts(task, [{"n": i} for i in range(n)]))
+
+
+async def _results(store: JobStore, job: str, n: int) -> list[AgentResult]:
+    raws = await store.agent_results(job, 0, n)
+    return [msgspec.msgpack.decode(r, type=AgentResult) for r in raws if r is not None]
+
+
+async def _runs(log: Path) -> list[str]:
+    return (await asyncio.to_thread(log.read_text)).split()
+
+
+async def _served(store: JobStore, tools: list[str]) -> None:
+    """Wait until a live runner serves each of ``tools`` (they are other processes)."""
+    async with asyncio.timeout(30):
+        while not all((await store.tool_runners(tools)).values()):  # noqa: ASYNC110 - other processes, in Redis
+            await asyncio.sleep(0.05)
+
+
+async def test_a_call_is_taken_only_by_a_runner_that_allows_its_tool(
+    runners: Callable[[str], Path],
+    make_settings: Callable[..., Settings],
+    store: JobStore,
+    sim_fleet: Callable[..., SimFleet],
+) -> None:
+    """Seen: runner A allowing fetch, runner B slow_add, one agent job offering each: about
+    half the agents failed "not among this runner's SWARM_TOOLS" (one shared queue)."""
+    fetch_log, add_log = runners("tests.agent_tools:fetch"), runners("tests.agent_tools:slow_add")
+    n = 20
+    await _agents(store, "jf", ["fetch"], 'Read {n}. CALL fetch({{"url": "doc{n}"}})', n)
+    await _agents(store, "js", ["slow_add"], 'Add {n}. CALL slow_add({{"a": {n}, "b": 1}})', n)
+    await _served(store, ["fetch", "slow_add"])
+    async with sim_fleet(2) as fleet:
+        await run_engine(make_settings(), store, fleet.urls)
+    for job in ("jf", "js"):
+        results = await _results(store, job, n)
+        assert [r.index for r in results] == list(range(n))
+        assert [(r.failure, r.error) for r in results if not r.ok] == []
+        assert {(r.turns, r.tool_calls) for r in results} == {(2, 1)}
+    assert await _runs(fetch_log) == ["fetch"] * n
+    assert await _runs(add_log) == ["slow_add"] * n
+
+
+async def test_a_tool_the_job_did_not_offer_is_never_run_and_the_model_is_told(
+    runners: Callable[[str], Path],
+    make_settings: Callable[..., Settings],
+    store: JobStore,
+    sim_fleet: Callable[..., SimFleet],
+) -> None:
+    """Seen: a job offering one tool got answers calling another that the runner allows (for
+    another job's sake), and that tool ran: a prompt injection could fire anyone's tool."""
+    log = runners("tests.agent_tools:*")  # boom and fetch both allowed on the runner
+    n = 8
+    await _agents(store, "ag", ["fetch"], 'Look {n}. CALL boom({{"record": "r{n}"}})', n)
+    await _served(store, ["fetch", "boom"])
+    async with sim_fleet(1, faults=[FaultConfig(calls_unoffered=True)]) as fleet:
+        await run_engine(make_settings(), store, fleet.urls)
+        received = list(fleet.endpoints[0].received)
+    results = await _results(store, "ag", n)
+    assert [(r.index, r.ok, r.turns, r.tool_calls) for r in results] == [
+        (i, True, 2, 1) for i in range(n)
+    ]
+    assert await _runs(log) == []  # boom never ran
+    # Each agent's second turn carried the refusal as the tool's answer, naming what it has.
+    told = [m["content"] for body in received for m in body["messages"] if m["role"] == "tool"]
+    assert told == ["error: tool 'boom' was not offered to this job (its tools: 'fetch')"] * n
+
+
+async def test_a_tool_no_runner_serves_waits_visibly_then_fails_with_that_reason(
+    runners: Callable[[str], Path],
+    make_settings: Callable[..., Settings],
+    store: JobStore,
+    sim_fleet: Callable[..., SimFleet],
+    cli_env: dict[str, str],
+    tmp_path: Path,
+) -> None:
+    """A call whose tool no live runner allows is not refused by a runner: it waits in its
+    tool's queue, swarm-enqueue warns at once, swarm-status names the tool, and the agent
+    fails only once SWARM_TOOL_WAIT_S has passed, saying why."""
+    runners("tests.agent_tools:fetch")
+    await _served(store, ["fetch"])
+    task = tmp_path / "task.txt"
+    task.write_text('Look {n}. CALL boom({{"record": "r{n}"}})')
+    inputs = tmp_path / "in.jsonl"
+    inputs.write_text("".join(f'{{"n": {i}}}\n' for i in range(4)))
+    out = command(
+        cli_env, "swarm-enqueue", inputs, "--job", "nb", "--task", task, "--tools", "boom,fetch"
+    )
+    assert out.returncode == 0, out.stderr
+    assert "warning: no tool runner serves 'boom' now" in out.stderr
+    assert "'fetch'" not in out.stderr
+    async with sim_fleet(1) as fleet:
+        engine = asyncio.create_task(run_engine(make_settings(tool_wait_s=3.0), store, fleet.urls))
+        async with asyncio.timeout(30):  # the agents park on boom's calls
+            while (await store.agent_counts("nb")).waiting < 4:  # noqa: ASYNC110 - the engine's tasks, in Redis
+                await asyncio.sleep(0.05)
+        status = await asyncio.to_thread(command, cli_env, "swarm-status", "nb")
+        assert "tool boom: no runner serves it (SWARM_TOOLS of swarm-tools), 4 calls queued" in (
+            status.stdout
+        )
+        assert "tool fetch: 1 runner(s)" in status.stdout
+        await engine
+    results = await _results(store, "nb", 4)
+    assert [(r.index, r.failure) for r in results] == [(i, "tool") for i in range(4)]
+    assert {r.error for r in results} == {
+        "no tool runner serves 'boom' (waited 3 s): start swarm-tools with SWARM_TOOLS allowing it"
+    }
