@@ -17,6 +17,7 @@ __all__ = [
     "decode_endpoint_stats",
     "live_models",
     "serving",
+    "usable",
     "waiting_reason",
 ]
 
@@ -64,6 +65,10 @@ class EndpointInfo(msgspec.Struct, frozen=True, omit_defaults=True, kw_only=True
     circuit: str = "waiting"
     updated_s: float = 0.0
     period_s: float = 0.0
+    # What its worker has beyond the endpoint (see common.abilities): the functions its
+    # SWARM_REDUCE_FUNCTIONS allow, and whether numpy imports there.
+    functions: tuple[str, ...] = ()
+    numpy: bool = False
 
     def live(self, now: float) -> bool:
         """True while its worker publishes (it has not been silent for SILENT_PERIODS)."""
@@ -84,19 +89,19 @@ def decode_endpoint_info(data: bytes) -> EndpointInfo:
     return _endpoint_info_decoder.decode(data)
 
 
-def _usable(e: EndpointInfo, now: float) -> bool:
+def usable(e: EndpointInfo, now: float) -> bool:
     """Its worker publishes, and it can take work (a broken endpoint serves nothing)."""
     return e.live(now) and e.circuit != "broken"
 
 
 def live_models(fleet: Iterable[EndpointInfo], now: float) -> list[str]:
     """Every model some live endpoint serves, sorted."""
-    return sorted({m for e in fleet if _usable(e, now) for m in e.models})
+    return sorted({m for e in fleet if usable(e, now) for m in e.models})
 
 
 def serving(model: str | None, fleet: Iterable[EndpointInfo], now: float) -> int:
     """How many live endpoints serve ``model`` (None: any model)."""
-    return sum(1 for e in fleet if _usable(e, now) and (model is None or model in e.models))
+    return sum(1 for e in fleet if usable(e, now) and (model is None or model in e.models))
 
 
 def waiting_reason(model: str | None, fleet: Iterable[EndpointInfo], now: float) -> str | None:

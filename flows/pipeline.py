@@ -162,8 +162,9 @@ def needs_steps(options: JobOptions) -> bool:
 
 class Keep:
     """A link's filter: whether an answer goes on, and if not why. A ``keep_fn`` is imported
-    only when the workers' ``SWARM_REDUCE_FUNCTIONS`` name it (the spec comes from Redis:
-    whoever can write there must not choose what code the workers run)."""
+    only when the worker's ``SWARM_REDUCE_FUNCTIONS`` name it (the spec comes from Redis:
+    whoever can write there must not choose what code the workers run); ``refused`` says why
+    this worker cannot run it, and then its pump leaves the link to one that can."""
 
     def __init__(self, link: Link, allowed: Iterable[str]) -> None:
         self.pattern = re.compile(link.keep_if) if link.keep_if is not None else None
@@ -172,8 +173,7 @@ class Keep:
         if link.keep_fn is not None:
             if not function_allowed(link.keep_fn, allowed):
                 self.refused = (
-                    f"keep function {link.keep_fn} is not allowed by these workers' "
-                    "SWARM_REDUCE_FUNCTIONS"
+                    f"keep function {link.keep_fn} (SWARM_REDUCE_FUNCTIONS does not allow it here)"
                 )
             else:
                 try:
@@ -183,9 +183,9 @@ class Keep:
         self.link = link
 
     def why_not(self, answer: str) -> str | None:
-        """None when ``answer`` goes on, else the reason it does not."""
-        if self.refused is not None:
-            return self.refused
+        """None when ``answer`` goes on, else the reason it does not (never asked of a
+        filter this worker cannot run: see ``refused``)."""
+        assert self.refused is None, self.refused
         if self.pattern is not None and self.pattern.search(answer) is None:
             return f"the answer does not match keep-if {self.link.keep_if!r}"
         if self.fn is not None:

@@ -81,15 +81,27 @@ class Pump:
         self._refreshed_at = time.monotonic()
 
     async def has_work(self) -> bool:
-        """True while some pipeline step is not yet sealed: answers may still move on."""
+        """True while some pipeline step this pump can feed is not yet sealed: answers may
+        still move on."""
         await self.refresh(force=True)
-        return bool(self.links)
+        return any(self._runs(name, source) for name, source in self.links.items())
+
+    def _runs(self, name: str, source: JobSpec) -> bool:
+        """Whether this pump can feed step ``name``: its filter's function is one this worker
+        runs. If not, the step is left to a pump that can (said once): none of its answers is
+        ever stopped for it."""
+        refused = self._keep(source).refused
+        if refused is not None:
+            self.store.warn_once(f"pipeline step {name}", f"left to a worker that has {refused}")
+        return refused is None
 
     async def step(self) -> bool:
         """One round over every pipeline step: True when something moved or was sealed."""
         await self.refresh()
         did = False
         for name, source in list(self.links.items()):
+            if not self._runs(name, source):
+                continue
             try:
                 did |= await self._step(name, source)
             except JobConflictError as exc:  # another pump moved some: read again

@@ -12,6 +12,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 
+from common.abilities import needs, unmet
 from common.cli import add_redis_arg, open_job_store, run, settings_from_args
 from common.errors import BadRecordError, ConfigError, JobConflictError
 from common.fleet import SILENT_PERIODS, EndpointInfo, EndpointStats, waiting_reason
@@ -20,6 +21,7 @@ from common.keys import stage_name, validate_job_name
 from common.models import JobSpec
 from common.settings import mask_url
 from common.store import JobStatus, JobStore
+from common.vocab import Meta
 from flows.agents import offered_tools
 from producer.board import job_list, job_state, read_fleet, read_jobs, reduce_where
 
@@ -112,6 +114,26 @@ async def waiting_for(
     return waiting_reason(spec.model, fleet, now)
 
 
+async def lacking_workers(
+    store: JobStore, spec: JobSpec, fleet: Sequence[EndpointInfo], now: float
+) -> str | None:
+    """Why work of ``spec``'s job still to do waits for a worker that has what it needs (a
+    function its settings allow, numpy) when no live worker has it; None when one has."""
+    pending = []
+    for need in needs(spec):
+        if need.kind == "keep":  # until the step it feeds is sealed
+            assert spec.then is not None
+            todo = Meta.TOTAL not in await store.meta(spec.then.job)
+        elif need.kind == "reduce":
+            todo = await store.read_final(spec.job) is None
+        else:
+            todo = not (await store.status(spec.job, rate=False)).finished
+        if todo:
+            pending.append(need)
+    why = unmet(pending, fleet, now)
+    return f"{spec.job}: {why}" if why is not None else None
+
+
 async def _show(store: JobStore, job: str) -> JobStatus:
     status = await store.status(job)
     stage = await store.status(stage_name(job, status.stage)) if status.stage else None
@@ -119,18 +141,22 @@ async def _show(store: JobStore, job: str) -> JobStatus:
     endpoints = await store.read_endpoints(stage_name(job, status.stage))
     now = await store.server_time()
     waiting = None
-    if not (status.finished or status.cancelled):
-        fleet, note = await read_fleet(store)
-        if note:
-            print(f"swarm-status: warning: {note}", file=sys.stderr)
-        else:
-            waiting = await waiting_for(store, job, fleet or [], now)
+    fleet, note = await read_fleet(store)
+    if note:
+        print(f"swarm-status: warning: {note}", file=sys.stderr)
+    elif not (status.finished or status.cancelled):
+        waiting = await waiting_for(store, job, fleet or [], now)
     print(format_status(status, stage, endpoints, now=now, waiting=waiting), flush=True)
     spec = await store.load_spec(job)
     if spec.agent is not None and not spec.laned:  # an agent job, not one of its turns
         print(await agent_lines(store, spec), flush=True)
     k = 0
-    while spec.then is not None:  # a pipeline: each later step, as a job of its own
+    while True:
+        if fleet is not None and (why := await lacking_workers(store, spec, fleet, now)):
+            print(f"  waiting: {why}", flush=True)
+        if spec.then is None:
+            break
+        # A pipeline: each later step, as a job of its own.
         k += 1
         spec = await store.load_spec(spec.then.job)
         step = await store.status(spec.job, rate=False)

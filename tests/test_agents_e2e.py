@@ -60,7 +60,8 @@ def test_agents_survive_a_killed_worker_and_tool_runner_beside_other_jobs(
         (tmp / f"rq-{era}.jsonl").write_text("".join(json.dumps(x) + "\n" for x in inputs))
     requeued = ["--job", "rq", "--task", tmp / "task.txt", "--tools", "slow_add,fetch",
                 "--max-turns", "3", "--max-tokens", "64"]  # fmt: skip
-    env = {**fleet.env, "SWARM_CLAIM_IDLE_MS": "2000"}
+    # A tool no runner serves (rm_rf) waits this long, then fails its agents saying so.
+    env = {**fleet.env, "SWARM_CLAIM_IDLE_MS": "2000", "SWARM_TOOL_WAIT_S": "5"}
     log = tmp / "runs.log"
     log.touch()
     for args in (
@@ -109,7 +110,10 @@ def test_agents_survive_a_killed_worker_and_tool_runner_beside_other_jobs(
         assert [x["index"] for x in failed] == list(range(20))
         for x in failed:
             assert x["failure"] == "tool"
-            assert x["error"] == "tool 'rm_rf' is not among this runner's SWARM_TOOLS"
+            assert x["error"] == (
+                "no tool runner serves 'rm_rf' (waited 5 s): start swarm-tools with SWARM_TOOLS "
+                "allowing it"
+            )
         assert len(_collect(env, tmp, "j")) == 300
         # The requeued agent job: the new input's agents only, each once, every turn taken.
         rq = _collect(env, tmp, "rq")

@@ -162,9 +162,9 @@ def test_a_pipeline_refuses_what_it_cannot_run() -> None:
 
 def test_a_keep_function_runs_only_where_the_workers_allow_it() -> None:
     link = Link(job="p:s1", template="{answer}", keep_fn="tests.test_flows_pipeline:short")
-    assert Keep(link, ()).why_not("x") == (
-        "keep function tests.test_flows_pipeline:short is not allowed by these workers' "
-        "SWARM_REDUCE_FUNCTIONS"
+    assert Keep(link, ()).refused == (
+        "keep function tests.test_flows_pipeline:short (SWARM_REDUCE_FUNCTIONS does not allow "
+        "it here)"
     )
     keep = Keep(link, ["tests.test_flows_pipeline:*"])
     assert keep.why_not("x") is None

@@ -1,11 +1,13 @@
-"""Workflows on a fleet that is not uniform, against real Redis and real tool runner processes:
+"""Workflows on a fleet that is not uniform, against real Redis and real processes: tool
 runners that allow different tools, a model that calls a tool its job did not offer, a tool no
-runner serves. Each case was seen failing (issue 30); each must hold here."""
+runner serves, workers that allow different functions. Each case was seen failing (issue 30);
+each must hold here."""
 
 from __future__ import annotations
 
 import asyncio
 import subprocess
+import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -18,8 +20,9 @@ from common.settings import Settings
 from common.store import JobStore
 from flows.agents import AgentResult, agent_prompts, build_agents, enqueue_agents, tool_definition
 from sim.server import FaultConfig, SimFleet
-from tests.harness import command, tool_runner
-from tests.helpers import run_engine
+from sim.text import completion_for
+from tests.harness import MAX_TOKENS, FleetFactory, command, fleet_prompt, tool_runner
+from tests.helpers import run_engine, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -159,3 +162,83 @@ async def test_a_tool_no_runner_serves_waits_visibly_then_fails_with_that_reason
     assert {r.error for r in results} == {
         "no tool runner serves 'boom' (waited 3 s): start swarm-tools with SWARM_TOOLS allowing it"
     }
+
+
+def _filtered(i: int) -> bool:
+    """Whether keepers:even stops input ``i`` (its step 0 answer's digest is odd)."""
+    return zlib.crc32(completion_for(fleet_prompt(i, set()), MAX_TOKENS)[0].encode()) % 2 == 1
+
+
+def test_a_filter_only_some_workers_allow_stops_no_input_for_it(
+    fleet_factory: FleetFactory, tmp_path: Path
+) -> None:
+    """Seen: two workers, only one allowing the --keep-fn: in one run all 2,000 inputs were
+    stopped "not allowed", in the next none. Now a worker that cannot run the filter leaves
+    the step to one that can, and while none can the step waits, visibly."""
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "keepers.py").write_text(
+        "import zlib\n\n\ndef even(answer):\n    return zlib.crc32(answer.encode()) % 2 == 0\n"
+    )
+    fleet = fleet_factory(2)
+    fleet.env["PYTHONPATH"] = str(code)
+    n = 2000
+    (fleet.tmp / "check.txt").write_text("Check: {answer}")
+    enq = fleet.enqueue(
+        "p", n, set(), "--then", str(fleet.tmp / "check.txt"), "--max-tokens", "6",
+        "--keep-fn", "keepers:even",
+    )  # fmt: skip
+    assert enq.wait(60) == 0
+    # Only a worker that does not allow the filter: step 0 is answered, nothing moves on.
+    fleet.worker("plain", [0], burst=False)
+    wait_until("step 0 answered", lambda: fleet.done("p") == n)
+    wait_until(
+        "the step shown waiting for a worker with the filter",
+        lambda: (
+            "waiting: p: no live worker has keep function keepers:even "
+            "(SWARM_REDUCE_FUNCTIONS)" in command(fleet.env, "swarm-status", "p").stdout
+        ),
+    )
+    assert fleet.done("p:s1") == 0
+    # A worker that allows it joins: every input goes on or is stopped by the filter itself.
+    fleet.worker("allows", [1], SWARM_REDUCE_FUNCTIONS="keepers:even")
+    out = fleet.tmp / "p.jsonl"
+    done = command(fleet.env, "swarm-collect", "p", "--out", out, "--wait", timeout_s=240)
+    assert done.returncode == 1, done.stderr  # the filter stopped some
+    lines = [msgspec.json.decode(x) for x in out.read_bytes().splitlines()]
+    assert [x["index"] for x in lines] == list(range(n))
+    stopped = [x["index"] for x in lines if x.get("stopped_at") is not None]
+    assert stopped == [i for i in range(n) if _filtered(i)]
+    assert {x["error"] for x in lines if x["index"] in set(stopped)} == {
+        "not sent to step 1: keepers:even refused the answer"
+    }
+    assert all(len(x["steps"]) == 2 for x in lines if x.get("stopped_at") is None)
+    assert "left to a worker that has keep function keepers:even" in fleet.logs[0].read_text()
+
+
+def test_a_measure_is_left_by_a_worker_without_numpy_to_one_with_it(
+    fleet_factory: FleetFactory, tmp_path: Path
+) -> None:
+    """A worker on which numpy does not import takes no batch of an uncertainty measure's
+    step (before: it took them, and failed their prompts for good)."""
+    hidden = tmp_path / "no-numpy"
+    hidden.mkdir()
+    (hidden / "sitecustomize.py").write_text("import sys\n\nsys.modules['numpy'] = None\n")
+    fleet = fleet_factory(3, "--model", "writer,embedder,embedder")
+    n = 200
+    enq = fleet.enqueue(
+        "u", n, set(), "--model", "writer", "--samples", "4", "--temperature", "0.7",
+        "--per-prompt", "semantic-entropy", "--per-prompt-model", "embedder",
+    )  # fmt: skip
+    assert enq.wait(60) == 0
+    lacking = fleet.worker("lacking", [1], env={"PYTHONPATH": str(hidden)})
+    fleet.worker("full", [0, 2])
+    out = fleet.tmp / "u.jsonl"
+    done = command(fleet.env, "swarm-collect", "u", "--out", out, "--wait", timeout_s=240)
+    assert done.returncode == 0, done.stderr
+    lines = [msgspec.json.decode(x) for x in out.read_bytes().splitlines()]
+    assert [x["index"] for x in lines] == list(range(n))
+    assert all(x["error"] is None and "entropy" in x["steps"][1]["value"] for x in lines)
+    assert fleet.answered(1) == 0  # the worker without numpy sent its endpoint nothing
+    assert lacking.wait(timeout=60) == 0
+    assert "left to a worker that has numpy" in fleet.logs[0].read_text()

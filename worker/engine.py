@@ -20,6 +20,9 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
+import msgspec
+
+from common.abilities import NUMPY, Abilities, has_numpy, lacking, needs
 from common.errors import (
     BadRecordError,
     ConfigError,
@@ -82,6 +85,8 @@ class Engine:
         self.reducer = Reducer(store, clients, settings.reduce_functions)
         self.pumps = Pumps(store, settings)
         self.pump, self.agents = self.pumps.pipeline, self.pumps.agents
+        self.numpy = has_numpy()
+        self.reducer.numpy = self.numpy
         # Called with (job, level) whenever a job's stage ``level`` is seen finished with its
         # reduce not yet advanced; by default advances it here, in the background. The arq
         # worker replaces it with queuing one arq job per (job, level).
@@ -102,6 +107,12 @@ class Engine:
         # jobs that publish reported as served.
         self.touched: set[str] = set()
         self._published: set[str] = set()
+
+    @property
+    def abilities(self) -> Abilities:
+        """What this worker has beyond its endpoints (see common.abilities): the functions its
+        settings (and a Python session's own) allow, whether numpy imports."""
+        return Abilities(frozenset(self.reducer.allowed | self.pump.allowed), self.numpy)
 
     @property
     def redis_up(self) -> bool:
@@ -165,6 +176,11 @@ class Engine:
         except BadRecordError as exc:
             self.store.warn_once(f"job {name}", str(exc))
             return
+        lacks = [n for n in lacking(needs(spec), self.abilities) if n.kind == NUMPY]
+        if lacks:  # its batches are measured here: left to a worker that has what they need
+            why = ", ".join(n.describe() for n in lacks)
+            self.store.warn_once(f"job {name}", f"left to a worker that has {why}")
+            return
         self.jobs[name] = spec
         log.info("serving job %s", name)
 
@@ -186,16 +202,23 @@ class Engine:
         """Note whether a finished stage waits on its reduce, compute the fair shares, and have
         each finished stage advanced."""
         pending = await self.store.reduces_pending(names)
-        # A stage still running is work of its own stage job; only a finished stage waits on
-        # the reduce itself.
-        self._reduces_pending = any(finished for _, _, finished in pending)
         self.shares = await self._fair_shares()
+        # A stage still running is work of its own stage job; only a finished stage waits on
+        # the reduce itself, and only on a worker that can run it.
+        self._reduces_pending = False
         for job, level, finished in pending:
-            if finished:
-                try:
-                    await self.on_stage_done(job, level)
-                except SwarmError as exc:
-                    log.warning("job %s: cannot advance stage %d yet: %s", job, level, exc)
+            if not finished:
+                continue
+            try:
+                here = await self.reducer.runs_here(job)
+                if here is None:
+                    continue  # left to a worker that has its function (said once)
+                self._reduces_pending = True
+                # A reduce a function of this worker runs goes no way through arq's queue,
+                # where a worker without the function might take it.
+                await (self.advance_here if here else self.on_stage_done)(job, level)
+            except SwarmError as exc:
+                log.warning("job %s: cannot advance stage %d yet: %s", job, level, exc)
 
     def job_gone(self, exc: JobGoneError, spec: JobSpec | None = None) -> None:
         """Work of a job was refused: that job is gone (deleted, lost with Redis, or queued
@@ -355,7 +378,13 @@ class Engine:
             if stopped:
                 await self.store.publish_fleet([], gone=[d.fleet_field for d in self.drainers])
             else:
-                await self.store.publish_fleet([d.info(now) for d in self.drainers])
+                has = self.abilities
+                functions = tuple(sorted(has.functions))
+                rows = [
+                    msgspec.structs.replace(d.info(now), functions=functions, numpy=has.numpy)
+                    for d in self.drainers
+                ]
+                await self.store.publish_fleet(rows)
         except BadRecordError as exc:  # the jobs' figures below still go out
             self.store.warn_once("the fleet registry", str(exc))
         live = set() if stopped else set(self.jobs)

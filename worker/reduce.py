@@ -20,7 +20,9 @@ from collections.abc import Sequence
 
 import msgspec
 
+from common.abilities import Abilities, lacking, needs
 from common.errors import (
+    ConfigError,
     EndpointError,
     EndpointRetryable,
     JobGoneError,
@@ -31,8 +33,8 @@ from common.errors import (
 from common.feed import enqueue_prompts
 from common.keys import stage_name
 from common.models import JobSpec, LevelInfo, ReduceOutput, ReduceSpec, Result, timestamp_s
-from common.reduce import aggregate, failures, render
-from common.reducekinds import REDUCE_KINDS, TREE
+from common.reduce import aggregate, failures, load_function, render
+from common.reducekinds import FUNCTION, REDUCE_KINDS, TREE
 from common.store import JobStore, producer_token
 from common.vocab import Meta
 from worker.backend import Backend
@@ -79,6 +81,40 @@ class Reducer:
         self.clients = list(clients)
         # The user aggregators this worker may import (SWARM_REDUCE_FUNCTIONS).
         self.allowed = set(allowed)
+        self.numpy = False
+
+    def lacks(self, spec: JobSpec) -> str | None:
+        """What this worker lacks to run ``spec``'s reduce (None: nothing): a function its
+        settings do not allow, or one that cannot be imported here."""
+        missing = [n for n in lacking(needs(spec), self.abilities) if n.kind == "reduce"]
+        if missing:
+            return ", ".join(n.describe() for n in missing)
+        if spec.reduce is not None and spec.reduce.kind == FUNCTION:
+            try:
+                load_function(spec.reduce.function or "")
+            except ConfigError as exc:
+                return f"{exc} (it cannot be imported on this worker)"
+        return None
+
+    @property
+    def abilities(self) -> Abilities:
+        return Abilities(frozenset(self.allowed), self.numpy)
+
+    async def runs_here(self, job: str) -> bool | None:
+        """Whether ``job``'s reduce is a function this worker imports (True), one any worker
+        runs (False), or one this worker lacks (None: left to another, said once)."""
+        spec = await self.store.load_spec(job)
+        if spec.reduce is None or spec.reduce.kind != FUNCTION:
+            return False
+        why = self.lacks(spec)
+        if why is None:
+            return True
+        self._left(job, why)
+        return None
+
+    def _left(self, job: str, why: str) -> None:
+        """Say once that ``job``'s reduce is left to a worker that has what it needs."""
+        self.store.warn_once(f"the reduce of job {job}", f"left to a worker that has {why}")
 
     async def advance(self, job: str, level: int) -> str:
         """Move ``job`` on from its finished stage ``level``; returns what was done. Safe to
@@ -91,6 +127,10 @@ class Reducer:
         queued again under its name meanwhile gets nothing of this one's reduce.
         """
         spec = await self.store.load_spec(job)
+        why = self.lacks(spec)
+        if why is not None:  # another worker's to run: never a failure recorded for it
+            self._left(job, why)
+            return f"left to another worker: {why}"
         try:
             return await self._advance(spec, level)
         except (StoreUnavailable, EndpointRetryable, StageBusy):

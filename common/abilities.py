@@ -1,0 +1,93 @@
+"""What a job needs of the worker that does its work, beyond an endpoint for its model: a
+function that worker imports (a pipeline step's keep function, a reduce function: only where
+that worker's own ``SWARM_REDUCE_FUNCTIONS`` allows it) or numpy (the uncertainty measures).
+
+A worker that lacks what a piece of work needs leaves it to one that has it and says so once;
+it never records a failure for it. Every worker publishes what it has with its rows of the
+fleet registry, so that work no live worker can do waits visibly, naming what is missing.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Iterable
+
+import msgspec
+
+from common.fleet import EndpointInfo, usable
+from common.models import JobSpec
+from common.perprompt import PER_PROMPT_KINDS
+from common.reduce import function_allowed
+from common.reducekinds import FUNCTION
+
+__all__ = ["NUMPY", "Abilities", "Need", "has_numpy", "lacking", "needs", "unmet"]
+
+NUMPY = "numpy"
+
+
+def has_numpy() -> bool:
+    """Whether numpy imports here (the uncertainty measures need it)."""
+    try:
+        importlib.import_module(NUMPY)
+    except ImportError:
+        return False
+    return True
+
+
+class Need(msgspec.Struct, frozen=True):
+    """One thing a job's work needs of its worker: ``kind`` (``keep``: the keep function of
+    the step after it; ``reduce``: its reduce function; ``numpy``) and ``what`` (the
+    function's ``package.module:function``, or ``numpy``)."""
+
+    kind: str
+    what: str
+
+    def describe(self) -> str:
+        if self.kind == NUMPY:
+            return "numpy (pip install 'swarm-queue[uq]')"
+        return f"{self.kind} function {self.what} (SWARM_REDUCE_FUNCTIONS)"
+
+
+class Abilities(msgspec.Struct, frozen=True):
+    """What one worker has: the functions its settings allow (entries as in
+    ``SWARM_REDUCE_FUNCTIONS``), and whether numpy imports."""
+
+    functions: frozenset[str] = frozenset()
+    numpy: bool = False
+
+    def has(self, need: Need) -> bool:
+        if need.kind == NUMPY:
+            return self.numpy
+        return function_allowed(need.what, self.functions)
+
+
+def needs(spec: JobSpec) -> list[Need]:
+    """What work of ``spec``'s job needs of a worker: the keep function moving its answers on
+    (run by the pump of the step after it), its reduce function, numpy for a measure."""
+    out = []
+    if spec.then is not None and spec.then.keep_fn:
+        out.append(Need("keep", spec.then.keep_fn))
+    if spec.reduce is not None and spec.reduce.kind == FUNCTION and spec.reduce.function:
+        out.append(Need("reduce", spec.reduce.function))
+    per = spec.per_prompt
+    if spec.embed and per is not None and PER_PROMPT_KINDS[per.kind].embeddings:
+        out.append(Need(NUMPY, NUMPY))
+    return out
+
+
+def lacking(needs_: Iterable[Need], abilities: Abilities) -> list[Need]:
+    """Those of ``needs_`` that ``abilities`` do not meet."""
+    return [n for n in needs_ if not abilities.has(n)]
+
+
+def unmet(needs_: Iterable[Need], fleet: Iterable[EndpointInfo], now: float) -> str | None:
+    """Why no live worker of ``fleet`` can do work with ``needs_`` (None: one can each)."""
+    rows = [e for e in fleet if usable(e, now)]
+    missing = [
+        n
+        for n in needs_
+        if not any(Abilities(frozenset(e.functions), e.numpy).has(n) for e in rows)
+    ]
+    if not missing:
+        return None
+    return "no live worker has " + ", ".join(n.describe() for n in missing)
