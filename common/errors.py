@@ -12,6 +12,7 @@ __all__ = [
     "BadRecordError",
     "ConfigError",
     "EndpointError",
+    "EndpointMalformed",
     "EndpointRejected",
     "EndpointRetryable",
     "EndpointUnusable",
@@ -157,6 +158,20 @@ class EndpointError(SwarmError):
 
 class EndpointRetryable(EndpointError):
     """Transient: connection refused or reset, timeout, 429 or 5xx. Worth retrying."""
+
+
+class EndpointMalformed(EndpointRetryable):
+    """The server answered, but its answer cannot be used (choice indices repeated, shifted or
+    missing, too few choices, vectors of another dimension or not finite, an unreadable body):
+    a failure of the endpoint like a 5xx, retried here, then elsewhere; a prompt no other
+    endpoint can take fails with it (kind ``malformed``). ``route``: ``embeddings`` when it
+    was a vectors' answer (what a probe then checks too)."""
+
+    def __init__(
+        self, endpoint: str, message: str, status: int | None = None, *, route: str = ""
+    ) -> None:
+        super().__init__(endpoint, message, status)
+        self.route = route
 
 
 class EndpointRejected(EndpointError):

@@ -17,6 +17,7 @@ __all__ = [
     "decode_endpoint_stats",
     "live_models",
     "serving",
+    "takers",
     "usable",
     "waiting_reason",
 ]
@@ -102,6 +103,16 @@ def live_models(fleet: Iterable[EndpointInfo], now: float) -> list[str]:
 def serving(model: str | None, fleet: Iterable[EndpointInfo], now: float) -> int:
     """How many live endpoints serve ``model`` (None: any model)."""
     return sum(1 for e in fleet if usable(e, now) and (model is None or model in e.models))
+
+
+def takers(model: str | None, fleet: Iterable[EndpointInfo], now: float) -> set[str]:
+    """The live endpoints that serve ``model`` (None: any) and may take work: their circuit
+    closed, or waiting for a server still starting (not open: failing)."""
+    return {
+        e.endpoint
+        for e in fleet
+        if usable(e, now) and e.circuit != "open" and (model is None or model in e.models)
+    }
 
 
 def waiting_reason(model: str | None, fleet: Iterable[EndpointInfo], now: float) -> str | None:

@@ -176,6 +176,12 @@ class Keys:
         nor released it: each one a worker that died running it. What dead-lettering counts."""
         return self._job(job, "running")
 
+    def strikes(self, job: str) -> str:
+        """Hash: entry ID -> how many times an endpoint gave it back because its answers could
+        not be used (malformed, or its choice left out): past a few, it fails rather than
+        going round the fleet again."""
+        return self._job(job, "strikes")
+
     def copies(self, job: str) -> str:
         """Set: entry IDs copied speculatively at the job's tail, so each is copied once."""
         return self._job(job, "copies")

@@ -389,6 +389,8 @@ class OutputLine(msgspec.Struct, frozen=True):
     endpoint: str = ""
     attempts: int = 0
     error: str | None = None
+    # Why a failed prompt failed, as ``swarm-retry --kind`` takes it (only on a failure).
+    error_kind: str | msgspec.UnsetType = msgspec.UNSET
     # The model that answered, as its endpoint named it ("" when none did).
     model: str = ""
     cached: bool | msgspec.UnsetType = msgspec.UNSET
@@ -414,6 +416,7 @@ class OutputLine(msgspec.Struct, frozen=True):
             embedding=unpack_vector(r.embedding) if r.embedding is not None else msgspec.UNSET,
             samples=r.samples if r.samples is not None else msgspec.UNSET,
             value=r.value if r.value is not None else msgspec.UNSET,
+            error_kind=r.error_kind if r.error is not None and r.error_kind else msgspec.UNSET,
         )
 
 

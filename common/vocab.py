@@ -15,6 +15,8 @@ class FailureKind(StrEnum):
 
     REJECTED = "rejected"  # the server refused it (HTTP 400: over the context, bad values)
     NO_CHOICE = "no_choice"  # the server never returned a choice for it
+    # The endpoint's answers could not be used (see EndpointMalformed), and no other took it
+    MALFORMED = "malformed"
     SCHEMA = "schema"  # answered, but not matching the job's --schema (its text kept)
     # A chat answer with no text (message.content null: tool calls, or reasoning only)
     NO_CONTENT = "no_content"
@@ -58,6 +60,9 @@ class Meta(StrEnum):
     FINISHED_S = "finished_s"  # every prompt has a result
     CANCELLED_S = "cancelled_s"  # swarm-cancel
     REDUCED_S = "reduced_s"  # the reduce output is written
+    # An embeddings job's dimension, fixed by its first answer: a vector of another is
+    # the endpoint's failure, never a result
+    DIM = "dim"
 
 
 # Per-kind failure counters are meta fields ``failed:<kind>``.

@@ -14,8 +14,10 @@ leading blocks prefill for free; ``vllm:prefix_cache_queries_total`` and
 ``vllm:prefix_cache_hits_total`` on ``/metrics``: see :mod:`sim.prefix`).
 
 Fault switches (command line, or ``POST /sim/faults`` at run time): a rate of HTTP 500s, a rate
-of connection resets, and an endpoint that dies (stops listening, drops connections) or stalls
-(accepts requests, never answers) after N seconds.
+of connection resets, an endpoint that dies (stops listening, drops connections) or stalls
+(accepts requests, never answers) after N seconds; and (at run time) answers that lie: choice
+indices shifted, choices left out, vectors of another dimension or holding NaN, tools called
+that were not offered.
 
 Each port serves one model name (``--model a,b`` names them per port), plus LoRA-style
 adapters (``--model base+adapter``), all listed by ``/v1/models``; any other name gets vLLM's
@@ -60,6 +62,13 @@ class FaultConfig(msgspec.Struct, kw_only=True):
     # The model calls tools it was not offered, as a real one may (vLLM's tool parsers pass
     # on whatever name it writes): every CALL directive is answered, offered or not.
     calls_unoffered: bool = False
+    # A server that lies in its answers: every choice's (and vector's) index shifted by this
+    # much; this many choices (or vectors) left out of each answer; vectors of this many
+    # dimensions; vectors holding NaN.
+    shift_index: int = 0
+    drop_choices: int = 0
+    embed_dims: int | None = None
+    nan_vectors: bool = False
 
 
 class _CompletionRequest(msgspec.Struct, kw_only=True):
@@ -148,6 +157,7 @@ class SimEndpoint:
         self.started = time.monotonic()
         self.dead = False
         self.requests_total = 0
+        self.http_requests = 0  # generation requests received, answered or not
         self.prompt_tokens_total = 0
         self.prefix = PrefixCache()
         self._runner: web.AppRunner | None = None
@@ -236,6 +246,22 @@ class SimEndpoint:
     def _ok(self, payload: Any) -> web.Response:
         return web.Response(body=_json.encode(payload), content_type="application/json")
 
+    def _answer(self, payload: dict[str, Any], key: str) -> web.Response:
+        """A generation answer (its ``key``: ``choices`` or ``data``), as a lying server
+        would send it when the fault switches say so (see :class:`FaultConfig`)."""
+        f = self.faults
+        if not (f.shift_index or f.drop_choices or f.nan_vectors):
+            return self._ok(payload)
+        items = payload[key]
+        if f.drop_choices:
+            items = items[: max(0, len(items) - f.drop_choices)]
+        for item in items:
+            item["index"] += f.shift_index
+            if f.nan_vectors and "embedding" in item:
+                item["embedding"][0] = float("nan")
+        payload[key] = items
+        return self._ok(payload)  # (msgspec writes NaN as null)
+
     def _stalled_now(self) -> bool:
         after = self.faults.stall_after_s
         return after is not None and time.monotonic() - self.started >= after
@@ -291,6 +317,7 @@ class SimEndpoint:
     ) -> web.StreamResponse:
         """What both generation routes share: fault switches, decoding, model and stream checks,
         and dropping the connection when the endpoint dies mid-request."""
+        self.http_requests += 1
         try:
             gate = await self._faults_gate(request)
             if gate is not None:
@@ -349,7 +376,7 @@ class SimEndpoint:
         prefill = sum(self.prefix.lookup(p) for p in seen)
         await self._generate([n for _, n, _ in outs], sum(ptoks), prefill)
         ctoks = sum(n for _, n, _ in outs)
-        return self._ok(
+        return self._answer(
             {
                 "id": f"cmpl-{uuid.uuid4().hex}",
                 "object": "text_completion",
@@ -371,7 +398,8 @@ class SimEndpoint:
                     "completion_tokens": ctoks,
                     "total_tokens": sum(ptoks) + ctoks,
                 },
-            }
+            },
+            "choices",
         )
 
     async def _embeddings(self, request: web.Request) -> web.StreamResponse:
@@ -397,18 +425,20 @@ class SimEndpoint:
                     "BadRequestError",
                 )
         await self._generate([1] * len(texts), sum(ptoks))  # a prefill, one step
-        return self._ok(
+        dims = () if self.faults.embed_dims is None else (self.faults.embed_dims,)
+        return self._answer(
             {
                 "id": f"embd-{uuid.uuid4().hex}",
                 "object": "list",
                 "created": int(time.time()),
                 "model": req.model,
                 "data": [
-                    {"index": i, "object": "embedding", "embedding": embedding_for(t)}
+                    {"index": i, "object": "embedding", "embedding": embedding_for(t, *dims)}
                     for i, t in enumerate(texts)
                 ],
                 "usage": {"prompt_tokens": sum(ptoks), "total_tokens": sum(ptoks)},
-            }
+            },
+            "data",
         )
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
@@ -461,7 +491,7 @@ class SimEndpoint:
         ctoks: int,
     ) -> web.Response:
         """A chat completion holding ``messages`` as its choices, in vLLM's shape."""
-        return self._ok(
+        return self._answer(
             {
                 "id": f"chatcmpl-{uuid.uuid4().hex}",
                 "object": "chat.completion",
@@ -482,7 +512,8 @@ class SimEndpoint:
                     "completion_tokens": ctoks,
                     "total_tokens": ptoks + ctoks,
                 },
-            }
+            },
+            "choices",
         )
 
     async def _tool_call(
@@ -562,6 +593,9 @@ class SimEndpoint:
             "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.",
             "# TYPE vllm:num_requests_waiting gauge",
             f"vllm:num_requests_waiting{label} {self.engine.num_waiting}",
+            "# HELP swarm_sim:http_requests_total Generation requests received (swarm-sim's own).",
+            "# TYPE swarm_sim:http_requests_total counter",
+            f"swarm_sim:http_requests_total{label} {self.http_requests}",
             "# TYPE vllm:request_success_total counter",
             f"vllm:request_success_total{label} {self.engine.finished_seqs}",
             "# TYPE vllm:generation_tokens_total counter",

@@ -250,12 +250,19 @@ class Fleet:
 
     def answered(self, i: int) -> int:
         """Sequences port ``i`` has generated (vLLM's ``request_success_total``)."""
+        return self._counter(i, "vllm:request_success_total")
+
+    def requests(self, i: int) -> int:
+        """Generation requests port ``i`` has received, answered or not (swarm-sim's own)."""
+        return self._counter(i, "swarm_sim:http_requests_total")
+
+    def _counter(self, i: int, name: str) -> int:
         with urllib.request.urlopen(f"{self.url(i)}/metrics", timeout=5) as resp:
             text = resp.read().decode()
         return sum(
             int(float(line.rsplit(" ", 1)[1]))
             for line in text.splitlines()
-            if line.startswith("vllm:request_success_total")
+            if line.startswith(name)
         )
 
     def faults(self, i: int, **faults: object) -> None:

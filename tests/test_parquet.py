@@ -58,6 +58,8 @@ def _rows(frame: Any) -> list[dict[str, Any]]:
             row["usage"] = {k: int(v) for k, v in row["usage"].items()}
         if row["custom_id"] is None:
             del row["custom_id"]
+        if row["error_kind"] is None:  # a JSON line says it only on a failure
+            del row["error_kind"]
         if row.pop("cached"):  # a JSON line says "cached" only when it was
             row["cached"] = True
         for name in ("embedding", "samples", "value"):  # only for jobs that have them

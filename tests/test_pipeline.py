@@ -232,8 +232,11 @@ async def test_a_missing_choice_is_asked_again_then_fails_only_its_prompt(
     lines = await collect_lines(store, "j")
     failed = [x["index"] for x in lines if x["error"]]
     assert failed == [i for i, (p, _) in enumerate(prompts(50)) if "13" in p]
-    # Asked for again on their own until the attempts ran out (6 by default).
-    assert lines[13]["error"] == "endpoint returned no choice for it in 6 attempts"
+    # Asked for again on their own until the attempts ran out (6 by default); no other
+    # endpoint could take them.
+    assert lines[13]["error"] == (
+        "endpoint returned no choice for it in 6 attempts; no other endpoint serves the job's model"
+    )
     assert {lines[i]["attempts"] for i in failed} == {6}
     for x, (p, _) in zip(lines, prompts(50), strict=True):
         if not x["error"]:

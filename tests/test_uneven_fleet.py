@@ -10,6 +10,7 @@ import subprocess
 import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import pytest
@@ -20,8 +21,15 @@ from common.settings import Settings
 from common.store import JobStore
 from flows.agents import AgentResult, agent_prompts, build_agents, enqueue_agents, tool_definition
 from sim.server import FaultConfig, SimFleet
-from sim.text import completion_for
-from tests.harness import MAX_TOKENS, FleetFactory, command, fleet_prompt, tool_runner
+from sim.text import completion_for, embedding_for
+from tests.harness import (
+    MAX_TOKENS,
+    FleetFactory,
+    check_output,
+    command,
+    fleet_prompt,
+    tool_runner,
+)
 from tests.helpers import run_engine, wait_until
 
 pytestmark = pytest.mark.slow
@@ -242,3 +250,87 @@ def test_a_measure_is_left_by_a_worker_without_numpy_to_one_with_it(
     assert fleet.answered(1) == 0  # the worker without numpy sent its endpoint nothing
     assert lacking.wait(timeout=60) == 0
     assert "left to a worker that has numpy" in fleet.logs[0].read_text()
+
+
+def _lines(path: Path) -> list[dict[str, Any]]:
+    return [msgspec.json.decode(x) for x in path.read_bytes().splitlines()]
+
+
+def test_vectors_of_another_dimension_are_never_served_as_right(
+    fleet_factory: FleetFactory,
+) -> None:
+    """Seen: two endpoints of one model answering 8 and 16 dimensions: a job's vectors of both
+    lengths, collect exit 0. Now the first answer fixes the job's dimension; a vector of
+    another is the endpoint's failure, retried on an endpoint that answers it rightly."""
+    fleet = fleet_factory(2, "--model", "emb,emb")
+    fleet.faults(1, embed_dims=8)
+    n = 2000
+    src = fleet.tmp / "texts.txt"
+    src.write_text("".join(f"text number {i} about topic {i % 7}\n" for i in range(n)))
+    enq = command(fleet.env, "swarm-enqueue", src, "--job", "e", "--embed", "--model", "emb")
+    assert enq.returncode == 0, enq.stderr
+    fleet.worker("w", [0, 1])
+    out = fleet.tmp / "e.jsonl"
+    done = command(fleet.env, "swarm-collect", "e", "--out", out, "--wait", timeout_s=240)
+    lines = _lines(out)
+    assert [x["index"] for x in lines] == list(range(n))
+    dims = {len(x["embedding"]) for x in lines if x.get("embedding")}
+    assert len(dims) == 1, dims  # one dimension, whichever answered first
+    failed = [x for x in lines if x["error"]]
+    if dims == {8}:  # the odd endpoint answered first: the right one's are the odd ones now
+        assert failed, "the other endpoint's vectors cannot all have been taken"
+    else:
+        assert dims == {len(embedding_for("x"))}
+        assert done.returncode == 0, done.stderr
+        assert failed == []
+    for x in failed:  # a failure of its own kind, naming the endpoint that sent it
+        assert x["error_kind"] == "malformed"
+        assert "malformed answer: vectors of" in x["error"] and fleet.url(0)[7:] in str(x)
+
+
+@pytest.mark.parametrize("lie", [{"shift_index": 1}, {"drop_choices": 1}])
+def test_a_lone_endpoint_that_answers_wrongly_is_not_hammered_and_its_job_ends(
+    fleet_factory: FleetFactory, lie: dict[str, int]
+) -> None:
+    """Seen: the only endpoint of its model shifting its choices' indexes: ~120 requests/s for
+    as long as it ran, the job never ended and showed no reason. Now its answers count against
+    it, its circuit opens and stays open while its probes (which check an answer's shape) fail,
+    and its job's prompts end failed with its error; the other model's job is untouched."""
+    fleet = fleet_factory(2, "--model", "good,liar")
+    fleet.faults(1, **lie)
+    n = 300
+    assert fleet.enqueue("lies", n, set(), "--model", "liar").wait(60) == 0
+    assert fleet.enqueue("fine", n, set(), "--model", "good").wait(60) == 0
+    worker = fleet.worker("w", [0, 1])
+    out = fleet.tmp / "lies.jsonl"
+    lies = command(fleet.env, "swarm-collect", "lies", "--out", out, "--wait", timeout_s=120)
+    assert lies.returncode == 1, lies.stderr
+    lines = _lines(out)
+    assert [x["index"] for x in lines] == list(range(n))
+    assert {x["error_kind"] for x in lines} <= {"malformed", "no_choice"}
+    assert all(x["error"] and x["text"] is None for x in lines)
+    assert all("no other endpoint serves the job's model" in x["error"] for x in lines)
+    assert fleet.requests(1) < 100
+    fine = command(fleet.env, "swarm-collect", "fine", "--out", fleet.tmp / "fine.jsonl", "--wait")
+    assert fine.returncode == 0, fine.stderr
+    assert worker.wait(timeout=60) == 0
+    # Said once per interval, not once per batch.
+    log = fleet.logs[0].read_text()
+    assert log.count("no usable answer") <= 3, log
+
+
+def test_a_prompt_one_endpoint_leaves_out_is_answered_by_another(
+    fleet_factory: FleetFactory,
+) -> None:
+    """Seen: an endpoint answering one choice fewer than asked, beside a good one: 2-3 of 300
+    prompts failed "endpoint returned no choice for it in 6 attempts". Now a prompt one
+    endpoint failed to answer is tried elsewhere before it fails."""
+    fleet = fleet_factory(2)
+    fleet.faults(1, drop_choices=1)
+    n = 300
+    assert fleet.enqueue("j", n, set()).wait(60) == 0
+    fleet.worker("w", [0, 1])
+    out = fleet.tmp / "j.jsonl"
+    done = command(fleet.env, "swarm-collect", "j", "--out", out, "--wait", timeout_s=120)
+    assert done.returncode == 0, done.stderr
+    check_output(out, n, set())

@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
-from collections.abc import Awaitable, Callable
-from typing import Protocol, TypeVar
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Protocol, TypeVar, cast
 
 import msgspec
 
-from common.errors import EndpointError, EndpointRejected, EndpointRetryable
+from common.errors import EndpointError, EndpointMalformed, EndpointRejected, EndpointRetryable
 from common.models import (
     JobSpec,
     PromptItem,
@@ -40,11 +41,21 @@ from worker.circuit import Circuit, GiveUp
 from worker.endpoint import ChatBody, CompletionBody, CompletionUsage, EmbeddingBody
 from worker.metrics import NO_METRICS, Metrics
 
-__all__ = ["BatchRunner", "Tally", "check_choice_indices"]
+__all__ = [
+    "EMBEDDINGS",
+    "BatchRunner",
+    "Tally",
+    "check_choice_indices",
+    "check_vectors",
+    "missing_choices",
+]
 
 log = logging.getLogger("swarm.worker")
 
 T = TypeVar("T")
+
+# The route of a vectors' answer, as an EndpointMalformed names it.
+EMBEDDINGS = "embeddings"
 
 
 class _Billed(Protocol):
@@ -57,19 +68,58 @@ class _Billed(Protocol):
 B = TypeVar("B", bound=_Billed)
 
 
-def check_choice_indices(endpoint: str, indices: list[int], n: int) -> None:
-    """Refuse (as retryable: another try, or another endpoint) an answer to ``n`` prompts
-    whose choice indices are not distinct values in ``0..n-1``: a server that repeats or
-    shifts them would put one prompt's answer under another's index. Fewer is allowed."""
+def check_choice_indices(endpoint: str, indices: list[int], n: int, route: str = "") -> None:
+    """Refuse (:class:`EndpointMalformed`: another try, or another endpoint) an answer to
+    ``n`` prompts whose choice indices are not distinct values in ``0..n-1``: a server that
+    repeats or shifts them would put one prompt's answer under another's index. Fewer is
+    allowed here (the ones left out are asked again; see :func:`missing_choices`)."""
     seen: set[int] = set()
     for i in indices:
         if not 0 <= i < n or i in seen:
-            raise EndpointRetryable(
+            raise EndpointMalformed(
                 endpoint,
                 f"malformed answer: choice index {i} for {n} prompts (each of 0..{n - 1} "
                 "expected at most once)",
+                route=route,
             )
         seen.add(i)
+
+
+def missing_choices(endpoint: str, got: int, n: int) -> EndpointMalformed | None:
+    """The endpoint's failure when an answer to ``n`` prompts held ``got`` choices: its
+    answers are used, the ones left out asked again, but it counts against the endpoint."""
+    if got >= n:
+        return None
+    return EndpointMalformed(endpoint, f"malformed answer: {n - got} of {n} choices missing")
+
+
+def check_vectors(
+    endpoint: str, vectors: Sequence[Sequence[float | None]], dim: int | None
+) -> None:
+    """Refuse (:class:`EndpointMalformed`) vectors of different lengths, of another length
+    than the job's ``dim`` (fixed by its first answer), or with a value that is not finite."""
+    lengths = {len(v) for v in vectors}
+    if dim is not None:
+        lengths.add(dim)
+    if len(lengths) > 1:
+        want = f" (the job's vectors have {dim})" if dim is not None else ""
+        raise EndpointMalformed(
+            endpoint,
+            f"malformed answer: vectors of {', '.join(map(str, sorted(lengths)))} dimensions"
+            + want,
+            route=EMBEDDINGS,
+        )
+    for v in vectors:
+        # A sum of finite float32 values is finite; a NaN or an inf anywhere makes it not,
+        # and a null (NaN as some write it) makes it no number at all.
+        try:
+            total = math.fsum(v)  # type: ignore[arg-type]
+        except (TypeError, OverflowError, ValueError):
+            total = math.nan
+        if not math.isfinite(total):
+            raise EndpointMalformed(
+                endpoint, "malformed answer: a vector holds NaN or inf", route=EMBEDDINGS
+            )
 
 
 class Tally:
@@ -107,19 +157,32 @@ class BatchRunner:
         self.retries = 0
 
     async def run(
-        self, spec: JobSpec, items: list[PromptItem], model: str, tally: Tally
+        self,
+        spec: JobSpec,
+        items: list[PromptItem],
+        model: str,
+        tally: Tally,
+        dim: int | None = None,
     ) -> list[Result]:
-        """Results for ``items`` of ``spec``'s job in order, asked of ``model``."""
+        """Results for ``items`` of ``spec``'s job in order, asked of ``model``; an embeddings
+        job's vectors of ``dim`` dimensions, when its first answer has fixed that."""
         self.metrics.batch(spec.job, self.client.label, len(items))
         groups: dict[bytes, list[int]] = {}
         for i, item in enumerate(items):
             groups.setdefault(b"" if item.params is None else encode(item.params), []).append(i)
         if len(groups) == 1:
-            return await self._complete(spec, model, items, items[0].params_in(spec), 0, tally)
+            params = items[0].params_in(spec)
+            return await self._complete(spec, model, items, params, 0, tally, dim)
         parts = await asyncio.gather(
             *(
                 self._complete(
-                    spec, model, [items[i] for i in idx], items[idx[0]].params_in(spec), 0, tally
+                    spec,
+                    model,
+                    [items[i] for i in idx],
+                    items[idx[0]].params_in(spec),
+                    0,
+                    tally,
+                    dim,
                 )
                 for idx in groups.values()
             )
@@ -130,19 +193,30 @@ class BatchRunner:
         return [out[i] for i in range(len(items))]
 
     async def _sent(
-        self, job: str, call: Callable[[], Awaitable[B]], tally: Tally, prior: int
+        self,
+        job: str,
+        call: Callable[[], Awaitable[B]],
+        tally: Tally,
+        prior: int,
+        flaw: Callable[[B], EndpointMalformed | None] | None = None,
     ) -> tuple[B, int]:
         """``call`` through :meth:`_retrying`, its usage tallied; the attempts it took counted
         on from ``prior`` (a bisected half's). A refusal is the caller's to handle."""
-        body, attempts = await self._retrying(job, call)
+        body, attempts = await self._retrying(job, call, flaw)
         if body.usage is not None:
             tally.add(body.usage)
         return body, attempts + prior
 
-    async def _retrying(self, job: str, call: Callable[[], Awaitable[T]]) -> tuple[T, int]:
+    async def _retrying(
+        self,
+        job: str,
+        call: Callable[[], Awaitable[T]],
+        flaw: Callable[[T], EndpointMalformed | None] | None = None,
+    ) -> tuple[T, int]:
         """Run ``call`` (a request of ``job``) with the one retry policy of the worker; returns
         its value and the attempts it took. Gives up when the attempts run out or the circuit
-        opens meanwhile."""
+        opens meanwhile. An answer with a ``flaw`` (choices left out) is used, but counts as
+        the endpoint's failure: one that keeps leaving some out opens its circuit."""
         circuit, metrics, label = self.circuit, self.metrics, self.client.label
         attempt = 0
         while True:
@@ -170,7 +244,11 @@ class BatchRunner:
                 metrics.request(job, label, time.monotonic() - sent, "unusable")
                 raise
             metrics.request(job, label, time.monotonic() - sent, "ok")
-            circuit.succeeded()
+            flawed = flaw(value) if flaw is not None else None
+            if flawed is None:
+                circuit.succeeded()
+            else:
+                circuit.failed(flawed)
             return value, attempt
 
     async def _complete(
@@ -181,11 +259,12 @@ class BatchRunner:
         params: SamplingParams,
         prior: int,
         tally: Tally,
+        dim: int | None = None,
     ) -> list[Result]:
         """Results for ``items`` (all sent with ``params``) in order; bisects a rejected list
         to isolate the bad prompts; asks again for choices the server left out."""
         if spec.embed:
-            return await self._embed(spec, model, items, prior, tally)
+            return await self._embed(spec, model, items, prior, tally, dim)
         requests = [render(spec, it) for it in items]
         if requests[0].route == Route.CHAT:
             return await self._chat(spec, model, items, requests, prior, tally)
@@ -207,10 +286,13 @@ class BatchRunner:
             return body
 
         def again(part: list[PromptItem], attempts: int) -> Awaitable[list[Result]]:
-            return self._complete(spec, model, part, params, attempts, tally)
+            return self._complete(spec, model, part, params, attempts, tally, dim)
+
+        def flaw(body: CompletionBody) -> EndpointMalformed | None:
+            return missing_choices(self.client.label, len(body.choices), len(prompts) * n)
 
         try:
-            body, attempts = await self._sent(spec.job, call, tally, prior)
+            body, attempts = await self._sent(spec.job, call, tally, prior, flaw)
         except EndpointRejected as exc:
             return await self._bisect(items, exc, prior, again)
         mapped = self._map_choices(items, body, attempts, n)
@@ -254,7 +336,13 @@ class BatchRunner:
         return [r if r is not None else next(more) for r in mapped]
 
     async def _embed(
-        self, spec: JobSpec, model: str, items: list[PromptItem], prior: int, tally: Tally
+        self,
+        spec: JobSpec,
+        model: str,
+        items: list[PromptItem],
+        prior: int,
+        tally: Tally,
+        dim: int | None = None,
     ) -> list[Result]:
         """A batch of an embeddings job: one request holding every text of every item (an
         item's several texts are a prompt's samples, to be measured), bisected like a
@@ -265,17 +353,24 @@ class BatchRunner:
 
         async def call() -> EmbeddingBody:
             body = await self.client.embed(model, flat, timeout_s=timeout)
-            check_choice_indices(self.client.label, [d.index for d in body.data], len(flat))
+            indices = [d.index for d in body.data]
+            check_choice_indices(self.client.label, indices, len(flat), EMBEDDINGS)
+            check_vectors(self.client.label, [d.embedding for d in body.data], dim)
             return body
 
         def again(part: list[PromptItem], attempts: int) -> Awaitable[list[Result]]:
-            return self._embed(spec, model, part, attempts, tally)
+            return self._embed(spec, model, part, attempts, tally, dim)
+
+        def flaw(body: EmbeddingBody) -> EndpointMalformed | None:
+            got = sum(1 for d in body.data if d.embedding)
+            return missing_choices(self.client.label, got, len(flat))
 
         try:
-            body, attempts = await self._sent(spec.job, call, tally, prior)
+            body, attempts = await self._sent(spec.job, call, tally, prior, flaw)
         except EndpointRejected as exc:
             return await self._bisect(items, exc, prior, again)
-        by_index = {d.index: d.embedding for d in body.data if d.embedding}
+        # (Each value a float: check_vectors refused any answer holding a null.)
+        by_index = {d.index: cast(list[float], d.embedding) for d in body.data if d.embedding}
         usage = body.usage if len(items) == 1 else None
         mapped: list[Result | None] = []
         at = 0
@@ -335,7 +430,7 @@ class BatchRunner:
                 )
                 check_choice_indices(self.client.label, [c.index for c in body.choices], n)
                 if len(body.choices) < n:
-                    raise EndpointRetryable(
+                    raise EndpointMalformed(
                         self.client.label, f"malformed answer: {len(body.choices)} of {n} choices"
                     )
                 body.choices.sort(key=lambda c: c.index)

@@ -12,24 +12,29 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
+from typing import NamedTuple
 
 from common.errors import (
     BadRecordError,
     EndpointError,
+    EndpointMalformed,
     EndpointUnusable,
     JobGoneError,
     ModelNotServed,
     StoreUnavailable,
 )
+from common.fleet import takers
 from common.models import JobSpec, Result
 from common.perprompt import answered
 from common.store import Commit
+from common.throttle import Throttled
+from common.vocab import FailureKind
 from worker.backend import Backend
-from worker.batch import BatchRunner, Tally
+from worker.batch import EMBEDDINGS, BatchRunner, Tally
 from worker.cache import AnswerCache
 from worker.circuit import Circuit, GiveUp
 from worker.context import DrainContext
-from worker.deliveries import Decoded, Triage, dead_letters, decode_deliveries
+from worker.deliveries import Decoded, Finished, Triage, dead_letters, decode_deliveries
 from worker.figures import EndpointFigures
 from worker.inflight import Cancelled, InFlight, Request
 from worker.intake import Delivery, Intake
@@ -38,11 +43,46 @@ from worker.served import ServedModels
 __all__ = ["BatchPath"]
 
 log = logging.getLogger("swarm.worker")
+said = Throttled(log)
+
+# An entry given back this many times because endpoints' answers to it could not be used
+# fails then, rather than going round the fleet again.
+MAX_STRIKES = 3
 
 
 class _Dropped(Exception):
     """A batch's request was cancelled on purpose (see :class:`~worker.inflight.Cancelled`):
     its batch is released, nothing to commit."""
+
+
+class Unanswered(NamedTuple):
+    """A prompt an endpoint could not answer usably: its delivery, why, and the kind it
+    fails with if no other endpoint can take it."""
+
+    decoded: Decoded
+    why: str
+    kind: FailureKind
+    attempts: int = 0  # the requests that carried it here, where known
+
+
+def keeps_vectors(spec: JobSpec) -> bool:
+    """Whether ``spec``'s job keeps its vectors (an embeddings job, not a measure's step,
+    whose vectors are measured together and dropped): all of one dimension."""
+    return spec.embed and spec.per_prompt is None
+
+
+def _left_out(
+    items: list[Decoded], sent: list[Result]
+) -> tuple[list[Decoded], list[Result], list[Unanswered]]:
+    """``items`` and their results without those the endpoint kept leaving out (kind
+    ``no_choice``), and those apart."""
+    kept, left = [], []
+    for d, r in zip(items, sent, strict=True):
+        if r.error_kind == FailureKind.NO_CHOICE:
+            left.append(Unanswered(d, r.error or "", FailureKind.NO_CHOICE, r.attempts))
+        else:
+            kept.append((d, r))
+    return [d for d, _ in kept], [r for _, r in kept], left
 
 
 class BatchPath:
@@ -68,6 +108,7 @@ class BatchPath:
         self.circuit, self.runner, self.cache = circuit, runner, cache
         self.intake, self.figures, self.inflight = intake, figures, inflight
         self._backoff = backoff
+        self._dims: dict[tuple[str, str], int] = {}  # (job, generation) -> its dimension
 
     def _count(self, job: str, commit: Commit) -> None:
         self.figures.count(job, commit.done, commit.failed, time.monotonic())
@@ -143,10 +184,22 @@ class BatchPath:
                 sent = await self._send(spec, deliveries, items, tally, copy=copy)
             except (GiveUp, EndpointUnusable, ModelNotServed) as exc:
                 cause = exc.cause if isinstance(exc, GiveUp) else exc
+                if isinstance(cause, EndpointMalformed):
+                    # It answers, but unusably: its prompts go elsewhere, or fail if none can.
+                    why = str(cause)
+                    unanswered = [Unanswered(d, why, FailureKind.MALFORMED) for d in items]
+                    results = await self._given_back(spec, results, unanswered)
+                    if results:
+                        self._count(spec.job, await self._commit(spec, results))
+                    self.circuit.trip(cause)
+                    return
                 await self._release(spec, ids, cause, self.served.model_for(spec))
                 return
             except _Dropped:
                 return
+            items, sent, left_out = _left_out(items, sent)
+            if left_out:  # choices it kept leaving out: another endpoint's to try
+                results = await self._given_back(spec, results, left_out)
             if spec.per_prompt is not None:
                 sent = [answered(spec, r) for r in sent]
             if validator is not None:
@@ -160,6 +213,78 @@ class BatchPath:
         if copy:
             self.figures.copied += len(ids)
             self.figures.copies_won += commit.done + commit.failed
+
+    async def _takers(self, spec: JobSpec) -> int:
+        """How many other endpoints may take work of ``spec``'s job now: this worker's own,
+        and the fleet registry's (an unreadable registry counts as one: the strikes decide)."""
+        mine = self.engine.takers(spec)
+        try:
+            now = await self.store.server_time()
+            theirs = takers(spec.model, await self.store.read_fleet(), now)
+        except BadRecordError:
+            theirs = {""}
+        return len((mine | theirs) - {self.client.label})
+
+    async def unanswerable(
+        self, spec: JobSpec, deliveries: list[Delivery], cause: EndpointMalformed
+    ) -> None:
+        """Entries this endpoint took while it answers unusably, never sent: each goes to
+        another endpoint if one can take it now, or fails with ``cause``."""
+        items, results = decode_deliveries(deliveries, self.client.label)
+        unanswered = [Unanswered(d, str(cause), FailureKind.MALFORMED) for d in items]
+        results = await self._given_back(spec, results, unanswered)
+        if results:
+            self._count(spec.job, await self._commit(spec, results))
+
+    async def _given_back(
+        self, spec: JobSpec, results: list[Finished], unanswered: list[Unanswered]
+    ) -> list[Finished]:
+        """Give ``unanswered`` prompts back to other endpoints, but for those no other can
+        take (none serves the job's model with its circuit closed, or it has been given back
+        MAX_STRIKES times): those fail with their reason, added to ``results`` to commit. A
+        prompt one endpoint failed to answer is tried elsewhere before it fails."""
+        strikes = await self.store.strikes(spec.job, [u.decoded[0] for u in unanswered])
+        others = await self._takers(spec)
+        back: list[bytes] = []
+        out = list(results)
+        for u, n in zip(unanswered, strikes, strict=True):
+            eid, payload, item = u.decoded
+            if others and n + 1 < MAX_STRIKES:
+                back.append(eid)
+                continue
+            where = (
+                "no other endpoint serves the job's model"
+                if not others
+                else f"given back by endpoints {n + 1} times"
+            )
+            failed = Result(
+                index=item.index,
+                endpoint=self.client.label,
+                error=f"{u.why}; {where}",
+                error_kind=u.kind,
+                attempts=u.attempts,
+                custom_id=item.custom_id,
+            )
+            out.append((eid, failed, payload))
+        if back:
+            with contextlib.suppress(StoreUnavailable):
+                await self.store.release(
+                    spec.job, self.consumer, back, gen=spec.generation, strike=True
+                )
+            self.engine.reclaim_soon(spec.job)
+        said.say(
+            logging.WARNING,
+            f"unusable {self.client.label}",
+            "%s: no usable answer to %d prompts of job %s (%s): %d given to other endpoints, "
+            "%d failed",
+            self.client.label,
+            len(unanswered),
+            spec.job,
+            unanswered[0].why,
+            len(back),
+            len(out) - len(results),
+        )
+        return out
 
     async def _send(
         self,
@@ -184,10 +309,16 @@ class BatchPath:
             if model is None:
                 raise ModelNotServed(self.client.label, "serves no model")
             self.figures.job(job, time.monotonic()).model = model
+            dim = await self._dim(spec)
             request = self.inflight.start(
-                self.runner.run(spec, [it for _, _, it in items], model, tally), spec.priority, job
+                self.runner.run(spec, [it for _, _, it in items], model, tally, dim),
+                spec.priority,
+                job,
             )
-            return await request
+            sent = await request
+            if keeps_vectors(spec) and dim is None:
+                await self._fix_dim(spec, sent)
+            return sent
         except asyncio.CancelledError:
             # Preempted by a batch of a more urgent job, its job over, or stopped past the
             # grace period: the batch goes back, and its run is no death.
@@ -204,6 +335,36 @@ class BatchPath:
         finally:
             if request is not None:
                 self.inflight.remove(request)
+
+    async def _dim(self, spec: JobSpec) -> int | None:
+        """The dimension ``spec``'s vectors must have, once its first answer fixed it (None:
+        not fixed yet, or the job keeps no vectors)."""
+        if not keeps_vectors(spec):
+            return None
+        key = (spec.job, spec.generation)
+        if key not in self._dims:
+            dim = await self.store.job_dim(spec.job)
+            if dim is None:
+                return None
+            self._dims[key] = dim
+        return self._dims[key]
+
+    async def _fix_dim(self, spec: JobSpec, sent: list[Result]) -> None:
+        """Fix the job's dimension by this answer's, if it is the first; an answer of another
+        dimension than the one fixed meanwhile is the endpoint's failure (GiveUp)."""
+        got = next((len(r.embedding) // 4 for r in sent if r.embedding), None)
+        if got is None:
+            return
+        dim = await self.store.fix_dim(spec.job, got, gen=spec.generation)
+        self._dims[(spec.job, spec.generation)] = dim
+        if dim != got:
+            exc = EndpointMalformed(
+                self.client.label,
+                f"malformed answer: vectors of {got} dimensions (the job's vectors have {dim})",
+                route=EMBEDDINGS,
+            )
+            self.circuit.failed(exc)
+            raise GiveUp(exc)
 
     async def _commit(
         self,
@@ -275,7 +436,12 @@ class BatchPath:
                 "%s: endpoint unusable, no more work taken from it: %s", self.client.label, cause
             )
             return
-        log.warning(
-            "%s: released %d entries to other workers (%s)", self.client.label, len(ids), cause
+        said.say(
+            logging.WARNING,
+            f"released {self.client.label}",
+            "%s: released %d entries to other workers (%s)",
+            self.client.label,
+            len(ids),
+            cause,
         )
         self.circuit.trip(cause)

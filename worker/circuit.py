@@ -16,7 +16,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from common.errors import EndpointError, EndpointRetryable, EndpointUnusable
+from common.errors import EndpointError, EndpointMalformed, EndpointRetryable, EndpointUnusable
 
 __all__ = ["Circuit", "GiveUp"]
 
@@ -51,6 +51,9 @@ class Circuit:
         self.broken: str | None = None
         self.errors = 0  # failed requests, retried or given up
         self.last_error = ""
+        # The endpoint's last failure, if it was an answer that could not be used (it is up,
+        # and lies): what its probes check again, and what ends work no other endpoint takes.
+        self.malformed: EndpointMalformed | None = None
 
     @property
     def is_open(self) -> bool:
@@ -73,12 +76,14 @@ class Circuit:
         """A request failed; the last of ``threshold`` in a row opens the circuit."""
         self.errors += 1
         self.last_error = str(exc)
+        self.malformed = exc if isinstance(exc, EndpointMalformed) else None
         self._failures += 1
         if self._failures >= self.threshold:
             self.trip(exc)
 
     def succeeded(self) -> None:
         self._failures = 0
+        self.malformed = None
 
     def trip(self, cause: EndpointError) -> None:
         """Open the circuit: requests in flight give up, no work is taken, probing starts."""
@@ -138,6 +143,7 @@ class Circuit:
                 except EndpointError as exc:
                     self.probed = True
                     self.last_error = str(exc)
+                    self.malformed = exc if isinstance(exc, EndpointMalformed) else None
                     # Probe first, then ask whether to give up: a healthy endpoint at start
                     # goes straight to work, whatever the job list looks like yet.
                     if await give_up():
@@ -149,6 +155,7 @@ class Circuit:
                 self.probed = self.was_ready = True
                 log.info("%s: endpoint ready; taking work", self.label)
                 self._failures = 0
+                self.malformed = None
                 self._open.clear()
 
         if self._prober is None or self._prober.done():

@@ -57,6 +57,11 @@ class DrainContext(Protocol):
         """A key of a job cannot be used: skip the job until the next sweep."""
         ...
 
+    def takers(self, spec: JobSpec) -> set[str]:
+        """This worker's endpoints that may take work of ``spec``'s job now (see
+        :func:`common.fleet.takers`), known here before the fleet registry shows them."""
+        ...
+
     def reclaim_soon(self, job: str) -> None:
         """Entries of ``job`` were released: every drain loop looks for them on its next step."""
         ...

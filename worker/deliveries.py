@@ -8,7 +8,7 @@ from common.store import decode_entry, index_of
 from common.vocab import FailureKind
 from worker.intake import Delivery
 
-__all__ = ["SUSPECT_DEATHS", "Triage", "dead_letters", "decode_deliveries"]
+__all__ = ["SUSPECT_DEATHS", "Decoded", "Finished", "Triage", "dead_letters", "decode_deliveries"]
 
 # An entry that this many workers died running is suspected of killing them: it runs alone.
 SUSPECT_DEATHS = 2

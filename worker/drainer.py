@@ -17,14 +17,15 @@ from common.backoff import backoff_s
 from common.errors import (
     BadRecordError,
     EndpointError,
+    EndpointMalformed,
     JobGoneError,
     StoreUnavailable,
     SwarmError,
 )
-from common.fleet import EndpointInfo, EndpointStats
+from common.fleet import EndpointInfo, EndpointStats, takers
 from common.models import JobSpec
 from worker.backend import Backend
-from worker.batch import BatchRunner
+from worker.batch import EMBEDDINGS, BatchRunner
 from worker.batchpath import BatchPath
 from worker.cache import AnswerCache
 from worker.circuit import Circuit
@@ -44,6 +45,8 @@ log = logging.getLogger("swarm.worker")
 
 # How long a slot rests while another looks for work (a safety net: the lookout wakes it).
 LOOKOUT_REST_S = 2.0
+# Batches ended unsent after each failed probe of an endpoint that answers unusably.
+MAX_ENDED_BATCHES = 100
 
 
 class EndpointDrainer:
@@ -280,6 +283,7 @@ class EndpointDrainer:
             self.served,
             timeout_s=self.settings.probe_timeout_s,
             generate=self.circuit.was_ready,
+            embeddings=bool(self.circuit.malformed and self.circuit.malformed.route == EMBEDDINGS),
         )
 
     async def _nothing_left(self) -> bool:
@@ -295,7 +299,35 @@ class EndpointDrainer:
         return self._burst_done
 
     async def _give_up_probing(self) -> bool:
+        if self.circuit.malformed is not None:
+            await self._end_unanswerable(self.circuit.malformed)
         return await self._nothing_left()
+
+    async def _end_unanswerable(self, cause: EndpointMalformed) -> None:
+        """While this endpoint answers, but unusably (its last probe said so), the prompts of
+        the jobs it serves that no other live endpoint serves end failed with its error (or
+        go to an endpoint come up meanwhile): a job never waits for ever, showing nothing,
+        on an endpoint that lies. Its entries are taken as batches, never sent."""
+        try:
+            fleet = await self.store.read_fleet()
+            now = await self.store.server_time()
+        except BadRecordError:
+            return  # who else serves what is unknown: the jobs wait
+        specs = [
+            spec
+            for spec in list(self.engine.jobs.values())
+            if self.serves(spec)
+            and not (takers(spec.model, fleet, now) | self.engine.takers(spec)) - {self.label}
+        ]
+        for _ in range(MAX_ENDED_BATCHES):
+            got = await self.intake.next(specs, None, idle=False)
+            if got is None or got.copy:
+                return
+            try:
+                await self.path.unanswerable(got.spec, got.deliveries, cause)
+            except JobGoneError as exc:
+                self.engine.job_gone(exc, got.spec)
+                return
 
     def _backoff(self, attempt: int) -> float:
         return backoff_s(

@@ -20,7 +20,12 @@ from typing import Any, TypeVar
 import msgspec
 import openai
 
-from common.errors import EndpointRejected, EndpointRetryable, EndpointUnusable, ModelNotServed
+from common.errors import (
+    EndpointRejected,
+    EndpointRetryable,
+    EndpointUnusable,
+    ModelNotServed,
+)
 from common.models import SamplingParams
 from common.settings import mask_url
 
@@ -99,7 +104,9 @@ class ChatBody(msgspec.Struct):
 
 class EmbeddingDatum(msgspec.Struct):
     index: int
-    embedding: list[float] = []
+    # A null among the values is how a JSON writer that refuses NaN (msgspec's, say) writes
+    # it: read, so that the vector is refused as the endpoint's failure (see check_vectors).
+    embedding: list[float | None] = []
 
 
 class EmbeddingBody(msgspec.Struct):
@@ -375,4 +382,5 @@ class EndpointClient:
         try:
             return decoder.decode(content)
         except msgspec.DecodeError as exc:
+            # A body cut short or garbled on its way: transient, like a dropped connection.
             raise EndpointRetryable(self.label, f"unreadable {what} answer: {exc}") from None

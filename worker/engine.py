@@ -302,6 +302,13 @@ class Engine:
 
         task.add_done_callback(done)
 
+    def takers(self, spec: JobSpec) -> set[str]:
+        return {
+            d.label
+            for d in self.drainers
+            if d.broken is None and d.circuit.state != "open" and d.may_serve(spec)
+        }
+
     def reclaim_soon(self, job: str) -> None:
         """Released entries wait: every drainer of this worker looks for them on its next step."""
         for d in self.drainers:

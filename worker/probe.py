@@ -8,23 +8,43 @@ import contextlib
 from common.errors import EndpointRejected, EndpointRetryable, ModelNotServed
 from common.models import SamplingParams
 from worker.backend import Backend
+from worker.batch import EMBEDDINGS, check_choice_indices, check_vectors, missing_choices
 from worker.served import ServedModels
 
 __all__ = ["probe_endpoint"]
 
 
 async def probe_endpoint(
-    client: Backend, served: ServedModels, *, timeout_s: float, generate: bool
+    client: Backend,
+    served: ServedModels,
+    *,
+    timeout_s: float,
+    generate: bool,
+    embeddings: bool = False,
 ) -> None:
     """``/health``, then the models served (read again: a restarted server may serve others),
-    and with ``generate`` one token of one prompt: after failures, since a hung engine still
-    answers the first two. Raises an EndpointError while the endpoint cannot work; a refusal
-    of the token is an answer too (the server is alive), a timeout or a 5xx is not."""
+    and with ``generate`` one token of each of two prompts in one list: after failures, since
+    a hung engine still answers the first two, and a server that shifts or drops choices must
+    not look well because a token came back. With ``embeddings`` (the endpoint's vectors were
+    what failed), two texts embedded too. Raises an EndpointError while the endpoint cannot
+    work (:class:`EndpointMalformed` while it answers unusably); a refusal is an answer too
+    (the server is alive), a timeout or a 5xx is not."""
     if not await client.ready(timeout_s):
         raise EndpointRetryable(client.label, "/health not ready")
     await served.read()
-    if generate and served.names:
+    if not (generate and served.names):
+        return
+    model, pair = served.names[0], ["ping", "pong"]
+    with contextlib.suppress(EndpointRejected, ModelNotServed):
+        body = await client.complete(model, pair, SamplingParams(max_tokens=1), timeout_s=timeout_s)
+        check_choice_indices(client.label, [c.index for c in body.choices], len(pair))
+        if (flaw := missing_choices(client.label, len(body.choices), len(pair))) is not None:
+            raise flaw
+    if embeddings:
         with contextlib.suppress(EndpointRejected, ModelNotServed):
-            await client.complete(
-                served.names[0], ["ping"], SamplingParams(max_tokens=1), timeout_s=timeout_s
-            )
+            vectors = await client.embed(model, pair, timeout_s=timeout_s)
+            indices = [d.index for d in vectors.data]
+            check_choice_indices(client.label, indices, len(pair), EMBEDDINGS)
+            check_vectors(client.label, [d.embedding for d in vectors.data], None)
+            if (flaw := missing_choices(client.label, len(indices), len(pair))) is not None:
+                raise flaw

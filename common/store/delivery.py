@@ -16,6 +16,7 @@ from common.models import Result, encode
 from common.store.base import StoreBase
 from common.store.connection import redis_errors
 from common.store.entries import id_key
+from common.vocab import Meta
 
 __all__ = ["RELEASED_IDLE_MS", "Commit", "Delivery"]
 
@@ -127,19 +128,56 @@ class Delivery(StoreBase):
         return await self._claim_own(job, consumer, entry_ids, "", gen)
 
     async def release(
-        self, job: str, consumer: str, entry_ids: Sequence[bytes], *, gen: str
+        self,
+        job: str,
+        consumer: str,
+        entry_ids: Sequence[bytes],
+        *,
+        gen: str,
+        strike: bool = False,
     ) -> int:
         """Hand entries back at once: mark the ones still ours long idle, so any worker's
-        reclaim takes them without waiting for the claim idle time."""
-        return await self._claim_own(job, consumer, entry_ids, str(RELEASED_IDLE_MS), gen)
+        reclaim takes them without waiting for the claim idle time. ``strike``: given back
+        because this endpoint's answers could not be used (see :meth:`strikes`)."""
+        idle = str(RELEASED_IDLE_MS)
+        return await self._claim_own(job, consumer, entry_ids, idle, gen, strike=strike)
+
+    async def job_dim(self, job: str) -> int | None:
+        """An embeddings job's dimension, once its first answer has fixed it."""
+        async with redis_errors(self.url, job):
+            raw = await self.redis.hget(self.keys.meta(job), Meta.DIM)
+        return int(raw) if raw is not None else None
+
+    async def fix_dim(self, job: str, dim: int, *, gen: str) -> int:
+        """Fix ``job``'s dimension at ``dim`` unless an answer has fixed it already; returns
+        the job's dimension. :class:`JobGoneError` for work of another generation."""
+        async with redis_errors(self.url, job):
+            return int(await self.scripts.dim(keys=[self.keys.meta(job)], args=[gen, dim]))
+
+    async def strikes(self, job: str, entry_ids: Sequence[bytes]) -> list[int]:
+        """How many times each entry was given back for answers that could not be used."""
+        if not entry_ids:
+            return []
+        async with redis_errors(self.url, job):
+            raw = await self.redis.hmget(self.keys.strikes(job), list(entry_ids))
+        return [int(x or 0) for x in raw]
 
     async def _claim_own(
-        self, job: str, consumer: str, entry_ids: Sequence[bytes], idle: str, gen: str
+        self,
+        job: str,
+        consumer: str,
+        entry_ids: Sequence[bytes],
+        idle: str,
+        gen: str,
+        *,
+        strike: bool = False,
     ) -> int:
         if not entry_ids:
             return 0
         ids = sorted(entry_ids, key=id_key)
         keys = [self.keys.stream(job), self.keys.running(job), self.keys.meta(job)]
+        if strike:
+            keys.append(self.keys.strikes(job))
         async with redis_errors(self.url, job):
             return int(
                 await self.scripts.claim_mine(keys=keys, args=[GROUP, consumer, idle, gen, *ids])

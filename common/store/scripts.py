@@ -34,6 +34,7 @@ SCRIPT_NAMES = (
     "commit",
     "copy",
     "create",
+    "dim",
     "evict",
     "final",
     "lane_steal",
@@ -97,6 +98,7 @@ class Scripts:
     commit: AsyncScript
     copy: AsyncScript
     create: AsyncScript
+    dim: AsyncScript
     evict: AsyncScript
     final: AsyncScript
     lane_steal: AsyncScript
