@@ -200,7 +200,11 @@ class AgentPump:
         self._refreshed_at = time.monotonic()
 
     async def _complete(self, spec: JobSpec) -> bool:
+        """Whether no agent of ``spec``'s job moves any more: all finished, or the job
+        cancelled (swarm-cancel stops its turns whole)."""
         status = await self.store.status(spec.job, rate=False)
+        if status.cancelled:
+            return True
         if status.total is None:
             return False
         return await self.store.agents_finished(spec.job) >= status.total

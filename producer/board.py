@@ -11,8 +11,10 @@ import msgspec
 from common.errors import BadRecordError, JobNotFoundError
 from common.fleet import EndpointInfo, EndpointStats, waiting_reason
 from common.keys import stage_name
+from common.models import JobSpec
 from common.settings import mask_url
 from common.store import AgentCounts, JobStatus, JobStore
+from flows.steps import over, step_statuses
 
 __all__ = [
     "Board",
@@ -25,6 +27,8 @@ __all__ = [
     "read_fleet",
     "read_jobs",
     "reduce_where",
+    "waiting_step",
+    "whole_state",
 ]
 
 
@@ -110,6 +114,34 @@ def job_state(s: JobStatus, waiting: str | None = None) -> str:
     return "waiting" if waiting else "running"
 
 
+def waiting_step(
+    spec: JobSpec,
+    status: JobStatus,
+    steps: list[tuple[JobSpec, JobStatus]],
+    fleet: Sequence[EndpointInfo],
+    now: float,
+) -> str | None:
+    """Why the first step of the job not yet over cannot run (no live endpoint serves its
+    model), naming a later step; None when it can."""
+    for k, (s, st) in enumerate([(spec, status), *steps]):
+        if st.finished or st.cancelled:
+            continue
+        why = waiting_reason(s.model, fleet, now)
+        if why is None:
+            return None
+        return why if k == 0 else f"step {k} {s.job}: {why}"
+    return None
+
+
+def whole_state(finished: bool, cancelled: bool, waiting: str | None) -> str:
+    """A job's state as a whole, its later steps included (see :func:`flows.steps.over`)."""
+    if cancelled:
+        return "cancelled"
+    if finished:
+        return "finished"
+    return "waiting" if waiting else "running"
+
+
 def reduce_where(s: JobStatus, stage: JobStatus | None) -> str:
     """Where a job's reduce stands: finished, cancelled, the tree level running (``stage``:
     that level's status), or waiting for the job's own prompts."""
@@ -131,8 +163,8 @@ def _job_row(
     model: str | None,
     waiting: str | None,
     age_s: float | None,
+    state: str,
 ) -> JobRow:
-    state = job_state(s, waiting)
     eta = None
     if state in ("running", "waiting") and s.total is not None and s.rate_per_s > 0:
         eta = (s.total - s.done - s.failed) / s.rate_per_s
@@ -231,11 +263,15 @@ async def read_jobs(
         except (BadRecordError, JobNotFoundError) as exc:
             rows.append(JobRow(job=name, state="unreadable", error=str(exc)))
             continue
+        steps = await step_statuses(store, spec)
+        finished, cancelled = over(s, steps)
         waiting = None
-        if not (s.finished or s.cancelled) and fleet is not None:
-            waiting = waiting_reason(spec.model, fleet, now)
+        if not (finished or cancelled) and fleet is not None:
+            waiting = waiting_step(spec, s, steps, fleet, now)
         age = now - spec.created_s if spec.created_s else None
-        row = _job_row(s, stage, spec.model, waiting, age)
+        row = _job_row(
+            s, stage, spec.model, waiting, age, whole_state(finished, cancelled, waiting)
+        )
         if spec.agent is not None:
             row = msgspec.structs.replace(row, agents=await store.agent_counts(name))
         rows.append(row)

@@ -54,9 +54,12 @@ __all__ = [
 # the job's flags in producer.jobflags; they are part of the producer's API, re-exported here.
 
 
-async def check_model(settings: Settings, model: str | None, *, strict: bool) -> None:
+async def check_model(
+    settings: Settings, model: str | None, *, strict: bool, what: str = ""
+) -> None:
     """Warn on stderr (``strict``: refuse with a ConfigError, before anything is queued) when
-    no live endpoint serves ``model``, as the workers' fleet registry shows it."""
+    no live endpoint serves ``model``, as the workers' fleet registry shows it; ``what``
+    names the pipeline step it is for."""
     store = JobStore.from_settings(settings, patient=False)
     try:
         reason = waiting_reason(model, await store.read_fleet(), await store.server_time())
@@ -66,6 +69,8 @@ async def check_model(settings: Settings, model: str | None, *, strict: bool) ->
         await store.close()
     if reason is None:
         return
+    if what:
+        reason = f"{what}: {reason}"
     if strict:
         raise ConfigError(f"--check-model: {reason}")
     print(
@@ -221,6 +226,10 @@ async def _main(args: argparse.Namespace, steps: Sequence[list[str]] = ()) -> in
         print(f"swarm-enqueue: warning: {warning}", file=sys.stderr)
     if args.model is not None or args.check_model:
         await check_model(settings, args.model, strict=args.check_model)
+    for k, step in enumerate(later, 1):  # a later step (or a measure) of a model of its own
+        if step.model is not None and step.model != args.model:
+            what = f"step {k} {step.job}"
+            await check_model(settings, step.model, strict=args.check_model, what=what)
     if args.input == "-":
         report = await enqueue(
             settings,

@@ -17,6 +17,7 @@ from common.keys import stage_name
 from common.models import ReduceOutput
 from common.store import JobStore
 from common.vocab import RETRYABLE_KINDS
+from flows.steps import later_steps
 
 __all__ = ["cancel_job", "cancel_main", "retry_main"]
 
@@ -82,9 +83,17 @@ def _indexes(text: str) -> frozenset[int]:
 
 
 async def cancel_job(store: JobStore, job: str) -> tuple[bool, int]:
-    """Stop ``job``, the tree level of its reduce running now included, and end a reduce still
-    to come with an error output. Returns (newly cancelled, prompts cancelled now)."""
-    gen = (await store.load_spec(job)).generation
+    """Stop ``job`` whole: its later steps (a pipeline's, an agent job's turns) and the tree
+    level of a reduce running now included, and end a reduce still to come with an error
+    output. Returns (newly cancelled, prompts cancelled now)."""
+    spec = await store.load_spec(job)
+    newly, count = await _cancel_one(store, spec.job, spec.generation)
+    for step in await later_steps(store, spec):  # after the first: no new answer moves on
+        count += (await _cancel_one(store, step.job, step.generation))[1]
+    return newly, count
+
+
+async def _cancel_one(store: JobStore, job: str, gen: str) -> tuple[bool, int]:
     newly, count = await store.cancel(job)
     status = await store.status(job)
     if status.stage > 0:  # the tree level running now stops too

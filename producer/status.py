@@ -23,7 +23,16 @@ from common.settings import mask_url
 from common.store import JobStatus, JobStore
 from common.vocab import Meta
 from flows.agents import offered_tools
-from producer.board import job_list, job_state, read_fleet, read_jobs, reduce_where
+from flows.steps import over, step_statuses
+from producer.board import (
+    job_list,
+    job_state,
+    read_fleet,
+    read_jobs,
+    reduce_where,
+    waiting_step,
+    whole_state,
+)
 
 __all__ = ["format_endpoints", "format_status", "jobs_main", "main", "tool_lines"]
 
@@ -71,12 +80,14 @@ def format_status(
     endpoints: Sequence[EndpointStats] | None = None,
     now: float | None = None,
     waiting: str | None = None,
+    state: str | None = None,
 ) -> str:
     """The job's progress; ``stage``: its tree-reduce level running now, if any;
     ``endpoints``: the per-endpoint figures, shown while the job runs; ``waiting``: why no
-    live endpoint can serve it."""
+    live endpoint can serve it; ``state``: the job's as a whole, its later steps included
+    (see :func:`producer.board.whole_state`), if not the state of ``s`` alone."""
     total = f"{s.total}" if s.total is not None else f"{s.enqueued}+ (still being enqueued)"
-    state = job_state(s, waiting)
+    state = state or job_state(s, waiting)
     kinds = ", ".join(f"{k} {n}" for k, n in s.failed_by_kind.items())
     eta = ""
     if not s.finished and s.total is not None and s.rate_per_s > 0:
@@ -134,38 +145,43 @@ async def lacking_workers(
     return f"{spec.job}: {why}" if why is not None else None
 
 
-async def _show(store: JobStore, job: str) -> JobStatus:
+async def _show(store: JobStore, job: str) -> tuple[bool, bool]:
+    """Print ``job``'s status, its later steps' (a pipeline's, an agent job's turns) with it;
+    returns whether the job as a whole is (finished, cancelled): not before its last step."""
     status = await store.status(job)
     stage = await store.status(stage_name(job, status.stage)) if status.stage else None
     # While a tree level runs, the endpoints are busy with it rather than with the job itself.
     endpoints = await store.read_endpoints(stage_name(job, status.stage))
     now = await store.server_time()
+    spec = await store.load_spec(job)
+    steps = await step_statuses(store, spec)
+    finished, cancelled = over(status, steps)
     waiting = None
     fleet, note = await read_fleet(store)
     if note:
         print(f"swarm-status: warning: {note}", file=sys.stderr)
-    elif not (status.finished or status.cancelled):
-        waiting = await waiting_for(store, job, fleet or [], now)
-    print(format_status(status, stage, endpoints, now=now, waiting=waiting), flush=True)
-    spec = await store.load_spec(job)
+    elif not (finished or cancelled):
+        waiting = waiting_step(spec, status, steps, fleet or [], now)
+    state = whole_state(finished, cancelled, waiting)
+    print(
+        format_status(status, stage, endpoints, now=now, waiting=waiting, state=state),
+        flush=True,
+    )
     if spec.agent is not None and not spec.laned:  # an agent job, not one of its turns
         print(await agent_lines(store, spec), flush=True)
-    k = 0
-    while True:
-        if fleet is not None and (why := await lacking_workers(store, spec, fleet, now)):
-            print(f"  waiting: {why}", flush=True)
-        if spec.then is None:
-            break
-        # A pipeline: each later step, as a job of its own.
-        k += 1
-        spec = await store.load_spec(spec.then.job)
-        step = await store.status(spec.job, rate=False)
+    if fleet is not None and (why := await lacking_workers(store, spec, fleet, now)):
+        print(f"  waiting: {why}", flush=True)
+    for k, (step_spec, step) in enumerate(steps, 1):
         of = str(step.total) if step.total is not None else f"{step.enqueued} so far"
-        state = "finished" if step.finished else "running"
+        ended = "cancelled" if step.cancelled else "finished" if step.finished else None
+        unserved = waiting_reason(step_spec.model, fleet or [], now) if fleet else None
+        where = ended or (f"waiting: {unserved}" if unserved else "running")
         print(
-            f"  step {k} {spec.job}: {step.done} done, {step.failed} failed of {of} ({state})",
+            f"  step {k} {step_spec.job}: {step.done} done, {step.failed} failed of {of} ({where})",
             flush=True,
         )
+        if fleet is not None and (why := await lacking_workers(store, step_spec, fleet, now)):
+            print(f"  waiting: {why}", flush=True)
     for bad in await store.bad_keys(job):
         print(
             f"swarm-status: warning: job {job} is skipped by every worker: its key {bad} "
@@ -176,7 +192,11 @@ async def _show(store: JobStore, job: str) -> JobStatus:
         )
     if (mixed := mixed_models(job, endpoints)) is not None:
         print(f"swarm-status: warning: {mixed}", file=sys.stderr, flush=True)
-    return status
+    reduced = status.reduce is None or status.reduced
+    if steps:  # a pipeline's reduce runs over its last step
+        last = steps[-1][1]
+        reduced = last.reduce is None or last.reduced
+    return finished and reduced, cancelled
 
 
 async def agent_lines(store: JobStore, spec: JobSpec) -> str:
@@ -234,8 +254,8 @@ async def _main(args: argparse.Namespace) -> int:
         while True:  # a live view: redrawn in place until the job (and its reduce) is over
             if sys.stdout.isatty():
                 print("\x1b[H\x1b[2J", end="")
-            status = await _show(store, job)
-            if status.cancelled or (status.finished and (status.reduce is None or status.reduced)):
+            finished, cancelled = await _show(store, job)
+            if finished or cancelled:
                 return 0
             await asyncio.sleep(args.watch)
 
@@ -279,7 +299,9 @@ async def _jobs(args: argparse.Namespace) -> int:
             for name in targets:
                 job = validate_job_name(name)
                 status = await store.status(job)
-                if not (status.cancelled or status.finished):
+                # Over as a whole: a pipeline whose first step finished may still be running.
+                steps = await step_statuses(store, await store.load_spec(job))
+                if not any(over(status, steps)):
                     if args.delete_finished:
                         continue
                     if not args.force:

@@ -14,8 +14,10 @@ from typing import Any
 
 import msgspec
 import pytest
+import redis
 
 from common.jobspec import JobOptions
+from common.keys import Keys
 from common.models import AgentSpec
 from common.settings import Settings
 from common.store import JobStore
@@ -334,3 +336,52 @@ def test_a_prompt_one_endpoint_leaves_out_is_answered_by_another(
     done = command(fleet.env, "swarm-collect", "j", "--out", out, "--wait", timeout_s=120)
     assert done.returncode == 0, done.stderr
     check_output(out, n, set())
+
+
+def test_a_pipeline_whose_step_no_endpoint_serves_waits_visibly_and_cancels_whole(
+    fleet_factory: FleetFactory,
+) -> None:
+    """Seen: a step whose model no endpoint serves: no warning at enqueue, swarm-status said
+    "finished", swarm-collect --wait waited for ever, swarm-cancel did not reach the step.
+    Now the job speaks for all of its steps."""
+    fleet = fleet_factory(1, "--model", "good")
+    fleet.worker("w", [0], burst=False)
+    client = redis.Redis.from_url(fleet.redis_url)
+    try:
+        wait_until(
+            "the worker's endpoint in the fleet registry",
+            lambda: b"good" in b"".join(client.hvals(Keys(fleet.prefix).fleet)),
+        )
+    finally:
+        client.close()
+    (fleet.tmp / "step.txt").write_text("Check: {answer}")
+    enq = fleet.enqueue(
+        "p", 40, set(), "--model", "good",
+        "--then", str(fleet.tmp / "step.txt"), "--model", "nobody", "--max-tokens", "6",
+    )  # fmt: skip
+    assert enq.wait(60) == 0
+    said = (fleet.tmp / "enqueue-p.log").read_text()
+    assert "warning: step 1 p:s1: no live endpoint serves model 'nobody'" in said, said
+    wait_until("step 0 answered", lambda: fleet.done("p") == 40)
+    wait_until(
+        "the pipeline shown waiting for its step's model",
+        lambda: "job p: waiting" in command(fleet.env, "swarm-status", "p").stdout,
+    )
+    status = command(fleet.env, "swarm-status", "p").stdout
+    assert "  waiting    step 1 p:s1: no live endpoint serves model 'nobody'" in status
+    assert "step 1 p:s1: 0 done, 0 failed of" in status and "(waiting: no live" in status
+    jobs = command(fleet.env, "swarm-jobs").stdout
+    assert any(line.split()[:2] == ["p", "waiting"] for line in jobs.splitlines()), jobs
+    # Not finished: --delete-finished leaves it, a plain --delete refuses it.
+    assert "p: deleted" not in command(fleet.env, "swarm-jobs", "--delete-finished").stdout
+    refused = command(fleet.env, "swarm-jobs", "--delete", "p")
+    assert refused.returncode != 0 and "still running" in refused.stderr
+    # Cancelled whole: the step too, and the collector comes to its end.
+    cancel = command(fleet.env, "swarm-cancel", "p")
+    assert cancel.returncode == 0, cancel.stderr
+    status = command(fleet.env, "swarm-status", "p").stdout
+    assert "job p: cancelled" in status and "(cancelled)" in status, status
+    out = fleet.tmp / "p.jsonl"
+    collected = command(fleet.env, "swarm-collect", "p", "--out", out, "--wait", timeout_s=60)
+    assert collected.returncode == 1, collected.stderr
+    assert len(_lines(out)) == 40

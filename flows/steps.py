@@ -1,0 +1,49 @@
+"""The later steps of a workflow's job: a pipeline's steps (``job:s1``..., each named by the
+link of the step before) and an agent job's turns. What ``swarm-status``, ``swarm-cancel``
+and ``swarm-jobs`` speak for when they are given the job's name: a workflow is finished when
+its last step is, never when its first is."""
+
+from __future__ import annotations
+
+from common.errors import BadRecordError, JobNotFoundError
+from common.keys import step_name
+from common.models import JobSpec
+from common.store import JobStatus, JobStore
+
+__all__ = ["later_steps", "over", "step_statuses"]
+
+
+async def later_steps(store: JobStore, spec: JobSpec) -> list[JobSpec]:
+    """The specs of the later steps of ``spec``'s job, in order (none for a plain job, or for
+    a step itself); a step that cannot be read ends the list."""
+    names: list[str] = []
+    if spec.agent is not None and not spec.laned:  # an agent job: its turns
+        names = [step_name(spec.job, k) for k in range(1, spec.agent.max_turns)]
+    out: list[JobSpec] = []
+    current: JobSpec | None = spec
+    while True:
+        if names:
+            name = names.pop(0)
+        elif not spec.laned and current is not None and current.then is not None:
+            name = current.then.job
+        else:
+            return out
+        try:
+            current = await store.load_spec(name)
+        except (JobNotFoundError, BadRecordError):
+            return out
+        out.append(current)
+
+
+async def step_statuses(store: JobStore, spec: JobSpec) -> list[tuple[JobSpec, JobStatus]]:
+    """Each later step of ``spec``'s job with its status."""
+    return [
+        (step, await store.status(step.job, rate=False)) for step in await later_steps(store, spec)
+    ]
+
+
+def over(status: JobStatus, steps: list[tuple[JobSpec, JobStatus]]) -> tuple[bool, bool]:
+    """(finished, cancelled) of a job with its later ``steps``: finished once every step is
+    finished or cancelled; cancelled when the first was."""
+    ended = all(s.finished or s.cancelled for _, s in steps)
+    return (status.finished and ended, status.cancelled and ended)
