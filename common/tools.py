@@ -25,7 +25,8 @@ __all__ = [
     "tool_key",
 ]
 
-# How long an answer is kept for the callers that waited on it when its tool keeps no cache.
+# How long an answer is kept for the callers that waited on it, at least (a tool's cache may
+# keep it longer), from when it was last asked for.
 HAND_OVER_S = 120.0
 
 

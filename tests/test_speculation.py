@@ -60,7 +60,9 @@ async def test_an_idle_fast_endpoint_finishes_the_slow_ones_tail_and_nothing_cou
 ) -> None:
     n = 200
     await enqueue_prompts(store, spec(max_tokens=8), prompts(n))
-    slow_cfg = EngineConfig(step_base_ms=200.0, step_per_seq_ms=0.0)  # 1.6 s a batch
+    # 12 s a batch: longer than the fast endpoint takes for the whole job, on a machine
+    # however loaded (at 1.6 s, a loaded run saw the slow batches finish first).
+    slow_cfg = EngineConfig(step_base_ms=1500.0, step_per_seq_ms=0.0)
     async with sim_fleet(1, slow_cfg) as slow, sim_fleet(1) as fast:
         settings = make_settings(batch_size=8, inflight=2)
         a = Engine(
@@ -83,9 +85,14 @@ async def test_an_idle_fast_endpoint_finishes_the_slow_ones_tail_and_nothing_cou
             await b.close()
         computed = slow.endpoints[0].engine.finished_seqs + fast.endpoints[0].engine.finished_seqs
     slow_d, fast_d = a.drainers[0].figures, b.drainers[0].figures
-    assert (fast_d.copied, fast_d.copies_won) == (16, 16)  # each held entry copied once, won
-    assert (slow_d.prompts_done, fast_d.prompts_done) == (0, n)  # every result counted once
-    assert computed == n + 16  # the cost: the slow endpoint's two batches, computed twice
+    # The figures agree with one another: every result counted once, by whoever committed
+    # it first; each held entry copied once, and every copy that won counted as done.
+    assert slow_d.prompts_done + fast_d.prompts_done == n
+    assert (fast_d.copied, fast_d.copies_won) == (16, 16)
+    assert (slow_d.prompts_done, fast_d.prompts_done) == (0, n)
+    # The cost: the slow endpoint's two batches computed twice at most (its requests are cut
+    # short once the job is over, so it may not finish them at all).
+    assert n <= computed <= n + 16
     assert (await store.status("j")).done == n
     lines = await collect_lines(store, "j")
     assert [x["index"] for x in lines] == list(range(n))

@@ -28,6 +28,7 @@ from tests.harness import (
     MAX_TOKENS,
     FleetFactory,
     check_output,
+    collect,
     command,
     fleet_prompt,
     tool_runner,
@@ -213,7 +214,7 @@ def test_a_filter_only_some_workers_allow_stops_no_input_for_it(
     # A worker that allows it joins: every input goes on or is stopped by the filter itself.
     fleet.worker("allows", [1], SWARM_REDUCE_FUNCTIONS="keepers:even")
     out = fleet.tmp / "p.jsonl"
-    done = command(fleet.env, "swarm-collect", "p", "--out", out, "--wait", timeout_s=240)
+    done = collect(fleet.env, "p", out)
     assert done.returncode == 1, done.stderr  # the filter stopped some
     lines = [msgspec.json.decode(x) for x in out.read_bytes().splitlines()]
     assert [x["index"] for x in lines] == list(range(n))
@@ -244,7 +245,7 @@ def test_a_measure_is_left_by_a_worker_without_numpy_to_one_with_it(
     lacking = fleet.worker("lacking", [1], env={"PYTHONPATH": str(hidden)})
     fleet.worker("full", [0, 2])
     out = fleet.tmp / "u.jsonl"
-    done = command(fleet.env, "swarm-collect", "u", "--out", out, "--wait", timeout_s=240)
+    done = collect(fleet.env, "u", out)
     assert done.returncode == 0, done.stderr
     lines = [msgspec.json.decode(x) for x in out.read_bytes().splitlines()]
     assert [x["index"] for x in lines] == list(range(n))
@@ -273,7 +274,7 @@ def test_vectors_of_another_dimension_are_never_served_as_right(
     assert enq.returncode == 0, enq.stderr
     fleet.worker("w", [0, 1])
     out = fleet.tmp / "e.jsonl"
-    done = command(fleet.env, "swarm-collect", "e", "--out", out, "--wait", timeout_s=240)
+    done = collect(fleet.env, "e", out)
     lines = _lines(out)
     assert [x["index"] for x in lines] == list(range(n))
     dims = {len(x["embedding"]) for x in lines if x.get("embedding")}
@@ -305,7 +306,7 @@ def test_a_lone_endpoint_that_answers_wrongly_is_not_hammered_and_its_job_ends(
     assert fleet.enqueue("fine", n, set(), "--model", "good").wait(60) == 0
     worker = fleet.worker("w", [0, 1])
     out = fleet.tmp / "lies.jsonl"
-    lies = command(fleet.env, "swarm-collect", "lies", "--out", out, "--wait", timeout_s=120)
+    lies = collect(fleet.env, "lies", out)
     assert lies.returncode == 1, lies.stderr
     lines = _lines(out)
     assert [x["index"] for x in lines] == list(range(n))
@@ -313,7 +314,7 @@ def test_a_lone_endpoint_that_answers_wrongly_is_not_hammered_and_its_job_ends(
     assert all(x["error"] and x["text"] is None for x in lines)
     assert all("no other endpoint serves the job's model" in x["error"] for x in lines)
     assert fleet.requests(1) < 100
-    fine = command(fleet.env, "swarm-collect", "fine", "--out", fleet.tmp / "fine.jsonl", "--wait")
+    fine = collect(fleet.env, "fine", fleet.tmp / "fine.jsonl")
     assert fine.returncode == 0, fine.stderr
     assert worker.wait(timeout=60) == 0
     # Said once per interval, not once per batch.
@@ -333,7 +334,7 @@ def test_a_prompt_one_endpoint_leaves_out_is_answered_by_another(
     assert fleet.enqueue("j", n, set()).wait(60) == 0
     fleet.worker("w", [0, 1])
     out = fleet.tmp / "j.jsonl"
-    done = command(fleet.env, "swarm-collect", "j", "--out", out, "--wait", timeout_s=120)
+    done = collect(fleet.env, "j", out)
     assert done.returncode == 0, done.stderr
     check_output(out, n, set())
 
@@ -382,6 +383,6 @@ def test_a_pipeline_whose_step_no_endpoint_serves_waits_visibly_and_cancels_whol
     status = command(fleet.env, "swarm-status", "p").stdout
     assert "job p: cancelled" in status and "(cancelled)" in status, status
     out = fleet.tmp / "p.jsonl"
-    collected = command(fleet.env, "swarm-collect", "p", "--out", out, "--wait", timeout_s=60)
+    collected = collect(fleet.env, "p", out)
     assert collected.returncode == 1, collected.stderr
     assert len(_lines(out)) == 40

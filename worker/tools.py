@@ -72,8 +72,9 @@ class ToolRunner:
             answer = ToolAnswer(
                 answer.content, answer.error, self.label, round(time.monotonic() - t0, 3)
             )
+        # Kept for its waiters at least (a slow pump reads it late), and as a cache if asked.
         keep = float(getattr(fn, "swarm_cache_s", 0) or 0) if answer.ok else 0.0
-        await self.store.put_tool_answer(key, answer, keep or HAND_OVER_S)
+        await self.store.put_tool_answer(key, answer, max(keep, HAND_OVER_S))
         return answer
 
     async def _call(self, fn: Callable[..., Any], name: str, arguments: str) -> ToolAnswer:

@@ -9,7 +9,7 @@ import msgspec
 
 from common.store.base import StoreBase
 from common.store.connection import redis_errors
-from common.tools import ToolAnswer, decode_answer, encode_answer
+from common.tools import HAND_OVER_S, ToolAnswer, decode_answer, encode_answer
 
 __all__ = ["Tools"]
 
@@ -18,11 +18,13 @@ class Tools(StoreBase):
     """Claiming a tool call, and its answer."""
 
     async def claim_tool(self, key: str, ttl_s: float) -> ToolAnswer | bool:
-        """The answer kept for the call ``key``, or else whether this asker took it in hand
-        for ``ttl_s`` (its deadline and retries): False when another has it in hand."""
+        """The answer kept for the call ``key`` (kept from now on at least HAND_OVER_S more),
+        or else whether this asker took it in hand for ``ttl_s`` (its deadline and retries):
+        False when another has it in hand."""
         keys = [self.keys.tool_answer(key), self.keys.tool_claim(key)]
         async with redis_errors(self.url, ""):
-            got = await self.scripts.tool_claim(keys=keys, args=[int(ttl_s * 1000)])
+            args = [int(ttl_s * 1000), int(HAND_OVER_S * 1000)]
+            got = await self.scripts.tool_claim(keys=keys, args=args)
         if isinstance(got, bytes):
             return _decoded(got)
         return bool(got)
