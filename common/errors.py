@@ -25,6 +25,7 @@ __all__ = [
     "ModelNotServed",
     "ProducerBusyError",
     "ResultsEvictedError",
+    "RouteMissing",
     "StoreAccessDenied",
     "StoreFull",
     "StoreRefused",
@@ -192,3 +193,9 @@ class ModelNotServed(EndpointError):
     A fact about one job on one endpoint, never about the endpoint: the job waits for an
     endpoint that serves its model, and this one goes on serving the others.
     """
+
+
+class RouteMissing(ModelNotServed):
+    """The server has no such route (a 404 without the OpenAI error object a server answers
+    for a model it does not serve: a vLLM started without the pooling runner has no
+    ``/v1/embeddings``). Handled as a model not served; said as what it is."""

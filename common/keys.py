@@ -285,6 +285,11 @@ class Keys:
         asks for one."""
         return f"{self.prefix}:{TOOLS_TAG}:answer:{key}"
 
+    def tool_runs(self, key: str) -> str:
+        """String, with a TTL: how many times the tool call ``key`` was run (a runner that
+        died mid-call has it run again): what its answer's ``runs`` says."""
+        return f"{self.prefix}:{TOOLS_TAG}:runs:{key}"
+
     def tool_rate(self, tool: str) -> str:
         """String, with a TTL: the next moment a run of rate-limited ``tool`` may start
         (Redis's clock, seconds), shared by every runner."""

@@ -129,6 +129,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # SWARM_TOOLS allows its tool) before it fails with that reason; a call a runner serves
     # waits for its answer however long its queue is.
     tool_wait_s: float = 600.0
+    # The most of a tool's answer (UTF-8 bytes) kept and handed to the model: beyond it the
+    # model gets the head and a note saying so (a 10 MB answer once took Redis to 38 MB).
+    tool_max_bytes: int = 1_048_576
     # How often (s) each worker publishes its per-endpoint figures for swarm-status.
     stats_period_s: float = 2.0
     # At a job's tail (every entry delivered), an endpoint with nothing else to do runs copies
@@ -192,6 +195,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             "circuit_failures",
             "max_deliveries",
             "cache_max_answers",
+            "tool_max_bytes",
         )
         above_0 = (
             "probe_timeout_s",
@@ -275,6 +279,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             "SWARM_TOOL_TIMEOUT_S": ("tool_timeout_s", float),
             "SWARM_TOOL_CONCURRENCY": ("tool_concurrency", int),
             "SWARM_TOOL_WAIT_S": ("tool_wait_s", float),
+            "SWARM_TOOL_MAX_BYTES": ("tool_max_bytes", int),
         }
         for var, (field, typ) in simple.items():
             raw = env.get(var, "").strip()

@@ -19,6 +19,7 @@ __all__ = [
     "HAND_OVER_S",
     "ToolAnswer",
     "claim_s",
+    "cut",
     "decode_answer",
     "encode_answer",
     "runner_hold_s",
@@ -28,6 +29,17 @@ __all__ = [
 # How long an answer is kept for the callers that waited on it, at least (a tool's cache may
 # keep it longer), from when it was last asked for.
 HAND_OVER_S = 120.0
+
+
+def cut(content: str, max_bytes: int) -> tuple[str, int]:
+    """``content`` within ``max_bytes`` of UTF-8 (its head and a note saying so), and its
+    size if it was cut (0: whole)."""
+    data = content.encode()
+    if len(data) <= max_bytes:
+        return content, 0
+    head = data[:max_bytes].decode("utf-8", "ignore")
+    note = f"\n[cut: the tool answered {len(data):,} bytes; the first {max_bytes:,} are shown]"
+    return head + note, len(data)
 
 
 def runner_hold_s(tool_timeout_s: float) -> float:
@@ -62,6 +74,10 @@ class ToolAnswer(msgspec.Struct, frozen=True, omit_defaults=True):
     runner: str = ""
     elapsed_s: float = 0.0
     refused: bool = False  # the runner does not allow the tool: the agent fails with kind "tool"
+    # The answer's size when it was cut to SWARM_TOOL_MAX_BYTES (0: whole).
+    truncated_bytes: int = 0
+    # How many times the call ran for this answer (more than 1: a runner died mid-call).
+    runs: int = 0
 
     @property
     def ok(self) -> bool:

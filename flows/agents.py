@@ -94,6 +94,8 @@ class AgentState(msgspec.Struct):
     tool_calls: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    tool_runs: int = 0  # the runs behind its tools' answers (a call run twice counts 2)
+    tools_cut: int = 0  # its tools' answers cut to SWARM_TOOL_MAX_BYTES
 
 
 class Waiting(msgspec.Struct, frozen=True):
@@ -148,6 +150,11 @@ class AgentResult(msgspec.Struct, frozen=True, omit_defaults=True):
     tool_calls: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    # The runs behind its tools' answers: more than its calls when a runner died mid-call and
+    # a call ran again (at least once); and how many of those answers were cut to
+    # SWARM_TOOL_MAX_BYTES.
+    tool_runs: int = 0
+    tools_cut: int = 0
 
     @property
     def ok(self) -> bool:
@@ -350,6 +357,8 @@ class AgentPump:
                 tool_calls=state.tool_calls,
                 prompt_tokens=state.prompt_tokens,
                 completion_tokens=state.completion_tokens,
+                tool_runs=state.tool_runs,
+                tools_cut=state.tools_cut,
                 **kw,
             )
 
@@ -421,6 +430,7 @@ class AgentPump:
         offered = offered_tools(spec)
         now = await self.store.server_time()
         kept: dict[int, bytes] = {}
+        tallies: dict[int, tuple[int, int]] = {}  # agent -> (tool runs, answers cut)
         for origin, blob in parked.items():
             w = _waiting_decoder.decode(blob)
             answers = await self._answers_of(w, offered)
@@ -455,12 +465,38 @@ class AgentPump:
                 ),
             )
             ready.setdefault(w.turn, []).append((origin, w.item, conversation, w.lane))
+            tallies[origin] = (
+                sum(a.runs for a in answers if a is not None),
+                sum(1 for a in answers if a is not None and a.truncated_bytes),
+            )
         await self.store.record_agents(spec.job, gen=spec.generation, waits=kept, results=failed)
         for k, onward in ready.items():
             await self._onward(spec, k, onward, [])
             unparked = [o for o, _, _, _ in onward]
-            await self.store.record_agents(spec.job, gen=spec.generation, unparked=unparked)
+            states = await self._tallied(spec, {o: tallies[o] for o in unparked})
+            await self.store.record_agents(
+                spec.job, gen=spec.generation, states=states, unparked=unparked
+            )
         return bool(ready or failed)
+
+    async def _tallied(
+        self, spec: JobSpec, tallies: dict[int, tuple[int, int]]
+    ) -> dict[int, bytes]:
+        """The states of agents going on from their tools, with the runs behind their answers
+        and the answers cut added: what their lines say in the end."""
+        if not any(runs or cut for runs, cut in tallies.values()):
+            return {}
+        agents = list(tallies)
+        out = {}
+        for origin, blob in zip(
+            agents, await self.store.agent_states(spec.job, agents), strict=True
+        ):
+            state = _state_decoder.decode(blob) if blob else AgentState()
+            runs, cut = tallies[origin]
+            state.tool_runs += runs
+            state.tools_cut += cut
+            out[origin] = _encoder.encode(state)
+        return out
 
     async def _answers_of(self, w: Waiting, offered: list[str]) -> list[ToolAnswer | None]:
         """The answers of a parked agent's calls as far as they are in: those it kept, those

@@ -68,6 +68,7 @@ class Dashboard:
         self.history = history or History()
         self.board: Board | None = None
         self.body = b"{}"
+        self.read_at = time.monotonic()  # when Redis last answered a whole read
 
     async def step(self) -> bool:
         """Read Redis once; False when it could not be read. Then no figure is shown (none
@@ -75,20 +76,33 @@ class Dashboard:
         try:
             board = self.history.add(await read_board(self.store, self.redis_url))
         except SwarmError as exc:
-            last = self.board
-            self.board = Board(
-                generated_s=last.generated_s if last else time.time(),
-                redis=mask_url(self.redis_url),
-                prefix=self.store.keys.prefix,
-                jobs=[],
-                endpoints=[],
-                error=str(exc),
-            )
-            self.body = _encoder.encode(self.board)
+            self._unread(str(exc))
             return False
         self.board = board
         self.body = _encoder.encode(board)
+        self.read_at = time.monotonic()
         return True
+
+    def _unread(self, why: str) -> None:
+        """Show no figure, and why: Redis could not be read."""
+        last = self.board
+        self.board = Board(
+            generated_s=last.generated_s if last else time.time(),
+            redis=mask_url(self.redis_url),
+            prefix=self.store.keys.prefix,
+            jobs=[],
+            endpoints=[],
+            error=why,
+        )
+        self.body = _encoder.encode(self.board)
+
+    def current(self) -> bytes:
+        """The board to serve: the last one read, unless a read has hung past a few periods
+        (a Redis gone away is waited on by its client for minutes): then no figure, and why."""
+        silent_s = time.monotonic() - self.read_at
+        if silent_s > max(3 * self.every_s, 5.0) and (self.board is None or not self.board.error):
+            self._unread(f"Redis has not answered for {silent_s:.0f} s (still trying)")
+        return self.body
 
     async def run(self, stop: asyncio.Event) -> None:
         """Sample every ``every_s`` (after the step that found the first board) until
@@ -121,7 +135,7 @@ class Dashboard:
             return web.Response(body=script, content_type="text/javascript", charset="utf-8")
 
         async def board(_: web.Request) -> web.Response:
-            return web.Response(body=self.body, content_type="application/json")
+            return web.Response(body=self.current(), content_type="application/json")
 
         app = web.Application(middlewares=[guard])
         app.router.add_get("/", index)

@@ -69,3 +69,9 @@ def one_a_second(n: int) -> int:
 
 
 one_a_second.swarm_rate_per_s = 1  # type: ignore[attr-defined]
+
+
+def big(n: int) -> str:
+    """An answer of ``n`` bytes (what SWARM_TOOL_MAX_BYTES cuts)."""
+    _ran("big")
+    return "x" * n

@@ -70,6 +70,7 @@ async def test_agents_take_their_turns_share_a_tool_call_and_answer_as_data(
         assert r.ok, r
         assert set(r.output) == {"title", "year"} and isinstance(r.output["year"], int)
         assert (r.turns, r.tool_calls, r.custom_id) == (3, 2, f"paper-{r.index}")
+        assert (r.tool_runs, r.tools_cut) == (2, 0)  # each answer from one run, whole
         assert json.loads(r.text or "") == r.output
     runs = (await asyncio.to_thread(runs_log.read_text)).split()
     assert runs.count("slow_add") == 1  # shared by all 60 agents: run once

@@ -4,6 +4,7 @@ server's guard, and the page itself in a real headless Chromium during a job."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -400,5 +401,31 @@ async def test_a_redis_lost_shows_no_figure_it_cannot_vouch_for(
             assert board["jobs"] == [] and board["endpoints"] == []
             # ... the reason, and when Redis was last read.
             assert "unavailable" in board["error"] and board["generated_s"] == read_at
+        finally:
+            await store.close()
+
+
+async def test_a_read_hung_on_a_redis_gone_away_shows_no_figure_either(
+    make_settings: Callable[..., Settings],
+) -> None:
+    """Seen: the JSON kept the last figures with ``error: null`` 6 s after Redis was killed:
+    the dashboard's client waits minutes for a Redis to come back, and its read hung."""
+    with EmbeddedRedis() as server:
+        settings = make_settings(redis_url=server.url)
+        store = JobStore.from_settings(settings)  # patient, as swarm-status --serve's is
+        try:
+            await enqueue_prompts(store, spec("shown"), prompts(5))
+            dash = Dashboard(store, settings.redis_url, 1.0)
+            assert await dash.step()
+            server.stop()
+            hung = asyncio.create_task(dash.step())  # waits for Redis to come back
+            assert [j["job"] for j in json.loads(dash.current())["jobs"]] == ["shown"]
+            dash.read_at -= 10  # ten seconds on: the read has hung past three periods
+            board = json.loads(dash.current())
+            assert board["jobs"] == [] and board["endpoints"] == []
+            assert board["error"] == "Redis has not answered for 10 s (still trying)"
+            hung.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await hung
         finally:
             await store.close()

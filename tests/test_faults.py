@@ -216,3 +216,25 @@ def test_a_worker_killed_every_second_or_so_under_one_name_dead_letters_nothing(
     _out, err = collector.communicate(timeout=120)
     assert collector.returncode == 0, err  # 0: every prompt answered, none dead-lettered
     check_output(fleet.tmp / "kills.jsonl", n, set())
+
+
+@pytest.mark.parametrize("arq_cli", [False, True])
+def test_a_worker_whose_redis_went_away_stops_within_its_grace_on_sigterm(
+    fleet_factory: FleetFactory, arq_cli: bool
+) -> None:
+    """Seen: burst arq workers whose Redis went away were still alive 85 s after SIGTERM
+    (each write of their shutdown waited minutes for Redis). Their work stays queued in
+    Redis; a stop must not wait on a Redis that is not there past the grace period."""
+    with EmbeddedRedis() as server:
+        fleet = fleet_factory(1, "--step-ms", "50", url=server.url)
+        assert fleet.enqueue("j", 3000, set()).wait(timeout=60) == 0
+        worker = fleet.worker("w", [0], arq_cli=arq_cli, SWARM_SHUTDOWN_GRACE_S="3")
+        wait_until("the worker under way", lambda: fleet.done("j") > 0)
+        server.stop()
+        t0 = time.monotonic()
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(timeout=120)
+        took = time.monotonic() - t0
+    # The grace period (3 s), then at most the watch past it (10 s), and the process's exit.
+    assert took < 3 + 10 + 5, f"stopped {took:.0f} s after SIGTERM"
+    assert "Redis does not answer: stopping without the last writes" in fleet.logs[0].read_text()

@@ -15,7 +15,7 @@ import pytest
 from aiohttp import web
 
 from common.embedded import free_port
-from common.errors import EndpointRejected, EndpointRetryable, ModelNotServed
+from common.errors import EndpointRejected, EndpointRetryable, ModelNotServed, RouteMissing
 from common.models import SamplingParams
 from sim.engine import Engine, EngineConfig
 from sim.server import FaultConfig, SimFleet
@@ -179,6 +179,21 @@ async def test_rejection_carries_the_servers_message(
     assert err.value.status == 400
     assert err.value.message.startswith("You passed 50 input tokens and requested 8 output tokens")
     assert missing.value.status == 404 and "does not exist" in missing.value.message
+    assert not isinstance(missing.value, RouteMissing)  # a model not served, as vLLM says
+
+
+async def test_a_route_the_server_lacks_is_said_as_such_not_as_a_model_not_served() -> None:
+    """Seen: a 404 on /v1/embeddings (a server with no such route) reported as "does not
+    serve model". A 404 without vLLM's error object is a route missing."""
+    async with serve(web.Application()) as url:  # no routes: a web framework's 404
+        client = EndpointClient(url)
+        try:
+            with pytest.raises(RouteMissing) as err:
+                await client.embed("m", ["a"])
+        finally:
+            await client.close()
+    assert err.value.status == 404
+    assert err.value.message.startswith("no /v1/embeddings route (")
 
 
 async def test_server_errors_resets_and_refused_connections_are_retryable(

@@ -21,6 +21,7 @@ from common.store import JobStore
 from common.tools import HAND_OVER_S, ToolAnswer, tool_key
 from flows.toolcalls import ToolCaller
 from tests.harness import tool_runner
+from tests.helpers import wait_until
 from worker.toollimits import check_limits
 
 pytestmark = pytest.mark.slow
@@ -57,10 +58,10 @@ async def caller(make_settings: Callable[..., Settings]) -> AsyncIterator[ToolCa
 
 
 async def _all_answered(
-    caller: ToolCaller, calls: list[tuple[str, str, str]]
+    caller: ToolCaller, calls: list[tuple[str, str, str]], timeout_s: float = 30
 ) -> list[ToolAnswer | None]:
     """The answers of ``calls``, once every one is in (the runner is another process)."""
-    async with asyncio.timeout(30):
+    async with asyncio.timeout(timeout_s):
         while not all(a is not None for a in await caller.answers(calls)):  # noqa: ASYNC110 - another process answers, in Redis
             await asyncio.sleep(0.05)
     return await caller.answers(calls)
@@ -194,3 +195,45 @@ def test_a_tool_declaring_limits_that_are_no_numbers_is_refused_by_name(
     with pytest.raises(ConfigError) as err:
         check_limits({"search": search})
     assert str(err.value) == f"search.{attr} {why}"
+
+
+async def test_an_answer_past_the_size_limit_is_cut_and_says_so(
+    runner: tuple[Path, subprocess.Popen[bytes]], caller: ToolCaller
+) -> None:
+    """Seen: a tool answering 10 MB was kept and sent whole (three calls took Redis to
+    38 MB). The model gets the first SWARM_TOOL_MAX_BYTES (1 MB) and a note; the answer
+    says how big it was."""
+    key = await caller.ask("big", '{"n": 10000000}')
+    (answer,) = await _all_answered(caller, [(key, "big", '{"n": 10000000}')])
+    assert answer is not None and answer.ok
+    assert answer.truncated_bytes == 10_000_000
+    assert answer.content == "x" * 1_048_576 + (
+        "\n[cut: the tool answered 10,000,000 bytes; the first 1,048,576 are shown]"
+    )
+    stored = await caller.store.redis.strlen(caller.store.keys.tool_answer(key))
+    assert stored < 1_100_000
+
+
+async def test_a_call_run_again_after_its_runner_died_says_it_ran_twice(
+    runner: tuple[Path, subprocess.Popen[bytes]],
+    caller: ToolCaller,
+    tmp_path: Path,
+    redis_url: str,
+    prefix: str,
+) -> None:
+    """A runner killed mid-call: arq runs the call again on another runner, and its answer
+    says it ran twice (what an agent's line shows as its tool_runs)."""
+    log, first = runner
+    key = await caller.ask("forever", "{}")
+    wait_until("the call under way", lambda: "forever" in log.read_text())
+    first.kill()
+    first.wait()
+    env = {"SWARM_REDIS_URL": redis_url, "SWARM_PREFIX": prefix, "SWARM_TOOL_TIMEOUT_S": "1"}
+    second = tool_runner(env, log, tmp_path / "runner2.log")
+    try:
+        (answer,) = await _all_answered(caller, [(key, "forever", "{}")], timeout_s=60)
+    finally:
+        second.terminate()
+        second.wait(timeout=30)
+    assert answer is not None and answer.runs == 2
+    assert log.read_text().split() == ["forever", "forever"]

@@ -32,7 +32,7 @@ from arq.jobs import Job, JobStatus
 from arq.worker import func
 
 from common.arqconf import arq_redis_settings, job_deserializer, job_serializer
-from common.errors import ConfigError, EndpointRetryable, StoreUnavailable
+from common.errors import ConfigError, EndpointRetryable, StoreUnavailable, SwarmError
 from common.settings import Settings
 from common.store import JobStore
 from worker.engine import Engine
@@ -128,13 +128,17 @@ async def startup(ctx: dict[str, Any]) -> None:
             )
             await engine.advance_here(job, level)
 
+    loop = asyncio.get_running_loop()
+
     def on_signal(sig: signal.Signals) -> None:
         log.info("%s received", sig.name)
         engine.request_stop()
         if arq_loop is not None:
             arq_loop.cancel()  # arq's loop ends, then its shutdown hook gives the grace period
+        # A stop waits on no Redis that is gone past its grace period: arq's own last writes
+        # (before our hook runs) and ours would each wait minutes for it to come back.
+        loop.call_later(settings.shutdown_grace_s + STOP_WATCH_S, _past_grace, store)
 
-    loop = asyncio.get_running_loop()
     for sig in _SIGNALS:
         loop.add_signal_handler(sig, on_signal, sig)
 
@@ -156,6 +160,24 @@ async def startup(ctx: dict[str, Any]) -> None:
 
 
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
+# How long past its grace period a stopping worker waits on a Redis that does not answer.
+STOP_WATCH_S = 10.0
+
+
+def _past_grace(store: JobStore) -> None:
+    """Still stopping, well past the grace period: if Redis does not answer, that is what the
+    stop waits on. Exit now (status 1): the work taken stays queued in Redis for others."""
+    if store.reachable:
+        log.warning("still stopping past the grace period; waiting for the last writes")
+        return
+    log.error("Redis does not answer: stopping without the last writes (the work stays queued)")
+    logging.shutdown()
+    os._exit(1)
+
+
+# How long a stopping worker waits, past its grace period, for its last writes to Redis.
+LAST_WRITES_S = 5.0
+_CUTS = 50
 
 
 def _ended_by_its_burst(arq_loop: asyncio.Task[Any] | None) -> bool:
@@ -188,14 +210,27 @@ async def shutdown(ctx: dict[str, Any]) -> None:
         except TimeoutError:
             log.warning("grace period over; cancelling batches in flight (they stay queued)")
             task.cancel()
+    # A cancelled engine's last writes (what it held handed back, its last word for
+    # swarm-status) wait on Redis; with Redis gone, for minutes. They are bounded: what it
+    # held stays queued in Redis, and other workers reclaim it.
+    await asyncio.wait({task}, timeout=LAST_WRITES_S)
+    if not task.done():
+        log.warning("Redis does not answer: stopping without the last writes (work stays queued)")
+        for _ in range(_CUTS):  # each cancel cuts the write the engine waits on short
+            task.cancel()
+            await asyncio.wait({task}, timeout=0.2)
+            if task.done():
+                break
     failed = task.done() and not task.cancelled() and task.exception() is not None
-    with contextlib.suppress(asyncio.CancelledError, Exception):
-        await task
+    if task.done():
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
     loop = asyncio.get_running_loop()
     for sig in _SIGNALS:
         loop.remove_signal_handler(sig)
-    await engine.close()
-    await running.store.close()
+    for closing in (engine.close(), running.store.close()):
+        with contextlib.suppress(TimeoutError, SwarmError):
+            await asyncio.wait_for(closing, LAST_WRITES_S)
     for d in engine.drainers:
         log.info("%s", d.summary())
     if engine.broken or failed:

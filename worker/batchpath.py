@@ -21,6 +21,7 @@ from common.errors import (
     EndpointUnusable,
     JobGoneError,
     ModelNotServed,
+    RouteMissing,
     StoreUnavailable,
 )
 from common.fleet import takers
@@ -422,10 +423,13 @@ class BatchPath:
             # The job's trouble, not the endpoint's: stop taking the job until the served
             # models, re-read soon, say otherwise.
             if self.served.refused(model):
+                what = (
+                    "has" if isinstance(cause, RouteMissing) else f"does not serve model {model!r}:"
+                )
                 log.warning(
-                    "%s: does not serve model %r (%s); job %s is left to endpoints that do",
+                    "%s: %s %s; job %s is left to endpoints that serve it",
                     self.client.label,
-                    model,
+                    what,
                     cause.message,
                     job,
                 )

@@ -25,6 +25,7 @@ from common.errors import (
     EndpointRetryable,
     EndpointUnusable,
     ModelNotServed,
+    RouteMissing,
 )
 from common.models import SamplingParams
 from common.settings import mask_url
@@ -160,6 +161,12 @@ _models_decoder = msgspec.json.Decoder(_ModelList)
 
 # 408 Request Timeout and 409 Conflict are the server's transient states, not the prompt's fault.
 _RETRYABLE_4XX = frozenset({408, 409, 425, 429})
+# The route of each kind of answer, as a 404 for a missing one names it.
+_ROUTES = {
+    "completion": "/v1/completions",
+    "chat": "/v1/chat/completions",
+    "embeddings": "/v1/embeddings",
+}
 # Wrong credentials: no request to this endpoint will succeed.
 _UNUSABLE = frozenset({401, 403})
 
@@ -174,12 +181,24 @@ def _server_message(exc: openai.APIStatusError) -> str:
     return exc.response.text[:500] if exc.response is not None else str(exc)
 
 
+def _error_object(body: object) -> bool:
+    """Whether an error body is an OpenAI error object (``{"message", "type", ...}``, what the
+    openai client hands on of vLLM's ``{"error": {...}}``), not a web framework's ``Not Found``."""
+    return isinstance(body, dict) and ("type" in body or "code" in body) and "message" in body
+
+
 def _translate(
-    endpoint: str, exc: openai.OpenAIError, timeout_s: float, *, generation: bool = True
+    endpoint: str,
+    exc: openai.OpenAIError,
+    timeout_s: float,
+    *,
+    generation: bool = True,
+    route: str = "",
 ) -> Exception:
     """Our error for an openai error. A 404 on a generation route names a model the server does
-    not serve (vLLM's answer for an unknown model): the job's trouble, not the endpoint's. A 404
-    on ``/v1/models`` (``generation`` False) means no OpenAI server at that URL."""
+    not serve (vLLM's answer for an unknown model: an OpenAI error object): the job's trouble,
+    not the endpoint's; a 404 without that object is a ``route`` the server does not have. A
+    404 on ``/v1/models`` (``generation`` False) means no OpenAI server at that URL."""
     if isinstance(exc, openai.APITimeoutError):
         return EndpointRetryable(endpoint, f"no answer within {timeout_s:g} s")
     if isinstance(exc, openai.APIConnectionError):
@@ -191,6 +210,8 @@ def _translate(
             return EndpointRetryable(endpoint, message, status)
         if status in _UNUSABLE or (status == 404 and not generation):
             return EndpointUnusable(endpoint, message, status)
+        if status == 404 and not _error_object(exc.body):
+            return RouteMissing(endpoint, f"no {route or 'such'} route ({message})", status)
         if status == 404:
             return ModelNotServed(endpoint, message, status)
         return EndpointRejected(endpoint, message, status)
@@ -378,7 +399,8 @@ class EndpointClient:
         except TimeoutError:
             raise EndpointRetryable(self.label, f"no answer within {timeout_s:g} s") from None
         except openai.OpenAIError as exc:
-            raise _translate(self.label, exc, timeout_s) from None
+            route = _ROUTES.get(what, what)
+            raise _translate(self.label, exc, timeout_s, route=route) from None
         try:
             return decoder.decode(content)
         except msgspec.DecodeError as exc:

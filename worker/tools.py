@@ -30,7 +30,7 @@ from common.errors import ConfigError, StoreUnavailable
 from common.keys import validate_tool_name
 from common.settings import Settings
 from common.store import JobStore
-from common.tools import HAND_OVER_S, ToolAnswer, runner_hold_s
+from common.tools import HAND_OVER_S, ToolAnswer, claim_s, cut, runner_hold_s
 from worker.toollimits import ToolBusy, ToolLimit, check_limits
 
 __all__ = ["ToolRunner", "load_tool_settings", "tool_settings"]
@@ -62,15 +62,23 @@ class ToolRunner:
                 refused=True,
             )
         else:
+            runs = 0
             try:
                 async with self.limits[name].turn():
                     self.runs += 1
                     await self.store.count_tools("runs")
+                    runs = await self.store.count_run(key, claim_s(self.settings.tool_timeout_s))
                     answer = await self._call(fn, name, arguments)
             except ToolBusy as exc:
                 answer = ToolAnswer(error=str(exc))
+            content, size = cut(answer.content, self.settings.tool_max_bytes)
             answer = ToolAnswer(
-                answer.content, answer.error, self.label, round(time.monotonic() - t0, 3)
+                content,
+                answer.error,
+                self.label,
+                round(time.monotonic() - t0, 3),
+                truncated_bytes=size,
+                runs=runs,
             )
         # Kept for its waiters at least (a slow pump reads it late), and as a cache if asked.
         keep = float(getattr(fn, "swarm_cache_s", 0) or 0) if answer.ok else 0.0

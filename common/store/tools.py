@@ -79,6 +79,14 @@ class Tools(StoreBase):
             raws = await self.redis.mget([self.keys.tool_claim(k) for k in keys])
         return [raw is not None for raw in raws]
 
+    async def count_run(self, key: str, keep_s: float) -> int:
+        """Count one run of the call ``key`` (kept ``keep_s``); returns its runs so far."""
+        async with redis_errors(self.url, ""), self.redis.pipeline(transaction=False) as pipe:
+            pipe.incr(self.keys.tool_runs(key))
+            pipe.pexpire(self.keys.tool_runs(key), int(keep_s * 1000))
+            runs, _ = await pipe.execute()
+        return int(runs)
+
     async def count_tools(self, field: str, n: int = 1) -> None:
         """Count tool calls (``queued``, ``shared``, ``runs``: see ``Keys.tool_stats``)."""
         async with redis_errors(self.url, ""):
