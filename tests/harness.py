@@ -40,6 +40,7 @@ __all__ = [
     "command",
     "expected_tree",
     "fleet_prompt",
+    "sync_client",
     "wait_port",
 ]
 
@@ -61,6 +62,14 @@ def command(
     )
 
 
+def sync_client(url: str, *, cluster: bool = False) -> redis.Redis:
+    """A plain Redis client of ``url`` for a test's own looks, a cluster client on a Redis
+    Cluster (it follows the slots, a failover included)."""
+    if cluster:
+        return redis.RedisCluster.from_url(url)
+    return redis.Redis.from_url(url)
+
+
 def collect(
     env: Mapping[str, str], job: str, out: Path, *extra: str, stall_s: float = 120.0
 ) -> subprocess.CompletedProcess[str]:
@@ -68,7 +77,7 @@ def collect(
     for as long as the job moves: it fails only when neither the job's results in Redis (its
     steps' and stages' included) nor the output grew for ``stall_s``. A loaded machine is
     slow, not stuck: no fixed time limit stands in for progress."""
-    client = redis.Redis.from_url(env["SWARM_REDIS_URL"])
+    client = sync_client(env["SWARM_REDIS_URL"], cluster=bool(env.get("SWARM_REDIS_CLUSTER")))
     pattern = Keys(env["SWARM_PREFIX"]).job_pattern(job).replace("{", "\\{").replace("}", "\\}")
     logs = out.with_name(f"{out.name}.collect")
     with open(f"{logs}.out", "w+") as so, open(f"{logs}.err", "w+") as se:
@@ -125,15 +134,24 @@ def fleet_prompt(i: int, poison: set[int]) -> str:
 
 class RedisClusterProcs:
     """A Redis Cluster of ``n`` primaries on loopback ports, each a redis-server child process
-    (``--cluster-enabled yes``), the 16384 slots split evenly between them."""
+    (``--cluster-enabled yes``), the 16384 slots split evenly between them; with ``replicas``,
+    one replica of each primary (``nodes[n + i]`` of ``nodes[i]``), AOF on, that takes over
+    when its primary fails for ``node_timeout_ms``."""
 
-    def __init__(self, n: int = 3) -> None:
+    def __init__(self, n: int = 3, *, replicas: bool = False, node_timeout_ms: int = 5000) -> None:
+        self.primaries = n
         self.nodes = [
             EmbeddedRedis(
                 _cluster_port(),
-                extra_args=("--cluster-enabled", "yes", "--cluster-node-timeout", "5000"),
+                appendonly=replicas,
+                extra_args=(
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-node-timeout",
+                    str(node_timeout_ms),
+                ),
             )
-            for _ in range(n)
+            for _ in range(2 * n if replicas else n)
         ]
 
     @property
@@ -145,10 +163,11 @@ class RedisClusterProcs:
         for node in self.nodes:
             node.start()
         clients = [redis.Redis(port=node.port) for node in self.nodes]
+        n = self.primaries
         try:
-            share = 16384 // len(clients)
-            for i, client in enumerate(clients):
-                hi = 16384 if i == len(clients) - 1 else (i + 1) * share
+            share = 16384 // n
+            for i, client in enumerate(clients[:n]):
+                hi = 16384 if i == n - 1 else (i + 1) * share
                 client.execute_command("CLUSTER ADDSLOTS", *range(i * share, hi))
             for node in self.nodes[1:]:
                 clients[0].execute_command("CLUSTER MEET", "127.0.0.1", node.port)
@@ -157,16 +176,33 @@ class RedisClusterProcs:
                 if time.monotonic() > deadline:
                     raise RuntimeError("the Redis Cluster did not come up")
                 time.sleep(0.05)
+            for primary, replica in zip(clients[:n], clients[n:], strict=False):
+                replica.execute_command(
+                    "CLUSTER REPLICATE", primary.execute_command("CLUSTER MYID")
+                )
+            while not all(
+                r.info("replication").get("master_link_status") == "up" for r in clients[n:]
+            ):
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the Redis Cluster's replicas did not come up")
+                time.sleep(0.05)
         finally:
             for c in clients:
                 c.close()
         return self
 
+    def primary_of(self, key: str) -> EmbeddedRedis:
+        """The node that serves ``key`` now (after a failover, the replica that took over)."""
+        live = next(x for x in self.nodes if x.proc is not None and x.proc.poll() is None)
+        with redis.RedisCluster(host="127.0.0.1", port=live.port) as client:
+            node = client.get_node_from_key(key)
+        return next(x for x in self.nodes if x.port == int(node.port))
+
     def node_of(self, key: str) -> int:
-        """Which of :attr:`nodes` serves ``key``."""
+        """Which of the primaries, as started, serves ``key``."""
         with redis.Redis(port=self.nodes[0].port) as client:
             slot = int(client.execute_command("CLUSTER KEYSLOT", key))
-        return min(slot // (16384 // len(self.nodes)), len(self.nodes) - 1)
+        return min(slot // (16384 // self.primaries), self.primaries - 1)
 
     def close(self) -> None:
         for node in self.nodes:
@@ -287,10 +323,10 @@ class Fleet:
         )
 
     def done(self, job: str) -> int:
-        client = redis.Redis.from_url(self.redis_url)
+        client = sync_client(self.redis_url, cluster=bool(self.env.get("SWARM_REDIS_CLUSTER")))
         try:
             raw = client.hmget(Keys(self.prefix).meta(job), ["done", "failed"])
-        except redis.ConnectionError:
+        except (redis.ConnectionError, redis.exceptions.ClusterError):
             return 0
         finally:
             client.close()

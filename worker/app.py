@@ -31,7 +31,7 @@ from arq.connections import ArqRedis
 from arq.jobs import Job, JobStatus
 from arq.worker import func
 
-from common.arqconf import arq_redis_settings, job_deserializer, job_serializer
+from common.arqconf import arq_connection, job_deserializer, job_serializer
 from common.errors import ConfigError, EndpointRetryable, StoreUnavailable, SwarmError
 from common.settings import Settings
 from common.store import JobStore
@@ -289,7 +289,7 @@ def worker_settings(settings: Settings, *, burst: bool = False) -> dict[str, Any
         ],
         "on_startup": startup,
         "on_shutdown": shutdown,
-        "redis_settings": arq_redis_settings(settings),
+        **arq_connection(settings),
         "queue_name": settings.keys.arq_queue,
         "health_check_key": settings.keys.arq_health_check,
         "job_serializer": job_serializer,

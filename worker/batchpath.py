@@ -393,7 +393,9 @@ class BatchPath:
                 )
             except StoreUnavailable as exc:
                 attempt += 1
-                log.warning(
+                said.say(
+                    logging.WARNING,
+                    f"commit {self.client.label}",
                     "%s: commit of %d results waits for Redis (%s)",
                     self.client.label,
                     len(results),

@@ -24,6 +24,7 @@ from common.errors import (
 )
 from common.fleet import EndpointInfo, EndpointStats, takers
 from common.models import JobSpec
+from common.throttle import Throttled
 from worker.backend import Backend
 from worker.batch import EMBEDDINGS, BatchRunner
 from worker.batchpath import BatchPath
@@ -41,6 +42,7 @@ from worker.window import ADAPT_START, Window, follow_load
 __all__ = ["EndpointDrainer"]
 
 log = logging.getLogger("swarm.worker")
+said = Throttled(log)
 
 
 # How long a slot rests while another looks for work (a safety net: the lookout wakes it).
@@ -213,7 +215,9 @@ class EndpointDrainer:
             except StoreUnavailable as exc:
                 # redis-py already retried with backoff; keep trying, slower. A read whose
                 # reply was lost left entries pending for us: look for them again.
-                log.warning("%s: %s; retrying", self.client.label, exc)
+                said.say(
+                    logging.WARNING, f"redis {self.label}", "%s: %s; retrying", self.label, exc
+                )
                 self.intake.look_again()
                 await self.engine.sleep(self._backoff(3))
             except SwarmError as exc:

@@ -8,10 +8,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable
 
-from arq import create_pool
 from arq.connections import ArqRedis
 
-from common.arqconf import arq_redis_settings, job_deserializer, job_serializer
+from common.arqconf import arq_pool
 from common.errors import SwarmError
 from common.settings import Settings
 from common.store import AgentCounts, JobStore
@@ -70,11 +69,7 @@ class Pumps:
     async def _tool_caller(self) -> ToolCaller:
         """The agents' way to the tool runners: arq's queue of tool calls, connected once."""
         if self._tool_queue is None:
-            self._tool_queue = await create_pool(
-                arq_redis_settings(self.settings),
-                job_serializer=job_serializer,
-                job_deserializer=job_deserializer,
-            )
+            self._tool_queue = await arq_pool(self.settings)
         return ToolCaller(self.store, self._tool_queue, self.settings)
 
     async def close(self) -> None:

@@ -25,7 +25,7 @@ from typing import Any
 
 from arq.worker import Worker, func
 
-from common.arqconf import arq_redis_settings, job_deserializer, job_serializer
+from common.arqconf import arq_connection, job_deserializer, job_serializer
 from common.errors import ConfigError, StoreUnavailable
 from common.keys import validate_tool_name
 from common.settings import Settings
@@ -149,7 +149,7 @@ def _worker_args(settings: Settings, tool: str) -> dict[str, Any]:
     return {
         # keep_result=0: the answer lives in its own key (common/tools.py), not arq's.
         "functions": [func(run_tool, keep_result=0, max_tries=3, timeout=hold_s)],
-        "redis_settings": arq_redis_settings(settings),
+        **arq_connection(settings),
         "queue_name": settings.keys.tool_queue(tool),
         "health_check_key": settings.keys.tool_health_check(tool),
         "health_check_interval": 5,

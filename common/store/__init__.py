@@ -25,6 +25,7 @@ from common.store.connection import (
     RETRY_ON,
     cluster_node_of,
     connect,
+    primary_of_slot,
     redis_errors,
     redis_retry,
 )
@@ -46,6 +47,7 @@ __all__ = [
     "connect",
     "decode_entry",
     "index_of",
+    "primary_of_slot",
     "producer_token",
     "redis_errors",
     "redis_retry",

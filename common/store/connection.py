@@ -23,6 +23,7 @@ from redis.exceptions import (
     AuthorizationError,
     NoPermissionError,
     OutOfMemoryError,
+    RedisClusterException,
     RedisError,
     ResponseError,
 )
@@ -81,13 +82,16 @@ class _Retry(Retry):
     reports at once, while a command still waits out an outage. redis-py gives each
     connection a deep copy of its client's retry; the copies share the client's record."""
 
-    def __init__(self, retries: int, health: _Health | None = None) -> None:
+    def __init__(
+        self, retries: int, health: _Health | None = None, *, slot_moves: bool = False
+    ) -> None:
         super().__init__(ExponentialBackoff(cap=5.0, base=0.05), retries)
         self.retries = retries
         self.health = health or _Health()
+        self.slot_moves = slot_moves
 
     def __deepcopy__(self, memo: dict[int, Any]) -> _Retry:
-        return _Retry(self.retries, self.health)
+        return _Retry(self.retries, self.health, slot_moves=self.slot_moves)
 
     async def call_with_retry(self, do: Any, fail: Any) -> Any:
         async def once() -> Any:
@@ -99,7 +103,14 @@ class _Retry(Retry):
                 if self.health.failing_since is None:
                     self.health.failing_since = time.monotonic()
                 raise
-            except RedisError:  # an error reply: Redis answered
+            except ResponseError as exc:  # an error reply: Redis answered
+                self.health.failing_since = None
+                if self.slot_moves and redis_code(exc) in _SLOT_MOVES:
+                    # A client that knows no cluster, on a node that no longer serves the
+                    # slot (or a cluster failing over): another try, on a new connection.
+                    raise _SlotMoved(str(exc)) from None
+                raise
+            except RedisError:
                 self.health.failing_since = None
                 raise
             self.health.failing_since = None
@@ -111,10 +122,22 @@ class _Retry(Retry):
             raise refused.error from None
 
 
-def redis_retry(retries: int = 30) -> Retry:
+class _SlotMoved(RedisConnectionError):
+    """A slot's primary moved (MOVED, ASK) or the cluster is failing over (CLUSTERDOWN,
+    TRYAGAIN): for a connection that follows one slot's primary, a connection to drop and
+    make again, where the cluster says."""
+
+
+# The error codes of a slot that moved, or of a cluster failing over.
+_SLOT_MOVES = frozenset({"MOVED", "ASK", "CLUSTERDOWN", "TRYAGAIN"})
+
+
+def redis_retry(retries: int = 30, *, slot_moves: bool = False) -> Retry:
     """Capped exponential backoff for reconnecting to Redis (shared with arq's pool); wrong
-    credentials fail at once, since no wait will fix them."""
-    return _Retry(retries)
+    credentials fail at once, since no wait will fix them. ``slot_moves``: a client that
+    follows one Redis Cluster slot's primary (arq's) also tries again, reconnected, when
+    the slot moved or the cluster fails over."""
+    return _Retry(retries, slot_moves=slot_moves)
 
 
 # The retry of each client connect() made: what reachable() reads.
@@ -128,6 +151,11 @@ def reachable(client: Client) -> bool:
     return retry is None or retry.health.failing_since is None
 
 
+# How many times a cluster client re-reads the cluster's layout and tries a command again
+# after a node fails or the cluster is down (a failover under way), before it says so.
+CLUSTER_TRIES = 10
+
+
 def connect(url: str, *, patient: bool = True, ca_file: str = "", cluster: bool = False) -> Client:
     """A Redis client for ``url`` that rides out connection loss with capped backoff.
 
@@ -137,7 +165,11 @@ def connect(url: str, *, patient: bool = True, ca_file: str = "", cluster: bool 
     verifies a ``rediss://`` server against that CA. ``cluster``: ``url`` is one node of a
     Redis Cluster, and the client finds the others from it.
     """
-    retry = _Retry(30 if patient else 3)
+    # On a cluster, a node that stops answering is given up on at once: the cluster layer
+    # then asks the others for the slots' new primaries (a failover) and tries there, and the
+    # callers' own loops wait out a cluster that is down. A node retried for minutes (the
+    # patience a lone Redis restarting deserves) held every command on a dead primary.
+    retry = _Retry(2 if cluster else 30 if patient else 3)
     options: dict[str, Any] = {
         "retry": retry,
         "retry_on_error": RETRY_ON,
@@ -147,7 +179,9 @@ def connect(url: str, *, patient: bool = True, ca_file: str = "", cluster: bool 
     }
     try:
         client: Client = (
-            RedisCluster.from_url(url, **options) if cluster else aioredis.from_url(url, **options)
+            RedisCluster.from_url(url, cluster_error_retry_attempts=CLUSTER_TRIES, **options)
+            if cluster
+            else aioredis.from_url(url, **options)
         )
     except ValueError as exc:
         raise StoreUnavailable(f"invalid Redis URL {mask_url(url)}: {exc}") from None
@@ -172,6 +206,30 @@ def cluster_node_of(url: str, key: str, *, ca_file: str = "") -> tuple[str, int]
         return node.host, int(node.port)
     finally:
         client.close()
+
+
+def primary_of_slot(
+    nodes: list[tuple[str, int]], key: str, *, ca_file: str = ""
+) -> tuple[str, int] | None:
+    """``(host, port)`` of the primary serving ``key`` now, asked of the first of ``nodes``
+    (cluster nodes) that answers; ``nodes`` is extended with every node the cluster knows,
+    so that a later ask finds one alive though the first is gone. None if none answers."""
+    for host, port in list(nodes):
+        try:
+            client = SyncRedisCluster(host=host, port=port, **_tls(ca_file))
+        except (RedisError, RedisClusterException, OSError):
+            continue
+        try:
+            for node in client.get_nodes():
+                if (node.host, int(node.port)) not in nodes:
+                    nodes.append((node.host, int(node.port)))
+            found = client.get_node_from_key(key)
+            return found.host, int(found.port)
+        except (RedisError, RedisClusterException, OSError):
+            continue
+        finally:
+            client.close()
+    return None
 
 
 # Error codes that mean the job a command was for is gone: GONE, from a script refusing work
@@ -199,7 +257,10 @@ async def redis_errors(url: str, job: str = "", *keys: str) -> AsyncIterator[Non
             raise JobGoneError(job or "?") from None
         if code == "WRONGTYPE":
             raise BadKeyError(keys, job) from None
-        if code in ("MOVED", "ASK", "CLUSTERDOWN", "CROSSSLOT"):
+        if code in ("CLUSTERDOWN", "TRYAGAIN"):
+            # A Redis Cluster failing over (a slot without its primary for a moment): an outage.
+            raise StoreUnavailable(f"Redis Cluster at {mask_url(url)} is down: {exc}") from None
+        if code in ("MOVED", "ASK", "CROSSSLOT"):
             raise StoreUnavailable(
                 f"Redis at {mask_url(url)} is a Redis Cluster node ({code}): set "
                 "SWARM_REDIS_CLUSTER=1 so that the client follows the cluster's slots"
@@ -217,6 +278,8 @@ async def redis_errors(url: str, job: str = "", *keys: str) -> AsyncIterator[Non
         ) from None
     except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
         raise StoreUnavailable(f"Redis at {mask_url(url)} unavailable: {exc}") from None
+    except RedisClusterException as exc:  # no node of the cluster reachable, most often
+        raise StoreUnavailable(f"Redis Cluster at {mask_url(url)}: {exc}") from None
     except RedisError as exc:  # anything else redis-py raises (a reply it cannot parse...)
         raise StoreRefused(f"Redis at {mask_url(url)}: {type(exc).__name__}: {exc}") from None
 

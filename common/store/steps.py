@@ -76,7 +76,9 @@ class Steps(StoreBase):
         nowhere (the agent finished, or waits on tools)."""
         if ids:
             stream = self.keys.landed(job)
-            async with redis_errors(self.url, job), self.redis.pipeline(transaction=True) as pipe:
+            # No MULTI (a Redis Cluster client has none): an entry acknowledged and left
+            # undeleted is never delivered again, and the next ack deletes nothing twice.
+            async with redis_errors(self.url, job), self.redis.pipeline(transaction=False) as pipe:
                 pipe.xack(stream, PUMP_GROUP, *ids)
                 pipe.xdel(stream, *ids)
                 await pipe.execute()
