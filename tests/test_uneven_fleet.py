@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
+import time
 import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -386,3 +387,117 @@ def test_a_pipeline_whose_step_no_endpoint_serves_waits_visibly_and_cancels_whol
     collected = collect(fleet.env, "p", out)
     assert collected.returncode == 1, collected.stderr
     assert len(_lines(out)) == 40
+
+
+def test_the_shared_case_on_a_fleet_that_is_not_uniform(
+    fleet_factory: FleetFactory, tmp_path: Path
+) -> None:
+    """Issue 30's shared case: one fleet, two tool runners with different tools, two workers
+    with different allow-lists, an endpoint of the embedding model answering another
+    dimension, a lone endpoint of a third model shifting its indexes; a pipeline with a
+    keep-fn, an agent job per runner (one whose model calls a tool its job did not offer),
+    an embeddings job, a plain job. Every answer right or failed with its reason, no tool run
+    that its job did not offer, no input stopped by an allow-list, the bad endpoint's job
+    ended within 30 s with fewer than 100 requests sent to it."""
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "keepers.py").write_text(
+        "import zlib\n\n\ndef even(answer):\n    return zlib.crc32(answer.encode()) % 2 == 0\n"
+    )
+    fleet = fleet_factory(5, "--model", "swarm-sim,swarm-sim,emb,emb,liar")
+    fleet.env["PYTHONPATH"] = str(code)
+    env = fleet.env
+    for port in (0, 1):
+        fleet.faults(port, calls_unoffered=True)
+    fleet.faults(3, embed_dims=8)
+    fleet.faults(4, shift_index=1)
+    tmp = fleet.tmp
+    n_agents, n_pipe, n_plain, n_emb, n_lies = 40, 400, 1000, 1000, 300
+    (tmp / "check.txt").write_text("Check: {answer}")
+    (tmp / "in.jsonl").write_text("".join(f'{{"n": {i}}}\n' for i in range(n_agents)))
+    (tmp / "fetch.txt").write_text(
+        'Read {n}. CALL fetch({{"url": "a{n}"}}) then CALL slow_add({{"a": {n}, "b": 2}})'
+    )
+    (tmp / "add.txt").write_text('Add {n}. CALL slow_add({{"a": {n}, "b": 1}})')
+    (tmp / "texts.txt").write_text("".join(f"text {i} on topic {i % 9}\n" for i in range(n_emb)))
+    jobs = [
+        [
+            tmp / "in.jsonl",
+            "--job",
+            "af",
+            "--task",
+            tmp / "fetch.txt",
+            "--tools",
+            "fetch",
+            "--model",
+            "swarm-sim",
+        ],
+        [
+            tmp / "in.jsonl",
+            "--job",
+            "as",
+            "--task",
+            tmp / "add.txt",
+            "--tools",
+            "slow_add",
+            "--model",
+            "swarm-sim",
+        ],
+        [tmp / "texts.txt", "--job", "e", "--embed", "--model", "emb"],
+    ]
+    for args in jobs:
+        enq = command(env, "swarm-enqueue", *args)
+        assert enq.returncode == 0, enq.stderr
+    pipe = fleet.enqueue(
+        "p", n_pipe, set(), "--model", "swarm-sim", "--then", str(tmp / "check.txt"),
+        "--max-tokens", "6", "--keep-fn", "keepers:even",
+    )  # fmt: skip
+    assert pipe.wait(60) == 0
+    assert fleet.enqueue("j", n_plain, set(), "--model", "swarm-sim").wait(60) == 0
+    assert fleet.enqueue("lies", n_lies, set(), "--model", "liar").wait(60) == 0
+    fetch_log, add_log = tmp / "fetch.log", tmp / "add.log"
+    runners = []
+    for tools, log in (("fetch", fetch_log), ("slow_add", add_log)):
+        log.touch()
+        runner_env = {k: v for k, v in env.items() if k.startswith("SWARM_")}
+        runner_env["SWARM_TOOLS"] = f"tests.agent_tools:{tools}"
+        runners.append(tool_runner(runner_env, log, tmp / f"runner-{tools}.log"))
+    started = time.monotonic()
+    fleet.worker("allows", [0, 2, 4], SWARM_REDUCE_FUNCTIONS="keepers:even")
+    fleet.worker("plain", [1, 3])
+    try:
+        lies = collect(env, "lies", tmp / "lies.jsonl")
+        lies_s = time.monotonic() - started
+        outs = {job: collect(env, job, tmp / f"{job}.jsonl") for job in ("af", "as", "e", "p", "j")}
+    finally:
+        for r in runners:
+            r.terminate()
+            r.wait(timeout=30)
+    # The lone endpoint that lies: its job ended, each prompt failed with its error, quickly.
+    assert lies.returncode == 1 and lies_s < 30, (lies_s, lies.stderr)
+    lines = _lines(tmp / "lies.jsonl")
+    assert len(lines) == n_lies and {x["error_kind"] for x in lines} == {"malformed"}
+    assert fleet.requests(4) < 100
+    # The agents: every one answered; no tool run that its job did not offer.
+    for job in ("af", "as"):
+        assert outs[job].returncode == 0, outs[job].stderr
+        agents = _lines(tmp / f"{job}.jsonl")
+        assert [x["index"] for x in agents] == list(range(n_agents))
+        assert all("failure" not in x for x in agents)
+    assert {x["tool_calls"] for x in _lines(tmp / "af.jsonl")} == {2}
+    assert sorted(fetch_log.read_text().split()) == ["fetch"] * n_agents
+    assert sorted(add_log.read_text().split()) == ["slow_add"] * n_agents  # as's only
+    # The embeddings: one dimension; a vector of the other never served as right.
+    vectors = _lines(tmp / "e.jsonl")
+    assert [x["index"] for x in vectors] == list(range(n_emb))
+    assert len({len(x["embedding"]) for x in vectors if x.get("embedding")}) == 1
+    assert {x["error_kind"] for x in vectors if x["error"]} <= {"malformed"}
+    # The pipeline: no input stopped by an allow-list, only by the filter itself.
+    steps = _lines(tmp / "p.jsonl")
+    assert [x["index"] for x in steps] == list(range(n_pipe))
+    stopped = [x for x in steps if x.get("stopped_at") is not None]
+    assert {x["error"] for x in stopped} == {"not sent to step 1: keepers:even refused the answer"}
+    assert [x["index"] for x in stopped] == [i for i in range(n_pipe) if _filtered(i)]
+    # The plain job: every answer right.
+    assert outs["j"].returncode == 0, outs["j"].stderr
+    check_output(tmp / "j.jsonl", n_plain, set())
