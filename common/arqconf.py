@@ -127,7 +127,10 @@ async def arq_pool(settings: Settings) -> ArqRedis:
 
 def _cluster_pool(settings: Settings) -> ArqRedis:
     base = arq_redis_settings(settings)
-    nodes = [(base.host, base.port)]
+    # Where to ask for the slot's primary: the node the URL names and the slot's primary of
+    # now, then every node the cluster knows (added at each ask): one of them is alive.
+    given = urlsplit(settings.redis_url)
+    nodes = [(given.hostname or "127.0.0.1", given.port or 6379), (base.host, base.port)]
     tls = urlsplit(settings.redis_url).scheme == "rediss"
     options: dict[str, Any] = {
         "slot_key": settings.keys.arq_queue,

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from arq.connections import ArqRedis
 
 from common.settings import Settings
-from common.store import JobStore
+from common.store import JobStore, redis_errors
 from common.tools import ToolAnswer, claim_s, tool_key
 
 __all__ = ["ToolCaller"]
@@ -43,6 +43,13 @@ class ToolCaller:
                 self.shared += 1
                 await self.store.count_tools("shared")
             return got if isinstance(got, ToolAnswer) else None
+        async with redis_errors(self.settings.redis_url):  # arq's client: its errors ours
+            await self._enqueue(name, arguments, key)
+        self.queued += 1
+        await self.store.count_tools("queued")
+        return None
+
+    async def _enqueue(self, name: str, arguments: str, key: str) -> None:
         keys = self.settings.keys
         await self.pool.enqueue_job(
             "run_tool",
@@ -55,9 +62,6 @@ class ToolCaller:
             # A try not started within its claim is stale: its asker asks again by then.
             _expires=self.claim_s,
         )
-        self.queued += 1
-        await self.store.count_tools("queued")
-        return None
 
     async def answers(self, calls: Sequence[tuple[str, str, str]]) -> list[ToolAnswer | None]:
         """The answers of ``calls`` (``(key, name, arguments)``), None where none is in yet. A

@@ -164,7 +164,9 @@ async def test_window_gate_admits_at_most_size_and_follows_a_resize() -> None:
 async def test_an_underfed_engine_gets_more_batches_in_flight(
     make_settings: Callable[..., Settings], store: JobStore, sim_fleet: Callable[..., SimFleet]
 ) -> None:
-    n = 1200
+    # Enough work that the job cannot end, on a machine however loaded, before the window
+    # has opened (a minute of it at the starting window); stopped once it has.
+    n = 6000
     await enqueue_prompts(store, spec(max_tokens=32), prompts(n))
     settings = make_settings(batch_size=8, inflight=2, inflight_max=32, adapt_period_s=0.05)
     cfg = EngineConfig(max_num_seqs=64, step_base_ms=5.0, step_per_seq_ms=0.0)
@@ -180,11 +182,16 @@ async def test_an_underfed_engine_gets_more_batches_in_flight(
                 assert not run.done()
                 await asyncio.sleep(0.01)
             assert window.size > 8
+            engine.request_stop()
             await run
         finally:
             await engine.close()
-    lines = await collect_lines(store, "j")
-    assert [x["text"] for x in lines] == [completion_for(p, 32)[0] for p, _ in prompts(n)]
+    lines = await collect_lines(store, "j")  # the answers in so far, each its own prompt's
+    asked = list(prompts(n))
+    assert len(lines) >= 64
+    assert [x["text"] for x in lines] == [
+        completion_for(asked[x["index"]][0], 32)[0] for x in lines
+    ]
 
 
 async def test_without_gauges_the_adaptive_window_falls_back_to_the_fixed_one(
