@@ -237,3 +237,21 @@ async def test_a_call_run_again_after_its_runner_died_says_it_ran_twice(
         second.wait(timeout=30)
     assert answer is not None and answer.runs == 2
     assert log.read_text().split() == ["forever", "forever"]
+
+
+async def test_an_answer_asked_for_again_is_kept_the_hand_over_time_from_then(
+    caller: ToolCaller,
+) -> None:
+    """Seen under load: the call every agent shares ran twice, its answer gone 120 s after its
+    run while agents still came to ask for it minutes apart. Each ask that finds the answer
+    keeps it the hand-over time from then (a cache's longer time is left as it is)."""
+    store = caller.store
+    key = tool_key("slow_add", '{"a": 1, "b": 2}')
+    await store.put_tool_answer(key, ToolAnswer(content="3"), 1.0)  # about to expire
+    assert await store.claim_tool(key, 60) == ToolAnswer(content="3")
+    ttl_ms = await store.redis.pttl(store.keys.tool_answer(key))
+    assert HAND_OVER_S * 1000 - 5000 < ttl_ms <= HAND_OVER_S * 1000
+    cached = tool_key("fetch", '{"url": "doi:9"}')
+    await store.put_tool_answer(cached, ToolAnswer(content="<page>"), 3 * HAND_OVER_S)
+    assert await store.claim_tool(cached, 60) == ToolAnswer(content="<page>")
+    assert await store.redis.pttl(store.keys.tool_answer(cached)) > HAND_OVER_S * 1000
