@@ -185,6 +185,9 @@ class BatchPath:
                 sent = await self._send(spec, deliveries, items, tally, copy=copy)
             except (GiveUp, EndpointUnusable, ModelNotServed) as exc:
                 cause = exc.cause if isinstance(exc, GiveUp) else exc
+                if isinstance(cause, EndpointMalformed) and copy:
+                    self.circuit.trip(cause)  # a copy's prompts are their holder's to answer
+                    return
                 if isinstance(cause, EndpointMalformed):
                     # It answers, but unusably: its prompts go elsewhere, or fail if none can.
                     why = str(cause)
@@ -199,7 +202,7 @@ class BatchPath:
             except _Dropped:
                 return
             items, sent, left_out = _left_out(items, sent)
-            if left_out:  # choices it kept leaving out: another endpoint's to try
+            if left_out and not copy:  # choices it kept leaving out: another endpoint's to try
                 results = await self._given_back(spec, results, left_out)
             if spec.per_prompt is not None:
                 sent = [answered(spec, r) for r in sent]
