@@ -81,9 +81,10 @@ async def test_no_step_waits_for_the_one_before_to_end(
     ]
     specs, _ = build_pipeline("p", JobOptions(max_tokens=16), steps, source="test")
     await enqueue_pipeline(store, specs, prompts(3000))
-    # Engines of 32 sequences: the first step alone takes seconds, far longer than one
-    # input's way through all three (the claim holds on a loaded machine too).
-    slow = EngineConfig(max_num_seqs=32, step_base_ms=5.0, step_per_seq_ms=0.0)
+    # Engines of 32 sequences: the first step alone takes about 11 s, far longer than one
+    # input's way through all three (the claim holds on a loaded machine too: at 4 s, a
+    # run beside 4 busy processes on 2 cores saw the first step end first).
+    slow = EngineConfig(max_num_seqs=32, step_base_ms=15.0, step_per_seq_ms=0.0)
     async with sim_fleet(2, slow) as fleet:
         await run_engine(settings, store, fleet.urls)
     first = await store.meta("p")
