@@ -126,3 +126,24 @@ async def test_the_meta_fields_the_scripts_write_are_the_vocabulary(fake: JobSto
     fields = set(await fake.meta("j"))
     assert fields - {m.value for m in Meta} == {failed_field(FailureKind.REJECTED)}
     assert {Meta.DONE, Meta.FAILED, Meta.TOTAL, Meta.FINISHED_S, Meta.ENQUEUED} <= fields
+
+
+async def test_redis_pys_own_failure_inside_the_client_is_an_outage_and_ours_a_bug() -> None:
+    """Seen under a failover with the machine loaded: redis-py's cluster pipeline raised
+    AttributeError (its default node gone while it re-read the layout), a traceback in the
+    worker's log. Raised inside redis-py, it is the store's outage; raised in our code, a bug
+    that stays seen."""
+    import redis.asyncio.cluster as redis_cluster
+
+    from common.errors import StoreUnavailable
+    from common.store.connection import redis_errors
+
+    class Reinitialising:  # what the cluster client is for a moment: no layout yet
+        pass
+
+    with pytest.raises(StoreUnavailable, match="its client failed \\(AttributeError"):
+        async with redis_errors("redis://127.0.0.1:1/0"):
+            redis_cluster.RedisCluster.get_default_node(Reinitialising())
+    with pytest.raises(AttributeError):
+        async with redis_errors("redis://127.0.0.1:1/0"):
+            Reinitialising().name  # type: ignore[attr-defined]  # noqa: B018

@@ -282,6 +282,22 @@ async def redis_errors(url: str, job: str = "", *keys: str) -> AsyncIterator[Non
         raise StoreUnavailable(f"Redis Cluster at {mask_url(url)}: {exc}") from None
     except RedisError as exc:  # anything else redis-py raises (a reply it cannot parse...)
         raise StoreRefused(f"Redis at {mask_url(url)}: {type(exc).__name__}: {exc}") from None
+    except (AttributeError, KeyError, TypeError) as exc:
+        if not _raised_in_redis_py(exc):
+            raise  # ours: a bug to see, not an outage
+        # redis-py's cluster client failing inside itself while it re-reads the cluster's
+        # layout (a failover under way: its default node is gone for a moment).
+        raise StoreUnavailable(
+            f"Redis at {mask_url(url)}: its client failed ({type(exc).__name__}: {exc})"
+        ) from None
+
+
+def _raised_in_redis_py(exc: BaseException) -> bool:
+    """Whether ``exc`` was raised inside redis-py's own code (its innermost frame's)."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and str(tb.tb_frame.f_globals.get("__name__", "")).startswith("redis.")
 
 
 # redis-py prefixes the reply of a pipeline's failed command with this (then the command).
