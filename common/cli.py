@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import faulthandler
 import os
 import signal
 import sys
@@ -61,7 +62,10 @@ async def open_job_store(
 
 
 def run(prog: str, coro: Coroutine[Any, Any, int]) -> int:
-    """Run a command's coroutine; print swarm errors as one clear line and map them to exits."""
+    """Run a command's coroutine; print swarm errors as one clear line and map them to exits.
+    ``kill -USR1 PID`` prints every thread's stack on stderr: where a command that seems
+    stuck waits."""
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     try:
         return asyncio.run(coro)
     except KeyboardInterrupt:

@@ -8,6 +8,7 @@ import contextlib
 import http.server
 import os
 import random
+import signal
 import socket
 import subprocess
 import sys
@@ -100,11 +101,14 @@ def collect(
                 if mark != last:
                     last, since = mark, time.monotonic()
                 elif time.monotonic() - since > stall_s:
+                    proc.send_signal(signal.SIGUSR1)  # its stacks on stderr: where it waits
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        proc.wait(timeout=2)
                     proc.kill()
                     proc.wait()
                     se.seek(0)
                     raise AssertionError(
-                        f"swarm-collect {job}: no progress for {stall_s:g} s: {se.read()[-2000:]}"
+                        f"swarm-collect {job}: no progress for {stall_s:g} s: {se.read()[-6000:]}"
                     )
                 time.sleep(0.2)
         finally:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import socket
 import subprocess
 import time
@@ -160,3 +161,26 @@ def test_a_worker_with_a_wrong_redis_password_stops_at_once_with_one_line(
     lines = out.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("swarm-worker: error: Redis at redis://:***@")
     assert "refused access" in lines[0] and "not-the-password" not in out.stderr
+
+
+def test_a_command_that_seems_stuck_prints_its_stacks_on_sigusr1(cli_env: dict[str, str]) -> None:
+    """``kill -USR1 PID`` on a command that waits (here ``swarm-collect --wait`` for a job
+    not yet queued) prints where each thread waits, and the command goes on waiting."""
+    proc = subprocess.Popen(
+        [BIN / "swarm-collect", "later", "--out", "/dev/null", "--wait"],
+        env=cli_env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stderr is not None
+        said = proc.stderr.readline()  # it waits now: "waiting for job 'later' to be enqueued"
+        assert "waiting for job 'later'" in said
+        proc.send_signal(signal.SIGUSR1)
+        dump = "".join(proc.stderr.readline() for _ in range(3))
+        assert "Thread 0x" in dump or "Current thread 0x" in dump, dump
+        assert proc.poll() is None  # still waiting
+    finally:
+        proc.kill()
+        proc.communicate()  # its pipe drained and closed
