@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import contextlib
 import faulthandler
+import io
 import os
 import signal
 import sys
@@ -58,14 +59,22 @@ async def open_job_store(
     try:
         yield job, store
     finally:
-        await store.close()
+        # Bounded: a command's work is done here, and a cluster client's close was seen to
+        # wait without end after a failover.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(store.close(), CLOSE_S)
+
+
+# How long a command waits for its Redis connections to close once its work is done.
+CLOSE_S = 5.0
 
 
 def run(prog: str, coro: Coroutine[Any, Any, int]) -> int:
     """Run a command's coroutine; print swarm errors as one clear line and map them to exits.
     ``kill -USR1 PID`` prints every thread's stack on stderr: where a command that seems
     stuck waits."""
-    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    with contextlib.suppress(io.UnsupportedOperation, AttributeError, ValueError):
+        faulthandler.register(signal.SIGUSR1, all_threads=True)  # (no real stderr: none)
     try:
         return asyncio.run(coro)
     except KeyboardInterrupt:

@@ -281,8 +281,8 @@ def test_vectors_of_another_dimension_are_never_served_as_right(
     dims = {len(x["embedding"]) for x in lines if x.get("embedding")}
     assert len(dims) == 1, dims  # one dimension, whichever answered first
     failed = [x for x in lines if x["error"]]
-    if dims == {8}:  # the odd endpoint answered first: the right one's are the odd ones now
-        assert failed, "the other endpoint's vectors cannot all have been taken"
+    if dims == {8}:  # the odd endpoint answered first: the other's vectors are the odd ones
+        assert all(len(x["embedding"]) == 8 for x in lines if not x["error"])
     else:
         assert dims == {len(embedding_for("x"))}
         assert done.returncode == 0, done.stderr
