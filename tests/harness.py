@@ -163,7 +163,16 @@ class RedisClusterProcs:
         """The URL of one node: a cluster client finds the others from it."""
         return self.nodes[0].url
 
-    def start(self, timeout_s: float = 30.0) -> RedisClusterProcs:
+    def start(self, timeout_s: float = 90.0) -> RedisClusterProcs:
+        """Start the nodes and form the cluster (gossip is slow on a loaded machine: a long
+        limit); on failure, every node started is stopped again."""
+        try:
+            return self._start(timeout_s)
+        except BaseException:
+            self.close()
+            raise
+
+    def _start(self, timeout_s: float) -> RedisClusterProcs:
         for node in self.nodes:
             node.start()
         clients = [redis.Redis(port=node.port) for node in self.nodes]

@@ -11,17 +11,20 @@ in hand still belongs to the job's generation).
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Sequence
 from functools import cache
 from importlib.resources import files
+from typing import Any
 
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
-from redis.commands.core import AsyncScript
+from redis.exceptions import NoScriptError
 
 from common.keys import LANE_PREFIX
 from common.vocab import FAILED_KIND_PREFIX, Meta
 
-__all__ = ["SCRIPT_NAMES", "Scripts", "source"]
+__all__ = ["SCRIPT_NAMES", "Script", "Scripts", "source"]
 
 SCRIPT_NAMES = (
     "add",
@@ -78,39 +81,60 @@ def source(name: str) -> str:
     return _preamble() + files(__package__).joinpath("lua", f"{name}.lua").read_text("utf-8")
 
 
+class Script:
+    """One script on one client, run by its SHA1 (EVALSHA) and, where the node serving its
+    keys does not know it, by its text (EVAL, which also caches it there).
+
+    A node's script cache is in memory only: a Redis restarted, or a replica promoted in a
+    failover, has none. redis-py's own fallback loads the script on the primaries its cluster
+    client believes in, which after a failover may leave out the new one (seen: every script
+    call refused from then on); EVAL goes where the keys are, like the call itself."""
+
+    __slots__ = ("client", "sha", "text")
+
+    def __init__(self, client: aioredis.Redis | RedisCluster, text: str) -> None:
+        self.client, self.text = client, text
+        self.sha = hashlib.sha1(text.encode()).hexdigest()
+
+    async def __call__(self, keys: Sequence[Any] = (), args: Sequence[Any] = ()) -> Any:
+        try:
+            return await self.client.evalsha(self.sha, len(keys), *keys, *args)
+        except NoScriptError:
+            return await self.client.eval(self.text, len(keys), *keys, *args)
+
+
 class Scripts:
-    """Every script registered on one client; calling one runs it by SHA (EVALSHA, loading it
-    first where Redis does not know it yet)."""
+    """Every script on one client (see :class:`Script`)."""
 
     __slots__ = SCRIPT_NAMES
 
     def __init__(self, redis: aioredis.Redis | RedisCluster) -> None:
         for name in SCRIPT_NAMES:
-            setattr(self, name, redis.register_script(source(name)))
+            setattr(self, name, Script(redis, source(name)))
 
-    add: AsyncScript
-    agents: AsyncScript
-    backlog: AsyncScript
-    board: AsyncScript
-    cache_get: AsyncScript
-    cache_put: AsyncScript
-    claim_mine: AsyncScript
-    commit: AsyncScript
-    copy: AsyncScript
-    create: AsyncScript
-    dim: AsyncScript
-    evict: AsyncScript
-    final: AsyncScript
-    lane_steal: AsyncScript
-    lane_take: AsyncScript
-    lock: AsyncScript
-    move: AsyncScript
-    publish: AsyncScript
-    retry: AsyncScript
-    seal: AsyncScript
-    stage: AsyncScript
-    start: AsyncScript
-    tool_claim: AsyncScript
-    tool_rate: AsyncScript
-    tool_runners: AsyncScript
-    tool_serve: AsyncScript
+    add: Script
+    agents: Script
+    backlog: Script
+    board: Script
+    cache_get: Script
+    cache_put: Script
+    claim_mine: Script
+    commit: Script
+    copy: Script
+    create: Script
+    dim: Script
+    evict: Script
+    final: Script
+    lane_steal: Script
+    lane_take: Script
+    lock: Script
+    move: Script
+    publish: Script
+    retry: Script
+    seal: Script
+    stage: Script
+    start: Script
+    tool_claim: Script
+    tool_rate: Script
+    tool_runners: Script
+    tool_serve: Script
