@@ -33,6 +33,8 @@ from producer.agentout import follow_agents
 from sim.engine import EngineConfig
 
 TITLE = "## 12. Agents"
+# Served as vLLM must be for agents whose model picks its tools (tool_choice "auto").
+TOOL_PARSER = ("--enable-auto-tool-choice", "--tool-call-parser", "hermes")
 ENGINE = EngineConfig(max_num_seqs=256, step_base_ms=20.0, step_per_seq_ms=0.1)
 PREFILL = "0.05"  # ms per prompt token not in the prefix cache
 TASK = 'Question {n}: find it out. CALL lookup({{"key": "{key}"}})'
@@ -166,14 +168,14 @@ def install_batch_agent() -> None:
 async def run(n: int, inflight: list[int]) -> list[tuple[str, dict[str, Any]]]:
     rows: list[tuple[str, dict[str, Any]]] = []
     with Bench() as bench:
-        fleet = new_fleet(4, ENGINE).start("--prefill-ms-per-token", PREFILL)
+        fleet = new_fleet(4, ENGINE).start("--prefill-ms-per-token", PREFILL, *TOOL_PARSER)
         LOG.unlink(missing_ok=True)
         try:
             rows.append(("swarm-queue, 4 endpoints", await swarm_agents(bench.url, fleet.urls, n)))
         finally:
             fleet.stop()
         for m in inflight:
-            fleet = new_fleet(1, ENGINE).start("--prefill-ms-per-token", PREFILL)
+            fleet = new_fleet(1, ENGINE).start("--prefill-ms-per-token", PREFILL, *TOOL_PARSER)
             LOG.unlink(missing_ok=True)
             os.environ["BENCH_TOOL_LOG"] = str(LOG)
             try:

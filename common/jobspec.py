@@ -119,6 +119,13 @@ def build_spec(
     if options.embed:
         _check_embed(options)
     per_prompt = _per_prompt(options)
+    if options.samples > 1 and options.temperature == 0:
+        # vLLM refuses it (400 "n must be 1 when using greedy sampling"): every prompt failed.
+        raise ConfigError(
+            f"--samples {options.samples} with --temperature 0 (greedy decoding) would be one "
+            "answer repeated, and vLLM refuses it: set a temperature above 0 (a seed makes "
+            "the samples repeatable)"
+        )
     if options.schema is not None:
         AnswerValidator(options.schema)  # refuses what it cannot check, before anything is queued
     try:

@@ -35,7 +35,7 @@ SCHEMA = {
 async def main() -> None:
     fast = EngineConfig(step_base_ms=2.0, step_per_seq_ms=0.0)
     async with (
-        SimFleet([SimEndpoint(free_port(), fast) for _ in range(2)]) as fleet,
+        SimFleet([SimEndpoint(free_port(), fast, tool_parser="hermes") for _ in range(2)]) as fleet,
         Swarm(endpoints=fleet.urls, poll_ms=50) as swarm,
     ):
         ok = turns = 0

@@ -600,19 +600,30 @@ def build_agents(
     for name in names:
         validate_tool_name(name)
     chat = msgspec.structs.replace(options, chat=True)
-    if agent.output_schema is not None and options.response_format is None:
-        # Guided decoding on the server (vLLM's json_schema) keeps repairs rare.
-        chat = msgspec.structs.replace(
-            chat,
-            response_format={
-                "type": "json_schema",
-                "json_schema": {"name": "output", "schema": agent.output_schema},
-            },
-        )
     spec, warnings = build_spec(job, chat, source=source)
     spec = msgspec.structs.replace(spec, tools=tools or None, agent=agent)
+    guided = spec
+    if agent.output_schema is not None and options.response_format is None:
+        # Guided decoding on the server (vLLM's json_schema) keeps repairs rare; but it holds
+        # the whole answer to the schema, so a turn sent it can call no tool: only the last
+        # turn gets it (a tool call there ends the agent anyway), every turn if no tools.
+        guided = msgspec.structs.replace(
+            spec,
+            params=msgspec.structs.replace(
+                spec.params,
+                response_format={
+                    "type": "json_schema",
+                    "json_schema": {"name": "output", "schema": agent.output_schema},
+                },
+            ),
+        )
+    last = agent.max_turns - 1
     specs = [
-        msgspec.structs.replace(spec, job=step_name(job, k), priority=spec.priority + k)
+        msgspec.structs.replace(
+            guided if k == last or not tools else spec,
+            job=step_name(job, k),
+            priority=spec.priority + k,
+        )
         for k in range(agent.max_turns)
     ]
     return specs, warnings

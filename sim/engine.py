@@ -132,6 +132,9 @@ class Engine:
         self._task: asyncio.Task[None] | None = None
         self.finished_seqs = 0
         self.aborted_seqs = 0
+        # The most sequences ever running at once: what an observer polling num_running on a
+        # loaded machine may miss.
+        self.peak_running = 0
         self.generated_tokens = 0
         # Per sequence, as vLLM's histograms of the same names: time spent waiting for a slot,
         # and from arrival to the last token.
@@ -207,6 +210,7 @@ class Engine:
             n, req = self._waiting.popleft()
             self.queue_time.observe(now - req.arrived)
             heapq.heappush(self._running, (self._step + n, next(self._seq), req))
+        self.peak_running = max(self.peak_running, len(self._running))
 
     def step(self) -> int:
         """One decode step: admit, one token for every running sequence, retire finished ones.

@@ -45,7 +45,7 @@ from aiohttp import web
 from sim.engine import Engine, EngineConfig, EngineStopped
 from sim.prefix import PrefixCache
 from sim.text import count_tokens, embedding_for, sample_for
-from sim.tools import call_id, pending_call, schema_answer
+from sim.tools import call_id, choice_error, schema_answer, tool_call
 
 __all__ = ["FaultConfig", "SimEndpoint", "SimFleet", "main"]
 
@@ -139,8 +139,12 @@ class SimEndpoint:
         seed: int = 0,
         bos_token: str = "",
         chat_template_bos: bool = False,
+        tool_parser: str | None = None,
     ) -> None:
         self.host, self.port = host, port
+        # vLLM's --tool-call-parser (with --enable-auto-tool-choice): without one, tools with
+        # tool_choice "auto" (the default) are refused, as vLLM refuses them.
+        self.tool_parser = tool_parser
         # The tokenizer's BOS ("" : none, the default) and whether the model's chat template
         # starts with it: the model's answer depends on every token it sees, BOS included.
         self.bos_token = bos_token
@@ -285,6 +289,16 @@ class SimEndpoint:
             return self._error(500, "simulated internal server error", "InternalServerError")
         return None
 
+    def _n_error(self, req: _CompletionRequest | _ChatRequest) -> web.Response | None:
+        """vLLM's refusal of ``n`` samples: fewer than one, or more than one with greedy
+        decoding (temperature 0: they would all be the same answer)."""
+        if req.n < 1:
+            return self._error(400, f"n must be at least 1, got {req.n}.", "BadRequestError", "n")
+        if req.n > 1 and req.temperature == 0:
+            why = f"n must be 1 when using greedy sampling, got {req.n}."
+            return self._error(400, why, "BadRequestError", "n")
+        return None
+
     def _check_model(self, model: str) -> web.Response | None:
         if model not in self.models:
             return self._error(
@@ -370,8 +384,8 @@ class SimEndpoint:
             if (err := self._context_error(n, max_tokens)) is not None:
                 return err
         ignore_eos = req.ignore_eos or self.config.ignore_eos
-        if req.n < 1:
-            return self._error(400, f"n must be at least 1, got {req.n}.", "BadRequestError", "n")
+        if (err := self._n_error(req)) is not None:
+            return err
         outs = [_sample(p, max_tokens, j, req, ignore_eos) for p in seen for j in range(req.n)]
         prefill = sum(self.prefix.lookup(p) for p in seen)
         await self._generate([n for _, n, _ in outs], sum(ptoks), prefill)
@@ -445,6 +459,9 @@ class SimEndpoint:
         return await self._serve(request, _chat_decoder, self._chat_complete)
 
     async def _chat_complete(self, req: _ChatRequest) -> web.Response:
+        why = choice_error(req.tools, req.tool_choice, parser=self.tool_parser is not None)
+        if why is not None:
+            return self._error(400, why, "BadRequestError")
         # A stand-in chat template: what the model sees is a pure function of the messages.
         prompt = self.bos_token if self.chat_template_bos else ""
         prompt += "".join(f"<|{m.role}|>\n{_said(m)}\n" for m in req.messages)
@@ -458,18 +475,19 @@ class SimEndpoint:
         if (err := self._context_error(ptoks, max_tokens)) is not None:
             return err
         ignore_eos = req.ignore_eos or self.config.ignore_eos
-        if req.n < 1:
-            return self._error(400, f"n must be at least 1, got {req.n}.", "BadRequestError", "n")
+        if (err := self._n_error(req)) is not None:
+            return err
         prefill = self.prefix.lookup(prompt)
-        offered: set[str | None] | None = {
-            t.get("function", {}).get("name") for t in req.tools or []
-        }
-        if self.faults.calls_unoffered and req.tools:
-            offered = None  # any tool its directives name
-        pending = pending_call([(m.role, m.content) for m in req.messages], offered)
-        if pending is not None:
-            return await self._tool_call(req, pending, ptoks, prefill)
         schema = ((req.response_format or {}).get("json_schema") or {}).get("schema")
+        call = tool_call(
+            [(m.role, m.content) for m in req.messages],
+            req.tools,
+            req.tool_choice,
+            constrained=isinstance(schema, dict),
+            offered_only=not self.faults.calls_unoffered,
+        )
+        if call is not None:
+            return await self._tool_call(req, call, ptoks, prefill)
         if isinstance(schema, dict):
             text = _json.encode(schema_answer(schema, prompt)).decode()
             outs = [(text, count_tokens(text), "stop")] * req.n
@@ -530,8 +548,13 @@ class SimEndpoint:
             "type": "function",
             "function": {"name": name, "arguments": arguments},
         }
-        message = {"role": "assistant", "content": None, "tool_calls": [call_json]}
-        return self._chat_answer(req, [message], ["tool_calls"], ptoks, ctoks)
+        if req.tool_choice is None or req.tool_choice == "auto":  # the parser found a call
+            message = {"role": "assistant", "content": None, "tool_calls": [call_json]}
+            return self._chat_answer(req, [message], ["tool_calls"], ptoks, ctoks)
+        # A call forced by guided decoding (required, or a named tool): vLLM writes the
+        # generated arguments as the call, content "", and the engine's own finish reason.
+        message = {"role": "assistant", "content": "", "tool_calls": [call_json]}
+        return self._chat_answer(req, [message], ["stop"], ptoks, ctoks)
 
     async def _alive(self, request: web.Request) -> web.Response | None:
         """For /health and /v1/models: a dead endpoint drops the connection, a stalled one hangs."""
@@ -658,7 +681,7 @@ def _sample(
     req: _CompletionRequest | _ChatRequest,
     ignore_eos: bool,
 ) -> tuple[str, int, str]:
-    """Sample ``j`` of ``prompt``: greedy decoding (temperature 0) gives every sample the same
+    """Sample ``j`` of ``prompt``: greedy decoding (temperature 0, one sample) gives one
     answer, as an engine does; sampling spreads them (see :func:`sim.text.sample_for`)."""
     greedy = req.temperature is not None and req.temperature == 0
     return sample_for(prompt, max_tokens, 0 if greedy else j, ignore_eos=ignore_eos)
@@ -751,7 +774,18 @@ def build_fleet(argv: Sequence[str] | None = None) -> SimFleet:
         action="store_true",
         help="the model's chat template starts with the BOS (as {{ bos_token }} templates do)",
     )
+    p.add_argument(
+        "--enable-auto-tool-choice",
+        action="store_true",
+        help="as vLLM's: let the model decide to call tools (tool_choice auto); needs "
+        "--tool-call-parser",
+    )
+    p.add_argument("--tool-call-parser", default=None, help="as vLLM's (any name: hermes...)")
     a = p.parse_args(argv)
+    if a.enable_auto_tool_choice != (a.tool_call_parser is not None):
+        raise SystemExit(
+            "swarm-sim: --enable-auto-tool-choice and --tool-call-parser go together, as in vLLM"
+        )
     try:
         ports = [int(x) for x in a.ports.split(",") if x.strip()]
     except ValueError:
@@ -796,6 +830,7 @@ def build_fleet(argv: Sequence[str] | None = None) -> SimFleet:
                 seed=a.seed,
                 bos_token=a.bos_token,
                 chat_template_bos=a.chat_template_bos,
+                tool_parser=a.tool_call_parser,
             )
         )
     return SimFleet(endpoints)

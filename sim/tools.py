@@ -3,7 +3,14 @@
 answers the conversation's first directive not yet answered by a ``tool`` message with a
 ``tool_calls`` message in vLLM's format (``finish_reason: "tool_calls"``), one call a turn;
 once every directive has its answer, it answers in text, or, asked for a JSON schema's
-object (``response_format``), with an object of the schema's properties."""
+object (``response_format``), with an object of the schema's properties.
+
+``tool_choice`` as vLLM takes it (:func:`choice_error`, :func:`tool_call`): ``auto`` (or
+none given) only on a server started with ``--enable-auto-tool-choice`` and
+``--tool-call-parser``, else vLLM's 400; a ``response_format`` under ``auto`` constrains the
+whole answer to its schema, so no call can be written; ``required`` and a named tool are
+constrained to a call (the directive's, else the tool's parameters filled in), whatever the
+server's flags; ``none`` never calls."""
 
 from __future__ import annotations
 
@@ -12,9 +19,72 @@ import re
 import zlib
 from typing import Any
 
-__all__ = ["call_id", "pending_call", "schema_answer"]
+__all__ = ["AUTO_REFUSED", "call_id", "choice_error", "pending_call", "schema_answer", "tool_call"]
 
 _CALL = re.compile(r"CALL (\w+)\((\{.*?\})\)")
+
+
+# vLLM's answer (400) to tools with tool_choice "auto" (its default) on a server started
+# without a tool-call parser.
+AUTO_REFUSED = (
+    '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set'
+)
+
+
+def _forced(choice: Any) -> str | None:
+    """The tool a named ``tool_choice`` forces (None: it names none)."""
+    if isinstance(choice, dict):
+        name = (choice.get("function") or {}).get("name")
+        return name if isinstance(name, str) else None
+    return None
+
+
+def choice_error(tools: list[dict[str, Any]] | None, choice: Any, parser: bool) -> str | None:
+    """vLLM's refusal of a request's ``tool_choice`` with these ``tools`` on a server with a
+    tool-call ``parser`` or not (None: accepted)."""
+    if not tools:
+        return None
+    if choice is None or choice == "auto":
+        return None if parser else AUTO_REFUSED
+    if choice in ("none", "required"):
+        return None
+    name = _forced(choice)
+    if name is None:
+        return f"Invalid tool_choice: {choice!r}"
+    if name not in {(t.get("function") or {}).get("name") for t in tools}:
+        return f"Tool '{name}' has not been passed in `tools`."
+    return None
+
+
+def tool_call(
+    messages: list[tuple[str, str | None]],
+    tools: list[dict[str, Any]] | None,
+    choice: Any,
+    constrained: bool,
+    offered_only: bool = True,
+) -> tuple[str, str] | None:
+    """``(name, arguments)`` of the call the model writes, or None: it answers in text.
+    ``constrained``: a ``response_format`` holds the answer to its schema (under ``auto``, no
+    call can be written); ``offered_only`` False: a directive naming a tool not offered is
+    followed too (a model may write any name)."""
+    if not tools or choice == "none":
+        return None
+    offered = {(t.get("function") or {}).get("name") for t in tools}
+    forced = _forced(choice)
+    if choice is None or choice == "auto":
+        return None if constrained else pending_call(messages, offered if offered_only else None)
+    pending = pending_call(messages, offered if forced is None else {forced})
+    if pending is not None:
+        return pending
+    # No directive left: the first tool offered (or the one named), its parameters filled in.
+    tool = next(
+        t for t in tools if forced is None or (t.get("function") or {}).get("name") == forced
+    )
+    function = tool.get("function") or {}
+    arguments = schema_answer(
+        function.get("parameters") or {}, "".join(c or "" for _, c in messages)
+    )
+    return str(function.get("name")), json.dumps(arguments, sort_keys=True)
 
 
 def call_id(name: str, arguments: str, turn: int) -> str:

@@ -449,6 +449,10 @@ AGENT_SCHEMA = {
     "properties": {"title": {"type": "string"}, "year": {"type": "integer"}},
     "required": ["title", "year"],
 }
+# swarm-sim started as vLLM must be for agents whose model decides on its tools (tool_choice
+# "auto", the default): without these flags both refuse such a request.
+TOOL_PARSER_ARGS = ("--enable-auto-tool-choice", "--tool-call-parser", "hermes")
+
 AGENT_TASK = (
     'Find paper {n}. CALL slow_add({{"a": 1, "b": 2}}) then CALL fetch({{"url": "doc{n}"}})'
 )

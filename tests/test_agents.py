@@ -23,6 +23,7 @@ from common.settings import Settings
 from common.store import JobStore
 from flows.agents import AgentResult, agent_prompts, build_agents, enqueue_agents, tool_definition
 from sim.server import SimFleet
+from sim.tools import AUTO_REFUSED
 from tests.harness import AGENT_SCHEMA, AGENT_TASK, command, tool_runner
 from tests.helpers import run_engine
 
@@ -61,7 +62,7 @@ async def test_agents_take_their_turns_share_a_tool_call_and_answer_as_data(
     assert [(s.job, s.priority) for s in specs] == [("ag", 0), ("ag:s1", 1), ("ag:s2", 2)]
     inputs = [{"n": i, "custom_id": f"paper-{i}"} for i in range(n)]
     await enqueue_agents(store, specs, agent_prompts(TASK, inputs, system="Be exact."))
-    async with sim_fleet(2) as fleet:
+    async with sim_fleet(2, tool_parser="hermes") as fleet:
         await run_engine(make_settings(), store, fleet.urls)
     raws = await store.agent_results("ag", 0, n)
     results = [msgspec.msgpack.decode(r, type=AgentResult) for r in raws if r is not None]
@@ -85,6 +86,30 @@ async def _queue_agents(store: JobStore, job: str, n: int) -> None:
     await enqueue_agents(store, specs, agent_prompts(TASK, [{"n": i} for i in range(n)]))
 
 
+async def test_an_agent_whose_turn_fails_for_good_ends_with_it_and_its_job_finishes(
+    make_settings: Callable[..., Settings],
+    store: JobStore,
+    sim_fleet: Callable[..., SimFleet],
+    cli_env: dict[str, str],
+) -> None:
+    """Seen on a stock vLLM (no tool-call parser): every first turn refused 400, yet the
+    agents "thinking" for ever, swarm-collect --wait never returning and every burst worker
+    up until the job was deleted. Each agent now ends with its turn's failure."""
+    n = 12
+    await _queue_agents(store, "rj", n)
+    async with sim_fleet(2) as fleet:  # started without a tool-call parser: "auto" refused
+        # Bounded: before the fix the burst never ended (the pump had agents to move).
+        await asyncio.wait_for(run_engine(make_settings(), store, fleet.urls), 300)
+    raws = await store.agent_results("rj", 0, n)
+    results = [msgspec.msgpack.decode(r, type=AgentResult) for r in raws if r is not None]
+    assert [r.index for r in results] == list(range(n))
+    for r in results:
+        assert (r.failure, r.turns, r.tool_calls) == ("error", 1, 0), r
+        assert AUTO_REFUSED in (r.error or ""), r.error
+    status = await asyncio.to_thread(command, cli_env, "swarm-status", "rj")
+    assert f"agents: {n} done, 0 waiting for a tool, 0 thinking (of {n})" in status.stdout
+
+
 async def test_swarm_collect_writes_agents_as_they_finished_and_refuses_other_jobs(
     runs_log: Path,
     make_settings: Callable[..., Settings],
@@ -95,7 +120,7 @@ async def test_swarm_collect_writes_agents_as_they_finished_and_refuses_other_jo
 ) -> None:
     n = 30
     await _queue_agents(store, "fin", n)
-    async with sim_fleet(2) as fleet:
+    async with sim_fleet(2, tool_parser="hermes") as fleet:
         await run_engine(make_settings(), store, fleet.urls)
     out = tmp_path / "fin.jsonl"
     got = await asyncio.to_thread(
@@ -123,7 +148,7 @@ async def test_each_turn_goes_to_the_endpoint_that_served_the_turn_before(
     where its first was, while the first turns spread over the endpoints."""
     n = 48
     await _queue_agents(store, "af", n)
-    async with sim_fleet(3) as fleet:
+    async with sim_fleet(3, tool_parser="hermes") as fleet:
         settings = make_settings(batch_size=4, inflight=1, lane_wait_ms=60_000)
         await run_engine(settings, store, fleet.urls)
     served = []
@@ -153,7 +178,7 @@ async def test_the_python_api_runs_agents_with_its_own_tool_functions(
     log.touch()
     monkeypatch.setenv("SWARM_TEST_TOOL_LOG", str(log))
     async with (
-        sim_fleet(2) as fleet,
+        sim_fleet(2, tool_parser="hermes") as fleet,
         Swarm(redis_url, endpoints=fleet.urls, prefix=prefix, poll_ms=50) as swarm,
     ):
         results = [
@@ -205,7 +230,7 @@ async def test_agents_waiting_on_a_tool_hold_no_slot_of_any_endpoint(
     port = free_port()
     metrics = {"metrics_port": port, "metrics_addr": "127.0.0.1", "stats_period_s": 0.1}
     async with (
-        sim_fleet(2) as fleet,
+        sim_fleet(2, tool_parser="hermes") as fleet,
         Swarm(redis_url, endpoints=fleet.urls, prefix=prefix, poll_ms=50, **metrics) as swarm,
     ):
         run = swarm.agents(
@@ -266,7 +291,7 @@ async def test_an_answer_off_schema_is_repaired_then_fails_and_the_last_turn_end
         "required": ["verdict"],
     }
     async with (
-        sim_fleet(1) as fleet,
+        sim_fleet(1, tool_parser="hermes") as fleet,
         Swarm(redis_url, endpoints=fleet.urls, prefix=prefix, poll_ms=50) as swarm,
     ):
         # The simulator's object never names an enum's value: the answer stays off schema.

@@ -23,6 +23,7 @@ from tests.harness import (
     AGENT_SCHEMA,
     AGENT_TASK,
     BIN,
+    TOOL_PARSER_ARGS,
     FleetFactory,
     collect,
     command,
@@ -47,7 +48,7 @@ def test_agents_survive_a_killed_worker_and_tool_runner_beside_other_jobs(
     fleet_factory: FleetFactory,
 ) -> None:
     n = 500
-    fleet = fleet_factory(3)
+    fleet = fleet_factory(3, *TOOL_PARSER_ARGS)
     tmp = fleet.tmp
     (tmp / "task.txt").write_text(TASK)
     (tmp / "schema.json").write_text(json.dumps(SCHEMA))
@@ -130,7 +131,7 @@ def test_agents_survive_a_killed_worker_and_tool_runner_beside_other_jobs(
 def test_an_agent_toml_describes_the_agents_and_bad_input_is_named(
     fleet_factory: FleetFactory,
 ) -> None:
-    fleet = fleet_factory(1)
+    fleet = fleet_factory(1, *TOOL_PARSER_ARGS)
     tmp = fleet.tmp
     (tmp / "agent.toml").write_text(
         "\n".join(
@@ -193,7 +194,7 @@ def test_agents_survive_their_producer_killed_mid_enqueue(fleet_factory: FleetFa
     """The producer dies with part of the input queued, while those agents take their turns;
     the same command run again queues the rest, and every agent finishes once."""
     n = 1_500
-    fleet = fleet_factory(2)
+    fleet = fleet_factory(2, *TOOL_PARSER_ARGS)
     tmp = fleet.tmp
     (tmp / "task.txt").write_text('Find paper {n}. CALL slow_add({{"a": 1, "b": 2}})')
     lines = [json.dumps({"n": i}) + "\n" for i in range(n)]
@@ -240,7 +241,7 @@ def test_agents_survive_a_redis_restart(fleet_factory: FleetFactory, tmp_path: P
     workdir.mkdir()
     server = EmbeddedRedis(appendonly=True, workdir=str(workdir)).start()
     try:
-        fleet = fleet_factory(2, url=server.url)
+        fleet = fleet_factory(2, *TOOL_PARSER_ARGS, url=server.url)
         tmp = fleet.tmp
         (tmp / "task.txt").write_text(TASK)
         (tmp / "in.jsonl").write_text("".join(json.dumps({"n": i}) + "\n" for i in range(n)))

@@ -23,6 +23,7 @@ from common.settings import Settings
 from common.store import JobStore
 from tests.harness import (
     AGENT_TASK,
+    TOOL_PARSER_ARGS,
     FleetFactory,
     RedisClusterProcs,
     check_output,
@@ -101,7 +102,7 @@ def test_every_process_rides_through_a_failover(
     keys = Keys(prefix)
     arq_node = cluster.node_of(f"{ARQ_TAG}:x")
     plain, pipe, agents = _names_with(cluster, keys, arq_node, 3)
-    fleet = fleet_factory(2, url=cluster.url)
+    fleet = fleet_factory(2, *TOOL_PARSER_ARGS, url=cluster.url)
     fleet.env["SWARM_REDIS_CLUSTER"] = "1"
     env = fleet.env
     n, n_agents = 6000, 200

@@ -6,10 +6,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import redis
 
 from common.errors import ConfigError
 from common.jobspec import JobOptions, build_spec, options_from
+from common.keys import Keys
 from producer.enqueue import JOB_FLAGS, options_from_args, parser
+from tests.harness import command
 
 
 def _job_flags() -> set[str]:
@@ -57,6 +60,11 @@ def test_the_cli_and_the_api_build_the_same_spec_from_the_same_settings(tmp_path
         ({"cache": True}, r"the cache needs a model \(--model NAME, or model=\)"),
         ({"temperature": "hot"}, "Expected `float | null`, got `str`"),
         ({"top_p": 3.0}, r"top_p must be in \(0, 1\], got 3.0"),
+        (
+            {"samples": 4, "temperature": 0},
+            r"--samples 4 with --temperature 0 \(greedy decoding\) would be one answer "
+            "repeated, and vLLM refuses it: set a temperature above 0",
+        ),
     ],
 )
 def test_one_rule_refuses_a_bad_setting_for_both(settings: dict[str, object], message: str) -> None:
@@ -67,3 +75,16 @@ def test_one_rule_refuses_a_bad_setting_for_both(settings: dict[str, object], me
 def test_a_sampled_cache_is_the_same_warning_for_both() -> None:
     _, warnings = build_spec("j", options_from({"model": "m", "cache": True}), source="x")
     assert len(warnings) == 1 and "keeps deterministic answers only" in warnings[0]
+
+
+def test_greedy_samples_are_refused_by_swarm_enqueue_before_anything_is_queued(
+    tmp_path: Path, cli_env: dict[str, str], redis_url: str, prefix: str
+) -> None:
+    """Seen on vLLM: accepted, then every prompt failed 400 after 78 requests for 40 prompts."""
+    (tmp_path / "in.txt").write_text("a\nb\n")
+    got = command(cli_env, "swarm-enqueue", tmp_path / "in.txt", "--job", "g", "--samples", "3",
+                  "--temperature", "0")  # fmt: skip
+    assert got.returncode == 2
+    assert "--samples 3 with --temperature 0 (greedy decoding) would be one answer" in got.stderr
+    with redis.Redis.from_url(redis_url) as client:
+        assert client.exists(Keys(prefix).meta("g")) == 0

@@ -102,19 +102,6 @@ async def test_samples_come_back_mapped_by_index_and_voted_per_prompt(
     assert {x["value"]["distinct"] for x in lines} <= {2, 3}  # samples agree in part
 
 
-async def test_greedy_samples_all_agree(
-    settings: Settings, store: JobStore, sim_fleet: Callable[..., SimFleet]
-) -> None:
-    spec, _ = build_spec(
-        "g", JobOptions(max_tokens=6, samples=4, temperature=0, per_prompt="vote"), source="t"
-    )
-    await enqueue_prompts(store, spec, prompts(40))
-    async with sim_fleet(1) as fleet:
-        await run_engine(settings, store, fleet.urls)
-    lines = await collect_lines(store, "g")
-    assert all(x["value"]["share"] == 1.0 and len(set(x["samples"])) == 1 for x in lines)
-
-
 @pytest.mark.parametrize("kind", ["semantic-entropy", "kernel-entropy"])
 async def test_an_uncertainty_measure_embeds_each_prompts_samples_on_the_fleet(
     settings: Settings, store: JobStore, kind: str

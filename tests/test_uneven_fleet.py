@@ -27,6 +27,7 @@ from sim.server import FaultConfig, SimFleet
 from sim.text import completion_for, embedding_for
 from tests.harness import (
     MAX_TOKENS,
+    TOOL_PARSER_ARGS,
     FleetFactory,
     check_output,
     collect,
@@ -99,7 +100,7 @@ async def test_a_call_is_taken_only_by_a_runner_that_allows_its_tool(
     await _agents(store, "jf", ["fetch"], 'Read {n}. CALL fetch({{"url": "doc{n}"}})', n)
     await _agents(store, "js", ["slow_add"], 'Add {n}. CALL slow_add({{"a": {n}, "b": 1}})', n)
     await _served(store, ["fetch", "slow_add"])
-    async with sim_fleet(2) as fleet:
+    async with sim_fleet(2, tool_parser="hermes") as fleet:
         await run_engine(make_settings(), store, fleet.urls)
     for job in ("jf", "js"):
         results = await _results(store, job, n)
@@ -122,7 +123,9 @@ async def test_a_tool_the_job_did_not_offer_is_never_run_and_the_model_is_told(
     n = 8
     await _agents(store, "ag", ["fetch"], 'Look {n}. CALL boom({{"record": "r{n}"}})', n)
     await _served(store, ["fetch", "boom"])
-    async with sim_fleet(1, faults=[FaultConfig(calls_unoffered=True)]) as fleet:
+    async with sim_fleet(
+        1, faults=[FaultConfig(calls_unoffered=True)], tool_parser="hermes"
+    ) as fleet:
         await run_engine(make_settings(), store, fleet.urls)
         received = list(fleet.endpoints[0].received)
     results = await _results(store, "ag", n)
@@ -158,7 +161,7 @@ async def test_a_tool_no_runner_serves_waits_visibly_then_fails_with_that_reason
     assert out.returncode == 0, out.stderr
     assert "warning: no tool runner serves 'boom' now" in out.stderr
     assert "'fetch'" not in out.stderr
-    async with sim_fleet(1) as fleet:
+    async with sim_fleet(1, tool_parser="hermes") as fleet:
         engine = asyncio.create_task(run_engine(make_settings(tool_wait_s=3.0), store, fleet.urls))
         async with asyncio.timeout(30):  # the agents park on boom's calls
             while (await store.agent_counts("nb")).waiting < 4:  # noqa: ASYNC110 - the engine's tasks, in Redis
@@ -404,7 +407,7 @@ def test_the_shared_case_on_a_fleet_that_is_not_uniform(
     (code / "keepers.py").write_text(
         "import zlib\n\n\ndef even(answer):\n    return zlib.crc32(answer.encode()) % 2 == 0\n"
     )
-    fleet = fleet_factory(5, "--model", "swarm-sim,swarm-sim,emb,emb,liar")
+    fleet = fleet_factory(5, "--model", "swarm-sim,swarm-sim,emb,emb,liar", *TOOL_PARSER_ARGS)
     fleet.env["PYTHONPATH"] = str(code)
     env = fleet.env
     for port in (0, 1):

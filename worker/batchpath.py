@@ -392,6 +392,7 @@ class BatchPath:
                         completion_tokens,
                         gen=spec.generation,
                         moves_on=spec.then is not None or spec.agent is not None,
+                        failures_move=spec.agent is not None,
                     )
                 )
             except StoreUnavailable as exc:

@@ -192,6 +192,7 @@ class Delivery(StoreBase):
         *,
         gen: str,
         moves_on: bool = False,
+        failures_move: bool = False,
     ) -> Commit:
         """Write each result under its index (first write wins) and ack its entry, atomically.
 
@@ -199,9 +200,11 @@ class Delivery(StoreBase):
         an answer from the response cache, is kept so that ``swarm-retry`` can queue the prompt
         again. ``moves_on``: the job is a pipeline step, each new answer is appended to its
         ``landed`` stream with its entry, in the same step. Work of another generation of the
-        job than ``gen`` is refused whole with :class:`JobGoneError`.
+        job than ``gen`` is refused whole with :class:`JobGoneError`. ``failures_move`` (an
+        agent's turn): each new failure is appended too, for its pump to end the agent with.
         """
-        args: list[Any] = [GROUP, prompt_tokens, completion_tokens, gen]
+        land = "1" if failures_move else ""
+        args: list[Any] = [GROUP, prompt_tokens, completion_tokens, gen, land]
         for entry_id, result, payload in entries:
             kind = ("+" if result.cached else "") if result.ok else (result.error_kind or "error")
             keep = moves_on or not result.ok or result.cached

@@ -16,7 +16,12 @@ local function pairs_of(hash, put)
   for j = i + 1, i + 2 * n, 2 do put(hash, ARGV[j], ARGV[j + 1]) end
   i = i + 1 + 2 * n
 end
-local function hset(hash, field, value) redis.call('HSET', hash, field, value) end
+-- An agent already finished is neither given a state nor parked again: a pump that took a
+-- turn's answer again (its first taker died before acknowledging it) must not bring back
+-- an agent that has ended since.
+local function hset(hash, field, value)
+  if redis.call('HEXISTS', KEYS[1], field) == 0 then redis.call('HSET', hash, field, value) end
+end
 local new = 0
 pairs_of(KEYS[2], hset)
 pairs_of(KEYS[3], hset)

@@ -7,11 +7,14 @@
 -- lost, and queued again under its name) is refused with GONE: nothing written, nothing acked.
 -- A pipeline step's commit also appends each new answer to its `landed` stream (index and
 -- entry), where the pump that feeds the next step reads it: an answer moves on once, at once.
+-- An agent's turn lands its failures too: its pump ends the agent with the failure (a
+-- pipeline's failure stops at its step).
 -- KEYS: [1] results, [2] meta, [3] stream, [4] failed, [5] cached, [6] running, [7] landed
 --       (only for a pipeline step; then successes carry their entry payload too)
--- ARGV: [1] group, [2] prompt_tokens, [3] completion_tokens, [4] generation, then per entry
---       five: entry_id, index, result blob, failure kind ('' on success, '+' on a success
---       answered from the response cache), original entry payload
+-- ARGV: [1] group, [2] prompt_tokens, [3] completion_tokens, [4] generation, [5] '1' if
+--       failures land too, then per entry five: entry_id, index, result blob, failure kind
+--       ('' on success, '+' on a success answered from the response cache), original entry
+--       payload
 -- Returns {new results done, new results failed, new of them from the cache, then kind,
 -- count for each kind failed}.
 local results, meta, stream, failed_h, cached_h = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
@@ -19,8 +22,9 @@ local running, landed = KEYS[6], KEYS[7]
 local group, now = ARGV[1], now_s()
 local gone, evicted = generation_error(meta, ARGV[4])
 if gone then return gone end
--- Entry e's five arguments are ARGV[5 * e] .. ARGV[5 * e + 4].
-local n = (#ARGV - 4) / 5
+local failures_land = ARGV[5] == '1'
+-- Entry e's five arguments are ARGV[5 * e + 1] .. ARGV[5 * e + 5].
+local n = (#ARGV - 5) / 5
 local done, failed, hits, kinds, seen = 0, 0, 0, {}, {}
 -- One HMGET and one HSET per chunk rather than an HSETNX per entry: Redis's cost per command
 -- called from Lua is several times its cost per field.
@@ -28,19 +32,19 @@ for lo = 1, n, 500 do
   local hi = math.min(lo + 499, n)
   local ids, indices = {}, {}
   for e = lo, hi do
-    ids[#ids + 1] = ARGV[5 * e]
-    indices[#indices + 1] = ARGV[5 * e + 1]
+    ids[#ids + 1] = ARGV[5 * e + 1]
+    indices[#indices + 1] = ARGV[5 * e + 2]
   end
   local have = redis.call('HMGET', results, unpack(indices))
   local fresh, lost, hit, moved = {}, {}, {}, {}
   for e = lo, hi do
-    local b, index = 5 * e, ARGV[5 * e + 1]
+    local b, index = 5 * e + 1, ARGV[5 * e + 2]
     if not have[e - lo + 1] and not seen[index] and tonumber(index) >= evicted then
       seen[index] = true
       fresh[#fresh + 1] = index
       fresh[#fresh + 1] = ARGV[b + 2]
       local kind = ARGV[b + 3]
-      if landed and (kind == '' or kind == '+') then
+      if landed and (kind == '' or kind == '+' or failures_land) then
         moved[#moved + 1] = index
         moved[#moved + 1] = ARGV[b + 4]
       end
