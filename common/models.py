@@ -174,6 +174,10 @@ class AgentSpec(msgspec.Struct, frozen=True, omit_defaults=True, kw_only=True):
     max_turns: int = 4
     max_repairs: int = 1
     output_schema: dict[str, Any] | None = None
+    # Whether its turns call tools: "auto" (None: the model decides, which vLLM serves only
+    # with --enable-auto-tool-choice and a --tool-call-parser), "required" or one tool's name
+    # (a call at every turn but the last, constrained by the server on any model), "none".
+    tool_choice: str | None = None
 
 
 class PerPrompt(msgspec.Struct, frozen=True, omit_defaults=True, kw_only=True):
@@ -226,6 +230,9 @@ class JobSpec(msgspec.Struct, frozen=True, omit_defaults=True):
     # Tools offered with every request, as OpenAI's chat API takes them ({"type": "function",
     # "function": {...}}): an answer may be tool calls instead of text (an agent's turn).
     tools: list[dict[str, Any]] | None = None
+    # OpenAI's tool_choice sent with them ("required", "none", {"type": "function",
+    # "function": {"name": ...}}); None: not sent, the server's default ("auto").
+    tool_choice: str | dict[str, Any] | None = None
     # The job's prompts are agents (see flows/agents.py); its later turns are jobs job:s1...
     agent: AgentSpec | None = None
     # With several samples a prompt (params.n): what is made of them, per prompt.
@@ -317,6 +324,8 @@ class PromptItem(msgspec.Struct, frozen=True, array_like=True):
     # In an embeddings job: several texts to embed for this one prompt (a prompt's samples,
     # for an uncertainty measure); None: its prompt alone.
     texts: tuple[str, ...] | None = None
+    # This prompt's own tool_choice (an agent's repair turn: "none"); None: its job's.
+    tool_choice: str | dict[str, Any] | None = None
 
     @classmethod
     def of(

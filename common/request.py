@@ -46,6 +46,8 @@ class Request(msgspec.Struct, frozen=True, array_like=True):
     # Chat: the tools offered. Digested apart, after the rest, and only when there are
     # some: the keys of every request without tools are those kept before tools existed.
     tools: list[dict[str, Any]] | None = None
+    # Chat: OpenAI's tool_choice (None: not sent). Digested after the tools, when set.
+    tool_choice: str | dict[str, Any] | None = None
 
     @property
     def add_special_tokens(self) -> bool | None:
@@ -62,6 +64,7 @@ def route_of(spec: JobSpec) -> Route:
 def render(spec: JobSpec, item: PromptItem) -> Request:
     """The request for ``item`` of ``spec``'s job."""
     route = route_of(spec)
+    chat_tools = route is Route.CHAT and bool(spec.tools)
     messages = None
     if route is Route.CHAT:
         messages = (
@@ -77,6 +80,7 @@ def render(spec: JobSpec, item: PromptItem) -> Request:
         params=item.params_in(spec),
         raw_template=spec.template is not None,
         tools=spec.tools if route is Route.CHAT else None,
+        tool_choice=(item.tool_choice or spec.tool_choice) if chat_tools else None,
     )
 
 
@@ -97,4 +101,6 @@ def request_key(request: Request) -> str:
     digest = hashlib.blake2b(_key_encoder.encode(core), digest_size=20)
     if request.tools:
         digest.update(_key_encoder.encode(request.tools))
+    if request.tool_choice is not None:
+        digest.update(_key_encoder.encode(request.tool_choice))
     return digest.hexdigest()

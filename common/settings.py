@@ -97,6 +97,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # batches in flight are released to other workers and it is probed until it answers.
     circuit_failures: int = 5
     probe_timeout_s: float = 10.0
+    # A burst worker gives up on an endpoint that answered once and has not answered since
+    # for this long (its engine died): its work is left to others; with every endpoint of it
+    # so, the worker exits 1 naming them (not burning an allocation). 0: never.
+    endpoint_dead_s: float = 300.0
     # An entry whose workers died running it more often than this is dead-lettered.
     max_deliveries: int = 8
     backoff_base_s: float = 0.5
@@ -217,7 +221,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             raise ConfigError(
                 f"inflight_max must be >= 0 (0: no adaptation), got {self.inflight_max}"
             )
-        for name in ("request_timeout_s", "lane_wait_ms"):
+        for name in ("request_timeout_s", "lane_wait_ms", "endpoint_dead_s"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
         for name in above_0:
@@ -259,6 +263,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             "SWARM_MAX_ATTEMPTS": ("max_attempts", int),
             "SWARM_CIRCUIT_FAILURES": ("circuit_failures", int),
             "SWARM_PROBE_TIMEOUT_S": ("probe_timeout_s", float),
+            "SWARM_ENDPOINT_DEAD_S": ("endpoint_dead_s", float),
             "SWARM_MAX_DELIVERIES": ("max_deliveries", int),
             "SWARM_POLL_MS": ("poll_ms", int),
             "SWARM_API_KEY": ("api_key", str),

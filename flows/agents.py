@@ -10,8 +10,9 @@ its lock):
   every answer is in. A parked agent is in no queue and holds no slot of any endpoint; once
   its answers are in, its conversation, the calls and their answers added, is queued as its
   next turn;
-* an answer: checked against the output schema; a mismatch gets a repair turn (the errors sent
-  back) while repairs are left; then the agent finishes, once, with its output as data;
+* an answer: checked against the output schema; a mismatch, or an answer cut off at
+  ``max_tokens``, gets a repair turn (the errors sent back) while repairs are left; then the
+  agent finishes, once, with its output as data;
 * a failure, a tool no runner allows, or the last turn asking for tools: the agent finishes
   with that failure and its reason; the other agents go on.
 """
@@ -137,8 +138,8 @@ def _lane(r: Result | None) -> str:
 
 class AgentResult(msgspec.Struct, frozen=True, omit_defaults=True):
     """An agent's end, as its output line shows it: its ``output`` (the answer, parsed when it
-    has an output schema), or ``failure`` (``max_turns``, ``schema``, ``tool``, ``error``)
-    and why; the turns, tool calls and tokens it used."""
+    has an output schema), or ``failure`` (``max_turns``, ``schema``, ``length``, ``tool``,
+    ``error``) and why; the turns, tool calls and tokens it used."""
 
     index: int
     custom_id: str | None = None
@@ -330,7 +331,7 @@ class AgentPump:
         await self.store.record_agents(
             spec.job, gen=spec.generation, states=new_states, waits=parked, results=finished
         )
-        await self._onward(spec, k, onward, [x.entry_id for x in landed])
+        await self._onward(spec, k, onward, [x.entry_id for x in landed], repairs=True)
 
     def _outcome(
         self,
@@ -370,7 +371,15 @@ class AgentPump:
             return None, None
         text = r.text or ""
         validator = self._validator(spec)
-        why = validator.error(text) if validator is not None else None
+        why: str | None
+        if r.finish_reason == "length":  # cut off at max_tokens: no answer, whatever it reads
+            failure = "length"
+            why = f"was cut off at max_tokens ({spec.params.max_tokens} tokens)"
+            again = "Answer again, in full and shorter."
+        else:
+            failure = "schema"
+            why = validator.error(text) if validator is not None else None
+            again = "Answer again, as JSON of that schema."
         if why is None:
             output = json.loads(text) if validator is not None else text
             return end(None, output=output, text=text), None
@@ -378,10 +387,10 @@ class AgentPump:
             conversation = (
                 *(item.messages or ()),
                 Message("assistant", text),
-                Message("user", f"Your answer {why}. Answer again, as JSON of that schema."),
+                Message("user", f"Your answer {why}. {again}"),
             )
             return None, conversation
-        return end("schema", f"the answer {why}", text=text), None
+        return end(failure, f"the answer {why}", text=text), None
 
     async def _onward(
         self,
@@ -389,8 +398,12 @@ class AgentPump:
         k: int,
         onward: list[Onward],
         acked: list[bytes],
+        *,
+        repairs: bool = False,
     ) -> None:
-        """Queue ``onward`` agents' next turns, acknowledging ``acked`` of turn ``k``."""
+        """Queue ``onward`` agents' next turns, acknowledging ``acked`` of turn ``k``.
+        ``repairs``: turns asked to answer again, sent as a last turn is (the output schema
+        guiding the answer) with no tool to call, whatever turn they are."""
         source, target = step_name(spec.job, k), step_name(spec.job, k + 1)
         if not onward:
             if acked:
@@ -399,12 +412,17 @@ class AgentPump:
         goal = await self._target(target)
         done = await self.store.moved(target, [o for o, _, _, _ in onward])
         first = await self.store.enqueued_count(target)
+        own: dict[str, Any] = {}
+        if repairs and spec.agent is not None:
+            last = await self._target(step_name(spec.job, spec.agent.max_turns - 1))
+            own = {"params": last.params, "tool_choice": "none" if spec.tools else None}
         moves, queued = [], 0
         for origin, item, conversation, lane in onward:
             if origin in done:
                 continue
             moved = PromptItem.of(first + queued, conversation, item.custom_id)
-            moves.append(Move(origin, msgspec.structs.replace(moved, origin=origin), lane=lane))
+            moved = msgspec.structs.replace(moved, origin=origin, **own)
+            moves.append(Move(origin, moved, lane=lane))
             queued += 1
         await self.store.move_on(source, target, first, moves, acked, gen=goal.generation)
 
@@ -599,6 +617,7 @@ def build_agents(
         raise ConfigError(f"tools must each have a distinct name, got {names}")
     for name in names:
         validate_tool_name(name)
+    choice = _tool_choice(agent.tool_choice, names)
     chat = msgspec.structs.replace(options, chat=True)
     spec, warnings = build_spec(job, chat, source=source)
     spec = msgspec.structs.replace(spec, tools=tools or None, agent=agent)
@@ -618,15 +637,39 @@ def build_agents(
             ),
         )
     last = agent.max_turns - 1
+    # A call required (or one tool's) at every turn but the last, which is asked for the
+    # answer: "none" there, or no agent could ever end with one.
+    forced = choice not in (None, "none")
     specs = [
         msgspec.structs.replace(
             guided if k == last or not tools else spec,
             job=step_name(job, k),
             priority=spec.priority + k,
+            tool_choice="none" if forced and k == last else choice,
         )
         for k in range(agent.max_turns)
     ]
     return specs, warnings
+
+
+TOOL_CHOICES = ("auto", "required", "none")
+
+
+def _tool_choice(choice: str | None, names: list[str]) -> str | dict[str, Any] | None:
+    """``tool_choice`` as sent for an agent's ``choice`` (None or "auto": not sent, the
+    server's default), checked against the tools offered (``names``)."""
+    if choice is None or choice == "auto":
+        return None
+    if not names:
+        raise ConfigError(f"tool_choice {choice!r} needs tools offered (--tools)")
+    if choice in TOOL_CHOICES:
+        return choice
+    if choice not in names:
+        raise ConfigError(
+            f"tool_choice must be one of {', '.join(TOOL_CHOICES)} or a tool offered "
+            f"({', '.join(names)}), got {choice!r}"
+        )
+    return {"type": "function", "function": {"name": choice}}
 
 
 def agent_prompts(

@@ -41,6 +41,13 @@ def add_agent_args(p: argparse.ArgumentParser) -> None:
         help="tools offered to the agents, by name (comma-separated): the tool runners "
         "(swarm-tools) run them, each only if its SWARM_TOOLS allows it",
     )
+    g.add_argument(
+        "--tool-choice",
+        metavar="CHOICE",
+        help="auto (default: the model decides; vLLM serves it only when started with "
+        "--enable-auto-tool-choice --tool-call-parser NAME), required or a tool's name (a call "
+        "at every turn but the last, which answers; works on any vLLM), or none",
+    )
     g.add_argument("--max-turns", type=int, default=4, metavar="N", help="turns (default 4)")
     g.add_argument(
         "--max-repairs",
@@ -52,7 +59,8 @@ def add_agent_args(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--agent",
         metavar="FILE",
-        help="all of the above in a TOML file: task, system, max_turns, max_repairs, and "
+        help="all of the above in a TOML file: task, system, tool_choice, max_turns, "
+        "max_repairs, and "
         "[[tools]] tables (name, description, parameters)",
     )
 
@@ -75,11 +83,19 @@ def _agent_config(args: argparse.Namespace) -> dict[str, Any]:
         config["system"] = read_text(args.system, "--system")
     if args.tools:
         config["tools"] = [t.strip() for t in args.tools.split(",") if t.strip()]
+    if args.tool_choice:
+        config["tool_choice"] = args.tool_choice
     config.setdefault("max_turns", args.max_turns)
     config.setdefault("max_repairs", args.max_repairs)
     if not isinstance(config.get("task"), str):
         raise ConfigError("an agent job needs its task (--task FILE, or task = ... in --agent)")
     return config
+
+
+def _choice(value: Any) -> str | None:
+    if value is None or isinstance(value, str):
+        return value
+    raise ConfigError(f"tool_choice is a word or a tool's name, got {value!r}")
 
 
 def _tools(config: dict[str, Any]) -> list[dict[str, Any]]:
@@ -119,6 +135,7 @@ async def enqueue_agent_job(
         max_turns=int(config["max_turns"]),
         max_repairs=int(config["max_repairs"]),
         output_schema=options.schema,
+        tool_choice=_choice(config.get("tool_choice")),
     )
     plain = JobOptions(**{**_fields(options), "schema": None})
     specs, warnings = build_agents(job, plain, agent, _tools(config), source=args.input)

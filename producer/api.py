@@ -322,6 +322,7 @@ class Swarm:
         system: str | None = None,
         max_turns: int = 4,
         max_repairs: int = 1,
+        tool_choice: str | None = None,
         job: str | None = None,
         in_order: bool = True,
         **settings: Any,
@@ -332,7 +333,8 @@ class Swarm:
         or with ``in_order=False`` in the order they finish.
 
         ``tools``: module-level functions (a Swarm that drains its jobs runs them itself, in
-        this process) or names of the tools the runners (``swarm-tools``) run. ``settings``:
+        this process) or names of the tools the runners (``swarm-tools``) run;
+        ``tool_choice`` as ``swarm-enqueue --tool-choice`` takes it. ``settings``:
         the agents' job settings, as :meth:`submit` takes them (``model``, ``max_tokens``...).
         """
         name = validate_job_name(job) if job else f"agents-{uuid.uuid4().hex[:12]}"
@@ -351,7 +353,12 @@ class Swarm:
                 definitions.append(tool_definition(t))
         if entries:
             await self._run_tools(entries)
-        agent = AgentSpec(max_turns=max_turns, max_repairs=max_repairs, output_schema=output_schema)
+        agent = AgentSpec(
+            max_turns=max_turns,
+            max_repairs=max_repairs,
+            output_schema=output_schema,
+            tool_choice=tool_choice,
+        )
         specs, warnings = build_agents(
             name, options_from(settings), agent, definitions, source="python"
         )

@@ -7,6 +7,13 @@ Faithful where swarm-queue depends on it: ``/v1/completions`` with a string or a
 ``/v1/models`` with ``max_model_len``, ``/health``, ``/metrics`` with vLLM's gauge names, and
 vLLM's 400 for a prompt that does not fit the context, which fails the WHOLE list request.
 
+As strict as vLLM 0.32.0 (the version ``bench/interop_vllm.py`` checks) where swarm-queue was
+seen to rely on leniency: ``n`` > 1 with temperature 0 refused (``n must be 1 when using greedy
+sampling``); tools with ``tool_choice`` ``auto`` (the default) refused unless started with
+``--enable-auto-tool-choice --tool-call-parser NAME``; ``required`` and a named tool a call on
+any server, ``none`` never; a ``response_format`` beside ``auto`` tools holding the answer to
+its schema; a guided answer cut off at ``max_tokens`` (see :mod:`sim.tools`).
+
 For agents: tool calls (a user message's ``CALL name({...})`` directive answered, when the
 tool is offered, with a ``tool_calls`` message: see :mod:`sim.tools`), a JSON schema's object
 when ``response_format`` asks for one, and vLLM's automatic prefix caching (a prompt's cached
@@ -490,7 +497,7 @@ class SimEndpoint:
             return await self._tool_call(req, call, ptoks, prefill)
         if isinstance(schema, dict):
             text = _json.encode(schema_answer(schema, prompt)).decode()
-            outs = [(text, count_tokens(text), "stop")] * req.n
+            outs = [_cut(text, max_tokens)] * req.n
         else:
             outs = [_sample(prompt, max_tokens, j, req, ignore_eos) for j in range(req.n)]
         await self._generate([n for _, n, _ in outs], ptoks, prefill)
@@ -685,6 +692,15 @@ def _sample(
     answer, as an engine does; sampling spreads them (see :func:`sim.text.sample_for`)."""
     greedy = req.temperature is not None and req.temperature == 0
     return sample_for(prompt, max_tokens, 0 if greedy else j, ignore_eos=ignore_eos)
+
+
+def _cut(text: str, max_tokens: int) -> tuple[str, int, str]:
+    """``text`` as an engine writes it under ``max_tokens``: whole, or cut off there
+    (``finish_reason`` "length", a guided answer's JSON left unclosed)."""
+    n = count_tokens(text)
+    if n <= max_tokens:
+        return text, n, "stop"
+    return text[: 4 * max_tokens], max_tokens, "length"  # 4 characters a token, as counted
 
 
 def _abort(request: web.Request) -> None:

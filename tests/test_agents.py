@@ -110,6 +110,54 @@ async def test_an_agent_whose_turn_fails_for_good_ends_with_it_and_its_job_finis
     assert f"agents: {n} done, 0 waiting for a tool, 0 thinking (of {n})" in status.stdout
 
 
+async def test_a_required_tool_choice_runs_agents_on_a_server_without_a_tool_parser(
+    runs_log: Path,
+    make_settings: Callable[..., Settings],
+    store: JobStore,
+    sim_fleet: Callable[..., SimFleet],
+) -> None:
+    """``tool_choice`` required: a call at every turn but the last (constrained by the
+    server, flags or not), the last asked for the answer, the schema sent only there."""
+    n = 20
+    tools = [tool_definition("slow_add"), tool_definition("fetch")]
+    agent = AgentSpec(max_turns=3, output_schema=SCHEMA, tool_choice="required")
+    specs, _ = build_agents("rq", JobOptions(max_tokens=64), agent, tools, source="test")
+    await enqueue_agents(store, specs, agent_prompts(TASK, [{"n": i} for i in range(n)]))
+    async with sim_fleet(2) as fleet:  # no tool-call parser
+        await run_engine(make_settings(), store, fleet.urls)
+        sent = [body for e in fleet.endpoints for body in e.received]
+    raws = await store.agent_results("rq", 0, n)
+    results = [msgspec.msgpack.decode(r, type=AgentResult) for r in raws if r is not None]
+    assert [r.index for r in results] == list(range(n))
+    for r in results:
+        assert r.ok and set(r.output) == {"title", "year"}, r
+        assert (r.turns, r.tool_calls) == (3, 2)
+    runs = (await asyncio.to_thread(runs_log.read_text)).split()
+    assert (runs.count("slow_add"), runs.count("fetch")) == (1, n)
+    by_turn = {
+        sum(1 for m in b["messages"] if m["role"] == "assistant"): b for b in sent
+    }  # a turn's request, by the answers before it
+    assert {k: (b.get("tool_choice"), "response_format" in b) for k, b in by_turn.items()} == {
+        0: ("required", False),
+        1: ("required", False),
+        2: ("none", True),
+    }
+
+
+def test_a_tool_choice_is_one_of_the_words_or_a_tool_offered() -> None:
+    tools = [tool_definition("fetch")]
+    named = build_agents("a", JobOptions(), AgentSpec(tool_choice="fetch"), tools, source="t")[0]
+    assert named[0].tool_choice == {"type": "function", "function": {"name": "fetch"}}
+    assert [s.tool_choice for s in named][-1] == "none"
+    auto = build_agents("a", JobOptions(), AgentSpec(tool_choice="auto"), tools, source="t")[0]
+    assert {s.tool_choice for s in auto} == {None}  # the server's default: not sent
+    with pytest.raises(ConfigError, match=r"tool_choice must be one of auto, required, none or "
+                       r"a tool offered \(fetch\), got 'search'"):  # fmt: skip
+        build_agents("a", JobOptions(), AgentSpec(tool_choice="search"), tools, source="t")
+    with pytest.raises(ConfigError, match=r"tool_choice 'required' needs tools offered"):
+        build_agents("a", JobOptions(), AgentSpec(tool_choice="required"), [], source="t")
+
+
 async def test_swarm_collect_writes_agents_as_they_finished_and_refuses_other_jobs(
     runs_log: Path,
     make_settings: Callable[..., Settings],
@@ -238,7 +286,7 @@ async def test_agents_waiting_on_a_tool_hold_no_slot_of_any_endpoint(
             inputs=[{"n": i} for i in range(n)],
             tools=[agent_tools.wait_gate],
             max_turns=2,
-            max_tokens=16,
+            max_tokens=64,  # room for every answer: one cut off fails as such
             job="gated",
         )
         collected = asyncio.create_task(_all(run))
@@ -321,3 +369,45 @@ async def test_an_answer_off_schema_is_repaired_then_fails_and_the_last_turn_end
     assert all("does not match the schema" in (r.error or "") for r in off)
     assert all(r.failure == "max_turns" and r.turns == 2 and r.tool_calls == 1 for r in asking)
     assert all(r.error == "asked for tools at its last turn (2)" for r in asking)
+
+
+async def test_an_answer_cut_off_at_max_tokens_is_repaired_then_fails_as_such(
+    make_settings: Callable[..., Settings],
+    store: JobStore,
+    sim_fleet: Callable[..., SimFleet],
+) -> None:
+    """Seen on vLLM: an answer cut off by max_tokens (finish_reason "length", a tool call
+    half written) taken as the agent's output."""
+    n = 6
+    tools = [tool_definition("fetch")]
+    agent = AgentSpec(max_turns=3, max_repairs=1, output_schema=SCHEMA)
+    for job, max_tokens in (("cut", 6), ("whole", 64)):
+        specs, _ = build_agents(job, JobOptions(max_tokens=max_tokens), agent, tools, source="t")
+        await enqueue_agents(
+            store, specs, agent_prompts("Name paper {n}.", [{"n": i} for i in range(n)])
+        )
+    async with sim_fleet(1, tool_parser="hermes") as fleet:
+        await run_engine(make_settings(), store, fleet.urls)
+        sent = list(fleet.endpoints[0].received)
+    cut = [
+        msgspec.msgpack.decode(r, type=AgentResult)
+        for r in await store.agent_results("cut", 0, n)
+        if r
+    ]
+    assert [r.index for r in cut] == list(range(n))
+    for r in cut:  # the first answer cut, one repair cut too: failed as such, its text kept
+        assert (r.failure, r.turns, r.error) == (
+            "length",
+            2,
+            "the answer was cut off at max_tokens (6 tokens)",
+        ), r
+        assert r.text and r.output is None
+    repairs = [b for b in sent if "was cut off at max_tokens" in b["messages"][-1]["content"]]
+    assert len(repairs) == n
+    # The same agents with room to answer: the schema's object at their last turn.
+    whole = [
+        msgspec.msgpack.decode(r, type=AgentResult)
+        for r in await store.agent_results("whole", 0, n)
+        if r
+    ]
+    assert all(r.ok and set(r.output) == {"title", "year"} for r in whole), whole

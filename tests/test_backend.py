@@ -69,6 +69,7 @@ class Shouting:
         *,
         timeout_s: float | None = None,
         tools: list[dict[str, Any]] | None = None,
+        tool_choice: str | dict[str, Any] | None = None,
     ) -> ChatBody:
         self.requests += 1
         text = messages[-1]["content"].upper()

@@ -16,7 +16,7 @@ import pytest
 import redis
 
 from common.embedded import EmbeddedRedis
-from tests.harness import FleetFactory, check_output
+from tests.harness import FleetFactory, check_output, collect
 from tests.helpers import wait_until
 
 pytestmark = pytest.mark.slow
@@ -113,6 +113,36 @@ def test_a_burst_worker_whose_endpoint_stalls_exits_within_seconds_of_the_jobs_e
     # The job is over; the stalled endpoint's worker sees it (between two probes, or with its
     # requests still hanging, which it then cuts short) and exits.
     assert stalling.wait(timeout=5) == 0, fleet.logs[0].read_text()[-2000:]
+
+
+def test_a_burst_worker_whose_every_endpoint_died_exits_1_and_leaves_the_work_to_others(
+    fleet_factory: FleetFactory,
+) -> None:
+    """Seen on a real vLLM: the engine process died (a CPU build's bug) and its burst worker
+    probed it for ten minutes, never exiting, burning the allocation. Now it gives up after
+    SWARM_ENDPOINT_DEAD_S, exits 1 naming the endpoint, and another worker finishes the job."""
+    n = 4000
+    fleet = fleet_factory(2)
+    assert fleet.enqueue("left", n, set()).wait(timeout=60) == 0
+    quick = {
+        "SWARM_REQUEST_TIMEOUT_S": "2",
+        "SWARM_PROBE_TIMEOUT_S": "1",
+        "SWARM_CIRCUIT_FAILURES": "3",
+        "SWARM_ENDPOINT_DEAD_S": "3",
+    }
+    doomed = fleet.worker("doomed", [0], env=quick)
+    wait_until("the doomed worker at work", lambda: fleet.done("left") > 200)
+    fleet.faults(0, die_after_s=0.0)
+    # Bounded: before, it probed the dead port for ever.
+    assert doomed.wait(timeout=120) == 1
+    log = fleet.logs[0].read_text()
+    assert f"every endpoint died: {fleet.url(0)}: no answer for " in log, log[-3000:]
+    left = n - fleet.done("left")
+    assert left > 0  # it left work: the job was not failed, nor held
+    assert fleet.worker("rescuer", [1], env=quick).wait(timeout=240) == 0
+    out = fleet.tmp / "left.jsonl"
+    assert collect(fleet.env, "left", out).returncode == 0
+    check_output(out, n, set())
 
 
 def test_redis_restarted_mid_job_everyone_reconnects_and_nothing_is_lost(

@@ -233,15 +233,27 @@ async def shutdown(ctx: dict[str, Any]) -> None:
             await asyncio.wait_for(closing, LAST_WRITES_S)
     for d in engine.drainers:
         log.info("%s", d.summary())
-    if engine.broken or failed:
+    if _left_work(engine, failed):
         # The exit status says work was left that these endpoints should have done: arq
         # itself would exit 0. Its Redis pool is closed here, as arq would after this hook.
-        for reason in engine.broken:
-            log.error("exiting with an error: endpoint unusable: %s", reason)
-        if failed:
-            log.error("exiting with an error: the drain engine failed (see above)")
         await ctx["redis"].close(close_connection_pool=True)
         raise SystemExit(1)
+
+
+def _left_work(engine: Engine, failed: bool) -> bool:
+    """Whether the worker leaves work its endpoints should have done (each reason logged):
+    an endpoint unusable, every endpoint died (a burst worker), or the engine failed."""
+    dead = engine.dead
+    all_dead = bool(dead) and len(dead) == len(engine.drainers)
+    for reason in dead if not all_dead else ():
+        log.warning("endpoint given up on: %s", reason)
+    for reason in engine.broken:
+        log.error("exiting with an error: endpoint unusable: %s", reason)
+    if all_dead:
+        log.error("exiting with an error: every endpoint died: %s", "; ".join(dead))
+    if failed:
+        log.error("exiting with an error: the drain engine failed (see above)")
+    return bool(engine.broken) or all_dead or failed
 
 
 async def advance(ctx: dict[str, Any], job: str, level: int) -> str:

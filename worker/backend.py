@@ -68,8 +68,10 @@ class Backend(Protocol):
         *,
         timeout_s: float | None = None,
         tools: list[dict[str, Any]] | None = None,
+        tool_choice: str | dict[str, Any] | None = None,
     ) -> ChatBody:
-        """One chat request of one conversation (``tools``: offered to the model)."""
+        """One chat request of one conversation (``tools``: offered to the model, with
+        ``tool_choice`` if given)."""
         ...
 
     async def embed(

@@ -420,13 +420,14 @@ class BatchRunner:
 
         async def one(item: PromptItem, request: Request) -> Result:
             messages, params, tools = request.messages or [], request.params, request.tools
+            choose = request.tool_choice
             timeout = self.settings.request_timeout_for(1, params.max_tokens)
 
             n = params.n or 1
 
             async def call() -> ChatBody:
                 body = await self.client.chat(
-                    model, messages, params, timeout_s=timeout, tools=tools
+                    model, messages, params, timeout_s=timeout, tools=tools, tool_choice=choose
                 )
                 check_choice_indices(self.client.label, [c.index for c in body.choices], n)
                 if len(body.choices) < n:
@@ -444,8 +445,9 @@ class BatchRunner:
             if body.usage is not None:
                 usage = Usage(body.usage.prompt_tokens, body.usage.completion_tokens)
             choice = body.choices[0]
-            if choice.message.content is None and tools and choice.message.tool_calls:
-                # An agent's turn that asks for tools: the calls are its answer.
+            if tools and choice.message.tool_calls:
+                # An agent's turn that asks for tools: the calls are its answer (with content
+                # None from a tool parser, "" from a call forced by tool_choice).
                 calls = [
                     ToolCall(c.id, c.function.name, c.function.arguments)
                     for c in choice.message.tool_calls

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
@@ -47,6 +48,8 @@ class Circuit:
         self._prober: asyncio.Task[None] | None = None
         self.was_ready = False  # has answered a probe at least once
         self.probed = False  # a probe has run (answered or not)
+        # Since when (monotonic) an endpoint that was ready has failed every probe: it died.
+        self.down_since: float | None = None
         # Why the endpoint can take no work at all (wrong key, no OpenAI server), for good.
         self.broken: str | None = None
         self.errors = 0  # failed requests, retried or given up
@@ -143,6 +146,8 @@ class Circuit:
                 except EndpointError as exc:
                     self.probed = True
                     self.last_error = str(exc)
+                    if self.was_ready and self.down_since is None:
+                        self.down_since = time.monotonic()
                     self.malformed = exc if isinstance(exc, EndpointMalformed) else None
                     # Probe first, then ask whether to give up: a healthy endpoint at start
                     # goes straight to work, whatever the job list looks like yet.
@@ -154,6 +159,7 @@ class Circuit:
                     continue
                 self.probed = self.was_ready = True
                 log.info("%s: endpoint ready; taking work", self.label)
+                self.down_since = None
                 self._failures = 0
                 self.malformed = None
                 self._open.clear()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 from common.backoff import backoff_s
 from common.errors import (
@@ -76,6 +77,7 @@ class EndpointDrainer:
         # The requests of its batches in flight, with their job and priority.
         self.inflight = InFlight()
         self._burst_done = False  # burst mode: no work left for this endpoint (_nothing_left)
+        self._dead: str | None = None  # burst mode: why it was given up on (_died)
         # While there is no work, one slot polls for it and the others rest.
         self.lookout = Lookout(rest_s=LOOKOUT_REST_S)
         # Where each batch taken goes: the cache, the request, the commit.
@@ -145,6 +147,11 @@ class EndpointDrainer:
         """Why the endpoint can take no work at all, if so (see :class:`Circuit`)."""
         return self.circuit.broken
 
+    @property
+    def dead(self) -> str | None:
+        """Why a burst worker gave up on the endpoint (it died: see ``endpoint_dead_s``)."""
+        return self._dead
+
     # -- loops --------------------------------------------------------------------------
 
     async def run(self) -> None:
@@ -186,7 +193,12 @@ class EndpointDrainer:
             self.lookout.leave(slot)
 
     async def _slot_loop(self, slot: int) -> None:
-        while not self.engine.stopping and self.broken is None and not self._burst_done:
+        while (
+            not self.engine.stopping
+            and self.broken is None
+            and self._dead is None
+            and not self._burst_done
+        ):
             try:
                 if self.circuit.is_open:
                     # (at start, the endpoint is probed once before the job list decides)
@@ -305,7 +317,20 @@ class EndpointDrainer:
     async def _give_up_probing(self) -> bool:
         if self.circuit.malformed is not None:
             await self._end_unanswerable(self.circuit.malformed)
-        return await self._nothing_left()
+        return await self._nothing_left() or self._died()
+
+    def _died(self) -> bool:
+        """In burst mode: True once the endpoint, ready before, has failed every probe for
+        ``endpoint_dead_s``: its engine died, and waiting for it would hold the allocation."""
+        limit, since = self.settings.endpoint_dead_s, self.circuit.down_since
+        if not (self.engine.burst and limit and since is not None):
+            return False
+        down = time.monotonic() - since
+        if down < limit:
+            return False
+        self._dead = f"{self.label}: no answer for {down:.0f} s ({self.circuit.last_error})"
+        log.error("%s: giving up on the endpoint, its work left to others", self._dead)
+        return True
 
     async def _end_unanswerable(self, cause: EndpointMalformed) -> None:
         """While this endpoint answers, but unusably (its last probe said so), the prompts of

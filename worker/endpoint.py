@@ -352,14 +352,17 @@ class EndpointClient:
         *,
         timeout_s: float | None = None,
         tools: list[dict[str, Any]] | None = None,
+        tool_choice: str | dict[str, Any] | None = None,
     ) -> ChatBody:
         """One ``/v1/chat/completions`` request of one conversation, the server's chat
         template applied; ``tools`` offered (the server's tool-call parser answers with
-        ``tool_calls``)."""
+        ``tool_calls``), with ``tool_choice`` if given."""
         timeout = timeout_s or self._timeout_s
         extra, body = _sampling(params, ("structured_outputs",))
         if tools:
             extra["tools"] = tools
+            if tool_choice is not None:
+                extra["tool_choice"] = tool_choice
         create = self._client.chat.completions.with_raw_response.create(
             model=model,
             messages=messages,  # type: ignore[arg-type]

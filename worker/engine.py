@@ -375,6 +375,11 @@ class Engine:
         unusable: the reason a burst worker exits with a failure."""
         return [d.broken for d in self.drainers if d.broken is not None]
 
+    @property
+    def dead(self) -> list[str]:
+        """The endpoints a burst worker gave up on, each why (see ``endpoint_dead_s``)."""
+        return [d.dead for d in self.drainers if d.dead is not None]
+
     async def publish_stats(self, *, stopped: bool = False) -> None:
         """Publish every drainer's figures for ``swarm-status``: for the jobs served now, and
         a last word (``finished``, or ``stopped`` when this worker exits) for the jobs left;
