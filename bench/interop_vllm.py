@@ -236,15 +236,21 @@ def _agents(checks: Checks, env: dict[str, str], plain: str, tooled: str) -> Non
         )  # fmt: skip
     try:
         agent = ("--task", task, "--tools", "lookup", "--max-turns", "2", "--max-tokens", "24")
-        lines = _job(env, plain, "agents-req", inputs, *agent, "--tool-choice", "required")
+        lines = _job(env, tooled, "agents-req", inputs, *agent, "--tool-choice", "required")
         called = [x for x in lines if x.get("tool_calls") == 1 and x.get("tool_runs", 0) >= 1]
         checks.check(
             len(called) == len(lines) == 20,
-            f"agents --tool-choice required on a server without a tool parser: "
-            f"{len(called)}/20 called the tool (vLLM's guided call), the tool ran "
-            f"{len(log.read_text().split())} times, the next turn carried its answer",
+            f"agents --tool-choice required: {len(called)}/20 called the tool (vLLM's guided "
+            f"call), the tool ran {len(log.read_text().split())} times, the next turn carried "
+            "its answer",
             json.dumps(lines[:2]),
         )
+        lines = _job(env, plain, "agents-req-plain", inputs, *agent, "--tool-choice", "required")
+        said = [x for x in lines if x.get("failure") == "error"
+                and "requires --tool-call-parser" in (x.get("error") or "")]  # fmt: skip
+        checks.check(len(said) == len(lines) == 20,
+                     "agents --tool-choice required on a server without a tool parser: each "
+                     "ends at once with vLLM's message", json.dumps(lines[:1]))  # fmt: skip
         lines = _job(env, plain, "agents-auto", inputs, *agent)
         said = [x for x in lines if x.get("failure") == "error"
                 and "--enable-auto-tool-choice" in (x.get("error") or "")]  # fmt: skip

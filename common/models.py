@@ -176,7 +176,7 @@ class AgentSpec(msgspec.Struct, frozen=True, omit_defaults=True, kw_only=True):
     output_schema: dict[str, Any] | None = None
     # Whether its turns call tools: "auto" (None: the model decides, which vLLM serves only
     # with --enable-auto-tool-choice and a --tool-call-parser), "required" or one tool's name
-    # (a call at every turn but the last, constrained by the server on any model), "none".
+    # (a call at every turn but the last, constrained by the server: --tool-call-parser), "none".
     tool_choice: str | None = None
 
 

@@ -46,7 +46,7 @@ def add_agent_args(p: argparse.ArgumentParser) -> None:
         metavar="CHOICE",
         help="auto (default: the model decides; vLLM serves it only when started with "
         "--enable-auto-tool-choice --tool-call-parser NAME), required or a tool's name (a call "
-        "at every turn but the last, which answers; works on any vLLM), or none",
+        "at every turn but the last, which answers; vLLM needs --tool-call-parser NAME), or none",
     )
     g.add_argument("--max-turns", type=int, default=4, metavar="N", help="turns (default 4)")
     g.add_argument(

@@ -10,9 +10,10 @@ vLLM's 400 for a prompt that does not fit the context, which fails the WHOLE lis
 As strict as vLLM 0.32.0 (the version ``bench/interop_vllm.py`` checks) where swarm-queue was
 seen to rely on leniency: ``n`` > 1 with temperature 0 refused (``n must be 1 when using greedy
 sampling``); tools with ``tool_choice`` ``auto`` (the default) refused unless started with
-``--enable-auto-tool-choice --tool-call-parser NAME``; ``required`` and a named tool a call on
-any server, ``none`` never; a ``response_format`` beside ``auto`` tools holding the answer to
-its schema; a guided answer cut off at ``max_tokens`` (see :mod:`sim.tools`).
+``--enable-auto-tool-choice --tool-call-parser NAME``, ``required`` and a named tool unless
+started with ``--tool-call-parser``, ``none`` on any server; a ``response_format`` beside
+``auto`` tools holding the answer to its schema; a guided answer cut off at ``max_tokens``
+(see :mod:`sim.tools`).
 
 For agents: tool calls (a user message's ``CALL name({...})`` directive answered, when the
 tool is offered, with a ``tool_calls`` message: see :mod:`sim.tools`), a JSON schema's object
@@ -147,11 +148,16 @@ class SimEndpoint:
         bos_token: str = "",
         chat_template_bos: bool = False,
         tool_parser: str | None = None,
+        auto_tool_choice: bool | None = None,
     ) -> None:
         self.host, self.port = host, port
-        # vLLM's --tool-call-parser (with --enable-auto-tool-choice): without one, tools with
-        # tool_choice "auto" (the default) are refused, as vLLM refuses them.
+        # vLLM's --tool-call-parser and --enable-auto-tool-choice (None: with the parser):
+        # without a parser every tool choice but "none" is refused, without the second "auto"
+        # (the default), as vLLM refuses them.
         self.tool_parser = tool_parser
+        self.auto_tool_choice = (
+            tool_parser is not None if auto_tool_choice is None else auto_tool_choice
+        )
         # The tokenizer's BOS ("" : none, the default) and whether the model's chat template
         # starts with it: the model's answer depends on every token it sees, BOS included.
         self.bos_token = bos_token
@@ -466,7 +472,9 @@ class SimEndpoint:
         return await self._serve(request, _chat_decoder, self._chat_complete)
 
     async def _chat_complete(self, req: _ChatRequest) -> web.Response:
-        why = choice_error(req.tools, req.tool_choice, parser=self.tool_parser is not None)
+        why = choice_error(
+            req.tools, req.tool_choice, self.tool_parser is not None, self.auto_tool_choice
+        )
         if why is not None:
             return self._error(400, why, "BadRequestError")
         # A stand-in chat template: what the model sees is a pure function of the messages.
@@ -798,9 +806,9 @@ def build_fleet(argv: Sequence[str] | None = None) -> SimFleet:
     )
     p.add_argument("--tool-call-parser", default=None, help="as vLLM's (any name: hermes...)")
     a = p.parse_args(argv)
-    if a.enable_auto_tool_choice != (a.tool_call_parser is not None):
+    if a.enable_auto_tool_choice and a.tool_call_parser is None:
         raise SystemExit(
-            "swarm-sim: --enable-auto-tool-choice and --tool-call-parser go together, as in vLLM"
+            "swarm-sim: --enable-auto-tool-choice needs --tool-call-parser, as in vLLM"
         )
     try:
         ports = [int(x) for x in a.ports.split(",") if x.strip()]
@@ -847,6 +855,7 @@ def build_fleet(argv: Sequence[str] | None = None) -> SimFleet:
                 bos_token=a.bos_token,
                 chat_template_bos=a.chat_template_bos,
                 tool_parser=a.tool_call_parser,
+                auto_tool_choice=a.enable_auto_tool_choice,
             )
         )
     return SimFleet(endpoints)

@@ -5,12 +5,12 @@ answers the conversation's first directive not yet answered by a ``tool`` messag
 once every directive has its answer, it answers in text, or, asked for a JSON schema's
 object (``response_format``), with an object of the schema's properties.
 
-``tool_choice`` as vLLM takes it (:func:`choice_error`, :func:`tool_call`): ``auto`` (or
-none given) only on a server started with ``--enable-auto-tool-choice`` and
-``--tool-call-parser``, else vLLM's 400; a ``response_format`` under ``auto`` constrains the
-whole answer to its schema, so no call can be written; ``required`` and a named tool are
-constrained to a call (the directive's, else the tool's parameters filled in), whatever the
-server's flags; ``none`` never calls."""
+``tool_choice`` as vLLM 0.32 takes it (checked on it: :func:`choice_error`,
+:func:`tool_call`): ``auto`` (or none given) only on a server started with
+``--enable-auto-tool-choice`` and ``--tool-call-parser``; ``required`` and a named tool on one
+started with ``--tool-call-parser``, constrained to a call (the directive's, else the tool's
+parameters filled in); else vLLM's 400 naming the flag; ``none`` on any server, never a call.
+A ``response_format`` under ``auto`` holds the whole answer to its schema: no call is written."""
 
 from __future__ import annotations
 
@@ -39,21 +39,26 @@ def _forced(choice: Any) -> str | None:
     return None
 
 
-def choice_error(tools: list[dict[str, Any]] | None, choice: Any, parser: bool) -> str | None:
-    """vLLM's refusal of a request's ``tool_choice`` with these ``tools`` on a server with a
-    tool-call ``parser`` or not (None: accepted)."""
-    if not tools:
+def choice_error(
+    tools: list[dict[str, Any]] | None, choice: Any, parser: bool, auto: bool
+) -> str | None:
+    """vLLM 0.32's refusal of a request's ``tool_choice`` with these ``tools`` on a server
+    started with a ``--tool-call-parser`` or not, and with ``--enable-auto-tool-choice``
+    (``auto``) or not (None: accepted). Only ``none`` needs neither."""
+    if not tools or choice == "none":
         return None
     if choice is None or choice == "auto":
-        return None if parser else AUTO_REFUSED
-    if choice in ("none", "required"):
-        return None
+        return None if auto and parser else AUTO_REFUSED
+    if choice == "required":
+        return None if parser else 'tool_choice="required" requires --tool-call-parser to be set'
     name = _forced(choice)
     if name is None:
         return f"Invalid tool_choice: {choice!r}"
     if name not in {(t.get("function") or {}).get("name") for t in tools}:
-        return f"Tool '{name}' has not been passed in `tools`."
-    return None
+        return "The tool specified in `tool_choice` does not match any of the specified `tools`"
+    return (
+        None if parser else f'tool_choice=function "{name}" requires --tool-call-parser to be set'
+    )
 
 
 def tool_call(

@@ -110,20 +110,21 @@ async def test_an_agent_whose_turn_fails_for_good_ends_with_it_and_its_job_finis
     assert f"agents: {n} done, 0 waiting for a tool, 0 thinking (of {n})" in status.stdout
 
 
-async def test_a_required_tool_choice_runs_agents_on_a_server_without_a_tool_parser(
+async def test_a_required_tool_choice_runs_agents_on_a_server_without_auto_tool_choice(
     runs_log: Path,
     make_settings: Callable[..., Settings],
     store: JobStore,
     sim_fleet: Callable[..., SimFleet],
 ) -> None:
     """``tool_choice`` required: a call at every turn but the last (constrained by the
-    server, flags or not), the last asked for the answer, the schema sent only there."""
+    server's guided decoding), the last asked for the answer, the schema sent only there."""
     n = 20
     tools = [tool_definition("slow_add"), tool_definition("fetch")]
     agent = AgentSpec(max_turns=3, output_schema=SCHEMA, tool_choice="required")
     specs, _ = build_agents("rq", JobOptions(max_tokens=64), agent, tools, source="test")
     await enqueue_agents(store, specs, agent_prompts(TASK, [{"n": i} for i in range(n)]))
-    async with sim_fleet(2) as fleet:  # no tool-call parser
+    # A tool-call parser, but not --enable-auto-tool-choice: "auto" would be refused.
+    async with sim_fleet(2, tool_parser="hermes", auto_tool_choice=False) as fleet:
         await run_engine(make_settings(), store, fleet.urls)
         sent = [body for e in fleet.endpoints for body in e.received]
     raws = await store.agent_results("rq", 0, n)

@@ -1,6 +1,6 @@
 """swarm-sim refuses what vLLM refuses, with vLLM's message, and honours what vLLM honours
 (vLLM 0.32.0, the engine ``bench/interop_vllm.py`` checks): greedy ``n`` > 1, ``tool_choice``
-``auto`` without a tool-call parser, ``required`` and a named tool, ``none``, a
+``auto``, ``required`` and a named tool without the server flags they need, ``none``, a
 ``response_format`` beside tools, a seeded request."""
 
 from __future__ import annotations
@@ -95,10 +95,48 @@ async def test_tools_left_to_the_model_need_the_servers_tool_parser(
     assert r.choices[0].message.content
 
 
-async def test_a_required_or_named_tool_is_called_on_any_server_and_none_never(
+async def test_a_required_or_named_tool_needs_the_tool_parser_and_none_never_calls(
     clients: tuple[openai.AsyncOpenAI, openai.AsyncOpenAI],
+    sim_fleet: Callable[..., SimFleet],
 ) -> None:
+    """As vLLM 0.32 answers (checked on it): every choice but "none" needs --tool-call-parser;
+    "required" and a named tool do not need --enable-auto-tool-choice."""
     plain, _ = clients
+    named: Any = {"type": "function", "function": {"name": "lookup"}}
+    refusals = [
+        ("required", 'tool_choice="required" requires --tool-call-parser to be set'),
+        (named, 'tool_choice=function "lookup" requires --tool-call-parser to be set'),
+    ]
+    for choice, message in refusals:
+        with pytest.raises(openai.BadRequestError) as refused:
+            await plain.chat.completions.create(
+                model="swarm-sim", messages=ASK, tools=TOOLS, tool_choice=choice, max_tokens=8
+            )
+        assert message in str(refused.value)
+    r = await plain.chat.completions.create(
+        model="swarm-sim", messages=ASK, tools=TOOLS, tool_choice="none", max_tokens=8
+    )
+    assert not r.choices[0].message.tool_calls and r.choices[0].message.content
+    unknown: Any = {"type": "function", "function": {"name": "rm_rf"}}
+    with pytest.raises(openai.BadRequestError, match="does not match any of the specified"):
+        await plain.chat.completions.create(
+            model="swarm-sim", messages=ASK, tools=TOOLS, tool_choice=unknown, max_tokens=8
+        )
+    async with sim_fleet(1, tool_parser="hermes", auto_tool_choice=False) as fleet:
+        parsing = openai.AsyncOpenAI(base_url=fleet.urls[0] + "/v1", api_key="x", max_retries=0)
+        try:
+            await _forced_calls(parsing)
+        finally:
+            await parsing.close()
+
+
+async def _forced_calls(client: openai.AsyncOpenAI) -> None:
+    """On a server with a parser and no auto choice: auto refused, required and named called."""
+    with pytest.raises(openai.BadRequestError, match="auto"):
+        await client.chat.completions.create(
+            model="swarm-sim", messages=ASK, tools=TOOLS, max_tokens=8
+        )
+    plain = client
     r = await plain.chat.completions.create(
         model="swarm-sim", messages=ASK, tools=TOOLS, tool_choice="required", max_tokens=8
     )
@@ -123,15 +161,6 @@ async def test_a_required_or_named_tool_is_called_on_any_server_and_none_never(
         max_tokens=8,
     )
     assert [c.function.name for c in r.choices[0].message.tool_calls or []] == ["lookup"]
-    r = await plain.chat.completions.create(
-        model="swarm-sim", messages=ASK, tools=TOOLS, tool_choice="none", max_tokens=8
-    )
-    assert not r.choices[0].message.tool_calls and r.choices[0].message.content
-    unknown: Any = {"type": "function", "function": {"name": "rm_rf"}}
-    with pytest.raises(openai.BadRequestError, match="Tool 'rm_rf' has not been passed in `tools`"):
-        await plain.chat.completions.create(
-            model="swarm-sim", messages=ASK, tools=TOOLS, tool_choice=unknown, max_tokens=8
-        )
 
 
 async def test_a_schema_beside_tools_holds_an_auto_answer_but_not_a_required_call(
@@ -155,7 +184,7 @@ async def test_a_schema_beside_tools_holds_an_auto_answer_but_not_a_required_cal
     assert [c.function.name for c in r.choices[0].message.tool_calls or []] == ["fetch"]
 
 
-def test_the_tool_parser_flags_go_together_as_in_vllm() -> None:
+def test_auto_tool_choice_needs_a_tool_parser_as_in_vllm() -> None:
     got = subprocess.run(
         [sys.executable, "-m", "sim", "--ports", "1", "--enable-auto-tool-choice"],
         capture_output=True,
@@ -163,4 +192,4 @@ def test_the_tool_parser_flags_go_together_as_in_vllm() -> None:
         timeout=60,
     )
     assert got.returncode == 1
-    assert "--enable-auto-tool-choice and --tool-call-parser go together" in got.stderr
+    assert "--enable-auto-tool-choice needs --tool-call-parser" in got.stderr
