@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -118,7 +119,8 @@ def main() -> int:
     p.add_argument("--prompts", type=int, default=400)
     args = p.parse_args()
     n = args.prompts
-    WORK.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(WORK, ignore_errors=True)  # a run's outputs: each run its own Redis and jobs
+    WORK.mkdir(parents=True)
     python = install()
     model = build_model(python)
     checks = Checks()
@@ -235,7 +237,15 @@ def _agents(checks: Checks, env: dict[str, str], plain: str, tooled: str) -> Non
             cwd=REPO, env=runner_env, stdout=fh, stderr=subprocess.STDOUT,
         )  # fmt: skip
     try:
-        agent = ("--task", task, "--tools", "lookup", "--max-turns", "2", "--max-tokens", "24")
+        # The tool's parameters an enum: a random model's guided call then closes its JSON
+        # within max_tokens (a free string it would write to the end: finish "length").
+        spec = WORK / "agent.toml"
+        spec.write_text(
+            '[[tools]]\nname = "lookup"\n[tools.parameters]\ntype = "object"\n'
+            'required = ["key"]\nadditionalProperties = false\n'
+            '[tools.parameters.properties.key]\nenum = ["a", "b"]\n'
+        )
+        agent = ("--task", task, "--agent", spec, "--max-turns", "2", "--max-tokens", "48")
         lines = _job(env, tooled, "agents-req", inputs, *agent, "--tool-choice", "required")
         called = [x for x in lines if x.get("tool_calls") == 1 and x.get("tool_runs", 0) >= 1]
         checks.check(
