@@ -21,6 +21,14 @@ from tests.helpers import wait_until
 
 pytestmark = pytest.mark.slow
 
+# A dead or stalled endpoint noticed in seconds: short request and probe timeouts, and its
+# circuit opened after three failures in a row.
+QUICK = {
+    "SWARM_REQUEST_TIMEOUT_S": "2",
+    "SWARM_PROBE_TIMEOUT_S": "1",
+    "SWARM_CIRCUIT_FAILURES": "3",
+}
+
 
 def test_workers_killed_repeatedly_with_server_errors_resets_and_poison_prompts(
     fleet_factory: FleetFactory,
@@ -66,12 +74,7 @@ def test_a_dead_and_a_stalled_endpoint_leave_the_job_to_the_healthy_ones(
     fleet = fleet_factory(4)
     assert fleet.enqueue("nodes", n, poison).wait(timeout=120) == 0
     collector = fleet.collect("nodes")
-    quick = {
-        "SWARM_REQUEST_TIMEOUT_S": "2",
-        "SWARM_PROBE_TIMEOUT_S": "1",
-        "SWARM_CIRCUIT_FAILURES": "3",
-        "SWARM_INFLIGHT_MAX": "64",
-    }
+    quick = {**QUICK, "SWARM_INFLIGHT_MAX": "64"}
     dying = fleet.worker("dying", [0], env=quick)
     stalling = fleet.worker("stalling", [1], env=quick)
     healthy = [fleet.worker("h1", [2], env=quick), fleet.worker("h2", [3], env=quick)]
@@ -124,12 +127,7 @@ def test_a_burst_worker_whose_every_endpoint_died_exits_1_and_leaves_the_work_to
     n = 4000
     fleet = fleet_factory(2)
     assert fleet.enqueue("left", n, set()).wait(timeout=60) == 0
-    quick = {
-        "SWARM_REQUEST_TIMEOUT_S": "2",
-        "SWARM_PROBE_TIMEOUT_S": "1",
-        "SWARM_CIRCUIT_FAILURES": "3",
-        "SWARM_ENDPOINT_DEAD_S": "3",
-    }
+    quick = {**QUICK, "SWARM_ENDPOINT_DEAD_S": "3"}
     doomed = fleet.worker("doomed", [0], env=quick)
     wait_until("the doomed worker at work", lambda: fleet.done("left") > 200)
     fleet.faults(0, die_after_s=0.0)

@@ -79,11 +79,18 @@ class StoreBase:
         seconds, micros = reply
         return round(seconds + micros / 1e6, 3)
 
+    def on_job_node(self, job: str) -> dict[str, object]:
+        """The keyword that sends a node-wide command (INFO, SCAN) to the node holding
+        ``job``'s keys on a Cluster (all of them share its hash tag); none on one server. Not
+        "every primary": that goes by the client's idea of which nodes are primaries, seen
+        wrong for a while after a failover."""
+        if isinstance(self.redis, RedisCluster):
+            return {"target_nodes": self.redis.get_node_from_key(self.keys.meta(job))}
+        return {}
+
     async def memory(self, job: str) -> Memory:
         """How full the Redis server holding ``job``'s keys is (on a Cluster, their node's)."""
-        kwargs = {}
-        if isinstance(self.redis, RedisCluster):
-            kwargs["target_nodes"] = self.redis.get_node_from_key(self.keys.meta(job))
+        kwargs = self.on_job_node(job)
         async with redis_errors(self.url):
             info = await self.redis.info("memory", **kwargs)
         if info and all(isinstance(v, dict) for v in info.values()):  # per node: the one asked

@@ -7,7 +7,6 @@ import secrets
 from collections.abc import Sequence
 
 import msgspec
-from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import OutOfMemoryError, ResponseError
 
 from common.errors import JobConflictError, JobNameError, JobNotFoundError
@@ -174,12 +173,8 @@ class Registry(StoreBase):
             # move, a pump's record of agents) is refused, so none re-creates a key the scan
             # below has already removed, for a job queued again under the name to inherit.
             n += int(await self.redis.unlink(*(self.keys.meta(m) for m in {job, *names})))
-            # On a cluster, only the node serving the job's hash tag: a scan of "every
-            # primary" goes by the client's idea of which nodes are primaries, wrong for a
-            # while after a failover (the new one left out: the job's keys left behind).
-            where = {}
-            if isinstance(self.redis, RedisCluster):
-                where["target_nodes"] = self.redis.get_node_from_key(self.keys.meta(job))
+            # On a Cluster, only the node holding the job's keys (see on_job_node).
+            where = self.on_job_node(job)
             pattern = self.keys.job_pattern(job)
             async for key in self.redis.scan_iter(match=pattern, count=1000, **where):
                 n += int(await self.redis.unlink(key))
