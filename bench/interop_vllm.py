@@ -31,13 +31,36 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import msgspec
 
-from bench.vllm_cpu import OUT, VLLM_VERSION, Server, build_model, install, serve
+from bench.vllm_cpu import (
+    OUT,
+    TOOL_KEYS,
+    VLLM_VERSION,
+    Server,
+    build_model,
+    build_tool_model,
+    install,
+    serve,
+)
 from common.embedded import EmbeddedRedis, free_port
 
 BIN = Path(sys.executable).parent
 WORK = OUT / "interop-vllm"
 REPO = Path(__file__).resolve().parents[1]
-TOOL_TASK = "Look up item {n} with the lookup tool, then say what it is."
+# The taught model's task (bench.vllm_cpu.build_tool_model): the key last, where it copies it.
+TOOL_TASK = "Item {n}: say what the lookup tool finds for {key}"
+TOOL_PARAMETERS = {"type": "object", "required": ["key"], "additionalProperties": False,
+                   "properties": {"key": {"enum": list(TOOL_KEYS)}}}  # fmt: skip
+AGENT_TOML = f"""[[tools]]
+name = "lookup"
+strict = true
+[tools.parameters]
+type = "object"
+required = ["key"]
+additionalProperties = false
+[tools.parameters.properties.key]
+enum = {json.dumps(list(TOOL_KEYS))}
+"""
+AGENTS = 20
 
 
 class Checks:
@@ -132,7 +155,8 @@ def main() -> int:
         try:
             plain = serve(python, model, free_port())
             servers.append(plain)
-            tooled = serve(python, model, free_port(), "--enable-auto-tool-choice",
+            taught = build_tool_model(python, [_tool()], TOOL_TASK)
+            tooled = serve(python, taught, free_port(), "--enable-auto-tool-choice",
                            "--tool-call-parser", "hermes")  # fmt: skip
             servers.append(tooled)
             pooled = serve(python, model, free_port(), "--runner", "pooling")
@@ -224,7 +248,8 @@ def _embeddings(checks: Checks, env: dict[str, str], url: str, n: int) -> None:
 
 def _agents(checks: Checks, env: dict[str, str], plain: str, tooled: str) -> None:
     inputs = WORK / "agents.jsonl"
-    inputs.write_text("".join(json.dumps({"n": i}) + "\n" for i in range(20)))
+    inputs.write_text("".join(json.dumps({"n": i, "key": TOOL_KEYS[i % len(TOOL_KEYS)]}) + "\n"
+                              for i in range(AGENTS)))  # fmt: skip
     task = WORK / "task.txt"
     task.write_text(TOOL_TASK)
     log = WORK / "tool-runs.log"
@@ -237,44 +262,93 @@ def _agents(checks: Checks, env: dict[str, str], plain: str, tooled: str) -> Non
             cwd=REPO, env=runner_env, stdout=fh, stderr=subprocess.STDOUT,
         )  # fmt: skip
     try:
-        # The tool's parameters an enum: a random model's guided call then closes its JSON
-        # within max_tokens (a free string it would write to the end: finish "length").
         spec = WORK / "agent.toml"
-        spec.write_text(
-            '[[tools]]\nname = "lookup"\n[tools.parameters]\ntype = "object"\n'
-            'required = ["key"]\nadditionalProperties = false\n'
-            '[tools.parameters.properties.key]\nenum = ["a", "b"]\n'
-        )
-        agent = ("--task", task, "--agent", spec, "--max-turns", "2", "--max-tokens", "48")
-        lines = _job(env, tooled, "agents-req", inputs, *agent, "--tool-choice", "required")
-        called = [x for x in lines if x.get("tool_calls") == 1 and x.get("tool_runs", 0) >= 1]
-        checks.check(
-            len(called) == len(lines) == 20,
-            f"agents --tool-choice required: {len(called)}/20 called the tool (vLLM's guided "
-            f"call), the tool ran {len(log.read_text().split())} times, the next turn carried "
-            "its answer",
-            json.dumps(lines[:2]),
-        )
+        spec.write_text(AGENT_TOML)
+        agent = ("--task", task, "--agent", spec, "--max-turns", "2", "--max-tokens", "48",
+                 "--temperature", "0")  # fmt: skip
+        for choice in ("required", "lookup", "auto"):
+            flags = ("--tool-choice", choice) if choice != "auto" else ()
+            lines = _job(env, tooled, f"agents-{choice}", inputs, *agent, *flags)
+            _called(checks, tooled, choice, lines, log)
         lines = _job(env, plain, "agents-req-plain", inputs, *agent, "--tool-choice", "required")
         said = [x for x in lines if x.get("failure") == "error"
                 and "requires --tool-call-parser" in (x.get("error") or "")]  # fmt: skip
-        checks.check(len(said) == len(lines) == 20,
+        checks.check(len(said) == len(lines) == AGENTS,
                      "agents --tool-choice required on a server without a tool parser: each "
                      "ends at once with vLLM's message", json.dumps(lines[:1]))  # fmt: skip
-        lines = _job(env, plain, "agents-auto", inputs, *agent)
+        lines = _job(env, plain, "agents-auto-plain", inputs, *agent)
         said = [x for x in lines if x.get("failure") == "error"
                 and "--enable-auto-tool-choice" in (x.get("error") or "")]  # fmt: skip
-        checks.check(len(said) == len(lines) == 20,
+        checks.check(len(said) == len(lines) == AGENTS,
                      "agents with tool choice auto on a server without the flags: each ends "
                      "at once with vLLM's message; the job finishes",
                      json.dumps(lines[:1]))  # fmt: skip
-        lines = _job(env, tooled, "agents-parser", inputs, *agent)
-        checks.check(len(lines) == 20 and all(x.get("failure") != "error" for x in lines),
-                     "agents with tool choice auto on a server with --tool-call-parser hermes: "
-                     "no turn refused", json.dumps(lines[:1]))  # fmt: skip
     finally:
         runner.terminate()
         runner.wait(timeout=60)
+
+
+def _tool() -> dict[str, Any]:
+    """The lookup tool as swarm-queue offers it from AGENT_TOML."""
+    return {
+        "type": "function",
+        "function": {
+            "name": "lookup",
+            "description": "the lookup tool",
+            "parameters": TOOL_PARAMETERS,
+            "strict": True,
+        },
+    }
+
+
+def _called(checks: Checks, url: str, choice: str, lines: list[dict[str, Any]], log: Path) -> None:
+    """Each agent called the tool, the tool ran, and its answer went into the last turn: the
+    agent's answer and tokens equal to vLLM's own for the same two turns sent alone."""
+    tools = [_tool()]
+    sent: Any = {"type": "function", "function": {"name": choice}} if choice == "lookup" else choice
+    bad = []
+    for x in lines:
+        i = x["index"]
+        user = {"role": "user", "content": TOOL_TASK.format(n=i, key=TOOL_KEYS[i % len(TOOL_KEYS)])}
+        first = _alone(url, "chat/completions", {
+            "messages": [user], "tools": tools, "tool_choice": sent, "max_tokens": 48,
+            "temperature": 0})  # fmt: skip
+        calls = first["choices"][0]["message"].get("tool_calls") or []
+        if len(calls) != 1:
+            bad.append((i, "vLLM alone made no call"))
+            continue
+        answer = f"the value of {json.loads(calls[0]['function']['arguments'])['key']}"
+        second = _alone(
+            url,
+            "chat/completions",
+            {
+                "messages": [
+                    user,
+                    {"role": "assistant", "content": None, "tool_calls": calls},
+                    {"role": "tool", "tool_call_id": calls[0]["id"], "content": answer},
+                ],
+                "tools": tools,
+                "tool_choice": "none",
+                "max_tokens": 48,
+                "temperature": 0,
+            },
+        )
+        want = (
+            second["choices"][0]["message"]["content"],
+            first["usage"]["prompt_tokens"] + second["usage"]["prompt_tokens"],
+        )  # fmt: skip
+        got = (x.get("text"), x.get("prompt_tokens"))
+        if x.get("failure") or x.get("tool_calls") != 1 or got != want:
+            bad.append((i, x.get("failure") or got, want))
+    what = {"required": "--tool-choice required", "lookup": "--tool-choice lookup (named)",
+            "auto": "tool choice auto (hermes parser)"}[choice]  # fmt: skip
+    checks.check(
+        not bad and len(lines) == AGENTS,
+        f"agents {what}: {len(lines) - len(bad)}/{AGENTS} called the tool, whose answer the "
+        f"last turn carried (answer and prompt tokens equal to vLLM's own); tool runs so far "
+        f"{len(log.read_text().split())}",
+        json.dumps(bad[:3]),
+    )
 
 
 def _gauges(checks: Checks, url: str) -> None:

@@ -12,6 +12,7 @@ torchcodec removed (CUDA builds whose libraries fail to load; a text model needs
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -20,11 +21,14 @@ import urllib.request
 from pathlib import Path
 from typing import IO
 
-__all__ = ["VENV", "Server", "build_model", "install", "serve"]
+__all__ = ["TOOL_KEYS", "VENV", "Server", "build_model", "build_tool_model", "install", "serve"]
 
 OUT = Path(__file__).resolve().parent / "out"
 VENV = OUT / "vllm-venv"
 MODEL = OUT / "tiny-llama"
+TOOL_MODEL = OUT / "tiny-llama-tools"
+# The keys the taught model looks up (its tool's enum), each a word of its tokenizer.
+TOOL_KEYS = ("alpha", "beta", "gamma", "delta")
 VLLM_VERSION = "0.32.0"
 TORCH = "2.13.0+cpu"
 
@@ -114,6 +118,93 @@ def build_model(python: Path) -> Path:
         return MODEL
     subprocess.run([str(python), "-c", _BUILD, str(MODEL)], check=True)
     return MODEL
+
+
+# A random model never closes a tool call (guided decoding lets it write whitespace until
+# max_tokens), so agents are proven on the tiny model taught two things in a minute of CPU:
+# asked to look a key up, it calls the tool with that key (copied from the task); given the
+# tool's answer, it says "It is <answer>." and stops. Both copy from the context, so an
+# answer that was not carried into the next turn shows in the output.
+_TEACH = r"""
+import json, random, sys
+from pathlib import Path
+import torch
+from transformers import AutoTokenizer, LlamaForCausalLM
+
+src, out, tools, task, keys = Path(sys.argv[1]), Path(sys.argv[2]), json.loads(sys.argv[3]), \
+    sys.argv[4], json.loads(sys.argv[5])
+tok = AutoTokenizer.from_pretrained(src)
+model = LlamaForCausalLM.from_pretrained(src, torch_dtype=torch.float32)
+rng = random.Random(11)
+torch.manual_seed(11)
+
+def call(key):
+    return {"role": "assistant", "content": None, "tool_calls": [{"id": "call_0",
+            "type": "function", "function": {"name": "lookup",
+            "arguments": json.dumps({"key": key})}}]}
+
+def example(n, key, second):
+    msgs = [{"role": "user", "content": task.format(n=n, key=key)}]
+    if second:
+        answer = f"the value of {key}"
+        msgs += [call(key), {"role": "tool", "tool_call_id": "call_0", "content": answer}]
+        target = f"It is {answer}."
+    else:
+        target = '<tool_call>{"name": "lookup", "arguments": {"key": "' + key + '"}}</tool_call>'
+    prompt = tok.apply_chat_template(msgs, tools=tools, add_generation_prompt=True,
+                                     tokenize=False)
+    p = tok(prompt, add_special_tokens=False)["input_ids"]
+    t = tok(target, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    return p, t
+
+data = [example(n, k, s) for n in range(300) for k in keys for s in (False, True)]
+opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+model.train()
+for step in range(int(sys.argv[6])):
+    batch = rng.sample(data, 16)
+    width = max(len(p) + len(t) for p, t in batch)
+    ids = torch.full((16, width), tok.eos_token_id)
+    labels = torch.full((16, width), -100)
+    mask = torch.zeros((16, width), dtype=torch.long)
+    for i, (p, t) in enumerate(batch):
+        ids[i, : len(p) + len(t)] = torch.tensor(p + t)
+        labels[i, len(p) : len(p) + len(t)] = torch.tensor(t)
+        mask[i, : len(p) + len(t)] = 1
+    loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    if step % 100 == 0:
+        print(f"step {step}: loss {loss.item():.4f}", flush=True)
+model.eval()
+right = 0
+held = [example(n, k, s) for n in range(300, 340) for k in keys for s in (False, True)]
+for p, t in held:
+    with torch.no_grad():
+        got = model.generate(torch.tensor([p]), max_new_tokens=len(t), do_sample=False,
+                             pad_token_id=tok.eos_token_id)[0, len(p):].tolist()
+    right += got == t
+print(f"held-out: {right}/{len(held)} answers exact", flush=True)
+if right < len(held) * 0.9:
+    sys.exit("the tiny model did not learn to call the tool: run again with more steps")
+model.save_pretrained(out, safe_serialization=True)
+tok.save_pretrained(out)
+(out / "chat_template.jinja").write_text((src / "chat_template.jinja").read_text())
+"""
+
+
+def build_tool_model(python: Path, tools: list[dict[str, object]], task: str) -> Path:
+    """The tiny model taught to call ``tools``' lookup for the key ``task`` names and to
+    answer with the tool's answer (built once from :func:`build_model`'s)."""
+    if (TOOL_MODEL / "model.safetensors").exists():
+        return TOOL_MODEL
+    base = build_model(python)
+    subprocess.run(
+        [str(python), "-c", _TEACH, str(base), str(TOOL_MODEL), json.dumps(tools), task,
+         json.dumps(list(TOOL_KEYS)), "1200"],
+        check=True,
+    )  # fmt: skip
+    return TOOL_MODEL
 
 
 class Server:

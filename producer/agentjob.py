@@ -61,7 +61,7 @@ def add_agent_args(p: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="all of the above in a TOML file: task, system, tool_choice, max_turns, "
         "max_repairs, and "
-        "[[tools]] tables (name, description, parameters)",
+        "[[tools]] tables (name, description, parameters, strict)",
     )
 
 
@@ -107,6 +107,13 @@ def _tools(config: dict[str, Any]) -> list[dict[str, Any]]:
             d = tool_definition(t["name"], t.get("description", ""))
             if isinstance(t.get("parameters"), dict):
                 d["function"]["parameters"] = t["parameters"]
+            if "strict" in t:
+                # OpenAI's strict: vLLM then holds a forced call's arguments to the parameters
+                # (without it, 0.32 constrains only the call's envelope).
+                if not isinstance(t["strict"], bool):
+                    raise ConfigError(f"tool {t['name']!r}: strict is true or false, got "
+                                      f"{t['strict']!r}")  # fmt: skip
+                d["function"]["strict"] = t["strict"]
             out.append(d)
         else:
             raise ConfigError(f"a tool is a name or a table with a name, got {t!r}")

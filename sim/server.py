@@ -566,10 +566,11 @@ class SimEndpoint:
         if req.tool_choice is None or req.tool_choice == "auto":  # the parser found a call
             message = {"role": "assistant", "content": None, "tool_calls": [call_json]}
             return self._chat_answer(req, [message], ["tool_calls"], ptoks, ctoks)
-        # A call forced by guided decoding (required, or a named tool): vLLM writes the
-        # generated arguments as the call, content "", and the engine's own finish reason.
+        # A call forced by guided decoding: vLLM 0.32 writes it with content "" and finish
+        # "tool_calls" when required, "stop" when a tool was named (OpenAI's rule).
         message = {"role": "assistant", "content": "", "tool_calls": [call_json]}
-        return self._chat_answer(req, [message], ["stop"], ptoks, ctoks)
+        reason = "tool_calls" if req.tool_choice == "required" else "stop"
+        return self._chat_answer(req, [message], [reason], ptoks, ctoks)
 
     async def _alive(self, request: web.Request) -> web.Response | None:
         """For /health and /v1/models: a dead endpoint drops the connection, a stalled one hangs."""

@@ -147,11 +147,13 @@ def test_an_agent_toml_describes_the_agents_and_bad_input_is_named(
                 "name = 'slow_add'",
                 "description = 'adds'",
                 "parameters = {type = 'object', properties = {a = {type = 'integer'}}}",
+                "strict = true",
                 "[[tools]]",
                 "name = 'fetch'",
             ]
         )
     )
+    (tmp / "loose.toml").write_text(f"task = '''{TASK}'''\n[[tools]]\nname = 'f'\nstrict = 'yes'\n")
     (tmp / "in.jsonl").write_text("".join(json.dumps({"n": i}) + "\n" for i in range(30)))
     (tmp / "bad.jsonl").write_text('{"n": 1}\n[1, 2]\n')
     (tmp / "missing.jsonl").write_text('{"m": 1}\n')
@@ -169,6 +171,10 @@ def test_an_agent_toml_describes_the_agents_and_bad_input_is_named(
         env, "swarm-enqueue", tmp / "missing.jsonl", "--job", "m", "--agent", tmp / "agent.toml"
     )
     assert missing.returncode == 2 and "input 0 has no field 'n' the task names" in missing.stderr
+    loose = command(
+        env, "swarm-enqueue", tmp / "in.jsonl", "--job", "l", "--agent", tmp / "loose.toml"
+    )
+    assert loose.returncode == 2 and "tool 'f': strict is true or false, got 'yes'" in loose.stderr
     log = tmp / "runs.log"
     log.touch()
     runner = tool_runner(env, log, tmp / "runner.log")
@@ -192,6 +198,8 @@ def test_an_agent_toml_describes_the_agents_and_bad_input_is_named(
     assert (spec.tools or [])[0]["function"]["parameters"]["properties"] == {
         "a": {"type": "integer"}
     }
+    # strict goes to the server as OpenAI's field, only where the file says it
+    assert [t["function"].get("strict") for t in spec.tools or []] == [True, None]
 
 
 def test_agents_survive_their_producer_killed_mid_enqueue(fleet_factory: FleetFactory) -> None:

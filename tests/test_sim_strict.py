@@ -142,15 +142,17 @@ async def _forced_calls(client: openai.AsyncOpenAI) -> None:
     )
     message = r.choices[0].message
     call = (message.tool_calls or [])[0]
-    # The directive's call; vLLM writes a forced call with content "" and the engine's reason.
+    # The directive's call; vLLM 0.32 (hermes) writes a forced call with content "", finish
+    # "tool_calls" when required, "stop" when named (OpenAI's rule).
     assert (call.function.name, json.loads(call.function.arguments)) == ("fetch", {"q": "x"})
-    assert (message.content, r.choices[0].finish_reason) == ("", "stop")
+    assert (message.content, r.choices[0].finish_reason) == ("", "tool_calls")
     named: Any = {"type": "function", "function": {"name": "lookup"}}
     r = await plain.chat.completions.create(
         model="swarm-sim", messages=ASK, tools=TOOLS, tool_choice=named, max_tokens=8
     )
     call = (r.choices[0].message.tool_calls or [])[0]
     assert call.function.name == "lookup"  # not the directive's: the named one, filled in
+    assert (r.choices[0].message.content, r.choices[0].finish_reason) == ("", "stop")
     assert set(json.loads(call.function.arguments)) == {"q"}
     # Nothing asked for, a call is still required: the first tool's parameters filled in.
     r = await plain.chat.completions.create(
