@@ -9,10 +9,10 @@ random-weight Llama built locally (see :mod:`bench.vllm_cpu`); three servers are
 plain (``tiny-llama``, no tool parser), one of the same model taught locally to call its lookup
 tool, with ``--enable-auto-tool-choice --tool-call-parser hermes`` (agents), one with the
 pooling runner (embeddings). OpenAI batch lines are compared with ``vllm run-batch``'s output
-for the same file; a tree reduce and a pipeline are rebuilt step by step from vLLM's answers. Greedy answers of a random model are
-gibberish but deterministic: equal to what vLLM answers the same request alone. One line per
-check; exit status 1 on any mismatch. Not part of ``.ci/run`` (it installs 3 GB); its output
-is in docs/INTEROP.md.
+for the same file; a tree reduce and a pipeline are rebuilt step by step from vLLM's answers.
+Greedy answers of a random model are gibberish but deterministic: equal to what vLLM answers
+the same request alone. One line per check; exit status 1 on any mismatch. Not part of
+``.ci/run`` (it installs 3 GB); its output is in docs/INTEROP.md.
 """
 
 from __future__ import annotations

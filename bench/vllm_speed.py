@@ -6,9 +6,11 @@
 
 Every system is timed as a user runs it, from the first command started to the last answer
 on disk: swarm-queue as ``swarm-enqueue``, a burst worker and ``swarm-collect`` (three
-processes, one after the other, as a user types them); the naive client as one Python process
-that sends one ``completions.create`` per prompt and writes the answers; ``vllm run-batch`` as
-its own process (it loads its own engine: chat lines, since 0.32 refuses completions lines).
+processes, one after the other, as a user types them), and as ``swarm-enqueue`` and
+``swarm-collect --wait`` with a worker already running (as on a compute node); the naive
+client as one Python process that sends one ``completions.create`` per prompt and writes the
+answers; ``vllm run-batch`` as its own process (it loads its own engine: chat lines, since
+0.32 refuses completions lines).
 Each round runs every system once, the order rotated; the table gives each system's median
 and its ratio to swarm-queue within each round (median of the rounds). Greedy answers are
 compared: every system must give vLLM's same text for every prompt.
@@ -20,6 +22,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -103,6 +106,38 @@ class Systems:
         subprocess.run([str(BIN / "swarm-jobs"), "--delete", job], env=env, capture_output=True)
         return wall, _texts(out), phases
 
+    def swarm_up(self, n: int) -> tuple[float, dict[int, str]]:
+        """The job on a worker already running (``swarm-worker`` on a compute node, as a long
+        job runs): ``swarm-enqueue`` then ``swarm-collect --wait``. The worker is started
+        before the clock, and stopped after (no other system's job meets it)."""
+        self.runs += 1
+        job = f"speed-{self.runs}"
+        out = WORK / f"{job}.jsonl"
+        log = WORK / f"{job}-worker.log"
+        env = {**self.env, "SWARM_ENDPOINTS": self.url, "SWARM_WORKER_NAME": job}
+        with open(log, "wb") as fh:
+            worker = subprocess.Popen([sys.executable, "-m", "worker.main"], cwd=REPO, env=env,
+                                      stdout=fh, stderr=subprocess.STDOUT)  # fmt: skip
+        try:
+            while f"worker {job}: 1 endpoint(s)" not in log.read_text():
+                if worker.poll() is not None:
+                    raise RuntimeError(f"worker exited {worker.returncode}: see {log}")
+                time.sleep(0.05)
+            t0 = time.monotonic()
+            for cmd in (
+                [str(BIN / "swarm-enqueue"), str(WORK / f"prompts-{n}.txt"), "--job", job,
+                 "--max-tokens", str(MAX_TOKENS), "--temperature", "0"],
+                [str(BIN / "swarm-collect"), job, "--out", str(out), "--wait"],
+            ):  # fmt: skip
+                subprocess.run(cmd, env=self.env, capture_output=True, check=True, timeout=3600)
+            wall = time.monotonic() - t0
+        finally:
+            worker.terminate()
+            worker.wait(timeout=60)
+        subprocess.run([str(BIN / "swarm-jobs"), "--delete", job], env=self.env,
+                       capture_output=True)  # fmt: skip
+        return wall, _texts(out)
+
     def naive(self, n: int, concurrency: int) -> tuple[float, dict[int, str]]:
         out = WORK / f"naive-{concurrency}.jsonl"
         t0 = time.monotonic()
@@ -155,7 +190,8 @@ def main() -> int:
         url, n, conc, out = args.naive
         asyncio.run(_naive(url, int(n), int(conc), Path(out)))
         return 0
-    WORK.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(WORK, ignore_errors=True)  # a run's outputs: each run its own Redis and jobs
+    WORK.mkdir(parents=True)
     python = install()
     model = build_model(python)
     sizes = [int(x) for x in args.sizes.split(",")]
@@ -177,7 +213,9 @@ def main() -> int:
 
 
 def _size(systems: Systems, n: int, rounds: int, run_batch: bool) -> dict[str, Any]:
-    names = ["swarm-queue", "naive 64", "naive 256"] + (["vllm run-batch"] if run_batch else [])
+    names = ["swarm-queue", "swarm-queue, worker up", "naive 64", "naive 256"] + (
+        ["vllm run-batch"] if run_batch else []
+    )
     walls: dict[str, list[float]] = {x: [] for x in names}
     phases: list[dict[str, float]] = []
     reference: dict[int, str] | None = None
@@ -188,6 +226,8 @@ def _size(systems: Systems, n: int, rounds: int, run_batch: bool) -> dict[str, A
             if name == "swarm-queue":
                 wall, got, ph = systems.swarm(n)
                 phases.append(ph)
+            elif name == "swarm-queue, worker up":
+                wall, got = systems.swarm_up(n)
             elif name == "vllm run-batch":
                 wall, got = systems.run_batch(n)
             else:
