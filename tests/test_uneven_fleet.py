@@ -476,8 +476,10 @@ def test_the_shared_case_on_a_fleet_that_is_not_uniform(
         for r in runners:
             r.terminate()
             r.wait(timeout=30)
-    # The lone endpoint that lies: its job ended, each prompt failed with its error, quickly.
-    assert lies.returncode == 1 and lies_s < 30, (lies_s, lies.stderr)
+    # The lone endpoint that lies: its job ended, each prompt failed with its error, without
+    # waiting out retries (the bound on its requests below); the time only rules out a hang
+    # (35 s was seen with the machine's two cores under four stress processes).
+    assert lies.returncode == 1 and lies_s < 90, (lies_s, lies.stderr)
     lines = _lines(tmp / "lies.jsonl")
     assert len(lines) == n_lies and {x["error_kind"] for x in lines} == {"malformed"}
     assert fleet.requests(4) < 100
