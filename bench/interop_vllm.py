@@ -21,7 +21,6 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import time
 import urllib.request
@@ -38,6 +37,7 @@ from bench.vllm_cpu import (
     build_model,
     build_tool_model,
     install,
+    run_batch,
     serve,
 )
 from common.embedded import EmbeddedRedis, free_port
@@ -132,14 +132,7 @@ def _batch_lines(
     run(env, "swarm-collect", "batch", "--out", out, "--format", "openai")
     ours = {x["custom_id"]: x for x in lines_of(out)}
     theirs_path = WORK / "run-batch.out.jsonl"
-    with open(WORK / "run-batch.log", "wb") as log:
-        subprocess.run(
-            [str(python.parent / "vllm"), "run-batch", "-i", str(src), "-o", str(theirs_path),
-             "--model", str(model), "--served-model-name", "tiny-llama", "--max-model-len",
-             "2048", "--max-num-seqs", "64", "--dtype", "float32"],
-            env={**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"},
-            stdout=log, stderr=subprocess.STDOUT, check=True, timeout=1800,
-        )  # fmt: skip
+    run_batch(python, model, src, theirs_path, WORK / "run-batch.log")
     theirs = {x["custom_id"]: x for x in lines_of(theirs_path)}
 
     def answer(x: dict[str, Any]) -> tuple[int, str]:

@@ -21,7 +21,16 @@ import urllib.request
 from pathlib import Path
 from typing import IO
 
-__all__ = ["TOOL_KEYS", "VENV", "Server", "build_model", "build_tool_model", "install", "serve"]
+__all__ = [
+    "TOOL_KEYS",
+    "VENV",
+    "Server",
+    "build_model",
+    "build_tool_model",
+    "install",
+    "run_batch",
+    "serve",
+]
 
 OUT = Path(__file__).resolve().parent / "out"
 VENV = OUT / "vllm-venv"
@@ -227,17 +236,35 @@ class Server:
                 self.proc.wait()
 
 
+# The engine every server and run-batch of these checks runs: the tiny model, 1 GiB of KV
+# cache, 64 sequences, no hub.
+_ENGINE = ("--max-model-len", "2048", "--max-num-seqs", "64", "--dtype", "float32",
+           "--served-model-name", "tiny-llama")  # fmt: skip
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
+
+
+def run_batch(python: Path, model: Path, src: Path, out: Path, log: Path) -> None:
+    """``vllm run-batch`` of the OpenAI batch file ``src`` into ``out`` (its own engine)."""
+    with open(log, "wb") as fh:
+        subprocess.run(
+            [str(python.parent / "vllm"), "run-batch", "-i", str(src), "-o", str(out),
+             "--model", str(model), *_ENGINE],
+            env=_env(), stdout=fh, stderr=subprocess.STDOUT, check=True, timeout=3600,
+        )  # fmt: skip
+
+
 def serve(python: Path, model: Path, port: int, *extra: str, timeout_s: float = 600.0) -> Server:
     """``vllm serve`` of ``model`` on ``port`` (served as ``tiny-llama``), once healthy."""
     log = OUT / f"vllm-{port}.log"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
     fh: IO[bytes]
     with open(log, "wb") as fh:
         proc = subprocess.Popen(
             [str(python.parent / "vllm"), "serve", str(model), "--host", "127.0.0.1",
-             "--port", str(port), "--max-model-len", "2048", "--max-num-seqs", "64",
-             "--dtype", "float32", "--served-model-name", "tiny-llama", *extra],
-            env=env, stdout=fh, stderr=subprocess.STDOUT,
+             "--port", str(port), *_ENGINE, *extra],
+            env=_env(), stdout=fh, stderr=subprocess.STDOUT,
         )  # fmt: skip
     server = Server(proc, port, log)
     deadline = time.monotonic() + timeout_s

@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import msgspec
 
-from bench.vllm_cpu import OUT, VLLM_VERSION, build_model, install, serve
+from bench.vllm_cpu import OUT, VLLM_VERSION, build_model, install, run_batch, serve
 from common.embedded import EmbeddedRedis, free_port
 
 BIN = Path(sys.executable).parent
@@ -155,15 +155,8 @@ class Systems:
             for i, p in enumerate(prompts(n))
         ))  # fmt: skip
         out = WORK / "run-batch.out.jsonl"
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
         t0 = time.monotonic()
-        with open(WORK / "run-batch.log", "wb") as log:
-            subprocess.run(
-                [str(self.python.parent / "vllm"), "run-batch", "-i", str(src), "-o", str(out),
-                 "--model", str(self.model), "--served-model-name", "tiny-llama",
-                 "--max-model-len", "2048", "--max-num-seqs", "64", "--dtype", "float32"],
-                env=env, stdout=log, stderr=subprocess.STDOUT, check=True, timeout=3600,
-            )  # fmt: skip
+        run_batch(self.python, self.model, src, out, WORK / "run-batch.log")
         wall = time.monotonic() - t0
         got = {}
         for line in out.read_bytes().splitlines():
@@ -212,9 +205,9 @@ def main() -> int:
     return 0
 
 
-def _size(systems: Systems, n: int, rounds: int, run_batch: bool) -> dict[str, Any]:
+def _size(systems: Systems, n: int, rounds: int, with_run_batch: bool) -> dict[str, Any]:
     names = ["swarm-queue", "swarm-queue, worker up", "naive 64", "naive 256"] + (
-        ["vllm run-batch"] if run_batch else []
+        ["vllm run-batch"] if with_run_batch else []
     )
     walls: dict[str, list[float]] = {x: [] for x in names}
     phases: list[dict[str, float]] = []
