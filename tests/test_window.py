@@ -191,14 +191,18 @@ async def test_an_underfed_engine_gets_more_batches_in_flight(
             while max(sizes, default=0) < 8:
                 assert not run.done(), sizes
                 await asyncio.sleep(0.01)
-            assert sim.peak_running > 16  # more than the starting window's 2 batches ran at once
+            peak = sim.peak_running
+            assert peak > 16  # more than the starting window's 2 batches ran at once
             engine.request_stop()
             await run
         finally:
             await engine.close()
-    lines = await collect_lines(store, "j")  # the answers in so far, each its own prompt's
+    # The answers in so far, each its own prompt's: at least every sequence that ran at the peak,
+    # since batches in flight finish and commit on a stop (the window can reach 8 while only a
+    # few batches have landed: seen 32 answers on a loaded CI).
+    lines = await collect_lines(store, "j")
     asked = list(prompts(n))
-    assert len(lines) >= 64
+    assert len(lines) >= peak
     assert [x["text"] for x in lines] == [
         completion_for(asked[x["index"]][0], 32)[0] for x in lines
     ]
