@@ -27,6 +27,7 @@ __all__ = [
     "ResultsEvictedError",
     "RouteMissing",
     "StoreAccessDenied",
+    "StoreCommandDenied",
     "StoreFull",
     "StoreRefused",
     "StoreUnavailable",
@@ -140,6 +141,11 @@ class StoreFull(StoreUnavailable):
 
 class StoreAccessDenied(SwarmError):
     """Redis refused the credentials or the ACL forbids a command or key: waiting won't help."""
+
+
+class StoreCommandDenied(StoreAccessDenied):
+    """The credentials are right but the user's ACL forbids a command or a key (NOPERM): what
+    only reads the server's state (INFO) can do without it."""
 
 
 class EndpointError(SwarmError):

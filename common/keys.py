@@ -19,6 +19,8 @@ import re
 from common.errors import ConfigError, JobNameError
 
 __all__ = [
+    "ARQ_ABORT",
+    "ARQ_TAG",
     "DEFAULT_PREFIX",
     "GROUP",
     "LANE_PREFIX",
@@ -44,8 +46,10 @@ PUMP_GROUP = "pump"
 # for the endpoint that served the turn before (see :func:`lane_name`).
 LANE_PREFIX = "lane:"
 
-# The hash tag of arq's keys: the slot of arq's own fixed key ``arq:abort`` (see arq_queue).
-ARQ_TAG = "{arq:abort}"
+# arq's own fixed key (the set of aborted job IDs), and the hash tag of arq's keys: that key's
+# slot (see arq_queue).
+ARQ_ABORT = "arq:abort"
+ARQ_TAG = "{" + ARQ_ABORT + "}"
 # The hash tag of the response cache: '~' is in no job name, so no job shares its keys.
 CACHE_TAG = "{~cache}"
 # The hash tag of the tool calls agents share across jobs (their claims and answers).
@@ -319,6 +323,13 @@ class Keys:
     def tool_job_id(self, key: str, nonce: str) -> str:
         """The arq job ID of one queued try of the tool call ``key``, under arq's hash tag."""
         return f"{ARQ_TAG}:{self.prefix}:tool:{key}:{nonce}"
+
+    @property
+    def acl_keys(self) -> tuple[str, ...]:
+        """The key patterns a Redis ACL user of this prefix needs (docs/HPC.md): its own
+        keys, arq's queues under arq's hash tag, and arq's records, whose names arq fixes
+        (``arq:job:ID``, ``arq:abort``...)."""
+        return (f"{self.prefix}:*", f"{ARQ_TAG}:{self.prefix}:*", "arq:*")
 
     @property
     def arq_health_check(self) -> str:

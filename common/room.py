@@ -72,6 +72,15 @@ class Room:
         prompt_bytes = -1
         while True:
             mem = await self.store.memory(self.job)
+            if mem is None:
+                # The ACL forbids INFO: no room check, said once (a full Redis then refuses
+                # writes and the producer waits, as without a maxmemory check).
+                self._unlimited_until = math.inf
+                self.say(
+                    "note: this Redis user may not run INFO (its ACL), so its maxmemory is not "
+                    "read: prompts are queued without waiting for room for their answers"
+                )
+                return
             if not mem.maxmemory:
                 # No limit: asked again only now and then (an operator may set one).
                 self._unlimited_until = time.monotonic() + _UNLIMITED_RECHECK_S

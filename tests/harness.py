@@ -8,8 +8,10 @@ import contextlib
 import http.server
 import os
 import random
+import shlex
 import signal
 import socket
+import string
 import subprocess
 import sys
 import threading
@@ -39,6 +41,7 @@ __all__ = [
     "check_output",
     "collect",
     "command",
+    "doc_acl_user",
     "expected_tree",
     "fleet_prompt",
     "sync_client",
@@ -61,6 +64,24 @@ def command(
         text=True,
         timeout=timeout_s,
     )
+
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def doc_acl_user(doc: str, **values: str) -> tuple[str, ...]:
+    """The redis-server ``--user`` arguments of the recipe in ``doc`` (a path under the
+    repository), as a shell passes them with ``values`` for its variables: what a test starts
+    Redis with, read from the file so the two cannot drift."""
+    lines = (REPO / doc).read_text().splitlines()
+    first = next(i for i, line in enumerate(lines) if line.lstrip().startswith("--user "))
+    text = lines[first]
+    while text.endswith("\\"):
+        first += 1
+        text = text[:-1] + lines[first]
+    words = shlex.split(text)
+    end = next((i for i, w in enumerate(words[1:], 1) if w.startswith("--")), len(words))
+    return tuple(string.Template(w).substitute(values) for w in words[:end])
 
 
 def sync_client(url: str, *, cluster: bool = False) -> redis.Redis:

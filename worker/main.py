@@ -26,6 +26,7 @@ async def _reach_redis(settings: Settings) -> int:
     store = JobStore.from_settings(settings)
     try:
         await store.ping()
+        await store.check_worker_access()
     finally:
         await store.close()
     return 0

@@ -22,6 +22,7 @@ steps), ``entries`` (entry IDs and payloads), and the parts of :class:`JobStore`
 from common.store.agents import AgentCounts
 from common.store.base import Memory
 from common.store.connection import (
+    NO_CLIENT_SETINFO,
     RETRY_ON,
     cluster_node_of,
     connect,
@@ -36,6 +37,7 @@ from common.store.jobstore import JobStore
 from common.store.status import JobStatus
 
 __all__ = [
+    "NO_CLIENT_SETINFO",
     "RELEASED_IDLE_MS",
     "RETRY_ON",
     "AgentCounts",

@@ -8,16 +8,27 @@ from typing import Self
 import msgspec
 from redis.asyncio.cluster import RedisCluster
 
-from common.errors import BadRecordError, ConfigError
-from common.keys import Keys
+from common.errors import BadRecordError, ConfigError, StoreCommandDenied
+from common.keys import ARQ_ABORT, Keys
 from common.models import JobSpec, decode_spec
 from common.settings import Settings
 from common.store.connection import Client, connect, reachable, redis_errors
 from common.store.scripts import Scripts
 
-__all__ = ["Memory", "StoreBase", "spec_of"]
+__all__ = ["ACL_COMMANDS", "Memory", "StoreBase", "acl_rules", "spec_of"]
 
 log = logging.getLogger("swarm.store")
+
+
+# The command rules of a project's ACL user (docs/HPC.md): everything but the dangerous
+# commands, except INFO, which arq's worker reads once at its start.
+ACL_COMMANDS = ("&*", "+@all", "-@dangerous", "+info")
+
+
+def acl_rules(keys: Keys) -> str:
+    """The ACL rules a Redis user of ``keys``' prefix needs, as redis-server's ``--user``
+    takes them (quoted for a shell)."""
+    return " ".join(f"'{rule}'" for rule in (*(f"~{p}" for p in keys.acl_keys), *ACL_COMMANDS))
 
 
 class Memory(msgspec.Struct, frozen=True):
@@ -88,11 +99,15 @@ class StoreBase:
             return {"target_nodes": self.redis.get_node_from_key(self.keys.meta(job))}
         return {}
 
-    async def memory(self, job: str) -> Memory:
-        """How full the Redis server holding ``job``'s keys is (on a Cluster, their node's)."""
+    async def memory(self, job: str) -> Memory | None:
+        """How full the Redis server holding ``job``'s keys is (on a Cluster, their node's);
+        None when the user's ACL forbids INFO (``-@dangerous``), which touches no key."""
         kwargs = self.on_job_node(job)
-        async with redis_errors(self.url):
-            info = await self.redis.info("memory", **kwargs)
+        try:
+            async with redis_errors(self.url):
+                info = await self.redis.info("memory", **kwargs)
+        except StoreCommandDenied:
+            return None
         if info and all(isinstance(v, dict) for v in info.values()):  # per node: the one asked
             info = next(iter(info.values()))
         return Memory(
@@ -100,6 +115,19 @@ class StoreBase:
             maxmemory=int(info.get("maxmemory", 0)),
             policy=str(info.get("maxmemory_policy", "")),
         )
+
+    async def check_worker_access(self) -> None:
+        """Fail at once, naming the ACL rules a worker needs, if this Redis user may not do
+        what arq's worker does first (INFO, its queue's and its own fixed keys): else arq
+        ends in a traceback, or a worker starts that can never serve its queue."""
+        try:
+            async with redis_errors(self.url):
+                await self.redis.info("server")
+                await self.redis.exists(self.keys.arq_health_check, ARQ_ABORT)
+        except StoreCommandDenied as exc:
+            raise StoreCommandDenied(
+                f"{exc}. A worker's Redis user needs these ACL rules: {acl_rules(self.keys)}"
+            ) from None
 
     async def ping(self) -> None:
         """Reach Redis once: StoreAccessDenied for wrong credentials (at once), else

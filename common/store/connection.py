@@ -34,6 +34,7 @@ from common.errors import (
     BadKeyError,
     JobGoneError,
     StoreAccessDenied,
+    StoreCommandDenied,
     StoreFull,
     StoreRefused,
     StoreUnavailable,
@@ -41,6 +42,7 @@ from common.errors import (
 from common.settings import mask_url
 
 __all__ = [
+    "NO_CLIENT_SETINFO",
     "RETRY_ON",
     "Client",
     "cluster_node_of",
@@ -140,6 +142,12 @@ def redis_retry(retries: int = 30, *, slot_moves: bool = False) -> Retry:
     return _Retry(retries, slot_moves=slot_moves)
 
 
+# redis-py names itself on each new connection (CLIENT SETINFO), ignoring a refusal; an ACL
+# without the dangerous commands refuses CLIENT, and each refusal lands in Redis's ACL LOG,
+# which an operator reads as a violation.
+NO_CLIENT_SETINFO: dict[str, Any] = {"lib_name": None, "lib_version": None}
+
+
 # The retry of each client connect() made: what reachable() reads.
 _RETRIES: weakref.WeakKeyDictionary[Client, _Retry] = weakref.WeakKeyDictionary()
 
@@ -175,6 +183,7 @@ def connect(url: str, *, patient: bool = True, ca_file: str = "", cluster: bool 
         "retry_on_error": RETRY_ON,
         "health_check_interval": 30,
         "socket_keepalive": True,
+        **NO_CLIENT_SETINFO,
         **_tls(ca_file),
     }
     try:
@@ -246,7 +255,12 @@ async def redis_errors(url: str, job: str = "", *keys: str) -> AsyncIterator[Non
     :class:`BadKeyError` (a key holding another type than swarm-queue keeps there)."""
     try:
         yield
-    except (AuthenticationError, AuthorizationError, NoPermissionError) as exc:
+    except NoPermissionError as exc:
+        raise StoreCommandDenied(
+            f"Redis at {mask_url(url)} refused access: {exc} (the user's ACL: see docs/HPC.md "
+            "for the rules a project's user needs)"
+        ) from None
+    except (AuthenticationError, AuthorizationError) as exc:
         raise StoreAccessDenied(
             f"Redis at {mask_url(url)} refused access: {exc} (check the user and password in "
             "the URL, and the user's ACL: it needs the key prefix's keys and stream commands)"
