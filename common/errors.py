@@ -31,6 +31,7 @@ __all__ = [
     "StoreFull",
     "StoreRefused",
     "StoreUnavailable",
+    "StoreUnreached",
     "SwarmError",
 ]
 
@@ -132,6 +133,12 @@ class StoreRefused(SwarmError):
 
 class StoreUnavailable(SwarmError):
     """Redis could not be reached or answered with a connection-level error."""
+
+
+class StoreUnreached(SwarmError):
+    """Redis never answered this process (a wrong host or port, nothing listening, a listener
+    that is no Redis): not an outage to wait out, since there was never a Redis to come back
+    (see ``FIRST_CONTACT_S``)."""
 
 
 class StoreFull(StoreUnavailable):

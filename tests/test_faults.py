@@ -8,6 +8,7 @@ exactly the over-long prompts failed, with the server's message.
 from __future__ import annotations
 
 import random
+import re
 import signal
 import time
 from pathlib import Path
@@ -159,6 +160,7 @@ def test_redis_restarted_mid_job_everyone_reconnects_and_nothing_is_lost(
         while fleet.done("restart") < 3000:
             time.sleep(0.01)
         server.stop()  # a clean restart: AOF flushed, the same data comes back
+        time.sleep(2)  # the outage's length (a restart takes a while), not a wait for anything
         server.start()
         assert producer.wait(timeout=120) == 0, (tmp_path / "enqueue-restart.log").read_text()
         _out, err = collector.communicate(timeout=300)
@@ -168,6 +170,13 @@ def test_redis_restarted_mid_job_everyone_reconnects_and_nothing_is_lost(
             log.read_text()[-2000:] for log in fleet.logs
         ]
         check_output(fleet.tmp / "restart.jsonl", n, poison)
+        # Workers that had reached Redis waited for it, and said so (a first contact that
+        # fails is an error instead: tests/test_redis_reach.py). (The collector, between two
+        # reads then, may never have seen it gone.)
+        for log in fleet.logs:
+            said = log.read_text()
+            assert f"Redis at {server.url} does not answer: reconnecting" in said
+            assert re.search(rf"Redis at {re.escape(server.url)} answers again after \d", said)
     finally:
         server.close()
 

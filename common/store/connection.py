@@ -6,7 +6,10 @@ catches a redis-py exception.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import contextvars
+import logging
 import re
 import time
 import weakref
@@ -38,6 +41,7 @@ from common.errors import (
     StoreFull,
     StoreRefused,
     StoreUnavailable,
+    StoreUnreached,
 )
 from common.settings import mask_url
 
@@ -52,6 +56,8 @@ __all__ = [
     "redis_errors",
     "redis_retry",
 ]
+
+log = logging.getLogger("swarm.store")
 
 # One Redis server, or a Redis Cluster (every key of a job shares one hash slot).
 Client = aioredis.Redis | RedisCluster
@@ -72,17 +78,71 @@ class _Refused(Exception):
         self.error = error
 
 
+# How long a client that has never had an answer from Redis waits for its first: a wrong host
+# or port (or a listener that is no Redis and never answers) fails within it, naming the URL,
+# instead of waiting out the patience meant for a Redis that restarts under a running job.
+FIRST_CONTACT_S = 5.0
+
+
 class _Health:
     """Whether Redis answers now: ``failing_since`` is the monotonic time of the first failed
-    attempt since the last answer (None: it answers)."""
+    attempt since the last answer (None: it answers). ``answered``: whether Redis ever replied
+    (until then, attempts are bounded by the first contact's time), ``first_try``: when the
+    client first tried. ``url`` (masked) is what it says when Redis stops answering and when
+    it answers again."""
 
-    failing_since: float | None = None
+    def __init__(self, url: str = "", *, answered: bool = True) -> None:
+        self.url = url
+        self.failing_since: float | None = None
+        self.answered = answered
+        self.first_try: float | None = None
+        self._said = False  # whether the outage under way was said
+
+    def failed(self) -> None:
+        now = time.monotonic()
+        if self.failing_since is None:
+            self.failing_since = now
+        # Said once it lasts: a restart's stale pooled connections each fail once, and a
+        # blip of a few milliseconds is no news.
+        elif not self._said and self.answered and self.url and now - self.failing_since >= 1:
+            self._said = True
+            log.warning("Redis at %s does not answer: reconnecting", self.url)
+
+    def ok(self) -> None:
+        if self._said and self.failing_since is not None:
+            log.warning(
+                "Redis at %s answers again after %.1f s",
+                self.url,
+                time.monotonic() - self.failing_since,
+            )
+        self._said = False
+        self.failing_since = None
+
+
+# Set while an attempt runs under the first contact's deadline: the attempts redis-py nests in
+# it (a connect, a health check) run under that one deadline, not one of their own (two
+# deadlines expiring together lose a cancellation in Python 3.11's asyncio.timeout).
+_BOUNDED: contextvars.ContextVar[bool] = contextvars.ContextVar("_BOUNDED", default=False)
+
+
+class _NeverReached(Exception):
+    """Carries the last failure of a client that never reached Redis within
+    :data:`FIRST_CONTACT_S` past the retry loop, which would otherwise go on."""
+
+    def __init__(self, error: BaseException | None) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+class _FirstContactFailed(RedisConnectionError):
+    """Redis never answered within :data:`FIRST_CONTACT_S`."""
 
 
 class _Retry(Retry):
     """redis-py's retry, recording in ``health`` whether Redis answers now: what a worker
     reports at once, while a command still waits out an outage. redis-py gives each
-    connection a deep copy of its client's retry; the copies share the client's record."""
+    connection a deep copy of its client's retry; the copies share the client's record.
+    Until Redis first answers, every attempt ends by :data:`FIRST_CONTACT_S` after the first."""
 
     def __init__(
         self, retries: int, health: _Health | None = None, *, slot_moves: bool = False
@@ -95,33 +155,106 @@ class _Retry(Retry):
     def __deepcopy__(self, memo: dict[int, Any]) -> _Retry:
         return _Retry(self.retries, self.health, slot_moves=self.slot_moves)
 
+    async def _first_contact(self, do: Any) -> Any:
+        """``do()`` bounded by what is left of the first contact's time."""
+        health = self.health
+        if health.first_try is None:
+            health.first_try = time.monotonic()
+        left = health.first_try + FIRST_CONTACT_S - time.monotonic()
+        if left <= 0:
+            raise _NeverReached(None)
+        if _BOUNDED.get():  # inside a bounded attempt (redis-py's connect, its health check)
+            return await do()
+        token = _BOUNDED.set(True)
+        deadline = asyncio.timeout(left)
+        try:
+            async with deadline:
+                return await do()
+        except TimeoutError:
+            if deadline.expired():
+                raise _NeverReached(None) from None
+            raise
+        finally:
+            _BOUNDED.reset(token)
+
+    async def on_connect(self, connection: Any) -> None:
+        """A new connection's handshake (AUTH, SELECT...; redis-py's ``redis_connect_func``).
+        Until Redis first answers, it is bounded like a command (redis-py runs it outside any
+        retry: a listener that is no Redis would hold it for ever), and ends with a PING
+        whose reply is the first answer: a TCP connection accepted is not one."""
+        if self.health.answered:
+            await connection.on_connect()
+            return
+
+        async def handshake() -> None:
+            await connection.on_connect()
+            await connection.send_command("PING", check_health=False)
+            await connection.read_response()
+
+        try:
+            await self._first_contact(handshake)
+        except _NeverReached:
+            self.health.failed()
+            raise _FirstContactFailed(_no_answer(None)) from None
+        self.health.answered = True
+
     async def call_with_retry(self, do: Any, fail: Any) -> Any:
+        last: list[BaseException] = []
+
         async def once() -> Any:
             try:
-                result = await do()
+                result = await (do() if self.health.answered else self._first_contact(do))
             except (AuthenticationError, AuthorizationError) as exc:
                 raise _Refused(exc) from None
-            except (RedisConnectionError, RedisTimeoutError, OSError):
-                if self.health.failing_since is None:
-                    self.health.failing_since = time.monotonic()
+            except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+                last[:] = [exc]
+                self.health.failed()
                 raise
             except ResponseError as exc:  # an error reply: Redis answered
-                self.health.failing_since = None
+                self.health.ok()
                 if self.slot_moves and redis_code(exc) in _SLOT_MOVES:
                     # A client that knows no cluster, on a node that no longer serves the
                     # slot (or a cluster failing over): another try, on a new connection.
                     raise _SlotMoved(str(exc)) from None
                 raise
-            except RedisError:
-                self.health.failing_since = None
+            except _NeverReached:
+                self.health.failed()
                 raise
-            self.health.failing_since = None
+            except RedisError:
+                self.health.ok()
+                raise
+            self.health.ok()
             return result
 
         try:
             return await super().call_with_retry(once, fail)
         except _Refused as refused:
             raise refused.error from None
+        except _NeverReached as never:
+            why = never.error or (last[0] if last else None)
+            said = _first_contact_failure(why)
+            if said is not None:  # said by an inner retry (the connect's)
+                raise said from None
+            raise _FirstContactFailed(_no_answer(why)) from None
+
+
+def _first_contact_failure(exc: BaseException | None) -> _FirstContactFailed | None:
+    """The first-contact failure ``exc`` is or wraps (redis-py wraps what a connect raises
+    in a ConnectionError of its own), if any."""
+    while exc is not None:
+        if isinstance(exc, _FirstContactFailed):
+            return exc
+        exc = exc.__cause__
+    return None
+
+
+def _no_answer(why: BaseException | None) -> str:
+    """What a client that never reached Redis says."""
+    return (
+        f"no answer within {FIRST_CONTACT_S:g} s"
+        + (f" ({type(why).__name__}: {why})" if why and str(why) else "")
+        + ": is the host and port right, and is a Redis listening there?"
+    )
 
 
 class _SlotMoved(RedisConnectionError):
@@ -177,7 +310,9 @@ def connect(url: str, *, patient: bool = True, ca_file: str = "", cluster: bool 
     # then asks the others for the slots' new primaries (a failover) and tries there, and the
     # callers' own loops wait out a cluster that is down. A node retried for minutes (the
     # patience a lone Redis restarting deserves) held every command on a dead primary.
-    retry = _Retry(2 if cluster else 30 if patient else 3)
+    # A lone Redis's first contact is bounded (see FIRST_CONTACT_S); a cluster client makes
+    # its own handshakes, and goes by its own tries.
+    retry = _Retry(2 if cluster else 30 if patient else 3, _Health(mask_url(url), answered=cluster))
     options: dict[str, Any] = {
         "retry": retry,
         "retry_on_error": RETRY_ON,
@@ -190,7 +325,7 @@ def connect(url: str, *, patient: bool = True, ca_file: str = "", cluster: bool 
         client: Client = (
             RedisCluster.from_url(url, cluster_error_retry_attempts=CLUSTER_TRIES, **options)
             if cluster
-            else aioredis.from_url(url, **options)
+            else aioredis.from_url(url, redis_connect_func=retry.on_connect, **options)
         )
     except ValueError as exc:
         raise StoreUnavailable(f"invalid Redis URL {mask_url(url)}: {exc}") from None
@@ -266,31 +401,11 @@ async def redis_errors(url: str, job: str = "", *keys: str) -> AsyncIterator[Non
             "the URL, and the user's ACL: it needs the key prefix's keys and stream commands)"
         ) from None
     except ResponseError as exc:
-        code = redis_code(exc)
-        if code in _GONE_CODES:
-            raise JobGoneError(job or "?") from None
-        if code == "WRONGTYPE":
-            raise BadKeyError(keys, job) from None
-        if code in ("CLUSTERDOWN", "TRYAGAIN"):
-            # A Redis Cluster failing over (a slot without its primary for a moment): an outage.
-            raise StoreUnavailable(f"Redis Cluster at {mask_url(url)} is down: {exc}") from None
-        if code in ("MOVED", "ASK", "CROSSSLOT"):
-            raise StoreUnavailable(
-                f"Redis at {mask_url(url)} is a Redis Cluster node ({code}): set "
-                "SWARM_REDIS_CLUSTER=1 so that the client follows the cluster's slots"
-            ) from None
-        if code in ("LOADING", "BUSY", "MASTERDOWN", "TRYAGAIN"):
-            # Redis loading its data after a restart, or blocked by a long script: an outage.
-            raise StoreUnavailable(f"Redis at {mask_url(url)} is not ready: {exc}") from None
-        if not _is_oom(exc):
-            raise StoreRefused(f"Redis at {mask_url(url)} refused a command: {exc}") from None
-        raise StoreFull(
-            f"Redis at {mask_url(url)} is out of memory (its maxmemory is reached) and refuses "
-            "writes: collect jobs with swarm-collect JOB --out FILE --evict (it frees each "
-            "answer once written out, a running job's too), delete finished jobs with "
-            "swarm-jobs --delete-finished, or give Redis more maxmemory"
-        ) from None
+        raise _error_reply(exc, url, job, keys) from None
     except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+        never = _first_contact_failure(exc)
+        if never is not None:
+            raise StoreUnreached(f"Redis at {mask_url(url)} unreachable: {never}") from None
         raise StoreUnavailable(f"Redis at {mask_url(url)} unavailable: {exc}") from None
     except RedisClusterException as exc:  # no node of the cluster reachable, most often
         raise StoreUnavailable(f"Redis Cluster at {mask_url(url)}: {exc}") from None
@@ -304,6 +419,34 @@ async def redis_errors(url: str, job: str = "", *keys: str) -> AsyncIterator[Non
         raise StoreUnavailable(
             f"Redis at {mask_url(url)}: its client failed ({type(exc).__name__}: {exc})"
         ) from None
+
+
+def _error_reply(exc: ResponseError, url: str, job: str, keys: tuple[str, ...]) -> Exception:
+    """The store error an error reply of Redis stands for (see :func:`redis_errors`)."""
+    code = redis_code(exc)
+    if code in _GONE_CODES:
+        return JobGoneError(job or "?")
+    if code == "WRONGTYPE":
+        return BadKeyError(keys, job)
+    if code in ("CLUSTERDOWN", "TRYAGAIN"):
+        # A Redis Cluster failing over (a slot without its primary for a moment): an outage.
+        return StoreUnavailable(f"Redis Cluster at {mask_url(url)} is down: {exc}")
+    if code in ("MOVED", "ASK", "CROSSSLOT"):
+        return StoreUnavailable(
+            f"Redis at {mask_url(url)} is a Redis Cluster node ({code}): set "
+            "SWARM_REDIS_CLUSTER=1 so that the client follows the cluster's slots"
+        )
+    if code in ("LOADING", "BUSY", "MASTERDOWN", "TRYAGAIN"):
+        # Redis loading its data after a restart, or blocked by a long script: an outage.
+        return StoreUnavailable(f"Redis at {mask_url(url)} is not ready: {exc}")
+    if not _is_oom(exc):
+        return StoreRefused(f"Redis at {mask_url(url)} refused a command: {exc}")
+    return StoreFull(
+        f"Redis at {mask_url(url)} is out of memory (its maxmemory is reached) and refuses "
+        "writes: collect jobs with swarm-collect JOB --out FILE --evict (it frees each "
+        "answer once written out, a running job's too), delete finished jobs with "
+        "swarm-jobs --delete-finished, or give Redis more maxmemory"
+    )
 
 
 def _raised_in_redis_py(exc: BaseException) -> bool:
