@@ -11,17 +11,19 @@ import os
 import signal
 import sys
 from collections.abc import AsyncIterator, Coroutine
+from pathlib import Path
 from typing import Any
 
 from common.errors import ConfigError, InputError, JobConflictError, JobNotFoundError, SwarmError
 from common.keys import parse_stage
-from common.settings import Settings
+from common.settings import DEFAULT_REDIS_URL, Settings
 from common.store import JobStore
 
 __all__ = [
     "EXIT_ERROR",
     "EXIT_USAGE",
     "add_redis_arg",
+    "default_redis_note",
     "open_job_store",
     "run",
     "settings_from_args",
@@ -42,7 +44,22 @@ def add_redis_arg(parser: argparse.ArgumentParser) -> None:
 
 def settings_from_args(args: argparse.Namespace, **overrides: Any) -> Settings:
     """The one place a command turns environment + flags into :class:`Settings`."""
-    return Settings.from_env(os.environ, redis_url=getattr(args, "redis", None), **overrides)
+    settings = Settings.from_env(os.environ, redis_url=getattr(args, "redis", None), **overrides)
+    note = default_redis_note(settings)
+    if note:
+        print(f"{Path(sys.argv[0]).name}: {note}", file=sys.stderr)
+    return settings
+
+
+def default_redis_note(settings: Settings) -> str:
+    """What a process says when it uses the default Redis because no URL was given (on a
+    shared node ``127.0.0.1:6379`` may be someone else's); "" when one was."""
+    if not settings.redis_defaulted:
+        return ""
+    return (
+        f"using the default Redis {DEFAULT_REDIS_URL} (SWARM_REDIS_URL is not set; "
+        "`swarm-redis start` runs one of your own)"
+    )
 
 
 @contextlib.asynccontextmanager

@@ -44,7 +44,10 @@ def mask_url(url: str) -> str:
         else field
         for field in parts.query.split("&")
     )
-    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+    masked = urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+    if not netloc and url.startswith(f"{parts.scheme}://"):  # unix:///path keeps its form
+        masked = masked.replace(f"{parts.scheme}:", f"{parts.scheme}://", 1)
+    return masked
 
 
 # Query parameters whose values are secrets (redis-py takes the password as one).
@@ -68,6 +71,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     """Every tunable of swarm-queue, with units in the names."""
 
     redis_url: str = DEFAULT_REDIS_URL
+    # Whether redis_url is the default because none was given (what commands then say).
+    redis_defaulted: bool = False
     # With rediss://: the CA certificate file to verify the server with ("" : the system's).
     redis_ca_file: str = ""
     # The URL names one node of a Redis Cluster: the client follows the cluster's slot map.
@@ -305,6 +310,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
         if endpoints:
             values["endpoints"] = tuple(endpoints)
         values.update({k: v for k, v in overrides.items() if v is not None})
+        values["redis_defaulted"] = "redis_url" not in values
         if not values.get("worker_name"):
             values["worker_name"] = socket.gethostname()
         try:

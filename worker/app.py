@@ -97,7 +97,8 @@ async def startup(ctx: dict[str, Any]) -> None:
         ", ".join(d.label for d in engine.drainers),
         settings.batch_size,
         settings.inflight,
-        settings.redis_url_masked,
+        settings.redis_url_masked
+        + (" (the default: SWARM_REDIS_URL is not set)" if settings.redis_defaulted else ""),
         ", burst" if burst else "",
     )
     arq_redis: ArqRedis = ctx["redis"]

@@ -14,7 +14,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from common.cli import run
+from common.cli import default_redis_note, run
 from common.errors import ConfigError
 from common.settings import Settings
 from common.store import JobStore
@@ -44,6 +44,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     except ConfigError as exc:
         print(f"swarm-worker: error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
+    note = default_redis_note(settings)
+    if note:
+        print(f"swarm-worker: {note}", file=sys.stderr)
     status = run("swarm-worker", _reach_redis(settings))
     if status:
         raise SystemExit(status)

@@ -192,7 +192,13 @@ async def _startup(ctx: dict[str, Any]) -> None:
     ctx["sibling_tasks"] = [asyncio.create_task(w.main()) for w in siblings]
     await store.serve_tools(runner.label, names, SERVE_TTL_MS)
     ctx["serving"] = asyncio.create_task(_serve(store, runner.label, names))
-    log.info("tool runner %s: %s", runner.label, ", ".join(names))
+    log.info(
+        "tool runner %s: %s; Redis %s%s",
+        runner.label,
+        ", ".join(names),
+        settings.redis_url_masked,
+        " (the default: SWARM_REDIS_URL is not set)" if settings.redis_defaulted else "",
+    )
 
 
 async def _shutdown(ctx: dict[str, Any]) -> None:

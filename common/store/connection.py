@@ -317,10 +317,11 @@ def connect(url: str, *, patient: bool = True, ca_file: str = "", cluster: bool 
         "retry": retry,
         "retry_on_error": RETRY_ON,
         "health_check_interval": 30,
-        "socket_keepalive": True,
         **NO_CLIENT_SETINFO,
         **_tls(ca_file),
     }
+    if not url.startswith("unix:"):  # (a Unix socket has none: redis-py refuses the option)
+        options["socket_keepalive"] = True
     try:
         client: Client = (
             RedisCluster.from_url(url, cluster_error_retry_attempts=CLUSTER_TRIES, **options)
