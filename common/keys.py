@@ -175,6 +175,13 @@ class Keys:
         response cache, so that ``swarm-retry --uncached`` can ask an endpoint again."""
         return self._job(job, "cached")
 
+    def reopened(self, job: str) -> str:
+        """Hash: decimal index -> the entry ID ``swarm-retry`` queued it again under, for a
+        prompt below the job's eviction mark (its line is in a collected file): the one
+        commit that may still write that index, so that the answer reaches the file when the
+        collector brings it up to date, and a late copy of an earlier try does not."""
+        return self._job(job, "reopened")
+
     def running(self, job: str) -> str:
         """Hash: entry ID -> how many times a worker started that entry and neither committed
         nor released it: each one a worker that died running it. What dead-lettering counts."""

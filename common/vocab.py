@@ -53,6 +53,7 @@ class Meta(StrEnum):
     # Every index below it was collected into a file and its result deleted (--evict): a late
     # commit there is neither stored nor counted, and swarm-retry cannot reach it.
     EVICTED = "evicted"
+    REVISION = "revision"  # swarm-retry rounds that queued something: results may have changed
     RETRY_ROUND = "retry_round"  # swarm-retry rounds so far: the ms part of requeued entry IDs
     SEALED_S = "sealed_s"
     FIRST_RESULT_S = "first_result_s"

@@ -43,4 +43,4 @@ def csv_row(r: Result) -> bytes:
 
 
 def csv_sink(path: str) -> LineSink[Result]:
-    return LineSink(path, csv_row, header=_encode(list(COLUMNS)))
+    return LineSink(path, csv_row, header=_encode(list(COLUMNS)), quoted_newlines=True)

@@ -12,19 +12,20 @@ cursor says an unfinished run of the same job (same generation) wrote it; a comp
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import fcntl
 import os
 import socket
 import sys
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Protocol, TypeVar
 
 import msgspec
 
-from common.errors import ConfigError
-from common.models import JobSpec, Result
-from common.store import JobStore
+from common.errors import ConfigError, ResultsEvictedError
+from common.models import JobSpec, Result, result_or_failure
+from common.store import JobStatus, JobStore
 from producer.stream import (
     CollectReport,
     Row,
@@ -41,6 +42,7 @@ __all__ = [
     "RowSink",
     "Sink",
     "already_complete",
+    "bring_up_to_date",
     "claim_output",
     "collect_durably",
     "collect_rows_durably",
@@ -59,6 +61,11 @@ class Cursor(msgspec.Struct, frozen=True):
     parts: int = 0
     generation: str = ""
     complete: bool = False
+    # The job's revision (swarm-retry rounds) the output holds the answers of.
+    revision: int = 0
+    # Whether this output was collected with --evict: then it is the only copy of what left
+    # Redis, and the one that can be brought up to date after a retry.
+    evicts: bool = False
 
 
 _cursor_decoder = msgspec.json.Decoder(Cursor)
@@ -136,6 +143,102 @@ def _holds_bytes(path: str) -> bool:
         return os.path.getsize(path) > 0
     except FileNotFoundError:
         return False
+
+
+def _refreshable(sink: object) -> Refreshable | None:
+    """``sink`` if its format can bring a complete output up to date (see LineSink.refresh)."""
+    return sink if callable(getattr(sink, "refresh", None)) else None  # type: ignore[return-value]
+
+
+class Refreshable(Protocol):
+    """A sink whose complete output can be brought up to date in place."""
+
+    async def refresh(
+        self, rows: int, fetch: Callable[[int, int], Awaitable[list[Result | None]]]
+    ) -> tuple[Mark, int]: ...
+
+
+async def _wait_finished(store: JobStore, job: str, *, wait: bool) -> JobStatus:
+    """The job's status once every prompt has its result (at once without ``wait``)."""
+    while True:
+        status = await store.status(job, rate=False)
+        if status.finished or not wait:
+            return status
+        await asyncio.sleep(REFRESH_POLL_S)
+
+
+REFRESH_POLL_S = 0.5
+
+
+async def bring_up_to_date(
+    store: JobStore,
+    job: str,
+    path: str,
+    sink: object,
+    cursors: CursorFile,
+    cursor: Cursor,
+    *,
+    wait: bool,
+    evict: bool,
+) -> CollectReport:
+    """A complete output of ``job`` collected before a swarm-retry: once the retried prompts
+    are answered, every row Redis holds a result for is written anew (the rest kept), the
+    cursor records the revision, and with ``evict`` the new answers leave Redis."""
+    status = await _wait_finished(store, job, wait=wait)
+    if status.evicted and not cursor.evicts:
+        raise ResultsEvictedError(
+            f"job {job!r} was retried since {path} was collected, and results up to "
+            f"{status.evicted - 1} were collected with --evict into another output since: that "
+            "output is brought up to date (collect it again), this one cannot be"
+        )
+    if not status.finished:
+        print(
+            f"swarm-collect: job {job} was retried since {path} was collected, and its retried "
+            "prompts are not all answered yet",
+            file=sys.stderr,
+        )
+        return CollectReport(job, 0, 0, 0, status.total, untouched=True)
+    refreshable = _refreshable(sink)
+    if refreshable is None:
+        raise ConfigError(
+            f"job {job} was retried since {path} was collected, and this output format cannot "
+            "be brought up to date in place: collect it again into another --out (the answers "
+            "of every retried prompt are in Redis)"
+        )
+    changed: set[int] = set()
+    failed = 0
+
+    async def fetch(start: int, count: int) -> list[Result | None]:
+        nonlocal failed
+        blobs = await store.fetch_results(job, start, count)
+        rows = [None if b is None else result_or_failure(i, b) for i, b in enumerate(blobs, start)]
+        for r in rows:
+            if r is not None:
+                changed.add(r.index)
+                failed += not r.ok
+        return rows
+
+    mark, replaced = await refreshable.refresh(cursor.index, fetch)
+    cursors.save(
+        Cursor(
+            job,
+            mark.index,
+            mark.offset,
+            mark.parts,
+            generation=cursor.generation,
+            complete=True,
+            revision=status.revision,
+            evicts=cursor.evicts or evict,
+        )
+    )
+    if evict and changed:
+        await store.evict_results(job, min(changed), max(changed) + 1, gen=cursor.generation)
+    print(
+        f"swarm-collect: job {job} was retried since {path} was collected: brought it up to "
+        f"date ({replaced} rows changed)",
+        file=sys.stderr,
+    )
+    return CollectReport(job, cursor.index, cursor.index - failed, failed, status.total)
 
 
 def already_complete(job: str, path: str, cursor: Cursor) -> CollectReport:
@@ -230,7 +333,15 @@ async def collect_durably(
     results from Redis once the output holds them durably: the output becomes the only copy,
     and Redis memory stays bounded on a huge job."""
     return await collect_rows_durably(
-        store, job, path, make_sink, rows=follow, wait=wait, progress=progress, evict=evict
+        store,
+        job,
+        path,
+        make_sink,
+        rows=follow,
+        wait=wait,
+        progress=progress,
+        evict=evict,
+        results=True,
     )
 
 
@@ -244,16 +355,28 @@ async def collect_rows_durably(
     wait: bool,
     progress: bool,
     evict: bool = False,
+    results: bool = False,
 ) -> CollectReport:
     """:func:`collect_durably` for any rows of a job, one per input index in order, as
-    ``rows`` yields them (:func:`producer.stream.follow`'s signature: a pipeline's chains)."""
+    ``rows`` yields them (:func:`producer.stream.follow`'s signature: a pipeline's chains).
+    ``results``: the rows are the job's results, so a complete output can be brought up to
+    date after a swarm-retry."""
     with output_lock(path):
         spec = await wait_for_spec(store, job, wait=wait)
         gen, sink = spec.generation, make_sink(path, spec)
         cursors, cursor = claim_output(path, job, gen, present=sink.present())
+        status = await store.status(job)
         if cursor is not None and cursor.complete:
+            if status.revision > cursor.revision:  # swarm-retry ran since
+                return await bring_up_to_date(
+                    store, job, path, sink if results else None, cursors, cursor, wait=wait,
+                    evict=evict,
+                )  # fmt: skip
             return already_complete(job, path, cursor)
-        check_kept(await store.status(job), 0 if cursor is None else cursor.index)
+        check_kept(status, 0 if cursor is None else cursor.index)
+        # The revision this run's output holds the answers of (a retry during the run is
+        # caught by the next one, which brings the file up to date).
+        revision = status.revision
         start = sink.open(
             None if cursor is None else Mark(cursor.index, cursor.offset, cursor.parts)
         )
@@ -262,7 +385,16 @@ async def collect_rows_durably(
         async def durable(mark: Mark, *, complete: bool = False) -> None:
             nonlocal evicted
             cursors.save(
-                Cursor(job, mark.index, mark.offset, mark.parts, generation=gen, complete=complete)
+                Cursor(
+                    job,
+                    mark.index,
+                    mark.offset,
+                    mark.parts,
+                    generation=gen,
+                    complete=complete,
+                    revision=revision,
+                    evicts=evict or (cursor is not None and cursor.evicts),
+                )
             )
             if evict and mark.index > evicted:  # only what the output holds leaves Redis
                 await store.evict_results(job, evicted, mark.index, gen=gen)

@@ -137,7 +137,7 @@ class StoreBase:
 
     def script_keys(self, job: str) -> list[str]:
         """KEYS of the commit and retry scripts, in their order: results, meta, stream, failed,
-        cached, running."""
+        cached, running, reopened."""
         k = self.keys
         return [
             k.results(job),
@@ -146,6 +146,7 @@ class StoreBase:
             k.failed(job),
             k.cached(job),
             k.running(job),
+            k.reopened(job),
         ]
 
 

@@ -91,7 +91,8 @@ class Results(StoreBase):
         cache)`` (see ``lua/retry.lua``); returns how many."""
         if not failed:
             return 0
-        keys = self.script_keys(job)[:5]
+        keys = self.script_keys(job)
+        keys = [*keys[:5], keys[6]]  # (not running)
         async with redis_errors(self.url, job):
             round_ = await self.redis.hincrby(self.keys.meta(job), Meta.RETRY_ROUND, 1)
             n = 0

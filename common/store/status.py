@@ -43,6 +43,8 @@ class JobStatus(msgspec.Struct, frozen=True):
     cache_hits: int = 0
     # Every index below it was collected with --evict: its result is no longer in Redis.
     evicted: int = 0
+    # swarm-retry rounds that queued something again: a collected file may be out of date.
+    revision: int = 0
     # Which life of the job's name this is (see JobSpec.generation).
     generation: str = ""
 
@@ -80,6 +82,7 @@ def _job_status(job: str, meta: dict[str, str], in_flight: int, now: float) -> J
         reduced=Meta.REDUCED_S in meta,
         cache_hits=int(meta.get(Meta.CACHE_HITS, 0)),
         evicted=int(meta.get(Meta.EVICTED, 0)),
+        revision=int(meta.get(Meta.REVISION, 0)),
         generation=meta.get(Meta.GENERATION, ""),
     )
 
@@ -116,6 +119,7 @@ class Status(StoreBase):
             k.failed(job): "hash",
             k.cached(job): "hash",
             k.running(job): "hash",
+            k.reopened(job): "hash",
             k.endpoints(job): "hash",
             k.copies(job): "set",
             k.final(job): "string",

@@ -9,8 +9,10 @@
 -- entry), where the pump that feeds the next step reads it: an answer moves on once, at once.
 -- An agent's turn lands its failures too: its pump ends the agent with the failure (a
 -- pipeline's failure stops at its step).
--- KEYS: [1] results, [2] meta, [3] stream, [4] failed, [5] cached, [6] running, [7] landed
---       (only for a pipeline step; then successes carry their entry payload too)
+-- Below the eviction mark, only the entry swarm-retry queued an index again under (reopened)
+-- may write it, once: its answer is for the collector to bring the file up to date.
+-- KEYS: [1] results, [2] meta, [3] stream, [4] failed, [5] cached, [6] running, [7] reopened,
+--       [8] landed (only for a pipeline step; then successes carry their entry payload too)
 -- ARGV: [1] group, [2] prompt_tokens, [3] completion_tokens, [4] generation, [5] '1' if
 --       failures land too, then per entry five: entry_id, index, result blob, failure kind
 --       ('' on success, '+' on a success answered from the response cache), original entry
@@ -18,7 +20,7 @@
 -- Returns {new results done, new results failed, new of them from the cache, then kind,
 -- count for each kind failed}.
 local results, meta, stream, failed_h, cached_h = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local running, landed = KEYS[6], KEYS[7]
+local running, reopened, landed = KEYS[6], KEYS[7], KEYS[8]
 local group, now = ARGV[1], now_s()
 local gone, evicted = generation_error(meta, ARGV[4])
 if gone then return gone end
@@ -36,10 +38,13 @@ for lo = 1, n, 500 do
     indices[#indices + 1] = ARGV[5 * e + 2]
   end
   local have = redis.call('HMGET', results, unpack(indices))
-  local fresh, lost, hit, moved = {}, {}, {}, {}
+  local again = evicted > 0 and redis.call('HMGET', reopened, unpack(indices)) or {}
+  local fresh, lost, hit, moved, reclosed = {}, {}, {}, {}, {}
   for e = lo, hi do
     local b, index = 5 * e + 1, ARGV[5 * e + 2]
-    if not have[e - lo + 1] and not seen[index] and tonumber(index) >= evicted then
+    local open = tonumber(index) >= evicted or again[e - lo + 1] == ARGV[b]
+    if not have[e - lo + 1] and not seen[index] and open then
+      if tonumber(index) < evicted then reclosed[#reclosed + 1] = index end
       seen[index] = true
       fresh[#fresh + 1] = index
       fresh[#fresh + 1] = ARGV[b + 2]
@@ -69,6 +74,7 @@ for lo = 1, n, 500 do
   redis.call('XACK', stream, group, unpack(ids))
   redis.call('HDEL', running, unpack(ids))
   if #fresh > 0 then redis.call('HSET', results, unpack(fresh)) end
+  if #reclosed > 0 then redis.call('HDEL', reopened, unpack(reclosed)) end
   if #lost > 0 then redis.call('HSET', failed_h, unpack(lost)) end
   if #hit > 0 then redis.call('HSET', cached_h, unpack(hit)) end
   for m = 1, #moved, 2 do

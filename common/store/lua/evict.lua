@@ -1,9 +1,10 @@
 -- evict: delete the results of indices [start, end) once a collector's output holds them
--- durably, with the failed entries kept for swarm-retry (their lines are written: a retry
--- could reach no output), and raise the job's eviction mark to `end`. A collector evicts in
--- input order, so the mark says every index below it has left Redis for good: a late commit
--- (a speculative copy, a redelivery after a Redis restart lost an ack) is neither stored nor
--- counted there. Refused with GONE for another generation of the job.
+-- durably, but a failure's: its result and its kept entry stay for swarm-retry (a retried
+-- prompt's answer then reaches the file when the collector brings it up to date), and raise
+-- the job's eviction mark to `end`. A collector evicts in input order, so the mark says every
+-- index below it has left Redis for good but the failures: a late commit (a speculative copy,
+-- a redelivery after a Redis restart lost an ack) is neither stored nor counted there.
+-- Refused with GONE for another generation of the job.
 -- KEYS: [1] results, [2] meta, [3] failed
 -- ARGV: [1] generation, [2] start, [3] end
 -- Returns the eviction mark.
@@ -14,8 +15,12 @@ local lo, hi = tonumber(ARGV[2]), tonumber(ARGV[3])
 for first = lo, hi - 1, 5000 do
   local fields = {}
   for i = first, math.min(first + 4999, hi - 1) do fields[#fields + 1] = tostring(i) end
-  redis.call('HDEL', results, unpack(fields))
-  redis.call('HDEL', failed_h, unpack(fields))
+  local failed = redis.call('HMGET', failed_h, unpack(fields))
+  local answered = {}
+  for f = 1, #fields do
+    if not failed[f] then answered[#answered + 1] = fields[f] end
+  end
+  if #answered > 0 then redis.call('HDEL', results, unpack(answered)) end
 end
 local mark = tonumber(redis.call('HGET', meta, META.EVICTED) or '0')
 if hi > mark then
