@@ -101,9 +101,10 @@ def Step(
     **settings: Any,
 ) -> StepOptions:
     """A pipeline step after the first: ``template`` with ``{answer}`` (the answer before)
-    and ``{prompt}`` (the input's); only answers matching ``keep_if`` (a regular expression),
-    and that ``keep`` (a module-level function, or ``package.module:function``) is true for,
-    go on; ``settings``: the step's own, as :meth:`Swarm.submit` takes them (``model`` and
+    and ``{prompt}`` (the input's); ``keep_if`` and ``keep`` are the gate into this step: only
+    answers of the step before that ``keep_if`` (a regular expression) matches, and that
+    ``keep`` (a module-level function, or ``package.module:function``) is true for, reach
+    it; ``settings``: the step's own, as :meth:`Swarm.submit` takes them (``model`` and
     ``priority`` default to the first step's)."""
     fn = keep
     if callable(keep):

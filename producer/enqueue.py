@@ -179,8 +179,9 @@ def parser() -> argparse.ArgumentParser:
         help="a pipeline's next step: each answer, the moment it is committed, is sent on as "
         "this file's text with {answer} and {prompt} (the input's) filled in. The flags after "
         "it, up to the next --then, are that step's own: --max-tokens, --chat, --template..., "
-        "--keep-if REGEX (only answers it matches go on), --keep-fn package.module:fn (allowed "
-        "by the workers' SWARM_REDUCE_FUNCTIONS); --model and --priority default to the first "
+        "--keep-if REGEX and --keep-fn package.module:fn (allowed by the workers' "
+        "SWARM_REDUCE_FUNCTIONS), the gate into that step: only answers of the step before "
+        "that pass reach it; --model and --priority default to the first "
         "step's. Collect the pipeline with swarm-collect JOB: one line per input, every step",
     )
     p.add_argument("--format", choices=["auto", "txt", "jsonl"], default="auto")

@@ -171,12 +171,17 @@ def step_parser() -> argparse.ArgumentParser:
         metavar="TEMPLATE",
         help="a file: the step's prompt, with {answer} and {prompt}",
     )
-    p.add_argument("--keep-if", metavar="REGEX", help="only answers matching REGEX go on")
+    p.add_argument(
+        "--keep-if",
+        metavar="REGEX",
+        help="the gate into this step: only answers of the step before that REGEX matches "
+        "(searched anywhere in them) reach it",
+    )
     p.add_argument(
         "--keep-fn",
         metavar="package.module:fn",
-        help="only answers fn(answer) is true for go on (the workers' SWARM_REDUCE_FUNCTIONS "
-        "must allow it)",
+        help="the gate into this step: only answers of the step before that fn(answer) is "
+        "true for reach it (the workers' SWARM_REDUCE_FUNCTIONS must allow it)",
     )
     add_job_settings(p)
     return p
