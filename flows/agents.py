@@ -22,6 +22,8 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
+import string
 import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from typing import Any
@@ -66,6 +68,7 @@ __all__ = [
     "fill_task",
     "not_offered",
     "offered_tools",
+    "task_fields",
     "tool_definition",
 ]
 
@@ -585,6 +588,17 @@ class _Fields(dict[str, Any]):
         raise KeyError(key)
 
 
+def task_fields(task: str) -> set[str]:
+    """The input fields ``task`` names (``{n}``, ``{paper.title}``: ``paper``); a task that
+    cannot be parsed names none here (filling it says why)."""
+    try:
+        parsed = list(string.Formatter().parse(task))
+    except ValueError:
+        return set()
+    names = {re.split(r"[.\[]", name, maxsplit=1)[0] for _, name, _, _ in parsed if name}
+    return {n for n in names if n and not n.isdigit()}
+
+
 def fill_task(task: str, fields: dict[str, Any], index: int) -> str:
     """``task`` with ``{field}`` filled from one input object; ConfigError naming the field
     an input lacks."""
@@ -694,7 +708,29 @@ async def enqueue_agents(
     prompts: Iterable[tuple[tuple[Message, ...], str | None]],
     **kwargs: Any,
 ) -> EnqueueReport:
-    """Create an agent job's later turns, then queue its agents' first turns."""
+    """Create an agent job's later turns, then queue its agents' first turns. Refused before
+    any agent was queued (an input the task cannot be filled from), it leaves no trace: the
+    later turns it created are deleted again."""
+    try:
+        await store.load_spec(specs[0].job)
+        new = False
+    except JobNotFoundError:
+        new = True
     for spec in reversed(specs[1:]):
         await store.create_job(spec)
-    return await enqueue_prompts(store, specs[0], prompts, **kwargs)
+    try:
+        return await enqueue_prompts(store, specs[0], prompts, **kwargs)
+    except Exception:
+        # Nothing queued: no agent to finish, so nothing of it stays. (Some queued: a rerun
+        # of the same command finishes them.)
+        if new and await _queued(store, specs[0].job) == 0:
+            await store.delete_job(specs[0].job)
+        raise
+
+
+async def _queued(store: JobStore, job: str) -> int:
+    """How many prompts ``job`` holds (0 when there is no such job)."""
+    try:
+        return (await store.status(job, rate=False)).enqueued
+    except JobNotFoundError:
+        return 0

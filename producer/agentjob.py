@@ -22,6 +22,7 @@ from flows.agents import (
     build_agents,
     enqueue_agents,
     offered_tools,
+    task_fields,
     tool_definition,
 )
 from producer.jobflags import read_text
@@ -120,7 +121,8 @@ def _tools(config: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def _inputs(stream: BinaryIO, source: str) -> Iterator[dict[str, Any]]:
+def _inputs(stream: BinaryIO, source: str, task: str) -> Iterator[dict[str, Any]]:
+    """The input objects, each checked against the task (an error names ``FILE:LINE``)."""
     for n, raw in enumerate(stream, 1):
         if not raw.strip():
             continue
@@ -130,6 +132,12 @@ def _inputs(stream: BinaryIO, source: str) -> Iterator[dict[str, Any]]:
             raise InputError(source, n, f"not JSON: {exc}") from None
         if not isinstance(obj, dict):
             raise InputError(source, n, "an agent's input is a JSON object of the task's fields")
+        missing = task_fields(task) - obj.keys()
+        if missing:
+            raise InputError(
+                source, n, f"no field {sorted(missing)[0]!r} the task names (it has "
+                f"{', '.join(map(repr, sorted(obj))) or 'none'})",
+            )  # fmt: skip
         yield obj
 
 
@@ -155,13 +163,13 @@ async def enqueue_agent_job(
         if args.input == "-":
             stream: BinaryIO = sys.stdin.buffer
             prompts = agent_prompts(
-                config["task"], _inputs(stream, "<stdin>"), config.get("system")
+                config["task"], _inputs(stream, "<stdin>", config["task"]), config.get("system")
             )
             report = await enqueue_agents(store, specs, prompts, progress=True)
         else:
             with open(args.input, "rb") as fh:  # noqa: ASYNC230 - a CLI, nothing else runs
                 prompts = agent_prompts(
-                    config["task"], _inputs(fh, args.input), config.get("system")
+                    config["task"], _inputs(fh, args.input, config["task"]), config.get("system")
                 )
                 report = await enqueue_agents(store, specs, prompts, progress=True)
     except OSError as exc:

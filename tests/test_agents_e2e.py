@@ -7,6 +7,7 @@ else."""
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 from pathlib import Path
@@ -156,7 +157,7 @@ def test_an_agent_toml_describes_the_agents_and_bad_input_is_named(
     (tmp / "loose.toml").write_text(f"task = '''{TASK}'''\n[[tools]]\nname = 'f'\nstrict = 'yes'\n")
     (tmp / "in.jsonl").write_text("".join(json.dumps({"n": i}) + "\n" for i in range(30)))
     (tmp / "bad.jsonl").write_text('{"n": 1}\n[1, 2]\n')
-    (tmp / "missing.jsonl").write_text('{"m": 1}\n')
+    (tmp / "missing.jsonl").write_text('{"n": 1}\n{"n": 2}\n{"m": 1}\n')
     env = fleet.env
     ok = command(
         env, "swarm-enqueue", tmp / "in.jsonl", "--job", "t", "--agent", tmp / "agent.toml"
@@ -170,7 +171,23 @@ def test_an_agent_toml_describes_the_agents_and_bad_input_is_named(
     missing = command(
         env, "swarm-enqueue", tmp / "missing.jsonl", "--job", "m", "--agent", tmp / "agent.toml"
     )
-    assert missing.returncode == 2 and "input 0 has no field 'n' the task names" in missing.stderr
+    assert missing.returncode == 2
+    assert "missing.jsonl:3: no field 'n' the task names (it has 'm')" in missing.stderr
+    # A refused input leaves no trace: no job, no later turn, no key (before: m:s1..s3 stayed,
+    # nothing could delete them, and the next try said m:s3 already exists).
+    client = redis.Redis.from_url(fleet.redis_url)
+    try:
+        for refused in ("b", "m"):
+            assert client.keys(f"{fleet.prefix}:{{{refused}}}:*") == []
+    finally:
+        client.close()
+    listed = command(env, "swarm-jobs")
+    assert listed.returncode == 0 and not re.search(r"^(b|m)(:s\d)? ", listed.stdout, re.M)
+    fixed = command(
+        env, "swarm-enqueue", tmp / "in.jsonl", "--job", "m", "--agent", tmp / "agent.toml"
+    )
+    assert fixed.returncode == 0, fixed.stderr  # the same name, queued once the input is right
+    assert command(env, "swarm-cancel", "m").returncode == 0
     loose = command(
         env, "swarm-enqueue", tmp / "in.jsonl", "--job", "l", "--agent", tmp / "loose.toml"
     )
