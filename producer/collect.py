@@ -14,18 +14,20 @@ from __future__ import annotations
 import argparse
 import contextlib
 import sys
+from collections import Counter
 from collections.abc import Sequence
+from typing import Any, cast
 
 import msgspec
 
 from common.cli import add_redis_arg, open_job_store, run
 from common.errors import ConfigError
-from common.models import encode_final
+from common.models import Result, encode_final
 from common.store import JobStore
 from producer.agentout import agent_line, agents_as_finished, collect_agents
 from producer.chains import ChainLine, chain_line, collect_chains, follow_chains, steps_of
 from producer.formats import FORMATS, format_named
-from producer.outfile import collect_durably
+from producer.outfile import Mark, Sink, collect_durably
 from producer.stream import collect, collect_into, wait_final, wait_for_spec
 
 __all__ = ["EXIT_FAILED", "EXIT_INCOMPLETE", "main"]
@@ -127,6 +129,7 @@ async def _main(args: argparse.Namespace) -> int:
                     "results from Redis: --evict once 'swarm-collect --final' has its output"
                 )
         fmt = format_named(args.format)
+        models: Counter[str] = Counter()
         if args.out == "-":
             if fmt.line is None:
                 kind = "directory" if fmt.what == "DIR" else "file"
@@ -146,13 +149,16 @@ async def _main(args: argparse.Namespace) -> int:
                     store,
                     job,
                     args.out,
-                    fmt.sink,
+                    lambda path, spec: cast(Sink, _ByModel(fmt.sink(path, spec), models)),
                     wait=args.wait,
                     progress=args.wait,
                     evict=args.evict,
                 )
             except OSError as exc:
                 raise ConfigError(f"cannot write {args.out}: {exc.strerror}") from None
+            if len(models) > 1:  # a job without --model on a fleet of several models
+                counts = ", ".join(f"{m} {n}" for m, n in sorted(models.items()))
+                print(f"job {job}: answered by {len(models)} models: {counts}", file=sys.stderr)
         status = await store.status(job)
     total = "?" if report.total is None else str(report.total)
     resumed = f", resumed at {report.start}" if report.start else ""
@@ -166,6 +172,22 @@ async def _main(args: argparse.Namespace) -> int:
         print(f"job {job}: not finished; run again (or with --wait) for the rest", file=sys.stderr)
         return EXIT_INCOMPLETE
     return EXIT_FAILED if status.failed else 0
+
+
+class _ByModel:
+    """A sink that counts, by model, the answers it is given (what a job without --model on
+    a fleet of several models mixed), and is otherwise the sink it wraps."""
+
+    def __init__(self, sink: Sink, counts: Counter[str]) -> None:
+        self._sink = sink
+        self._counts = counts
+
+    def put(self, rows: list[Result], index: int) -> Mark | None:
+        self._counts.update(r.model for r in rows if r.ok and r.model)
+        return self._sink.put(rows, index)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sink, name)
 
 
 async def _pipeline(args: argparse.Namespace, job: str, store: JobStore) -> int:

@@ -19,7 +19,7 @@ import msgspec
 from common.cli import add_redis_arg, run, settings_from_args
 from common.errors import BadRecordError, ConfigError, InputError
 from common.feed import EnqueueReport, PromptInput, enqueue_prompts
-from common.fleet import waiting_reason
+from common.fleet import live_models, waiting_reason
 from common.jobspec import build_spec
 from common.keys import validate_job_name
 from common.models import JobSpec, SamplingParams
@@ -77,6 +77,26 @@ async def check_model(
         f"swarm-enqueue: warning: {reason}; the job waits until an endpoint serving it appears",
         file=sys.stderr,
     )
+
+
+async def warn_mixed_models(settings: Settings) -> None:
+    """Warn on stderr when the live endpoints serve more than one model: a job without
+    --model takes whatever each endpoint serves, so its answers would mix them (seen: 64 of
+    300 answered by an embedding model)."""
+    store = JobStore.from_settings(settings, patient=False)
+    try:
+        served = live_models(await store.read_fleet(), await store.server_time())
+    except BadRecordError:
+        return  # the fleet registry's key holds another tool's value: nothing to tell
+    finally:
+        await store.close()
+    if len(served) > 1:
+        print(
+            f"swarm-enqueue: warning: the live endpoints serve {len(served)} models "
+            f"({', '.join(served)}): a job without --model is answered by whichever each "
+            "endpoint serves, so its answers would mix them; give --model NAME",
+            file=sys.stderr,
+        )
 
 
 async def enqueue(
@@ -227,6 +247,8 @@ async def _main(args: argparse.Namespace, steps: Sequence[list[str]] = ()) -> in
         print(f"swarm-enqueue: warning: {warning}", file=sys.stderr)
     if args.model is not None or args.check_model:
         await check_model(settings, args.model, strict=args.check_model)
+    else:
+        await warn_mixed_models(settings)
     for k, step in enumerate(later, 1):  # a later step (or a measure) of a model of its own
         if step.model is not None and step.model != args.model:
             what = f"step {k} {step.job}"

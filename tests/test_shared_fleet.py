@@ -9,7 +9,17 @@ import subprocess
 import msgspec
 import pytest
 
-from tests.harness import BIN, Fleet, FleetFactory, check_output, command, wrong_key_endpoint
+from common.keys import Keys
+from tests.harness import (
+    BIN,
+    Fleet,
+    FleetFactory,
+    check_output,
+    command,
+    fleet_prompt,
+    sync_client,
+    wrong_key_endpoint,
+)
 from tests.helpers import wait_until
 
 pytestmark = pytest.mark.slow
@@ -116,8 +126,21 @@ def test_a_job_without_a_model_answered_by_two_models_says_so_and_each_line_name
     fleet_factory: FleetFactory,
 ) -> None:
     fleet = fleet_factory(2, "--model", "model-a,model-b")
-    assert fleet.enqueue("any", 400, set()).wait(timeout=60) == 0
     worker = fleet.worker("w", [0, 1], burst=False)
+    client = sync_client(fleet.redis_url)
+    try:
+        wait_until("both endpoints published", lambda: client.hlen(Keys(fleet.prefix).fleet) == 2)
+    finally:
+        client.close()
+    src = fleet.tmp / "any.txt"
+    src.write_text("".join(fleet_prompt(i, set()) + "\n" for i in range(400)))
+    queued = command(fleet.env, "swarm-enqueue", src, "--job", "any", "--max-tokens", "12")
+    assert queued.returncode == 0, queued.stderr
+    assert (
+        "swarm-enqueue: warning: the live endpoints serve 2 models (model-a, model-b): a job "
+        "without --model is answered by whichever each endpoint serves, so its answers would "
+        "mix them; give --model NAME"
+    ) in queued.stderr
     wait_until("job any done", lambda: fleet.done("any") == 400)
     # Its endpoints' figures are published every period: the warning follows them.
     wait_until("the warning", lambda: "is being answered by 2 models" in _stderr(fleet, "any"))
@@ -127,12 +150,14 @@ def test_a_job_without_a_model_answered_by_two_models_says_so_and_each_line_name
     worker.send_signal(signal.SIGTERM)
     assert worker.wait(timeout=60) == 0
     collect = fleet.collect("any")
-    collect.communicate(timeout=60)
+    _out, err = collect.communicate(timeout=60)
     assert collect.returncode == 0
     lines = [msgspec.json.decode(x) for x in (fleet.tmp / "any.jsonl").read_bytes().splitlines()]
     by_endpoint = {fleet.url(0): "model-a", fleet.url(1): "model-b"}
     assert {x["model"] for x in lines} == {"model-a", "model-b"}
     assert all(x["model"] == by_endpoint[x["endpoint"]] for x in lines)
+    a = sum(x["model"] == "model-a" for x in lines)
+    assert f"job any: answered by 2 models: model-a {a}, model-b {400 - a}" in err
 
 
 def _stderr(fleet: Fleet, job: str) -> str:
