@@ -62,9 +62,19 @@ class StepOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     options: JobOptions = JobOptions()
 
 
+# What looks like a placeholder in a template: a name in braces.
+_NAMED = re.compile(r"\{([A-Za-z_]\w*)\}")
+
+
 def _check_step(k: int, step: StepOptions) -> None:
     if "{answer}" not in step.template:
         raise ConfigError(f"step {k}'s template has no {{answer}} to fill in")
+    unknown = sorted({m for m in _NAMED.findall(step.template) if m not in ("answer", "prompt")})
+    if unknown:
+        raise ConfigError(
+            f"step {k}'s template names {', '.join('{' + u + '}' for u in unknown)}: only "
+            "{answer} (the step before's answer) and {prompt} (the input's) are filled in"
+        )
     if step.keep_if is not None:
         try:
             re.compile(step.keep_if)

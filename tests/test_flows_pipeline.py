@@ -153,6 +153,14 @@ def test_a_pipeline_refuses_what_it_cannot_run() -> None:
 
     with pytest.raises(ConfigError, match=r"step 1's template has no \{answer\}"):
         build(template="no answer here")
+    # Seen: '{answr}' accepted, and sent on as written.
+    with pytest.raises(
+        ConfigError,
+        match=r"step 1's template names \{answr\}, \{question\}: only \{answer\} \(the "
+        r"step before's answer\) and \{prompt\} \(the input's\) are filled in",
+    ):
+        build(template="{answer} {answr} {question} {prompt}")
+    build(template='Rate {answer} as JSON: {"score": 1}')  # braces that name nothing are text
     with pytest.raises(ConfigError, match="step 1's keep-if '\\(': missing \\)"):
         build(keep_if="(")
     with pytest.raises(ConfigError, match="step 1: max_tokens must be >= 1"):

@@ -10,6 +10,7 @@ declares any, are kept as :mod:`worker.toollimits` says.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import importlib
@@ -20,7 +21,7 @@ import os
 import socket
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from arq.worker import Worker, func
@@ -254,8 +255,16 @@ def load_tool_settings() -> dict[str, Any]:
         raise SystemExit(2) from None
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> None:
     """``swarm-tools``: a tool runner, Redis and the tools checked first."""
+    argparse.ArgumentParser(
+        prog="swarm-tools",
+        description="A tool runner: runs the agents' tool calls that its SWARM_TOOLS allows "
+        "(package.module:function or package.module:*, comma-separated; the modules importable "
+        "here), taken from the Redis of SWARM_REDIS_URL (and SWARM_PREFIX). Each call runs at "
+        "most SWARM_TOOL_TIMEOUT_S, SWARM_TOOL_CONCURRENCY at a time. Ctrl-C or SIGTERM stops "
+        "it; a call it was running is run again elsewhere.",
+    ).parse_args(argv)
     settings_map = load_tool_settings()
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
