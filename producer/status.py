@@ -40,19 +40,27 @@ __all__ = ["format_endpoints", "format_status", "jobs_main", "main", "tool_lines
 LAST_WORDS = ("finished", "stopped")
 
 
-def circuit_now(st: EndpointStats, now: float) -> str:
-    """The circuit state as published, or ``silent`` when its worker stopped publishing."""
+def circuit_now(st: EndpointStats, now: float, *, over: bool = False) -> str:
+    """The circuit state as published, or ``silent`` when its worker stopped publishing; of
+    a job that is ``over``, a worker gone since is no alarm: ``gone``."""
     if st.circuit not in LAST_WORDS and now - st.updated_s > SILENT_PERIODS * max(st.period_s, 1.0):
-        return "silent"
+        return "gone" if over else "silent"
     return st.circuit
 
 
-def format_endpoints(endpoints: Sequence[EndpointStats], now: float) -> list[str]:
+def serving_now(endpoints: Sequence[EndpointStats], now: float) -> bool:
+    """Whether some worker still serves the job: an endpoint row neither over nor silent."""
+    return any(circuit_now(st, now) not in (*LAST_WORDS, "silent") for st in endpoints)
+
+
+def format_endpoints(
+    endpoints: Sequence[EndpointStats], now: float, *, over: bool = False
+) -> list[str]:
     """The per-endpoint table of ``swarm-status``: one row per worker and endpoint, with the
-    last error of every endpoint not taking work."""
+    last error of every endpoint not taking work; ``over``: the job is finished."""
     if not endpoints:
         return ["  endpoints  none reporting yet"]
-    states = [circuit_now(st, now) for st in endpoints]
+    states = [circuit_now(st, now, over=over) for st in endpoints]
     summary = ", ".join(f"{n} {state}" for state, n in sorted(Counter(states).items()))
     width = max(8, *(len(st.endpoint) for st in endpoints))
     wwidth = max(6, *(len(st.worker) for st in endpoints))
@@ -62,7 +70,7 @@ def format_endpoints(endpoints: Sequence[EndpointStats], now: float) -> list[str
         f"{'errors':>7} {'rate/s':>8} {'in flight':>10} {'seen':>9}",
     ]
     for st, state in zip(endpoints, states, strict=True):
-        flight = "-" if state in (*LAST_WORDS, "silent") else f"{st.in_flight}/{st.window}"
+        flight = "-" if state in (*LAST_WORDS, "silent", "gone") else f"{st.in_flight}/{st.window}"
         seen = f"{max(0.0, now - st.updated_s):,.0f} s ago"
         lines.append(
             f"    {st.endpoint:{width}}  {st.worker:{wwidth}}  {state:8} {st.done:>9} "
@@ -89,10 +97,14 @@ def format_status(
     total = f"{s.total}" if s.total is not None else f"{s.enqueued}+ (still being enqueued)"
     state = state or job_state(s, waiting)
     kinds = ", ".join(f"{k} {n}" for k, n in s.failed_by_kind.items())
-    eta = ""
-    if not s.finished and s.total is not None and s.rate_per_s > 0:
+    at = time.time() if now is None else now
+    rate = f"{s.rate_per_s:,.1f} prompts/s"
+    if not s.finished and endpoints is not None and not serving_now(endpoints, at):
+        # No ETA where nothing works on it: the average since its first answer would lie.
+        rate += " (while it was served: no worker serves it now)" if s.rate_per_s else ""
+    elif not s.finished and s.total is not None and s.rate_per_s > 0:
         left = s.total - s.done - s.failed
-        eta = f"   eta {left / s.rate_per_s:,.0f} s"
+        rate += f"   eta {left / s.rate_per_s:,.0f} s"
     lines = [
         f"job {s.job}: {state}",
         *([f"  waiting    {waiting}"] if waiting and state == "waiting" else []),
@@ -101,7 +113,7 @@ def format_status(
         f"  failed     {s.failed}" + (f"  ({kinds})" if kinds else ""),
         f"  in flight  {s.in_flight}",
         f"  pending    {s.pending}",
-        f"  rate       {s.rate_per_s:,.1f} prompts/s{eta}",
+        f"  rate       {rate}",
         f"  tokens     {s.prompt_tokens} prompt, {s.completion_tokens} completion",
         *(
             [f"  cached     {s.cache_hits} answered from the response cache"]
@@ -112,7 +124,7 @@ def format_status(
     if s.reduce is not None:
         lines.append(f"  reduce     {s.reduce}, {reduce_where(s, stage)}")
     if endpoints is not None:
-        lines.extend(format_endpoints(endpoints, time.time() if now is None else now))
+        lines.extend(format_endpoints(endpoints, at, over=s.finished))
     return "\n".join(lines)
 
 

@@ -16,6 +16,8 @@ from common.fleet import EndpointStats
 from common.models import PromptItem
 from common.settings import Settings
 from common.store import JobStore
+from common.store.status import _job_status
+from common.vocab import FAILED_KIND_PREFIX, Meta
 from producer.status import format_endpoints, format_status
 from sim.server import SimFleet
 from tests.helpers import gen_of, prompts, serve, spec
@@ -197,3 +199,35 @@ def test_the_endpoint_table_names_states_flags_silent_workers_and_shows_errors()
     assert lines[6].split()[:4] == ["http://node4:8000", "node4", "finished", "5"]
     assert len(lines) == 7
     assert format_endpoints([], now) == ["  endpoints  none reporting yet"]
+
+
+def test_status_figures_say_no_eta_without_a_worker_and_leave_cancellations_out_of_the_rate() -> (
+    None
+):
+    """Seen: a rate and an ETA with no worker alive, cancellations counted in the rate, and
+    dead workers flagged silent on a finished job."""
+    now = 1_000_000.0
+    meta = {
+        Meta.DONE: "100",
+        Meta.FAILED: "900",
+        FAILED_KIND_PREFIX + "cancelled": "880",
+        FAILED_KIND_PREFIX + "rejected": "20",
+        Meta.ENQUEUED: "2000",
+        Meta.TOTAL: "2000",
+        Meta.FIRST_RESULT_S: str(now - 10),
+    }
+    running = _job_status("j", meta, 0, now)
+    assert running.rate_per_s == 12.0  # 100 done + 20 rejected in 10 s: not the 880 cancelled
+
+    def row(circuit: str, age_s: float) -> EndpointStats:
+        return EndpointStats(endpoint="http://n:1", worker="w", circuit=circuit,
+                             updated_s=now - age_s, period_s=2.0, done=100)  # fmt: skip
+
+    alive = format_status(running, None, [row("closed", 1)], now=now)
+    assert "  rate       12.0 prompts/s   eta 83 s" in alive
+    dead = format_status(running, None, [row("closed", 600)], now=now)
+    assert "  rate       12.0 prompts/s (while it was served: no worker serves it now)" in dead
+    assert "eta" not in dead and " silent " in dead
+    finished = _job_status("j", {**meta, Meta.FINISHED_S: str(now - 5)}, 0, now)
+    over = format_status(finished, None, [row("closed", 600)], now=now)
+    assert " silent " not in over and "  endpoints  1 gone" in over

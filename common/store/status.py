@@ -13,7 +13,7 @@ from common.keys import GROUP
 from common.models import encode
 from common.store.base import StoreBase
 from common.store.connection import redis_errors
-from common.vocab import FAILED_KIND_PREFIX, Meta
+from common.vocab import FAILED_KIND_PREFIX, FailureKind, Meta
 
 __all__ = ["JobStatus", "Status"]
 
@@ -56,7 +56,9 @@ def _job_status(job: str, meta: dict[str, str], in_flight: int, now: float) -> J
     if Meta.FIRST_RESULT_S in meta:
         end = float(meta.get(Meta.FINISHED_S) or now)
         span = end - float(meta[Meta.FIRST_RESULT_S])
-        rate = (done + failed) / span if span > 0 else 0.0
+        # Prompts an operator cancelled were not answered: no part of the rate.
+        cancelled = int(meta.get(FAILED_KIND_PREFIX + FailureKind.CANCELLED, 0))
+        rate = max(0, done + failed - cancelled) / span if span > 0 else 0.0
     return JobStatus(
         job=job,
         enqueued=enqueued,
