@@ -18,7 +18,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from common.settings import Settings
-from common.store import NO_CLIENT_SETINFO, RETRY_ON, cluster_node_of, primary_of_slot, redis_retry
+from common.store import RETRY_ON, cluster_node_of, primary_of_slot, redis_retry
 
 __all__ = ["arq_connection", "arq_pool", "arq_redis_settings", "job_deserializer", "job_serializer"]
 
@@ -144,7 +144,6 @@ def _cluster_pool(settings: Settings) -> ArqRedis:
         "retry": redis_retry(slot_moves=True),
         "retry_on_error": RETRY_ON,
         "socket_keepalive": True,
-        **NO_CLIENT_SETINFO,
     }
     if tls and settings.redis_ca_file:
         options["ssl_ca_certs"] = settings.redis_ca_file

@@ -425,6 +425,7 @@ def check_output(path: Path, n: int, poison: set[int]) -> None:
     for x in lines:
         if x["index"] in poison:
             assert x["error"].startswith("You passed 750 input tokens and requested 12 output")
+            assert x["model"], x  # the model it was asked of (seen: "" on every rejection)
         else:
             assert x["text"] == completion_for(fleet_prompt(x["index"], poison), MAX_TOKENS)[0]
 

@@ -294,9 +294,9 @@ class BatchRunner:
         try:
             body, attempts = await self._sent(spec.job, call, tally, prior, flaw)
         except EndpointRejected as exc:
-            return await self._bisect(items, exc, prior, again)
+            return await self._bisect(items, exc, prior, again, model)
         mapped = self._map_choices(items, body, attempts, n)
-        return await self._fill_missing(items, mapped, attempts, again)
+        return await self._fill_missing(items, mapped, attempts, again, model)
 
     async def _bisect(
         self,
@@ -304,12 +304,14 @@ class BatchRunner:
         exc: EndpointRejected,
         prior: int,
         again: Callable[[list[PromptItem], int], Awaitable[list[Result]]],
+        model: str,
     ) -> list[Result]:
         """A list the server refused (one item over the context fails it whole): each half
         asked ``again``, down to the items that fail alone, with the server's message."""
         attempts = prior + 1
         if len(items) == 1:
-            return [self._failed(items[0], exc.message, FailureKind.REJECTED, attempts, exc.status)]
+            why = exc.message
+            return [self._failed(items[0], why, FailureKind.REJECTED, attempts, exc.status, model)]
         mid = len(items) // 2
         left, right = await asyncio.gather(
             again(items[:mid], attempts), again(items[mid:], attempts)
@@ -322,6 +324,7 @@ class BatchRunner:
         mapped: list[Result | None],
         attempts: int,
         again: Callable[[list[PromptItem], int], Awaitable[list[Result]]],
+        model: str,
     ) -> list[Result]:
         """``mapped`` with the answers the server left out asked for ``again``, on their own,
         until the attempts run out; only then does an item fail for want of an answer."""
@@ -332,7 +335,10 @@ class BatchRunner:
             more = iter(await again(missing, attempts))
         else:
             reason = f"endpoint returned no choice for it in {attempts} attempts"
-            more = iter(self._failed(it, reason, FailureKind.NO_CHOICE, attempts) for it in missing)
+            more = iter(
+                self._failed(it, reason, FailureKind.NO_CHOICE, attempts, model=model)
+                for it in missing
+            )
         return [r if r is not None else next(more) for r in mapped]
 
     async def _embed(
@@ -368,7 +374,7 @@ class BatchRunner:
         try:
             body, attempts = await self._sent(spec.job, call, tally, prior, flaw)
         except EndpointRejected as exc:
-            return await self._bisect(items, exc, prior, again)
+            return await self._bisect(items, exc, prior, again, model)
         # (Each value a float: check_vectors refused any answer holding a null.)
         by_index = {d.index: cast(list[float], d.embedding) for d in body.data if d.embedding}
         usage = body.usage if len(items) == 1 else None
@@ -389,7 +395,7 @@ class BatchRunner:
                 model=body.model,
             )
             mapped.append(self._measured(spec, found, group, [v for v in vectors if v]))
-        return await self._fill_missing(items, mapped, attempts, again)
+        return await self._fill_missing(items, mapped, attempts, again, model)
 
     def _measured(
         self, spec: JobSpec, found: Result, texts: list[str], vectors: list[list[float]]
@@ -440,7 +446,8 @@ class BatchRunner:
             try:
                 body, attempts = await self._sent(spec.job, call, tally, prior)
             except EndpointRejected as exc:
-                return self._failed(item, exc.message, FailureKind.REJECTED, prior + 1, exc.status)
+                why = exc.message
+                return self._failed(item, why, FailureKind.REJECTED, prior + 1, exc.status, model)
             usage = None
             if body.usage is not None:
                 usage = Usage(body.usage.prompt_tokens, body.usage.completion_tokens)
@@ -469,7 +476,7 @@ class BatchRunner:
                     f"{choice.message.without_content()}; finish_reason "
                     f"{choice.finish_reason!r})"
                 )
-                failed = self._failed(item, why, FailureKind.NO_CONTENT, attempts)
+                failed = self._failed(item, why, FailureKind.NO_CONTENT, attempts, model=model)
                 return msgspec.structs.replace(
                     failed, finish_reason=choice.finish_reason, usage=usage, model=body.model
                 )
@@ -524,8 +531,16 @@ class BatchRunner:
         return out
 
     def _failed(
-        self, item: PromptItem, reason: str, kind: str, attempts: int, status: int | None = None
+        self,
+        item: PromptItem,
+        reason: str,
+        kind: str,
+        attempts: int,
+        status: int | None = None,
+        model: str = "",
     ) -> Result:
+        """``item``'s failure; ``model``: the one it was asked of (a line names it, as an
+        answer's does: seen ``"model": ""`` on every rejected prompt)."""
         return Result(
             index=item.index,
             endpoint=self.client.label,
@@ -534,4 +549,5 @@ class BatchRunner:
             error_kind=kind,
             custom_id=item.custom_id,
             status=status,
+            model=model,
         )
