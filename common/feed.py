@@ -16,7 +16,6 @@ import logging
 import os
 import socket
 import sys
-import time
 from collections.abc import Iterable
 
 import msgspec
@@ -30,6 +29,7 @@ from common.errors import (
     SwarmError,
 )
 from common.models import JobSpec, Message, PromptItem, SamplingParams, encode
+from common.progress import Progress
 from common.room import Room
 from common.store import JobStore, producer_token
 from common.vocab import Meta
@@ -143,6 +143,7 @@ async def enqueue_prompts(
     try:
         return await feeder.run(prompts, chunk)
     finally:
+        feeder.bar.close()
         with contextlib.suppress(SwarmError):
             await store.release_producer_lock(spec.job, feeder.token)
 
@@ -160,7 +161,7 @@ class _Feeder:
         self.token, self.window, self.progress = token, window, progress
         self.stored: JobSpec | None = None
         self.room = Room(store, spec, self.say)
-        self.shown = time.monotonic()
+        self.bar = Progress("swarm-enqueue", f"job {spec.job}", "prompts read", enabled=progress)
 
     def say(self, message: str) -> None:
         if self.progress:
@@ -248,6 +249,4 @@ class _Feeder:
                 await self.keep_lock()
                 await asyncio.sleep(_FULL_RETRY_S)
         await self.keep_lock()
-        if self.progress and time.monotonic() - self.shown > 1.0:
-            print(f"swarm-enqueue: {self.job}: {upto} prompts read", file=sys.stderr)
-            self.shown = time.monotonic()
+        self.bar.update(upto, None)

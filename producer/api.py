@@ -37,6 +37,7 @@ from common.errors import ConfigError
 from common.jobspec import build_spec, options_from
 from common.keys import validate_job_name
 from common.models import AgentSpec, ReduceOutput, ReduceSpec, Result
+from common.progress import Progress
 from common.settings import Settings
 from common.store import JobStatus, JobStore
 from flows.agents import AgentResult, agent_prompts, build_agents, enqueue_agents, tool_definition
@@ -408,14 +409,26 @@ class Swarm:
         if task is not None and task.done() and task.exception() is not None:
             raise task.exception()  # type: ignore[misc]
 
-    async def results(self, job: str, *, poll_s: float = 0.2) -> AsyncIterator[Result]:
+    async def results(
+        self, job: str, *, poll_s: float = 0.2, progress: bool = True
+    ) -> AsyncIterator[Result]:
         """Every result of ``job``, in input order, as soon as it (and all before it) is in;
-        failures included, with their reason."""
-        async for chunk in follow(self.store, job, wait=True, poll_s=poll_s):
+        failures included, with their reason. ``progress``: a bar on stderr (a line every
+        30 s where stderr is no terminal: a notebook's or a batch job's log)."""
+        bar = Progress("swarm", f"job {job}", "answered", enabled=progress)
+
+        def show(status: JobStatus, _written: int) -> None:
+            done = status.done + status.failed
+            bar.update(done, status.total or status.enqueued, failed=status.failed)
+
+        try:
+            async for chunk in follow(self.store, job, wait=True, poll_s=poll_s, on_status=show):
+                self._check_feed(job)
+                for result in chunk:
+                    yield result
             self._check_feed(job)
-            for result in chunk:
-                yield result
-        self._check_feed(job)
+        finally:
+            bar.close()
 
     async def gather(self, job: str) -> list[Result]:
         """Every result of ``job`` in input order, once all are in."""

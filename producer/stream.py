@@ -13,7 +13,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import BinaryIO, Protocol, TypeVar
 
 import msgspec
-from tqdm import tqdm
 
 from common.backoff import backoff_s
 from common.errors import (
@@ -31,6 +30,7 @@ from common.models import (
     encode_json_line,
     result_or_failure,
 )
+from common.progress import Progress
 from common.store import JobStatus, JobStore
 
 __all__ = [
@@ -245,22 +245,17 @@ async def collect_into(
     cursor = start
     ok = failed = 0
     total: int | None = None
-    bar = tqdm(
-        desc=job,
-        unit=" prompts",
-        file=sys.stderr,
-        disable=None if progress else True,
-        dynamic_ncols=True,
-    )
+    bar = Progress("swarm-collect", f"job {job}", "answered", enabled=progress)
 
     def show(status: JobStatus, written: int) -> None:
         nonlocal total
         total = status.total
-        if bar.total != (total or status.enqueued):
-            bar.total = total or status.enqueued
-        bar.n = status.done + status.failed
-        bar.set_postfix(written=written, failed=status.failed, refresh=False)
-        bar.refresh()
+        bar.update(
+            status.done + status.failed,
+            total if total is not None else status.enqueued,
+            failed=status.failed,
+            written=written,
+        )
 
     try:
         async for chunk in rows(store, job, start=start, wait=wait, poll_s=poll_s, on_status=show):

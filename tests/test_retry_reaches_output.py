@@ -59,6 +59,8 @@ def test_retried_prompts_reach_the_collected_file(
     lines = _jsonl(out)
     cancelled = [x["index"] for x in lines if x.get("error_kind") == "cancelled"]
     assert len(lines) == N and 0 < len(cancelled) < N - 30
+    # Its progress, though stderr is no terminal: said at once and at the end.
+    assert f"swarm-collect: job {job}: {N} of {N} answered, failed {len(cancelled)}" in first.stderr
 
     retry = command(fleet.env, "swarm-retry", job, "--kind", "cancelled")
     assert retry.returncode == 0, retry.stderr
