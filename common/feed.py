@@ -161,7 +161,9 @@ class _Feeder:
         self.token, self.window, self.progress = token, window, progress
         self.stored: JobSpec | None = None
         self.room = Room(store, spec, self.say)
-        self.bar = Progress("swarm-enqueue", f"job {spec.job}", "prompts read", enabled=progress)
+        self.bar = Progress(
+            "swarm-enqueue", f"job {spec.job}", "prompts read", enabled=progress, after_s=5.0
+        )
 
     def say(self, message: str) -> None:
         if self.progress:

@@ -27,9 +27,13 @@ class Progress:
         *,
         enabled: bool = True,
         every_s: float = EVERY_S,
+        after_s: float = 0.0,
         file: TextIO | None = None,
     ) -> None:
+        """``after_s``: nothing is shown before that long (work that ends sooner says
+        nothing)."""
         self.prog, self.desc, self.unit, self.every_s = prog, desc, unit, every_s
+        self.after = time.monotonic() + after_s
         self.file = file or sys.stderr
         self.enabled = enabled
         self.tty = enabled and _isatty(self.file)
@@ -39,6 +43,7 @@ class Progress:
             file=self.file,
             disable=not self.tty,
             dynamic_ncols=True,
+            delay=after_s,
         )
         self.n: int = 0
         self.total: int | None = None
@@ -63,13 +68,14 @@ class Progress:
         now = time.monotonic()
         if self._start is None:
             self._start = (now, n)
-        if now - self._said_at >= self.every_s:
+        if now >= self.after and now - self._said_at >= self.every_s:
             self._say(now)
 
     def close(self) -> None:
         """The last line (where no bar shows it), and the bar closed."""
         self.bar.close()
-        if self.enabled and not self.tty and self._start is not None and self.n != self._said_n:
+        said = self._said_n >= 0
+        if self.enabled and not self.tty and said and self.n != self._said_n:
             self._say(time.monotonic())
 
     def _say(self, now: float) -> None:

@@ -8,7 +8,6 @@ import io
 
 import pytest
 
-from common import progress
 from common.progress import Progress
 
 
@@ -29,7 +28,7 @@ def test_a_log_gets_a_line_at_first_then_every_period_and_a_last_one(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     clock = _Clock()
-    monkeypatch.setattr(progress.time, "monotonic", clock)
+    monkeypatch.setattr("common.progress.time.monotonic", clock)
     out = io.StringIO()
     bar = Progress("swarm-collect", "job j", "answered", every_s=30, file=out)
     bar.update(0, 1000, failed=0)
@@ -59,3 +58,23 @@ def test_a_terminal_gets_a_bar_and_a_silent_one_nothing() -> None:
     off.update(5, 10)
     off.close()
     assert quiet.getvalue() == ""
+
+
+def test_work_that_ends_before_its_delay_says_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = _Clock()
+    monkeypatch.setattr("common.progress.time.monotonic", clock)
+    out = io.StringIO()
+    quick = Progress("swarm-enqueue", "job j", "prompts read", after_s=5, file=out)
+    quick.update(2, None)
+    quick.close()
+    assert out.getvalue() == ""
+    slow = Progress("swarm-enqueue", "job j", "prompts read", after_s=5, file=out)
+    slow.update(1000, None)
+    clock.now += 6
+    slow.update(9000, None)
+    slow.update(9500, None)
+    slow.close()
+    assert out.getvalue().splitlines() == [
+        "swarm-enqueue: job j: 9,000 prompts read, 1,333.3 prompts read/s",
+        "swarm-enqueue: job j: 9,500 prompts read, 1,416.7 prompts read/s",
+    ]
