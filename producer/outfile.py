@@ -201,8 +201,8 @@ async def bring_up_to_date(
     refreshable = _refreshable(sink)
     if refreshable is None:
         raise ConfigError(
-            f"job {job} was retried since {path} was collected, and this output format cannot "
-            "be brought up to date in place: collect it again into another --out (the answers "
+            f"job {job} was retried since {path} was collected, and this output cannot be "
+            "brought up to date in place: collect it again into another --out (the answers "
             "of every retried prompt are in Redis)"
         )
     changed: set[int] = set()

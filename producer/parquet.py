@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 import msgspec
 import pyarrow as pa
@@ -177,6 +177,35 @@ class ParquetSink:
             self.index += self.written
             self.written = 0
         return Mark(self.index, parts=self.closed)
+
+    async def refresh(
+        self, rows: int, fetch: Callable[[int, int], Awaitable[list[Result | None]]]
+    ) -> tuple[Mark, int]:
+        """Bring the complete directory of ``rows`` rows up to date: in each part, the rows
+        ``fetch(start, count)`` has a result for now (a prompt swarm-retry answered again;
+        without --evict, every one) are written anew, the others kept; a part that changes is
+        written beside itself and renamed over itself, whole. Returns the mark and how many
+        rows changed."""
+        changed, start, n = 0, 0, 0
+        while start < rows:
+            path = os.path.join(self.path, part_name(n))
+            old = pq.read_table(path, schema=SCHEMA)
+            fresh = await fetch(start, old.num_rows)
+            redo = [i for i, r in enumerate(fresh) if r is not None]
+            if redo:
+                new = results_table([r for r in fresh if r is not None])
+                before = old.take(redo).to_pylist()
+                changed += sum(a != b for a, b in zip(before, new.to_pylist(), strict=True))
+                keep = pa.array([r is None for r in fresh])
+                table = pa.concat_tables([old.filter(keep), new]).sort_by("index")
+                tmp = os.path.join(self.path, f".{part_name(n)}.refresh")
+                pq.write_table(table, tmp, compression="zstd", row_group_size=ROW_GROUP_ROWS)
+                _fsync(tmp)
+                os.replace(tmp, path)
+            start += old.num_rows
+            n += 1
+        _fsync(self.path)
+        return Mark(rows, parts=n), changed
 
     def abandon(self) -> None:
         """Drop the open part (its rows stay in Redis and are written again by the next run)."""

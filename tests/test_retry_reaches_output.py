@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import msgspec
+import pyarrow.parquet as pq
 import pytest
 
 from sim.text import completion_for
@@ -54,6 +55,8 @@ def test_retried_prompts_reach_the_collected_file(
     out, table = tmp_path / f"{job}.jsonl", tmp_path / f"{job}.csv"
     # The same job as CSV too, first: after --evict only the evicting output holds results.
     assert collect(fleet.env, job, table, "--format", "csv").returncode == 1
+    parts = tmp_path / f"{job}.parquet"
+    assert collect(fleet.env, job, parts, "--format", "parquet").returncode == 1
     first = collect(fleet.env, job, out, *extra)
     assert first.returncode == 1, first.stderr  # cancelled prompts are failures
     lines = _jsonl(out)
@@ -90,6 +93,13 @@ def test_retried_prompts_reach_the_collected_file(
         with open(table, newline="") as fh:
             rows = list(csv.DictReader(fh))
         assert [r["text"] for r in rows] == [_expected(i) for i in range(N)]
+        parts_again = collect(fleet.env, job, parts, "--format", "parquet")
+        assert parts_again.returncode == 0, parts_again.stderr
+        assert f"brought it up to date ({len(cancelled)} rows changed)" in parts_again.stderr
+        frame = pq.read_table(parts).to_pydict()
+        assert frame["index"] == list(range(N))
+        assert frame["text"] == [_expected(i) for i in range(N)]
+        assert set(frame["error"]) == {None}
 
     # Up to date now: a third run leaves it alone.
     third = collect(fleet.env, job, out, *extra)
