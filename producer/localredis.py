@@ -17,6 +17,7 @@ import contextlib
 import os
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -198,9 +199,10 @@ class LocalRedis:
 
 
 def _host(bind: str) -> str:
-    """The host a client on this machine reaches a server bound to ``bind`` at."""
+    """The host clients reach a server bound to ``bind`` at: bound to every address, this
+    machine's name (workers on other nodes use the URL too)."""
     first = bind.split()[0]
-    return "127.0.0.1" if first in ("0.0.0.0", "*") else first
+    return socket.gethostname() if first in ("0.0.0.0", "*") else first
 
 
 def _write_private(path: Path, text: str) -> None:
