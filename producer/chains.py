@@ -180,15 +180,23 @@ def follow_chains(steps: int) -> Callable[..., AsyncIterator[list[ChainLine]]]:
 
 
 async def collect_chains(
-    store: JobStore, job: str, path: str, *, wait: bool, progress: bool, **kw: Any
+    store: JobStore,
+    job: str,
+    path: str,
+    *,
+    wait: bool,
+    progress: bool,
+    sink: Callable[[str, int], Any] | None = None,
+    **kw: Any,
 ) -> CollectReport:
-    """Collect pipeline ``job`` into the JSON Lines file ``path``, one chain per input."""
+    """Collect pipeline ``job`` into ``path``, one chain per input: JSON Lines, or what
+    ``sink(path, steps)`` writes (see :mod:`producer.chaincols`)."""
     steps = len(await steps_of(store, job))
     return await collect_rows_durably(
         store,
         job,
         path,
-        lambda p, _spec: LineSink(p, chain_line),
+        lambda p, _spec: LineSink(p, chain_line) if sink is None else sink(p, steps),
         rows=follow_chains(steps),
         wait=wait,
         progress=progress,

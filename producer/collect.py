@@ -15,7 +15,7 @@ import argparse
 import contextlib
 import sys
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 import msgspec
@@ -25,6 +25,7 @@ from common.errors import ConfigError
 from common.models import Result, encode_final
 from common.store import JobStore
 from producer.agentout import agent_line, agents_as_finished, collect_agents
+from producer.chaincols import chain_csv_sink, chain_parquet_sink
 from producer.chains import ChainLine, chain_line, collect_chains, follow_chains, steps_of
 from producer.formats import FORMATS, format_named
 from producer.outfile import Mark, Sink, collect_durably
@@ -174,6 +175,23 @@ async def _main(args: argparse.Namespace) -> int:
     return EXIT_FAILED if status.failed else 0
 
 
+def _chain_parquet(path: str, steps: int) -> Any:
+    try:
+        return chain_parquet_sink(path, steps)
+    except ImportError:
+        raise ConfigError(
+            "--format parquet needs pyarrow: pip install 'swarm-queue[parquet]'"
+        ) from None
+
+
+# How a pipeline's chains are written, by --format (None: JSON Lines).
+_CHAIN_SINKS: dict[str, Callable[[str, int], Any] | None] = {
+    "jsonl": None,
+    "csv": chain_csv_sink,
+    "parquet": _chain_parquet,
+}
+
+
 class _ByModel:
     """A sink that counts, by model, the answers it is given (what a job without --model on
     a fleet of several models mixed), and is otherwise the sink it wraps."""
@@ -191,10 +209,15 @@ class _ByModel:
 
 
 async def _pipeline(args: argparse.Namespace, job: str, store: JobStore) -> int:
-    """Collect a pipeline: one line per input with every step (see producer/chains.py)."""
-    if args.format != "jsonl":
-        raise ConfigError("a pipeline is collected as JSON Lines (one chain per line)")
+    """Collect a pipeline: one line (or row) per input with every step (see
+    producer/chains.py and, for CSV and Parquet, producer/chaincols.py)."""
+    if args.format not in _CHAIN_SINKS:
+        raise ConfigError(
+            f"a pipeline is collected as {', '.join(_CHAIN_SINKS)} (one chain per input)"
+        )
     if args.out == "-":
+        if args.format != "jsonl":
+            raise ConfigError(f"--format {args.format} writes to --out PATH, not -")
         steps = len(await steps_of(store, job))
         out = sys.stdout.buffer
 
@@ -205,7 +228,13 @@ async def _pipeline(args: argparse.Namespace, job: str, store: JobStore) -> int:
         report = await collect_into(store, job, put, rows=follow_chains(steps), wait=args.wait)
     else:
         report = await collect_chains(
-            store, job, args.out, wait=args.wait, progress=args.wait, evict=args.evict
+            store,
+            job,
+            args.out,
+            wait=args.wait,
+            progress=args.wait,
+            evict=args.evict,
+            sink=_CHAIN_SINKS[args.format],
         )
     total = "?" if report.total is None else str(report.total)
     if not report.complete:

@@ -16,6 +16,7 @@ import os
 import re
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from typing import Generic, TypeVar
 
 import msgspec
 import pyarrow as pa
@@ -36,6 +37,8 @@ __all__ = [
     "part_name",
     "results_table",
 ]
+
+R = TypeVar("R")
 
 PART_ROWS = 100_000
 PART_S = 60.0
@@ -109,15 +112,23 @@ def _value(v: object, default: object) -> object:
     return v
 
 
-class ParquetSink:
-    """A :class:`~producer.outfile.Sink` writing the directory ``path`` of parts: its durable
-    mark counts the closed parts and the results they hold."""
+class ParquetSink(Generic[R]):
+    """A :class:`~producer.outfile.RowSink` writing the directory ``path`` of parts: its
+    durable mark counts the closed parts and the rows they hold. Rows are a job's results
+    (the default), or any rows ``table`` makes a table of ``schema`` from (a pipeline's
+    chains)."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(
+        self,
+        path: str,
+        table: Callable[[Sequence[R]], pa.Table] = results_table,  # type: ignore[assignment]
+        schema: pa.Schema = SCHEMA,
+    ) -> None:
         self.path = path
+        self.table, self.schema = table, schema
         self.closed = 0  # closed parts
         self.index = 0  # results they hold
-        self.rows: list[Result] = []  # buffered, not yet in a row group
+        self.rows: list[R] = []  # buffered, not yet in a row group
         self.written = 0  # rows in the open part's row groups
         self.writer: pq.ParquetWriter | None = None
         self.opened_at = 0.0
@@ -131,7 +142,7 @@ class ParquetSink:
         self.closed, self.index = mark.parts, mark.index
         return mark
 
-    def put(self, rows: list[Result], index: int) -> Mark | None:
+    def put(self, rows: list[R], index: int) -> Mark | None:
         mark = None
         while rows:  # split at part boundaries: every part but the last of a run is full
             now, rows = rows[: self._room()], rows[self._room() :]
@@ -147,10 +158,10 @@ class ParquetSink:
         """How many more rows the open part takes before it is full."""
         return PART_ROWS - self.written - len(self.rows)
 
-    def _buffer(self, rows: list[Result]) -> bool:
+    def _buffer(self, rows: list[R]) -> bool:
         """Buffer ``rows`` (at most ``_room()``); True when the open part is due to close."""
         if self.writer is None:
-            self.writer = pq.ParquetWriter(self._open_path, SCHEMA, compression="zstd")
+            self.writer = pq.ParquetWriter(self._open_path, self.schema, compression="zstd")
             self.opened_at = time.monotonic()
         self.rows.extend(rows)
         if len(self.rows) >= ROW_GROUP_ROWS:
@@ -160,7 +171,7 @@ class ParquetSink:
     def _flush(self) -> None:
         assert self.writer is not None
         if self.rows:
-            self.writer.write_table(results_table(self.rows), row_group_size=ROW_GROUP_ROWS)
+            self.writer.write_table(self.table(self.rows), row_group_size=ROW_GROUP_ROWS)
             self.written += len(self.rows)
             self.rows = []
 
@@ -261,7 +272,7 @@ async def collect_to_parquet(
         store,
         job,
         path,
-        lambda path, _spec: ParquetSink(path),
+        lambda path, _spec: ParquetSink[Result](path),
         wait=wait,
         progress=progress,
         evict=evict,

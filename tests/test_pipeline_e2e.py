@@ -5,11 +5,13 @@ filtered answer says so)."""
 
 from __future__ import annotations
 
+import csv
 import re
 import signal
 from collections.abc import Iterator
 
 import msgspec
+import pyarrow.parquet as pq
 import pytest
 import redis
 
@@ -110,6 +112,23 @@ def test_a_pipeline_through_a_killed_worker_answers_every_input_once(
         assert (int(meta[b"done"]), int(meta.get(b"failed", 0))) == (total - failed, failed)
     client.close()
     assert f"{through} through every step" in collected.stderr
+    # The same chains as columns, one row per input (seen: --format parquet refused).
+    table, parts = fleet.tmp / "p.csv", fleet.tmp / "p.parquet"
+    for path, fmt in ((table, "csv"), (parts, "parquet")):
+        got = command(env, "swarm-collect", "p", "--out", path, "--format", fmt)
+        assert got.returncode == 1, got.stderr
+    with open(table, newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    frame = pq.read_table(parts).to_pylist()
+    assert len(rows) == len(frame) == n
+    for x, row, rec in zip(lines, rows, frame, strict=True):
+        texts = [s.get("text") for s in x["steps"]]
+        for k in range(3):
+            want = texts[k] if k < len(texts) else None
+            assert rec[f"s{k}_text"] == want and row[f"s{k}_text"] == (want or "")
+        assert rec["index"] == int(row["index"]) == x["index"]
+        assert rec["stopped_at"] == x.get("stopped_at") and rec["error"] == x["error"]
+        assert rec["text"] == x["text"] and rec["s0_model"] == "swarm-sim"
     # The operator's commands reach a step by its name.
     status = command(env, "swarm-status", "p")
     assert status.returncode == 0, status.stderr
