@@ -27,27 +27,50 @@ CACHED = "+"
 
 async def _retry(args: argparse.Namespace) -> int:
     async with open_job_store(args, patient=False) as (job, store):
-        gen = (await store.load_spec(job)).generation
-        status = await store.status(job)
-        if status.total is None and not status.cancelled:
-            raise JobConflictError(
-                f"job {job!r} is still being enqueued; retry once swarm-enqueue has finished"
-            )
-        if status.reduce is not None and (status.reduced or status.stage > 0):
-            raise JobConflictError(
-                f"job {job!r}: its {status.reduce} reduce has already used these results, so "
-                "retried answers would not reach it. Collect the failed prompts and submit "
-                "them as a new job."
-            )
-        chosen: list[tuple[int, str]] = []
-        if args.kind or not args.uncached:
-            chosen += await store.failed_indices(job, set(args.kind) if args.kind else None)
-        if args.uncached or args.indexes is not None:
-            chosen += [(i, CACHED) for i in await store.cached_indices(job)]
-        if args.indexes is not None:
-            chosen = [(i, kind) for i, kind in chosen if i in args.indexes]
-        n = await store.requeue(job, sorted(chosen), gen=gen)
-    if args.indexes is not None and (kept := len(args.indexes) - len(chosen)):
+        spec = await store.load_spec(job)
+        # A pipeline's later steps too: a prompt failed at step k is asked again at step k,
+        # from the entry that step kept, and its answer goes on as any other.
+        steps = [spec, *(await later_steps(store, spec) if spec.then is not None else [])]
+        for k, step in enumerate(steps):
+            n, chosen = await _retry_one(store, step.job, step.generation, args, first=k == 0)
+            _say_retried(step.job, n, chosen, args, quiet=k > 0)
+    return 0
+
+
+async def _retry_one(
+    store: JobStore, job: str, gen: str, args: argparse.Namespace, *, first: bool
+) -> tuple[int, list[tuple[int, str]]]:
+    """Queue ``job``'s chosen prompts again; ``(how many, the chosen)``."""
+    status = await store.status(job)
+    if status.total is None and not status.cancelled:
+        if not first:
+            return 0, []  # a later step still being fed: nothing of it failed for good yet
+        raise JobConflictError(
+            f"job {job!r} is still being enqueued; retry once swarm-enqueue has finished"
+        )
+    if status.reduce is not None and (status.reduced or status.stage > 0):
+        raise JobConflictError(
+            f"job {job!r}: its {status.reduce} reduce has already used these results, so "
+            "retried answers would not reach it. Collect the failed prompts and submit "
+            "them as a new job."
+        )
+    chosen: list[tuple[int, str]] = []
+    if args.kind or not args.uncached:
+        chosen += await store.failed_indices(job, set(args.kind) if args.kind else None)
+    if first and (args.uncached or args.indexes is not None):
+        chosen += [(i, CACHED) for i in await store.cached_indices(job)]
+    if first and args.indexes is not None:
+        chosen = [(i, kind) for i, kind in chosen if i in args.indexes]
+    elif args.indexes is not None:
+        return 0, []  # indexes name the first step's prompts
+    return await store.requeue(job, sorted(chosen), gen=gen), chosen
+
+
+def _say_retried(
+    job: str, n: int, chosen: list[tuple[int, str]], args: argparse.Namespace, *, quiet: bool
+) -> None:
+    """What a retry of ``job`` did (``quiet``: a later step, said only if it did something)."""
+    if args.indexes is not None and not quiet and (kept := len(args.indexes) - len(chosen)):
         print(
             f"job {job}: {kept} of the given indexes kept no entry to queue again (answered "
             "by an endpoint, or not in the job): only failed prompts and answers from the "
@@ -56,13 +79,13 @@ async def _retry(args: argparse.Namespace) -> int:
         )
     what = "prompts" if args.uncached or args.indexes is not None else "failed prompts"
     if n == 0:
-        which = f" of kind {', '.join(args.kind)}" if args.kind else ""
-        print(f"job {job}: no {what}{which} to retry")
-    else:
-        kinds = Counter("from the cache" if kind == CACHED else kind for _, kind in chosen)
-        detail = ", ".join(f"{k} {c}" for k, c in sorted(kinds.items()))
-        print(f"job {job}: {n} {what} queued again ({detail})")
-    return 0
+        if not quiet:
+            which = f" of kind {', '.join(args.kind)}" if args.kind else ""
+            print(f"job {job}: no {what}{which} to retry")
+        return
+    kinds = Counter("from the cache" if kind == CACHED else kind for _, kind in chosen)
+    detail = ", ".join(f"{k} {c}" for k, c in sorted(kinds.items()))
+    print(f"job {job}: {n} {what} queued again ({detail})")
 
 
 def _indexes(text: str) -> frozenset[int]:

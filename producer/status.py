@@ -14,10 +14,10 @@ from datetime import UTC, datetime
 
 from common.abilities import needs, unmet
 from common.cli import add_redis_arg, open_job_store, run, settings_from_args
-from common.errors import BadRecordError, ConfigError, JobConflictError
+from common.errors import BadRecordError, ConfigError, JobConflictError, JobNotFoundError
 from common.fleet import SILENT_PERIODS, EndpointInfo, EndpointStats, waiting_reason
 from common.hostfile import normalize_url
-from common.keys import stage_name, validate_job_name
+from common.keys import parse_stage, stage_name, validate_job_name
 from common.models import JobSpec
 from common.settings import mask_url
 from common.store import JobStatus, JobStore
@@ -279,6 +279,42 @@ def _age(seconds: float) -> str:
     return f"{seconds:.0f}s"
 
 
+async def _delete(store: JobStore, args: argparse.Namespace) -> None:
+    """``swarm-jobs --delete JOB...`` or ``--delete-finished``: a job goes with its steps and
+    stages; a running one only with ``--force``."""
+    targets = list(args.delete or []) or (await job_list(store))[0]
+    for name in targets:
+        if ":" in name:
+            base = parse_stage(name)[0]
+            raise ConfigError(
+                f"{name} is a step or stage of job {base}: delete {base} (its steps and "
+                "stages go with it)"
+            )
+        job = validate_job_name(name)
+        try:
+            status = await store.status(job)
+        except JobNotFoundError:
+            # Steps left without their job (an earlier version's refused enqueue):
+            # nothing runs them, so they go.
+            listed = await store.list_jobs()
+            if not any(":" in m and parse_stage(m)[0] == job for m in listed):
+                raise
+            n = await store.delete_job(job)
+            print(f"job {job}: deleted its steps left without it ({n} keys)")
+            continue
+        # Over as a whole: a pipeline whose first step finished may still be running.
+        steps = await step_statuses(store, await store.load_spec(job))
+        if not any(over(status, steps)):
+            if args.delete_finished:
+                continue
+            if not args.force:
+                raise JobConflictError(
+                    f"job {job!r} is still running; swarm-cancel it first, or --force"
+                )
+        n = await store.delete_job(job)
+        print(f"job {job}: deleted ({n} keys)")
+
+
 async def _jobs(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
     store = JobStore.from_settings(settings, patient=False)
@@ -307,21 +343,7 @@ async def _jobs(args: argparse.Namespace) -> int:
         if args.endpoint or args.since or args.until:
             raise ConfigError("--endpoint, --since and --until go with --clear-cache")
         if args.delete or args.delete_finished:
-            targets = list(args.delete or []) or (await job_list(store))[0]
-            for name in targets:
-                job = validate_job_name(name)
-                status = await store.status(job)
-                # Over as a whole: a pipeline whose first step finished may still be running.
-                steps = await step_statuses(store, await store.load_spec(job))
-                if not any(over(status, steps)):
-                    if args.delete_finished:
-                        continue
-                    if not args.force:
-                        raise JobConflictError(
-                            f"job {job!r} is still running; swarm-cancel it first, or --force"
-                        )
-                n = await store.delete_job(job)
-                print(f"job {job}: deleted ({n} keys)")
+            await _delete(store, args)
             return 0
         fleet, note = await read_fleet(store)
         rows, bad = await read_jobs(store, fleet, await store.server_time())

@@ -184,3 +184,26 @@ def test_a_command_that_seems_stuck_prints_its_stacks_on_sigusr1(cli_env: dict[s
     finally:
         proc.kill()
         proc.communicate()  # its pipe drained and closed
+
+
+@pytest.mark.slow
+async def test_steps_left_without_their_job_are_deleted_with_its_name_and_a_step_name_says_so(
+    store: JobStore, cli_env: dict[str, str]
+) -> None:
+    """Seen: after a refused agent enqueue of an earlier version, t5:s1..s3 stayed, 'swarm-jobs
+    --delete t5' said no such job and '--delete t5:s1' called the name invalid."""
+    for k in (1, 2, 3):
+        await store.create_job(spec(f"t5:s{k}"))
+    step = cli(cli_env, "swarm-jobs", "--delete", "t5:s1")
+    assert step.returncode == 2
+    assert step.stderr == (
+        "swarm-jobs: error: t5:s1 is a step or stage of job t5: delete t5 (its steps and "
+        "stages go with it)\n"
+    )
+    gone = cli(cli_env, "swarm-jobs", "--delete", "t5")
+    assert gone.returncode == 0, gone.stderr
+    assert gone.stdout.startswith("job t5: deleted its steps left without it (")
+    assert [j for j in await store.list_jobs() if j.startswith("t5")] == []
+    assert [k async for k in store.redis.scan_iter(match=f"{store.keys.prefix}:{{t5}}:*")] == []
+    nothing = cli(cli_env, "swarm-jobs", "--delete", "t5")
+    assert nothing.returncode == 2 and "no job named 't5'" in nothing.stderr

@@ -136,9 +136,15 @@ def test_a_pipeline_through_a_killed_worker_answers_every_input_once(
         status.stdout
     )
     assert f"step 2 p:s2: {through} done, 0 failed of {through} (finished)" in status.stdout
-    retried = command(env, "swarm-retry", "p:s1", "--kind", "rejected")
+    # A retry of the pipeline reaches its steps: step 1's failures are asked again there.
+    retried = command(env, "swarm-retry", "p", "--kind", "rejected")
     assert retried.returncode == 0, retried.stderr
-    assert f"{stopped[1]} failed prompts queued again" in retried.stdout
+    assert retried.stdout.splitlines() == [
+        "job p: no failed prompts of kind rejected to retry",
+        f"job p:s1: {stopped[1]} failed prompts queued again (rejected {stopped[1]})",
+    ]
+    by_name = command(env, "swarm-retry", "p:s1", "--kind", "rejected")
+    assert by_name.stdout.strip() == "job p:s1: no failed prompts of kind rejected to retry"
 
 
 @pytest.fixture
