@@ -385,6 +385,19 @@ class Result(msgspec.Struct, frozen=True, omit_defaults=True):
     def ok(self) -> bool:
         return self.error is None
 
+    @property
+    def vector(self) -> list[float] | None:
+        """An embeddings job's answer as a list of floats (``embedding`` holds its bytes)."""
+        return None if self.embedding is None else unpack_vector(self.embedding)
+
+    def array(self) -> Any:
+        """An embeddings job's answer as a numpy float32 array (needs numpy)."""
+        import numpy as np
+
+        if self.embedding is None:
+            return None
+        return np.frombuffer(self.embedding, dtype="<f4").copy()
+
 
 class OutputLine(msgspec.Struct, frozen=True):
     """One line of ``swarm-collect`` output; ``custom_id`` appears only when the input had one,

@@ -12,14 +12,23 @@ __all__ = [
     "Stats",
     "Step",
     "Swarm",
+    "SyncSwarm",
     "TreeReduce",
     "UserReduce",
     "Vote",
+    "gather_prompts",
     "scatter_gather",
 ]
 
+# Where each public name lives (the rest: producer.api).
+_SYNC = frozenset({"SyncSwarm", "gather_prompts"})
+
 
 def __getattr__(name: str) -> Any:
+    if name in _SYNC:
+        from producer import sync
+
+        return getattr(sync, name)
     if name in __all__:
         from producer import api
 

@@ -49,6 +49,7 @@ from producer import __all__ as __all__
 from producer.agentout import agents_as_finished, follow_agents
 from producer.chains import ChainLine, follow_chains, steps_of
 from producer.enqueue import enqueue_prompts
+from producer.frames import prompts_from, results_frame
 from producer.ops import cancel_job
 from producer.stream import follow, wait_final
 from worker.engine import Engine
@@ -205,14 +206,18 @@ class Swarm:
 
     async def submit(
         self,
-        prompts: Prompts,
+        prompts: Prompts | Any,
         *,
         job: str | None = None,
         window: int | None = None,
+        column: str = "prompt",
+        id_column: str | None = None,
         **settings: Any,
     ) -> str:
-        """Queue ``prompts`` (strings, or ``(prompt, custom_id)`` pairs) as a job; returns its
-        name. Submitting the same job again resumes it.
+        """Queue ``prompts`` as a job; returns its name. Submitting the same job again resumes
+        it. ``prompts``: strings, or ``(prompt, custom_id)`` pairs; or a pandas DataFrame, a
+        Hugging Face ``datasets.Dataset`` or a Parquet file's path, whose ``column`` holds
+        the prompts (and ``id_column``, if given, their custom ids).
 
         ``settings``: the job's, as :class:`common.jobspec.JobOptions` names them, the same as
         ``swarm-enqueue``'s flags and checked by the same rules (``max_tokens``,
@@ -234,7 +239,8 @@ class Swarm:
         reduce = spec.reduce
         if reduce is not None and reduce.function and self._engine is not None:
             self._engine.reducer.allowed.add(reduce.function)  # this session's own code
-        feed = enqueue_prompts(self.store, spec, _pairs(prompts), window=window)
+        pairs = _pairs(prompts_from(prompts, column=column, id_column=id_column))
+        feed = enqueue_prompts(self.store, spec, pairs, window=window)
         if window is None:
             await feed
         else:
@@ -433,6 +439,11 @@ class Swarm:
     async def gather(self, job: str) -> list[Result]:
         """Every result of ``job`` in input order, once all are in."""
         return [r async for r in self.results(job)]
+
+    async def frame(self, job: str) -> Any:
+        """Every result of ``job`` as a pandas DataFrame, once all are in: one row per prompt
+        in input order, the columns of ``swarm-collect --format parquet``."""
+        return results_frame(await self.gather(job))
 
     async def final(self, job: str, *, wait: bool = True) -> ReduceOutput | None:
         """The reduce output of ``job`` (None if not finished and not ``wait``)."""

@@ -1,0 +1,66 @@
+"""The Python API takes and gives the data people hold: prompts from a pandas DataFrame, a
+Parquet file or a list; results as a DataFrame with the Parquet output's columns, embeddings
+as lists (numpy arrays on request); and all of it without an event loop of one's own, also
+inside a running one (a notebook's). Real swarm-sim endpoints, a private Redis."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from common.errors import ConfigError
+from producer import SyncSwarm, gather_prompts
+from sim.text import completion_for, embedding_for
+from tests.harness import FleetFactory
+
+pytestmark = pytest.mark.slow
+
+
+def _questions(n: int) -> list[str]:
+    return [f"What does gene G{i:04d} do?" for i in range(n)]
+
+
+def test_a_dataframe_and_a_parquet_file_in_a_dataframe_out(
+    fleet_factory: FleetFactory, tmp_path: Path
+) -> None:
+    fleet = fleet_factory(2)
+    urls = [fleet.url(0), fleet.url(1)]
+    qs = _questions(150)
+    df = pd.DataFrame({"qid": [f"q{i}" for i in range(150)], "question": qs})
+    table = tmp_path / "in.parquet"
+    pq.write_table(pa.table({"question": qs}), table)
+    with SyncSwarm(endpoints=urls) as swarm:
+        job = swarm.submit(df, column="question", id_column="qid", max_tokens=8)
+        frame = swarm.frame(job)
+        again = swarm.submit(table, column="question", max_tokens=8)
+        streamed = list(swarm.results(again))
+        with pytest.raises(ConfigError, match="no column 'prompt' in the data"):
+            swarm.submit(df, max_tokens=8)
+    expected = [completion_for(q, 8)[0] for q in qs]
+    assert list(frame["index"]) == list(range(150))
+    assert list(frame["custom_id"]) == [f"q{i}" for i in range(150)]
+    assert list(frame["text"]) == expected and frame["error"].isna().all()
+    assert [r.index for r in streamed] == list(range(150))
+    assert [r.text for r in streamed] == expected
+
+
+def test_embeddings_are_lists_and_the_one_call_runs_inside_a_running_loop(
+    fleet_factory: FleetFactory,
+) -> None:
+    fleet = fleet_factory(1)
+    texts = _questions(20)
+
+    async def in_a_notebook() -> list[list[float] | None]:
+        # A loop runs already (as in Jupyter): asyncio.run could not be called here.
+        results = gather_prompts(texts, [fleet.url(0)], embed=True)
+        assert results[0].array() is not None and results[0].array().dtype == "float32"
+        return [r.vector for r in results]
+
+    vectors = asyncio.run(in_a_notebook())
+    assert vectors == [pytest.approx(embedding_for(t), rel=1e-6) for t in texts]
+    assert all(isinstance(v, list) for v in vectors)
