@@ -27,7 +27,14 @@ from common.settings import Settings
 from common.store import JobStore
 from flows.pipeline import build_pipeline, enqueue_pipeline, needs_steps
 from producer.agentjob import add_agent_args, enqueue_agent_job, is_agent_job
-from producer.inputs import DEFAULT_MAX_PROMPT_BYTES, Format, Parsed, iter_prompts
+from producer.inputs import (
+    DEFAULT_MAX_PROMPT_BYTES,
+    Format,
+    Parsed,
+    is_parquet,
+    iter_prompts,
+    parquet_prompts,
+)
 from producer.jobflags import (
     JOB_FLAGS,
     add_job_settings,
@@ -110,12 +117,19 @@ async def enqueue(
     progress: bool = False,
     window: int | None = None,
     later: Sequence[JobSpec] = (),
+    column: str = "prompt",
+    id_column: str | None = None,
 ) -> EnqueueReport:
     """Queue every prompt of ``stream`` (a binary line iterator) for ``spec.job``; ``later``:
-    the pipeline steps after it (see :mod:`flows.pipeline`), created first."""
+    the pipeline steps after it (see :mod:`flows.pipeline`), created first. A Parquet input
+    is read from the file ``source`` names, its ``column`` (``id_column``: custom ids)."""
     store = JobStore.from_settings(settings)
     try:
-        parsed = iter_prompts(stream, source, fmt, max_prompt_bytes=max_prompt_bytes)
+        parsed = (
+            parquet_prompts(source, column, id_column)
+            if is_parquet(source, fmt)
+            else iter_prompts(stream, source, fmt, max_prompt_bytes=max_prompt_bytes)
+        )
         spec, prompts = _prompts_for(spec, source, parsed)
         return await enqueue_pipeline(
             store, [spec, *later], prompts, progress=progress, window=window
@@ -204,7 +218,16 @@ def parser() -> argparse.ArgumentParser:
         "that pass reach it; --model and --priority default to the first "
         "step's. Collect the pipeline with swarm-collect JOB: one line per input, every step",
     )
-    p.add_argument("--format", choices=["auto", "txt", "jsonl"], default="auto")
+    p.add_argument(
+        "--format",
+        choices=["auto", "txt", "jsonl", "parquet"],
+        default="auto",
+        help="the input's format (auto: by its name and first line; a .parquet file is Parquet)",
+    )
+    p.add_argument(
+        "--column", default="prompt", help="a Parquet input's prompt column (default: prompt)"
+    )
+    p.add_argument("--id-column", help="a Parquet input's column of custom ids")
     p.add_argument("--max-prompt-bytes", type=int, default=DEFAULT_MAX_PROMPT_BYTES)
     p.add_argument(
         "--window",
@@ -260,6 +283,8 @@ async def _main(args: argparse.Namespace, steps: Sequence[list[str]] = ()) -> in
             "<stdin>",
             sys.stdin.buffer,
             fmt=args.format,
+            column=args.column,
+            id_column=args.id_column,
             max_prompt_bytes=args.max_prompt_bytes,
             progress=True,
             window=args.window,
@@ -277,6 +302,8 @@ async def _main(args: argparse.Namespace, steps: Sequence[list[str]] = ()) -> in
                 args.input,
                 fh,
                 fmt=args.format,
+                column=args.column,
+                id_column=args.id_column,
                 max_prompt_bytes=args.max_prompt_bytes,
                 progress=True,
                 window=args.window,

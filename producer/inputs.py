@@ -22,7 +22,7 @@ from typing import Any, Literal, NamedTuple
 
 import msgspec
 
-from common.errors import InputError
+from common.errors import ConfigError, InputError
 from common.models import Message
 
 __all__ = [
@@ -32,12 +32,14 @@ __all__ = [
     "Format",
     "Parsed",
     "detect_format",
+    "is_parquet",
     "iter_prompts",
+    "parquet_prompts",
 ]
 
 CHAT_ROLES = ("system", "developer", "user", "assistant")
 
-Format = Literal["auto", "txt", "jsonl"]
+Format = Literal["auto", "txt", "jsonl", "parquet"]
 DEFAULT_MAX_PROMPT_BYTES = 1 << 20
 
 _decode_json = msgspec.json.Decoder().decode
@@ -190,6 +192,48 @@ def _conversation(raw: Any) -> tuple[str, tuple[Message, ...] | None]:
     return users[-1], tuple(messages)
 
 
+def is_parquet(source: str, fmt: Format) -> bool:
+    """Whether the input is a Parquet file (``--format parquet``, or auto and ``.parquet``)."""
+    return fmt == "parquet" or (fmt == "auto" and source.endswith(".parquet"))
+
+
+# Rows read from a Parquet input at a time: its memory stays bounded whatever its size.
+_PARQUET_BATCH = 10_000
+
+
+def parquet_prompts(path: str, column: str, id_column: str | None = None) -> Iterator[Parsed]:
+    """The prompts of the Parquet file ``path``'s ``column`` (``id_column``: their custom
+    ids), read a batch of rows at a time; an error names the row (1-based, as ``line``)."""
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise ConfigError(
+            "a Parquet input needs pyarrow: pip install 'swarm-queue[parquet]'"
+        ) from None
+    try:
+        file = pq.ParquetFile(path)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cannot read {path} as Parquet: {exc}") from None
+    names = file.schema_arrow.names
+    wanted = [column, id_column] if id_column else [column]
+    for name in wanted:
+        if name not in names:
+            raise ConfigError(
+                f"{path} has no column {name!r} (it has {', '.join(map(repr, names))}): "
+                "name the prompt column with --column"
+            )
+    row = 0
+    for batch in file.iter_batches(batch_size=_PARQUET_BATCH, columns=wanted):
+        prompts = batch.column(0).to_pylist()
+        ids = batch.column(1).to_pylist() if id_column else [None] * len(prompts)
+        for prompt, custom in zip(prompts, ids, strict=True):
+            row += 1
+            if not isinstance(prompt, str):
+                raise InputError(path, row, f"column {column!r} holds a "
+                                 f"{type(prompt).__name__}, not text")  # fmt: skip
+            yield Parsed(row, prompt, None if custom is None else str(custom))
+
+
 def iter_prompts(
     lines: Iterable[bytes],
     source: str,
@@ -198,6 +242,8 @@ def iter_prompts(
     max_prompt_bytes: int = DEFAULT_MAX_PROMPT_BYTES,
 ) -> Iterator[Parsed]:
     """Yield every prompt of ``lines`` in order; ``source`` names the input in errors."""
+    if fmt == "parquet":
+        raise ConfigError("a Parquet input is read from its file (parquet_prompts), not lines")
     resolved: Literal["txt", "jsonl"] | None = None if fmt == "auto" else fmt
     for lineno, raw in enumerate(lines, start=1):
         line = raw.rstrip(b"\r\n")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import msgspec
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -16,7 +17,7 @@ import pytest
 from common.errors import ConfigError
 from producer import SyncSwarm, gather_prompts
 from sim.text import completion_for, embedding_for
-from tests.harness import FleetFactory
+from tests.harness import FleetFactory, collect, command
 
 pytestmark = pytest.mark.slow
 
@@ -64,3 +65,24 @@ def test_embeddings_are_lists_and_the_one_call_runs_inside_a_running_loop(
     vectors = asyncio.run(in_a_notebook())
     assert vectors == [pytest.approx(embedding_for(t), rel=1e-6) for t in texts]
     assert all(isinstance(v, list) for v in vectors)
+
+
+def test_swarm_enqueue_reads_a_parquet_column(fleet_factory: FleetFactory, tmp_path: Path) -> None:
+    fleet = fleet_factory(1)
+    qs = _questions(30)
+    src = tmp_path / "in.parquet"
+    pq.write_table(pa.table({"qid": [f"q{i}" for i in range(30)], "question": qs}), src)
+    env = fleet.env
+    queued = command(env, "swarm-enqueue", src, "--job", "pq", "--column", "question",
+                     "--id-column", "qid", "--max-tokens", "8")  # fmt: skip
+    assert queued.returncode == 0, queued.stderr
+    assert "job pq: 30 prompts queued (30 new" in queued.stdout
+    wrong = command(env, "swarm-enqueue", src, "--job", "pq2")
+    assert wrong.returncode == 2
+    assert f"{src} has no column 'prompt' (it has 'qid', 'question')" in wrong.stderr
+    assert fleet.worker("w", [0]).wait(timeout=120) == 0
+    out = tmp_path / "pq.jsonl"
+    assert collect(env, "pq", out).returncode == 0
+    lines = [msgspec.json.decode(x) for x in out.read_bytes().splitlines()]
+    assert [x["custom_id"] for x in lines] == [f"q{i}" for i in range(30)]
+    assert [x["text"] for x in lines] == [completion_for(q, 8)[0] for q in qs]
