@@ -136,6 +136,22 @@ def _pairs(prompts: Prompts) -> Iterable[tuple[str, str | None]]:
             )
 
 
+def _schema_of(
+    schema: dict[str, Any] | type | None,
+) -> tuple[dict[str, Any] | None, Callable[[Any], Any] | None]:
+    """An output schema as JSON Schema, and what makes an output an instance of it: a
+    Pydantic model class gives both (batch-agent's and Curator's users pass one)."""
+    if schema is None or isinstance(schema, dict):
+        return schema, None
+    to_schema = getattr(schema, "model_json_schema", None)
+    validate = getattr(schema, "model_validate", None)
+    if isinstance(schema, type) and callable(to_schema) and callable(validate):
+        return to_schema(), validate
+    raise ConfigError(
+        f"output_schema is a JSON Schema (a dict) or a Pydantic model class, not {schema!r}"
+    )
+
+
 class Swarm:
     """A session with one Redis: submit jobs, follow their results, read their reduce output."""
 
@@ -326,7 +342,7 @@ class Swarm:
         task: str,
         inputs: Iterable[dict[str, Any]],
         tools: Sequence[Callable[..., Any] | str] = (),
-        output_schema: dict[str, Any] | None = None,
+        output_schema: dict[str, Any] | type | None = None,
         system: str | None = None,
         max_turns: int = 4,
         max_repairs: int = 1,
@@ -344,8 +360,11 @@ class Swarm:
         this process) or names of the tools the runners (``swarm-tools``) run;
         ``tool_choice`` as ``swarm-enqueue --tool-choice`` takes it. ``settings``:
         the agents' job settings, as :meth:`submit` takes them (``model``, ``max_tokens``...).
+        ``output_schema``: a JSON Schema, or a Pydantic model class, whose instances the
+        results' ``output`` then are.
         """
         name = validate_job_name(job) if job else f"agents-{uuid.uuid4().hex[:12]}"
+        output_schema, parse = _schema_of(output_schema)
         entries, definitions = [], []
         for t in tools:
             if callable(t):
@@ -380,6 +399,8 @@ class Swarm:
         )
         async for chunk in chunks:
             for result in chunk:
+                if parse is not None and result.ok:
+                    result = msgspec.structs.replace(result, output=parse(result.output))
                 yield result
 
     async def _run_tools(self, entries: list[str]) -> None:

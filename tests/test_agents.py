@@ -13,6 +13,7 @@ from typing import Any
 
 import msgspec
 import pytest
+from pydantic import BaseModel
 
 from common.embedded import free_port
 from common.errors import ConfigError
@@ -30,6 +31,13 @@ from tests.helpers import run_engine
 pytestmark = pytest.mark.slow
 
 SCHEMA, TASK = AGENT_SCHEMA, AGENT_TASK
+
+
+class Paper(BaseModel):
+    """AGENT_SCHEMA as batch-agent's and Curator's users write it."""
+
+    title: str
+    year: int
 
 
 @pytest.fixture
@@ -236,7 +244,7 @@ async def test_the_python_api_runs_agents_with_its_own_tool_functions(
                 task=TASK,
                 inputs=[{"n": i} for i in range(30)],
                 tools=[slow_add, fetch],
-                output_schema=SCHEMA,
+                output_schema=Paper,  # a Pydantic model: its instances come back
                 max_turns=3,
                 max_tokens=64,
             )
@@ -258,7 +266,8 @@ async def test_the_python_api_runs_agents_with_its_own_tool_functions(
                 pass
     assert sorted(finished) == list(range(30))
     assert [r.index for r in results] == list(range(30))
-    assert all(r.ok and set(r.output) == {"title", "year"} for r in results)
+    assert all(r.ok and isinstance(r.output, Paper) for r in results)
+    assert all(isinstance(r.output.year, int) and r.output.title for r in results)
     runs = (await asyncio.to_thread(log.read_text)).split()
     assert runs.count("slow_add") == 1 and runs.count("fetch") == 30
 
