@@ -21,7 +21,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, cast
 from urllib.parse import urlsplit
@@ -114,14 +114,12 @@ class LocalRedis:
         )
         if done.returncode != 0:
             raise SystemExit(f"swarm-redis: error: redis-server failed: {done.stderr.strip()}")
-        deadline = time.monotonic() + _START_S
-        while not self.answers():
-            if time.monotonic() > deadline:
-                raise SystemExit(
-                    f"swarm-redis: error: redis-server did not answer within {_START_S:g} s; "
-                    f"its log: {self.log}\n{self._log_tail()}"
-                )
-            time.sleep(0.05)
+        _wait_until(
+            self.answers,
+            _START_S,
+            f"redis-server did not answer within {_START_S:g} s; its log: {self.log}\n"
+            + self._log_tail(),
+        )
         return url
 
     def _write_conf(self, port: int | None, bind: str) -> str:
@@ -170,14 +168,11 @@ class LocalRedis:
         if pid is None:
             return False
         os.kill(pid, signal.SIGTERM)  # redis-server flushes its AOF and exits
-        deadline = time.monotonic() + _STOP_S
-        while self.pid() == pid:
-            if time.monotonic() > deadline:
-                raise SystemExit(
-                    f"swarm-redis: error: redis-server (pid {pid}) still runs after "
-                    f"{_STOP_S:g} s; its log: {self.log}"
-                )
-            time.sleep(0.05)
+        _wait_until(
+            lambda: self.pid() != pid,
+            _STOP_S,
+            f"redis-server (pid {pid}) still runs after {_STOP_S:g} s; its log: {self.log}",
+        )
         return True
 
     def describe(self) -> str:
@@ -196,6 +191,15 @@ class LocalRedis:
             return "\n".join(self.log.read_text().splitlines()[-10:])
         except OSError:
             return "(no log)"
+
+
+def _wait_until(done: Callable[[], bool], limit_s: float, why: str) -> None:
+    """Poll ``done`` until it holds; exit with ``why`` after ``limit_s``."""
+    deadline = time.monotonic() + limit_s
+    while not done():
+        if time.monotonic() > deadline:
+            raise SystemExit(f"swarm-redis: error: {why}")
+        time.sleep(0.05)
 
 
 def _host(bind: str) -> str:

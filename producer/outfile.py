@@ -19,7 +19,7 @@ import os
 import socket
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import msgspec
 
@@ -66,6 +66,11 @@ class Cursor(msgspec.Struct, frozen=True):
     # Whether this output was collected with --evict: then it is the only copy of what left
     # Redis, and the one that can be brought up to date after a retry.
     evicts: bool = False
+
+    @classmethod
+    def at(cls, job: str, mark: Mark, **state: Any) -> Cursor:
+        """The cursor of ``job``'s output durable up to ``mark``; ``state``: the rest."""
+        return cls(job, mark.index, mark.offset, mark.parts, **state)
 
 
 _cursor_decoder = msgspec.json.Decoder(Cursor)
@@ -220,11 +225,9 @@ async def bring_up_to_date(
 
     mark, replaced = await refreshable.refresh(cursor.index, fetch)
     cursors.save(
-        Cursor(
+        Cursor.at(
             job,
-            mark.index,
-            mark.offset,
-            mark.parts,
+            mark,
             generation=cursor.generation,
             complete=True,
             revision=status.revision,
@@ -385,11 +388,9 @@ async def collect_rows_durably(
         async def durable(mark: Mark, *, complete: bool = False) -> None:
             nonlocal evicted
             cursors.save(
-                Cursor(
+                Cursor.at(
                     job,
-                    mark.index,
-                    mark.offset,
-                    mark.parts,
+                    mark,
                     generation=gen,
                     complete=complete,
                     revision=revision,
