@@ -244,17 +244,21 @@ async def _pipeline(args: argparse.Namespace, job: str, store: JobStore) -> int:
             file=sys.stderr,
         )
         return EXIT_INCOMPLETE
-    # The whole pipeline's figures: an input is through when its last step answered it.
-    last = (await steps_of(store, job))[-1].job
-    through = (await store.status(last)).done
+    # The whole pipeline's figures: an input is through when its last step answered it; one
+    # that stopped failed at a step (each at most once), or was kept out by a step's filter,
+    # which is what the filter is for: no failure.
+    statuses = [await store.status(step.job) for step in await steps_of(store, job)]
+    through = statuses[-1].done
     stopped = (report.total or 0) - through
+    failed = sum(s.failed for s in statuses)
     if not report.untouched:
         print(
             f"pipeline {job}: wrote {report.start + report.written} of {total} inputs "
-            f"({through} through every step, {stopped} stopped on the way)",
+            f"({through} through every step, {stopped} stopped on the way: {failed} failed, "
+            f"{stopped - failed} kept out by a filter)",
             file=sys.stderr,
         )
-    return EXIT_FAILED if stopped else 0
+    return EXIT_FAILED if failed else 0
 
 
 async def _agents(args: argparse.Namespace, job: str, store: JobStore) -> int:

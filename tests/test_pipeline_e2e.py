@@ -111,7 +111,10 @@ def test_a_pipeline_through_a_killed_worker_answers_every_input_once(
         assert int(meta[b"total"]) == int(meta[b"enqueued"]) == total
         assert (int(meta[b"done"]), int(meta.get(b"failed", 0))) == (total - failed, failed)
     client.close()
-    assert f"{through} through every step" in collected.stderr
+    assert (
+        f"({through} through every step, {stopped[1] + stopped[2]} stopped on the way: "
+        f"{stopped[1]} failed, {stopped[2]} kept out by a filter)"
+    ) in collected.stderr
     # The same chains as columns, one row per input (seen: --format parquet refused).
     table, parts = fleet.tmp / "p.csv", fleet.tmp / "p.parquet"
     for path, fmt in ((table, "csv"), (parts, "parquet")):

@@ -1,0 +1,143 @@
+"""Every shell example of README.md runs as written, on the embedded setup, and does what its
+text says: a private Redis stands for the login node's, swarm-sim endpoints serve the models
+the examples name (a node's vLLM), a worker runs beside them, and the example's input files
+are made here. Only that much of an example is rewritten (the URLs, and the long-running
+tool runner started in the background); each block then runs under ``bash -euo pipefail``,
+its every command exiting 0, and its outputs are checked. Seen: the pipeline example's
+filter, on the wrong step, stopped every input."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from pathlib import Path
+
+import msgspec
+import pyarrow.parquet as pq
+import pytest
+
+from tests.harness import BIN, REPO, TOOL_PARSER_ARGS, FleetFactory
+
+pytestmark = pytest.mark.slow
+
+# The README's blocks no test here runs, and why: a new block is run unless named here.
+NOT_RUN = {
+    "python3 -m venv .venv": "the two set-up commands: .ci/run is the second, CI the first",
+    "swarm-retry JOB [--kind": "a synopsis of the operator's commands, not a script",
+}
+
+
+def _blocks() -> list[tuple[int, str]]:
+    """README.md's shell blocks: (line, text)."""
+    out: list[tuple[int, str]] = []
+    lines, at, text = (REPO / "README.md").read_text().splitlines(), None, list[str]()
+    for n, line in enumerate(lines, 1):
+        if at is None and re.fullmatch(r"```(bash|sh|shell)", line):
+            at, text = n, []
+        elif at is not None and line == "```":
+            out.append((at, "\n".join(text) + "\n"))
+            at = None
+        elif at is not None:
+            text.append(line)
+    return out
+
+
+BLOCKS = _blocks()
+
+
+def test_the_readme_blocks_left_out_are_the_ones_named() -> None:
+    skipped = [text for _, text in BLOCKS if any(k in text for k in NOT_RUN)]
+    assert len(skipped) == len(NOT_RUN) and len(BLOCKS) > len(NOT_RUN) + 3
+
+
+def _inputs(d: Path) -> None:
+    """The files the examples read, as a user would have them."""
+    (d / "prompts.jsonl").write_text(
+        "".join(json.dumps({"prompt": f"What does gene G{i} do?"}) + "\n" for i in range(40))
+    )
+    (d / "findings.jsonl").write_text(
+        "".join(json.dumps({"prompt": f"Finding {i} about kinases."}) + "\n" for i in range(30))
+    )
+    (d / "questions.txt").write_text("".join(f"Is protein P{i} a kinase?\n" for i in range(20)))
+    (d / "judge.txt").write_text("Answer yes or no: is this right? {answer}")
+    (d / "summary.txt").write_text("Summarise for {prompt}: {answer}")
+    (d / "abstracts.txt").write_text("".join(f"Abstract {i}: enzymes.\n" for i in range(20)))
+    (d / "papers.jsonl").write_text("".join(json.dumps({"n": i}) + "\n" for i in range(10)))
+    (d / "task.txt").write_text(
+        'Find paper {n}. CALL search({{"query": "enzymes"}}) then CALL fetch({{"url": "doc{n}"}})'
+    )
+    (d / "system.txt").write_text("Be exact.")
+    (d / "schema.json").write_text(
+        json.dumps(
+            {
+                "type": "object",
+                "properties": {"title": {"type": "string"}, "year": {"type": "integer"}},
+                "required": ["title", "year"],
+            }
+        )
+    )
+
+
+def _lines(path: Path) -> list[dict[str, object]]:
+    return [msgspec.json.decode(x) for x in path.read_bytes().splitlines()]
+
+
+def test_every_readme_example_runs_and_does_what_it_says(
+    fleet_factory: FleetFactory, tmp_path: Path
+) -> None:
+    # A context for the examples' 512-token answers (the harness's 600 is for its own tests).
+    models = ("--model", "swarm-sim,judge-model,my-embedder", "--max-model-len", "32768")
+    fleet = fleet_factory(3, *models, *TOOL_PARSER_ARGS)
+    _inputs(tmp_path)
+    # The examples run from a checkout (the tool runner's PYTHONPATH=examples).
+    (tmp_path / "examples").symlink_to(REPO / "examples")
+    worker = fleet.worker("w", [0, 1, 2], burst=False)
+    # The installed commands, as a user's shell finds them.
+    env = {**fleet.env, "PATH": f"{BIN}:{fleet.env.get('PATH', '/usr/bin:/bin')}"}
+    ran = []
+    try:
+        for line, text in BLOCKS:
+            if any(k in text for k in NOT_RUN):
+                continue
+            script = (
+                text.replace("redis://login-node:6379/0", fleet.redis_url)
+                .replace("http://127.0.0.1:8000", fleet.url(0))
+                # The tool runner serves until stopped: in the background, for this block.
+                .replace(
+                    "swarm-tools   #",
+                    "swarm-tools >tools.log 2>&1 & trap 'kill $!' EXIT   #",
+                )
+            )
+            done = subprocess.run(
+                ["bash", "-euo", "pipefail", "-c", script],
+                cwd=tmp_path,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=600,
+            )
+            assert done.returncode == 0, f"README.md:{line}: {done.stderr[-3000:]}"
+            ran.append(line)
+    finally:
+        worker.terminate()
+        worker.wait(timeout=60)
+    assert len(ran) == len(BLOCKS) - len(NOT_RUN)
+    # What each says it does.
+    results = _lines(tmp_path / "results.jsonl")
+    assert [x["index"] for x in results] == list(range(40)) and all(x["text"] for x in results)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary.get("error") is None and summary["value"] and summary["used"] == 30
+    study = _lines(tmp_path / "study.jsonl")
+    assert len(study) == 20
+    # The judge answers (the simulator's words, never a yes or no) are kept out of the
+    # summary step by its filter, and say so; an input is never stopped before the judge.
+    assert all(x["stopped_at"] == 2 and "does not match keep-if" in str(x["error"]) for x in study)
+    assert all(len(x["steps"]) == 2 for x in study)
+    table = pq.read_table(tmp_path / "study.parquet").to_pydict()
+    assert table["index"] == list(range(20)) and all(table["s1_text"])
+    vectors = pq.read_table(tmp_path / "vec.parquet").to_pydict()["embedding"]
+    assert len(vectors) == 20 and all(len(v) > 0 for v in vectors)
+    papers = _lines(tmp_path / "answers.jsonl")
+    assert [x["index"] for x in papers] == list(range(10))
+    assert all(x["tool_calls"] == 2 and set(x["output"]) == {"title", "year"} for x in papers)
