@@ -12,6 +12,7 @@ from typing import Any
 import msgspec
 
 from common.errors import JobGoneError
+from common.models import JobSpec
 from common.store import JobStatus, JobStore
 from flows.agents import AgentResult
 from producer.lines import LineSink
@@ -80,14 +81,28 @@ async def agents_as_finished(
 
 
 async def collect_agents(
-    store: JobStore, job: str, path: str, *, wait: bool, progress: bool, **kw: Any
+    store: JobStore,
+    job: str,
+    path: str,
+    *,
+    wait: bool,
+    progress: bool,
+    sink: Callable[[str, dict[str, Any] | None], Any] | None = None,
+    **kw: Any,
 ) -> CollectReport:
-    """Collect agent job ``job`` into the JSON Lines file ``path``, one agent a line."""
+    """Collect agent job ``job`` into ``path``, one agent a row: JSON Lines, or what
+    ``sink(path, output_schema)`` writes (see :mod:`producer.agentcols`)."""
+
+    def make(p: str, spec: JobSpec) -> Any:
+        if sink is None:
+            return LineSink(p, agent_line)
+        return sink(p, spec.agent.output_schema if spec.agent is not None else None)
+
     return await collect_rows_durably(
         store,
         job,
         path,
-        lambda p, _spec: LineSink(p, agent_line),
+        make,
         rows=follow_agents,
         wait=wait,
         progress=progress,

@@ -16,7 +16,7 @@ import msgspec
 from producer.chains import ChainLine, StepAnswer
 from producer.lines import LineSink
 
-__all__ = ["chain_columns", "chain_csv_sink", "chain_parquet_sink", "chain_row"]
+__all__ = ["chain_columns", "chain_csv_sink", "chain_parquet_sink", "chain_row", "csv_cells"]
 
 # The chain's own columns, then each step's (their name after ``sK_``).
 _CHAIN = ("index", "custom_id", "text", "stopped_at", "error")
@@ -74,7 +74,8 @@ def chain_row(line: ChainLine, steps: int) -> list[Any]:
     return cells
 
 
-def _csv(cells: Sequence[Any]) -> bytes:
+def csv_cells(cells: Sequence[Any]) -> bytes:
+    """One CSV row of ``cells``: None empty, a list as JSON text."""
     buf = io.StringIO()
     out = [
         "" if v is None else msgspec.json.encode(v).decode() if isinstance(v, list) else v
@@ -88,8 +89,8 @@ def chain_csv_sink(path: str, steps: int) -> LineSink[ChainLine]:
     """A CSV file of a pipeline's chains, under a header row of :func:`chain_columns`."""
     return LineSink(
         path,
-        lambda line: _csv(chain_row(line, steps)),
-        header=_csv(chain_columns(steps)),
+        lambda line: csv_cells(chain_row(line, steps)),
+        header=csv_cells(chain_columns(steps)),
         quoted_newlines=True,
     )
 

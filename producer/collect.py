@@ -24,6 +24,7 @@ from common.cli import add_redis_arg, open_job_store, run
 from common.errors import ConfigError
 from common.models import Result, encode_final
 from common.store import JobStore
+from producer.agentcols import agent_csv_sink, agent_parquet_sink
 from producer.agentout import agent_line, agents_as_finished, collect_agents
 from producer.chaincols import chain_csv_sink, chain_parquet_sink
 from producer.chains import ChainLine, chain_line, collect_chains, follow_chains, steps_of
@@ -192,6 +193,23 @@ _CHAIN_SINKS: dict[str, Callable[[str, int], Any] | None] = {
 }
 
 
+def _agent_parquet(path: str, schema: dict[str, Any] | None) -> Any:
+    try:
+        return agent_parquet_sink(path, schema)
+    except ImportError:
+        raise ConfigError(
+            "--format parquet needs pyarrow: pip install 'swarm-queue[parquet]'"
+        ) from None
+
+
+# How an agent job's results are written, by --format (None: JSON Lines).
+_AGENT_SINKS: dict[str, Callable[[str, dict[str, Any] | None], Any] | None] = {
+    "jsonl": None,
+    "csv": agent_csv_sink,
+    "parquet": _agent_parquet,
+}
+
+
 class _ByModel:
     """A sink that counts, by model, the answers it is given (what a job without --model on
     a fleet of several models mixed), and is otherwise the sink it wraps."""
@@ -265,10 +283,16 @@ async def _agents(args: argparse.Namespace, job: str, store: JobStore) -> int:
     """Collect an agent job: one line per agent (see producer/agentout.py)."""
     if args.as_finished:
         return await _agents_as_finished(args, job, store)
-    if args.format != "jsonl" or args.out in (None, "-"):
-        raise ConfigError("an agent job is collected as JSON Lines into --out FILE")
+    if args.format not in _AGENT_SINKS or args.out in (None, "-"):
+        raise ConfigError(f"an agent job is collected as {', '.join(_AGENT_SINKS)} into --out PATH")
     report = await collect_agents(
-        store, job, args.out, wait=args.wait, progress=args.wait, evict=args.evict
+        store,
+        job,
+        args.out,
+        wait=args.wait,
+        progress=args.wait,
+        evict=args.evict,
+        sink=_AGENT_SINKS[args.format],
     )
     total = "?" if report.total is None else str(report.total)
     print(

@@ -9,6 +9,7 @@ step, stopped every input."""
 
 from __future__ import annotations
 
+import csv
 import json
 import re
 import subprocess
@@ -18,7 +19,7 @@ import msgspec
 import pyarrow.parquet as pq
 import pytest
 
-from tests.harness import BIN, REPO, TOOL_PARSER_ARGS, FleetFactory
+from tests.harness import BIN, REPO, TOOL_PARSER_ARGS, FleetFactory, command
 
 pytestmark = pytest.mark.slow
 
@@ -155,6 +156,18 @@ def test_every_readme_example_runs_and_does_what_it_says(
     assert table["index"] == list(range(20)) and all(table["s1_text"])
     vectors = pq.read_table(tmp_path / "vec.parquet").to_pydict()["embedding"]
     assert len(vectors) == 20 and all(len(v) > 0 for v in vectors)
+    frame = pq.read_table(tmp_path / "answers.parquet")
+    assert frame.schema.field("output.year").type == "int64"
+    columns = frame.to_pydict()
     papers = _lines(tmp_path / "answers.jsonl")
+    assert columns["output.year"] == [x["output"]["year"] for x in papers]
+    assert columns["output.title"] == [x["output"]["title"] for x in papers]
+    assert columns["tool_calls"] == [2] * 10
+    as_csv = command(env, "swarm-collect", "papers", "--out", tmp_path / "a.csv", "--format", "csv")
+    assert as_csv.returncode == 0, as_csv.stderr
+    with open(tmp_path / "a.csv", newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    assert [int(r["output.year"]) for r in rows] == columns["output.year"]
+    assert [json.loads(r["output"]) for r in rows] == [x["output"] for x in papers]
     assert [x["index"] for x in papers] == list(range(10))
     assert all(x["tool_calls"] == 2 and set(x["output"]) == {"title", "year"} for x in papers)
