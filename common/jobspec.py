@@ -7,7 +7,7 @@ CLI is a field here)."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypedDict
 
 import msgspec
 
@@ -18,7 +18,7 @@ from common.models import JobSpec, PerPrompt, ReduceSpec, SamplingParams
 from common.perprompt import PER_PROMPT_KINDS
 from common.schema import AnswerValidator
 
-__all__ = ["JobOptions", "build_spec", "options_from"]
+__all__ = ["JobOptions", "JobSettings", "build_spec", "options_from"]
 
 
 class JobOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -51,6 +51,34 @@ class JobOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     cache_sampled: bool = False
     cache_refresh: bool = False
     reduce: ReduceSpec | None = None
+
+
+class JobSettings(TypedDict, total=False):
+    """:class:`JobOptions` as keyword arguments (``Swarm.submit(..., max_tokens=64)``), named
+    so that an editor completes them and a type checker checks them; the same fields (a test
+    holds the two together)."""
+
+    model: str | None
+    max_tokens: int
+    temperature: float | None
+    top_p: float | None
+    stop: list[str] | None
+    seed: int | None
+    samples: int
+    per_prompt: str | None
+    per_prompt_model: str | None
+    similarity: float
+    response_format: dict[str, object] | None
+    structured_outputs: dict[str, object] | None
+    chat: bool
+    embed: bool
+    template: str | None
+    schema: dict[str, object] | None
+    priority: int
+    cache: bool
+    cache_sampled: bool
+    cache_refresh: bool
+    reduce: ReduceSpec | None
 
 
 def options_from(settings: Mapping[str, Any]) -> JobOptions:

@@ -27,14 +27,14 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, Unpack
 
 import msgspec
 from arq.worker import Worker
 
 from common.embedded import EmbeddedRedis
 from common.errors import ConfigError
-from common.jobspec import build_spec, options_from
+from common.jobspec import JobSettings, build_spec, options_from
 from common.keys import validate_job_name
 from common.models import AgentSpec, ReduceOutput, ReduceSpec, Result
 from common.progress import Progress
@@ -228,7 +228,7 @@ class Swarm:
         window: int | None = None,
         column: str = "prompt",
         id_column: str | None = None,
-        **settings: Any,
+        **settings: Unpack[JobSettings],
     ) -> str:
         """Queue ``prompts`` as a job; returns its name. Submitting the same job again resumes
         it. ``prompts``: strings, or ``(prompt, custom_id)`` pairs; or a pandas DataFrame, a

@@ -234,7 +234,8 @@ async def test_the_python_api_caches_across_jobs_and_refuses_what_it_cannot_cach
         with pytest.raises(
             ConfigError, match="job settings: Object contains unknown field `tempreature`"
         ):
-            await swarm.submit(texts, cache=True, model="swarm-sim", tempreature=0)
+            # (A type checker refuses it too: the settings are typed.)
+            await swarm.submit(texts, cache=True, model="swarm-sim", tempreature=0)  # type: ignore[call-arg]
         # Sampled: a warning, as from swarm-enqueue (the same rule), and nothing kept.
         with caplog.at_level(logging.WARNING, "swarm"):
             sampled = await swarm.gather(

@@ -88,3 +88,16 @@ def test_greedy_samples_are_refused_by_swarm_enqueue_before_anything_is_queued(
     assert "--samples 3 with --temperature 0 (greedy decoding) would be one answer" in got.stderr
     with redis.Redis.from_url(redis_url) as client:
         assert client.exists(Keys(prefix).meta("g")) == 0
+
+
+def test_the_typed_job_settings_are_the_job_options() -> None:
+    """Swarm.submit's keyword arguments, typed for editors and type checkers, name exactly
+    JobOptions' fields, with the same types."""
+    import typing
+
+    from common.jobspec import JobOptions, JobSettings
+
+    hints = typing.get_type_hints(JobSettings)
+    fields = typing.get_type_hints(JobOptions)
+    assert list(hints) == list(JobOptions.__struct_fields__)
+    assert hints == {name: fields[name] for name in JobOptions.__struct_fields__}
