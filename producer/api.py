@@ -49,7 +49,7 @@ from producer import __all__ as __all__
 from producer.agentout import agents_as_finished, follow_agents
 from producer.chains import ChainLine, follow_chains, steps_of
 from producer.enqueue import enqueue_prompts
-from producer.frames import prompts_from, results_frame
+from producer.frames import prompts_from, results_dataset, results_frame
 from producer.ops import cancel_job
 from producer.stream import follow, wait_final
 from worker.engine import Engine
@@ -465,6 +465,11 @@ class Swarm:
         """Every result of ``job`` as a pandas DataFrame, once all are in: one row per prompt
         in input order, the columns of ``swarm-collect --format parquet``."""
         return results_frame(await self.gather(job))
+
+    async def dataset(self, job: str) -> Any:
+        """Every result of ``job`` as a Hugging Face ``datasets.Dataset``, once all are in:
+        the columns of :meth:`frame`."""
+        return results_dataset(await self.gather(job))
 
     async def final(self, job: str, *, wait: bool = True) -> ReduceOutput | None:
         """The reduce output of ``job`` (None if not finished and not ``wait``)."""

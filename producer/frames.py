@@ -12,7 +12,7 @@ from typing import Any
 from common.errors import ConfigError
 from common.models import Result
 
-__all__ = ["prompts_from", "results_frame"]
+__all__ = ["prompts_from", "results_dataset", "results_frame"]
 
 
 def prompts_from(
@@ -78,3 +78,18 @@ def results_frame(results: Sequence[Result]) -> Any:
             "pandas"
         ) from None
     return results_table(results).to_pandas(types_mapper=None)
+
+
+def results_dataset(results: Sequence[Result]) -> Any:
+    """``results`` as a Hugging Face ``datasets.Dataset`` with the columns of the Parquet
+    output (needs ``datasets``)."""
+    try:
+        import datasets
+
+        from producer.parquet import results_table
+    except ImportError:
+        raise ConfigError(
+            "results as a Dataset need pyarrow and datasets: pip install "
+            "'swarm-queue[parquet]' datasets"
+        ) from None
+    return datasets.Dataset(results_table(results))

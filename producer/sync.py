@@ -89,6 +89,10 @@ class SyncSwarm:
         """:meth:`Swarm.frame <producer.api.Swarm.frame>`: a pandas DataFrame."""
         return self._call(self._swarm.frame(job))
 
+    def dataset(self, job: str) -> Any:
+        """:meth:`Swarm.dataset <producer.api.Swarm.dataset>`: a ``datasets.Dataset``."""
+        return self._call(self._swarm.dataset(job))
+
     def final(self, job: str, *, wait: bool = True) -> ReduceOutput | None:
         return self._call(self._swarm.final(job, wait=wait))
 

@@ -38,6 +38,7 @@ def test_a_dataframe_and_a_parquet_file_in_a_dataframe_out(
     with SyncSwarm(endpoints=urls) as swarm:
         job = swarm.submit(df, column="question", id_column="qid", max_tokens=8)
         frame = swarm.frame(job)
+        dataset = swarm.dataset(job)
         again = swarm.submit(table, column="question", max_tokens=8)
         streamed = list(swarm.results(again))
         with pytest.raises(ConfigError, match="no column 'prompt' in the data"):
@@ -46,6 +47,7 @@ def test_a_dataframe_and_a_parquet_file_in_a_dataframe_out(
     assert list(frame["index"]) == list(range(150))
     assert list(frame["custom_id"]) == [f"q{i}" for i in range(150)]
     assert list(frame["text"]) == expected and frame["error"].isna().all()
+    assert dataset["text"] == expected and dataset["custom_id"] == list(frame["custom_id"])
     assert [r.index for r in streamed] == list(range(150))
     assert [r.text for r in streamed] == expected
 
