@@ -21,6 +21,7 @@ __all__ = [
     "EndpointRow",
     "History",
     "JobRow",
+    "StepFigures",
     "job_list",
     "job_state",
     "read_board",
@@ -30,6 +31,14 @@ __all__ = [
     "waiting_step",
     "whole_state",
 ]
+
+
+class StepFigures(msgspec.Struct, frozen=True, array_like=True):
+    """One later step of a pipeline: answered, failed, and its total (None: still fed)."""
+
+    done: int
+    failed: int
+    total: int | None
 
 
 class JobRow(msgspec.Struct, frozen=True, kw_only=True):
@@ -59,6 +68,9 @@ class JobRow(msgspec.Struct, frozen=True, kw_only=True):
     error: str | None = None
     # An agent job's agents by state (None: not an agent job).
     agents: AgentCounts | None = None
+    # A pipeline's later steps, in order: each step's answered, failed and total (None: not
+    # yet known) so far.
+    steps: list[StepFigures] | None = None
 
     @property
     def live(self) -> bool:
@@ -274,6 +286,9 @@ async def read_jobs(
         )
         if spec.agent is not None:
             row = msgspec.structs.replace(row, agents=await store.agent_counts(name))
+        elif spec.then is not None:  # a pipeline: its steps' progress beside the first's
+            figures = [StepFigures(st.done, st.failed, st.total) for _, st in steps]
+            row = msgspec.structs.replace(row, steps=figures)
         rows.append(row)
     return rows, bad
 

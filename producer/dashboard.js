@@ -104,9 +104,17 @@ function drawJobs(jobs) {
     const kinds = Object.entries(job.failed_by_kind).map(([k, n]) => k + " " + n).join(", ");
     cell(row, "failed_by_kind", kinds || (job.error || job.waiting || ""), "wrap");
     cell(row, "reduce", job.reduce ? job.reduce + ": " + job.reduce_level : "", "wrap");
-    cell(row, "agents", job.agents ? agentStates(job.agents) : "", "wrap");
+    cell(row, "agents", job.agents ? agentStates(job.agents) : stepStates(job.steps), "wrap");
     body.appendChild(row);
   }
+}
+
+// A pipeline's later steps: each its answered of its total so far, and its failures.
+function stepStates(steps) {
+  if (!steps) return "";
+  return steps.map(([done, failed, total], k) =>
+    "step " + (k + 1) + ": " + int(done) + "/" + (total === null ? "?" : int(total)) +
+    (failed ? " (" + int(failed) + " failed)" : "")).join("; ");
 }
 
 function agentStates(a) {

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -27,7 +28,15 @@ from flows.agents import agent_prompts, build_agents, enqueue_agents
 from producer.board import Board, EndpointRow, History, JobRow, read_board
 from producer.dashboard import Dashboard
 from tests.browser import CHROMIUM, Browser
-from tests.harness import BIN, FleetFactory
+from tests.harness import (
+    AGENT_TASK,
+    BIN,
+    TOOL_PARSER_ARGS,
+    FleetFactory,
+    command,
+    tool_runner,
+    wrong_key_endpoint,
+)
 from tests.helpers import gen_of, prompts, spec
 
 
@@ -230,6 +239,13 @@ _READ_ENDPOINTS = """JSON.stringify([...document.querySelectorAll('#endpoints tr
     ...[...r.querySelectorAll('td[data-k]')].map(td => [td.dataset.k, td.textContent])])))"""
 
 
+# Whether job %s's steps-or-agents cell matches the JavaScript regex %s.
+_CELL_MATCHES = (
+    "(() => { const c = document.querySelector('#jobs tr[data-job=\"%s\"] td[data-k=agents]');"
+    " return c && %s.test(c.textContent) })()"
+)
+
+
 def _n(text: str) -> int:
     return int(text.replace(",", ""))
 
@@ -429,3 +445,86 @@ async def test_a_read_hung_on_a_redis_gone_away_shows_no_figure_either(
                 await hung
         finally:
             await store.close()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    CHROMIUM is None,
+    reason="chromium is not installed (Debian: apt-get install chromium; .ci/run installs it): "
+    "the dashboard's browser test needs a real browser",
+)
+async def test_the_dashboard_shows_a_pipeline_an_agent_job_and_a_failing_endpoint(
+    fleet_factory: FleetFactory, tmp_path: Path
+) -> None:
+    """The workflows as a user watches them in a browser: a pipeline's steps, an agent job's
+    agents by state, and an endpoint that refuses the worker's key, with its error. The
+    README's second screenshot is this page (``SWARM_DASHBOARD_WORKFLOWS_PNG=PATH``)."""
+    fleet = fleet_factory(2, *TOOL_PARSER_ARGS, "--step-ms", "30")
+    env = fleet.env
+    (tmp_path / "check.txt").write_text("Check this answer: {answer}")
+    (tmp_path / "task.txt").write_text(AGENT_TASK)
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps({"n": i}) + "\n" for i in range(300)))
+    assert (
+        await asyncio.to_thread(
+            fleet.enqueue("study", 3000, set(), "--then", str(tmp_path / "check.txt")).wait, 60
+        )
+        == 0
+    )
+    agents = await asyncio.to_thread(
+        command, env, "swarm-enqueue", tmp_path / "in.jsonl", "--job", "papers", "--task",
+        tmp_path / "task.txt", "--tools", "slow_add,fetch", "--max-turns", "3",
+    )  # fmt: skip
+    assert agents.returncode == 0, agents.stderr
+    log = tmp_path / "runs.log"
+    log.touch()
+    runner = tool_runner(env, log, tmp_path / "runner.log")
+    port = free_port()
+    with wrong_key_endpoint() as locked:
+        worker = fleet.worker(
+            "node1", [0, 1], burst=False, SWARM_ENDPOINTS=f"{fleet.url(0)},{fleet.url(1)},{locked}"
+        )
+        server = await asyncio.create_subprocess_exec(
+            BIN / "swarm-status", "--serve", str(port), "--every", "0.5",
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        try:
+            assert server.stdout is not None
+            assert b"dashboard on" in await asyncio.wait_for(server.stdout.readline(), 60)
+            async with Browser(tmp_path, width=1500, height=1000) as browser:
+                await browser.goto(f"http://127.0.0.1:{port}/")
+                await browser.wait_for(_CELL_MATCHES % ("papers", r"/[1-9][0-9,]* done/"))
+                await browser.wait_for(_CELL_MATCHES % ("study", r"/^step 1: [1-9]/"))
+                await browser.wait_for(
+                    "[...document.querySelectorAll('#endpoints tr[data-endpoint] "
+                    "td[data-k=circuit]')].some(td => td.textContent == 'broken')"
+                )
+                await browser.wait_for(
+                    '(() => { const d = document.querySelector(\'#jobs tr[data-job="study"] '
+                    "td[data-k=done]'); return d && Number(d.textContent.replace(/,/g, '')) > 0 "
+                    "})()"
+                )
+                jobs = _figures(json.loads(await browser.evaluate(_READ_JOBS)), "job")
+                endpoints = _figures(
+                    json.loads(await browser.evaluate(_READ_ENDPOINTS)), "endpoint"
+                )
+                shot = tmp_path / "workflows.png"
+                await browser.screenshot(shot)
+        finally:
+            server.send_signal(signal.SIGINT)
+            await asyncio.wait_for(server.wait(), 30)
+            worker.terminate()
+            await asyncio.to_thread(worker.wait, 60)
+            runner.terminate()
+            await asyncio.to_thread(runner.wait, 30)
+    assert {"study", "papers"} <= set(jobs)
+    agents_cell = jobs["papers"]["agents"]
+    assert re.fullmatch(r"\d+ thinking, \d+ waiting for a tool, [1-9]\d* done", agents_cell)
+    assert re.fullmatch(r"step 1: [\d,]+/(3,000|\?)", jobs["study"]["agents"])
+    assert endpoints[locked]["circuit"] == "broken"
+    assert {endpoints[fleet.url(0)]["circuit"], endpoints[fleet.url(1)]["circuit"]} <= {
+        "closed", "waiting",
+    }  # fmt: skip
+    png = await asyncio.to_thread(shot.read_bytes)
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+    if target := os.environ.get("SWARM_DASHBOARD_WORKFLOWS_PNG"):
+        await asyncio.to_thread(Path(target).write_bytes, png)
