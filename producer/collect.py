@@ -176,6 +176,12 @@ async def _main(args: argparse.Namespace) -> int:
     return EXIT_FAILED if status.failed else 0
 
 
+def _following(args: argparse.Namespace) -> dict[str, Any]:
+    """How a durable collection runs, from the flags: following the job (with a progress
+    display) under --wait, evicting under --evict."""
+    return {"wait": args.wait, "progress": args.wait, "evict": args.evict}
+
+
 def _chain_parquet(path: str, steps: int) -> Any:
     try:
         return chain_parquet_sink(path, steps)
@@ -245,15 +251,8 @@ async def _pipeline(args: argparse.Namespace, job: str, store: JobStore) -> int:
 
         report = await collect_into(store, job, put, rows=follow_chains(steps), wait=args.wait)
     else:
-        report = await collect_chains(
-            store,
-            job,
-            args.out,
-            wait=args.wait,
-            progress=args.wait,
-            evict=args.evict,
-            sink=_CHAIN_SINKS[args.format],
-        )
+        sink = _CHAIN_SINKS[args.format]
+        report = await collect_chains(store, job, args.out, sink=sink, **_following(args))
     total = "?" if report.total is None else str(report.total)
     if not report.complete:
         print(
@@ -285,15 +284,8 @@ async def _agents(args: argparse.Namespace, job: str, store: JobStore) -> int:
         return await _agents_as_finished(args, job, store)
     if args.format not in _AGENT_SINKS or args.out in (None, "-"):
         raise ConfigError(f"an agent job is collected as {', '.join(_AGENT_SINKS)} into --out PATH")
-    report = await collect_agents(
-        store,
-        job,
-        args.out,
-        wait=args.wait,
-        progress=args.wait,
-        evict=args.evict,
-        sink=_AGENT_SINKS[args.format],
-    )
+    sink = _AGENT_SINKS[args.format]
+    report = await collect_agents(store, job, args.out, sink=sink, **_following(args))
     total = "?" if report.total is None else str(report.total)
     print(
         f"agents {job}: wrote {report.start + report.written} of {total} "
