@@ -9,8 +9,9 @@ import io
 
 import msgspec
 
-from common.models import OutputLine, Result
+from common.models import JobSpec, OutputLine, Result
 from producer.lines import LineSink
+from producer.valuecols import value_cells, value_columns, value_fields
 
 __all__ = ["COLUMNS", "csv_row", "csv_sink"]
 
@@ -25,8 +26,8 @@ def _encode(values: list[object]) -> bytes:
     return buf.getvalue().encode()
 
 
-def csv_row(r: Result) -> bytes:
-    """``r`` as one CSV row of :data:`COLUMNS` (an empty cell for what it lacks)."""
+def _cells(r: Result) -> list[object]:
+    """``r``'s cells in :data:`COLUMNS` order (an empty one for what it lacks)."""
     line = OutputLine.of(r)
     cells: list[object] = []
     for name in COLUMNS:
@@ -39,8 +40,25 @@ def csv_row(r: Result) -> bytes:
         if isinstance(value, list | dict):  # an embedding, samples, a value: one cell of JSON
             value = msgspec.json.encode(value).decode()
         cells.append("" if value is None or value is msgspec.UNSET else value)
-    return _encode(cells)
+    return cells
 
 
-def csv_sink(path: str) -> LineSink[Result]:
-    return LineSink(path, csv_row, header=_encode(list(COLUMNS)), quoted_newlines=True)
+def csv_row(r: Result) -> bytes:
+    """``r`` as one CSV row of :data:`COLUMNS`."""
+    return _encode(_cells(r))
+
+
+def csv_sink(path: str, spec: JobSpec | None = None) -> LineSink[Result]:
+    """A CSV file of a job's results; with a per-prompt measure, its value's fields as
+    columns of their own after :data:`COLUMNS` (see :mod:`producer.valuecols`)."""
+    fields = value_fields(spec)
+    if not fields:
+        return LineSink(path, csv_row, header=_encode(list(COLUMNS)), quoted_newlines=True)
+
+    def row(r: Result) -> bytes:
+        extra = ["" if v is None else v for v in value_cells(r, fields)]
+        return _encode([*_cells(r), *extra])
+
+    return LineSink(
+        path, row, header=_encode([*COLUMNS, *value_columns(fields)]), quoted_newlines=True
+    )

@@ -49,16 +49,16 @@ def _openai(spec: JobSpec) -> Callable[[Result], bytes]:
 
 def _parquet(path: str, spec: JobSpec) -> Sink:
     try:
-        from producer.parquet import ParquetSink
+        from producer.parquet import valued_sink
     except ImportError:
         raise ConfigError(
             "--format parquet needs pyarrow: pip install 'swarm-queue[parquet]'"
         ) from None
-    return ParquetSink(path)
+    return valued_sink(path, spec)
 
 
 def _csv(path: str, spec: JobSpec) -> Sink:
-    return csv_sink(path)
+    return csv_sink(path, spec)
 
 
 FORMATS: dict[str, Format] = {

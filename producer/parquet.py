@@ -23,10 +23,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from common.errors import ConfigError
-from common.models import OutputLine, Result
+from common.models import JobSpec, OutputLine, Result
 from common.store import JobStore
 from producer.outfile import Mark, collect_durably
 from producer.stream import CollectReport
+from producer.valuecols import value_cells, value_fields
 
 __all__ = [
     "PART_ROWS",
@@ -36,6 +37,7 @@ __all__ = [
     "collect_to_parquet",
     "part_name",
     "results_table",
+    "valued_sink",
 ]
 
 R = TypeVar("R")
@@ -99,6 +101,27 @@ def results_table(results: Sequence[Result]) -> pa.Table:
         for f in _FIELDS
     }
     return pa.table(columns, schema=SCHEMA)
+
+
+def valued_sink(path: str, spec: JobSpec | None) -> ParquetSink[Result]:
+    """The Parquet sink of a job's results; with a per-prompt measure, its value's fields as
+    typed columns of their own after :data:`SCHEMA`'s (see :mod:`producer.valuecols`)."""
+    fields = value_fields(spec)
+    if not fields:
+        return ParquetSink[Result](path)
+    arrow = {str: pa.string(), int: pa.int64(), float: pa.float64()}
+    schema = pa.schema([*SCHEMA, *((f"value.{n}", arrow[t]) for n, t in fields)])
+
+    def table(results: Sequence[Result]) -> pa.Table:
+        base = results_table(results)
+        cells = [value_cells(r, fields) for r in results]
+        for i, (name, kind) in enumerate(fields):
+            base = base.append_column(
+                pa.field(f"value.{name}", arrow[kind]), pa.array([c[i] for c in cells], arrow[kind])
+            )
+        return base
+
+    return ParquetSink[Result](path, table, schema)
 
 
 def _value(v: object, default: object) -> object:
@@ -200,11 +223,11 @@ class ParquetSink(Generic[R]):
         changed, start, n = 0, 0, 0
         while start < rows:
             path = os.path.join(self.path, part_name(n))
-            old = pq.read_table(path, schema=SCHEMA)
+            old = pq.read_table(path, schema=self.schema)
             fresh = await fetch(start, old.num_rows)
             redo = [i for i, r in enumerate(fresh) if r is not None]
             if redo:
-                new = results_table([r for r in fresh if r is not None])
+                new = self.table([r for r in fresh if r is not None])  # type: ignore[misc]
                 before = old.take(redo).to_pylist()
                 changed += sum(a != b for a, b in zip(before, new.to_pylist(), strict=True))
                 keep = pa.array([r is None for r in fresh])

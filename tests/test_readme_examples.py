@@ -154,6 +154,22 @@ def test_every_readme_example_runs_and_does_what_it_says(
     assert all(len(x["steps"]) == 2 for x in study)
     table = pq.read_table(tmp_path / "study.parquet").to_pydict()
     assert table["index"] == list(range(20)) and all(table["s1_text"])
+    votes = pq.read_table(tmp_path / "sc.parquet")
+    assert votes.schema.field("value.share").type == "double"
+    assert votes.schema.field("value.votes").type == "int64"
+    rows = votes.to_pylist()
+    assert len(rows) == 20
+    for row in rows:  # the typed columns are the value's own fields
+        value = json.loads(row["value"])
+        assert [row[f"value.{k}"] for k in ("answer", "votes", "share", "distinct")] == [
+            value[k] for k in ("answer", "votes", "share", "distinct")
+        ]
+        assert row["text"] == value["answer"] and 0 < value["share"] <= 1
+    sc_csv = command(env, "swarm-collect", "sc", "--out", tmp_path / "sc.csv", "--format", "csv")
+    assert sc_csv.returncode == 0, sc_csv.stderr
+    with open(tmp_path / "sc.csv", newline="") as fh:
+        shares = [float(r["value.share"]) for r in csv.DictReader(fh)]
+    assert shares == [row["value.share"] for row in rows]
     vectors = pq.read_table(tmp_path / "vec.parquet").to_pydict()["embedding"]
     assert len(vectors) == 20 and all(len(v) > 0 for v in vectors)
     frame = pq.read_table(tmp_path / "answers.parquet")
