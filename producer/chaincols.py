@@ -13,8 +13,10 @@ from typing import Any
 
 import msgspec
 
+from common.models import JobSpec
 from producer.chains import ChainLine, StepAnswer
 from producer.lines import LineSink
+from producer.valuecols import value_columns, value_fields
 
 __all__ = ["chain_columns", "chain_csv_sink", "chain_parquet_sink", "chain_row", "csv_cells"]
 
@@ -35,9 +37,17 @@ _STEP = (
 )
 
 
-def chain_columns(steps: int) -> list[str]:
-    """The column names of a pipeline of ``steps`` steps."""
-    return [*_CHAIN, *(f"s{k}_{name}" for k in range(steps) for name in _STEP)]
+def chain_columns(steps: Sequence[JobSpec]) -> list[str]:
+    """The column names of a pipeline of ``steps``: a step with a per-prompt measure has its
+    value's fields as typed columns too (``s1_value.entropy``: see producer/valuecols.py)."""
+    return [
+        *_CHAIN,
+        *(
+            f"s{k}_{name}"
+            for k, spec in enumerate(steps)
+            for name in [*_STEP, *value_columns(value_fields(spec))]
+        ),
+    ]
 
 
 def _step_values(answer: StepAnswer | None) -> list[Any]:
@@ -59,7 +69,7 @@ def _step_values(answer: StepAnswer | None) -> list[Any]:
     ]
 
 
-def chain_row(line: ChainLine, steps: int) -> list[Any]:
+def chain_row(line: ChainLine, steps: Sequence[JobSpec]) -> list[Any]:
     """``line``'s cells, in :func:`chain_columns` order."""
     by_step = {a.step: a for a in line.steps}
     cells: list[Any] = [
@@ -69,8 +79,11 @@ def chain_row(line: ChainLine, steps: int) -> list[Any]:
         line.stopped_at if line.stopped_at is not msgspec.UNSET else None,
         line.error,
     ]
-    for k in range(steps):
-        cells += _step_values(by_step.get(k))
+    for k, spec in enumerate(steps):
+        answer = by_step.get(k)
+        cells += _step_values(answer)
+        value = answer.value if answer is not None and answer.value is not None else {}
+        cells += [value.get(name) for name, _ in value_fields(spec)]
     return cells
 
 
@@ -85,7 +98,7 @@ def csv_cells(cells: Sequence[Any]) -> bytes:
     return buf.getvalue().encode()
 
 
-def chain_csv_sink(path: str, steps: int) -> LineSink[ChainLine]:
+def chain_csv_sink(path: str, steps: Sequence[JobSpec]) -> LineSink[ChainLine]:
     """A CSV file of a pipeline's chains, under a header row of :func:`chain_columns`."""
     return LineSink(
         path,
@@ -95,7 +108,7 @@ def chain_csv_sink(path: str, steps: int) -> LineSink[ChainLine]:
     )
 
 
-def chain_parquet_sink(path: str, steps: int) -> Any:
+def chain_parquet_sink(path: str, steps: Sequence[JobSpec]) -> Any:
     """A Parquet directory of a pipeline's chains (needs pyarrow), typed columns."""
     import pyarrow as pa
 
@@ -115,7 +128,10 @@ def chain_parquet_sink(path: str, steps: int) -> Any:
         pa.string(),
     ]
     chain_types = [pa.int64(), pa.string(), pa.string(), pa.int64(), pa.string()]
-    types = chain_types + step_types * steps
+    arrow = {str: pa.string(), int: pa.int64(), float: pa.float64()}
+    types = chain_types + [
+        t for spec in steps for t in [*step_types, *(arrow[kind] for _, kind in value_fields(spec))]
+    ]
     schema = pa.schema(list(zip(chain_columns(steps), types, strict=True)))
 
     def table(lines: Sequence[ChainLine]) -> pa.Table:

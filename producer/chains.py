@@ -186,18 +186,18 @@ async def collect_chains(
     *,
     wait: bool,
     progress: bool,
-    sink: Callable[[str, int], Any] | None = None,
+    sink: Callable[[str, list[JobSpec]], Any] | None = None,
     **kw: Any,
 ) -> CollectReport:
     """Collect pipeline ``job`` into ``path``, one chain per input: JSON Lines, or what
-    ``sink(path, steps)`` writes (see :mod:`producer.chaincols`)."""
-    steps = len(await steps_of(store, job))
+    ``sink(path, its steps' specs)`` writes (see :mod:`producer.chaincols`)."""
+    steps = await steps_of(store, job)
     return await collect_rows_durably(
         store,
         job,
         path,
         lambda p, _spec: LineSink(p, chain_line) if sink is None else sink(p, steps),
-        rows=follow_chains(steps),
+        rows=follow_chains(len(steps)),
         wait=wait,
         progress=progress,
         **kw,

@@ -22,7 +22,7 @@ import msgspec
 
 from common.cli import add_redis_arg, open_job_store, run
 from common.errors import ConfigError
-from common.models import Result, encode_final
+from common.models import JobSpec, Result, encode_final
 from common.store import JobStore
 from producer.agentcols import agent_csv_sink, agent_parquet_sink
 from producer.agentout import agent_line, agents_as_finished, collect_agents
@@ -182,7 +182,7 @@ def _following(args: argparse.Namespace) -> dict[str, Any]:
     return {"wait": args.wait, "progress": args.wait, "evict": args.evict}
 
 
-def _chain_parquet(path: str, steps: int) -> Any:
+def _chain_parquet(path: str, steps: list[JobSpec]) -> Any:
     try:
         return chain_parquet_sink(path, steps)
     except ImportError:
@@ -192,7 +192,7 @@ def _chain_parquet(path: str, steps: int) -> Any:
 
 
 # How a pipeline's chains are written, by --format (None: JSON Lines).
-_CHAIN_SINKS: dict[str, Callable[[str, int], Any] | None] = {
+_CHAIN_SINKS: dict[str, Callable[[str, list[JobSpec]], Any] | None] = {
     "jsonl": None,
     "csv": chain_csv_sink,
     "parquet": _chain_parquet,

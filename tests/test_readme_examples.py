@@ -170,6 +170,11 @@ def test_every_readme_example_runs_and_does_what_it_says(
     with open(tmp_path / "sc.csv", newline="") as fh:
         shares = [float(r["value.share"]) for r in csv.DictReader(fh)]
     assert shares == [row["value.share"] for row in rows]
+    measured = pq.read_table(tmp_path / "uq.parquet")
+    assert measured.schema.field("s1_value.entropy").type == "double"
+    for row in measured.to_pylist():
+        value = json.loads(row["s1_value"])
+        assert row["s1_value.entropy"] == value["entropy"] and row["s1_value.answer"]
     vectors = pq.read_table(tmp_path / "vec.parquet").to_pydict()["embedding"]
     assert len(vectors) == 20 and all(len(v) > 0 for v in vectors)
     frame = pq.read_table(tmp_path / "answers.parquet")
