@@ -442,6 +442,11 @@ class Swarm:
         """Every result of ``job``, in input order, as soon as it (and all before it) is in;
         failures included, with their reason. ``progress``: a bar on stderr (a line every
         30 s where stderr is no terminal: a notebook's or a batch job's log)."""
+        if (await self.store.load_spec(job)).then is not None:
+            raise ConfigError(
+                f"job {job} is a pipeline: its results are chains, every step's answer by "
+                "input (swarm.chains(job)); results() would give its first step's alone"
+            )
         bar = Progress("swarm", f"job {job}", "answered", enabled=progress)
 
         def show(status: JobStatus, _written: int) -> None:

@@ -119,6 +119,7 @@ async def _main(args: argparse.Namespace) -> int:
         agents = spec.agent is not None and not spec.laned
         if args.as_finished and not agents:
             raise ConfigError(f"--as-finished is for agent jobs; {job!r} is not one")
+        _refuse_a_step(job, spec)
         if spec.then is not None:
             return await _pipeline(args, job, store)
         if agents:
@@ -174,6 +175,18 @@ async def _main(args: argparse.Namespace) -> int:
         print(f"job {job}: not finished; run again (or with --wait) for the rest", file=sys.stderr)
         return EXIT_INCOMPLETE
     return EXIT_FAILED if status.failed else 0
+
+
+def _refuse_a_step(job: str, spec: JobSpec) -> None:
+    """A pipeline's later step is no job to collect alone: its rows are numbered as it was
+    fed, not by input (seen: a step collected as if its rows were the inputs')."""
+    base, _, stage = job.partition(":")
+    if stage.startswith("s") and spec.agent is None:
+        raise ConfigError(
+            f"{job} is step {stage[1:]} of pipeline {base}: its results are numbered in the "
+            f"order the step was fed, not by input. Collect {base}: one row per input with "
+            "every step's answer (--format csv or parquet: a column each)"
+        )
 
 
 def _following(args: argparse.Namespace) -> dict[str, Any]:

@@ -132,6 +132,10 @@ def test_a_pipeline_through_a_killed_worker_answers_every_input_once(
         assert rec["index"] == int(row["index"]) == x["index"]
         assert rec["stopped_at"] == x.get("stopped_at") and rec["error"] == x["error"]
         assert rec["text"] == x["text"] and rec["s0_model"] == "swarm-sim"
+    # A step is no job to collect alone: its rows are not the inputs'.
+    alone = command(env, "swarm-collect", "p:s1", "--out", fleet.tmp / "s1.jsonl")
+    assert alone.returncode == 2
+    assert "p:s1 is step 1 of pipeline p: its results are numbered in the order" in alone.stderr
     # The operator's commands reach a step by its name.
     status = command(env, "swarm-status", "p")
     assert status.returncode == 0, status.stderr
