@@ -284,11 +284,14 @@ async def read_jobs(
         row = _job_row(
             s, stage, spec.model, waiting, age, whole_state(finished, cancelled, waiting)
         )
+        # A workflow's figures are its first step's: no ETA of the whole from them (seen:
+        # "eta 0 s" with 108 agents thinking); its steps or agents say how far it is.
         if spec.agent is not None:
-            row = msgspec.structs.replace(row, agents=await store.agent_counts(name))
+            counts = await store.agent_counts(name)
+            row = msgspec.structs.replace(row, agents=counts, eta_s=None)
         elif spec.then is not None:  # a pipeline: its steps' progress beside the first's
             figures = [StepFigures(st.done, st.failed, st.total) for _, st in steps]
-            row = msgspec.structs.replace(row, steps=figures)
+            row = msgspec.structs.replace(row, steps=figures, eta_s=None)
         rows.append(row)
     return rows, bad
 
@@ -369,7 +372,7 @@ class History:
             return j
         recent = self.rate(f"job|{j.job}", 60.0)
         eta = j.eta_s
-        if recent is not None and j.total is not None:
+        if recent is not None and j.total is not None and j.agents is None and j.steps is None:
             left = j.total - j.done - j.failed
             eta = left / recent if recent > 0 else None
         return msgspec.structs.replace(j, recent_rate_per_s=recent, eta_s=eta)

@@ -526,6 +526,8 @@ async def test_the_dashboard_shows_a_pipeline_an_agent_job_and_a_failing_endpoin
     agents_cell = jobs["papers"]["agents"]
     assert re.fullmatch(r"\d+ thinking, \d+ waiting for a tool, [1-9]\d* done", agents_cell)
     assert re.fullmatch(r"step 1: [\d,]+/(3,000|\?)", jobs["study"]["agents"])
+    # No ETA of a workflow from its first step's figures (seen: "eta 0 s", 108 thinking).
+    assert (jobs["papers"]["eta"], jobs["study"]["eta"]) == ("-", "-")
     assert endpoints[locked]["circuit"] == "broken"
     assert {endpoints[fleet.url(0)]["circuit"], endpoints[fleet.url(1)]["circuit"]} <= {
         "closed", "waiting",
