@@ -104,6 +104,10 @@ def test_every_process_rides_through_a_failover(
     plain, pipe, agents = _names_with(cluster, keys, arq_node, 3)
     fleet = fleet_factory(2, *TOOL_PARSER_ARGS, url=cluster.url)
     fleet.env["SWARM_REDIS_CLUSTER"] = "1"
+    # A tool try lost with a SIGKILLed primary is asked again once its claim expires (3 times
+    # a runner's hold of a call, plus 30 s): with the default 60 s timeout that is minutes,
+    # longer than collect()'s stall window; the tools here take 0.2 s.
+    fleet.env["SWARM_TOOL_TIMEOUT_S"] = "5"
     env = fleet.env
     n, n_agents = 6000, 200
     (fleet.tmp / "step.txt").write_text("Check: {answer}")
