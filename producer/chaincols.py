@@ -112,6 +112,7 @@ def chain_parquet_sink(path: str, steps: Sequence[JobSpec]) -> Any:
     """A Parquet directory of a pipeline's chains (needs pyarrow), typed columns."""
     import pyarrow as pa
 
+    from producer.parquet import ARROW_OF as arrow
     from producer.parquet import ParquetSink
 
     step_types = [
@@ -128,7 +129,6 @@ def chain_parquet_sink(path: str, steps: Sequence[JobSpec]) -> Any:
         pa.string(),
     ]
     chain_types = [pa.int64(), pa.string(), pa.string(), pa.int64(), pa.string()]
-    arrow = {str: pa.string(), int: pa.int64(), float: pa.float64()}
     types = chain_types + [
         t for spec in steps for t in [*step_types, *(arrow[kind] for _, kind in value_fields(spec))]
     ]

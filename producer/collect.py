@@ -195,37 +195,33 @@ def _following(args: argparse.Namespace) -> dict[str, Any]:
     return {"wait": args.wait, "progress": args.wait, "evict": args.evict}
 
 
-def _chain_parquet(path: str, steps: list[JobSpec]) -> Any:
-    try:
-        return chain_parquet_sink(path, steps)
-    except ImportError:
-        raise ConfigError(
-            "--format parquet needs pyarrow: pip install 'swarm-queue[parquet]'"
-        ) from None
+def _with_pyarrow(make: Callable[[str, Any], Any]) -> Callable[[str, Any], Any]:
+    """``make``, saying what to install when pyarrow is missing."""
+
+    def made(path: str, of: Any) -> Any:
+        try:
+            return make(path, of)
+        except ImportError:
+            raise ConfigError(
+                "--format parquet needs pyarrow: pip install 'swarm-queue[parquet]'"
+            ) from None
+
+    return made
 
 
 # How a pipeline's chains are written, by --format (None: JSON Lines).
 _CHAIN_SINKS: dict[str, Callable[[str, list[JobSpec]], Any] | None] = {
     "jsonl": None,
     "csv": chain_csv_sink,
-    "parquet": _chain_parquet,
+    "parquet": _with_pyarrow(chain_parquet_sink),
 }
-
-
-def _agent_parquet(path: str, schema: dict[str, Any] | None) -> Any:
-    try:
-        return agent_parquet_sink(path, schema)
-    except ImportError:
-        raise ConfigError(
-            "--format parquet needs pyarrow: pip install 'swarm-queue[parquet]'"
-        ) from None
 
 
 # How an agent job's results are written, by --format (None: JSON Lines).
 _AGENT_SINKS: dict[str, Callable[[str, dict[str, Any] | None], Any] | None] = {
     "jsonl": None,
     "csv": agent_csv_sink,
-    "parquet": _agent_parquet,
+    "parquet": _with_pyarrow(agent_parquet_sink),
 }
 
 

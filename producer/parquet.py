@@ -30,6 +30,7 @@ from producer.stream import CollectReport
 from producer.valuecols import value_cells, value_fields
 
 __all__ = [
+    "ARROW_OF",
     "PART_ROWS",
     "PART_S",
     "SCHEMA",
@@ -41,6 +42,9 @@ __all__ = [
 ]
 
 R = TypeVar("R")
+
+# The Arrow type of a value's Python type, for typed columns made outside the output struct.
+ARROW_OF: dict[type, pa.DataType] = {str: pa.string(), int: pa.int64(), float: pa.float64()}
 
 PART_ROWS = 100_000
 PART_S = 60.0
@@ -109,7 +113,7 @@ def valued_sink(path: str, spec: JobSpec | None) -> ParquetSink[Result]:
     fields = value_fields(spec)
     if not fields:
         return ParquetSink[Result](path)
-    arrow = {str: pa.string(), int: pa.int64(), float: pa.float64()}
+    arrow = ARROW_OF
     schema = pa.schema([*SCHEMA, *((f"value.{n}", arrow[t]) for n, t in fields)])
 
     def table(results: Sequence[Result]) -> pa.Table:
