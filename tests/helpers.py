@@ -28,6 +28,7 @@ __all__ = [
     "serve",
     "spec",
     "until",
+    "wait_count",
     "wait_until",
 ]
 
@@ -38,6 +39,22 @@ def wait_until(what: str, check: Callable[[], object], timeout_s: float = 60.0) 
     while not check():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.005)
+
+
+def wait_count(what: str, count: Callable[[], int], at_least: int, stall_s: float = 120.0) -> int:
+    """Poll ``count`` until it reaches ``at_least``; fail naming ``what`` only when it has not
+    moved for ``stall_s``. A loaded machine is slow, not stuck: progress, not a fixed time
+    limit, says whether to go on waiting. Returns the count reached."""
+    seen, since = count(), time.monotonic()
+    while seen < at_least:
+        time.sleep(0.005)
+        now = count()
+        if now != seen:
+            seen, since = now, time.monotonic()
+        assert time.monotonic() - since < stall_s, (
+            f"{what}: stuck at {seen} of {at_least} for {stall_s:g} s"
+        )
+    return seen
 
 
 async def until(what: str, check: Callable[[], object], timeout_s: float = 10.0) -> None:

@@ -31,7 +31,7 @@ from tests.harness import (
     fleet_prompt,
     tool_runner,
 )
-from tests.helpers import wait_until
+from tests.helpers import wait_count, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -86,9 +86,9 @@ def test_agents_survive_a_killed_worker_and_tool_runner_beside_other_jobs(
     runner = tool_runner(env, log, tmp / "runner.log")
     doomed = fleet.worker("a", [0, 1], env=env)
     fleet.worker("b", [2], env=env)
-    wait_until("agents at their second turn", lambda: fleet.done(step_name("ag", 1)) > 20)
+    wait_count("agents at their second turn", lambda: fleet.done(step_name("ag", 1)), 21)
     # Job rq is deleted mid-run, its turns in flight, and queued again with other input.
-    wait_until("rq at its second turn", lambda: fleet.done(step_name("rq", 1)) > 5)
+    wait_count("rq at its second turn", lambda: fleet.done(step_name("rq", 1)), 6)
     gone = command(env, "swarm-jobs", "--delete", "rq", "--force")
     assert gone.returncode == 0, gone.stderr
     again = command(env, "swarm-enqueue", tmp / "rq-new.jsonl", *requeued)
@@ -283,7 +283,7 @@ def test_agents_survive_a_redis_restart(fleet_factory: FleetFactory, tmp_path: P
         runner = tool_runner(env, log, tmp / "runner.log")
         worker = fleet.worker("w", [0, 1], burst=False, env=env)
         try:
-            wait_until("agents at their second turn", lambda: fleet.done(step_name("ag", 1)) > 30)
+            wait_count("agents at their second turn", lambda: fleet.done(step_name("ag", 1)), 31)
             server.stop()
             server.start()
             lines = _collect(env, tmp, "ag")

@@ -18,7 +18,7 @@ import redis
 
 from common.embedded import EmbeddedRedis
 from tests.harness import FleetFactory, check_output, collect
-from tests.helpers import wait_until
+from tests.helpers import wait_count, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -130,7 +130,7 @@ def test_a_burst_worker_whose_every_endpoint_died_exits_1_and_leaves_the_work_to
     assert fleet.enqueue("left", n, set()).wait(timeout=60) == 0
     quick = {**QUICK, "SWARM_ENDPOINT_DEAD_S": "3"}
     doomed = fleet.worker("doomed", [0], env=quick)
-    wait_until("the doomed worker at work", lambda: fleet.done("left") > 200)
+    wait_count("the doomed worker at work", lambda: fleet.done("left"), 201)
     fleet.faults(0, die_after_s=0.0)
     # Bounded: before, it probed the dead port for ever.
     assert doomed.wait(timeout=120) == 1

@@ -20,7 +20,7 @@ from common.settings import Settings
 from common.store import JobStore
 from sim.text import completion_for
 from tests.harness import BIN, MAX_TOKENS, FleetFactory
-from tests.helpers import gen_of, prompts, spec, wait_until
+from tests.helpers import gen_of, prompts, spec, wait_count, wait_until
 
 
 def _other_prompt(i: int) -> str:
@@ -43,7 +43,7 @@ def test_a_job_deleted_while_its_batches_are_in_flight_and_queued_again_gets_onl
     assert fleet.enqueue("j", n, set()).wait() == 0
     worker = fleet.worker("w", [0], burst=False)
     stream = f"{fleet.prefix}:{{j}}:q"
-    wait_until("the first answers committed", lambda: fleet.done("j") >= 200)
+    wait_count("the first answers committed", lambda: fleet.done("j"), 200)
     # The endpoint freezes with the worker's batches in flight: they will answer after the
     # job they came from is gone and another holds its name.
     fleet.sim.send_signal(signal.SIGSTOP)

@@ -28,7 +28,7 @@ from tests.harness import (
     fleet_prompt,
     wrong_key_endpoint,
 )
-from tests.helpers import wait_until
+from tests.helpers import wait_count
 
 pytestmark = pytest.mark.slow
 
@@ -74,7 +74,7 @@ def test_a_pipeline_through_a_killed_worker_answers_every_input_once(
     assert enq.returncode == 0, enq.stderr
     doomed = fleet.worker("a", [0, 1], env=env)
     fleet.worker("b", [2], env=env)
-    wait_until("step 1 under way", lambda: fleet.done(step_name("p", 1)) > 100)
+    wait_count("step 1 under way", lambda: fleet.done(step_name("p", 1)), 101)
     doomed.send_signal(signal.SIGKILL)
     doomed.wait()
     fleet.worker("a2", [0, 1], env=env)
@@ -201,9 +201,9 @@ def test_a_pipeline_an_embeddings_job_and_another_models_job_share_the_fleet(
         assert enq.returncode == 0, enq.stderr
     doomed = fleet.worker("a", [0, 1, 2], env=env)
     fleet.worker("b", [3], env=env, SWARM_ENDPOINTS=f"{fleet.url(3)},{locked}")
-    wait_until("step 1 under way", lambda: fleet.done(step_name("p", 1)) > 50)
+    wait_count("step 1 under way", lambda: fleet.done(step_name("p", 1)), 51)
     # Pipeline q is deleted with work in flight and queued again under its name.
-    wait_until("q's second step under way", lambda: fleet.done(step_name("q", 1)) > 10)
+    wait_count("q's second step under way", lambda: fleet.done(step_name("q", 1)), 11)
     fleet.sim.send_signal(signal.SIGSTOP)
     try:
         gone = command(env, "swarm-jobs", "--delete", "q", "--force")

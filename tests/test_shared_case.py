@@ -19,7 +19,7 @@ from common.embedded import EmbeddedRedis
 from common.keys import Keys
 from sim.text import completion_for
 from tests.harness import MAX_TOKENS, Fleet, FleetFactory, command, wrong_key_endpoint
-from tests.helpers import wait_until
+from tests.helpers import wait_count
 
 
 def _questions(job: str, n: int) -> list[str]:
@@ -71,7 +71,7 @@ def test_jobs_of_two_models_a_broken_endpoint_a_requeued_job_and_a_redis_restart
         locked = stack.enter_context(wrong_key_endpoint())
         broken = fleet.worker("w1", [0], burst=False, SWARM_ENDPOINTS=f"{fleet.url(0)},{locked}")
         healthy = fleet.worker("w2", [1, 2], burst=False)
-        wait_until("the reused job under way", lambda: fleet.done("reused") >= 300)
+        wait_count("the reused job under way", lambda: fleet.done("reused"), 300)
 
         # The reused job is deleted with batches in flight and queued again with new input.
         fleet.sim.send_signal(signal.SIGSTOP)
@@ -83,7 +83,7 @@ def test_jobs_of_two_models_a_broken_endpoint_a_requeued_job_and_a_redis_restart
         collectors = {job: fleet.collect(job) for job in ("cached", "plain", "other", "reused")}
 
         # Redis restarts mid-run (AOF on, the same data back).
-        wait_until("work after the requeue", lambda: fleet.done("plain") >= 1000)
+        wait_count("work after the requeue", lambda: fleet.done("plain"), 1000)
         server.stop()
         server.start()
 

@@ -35,7 +35,7 @@ from tests.harness import (
     fleet_prompt,
     tool_runner,
 )
-from tests.helpers import run_engine, wait_until
+from tests.helpers import run_engine, wait_count, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -206,7 +206,7 @@ def test_a_filter_only_some_workers_allow_stops_no_input_for_it(
     assert enq.wait(60) == 0
     # Only a worker that does not allow the filter: step 0 is answered, nothing moves on.
     fleet.worker("plain", [0], burst=False)
-    wait_until("step 0 answered", lambda: fleet.done("p") == n)
+    assert wait_count("step 0 answered", lambda: fleet.done("p"), n) == n
     wait_until(
         "the step shown waiting for a worker with the filter",
         lambda: (
@@ -370,7 +370,7 @@ def test_a_pipeline_whose_step_no_endpoint_serves_waits_visibly_and_cancels_whol
     assert enq.wait(60) == 0
     said = (fleet.tmp / "enqueue-p.log").read_text()
     assert "warning: step 1 p:s1: no live endpoint serves model 'nobody'" in said, said
-    wait_until("step 0 answered", lambda: fleet.done("p") == 40)
+    assert wait_count("step 0 answered", lambda: fleet.done("p"), 40) == 40
     wait_until(
         "the pipeline shown waiting for its step's model",
         lambda: "job p: waiting" in command(fleet.env, "swarm-status", "p").stdout,

@@ -4,10 +4,10 @@ or worker dies of it. Real Redis, a real long-running worker process."""
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import subprocess
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -19,7 +19,7 @@ from common.store import JobStore, redis_errors
 from producer.dashboard import Dashboard
 from sim.text import completion_for
 from tests.harness import MAX_TOKENS, Fleet, FleetFactory, command, fleet_prompt
-from tests.helpers import collect_lines, wait_until
+from tests.helpers import collect_lines, wait_count, wait_until
 
 
 def _run(fleet: Fleet, *args: str) -> subprocess.CompletedProcess[str]:
@@ -56,7 +56,7 @@ async def test_keys_of_another_type_are_skipped_and_named_and_every_other_job_go
     _queue(fleet, "u", 200, "--priority", "5")  # two priorities: the fair shares read the fleet
     worker = fleet.worker("w", [0], burst=False)
     for job, n in (("a", 300), ("c", 200), ("u", 200)):
-        wait_until(f"job {job} done", _finished(fleet, job, n))
+        assert wait_count(f"job {job} done", functools.partial(fleet.done, job), n) == n
         await _answers_right(store, job, n)
     assert fleet.done("squat") == 0  # it waits alone, its entries kept
 
@@ -98,7 +98,7 @@ async def test_keys_of_another_type_are_skipped_and_named_and_every_other_job_go
         await store.redis.set(keys.jobs, "not a set")
     finally:
         os.kill(fleet.sim.pid, signal.SIGCONT)
-    wait_until("job b done", lambda: fleet.done("b") == 400)
+    assert wait_count("job b done", lambda: fleet.done("b"), 400) == 400
     await _answers_right(store, "b", 400)
     listing = _run(fleet, "swarm-jobs")
     assert listing.returncode == 1 and "Traceback" not in listing.stderr
@@ -114,10 +114,6 @@ async def test_keys_of_another_type_are_skipped_and_named_and_every_other_job_go
     assert "Traceback" not in log
     for what in ("the fleet registry", "the response cache", "job squat", "the job registry"):
         assert log.count(f"skipping {what}:") == 1, (what, log[-3000:])
-
-
-def _finished(fleet: Fleet, job: str, n: int) -> Callable[[], bool]:
-    return lambda: fleet.done(job) == n
 
 
 def _held(fleet: Fleet, stream: str) -> int:
