@@ -1,11 +1,16 @@
-"""Workflows above the queue: each a room of its own that turns a user's workflow into jobs
-and moves work between them as it is committed; the queue, the store's jobs and the drain
-engine stay what they are.
+"""Workflows above the queue: each turns a user's workflow into jobs and, as a flow
+(:mod:`flows.flow`), turns each committed answer into the next unit of work; the queue, the
+store's jobs and the drain engine stay what they are.
 
-* :mod:`flows.pipeline`: steps, each step's answers queued into the next as each is committed
-  (the specs, the templates, the filters);
-* :mod:`flows.pump`: what moves them, run by every worker.
+* :mod:`flows.flow`: the seam every flow is built on; :mod:`flows.registry`: the flows every
+  worker runs;
+* :mod:`flows.pipeline` and :mod:`flows.pipelineflow`: steps, each step's answers queued into
+  the next as each is committed;
+* :mod:`flows.agents` and :mod:`flows.agentflow`: agents, a turn a job, their tools asked of
+  the tool runners (:mod:`flows.toolcalls`);
+* :mod:`flows.rounds`: rounds of roles on a shared board;
+* :mod:`flows.steps`: a workflow's later steps, as the commands speak of them.
 
-This package builds on :mod:`common` alone: the workers run its pump, the commands
-(:mod:`producer`) queue its jobs and write its output (a pipeline's: ``producer/chains.py``).
+This package builds on :mod:`common` alone: the workers run its flows, the commands
+(:mod:`producer`) queue its jobs and write its output.
 """

@@ -282,7 +282,7 @@ class Swarm:
         for warning in warnings:
             log.warning("pipeline %s: %s", name, warning)
         if self._engine is not None:  # this session's own keep functions
-            self._engine.pump.allowed.update(s.keep_fn for s in steps if s.keep_fn)
+            self._engine.pumps.allow(s.keep_fn for s in steps if s.keep_fn)
         feed = enqueue_pipeline(self.store, specs, _pairs(prompts), window=window)
         if window is None:
             await feed

@@ -16,7 +16,7 @@ from common.settings import Settings
 from common.store import JobStore
 from common.vocab import Meta
 from flows.pipeline import Keep, StepOptions, build_pipeline, enqueue_pipeline, fill
-from flows.pump import Pump
+from flows.pipelineflow import PipelineFlow
 from producer.api import Concat, Step, Swarm, TreeReduce
 from producer.enqueue import split_steps
 from sim.engine import EngineConfig
@@ -94,7 +94,9 @@ async def test_no_step_waits_for_the_one_before_to_end(
     assert int(last[Meta.DONE]) == 3000
 
 
-async def test_a_redelivered_batch_moves_its_answers_on_once(store: JobStore) -> None:
+async def test_a_redelivered_batch_moves_its_answers_on_once(
+    store: JobStore, settings: Settings
+) -> None:
     steps = [StepOptions(template=T2)]
     specs, _ = build_pipeline("p", JobOptions(max_tokens=4), steps, source="test")
     await enqueue_pipeline(store, specs, prompts(10))
@@ -104,7 +106,7 @@ async def test_a_redelivered_batch_moves_its_answers_on_once(store: JobStore) ->
     await store.commit("p", batch[:6], gen=gen, moves_on=True)
     await store.commit("p", batch, gen=gen, moves_on=True)  # a copy of the first six too
     assert await store.redis.xlen(store.keys.landed("p")) == 10
-    pump = Pump(store)
+    pump = PipelineFlow(store, settings)
     assert await pump.step()
     target = step_name("p", 1)
     assert await store.enqueued_count(target) == 10
@@ -120,7 +122,9 @@ async def test_a_redelivered_batch_moves_its_answers_on_once(store: JobStore) ->
     assert not await pump.step()
 
 
-async def test_a_pump_that_dies_holding_answers_leaves_them_to_the_next(store: JobStore) -> None:
+async def test_a_pump_that_dies_holding_answers_leaves_them_to_the_next(
+    store: JobStore, settings: Settings
+) -> None:
     specs, _ = build_pipeline(
         "p", JobOptions(max_tokens=4), [StepOptions(template=T2)], source="test"
     )
@@ -132,7 +136,7 @@ async def test_a_pump_that_dies_holding_answers_leaves_them_to_the_next(store: J
     await store.ensure_pump_group("p")
     taken = await store.take_landed("p", "dead/pump", 3)  # it took three, then died
     assert [x.index for x in taken] == [0, 1, 2]
-    pump = Pump(store, token="next")
+    pump = PipelineFlow(store, settings, token="next")
     assert await pump.step()  # first what the dead one held
     target = step_name("p", 1)
     assert await store.step_indices(target, range(5)) == [0, 1, 2, None, None]
@@ -269,13 +273,19 @@ async def test_a_pipelines_reduce_runs_over_its_last_step_in_input_order(
     assert final.used == len(kept) and len(final.failed) == 120 - len(kept) > 0
 
 
-async def test_a_fault_of_a_pump_is_said_and_the_pumps_go_on(
+async def test_a_fault_of_a_flow_is_said_and_every_flow_goes_on(
     settings: Settings, store: JobStore, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """An unexpected error in one round (a bug, a record no pump expected) must not end the
-    loop that moves every pipeline's and agent job's work."""
+    """An unexpected error in one flow's round (a bug, a record no pump expected) must end
+    neither the loop that moves every workflow's work nor the other flows' rounds."""
     engine = Engine(settings, store, [EndpointClient("http://127.0.0.1:9")])
-    rounds = 0
+    first, other = engine.pumps.flows
+    rounds = others = 0
+
+    async def counted() -> bool:
+        nonlocal others
+        others += 1
+        return False
 
     async def faulty() -> bool:
         nonlocal rounds
@@ -286,22 +296,23 @@ async def test_a_fault_of_a_pump_is_said_and_the_pumps_go_on(
             engine.request_stop()
         return True  # moved: the next round at once
 
-    engine.pump.step = faulty  # type: ignore[method-assign]
+    first.step = faulty  # type: ignore[method-assign]
+    other.step = counted  # type: ignore[method-assign]
     try:
         with caplog.at_level(logging.ERROR, "swarm"):
             await engine._pump_loop()
     finally:
         await engine.close()
-    assert rounds == 3
-    assert "pipeline or agent pump" in caplog.text and "a name no pump expected" in caplog.text
+    assert rounds == others == 3  # the other flow ran in the round of the fault too
+    assert "pipeline flow" in caplog.text and "a name no pump expected" in caplog.text
 
 
 async def test_a_pipeline_deleted_and_queued_again_is_pumped_as_the_new_one(
-    store: JobStore,
+    store: JobStore, make_settings: Callable[..., Settings]
 ) -> None:
     """The pump keeps no state of a step's old life: the new job's answers move on."""
     specs, _ = build_pipeline("p", JobOptions(max_tokens=4), [StepOptions(template=T2)], source="t")
-    pump = Pump(store, refresh_s=0.0)
+    pump = PipelineFlow(store, make_settings(jobs_refresh_s=1e-9))  # every round
 
     async def answer_all(text: str) -> None:
         got = await store.read_new("p", "c", 10)

@@ -4,7 +4,7 @@
 The engine keeps the job registry (new jobs picked up, finished ones dropped, each job's spec
 read once), runs one :class:`~worker.drainer.EndpointDrainer` per endpoint, schedules the reduce
 of every finished stage, computes each urgent job's fair share of preemptions, runs the
-workflows' pumps (:mod:`worker.pumps`), and publishes the per-endpoint
+flows (:mod:`worker.pumps`: whatever the registry lists), and publishes the per-endpoint
 figures and served models for ``swarm-status``.
 """
 
@@ -84,7 +84,6 @@ class Engine:
         self.drainers = [EndpointDrainer(self, c) for c in clients]
         self.reducer = Reducer(store, clients, settings.reduce_functions)
         self.pumps = Pumps(store, settings)
-        self.pump, self.agents = self.pumps.pipeline, self.pumps.agents
         self.numpy = has_numpy()
         self.reducer.numpy = self.numpy
         # Called with (job, level) whenever a job's stage ``level`` is seen finished with its
@@ -112,7 +111,7 @@ class Engine:
     def abilities(self) -> Abilities:
         """What this worker has beyond its endpoints (see common.abilities): the functions its
         settings (and a Python session's own) allow, whether numpy imports."""
-        return Abilities(frozenset(self.reducer.allowed | self.pump.allowed), self.numpy)
+        return Abilities(frozenset(self.reducer.allowed | self.pumps.allowed), self.numpy)
 
     @property
     def redis_up(self) -> bool:
@@ -469,8 +468,7 @@ class Engine:
             ],
             lambda: self.job_status if self.redis_up else {},
             lambda: self.redis_up,
-            lambda: self.pumps.agent_status if self.redis_up else {},
-            lambda: self.pumps.tool_stats if self.redis_up else {},
+            lambda: self.pumps.shown(self.redis_up),
         )
 
     async def read_job_status(self) -> None:

@@ -1,9 +1,9 @@
 """The worker's Prometheus metrics (``SWARM_METRICS_PORT``), with ``prometheus_client``.
 
 Counters and histograms move as the drain loops work (the hooks of :class:`worker.metrics.
-Metrics`); the gauges (each endpoint's window and circuit, each job's queue) are read when
-Prometheus scrapes. One page serves every endpoint of the worker, from the worker's own event
-loop (aiohttp, no thread).
+Metrics`); the gauges (each endpoint's window and circuit, each job's queue, what the flows
+show) are read when Prometheus scrapes. One page serves every endpoint of the worker, from the
+worker's own event loop (aiohttp, no thread).
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from common.store import AgentCounts, Commit, JobStatus
+from common.store import Commit, JobStatus
+from flows.flow import Gauge
 from worker.metrics import Metrics, RequestOutcome
 
 __all__ = [
@@ -56,11 +57,10 @@ class _Gauges(Collector):
         endpoints: Callable[[], Iterable[EndpointGauges]],
         jobs: Callable[[], Mapping[str, JobStatus]],
         redis_up: Callable[[], bool],
-        agents: Callable[[], Mapping[str, AgentCounts]] = dict,
-        tools: Callable[[], Mapping[str, int]] = dict,
+        flows: Callable[[], Iterable[Gauge]] = list,
     ) -> None:
         self._endpoints, self._jobs, self._redis_up = endpoints, jobs, redis_up
-        self._agents, self._tools = agents, tools
+        self._flows = flows
 
     def collect(self) -> Iterator[Metric]:
         up = GaugeMetricFamily(
@@ -97,24 +97,12 @@ class _Gauges(Collector):
         for job, status in sorted(self._jobs().items()):
             pending.add_metric([job], status.pending)
             job_in_flight.add_metric([job], status.in_flight)
-        agents = GaugeMetricFamily(
-            "swarm_agents",
-            "An agent job's agents by state: thinking (queued or at an endpoint), waiting "
-            "(for a tool: holding no endpoint slot), done (as last read)",
-            labels=["job", "state"],
-        )
-        for job, a in sorted(self._agents().items()):
-            for state in ("thinking", "waiting", "done"):
-                agents.add_metric([job, state], getattr(a, state))
-        tools = GaugeMetricFamily(
-            "swarm_tool_calls",
-            "Tool calls of this Redis: run by the runners, or answered by a run already made "
-            "or under way (shared), as last read",
-            labels=["outcome"],
-        )
-        for outcome in ("runs", "shared"):
-            tools.add_metric([outcome], self._tools().get(outcome, 0))
-        yield from (window, in_flight, circuit, pending, job_in_flight, agents, tools)
+        yield from (window, in_flight, circuit, pending, job_in_flight)
+        for gauge in self._flows():  # what the workflows show (see flows.flow.Gauge)
+            family = GaugeMetricFamily(gauge.name, gauge.help, labels=list(gauge.labels))
+            for labels, value in gauge.samples:
+                family.add_metric(list(labels), value)
+            yield family
 
 
 class PrometheusMetrics(Metrics):
@@ -125,8 +113,7 @@ class PrometheusMetrics(Metrics):
         endpoints: Callable[[], Iterable[EndpointGauges]],
         jobs: Callable[[], Mapping[str, JobStatus]],
         redis_up: Callable[[], bool] = lambda: True,
-        agents: Callable[[], Mapping[str, AgentCounts]] = dict,
-        tools: Callable[[], Mapping[str, int]] = dict,
+        flows: Callable[[], Iterable[Gauge]] = list,
     ) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
@@ -169,7 +156,7 @@ class PrometheusMetrics(Metrics):
             buckets=BATCH_BUCKETS,
             registry=r,
         )
-        r.register(_Gauges(endpoints, jobs, redis_up, agents, tools))
+        r.register(_Gauges(endpoints, jobs, redis_up, flows))
 
     def committed(self, job: str, endpoint: str, commit: Commit) -> None:
         if commit.done:

@@ -1,22 +1,17 @@
-"""The workflows' pumps as a worker runs them beside its drain loops: the pipeline pump and
-the agent pump (:mod:`flows`), one loop for both, going round again at once after a round
-that moved work; the agents' connection to the tool runners' queue; and what the metrics
-show of agents and tool calls."""
+"""The flows (:mod:`flows.registry`) as a worker runs them beside its drain loops: one loop
+for all, going round again at once after a round that moved work, and what the metrics show
+of them. The worker names no flow: it runs what the registry lists."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 
-from arq.connections import ArqRedis
-
-from common.arqconf import arq_pool
 from common.errors import SwarmError
 from common.settings import Settings
-from common.store import AgentCounts, JobStore
-from flows.agents import AgentPump
-from flows.pump import Pump
-from flows.toolcalls import ToolCaller
+from common.store import JobStore
+from flows.flow import Flow, Gauge
+from flows.registry import FLOWS
 
 __all__ = ["PUMP_IDLE_S", "Pumps"]
 
@@ -27,52 +22,55 @@ PUMP_IDLE_S = 0.05
 
 
 class Pumps:
-    """One worker's pumps."""
+    """One worker's flows."""
 
     def __init__(self, store: JobStore, settings: Settings) -> None:
-        self.store, self.settings = store, settings
-        refresh = settings.jobs_refresh_s
-        self.pipeline = Pump(store, settings.reduce_functions, refresh_s=refresh)
-        self.agents = AgentPump(store, self._tool_caller, refresh_s=refresh)
-        self._tool_queue: ArqRedis | None = None
-        # Each agent job's agents by state, and the tool calls of this Redis (the metrics').
-        self.agent_status: dict[str, AgentCounts] = {}
-        self.tool_stats: dict[str, int] = {}
+        self.flows: list[Flow] = [flow(store, settings) for flow in FLOWS]
+        # What the flows show the metrics, as last read.
+        self.gauges: list[Gauge] = []
+
+    @property
+    def allowed(self) -> set[str]:
+        """The functions the flows may import by name."""
+        return set().union(*(flow.allowed for flow in self.flows))
+
+    def allow(self, functions: Iterable[str]) -> None:
+        """Let the flows import ``functions`` by name too (a Swarm's own session's)."""
+        for flow in self.flows:
+            flow.allowed.update(functions)
 
     async def has_work(self) -> bool:
-        """True while a pipeline step may still be fed, or an agent job has agents running."""
-        return await self.pipeline.has_work() or await self.agents.has_work()
+        """True while some flow may still move work on."""
+        for flow in self.flows:
+            if await flow.has_work():
+                return True
+        return False
 
     async def run(
         self, sleep: Callable[[float], Awaitable[bool]], stopping: Callable[[], bool]
     ) -> None:
         """Move work on until the worker stops (``stopping()``, or ``sleep`` says so)."""
         while not stopping():
-            try:
-                moved = await self.pipeline.step()
-                moved |= await self.agents.step()
-            except SwarmError as exc:  # Redis trouble: the answers wait in their streams
-                log.warning("pipeline pump: %s", exc)
-                moved = False
-            except Exception:  # a fault of a pump: said, and the pumps go on (the fleet too)
-                log.exception("pipeline or agent pump")
-                moved = False
+            moved = False
+            for flow in self.flows:
+                try:
+                    moved |= await flow.step()
+                except SwarmError as exc:  # Redis trouble: the answers wait in their streams
+                    log.warning("%s flow: %s", flow.name, exc)
+                except Exception:  # a fault of a flow: said, and the others go on (the fleet too)
+                    log.exception("%s flow", flow.name)
             if not moved and await sleep(PUMP_IDLE_S):
                 return
 
     async def read_gauges(self) -> None:
-        """Read each running agent job's agents by state, and the tool calls."""
-        agents = {job: await self.store.agent_counts(job) for job in list(self.agents.jobs)}
-        self.agent_status = agents
-        self.tool_stats = await self.store.tool_stats() if agents else self.tool_stats
+        """Read what each flow shows the metrics."""
+        self.gauges = [gauge for flow in self.flows for gauge in await flow.gauges()]
 
-    async def _tool_caller(self) -> ToolCaller:
-        """The agents' way to the tool runners: arq's queue of tool calls, connected once."""
-        if self._tool_queue is None:
-            self._tool_queue = await arq_pool(self.settings)
-        return ToolCaller(self.store, self._tool_queue, self.settings)
+    def shown(self, redis_up: bool) -> list[Gauge]:
+        """The gauges for a scrape: while Redis is out of reach, no figure can be vouched
+        for, and none is shown."""
+        return self.gauges if redis_up else [g._replace(samples=()) for g in self.gauges]
 
     async def close(self) -> None:
-        if self._tool_queue is not None:
-            await self._tool_queue.aclose()
-            self._tool_queue = None
+        for flow in self.flows:
+            await flow.close()

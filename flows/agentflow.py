@@ -1,0 +1,477 @@
+"""The agents' flow: moves every agent job's agents between their turns.
+
+A turn's answer, the moment it is committed, is taken by the agent pump (one at a time per
+agent job, by its lock; see :mod:`flows.flow`):
+
+* tool calls: asked of the tool runners (:mod:`flows.toolcalls`), and the agent parked until
+  every answer is in. A parked agent is in no queue and holds no slot of any endpoint; once
+  its answers are in, its conversation, the calls and their answers added, is queued as its
+  next turn, in the lane of the endpoint that served the turn before;
+* an answer: checked against the output schema; a mismatch, or an answer cut off at
+  ``max_tokens``, gets a repair turn (the errors sent back) while repairs are left; then the
+  agent finishes, once, with its output as data;
+* a failure, a tool no runner allows, or the last turn asking for tools: the agent finishes
+  with that failure and its reason; the other agents go on.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import msgspec
+from arq.connections import ArqRedis
+
+from common.arqconf import arq_pool
+from common.keys import lane_name, step_name, step_of
+from common.models import (
+    JobSpec,
+    Message,
+    PromptItem,
+    Result,
+    ToolCall,
+    decode_item,
+    result_or_failure,
+)
+from common.schema import AnswerValidator
+from common.settings import Settings
+from common.store import JobStore
+from common.store.steps import Landed, Move
+from common.tools import ToolAnswer
+from common.vocab import Meta
+from flows.agents import AgentResult, not_offered, offered_tools
+from flows.flow import Flow, Gauge
+from flows.toolcalls import ToolCaller
+
+__all__ = ["AgentFlow"]
+
+
+class AgentState(msgspec.Struct):
+    """An agent between turns: what it has used so far."""
+
+    turns: int = 0
+    repairs: int = 0
+    tool_calls: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    tool_runs: int = 0  # the runs behind its tools' answers (a call run twice counts 2)
+    tools_cut: int = 0  # its tools' answers cut to SWARM_TOOL_MAX_BYTES
+
+
+class Waiting(msgspec.Struct, frozen=True):
+    """A parked agent: the turn it asked from, its conversation, its calls (key, call; the
+    key "" for a tool its job did not offer: never asked of a runner), the lane of the
+    endpoint that served that turn (where its next turn is queued), and since when it waits
+    (Redis's clock, s)."""
+
+    turn: int
+    item: PromptItem
+    calls: list[tuple[str, ToolCall]]
+    lane: str = ""
+    since_s: float = 0.0
+    # The answers read so far, by call (None: not yet): kept with the agent, so that an
+    # answer expiring from Redis before its last sibling comes in is never asked again.
+    answers: list[ToolAnswer | None] = []
+
+
+Onward = tuple[int, PromptItem, tuple[Message, ...], str]
+
+
+def _lane(r: Result | None) -> str:
+    """The lane of the endpoint that computed ``r`` (none for an answer from the cache)."""
+    return lane_name(r.endpoint) if r is not None and r.endpoint and not r.cached else ""
+
+
+_state_decoder = msgspec.msgpack.Decoder(AgentState)
+_waiting_decoder = msgspec.msgpack.Decoder(Waiting)
+_encoder = msgspec.msgpack.Encoder()
+
+
+class AgentFlow(Flow):
+    """Moves every agent job's agents between their turns: its work is each agent job with
+    agents still running."""
+
+    name = "agents"
+
+    def __init__(self, store: JobStore, settings: Settings, *, token: str = "") -> None:
+        super().__init__(store, settings, token=token)
+        self._caller: ToolCaller | None = None
+        self._tool_queue: ArqRedis | None = None
+        self._validators: dict[str, AnswerValidator | None] = {}
+        self._tool_stats: dict[str, int] = {}
+
+    async def find(self) -> dict[str, JobSpec]:
+        names = [n for n in await self.store.list_jobs() if step_of(n) is None]
+        specs = await self.current_specs(names)
+        return {
+            name: spec
+            for name, spec in specs.items()
+            if spec.agent is not None and not await self._complete(spec)
+        }
+
+    async def _complete(self, spec: JobSpec) -> bool:
+        """Whether no agent of ``spec``'s job moves any more: all finished, or the job
+        cancelled (swarm-cancel stops its turns whole)."""
+        status = await self.store.status(spec.job, rate=False)
+        if status.cancelled:
+            return True
+        if status.total is None:
+            return False
+        return await self.store.agents_finished(spec.job) >= status.total
+
+    @property
+    def caller(self) -> ToolCaller:
+        assert self._caller is not None
+        return self._caller
+
+    async def step(self) -> bool:
+        await self.refresh()
+        if self.work and self._caller is None:  # the tool runners' queue, once needed
+            self._tool_queue = await arq_pool(self.settings)
+            self._caller = ToolCaller(self.store, self._tool_queue, self.settings)
+        return await super().step()
+
+    async def close(self) -> None:
+        if self._tool_queue is not None:
+            await self._tool_queue.aclose()
+            self._tool_queue, self._caller = None, None
+
+    async def gauges(self) -> list[Gauge]:
+        """Each running agent job's agents by state, and the tool calls of this Redis."""
+        agents = {job: await self.store.agent_counts(job) for job in sorted(self.work)}
+        if agents:  # else as last read
+            self._tool_stats = await self.store.tool_stats()
+        tools = self._tool_stats
+        return [
+            Gauge(
+                "swarm_agents",
+                "An agent job's agents by state: thinking (queued or at an endpoint), waiting "
+                "(for a tool: holding no endpoint slot), done (as last read)",
+                ("job", "state"),
+                tuple(
+                    ((job, state), float(getattr(a, state)))
+                    for job, a in agents.items()
+                    for state in ("thinking", "waiting", "done")
+                ),
+            ),
+            Gauge(
+                "swarm_tool_calls",
+                "Tool calls of this Redis: run by the runners, or answered by a run already "
+                "made or under way (shared), as last read",
+                ("outcome",),
+                tuple(((o,), float(tools.get(o, 0))) for o in ("runs", "shared")),
+            ),
+        ]
+
+    async def advance(self, name: str, spec: JobSpec) -> bool:
+        agent = spec.agent
+        assert agent is not None
+        if not await self.lock(step_name(spec.job, agent.max_turns)):  # no job: its lock
+            return False
+        did = False
+        for k in range(agent.max_turns):
+            turn = step_name(spec.job, k)
+            if k and not await self.lock(turn):
+                continue  # (held by another: cannot be, with the pump's lock; be safe)
+            landed = await self.take(turn, spec.generation)
+            if landed:
+                await self._answers(spec, k, landed)
+                did = True
+        did |= await self._unpark(spec)
+        await self._seal(spec)
+        return did
+
+    def _validator(self, spec: JobSpec) -> AnswerValidator | None:
+        key = f"{spec.job}/{spec.generation}"
+        if key not in self._validators:
+            schema = spec.agent.output_schema if spec.agent else None
+            self._validators[key] = AnswerValidator(schema) if schema else None
+        return self._validators[key]
+
+    async def _answers(self, spec: JobSpec, k: int, landed: list[Landed]) -> None:
+        """A turn's answers: each agent parked, finished or sent on to its next turn."""
+        agent = spec.agent
+        assert agent is not None
+        turn = step_name(spec.job, k)
+        raws = await self.store.results_at(turn, [x.index for x in landed])
+        items = [decode_item(x.payload or b"") for x in landed]
+        origins = [it.origin if it.origin is not None else it.index for it in items]
+        states = await self.store.agent_states(spec.job, origins)
+        offered = offered_tools(spec)
+        now = await self.store.server_time()
+        finished: dict[int, bytes] = {}
+        parked: dict[int, bytes] = {}
+        onward: list[Onward] = []
+        new_states: dict[int, bytes] = {}
+        for x, item, origin, raw, blob in zip(landed, items, origins, raws, states, strict=True):
+            state = _state_decoder.decode(blob) if blob else AgentState()
+            r = result_or_failure(x.index, raw) if raw is not None else None
+            state.turns += 1
+            if r is not None and r.usage is not None:
+                state.prompt_tokens += r.usage.prompt_tokens
+                state.completion_tokens += r.usage.completion_tokens
+            end, repair = self._outcome(spec, k, item, origin, state, r)
+            if end is not None:
+                finished[origin] = _encoder.encode(end)
+            elif r is not None and r.tool_calls:
+                # Only a tool the job offered is ever asked of a runner: a model may name any
+                # tool (a prompt injection another team's), and a runner allows more than this
+                # job was given.
+                calls = [
+                    (await self.caller.ask(c.name, c.arguments) if c.name in offered else "", c)
+                    for c in r.tool_calls
+                ]
+                state.tool_calls += len(calls)
+                parked[origin] = _encoder.encode(Waiting(k, item, calls, _lane(r), now))
+            elif repair is not None:
+                state.repairs += 1
+                onward.append((origin, item, repair, _lane(r)))
+            new_states[origin] = _encoder.encode(state)
+        await self.store.record_agents(
+            spec.job, gen=spec.generation, states=new_states, waits=parked, results=finished
+        )
+        await self._onward(spec, k, onward, [x.entry_id for x in landed], repairs=True)
+
+    def _outcome(
+        self,
+        spec: JobSpec,
+        k: int,
+        item: PromptItem,
+        origin: int,
+        state: AgentState,
+        r: Result | None,
+    ) -> tuple[AgentResult | None, tuple[Message, ...] | None]:
+        """How a turn's answer ends the agent (its result), or the conversation of its repair
+        turn; (None, None): it goes on to its tools."""
+        agent = spec.agent
+        assert agent is not None
+        last = k + 1 >= agent.max_turns
+
+        def end(failure: str | None, error: str | None = None, **kw: Any) -> AgentResult:
+            return AgentResult(
+                index=origin,
+                custom_id=item.custom_id,
+                failure=failure,
+                error=error,
+                turns=state.turns,
+                tool_calls=state.tool_calls,
+                prompt_tokens=state.prompt_tokens,
+                completion_tokens=state.completion_tokens,
+                tool_runs=state.tool_runs,
+                tools_cut=state.tools_cut,
+                **kw,
+            )
+
+        if r is None or not r.ok:
+            return end("error", r.error if r is not None else "its answer is gone from Redis"), None
+        if r.tool_calls:
+            if last:
+                return end("max_turns", f"asked for tools at its last turn ({k + 1})"), None
+            return None, None
+        text = r.text or ""
+        validator = self._validator(spec)
+        why: str | None
+        if r.finish_reason == "length":  # cut off at max_tokens: no answer, whatever it reads
+            failure = "length"
+            why = f"was cut off at max_tokens ({spec.params.max_tokens} tokens)"
+            again = "Answer again, in full and shorter."
+        else:
+            failure = "schema"
+            why = validator.error(text) if validator is not None else None
+            again = "Answer again, as JSON of that schema."
+        if why is None:
+            output = json.loads(text) if validator is not None else text
+            return end(None, output=output, text=text), None
+        if state.repairs < agent.max_repairs and not last:
+            conversation = (
+                *(item.messages or ()),
+                Message("assistant", text),
+                Message("user", f"Your answer {why}. {again}"),
+            )
+            return None, conversation
+        return end(failure, f"the answer {why}", text=text), None
+
+    async def _onward(
+        self,
+        spec: JobSpec,
+        k: int,
+        onward: list[Onward],
+        acked: list[bytes],
+        *,
+        repairs: bool = False,
+    ) -> None:
+        """Queue ``onward`` agents' next turns, acknowledging ``acked`` of turn ``k``.
+        ``repairs``: turns asked to answer again, sent as a last turn is (the output schema
+        guiding the answer) with no tool to call, whatever turn they are."""
+        source, target = step_name(spec.job, k), step_name(spec.job, k + 1)
+        if not onward:
+            if acked:
+                await self._ack_only(spec, k, acked)
+            return
+        goal = await self.spec(target)
+        done = await self.store.moved(target, [o for o, _, _, _ in onward])
+        first = await self.store.enqueued_count(target)
+        own: dict[str, Any] = {}
+        if repairs and spec.agent is not None:
+            last = await self.spec(step_name(spec.job, spec.agent.max_turns - 1))
+            own = {"params": last.params, "tool_choice": "none" if spec.tools else None}
+        moves, queued = [], 0
+        for origin, item, conversation, lane in onward:
+            if origin in done:
+                continue
+            moved = PromptItem.of(first + queued, conversation, item.custom_id)
+            moved = msgspec.structs.replace(moved, origin=origin, **own)
+            moves.append(Move(origin, moved, lane=lane))
+            queued += 1
+        await self.store.move_on(source, target, first, moves, acked, gen=goal.generation)
+
+    async def _ack_only(self, spec: JobSpec, k: int, acked: list[bytes]) -> None:
+        agent = spec.agent
+        assert agent is not None
+        source = step_name(spec.job, k)
+        target = step_name(spec.job, min(k + 1, agent.max_turns - 1))
+        if target == source:  # the last turn: nothing follows; acknowledge alone
+            await self.store.ack_landed(source, acked)
+            return
+        goal = await self.spec(target)
+        first = await self.store.enqueued_count(target)
+        await self.store.move_on(source, target, first, [], acked, gen=goal.generation)
+
+    async def _unpark(self, spec: JobSpec) -> bool:
+        """Agents whose tool answers are all in: their next turns queued."""
+        parked = await self.store.parked(spec.job)
+        if not parked:
+            return False
+        ready: dict[int, list[Onward]] = {}
+        failed: dict[int, bytes] = {}
+        offered = offered_tools(spec)
+        now = await self.store.server_time()
+        kept: dict[int, bytes] = {}
+        tallies: dict[int, tuple[int, int]] = {}  # agent -> (tool runs, answers cut)
+        for origin, blob in parked.items():
+            w = _waiting_decoder.decode(blob)
+            answers = await self._answers_of(w, offered)
+            if any(a is None for a in answers):
+                why = await self._unserved(w, answers, now)
+                if why is not None:
+                    failed[origin] = _encoder.encode(
+                        AgentResult(
+                            index=origin, custom_id=w.item.custom_id, failure="tool", error=why
+                        )
+                    )
+                elif answers != (w.answers or [None] * len(w.calls)):  # some new: keep them
+                    kept[origin] = _encoder.encode(msgspec.structs.replace(w, answers=answers))
+                continue
+            refused = next((a for a in answers if a is not None and a.refused), None)
+            if refused is not None:
+                failed[origin] = _encoder.encode(
+                    AgentResult(
+                        index=origin,
+                        custom_id=w.item.custom_id,
+                        failure="tool",
+                        error=refused.error,
+                    )
+                )
+                continue
+            conversation = (
+                *(w.item.messages or ()),
+                Message("assistant", "", tool_calls=tuple(c for _, c in w.calls)),
+                *(
+                    Message("tool", a.for_model() if a is not None else "", tool_call_id=c.id)
+                    for (_, c), a in zip(w.calls, answers, strict=True)
+                ),
+            )
+            ready.setdefault(w.turn, []).append((origin, w.item, conversation, w.lane))
+            tallies[origin] = (
+                sum(a.runs for a in answers if a is not None),
+                sum(1 for a in answers if a is not None and a.truncated_bytes),
+            )
+        await self.store.record_agents(spec.job, gen=spec.generation, waits=kept, results=failed)
+        for k, onward in ready.items():
+            await self._onward(spec, k, onward, [])
+            unparked = [o for o, _, _, _ in onward]
+            states = await self._tallied(spec, {o: tallies[o] for o in unparked})
+            await self.store.record_agents(
+                spec.job, gen=spec.generation, states=states, unparked=unparked
+            )
+        return bool(ready or failed)
+
+    async def _tallied(
+        self, spec: JobSpec, tallies: dict[int, tuple[int, int]]
+    ) -> dict[int, bytes]:
+        """The states of agents going on from their tools, with the runs behind their answers
+        and the answers cut added: what their lines say in the end."""
+        if not any(runs or cut for runs, cut in tallies.values()):
+            return {}
+        agents = list(tallies)
+        out = {}
+        for origin, blob in zip(
+            agents, await self.store.agent_states(spec.job, agents), strict=True
+        ):
+            state = _state_decoder.decode(blob) if blob else AgentState()
+            runs, cut = tallies[origin]
+            state.tool_runs += runs
+            state.tools_cut += cut
+            out[origin] = _encoder.encode(state)
+        return out
+
+    async def _answers_of(self, w: Waiting, offered: list[str]) -> list[ToolAnswer | None]:
+        """The answers of a parked agent's calls as far as they are in: those it kept, those
+        Redis has now (a call neither answered nor in hand asked again), and for a tool its
+        job did not offer, the refusal."""
+        have = w.answers or [None] * len(w.calls)
+        ask = [
+            (i, (key, c.name, c.arguments))
+            for i, ((key, c), a) in enumerate(zip(w.calls, have, strict=True))
+            if key and a is None
+        ]
+        got = dict(
+            zip([i for i, _ in ask], await self.caller.answers([c for _, c in ask]), strict=True)
+        )
+        return [
+            a if a is not None else got.get(i) if key else not_offered(c.name, offered)
+            for i, ((key, c), a) in enumerate(zip(w.calls, have, strict=True))
+        ]
+
+    async def _unserved(
+        self, w: Waiting, answers: list[ToolAnswer | None], now: float
+    ) -> str | None:
+        """Why a parked agent ends, when a call it waits on has waited ``tool_wait_s`` and no
+        live runner serves its tool; None while it may still be answered."""
+        wait_s = self.settings.tool_wait_s
+        if not w.since_s or now - w.since_s < wait_s:
+            return None
+        tools = sorted({c.name for (_, c), a in zip(w.calls, answers, strict=True) if a is None})
+        runners = await self.store.tool_runners(tools)
+        unserved = [t for t in tools if not runners.get(t)]
+        if not unserved:
+            return None
+        return (
+            f"no tool runner serves {', '.join(map(repr, unserved))} (waited {wait_s:g} s): "
+            "start swarm-tools with SWARM_TOOLS allowing it"
+        )
+
+    async def _seal(self, spec: JobSpec) -> None:
+        """Seal each later turn once the turn before has finished, every answer of it has been
+        taken and no agent it parked waits any more."""
+        agent = spec.agent
+        assert agent is not None
+        waiting_turns = {
+            _waiting_decoder.decode(b).turn for b in (await self.store.parked(spec.job)).values()
+        }
+        for k in range(1, agent.max_turns):
+            turn = step_name(spec.job, k)
+            meta = await self.store.meta(turn)
+            if Meta.TOTAL in meta:
+                continue
+            before = await self.store.status(step_name(spec.job, k - 1), rate=False)
+            if not (before.finished or before.cancelled):
+                return
+            if (
+                await self.store.landed_backlog(step_name(spec.job, k - 1))
+                or (k - 1) in waiting_turns
+            ):
+                return
+            goal = await self.spec(turn)
+            await self.store.seal(turn, await self.store.enqueued_count(turn), gen=goal.generation)
+            await self.store.release_producer_lock(turn, self.token)

@@ -1,0 +1,171 @@
+"""A flow: what turns a committed answer into the next unit of work (a pipeline's next step,
+an agent's next turn). Every worker runs every flow of the registry (:mod:`flows.registry`)
+beside its drain loops; the drain path knows batches, not flows.
+
+A job whose answers go on has each committed answer appended to its ``landed`` stream in the
+same atomic step as the answer (``lua/commit.lua``). A flow takes them, one pump at a time per
+unit of its work (it holds that unit's producer lock, so the job it feeds counts as still being
+fed), and acknowledges what it took in the same script that queues what follows
+(``lua/move.lua``): an answer moves on exactly once, even when a pump dies holding it (the next
+holder of the lock takes what it left pending).
+
+This base owns what every flow does alike: finding its work at most every ``jobs_refresh_s``;
+one round over it, a race with another pump or a job deleted under it handled the same way;
+the specs it reads (again only for a job of a new generation); the lock; each stream's
+consumer group (one a generation); taking what landed. A flow says what its work is
+(:meth:`Flow.find`), how one unit of it goes a step (:meth:`Flow.advance`) and what the
+worker's metrics show of it (:meth:`Flow.gauges`).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from abc import ABC, abstractmethod
+from typing import ClassVar, NamedTuple
+
+from common.errors import BadRecordError, JobConflictError, JobGoneError, JobNotFoundError
+from common.keys import step_of
+from common.models import JobSpec
+from common.settings import Settings
+from common.store import JobStore, producer_token
+from common.store.steps import Landed
+
+__all__ = ["BATCH", "LOCK_TTL_MS", "Flow", "Gauge"]
+
+log = logging.getLogger("swarm.pump")
+
+# How long a pump's hold on a unit of work outlives the pump: another takes over after it.
+LOCK_TTL_MS = 10_000
+# Answers taken per script call.
+BATCH = 500
+
+
+class Gauge(NamedTuple):
+    """One gauge a flow shows the worker's metrics (Prometheus' names: a metric, its help,
+    its label names), with its samples as last read: label values and a value each."""
+
+    name: str
+    help: str
+    labels: tuple[str, ...]
+    samples: tuple[tuple[tuple[str, ...], float], ...] = ()
+
+
+class Flow(ABC):
+    """One workflow's pump for every job of one Redis; :meth:`step` does one round."""
+
+    # Said in logs, and part of the pump's lock token.
+    name: ClassVar[str]
+
+    def __init__(self, store: JobStore, settings: Settings, *, token: str = "") -> None:
+        self.store, self.settings = store, settings
+        # The functions this worker may import by name (the operator's SWARM_REDUCE_FUNCTIONS;
+        # a Swarm adds its own session's): a flow that runs one asks here.
+        self.allowed = set(settings.reduce_functions)
+        self.token = f"{token or producer_token()}/{self.name}"
+        # The units of work found at the last refresh, each by its name (a pipeline's next
+        # step, an agent job), with the spec of the job whose answers it moves on.
+        self.work: dict[str, JobSpec] = {}
+        self._specs: dict[str, JobSpec] = {}
+        self._grouped: set[str] = set()
+        self._refreshed_at = -math.inf
+
+    @abstractmethod
+    async def find(self) -> dict[str, JobSpec]:
+        """This flow's work as it stands in Redis (see :attr:`work`)."""
+
+    @abstractmethod
+    async def advance(self, name: str, spec: JobSpec) -> bool:
+        """Move unit ``name`` on by what has landed: True when something moved or was sealed.
+        A :class:`JobConflictError` (another pump moved some) or a job gone is handled by
+        :meth:`step`."""
+
+    def runs(self, name: str, spec: JobSpec) -> bool:
+        """Whether this worker can move unit ``name`` (a flow whose work needs what not every
+        worker has says no, once, and leaves it to a worker that has it)."""
+        return True
+
+    async def gauges(self) -> list[Gauge]:
+        """What the worker's metrics show of this flow, read now (none by default)."""
+        return []
+
+    async def close(self) -> None:
+        """Let go of what the flow opened (nothing by default)."""
+        return None
+
+    async def refresh(self, *, force: bool = False) -> None:
+        """Find the work again, at most every ``jobs_refresh_s`` unless ``force``."""
+        if not force and time.monotonic() - self._refreshed_at < self.settings.jobs_refresh_s:
+            return
+        self.work = await self.find()
+        self._refreshed_at = time.monotonic()
+
+    async def has_work(self) -> bool:
+        """True while some unit of work this worker can move is left: answers may still
+        move on (a burst worker stays for them)."""
+        await self.refresh(force=True)
+        return any(self.runs(name, spec) for name, spec in self.work.items())
+
+    async def step(self) -> bool:
+        """One round over the work: True when something moved."""
+        await self.refresh()
+        did = False
+        for name, spec in list(self.work.items()):
+            if not self.runs(name, spec):
+                continue
+            try:
+                did |= await self.advance(name, spec)
+            except JobConflictError as exc:  # another pump moved some: read again
+                log.debug("%s %s: %s", self.name, name, exc)
+                did = True
+            except (JobGoneError, JobNotFoundError):
+                self.work.pop(name, None)
+                self.forget(spec.job)
+                self.forget(name)
+        return did
+
+    async def spec(self, name: str) -> JobSpec:
+        """Job ``name``'s spec, read once (:meth:`forget` reads it again)."""
+        if name not in self._specs:
+            self._specs[name] = await self.store.load_spec(name)
+        return self._specs[name]
+
+    async def current_specs(self, names: list[str]) -> dict[str, JobSpec]:
+        """The specs of those of jobs ``names`` that are there, each checked against its
+        generation (one round trip for all): only a new job's, or one deleted and queued
+        again under its name, is read again."""
+        found: dict[str, JobSpec] = {}
+        for name, gen in zip(names, await self.store.generations(names), strict=True):
+            spec = self._specs.get(name)
+            if spec is None or spec.generation != gen:
+                self.forget(name)
+                try:
+                    spec = self._specs[name] = await self.store.load_spec(name)
+                except (JobNotFoundError, BadRecordError):
+                    continue
+            found[name] = spec
+        return found
+
+    def forget(self, job: str) -> None:
+        """Forget the specs read of ``job`` and of its later steps: deleted, or queued again
+        under its name (a spec kept from before would have its moves refused, after what they
+        wrote beside them)."""
+        for name in [n for n in self._specs if n == job or (step_of(n) or ("",))[0] == job]:
+            del self._specs[name]
+
+    async def lock(self, name: str) -> bool:
+        """Hold ``name``'s producer lock (or keep holding it): False while another pump
+        does."""
+        return await self.store.acquire_producer_lock(name, self.token, LOCK_TTL_MS) is None
+
+    async def take(self, job: str, generation: str) -> list[Landed]:
+        """Answers of ``job`` (of ``generation``) landed and not yet moved on: first those a
+        pump that died left taken, then new ones, up to :data:`BATCH`."""
+        # One group a generation: a job deleted and queued again under its name has a new
+        # stream.
+        grouped = f"{job}/{generation}"
+        if grouped not in self._grouped:
+            await self.store.ensure_pump_group(job)
+            self._grouped.add(grouped)
+        return await self.store.take_landed(job, self.token, BATCH)

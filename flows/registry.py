@@ -1,0 +1,13 @@
+"""The flows every worker runs beside its drain loops, in the order each round runs them. A
+new workflow is a room of its own in flows/ with its line here; nothing in worker/ names
+it."""
+
+from __future__ import annotations
+
+from flows.agentflow import AgentFlow
+from flows.flow import Flow
+from flows.pipelineflow import PipelineFlow
+
+__all__ = ["FLOWS"]
+
+FLOWS: tuple[type[Flow], ...] = (PipelineFlow, AgentFlow)
