@@ -25,10 +25,10 @@ from bench.harness import OUT, ROOT, Bench, Workers, new_fleet, wait_workers_rea
 from bench.versus import with_section
 from common.jobspec import JobOptions
 from common.keys import step_name
-from common.models import AgentSpec, decode_result
+from common.models import decode_result
 from common.settings import Settings
 from common.store import JobStore
-from flows.agents import agent_prompts, build_agents, enqueue_agents, tool_definition
+from flows.agents import AgentSpec, agent_prompts, build_agents, enqueue_agents, tool_definition
 from producer.agentout import follow_agents
 from sim.engine import EngineConfig
 

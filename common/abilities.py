@@ -62,11 +62,10 @@ class Abilities(msgspec.Struct, frozen=True):
 
 
 def needs(spec: JobSpec) -> list[Need]:
-    """What work of ``spec``'s job needs of a worker: the keep function moving its answers on
-    (run by the pump of the step after it), its reduce function, numpy for a measure."""
+    """What the work of ``spec``'s job on the fleet needs of a worker: its reduce function,
+    numpy for a measure. (A flow's own needs are the flow's to say: a pipeline step's keep
+    function, see flows/pipeline.py.)"""
     out = []
-    if spec.then is not None and spec.then.keep_fn:
-        out.append(Need("keep", spec.then.keep_fn))
     if spec.reduce is not None and spec.reduce.kind == FUNCTION and spec.reduce.function:
         out.append(Need("reduce", spec.reduce.function))
     per = spec.per_prompt

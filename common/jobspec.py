@@ -14,7 +14,16 @@ import msgspec
 from common.cache import check_cache_spec
 from common.errors import ConfigError
 from common.keys import validate_job_name
-from common.models import JobSpec, PerPrompt, ReduceSpec, SamplingParams
+from common.models import (
+    Chat,
+    Completion,
+    Embedding,
+    JobSpec,
+    PerPrompt,
+    ReduceSpec,
+    RequestKind,
+    SamplingParams,
+)
 from common.perprompt import PER_PROMPT_KINDS
 from common.schema import AnswerValidator
 
@@ -134,6 +143,15 @@ def _per_prompt(options: JobOptions) -> PerPrompt | None:
     )
 
 
+def _request(options: JobOptions) -> RequestKind:
+    """What the prompts of a job of ``options`` are sent as."""
+    if options.embed:
+        return Embedding()
+    if options.chat:
+        return Chat(template=options.template)
+    return Completion(template=options.template)
+
+
 def build_spec(
     job: str, options: JobOptions, *, source: str, created_s: float = 0.0
 ) -> tuple[JobSpec, list[str]]:
@@ -177,10 +195,8 @@ def build_spec(
         source=source,
         reduce=options.reduce,
         schema=options.schema,
-        chat=options.chat,
-        embed=options.embed,
+        request=_request(options),
         per_prompt=per_prompt,
-        template=options.template,
         priority=options.priority,
         cache=options.cache or options.cache_sampled or options.cache_refresh,
         cache_sampled=options.cache_sampled,

@@ -21,17 +21,20 @@ from common.reducekinds import reduce_problem
 from common.vocab import FailureKind
 
 __all__ = [
-    "AgentSpec",
+    "Chat",
+    "Completion",
+    "Embedding",
     "FailedPrompt",
+    "FlowRef",
     "JobSpec",
     "LevelInfo",
-    "Link",
     "Message",
     "OutputLine",
     "PerPrompt",
     "PromptItem",
     "ReduceOutput",
     "ReduceSpec",
+    "RequestKind",
     "Result",
     "SamplingParams",
     "ToolCall",
@@ -150,36 +153,6 @@ class ReduceSpec(msgspec.Struct, frozen=True, omit_defaults=True, kw_only=True):
             raise ConfigError(f"reduce max_tokens must be >= 0, got {self.max_tokens}")
 
 
-class Link(msgspec.Struct, frozen=True, omit_defaults=True, kw_only=True):
-    """Where a pipeline step's answers go the moment each is committed: job ``job`` (the next
-    step), each as ``template`` with ``{answer}`` (this step's answer) and ``{prompt}`` (the
-    input's prompt) filled in. An answer that ``keep_if`` (a regular expression searched in
-    it) or ``keep_fn`` (``package.module:function``, which the workers' ``SWARM_REDUCE_FUNCTIONS``
-    allow) refuses goes no further, with the reason kept."""
-
-    job: str
-    template: str
-    keep_if: str | None = None
-    keep_fn: str | None = None
-    # What moves on is the answer's samples, to be embedded together (an uncertainty
-    # measure's step), rather than its text filled into the template.
-    samples: bool = False
-
-
-class AgentSpec(msgspec.Struct, frozen=True, omit_defaults=True, kw_only=True):
-    """What makes a job's prompts agents: each a conversation of turns, the tools of the job
-    (``JobSpec.tools``) run by the tool runners between them, its final answer checked against
-    ``output_schema`` (a JSON Schema) with up to ``max_repairs`` turns to repair it."""
-
-    max_turns: int = 4
-    max_repairs: int = 1
-    output_schema: dict[str, Any] | None = None
-    # Whether its turns call tools: "auto" (None: the model decides, which vLLM serves only
-    # with --enable-auto-tool-choice and a --tool-call-parser), "required" or one tool's name
-    # (a call at every turn but the last, constrained by the server: --tool-call-parser), "none".
-    tool_choice: str | None = None
-
-
 class PerPrompt(msgspec.Struct, frozen=True, omit_defaults=True, kw_only=True):
     """What a job makes of each prompt's samples (see :mod:`common.perprompt`): ``kind``;
     for the uncertainty measures the embeddings ``model`` their samples are embedded with,
@@ -190,6 +163,50 @@ class PerPrompt(msgspec.Struct, frozen=True, omit_defaults=True, kw_only=True):
     similarity: float = 0.9
 
 
+class Completion(msgspec.Struct, frozen=True, omit_defaults=True, tag_field="kind", tag=True):
+    """A job's prompts sent in list-prompt /v1/completions batches: each as given, or
+    ``template`` with ``{prompt}`` replaced (a chat template written out, for list-prompt
+    batching of an instruction-tuned model)."""
+
+    template: str | None = None
+
+
+class Chat(
+    msgspec.Struct, frozen=True, omit_defaults=True, kw_only=True, tag_field="kind", tag=True
+):
+    """A job's prompts sent as one /v1/chat/completions request each: a prompt as the user
+    message (or ``template`` with ``{prompt}`` replaced), or its own conversation. ``tools``
+    are offered with every request, as OpenAI's
+    chat API takes them (``{"type": "function", "function": {...}}``): an answer may be tool
+    calls instead of text; ``tool_choice`` is sent with them (``"required"``, ``"none"``,
+    ``{"type": "function", "function": {"name": ...}}``; None: not sent, the server's
+    default, ``"auto"``)."""
+
+    template: str | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+
+
+class Embedding(msgspec.Struct, frozen=True, omit_defaults=True, tag_field="kind", tag=True):
+    """A job's prompts sent to /v1/embeddings, a list of inputs a request: each answer is a
+    vector, no text."""
+
+
+# What a job's prompts are sent as: the request kind, tagged on the wire by its name.
+RequestKind = Completion | Chat | Embedding
+
+
+class FlowRef(msgspec.Struct, frozen=True, omit_defaults=True, kw_only=True):
+    """Where a job's committed answers go on: each lands in the job's ``landed`` stream in the
+    same atomic step as its commit, for the flow named ``kind`` (one of ``flows/registry.py``)
+    to make the next unit of work of it; a failure too with ``failures``. ``settings`` are the
+    flow's own (decoded by the flow alone: the queue and the drain path never read them)."""
+
+    kind: str
+    failures: bool = False
+    settings: dict[str, Any] = {}
+
+
 # The fields of a JobSpec that say how a job was made, not what it asks for.
 _NOT_SETTINGS = frozenset({"job", "created_s", "source", "generation"})
 
@@ -197,7 +214,10 @@ _NOT_SETTINGS = frozenset({"job", "created_s", "source", "generation"})
 class JobSpec(msgspec.Struct, frozen=True, omit_defaults=True):
     """What a job is: written once by the first ``swarm-enqueue``, read by every worker.
 
-    ``model`` None means "whatever model the endpoint serves" (read from ``/v1/models``).
+    A core (model, sampling, priority, cache, schema, reduce), the kind of request its
+    prompts are sent as, and its place in a workflow: the workflow's first job and its step
+    there, and the flow its answers go on to. ``model`` None means "whatever model the
+    endpoint serves" (read from ``/v1/models``).
     """
 
     job: str
@@ -206,14 +226,7 @@ class JobSpec(msgspec.Struct, frozen=True, omit_defaults=True):
     created_s: float = 0.0
     source: str = ""
     reduce: ReduceSpec | None = None
-    # Sent as one /v1/chat/completions request per prompt (the prompt as the user message)
-    # instead of list-prompt /v1/completions batches.
-    chat: bool = False
-    # Completion prompts are this text with {prompt} replaced (a chat template written out, for
-    # list-prompt batching of an instruction-tuned model); None sends them as given.
-    template: str | None = None
-    # Sent to /v1/embeddings, a list of inputs a request: each answer is a vector, no text.
-    embed: bool = False
+    request: RequestKind = Completion()
     # A JSON Schema every answer must match (see common.schema); a mismatch is a failure of
     # kind "schema", its text kept, retryable with swarm-retry --kind schema.
     schema: dict[str, Any] | None = None
@@ -227,28 +240,41 @@ class JobSpec(msgspec.Struct, frozen=True, omit_defaults=True):
     # With ``cache``: never answer from the cache, ask again and replace what it keeps (after
     # an endpoint answered wrongly for a while).
     cache_refresh: bool = False
-    # Tools offered with every request, as OpenAI's chat API takes them ({"type": "function",
-    # "function": {...}}): an answer may be tool calls instead of text (an agent's turn).
-    tools: list[dict[str, Any]] | None = None
-    # OpenAI's tool_choice sent with them ("required", "none", {"type": "function",
-    # "function": {"name": ...}}); None: not sent, the server's default ("auto").
-    tool_choice: str | dict[str, Any] | None = None
-    # The job's prompts are agents (see flows/agents.py); its later turns are jobs job:s1...
-    agent: AgentSpec | None = None
     # With several samples a prompt (params.n): what is made of them, per prompt.
     per_prompt: PerPrompt | None = None
-    # A pipeline step: where each committed answer goes next (None: nowhere, a plain job).
-    then: Link | None = None
+    # A later step of a workflow: its first job (whose name its own extends) and which step
+    # it is ("" and 0: a job of its own, or a workflow's first step).
+    parent: str = ""
+    step: int = 0
+    # Where its committed answers go on (None: nowhere, they are only collected).
+    flow: FlowRef | None = None
+    # Its entries are queued in lanes, each for the endpoint whose engine holds its prefix
+    # (see common/store/lanes.py): that endpoint takes them first, another only late.
+    laned: bool = False
     # Which life of the name this is: set when the job is created (a random token), so that
     # work taken from a job deleted and queued again under its name is never written into the
     # new one. Not a setting: a spec asked for has none. '' for jobs created before it was kept.
     generation: str = ""
 
     @property
-    def laned(self) -> bool:
-        """An agent's later turns: each queued in the lane of the endpoint that served the
-        turn before (its prefix is in that engine's cache; see common/store/lanes.py)."""
-        return self.agent is not None and ":" in self.job
+    def chat(self) -> bool:
+        """Whether its prompts are sent to the chat API."""
+        return isinstance(self.request, Chat)
+
+    @property
+    def embed(self) -> bool:
+        """Whether its prompts are embedded rather than answered."""
+        return isinstance(self.request, Embedding)
+
+    @property
+    def template(self) -> str | None:
+        """The template its prompts are put into (None: sent as given)."""
+        return None if isinstance(self.request, Embedding) else self.request.template
+
+    @property
+    def tools(self) -> list[dict[str, Any]] | None:
+        """The tools offered with its chat requests."""
+        return self.request.tools if isinstance(self.request, Chat) else None
 
     def same_settings(self, other: JobSpec) -> bool:
         """True when ``other`` asks for the same model, sampling, reduce and every other
@@ -265,7 +291,57 @@ class JobSpec(msgspec.Struct, frozen=True, omit_defaults=True):
 
     def render(self, prompt: str) -> str:
         """What is sent for ``prompt``: the template filled in, or the prompt itself."""
-        return prompt if self.template is None else self.template.replace("{prompt}", prompt)
+        template = self.template
+        return prompt if template is None else template.replace("{prompt}", prompt)
+
+
+class _Flat(msgspec.Struct):
+    """The fields of a spec stored before the request kind and the flow were parts of their
+    own (an option per feature): read to bring such a spec up to today's layout."""
+
+    chat: bool = False
+    template: str | None = None
+    embed: bool = False
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    agent: dict[str, Any] | None = None
+    then: dict[str, Any] | None = None
+
+
+_FLAT = _Flat()
+
+
+def _place(job: str) -> dict[str, Any] | None:
+    """The parent and step a later step's name says (``job:s2``), as stored before they were
+    fields of their own; None for any other name."""
+    parent, _, step = job.rpartition(":s")
+    return {"parent": parent, "step": int(step)} if parent and step.isdigit() else None
+
+
+def _upgraded(spec: JobSpec, flat: _Flat) -> JobSpec:
+    """``spec`` as stored by an earlier version (``flat``'s fields set) in today's layout: the
+    request kind from its flags; its flow from its link or agent (the names the pipeline's
+    and the agents' flows are registered under); its place from its name (``job:sN``)."""
+    request: RequestKind = (
+        Embedding()
+        if flat.embed
+        else Chat(template=flat.template, tools=flat.tools, tool_choice=flat.tool_choice)
+        if flat.chat
+        else Completion(flat.template)
+    )
+    flow = None
+    if flat.agent is not None:
+        flow = FlowRef(kind="agents", failures=True, settings=flat.agent)
+    elif flat.then is not None:
+        flow = FlowRef(kind="pipeline", settings=flat.then)
+    place = _place(spec.job) or {}
+    return msgspec.structs.replace(
+        spec,
+        request=request,
+        flow=flow,
+        laned=flat.agent is not None and bool(place),
+        **place,
+    )
 
 
 class ToolCall(msgspec.Struct, frozen=True, array_like=True):
@@ -488,6 +564,7 @@ class ReduceOutput(msgspec.Struct, frozen=True, omit_defaults=True):
 _msgpack_encoder = msgspec.msgpack.Encoder()
 _json_encoder = msgspec.json.Encoder()
 _spec_decoder = msgspec.msgpack.Decoder(JobSpec)
+_flat_decoder = msgspec.msgpack.Decoder(_Flat)
 _item_decoder = msgspec.msgpack.Decoder(PromptItem)
 _result_decoder = msgspec.msgpack.Decoder(Result)
 
@@ -498,7 +575,12 @@ def encode(obj: msgspec.Struct) -> bytes:
 
 
 def decode_spec(data: bytes) -> JobSpec:
-    return _spec_decoder.decode(data)
+    """A stored spec, one an earlier version stored brought up to today's layout."""
+    spec = _spec_decoder.decode(data)
+    flat = _flat_decoder.decode(data)
+    if flat == _FLAT and (spec.parent or _place(spec.job) is None):
+        return spec  # today's layout, or one no earlier version stored otherwise
+    return _upgraded(spec, flat)
 
 
 def decode_item(data: bytes) -> PromptItem:

@@ -16,7 +16,7 @@ from typing import Any
 
 import msgspec
 
-from common.models import JobSpec, PromptItem, SamplingParams
+from common.models import Chat, JobSpec, PromptItem, SamplingParams
 
 __all__ = ["Request", "Route", "render", "request_key", "route_of"]
 
@@ -61,6 +61,10 @@ def route_of(spec: JobSpec) -> Route:
     return Route.CHAT if spec.chat else Route.COMPLETIONS
 
 
+def _tool_choice(spec: JobSpec) -> str | dict[str, Any] | None:
+    return spec.request.tool_choice if isinstance(spec.request, Chat) else None
+
+
 def render(spec: JobSpec, item: PromptItem) -> Request:
     """The request for ``item`` of ``spec``'s job."""
     route = route_of(spec)
@@ -80,7 +84,7 @@ def render(spec: JobSpec, item: PromptItem) -> Request:
         params=item.params_in(spec),
         raw_template=spec.template is not None,
         tools=spec.tools if route is Route.CHAT else None,
-        tool_choice=(item.tool_choice or spec.tool_choice) if chat_tools else None,
+        tool_choice=(item.tool_choice or _tool_choice(spec)) if chat_tools else None,
     )
 
 

@@ -23,7 +23,7 @@ import msgspec
 from arq.connections import ArqRedis
 
 from common.arqconf import arq_pool
-from common.keys import lane_name, step_name, step_of
+from common.keys import lane_name, step_name
 from common.models import (
     JobSpec,
     Message,
@@ -39,7 +39,7 @@ from common.store import JobStore
 from common.store.steps import Landed, Move
 from common.tools import ToolAnswer
 from common.vocab import Meta
-from flows.agents import AgentResult, not_offered, offered_tools
+from flows.agents import KIND, AgentResult, AgentSpec, agent_of, not_offered, offered_tools
 from flows.flow import Flow, Gauge
 from flows.toolcalls import ToolCaller
 
@@ -91,7 +91,7 @@ class AgentFlow(Flow):
     """Moves every agent job's agents between their turns: its work is each agent job with
     agents still running."""
 
-    name = "agents"
+    name = KIND
 
     def __init__(self, store: JobStore, settings: Settings, *, token: str = "") -> None:
         super().__init__(store, settings, token=token)
@@ -99,15 +99,27 @@ class AgentFlow(Flow):
         self._tool_queue: ArqRedis | None = None
         self._validators: dict[str, AnswerValidator | None] = {}
         self._tool_stats: dict[str, int] = {}
+        self._agents: dict[str, AgentSpec | None] = {}
 
     async def find(self) -> dict[str, JobSpec]:
-        names = [n for n in await self.store.list_jobs() if step_of(n) is None]
-        specs = await self.current_specs(names)
+        specs = await self.current_specs(await self.store.list_jobs())
         return {
             name: spec
             for name, spec in specs.items()
-            if spec.agent is not None and not await self._complete(spec)
+            if spec.step == 0 and self._agent(spec) is not None and not await self._complete(spec)
         }
+
+    def _agent(self, spec: JobSpec) -> AgentSpec | None:
+        """What makes ``spec``'s prompts agents (read once a generation)."""
+        key = f"{spec.job}/{spec.generation}"
+        if key not in self._agents:
+            self._agents[key] = agent_of(spec)
+        return self._agents[key]
+
+    def _agent_job(self, spec: JobSpec) -> AgentSpec:
+        agent = self._agent(spec)
+        assert agent is not None  # the work is agent jobs
+        return agent
 
     async def _complete(self, spec: JobSpec) -> bool:
         """Whether no agent of ``spec``'s job moves any more: all finished, or the job
@@ -164,8 +176,7 @@ class AgentFlow(Flow):
         ]
 
     async def advance(self, name: str, spec: JobSpec) -> bool:
-        agent = spec.agent
-        assert agent is not None
+        agent = self._agent_job(spec)
         if not await self.lock(step_name(spec.job, agent.max_turns)):  # no job: its lock
             return False
         did = False
@@ -184,14 +195,12 @@ class AgentFlow(Flow):
     def _validator(self, spec: JobSpec) -> AnswerValidator | None:
         key = f"{spec.job}/{spec.generation}"
         if key not in self._validators:
-            schema = spec.agent.output_schema if spec.agent else None
+            schema = self._agent_job(spec).output_schema
             self._validators[key] = AnswerValidator(schema) if schema else None
         return self._validators[key]
 
     async def _answers(self, spec: JobSpec, k: int, landed: list[Landed]) -> None:
         """A turn's answers: each agent parked, finished or sent on to its next turn."""
-        agent = spec.agent
-        assert agent is not None
         turn = step_name(spec.job, k)
         raws = await self.store.results_at(turn, [x.index for x in landed])
         items = [decode_item(x.payload or b"") for x in landed]
@@ -243,8 +252,7 @@ class AgentFlow(Flow):
     ) -> tuple[AgentResult | None, tuple[Message, ...] | None]:
         """How a turn's answer ends the agent (its result), or the conversation of its repair
         turn; (None, None): it goes on to its tools."""
-        agent = spec.agent
-        assert agent is not None
+        agent = self._agent_job(spec)
         last = k + 1 >= agent.max_turns
 
         def end(failure: str | None, error: str | None = None, **kw: Any) -> AgentResult:
@@ -312,8 +320,8 @@ class AgentFlow(Flow):
         done = await self.store.moved(target, [o for o, _, _, _ in onward])
         first = await self.store.enqueued_count(target)
         own: dict[str, Any] = {}
-        if repairs and spec.agent is not None:
-            last = await self.spec(step_name(spec.job, spec.agent.max_turns - 1))
+        if repairs:
+            last = await self.spec(step_name(spec.job, self._agent_job(spec).max_turns - 1))
             own = {"params": last.params, "tool_choice": "none" if spec.tools else None}
         moves, queued = [], 0
         for origin, item, conversation, lane in onward:
@@ -326,8 +334,7 @@ class AgentFlow(Flow):
         await self.store.move_on(source, target, first, moves, acked, gen=goal.generation)
 
     async def _ack_only(self, spec: JobSpec, k: int, acked: list[bytes]) -> None:
-        agent = spec.agent
-        assert agent is not None
+        agent = self._agent_job(spec)
         source = step_name(spec.job, k)
         target = step_name(spec.job, min(k + 1, agent.max_turns - 1))
         if target == source:  # the last turn: nothing follows; acknowledge alone
@@ -454,8 +461,7 @@ class AgentFlow(Flow):
     async def _seal(self, spec: JobSpec) -> None:
         """Seal each later turn once the turn before has finished, every answer of it has been
         taken and no agent it parked waits any more."""
-        agent = spec.agent
-        assert agent is not None
+        agent = self._agent_job(spec)
         waiting_turns = {
             _waiting_decoder.decode(b).turn for b in (await self.store.parked(spec.job)).values()
         }

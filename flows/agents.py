@@ -32,18 +32,17 @@ from common.errors import (
 from common.feed import EnqueueReport, enqueue_prompts
 from common.jobspec import JobOptions, build_spec
 from common.keys import step_name, validate_tool_name
-from common.models import (
-    AgentSpec,
-    JobSpec,
-    Message,
-)
+from common.models import Chat, FlowRef, JobSpec, Message
 from common.schema import AnswerValidator
 from common.store import JobStore
 from common.tools import ToolAnswer
 from flows.pipeline import MAX_STEPS
 
 __all__ = [
+    "KIND",
     "AgentResult",
+    "AgentSpec",
+    "agent_of",
     "agent_prompts",
     "build_agents",
     "enqueue_agents",
@@ -65,6 +64,32 @@ def tool_definition(name: str, description: str = "") -> dict[str, Any]:
             "parameters": {"type": "object"},
         },
     }
+
+
+# The name the agents' flow goes by (an agent turn's FlowRef.kind).
+KIND = "agents"
+
+
+class AgentSpec(msgspec.Struct, frozen=True, omit_defaults=True, kw_only=True):
+    """What makes a job's prompts agents (the flow settings of its turns): each a
+    conversation of turns, the tools of the job (its chat request's) run by the tool runners
+    between them, its final answer checked against ``output_schema`` (a JSON Schema) with up
+    to ``max_repairs`` turns to repair it."""
+
+    max_turns: int = 4
+    max_repairs: int = 1
+    output_schema: dict[str, Any] | None = None
+    # Whether its turns call tools: "auto" (None: the model decides, which vLLM serves only
+    # with --enable-auto-tool-choice and a --tool-call-parser), "required" or one tool's name
+    # (a call at every turn but the last, constrained by the server: --tool-call-parser), "none".
+    tool_choice: str | None = None
+
+
+def agent_of(spec: JobSpec) -> AgentSpec | None:
+    """What makes ``spec``'s prompts agents, when it is an agent job or one of its turns."""
+    if spec.flow is None or spec.flow.kind != KIND:
+        return None
+    return msgspec.convert(spec.flow.settings, AgentSpec)
 
 
 def offered_tools(spec: JobSpec) -> list[str]:
@@ -159,7 +184,8 @@ def build_agents(
     choice = _tool_choice(agent.tool_choice, names)
     chat = msgspec.structs.replace(options, chat=True)
     spec, warnings = build_spec(job, chat, source=source)
-    spec = msgspec.structs.replace(spec, tools=tools or None, agent=agent)
+    flow = FlowRef(kind=KIND, failures=True, settings=msgspec.to_builtins(agent))
+    spec = msgspec.structs.replace(spec, request=Chat(tools=tools or None), flow=flow)
     guided = spec
     if agent.output_schema is not None and options.response_format is None:
         # Guided decoding on the server (vLLM's json_schema) keeps repairs rare; but it holds
@@ -179,15 +205,21 @@ def build_agents(
     # A call required (or one tool's) at every turn but the last, which is asked for the
     # answer: "none" there, or no agent could ever end with one.
     forced = choice not in (None, "none")
-    specs = [
-        msgspec.structs.replace(
-            guided if k == last or not tools else spec,
-            job=step_name(job, k),
-            priority=spec.priority + k,
-            tool_choice="none" if forced and k == last else choice,
+    specs = []
+    for k in range(agent.max_turns):
+        turn = guided if k == last or not tools else spec
+        place = {"parent": job, "step": k, "laned": True} if k else {}
+        specs.append(
+            msgspec.structs.replace(
+                turn,
+                job=step_name(job, k),
+                priority=spec.priority + k,
+                request=Chat(
+                    tools=tools or None, tool_choice="none" if forced and k == last else choice
+                ),
+                **place,
+            )
         )
-        for k in range(agent.max_turns)
-    ]
     return specs, warnings
 
 

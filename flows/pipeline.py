@@ -6,7 +6,7 @@ prompt of every step.
 
 Every step is a job to the workers (its own settings: model, sampling, chat, template);
 :func:`build_pipeline` makes their specs from the same options as ``swarm-enqueue`` and
-``Swarm.submit`` take, the link to the next step in each (:class:`common.models.Link`).
+``Swarm.submit`` take, the link to the next step in each (:class:`Link`, the step's flow settings).
 """
 
 from __future__ import annotations
@@ -21,25 +21,55 @@ from common.errors import ConfigError
 from common.feed import EnqueueReport, PromptInput, enqueue_prompts
 from common.jobspec import JobOptions, build_spec
 from common.keys import step_name
-from common.models import JobSpec, Link, PromptItem
+from common.models import Embedding, FlowRef, JobSpec, PromptItem
 from common.perprompt import PER_PROMPT_KINDS
 from common.reduce import function_allowed, load_function
 from common.reducekinds import REDUCE_KINDS
 from common.store import JobStore
 
 __all__ = [
+    "KIND",
     "MAX_STEPS",
     "Keep",
+    "Link",
     "StepOptions",
     "build_pipeline",
     "enqueue_pipeline",
     "fill",
+    "link_of",
     "needs_steps",
     "next_item",
 ]
 
 # More steps than any study runs; step names stay short.
 MAX_STEPS = 64
+# The name the pipeline's flow goes by (a step's FlowRef.kind).
+KIND = "pipeline"
+
+
+class Link(msgspec.Struct, frozen=True, omit_defaults=True, kw_only=True):
+    """Where a pipeline step's answers go the moment each is committed (the step's flow
+    settings): job ``job`` (the next step), each as ``template`` with ``{answer}`` (this
+    step's answer) and ``{prompt}`` (the input's prompt) filled in. An answer that ``keep_if``
+    (a regular expression searched in it) or ``keep_fn`` (``package.module:function``, which
+    the workers' ``SWARM_REDUCE_FUNCTIONS`` allow) refuses goes no further, with the reason
+    kept."""
+
+    job: str
+    template: str
+    keep_if: str | None = None
+    keep_fn: str | None = None
+    # What moves on is the answer's samples, to be embedded together (an uncertainty
+    # measure's step), rather than its text filled into the template.
+    samples: bool = False
+
+
+def link_of(spec: JobSpec) -> Link | None:
+    """Where ``spec``'s answers go on, when it is a pipeline step with a step after it."""
+    if spec.flow is None or spec.flow.kind != KIND:
+        return None
+    return msgspec.convert(spec.flow.settings, Link)
+
 
 _FIELD = re.compile(r"\{(answer|prompt)\}")
 
@@ -128,7 +158,7 @@ def build_pipeline(
         planned.append((spec, steps[k] if k < len(steps) else None))
     specs = []
     for k, (spec, after) in enumerate(planned):
-        link = None
+        flow = None
         if after is not None:
             link = Link(
                 job=step_name(job, k + 1),
@@ -137,7 +167,9 @@ def build_pipeline(
                 keep_fn=after.keep_fn,
                 samples=after is _SAMPLES,
             )
-        specs.append(msgspec.structs.replace(spec, job=step_name(job, k), then=link))
+            flow = FlowRef(kind=KIND, settings=msgspec.to_builtins(link))
+        place = {"parent": job, "step": k} if k else {}
+        specs.append(msgspec.structs.replace(spec, job=step_name(job, k), flow=flow, **place))
     if reduce is not None:  # over the last step's answers, in input order
         specs[-1] = msgspec.structs.replace(specs[-1], reduce=reduce)
     if len(specs) > MAX_STEPS:
@@ -156,7 +188,7 @@ def _measure_step(sampled: JobSpec) -> JobSpec:
     return JobSpec(
         job=sampled.job,
         model=per.model,
-        embed=True,
+        request=Embedding(),
         per_prompt=per,
         priority=sampled.priority,
         source=f"{per.kind} of {sampled.job}",

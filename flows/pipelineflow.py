@@ -19,7 +19,7 @@ from common.store import JobStore
 from common.store.steps import Landed, Move
 from common.vocab import Meta
 from flows.flow import Flow
-from flows.pipeline import Keep, next_item
+from flows.pipeline import KIND, Keep, link_of, next_item
 
 __all__ = ["PipelineFlow"]
 
@@ -30,7 +30,7 @@ class PipelineFlow(Flow):
     """Moves answers on for every pipeline of one Redis: its work is each later step not yet
     sealed, with the spec of the step before."""
 
-    name = "pipeline"
+    name = KIND
 
     def __init__(self, store: JobStore, settings: Settings, *, token: str = "") -> None:
         super().__init__(store, settings, token=token)
@@ -50,7 +50,7 @@ class PipelineFlow(Flow):
             source = sources.get(before)
             if source is None:
                 self.store.warn_once(f"pipeline step {name}", f"the step before, {before}, is gone")
-            elif source.then is not None and source.then.job == name:
+            elif (link := link_of(source)) is not None and link.job == name:
                 links[name] = source
         return links
 
@@ -74,7 +74,7 @@ class PipelineFlow(Flow):
         return await self._seal_when_done(spec, target)
 
     async def _move(self, source: JobSpec, target: JobSpec, landed: list[Landed]) -> None:
-        link = source.then
+        link = link_of(source)
         assert link is not None
         raws = await self.store.results_at(source.job, [x.index for x in landed])
         keep = self._keep(source)
@@ -109,10 +109,11 @@ class PipelineFlow(Flow):
         await self.store.move_on(source.job, target.job, first, moves, acked, gen=target.generation)
 
     def _keep(self, source: JobSpec) -> Keep:
-        assert source.then is not None
         key = (source.job, source.generation)
         if key not in self._keeps:
-            self._keeps[key] = Keep(source.then, self.allowed)
+            link = link_of(source)
+            assert link is not None
+            self._keeps[key] = Keep(link, self.allowed)
         return self._keeps[key]
 
     async def _seal_when_done(self, source: JobSpec, target: JobSpec) -> bool:

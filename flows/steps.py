@@ -9,6 +9,8 @@ from common.errors import BadRecordError, JobNotFoundError
 from common.keys import step_name
 from common.models import JobSpec
 from common.store import JobStatus, JobStore
+from flows.agents import agent_of
+from flows.pipeline import link_of
 
 __all__ = ["later_steps", "over", "step_statuses"]
 
@@ -17,15 +19,16 @@ async def later_steps(store: JobStore, spec: JobSpec) -> list[JobSpec]:
     """The specs of the later steps of ``spec``'s job, in order (none for a plain job, or for
     a step itself); a step that cannot be read ends the list."""
     names: list[str] = []
-    if spec.agent is not None and not spec.laned:  # an agent job: its turns
-        names = [step_name(spec.job, k) for k in range(1, spec.agent.max_turns)]
+    agent = agent_of(spec)
+    if agent is not None and spec.step == 0:  # an agent job: its turns
+        names = [step_name(spec.job, k) for k in range(1, agent.max_turns)]
     out: list[JobSpec] = []
     current: JobSpec | None = spec
     while True:
         if names:
             name = names.pop(0)
-        elif not spec.laned and current is not None and current.then is not None:
-            name = current.then.job
+        elif agent is None and current is not None and (link := link_of(current)) is not None:
+            name = link.job
         else:
             return out
         try:

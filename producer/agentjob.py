@@ -14,10 +14,10 @@ from typing import Any, BinaryIO
 
 from common.errors import ConfigError, InputError
 from common.jobspec import JobOptions
-from common.models import AgentSpec
 from common.settings import Settings
 from common.store import JobStore
 from flows.agents import (
+    AgentSpec,
     agent_prompts,
     build_agents,
     enqueue_agents,

@@ -14,7 +14,7 @@ import msgspec
 from common.errors import JobGoneError
 from common.models import JobSpec
 from common.store import JobStatus, JobStore
-from flows.agents import AgentResult
+from flows.agents import AgentResult, agent_of
 from producer.lines import LineSink
 from producer.outfile import collect_rows_durably
 from producer.stream import CollectReport, follow_rows, wait_for_job
@@ -96,7 +96,8 @@ async def collect_agents(
     def make(p: str, spec: JobSpec) -> Any:
         if sink is None:
             return LineSink(p, agent_line)
-        return sink(p, spec.agent.output_schema if spec.agent is not None else None)
+        agent = agent_of(spec)
+        return sink(p, agent.output_schema if agent is not None else None)
 
     return await collect_rows_durably(
         store,

@@ -36,12 +36,19 @@ from common.embedded import EmbeddedRedis
 from common.errors import ConfigError
 from common.jobspec import JobSettings, build_spec, options_from
 from common.keys import validate_job_name
-from common.models import AgentSpec, ReduceOutput, ReduceSpec, Result
+from common.models import ReduceOutput, ReduceSpec, Result
 from common.progress import Progress
 from common.settings import Settings
 from common.store import JobStatus, JobStore
-from flows.agents import AgentResult, agent_prompts, build_agents, enqueue_agents, tool_definition
-from flows.pipeline import StepOptions, build_pipeline, enqueue_pipeline, needs_steps
+from flows.agents import (
+    AgentResult,
+    AgentSpec,
+    agent_prompts,
+    build_agents,
+    enqueue_agents,
+    tool_definition,
+)
+from flows.pipeline import StepOptions, build_pipeline, enqueue_pipeline, link_of, needs_steps
 from flows.rounds import Blackboard, BoardState
 
 # The names are declared once, in the package, which exports them from here lazily.
@@ -442,7 +449,7 @@ class Swarm:
         """Every result of ``job``, in input order, as soon as it (and all before it) is in;
         failures included, with their reason. ``progress``: a bar on stderr (a line every
         30 s where stderr is no terminal: a notebook's or a batch job's log)."""
-        if (await self.store.load_spec(job)).then is not None:
+        if link_of(await self.store.load_spec(job)) is not None:
             raise ConfigError(
                 f"job {job} is a pipeline: its results are chains, every step's answer by "
                 "input (swarm.chains(job)); results() would give its first step's alone"

@@ -14,6 +14,8 @@ from common.keys import stage_name
 from common.models import JobSpec
 from common.settings import mask_url
 from common.store import AgentCounts, JobStatus, JobStore
+from flows.agents import agent_of
+from flows.pipeline import link_of
 from flows.steps import over, step_statuses
 
 __all__ = [
@@ -286,10 +288,10 @@ async def read_jobs(
         )
         # A workflow's figures are its first step's: no ETA of the whole from them (seen:
         # "eta 0 s" with 108 agents thinking); its steps or agents say how far it is.
-        if spec.agent is not None:
+        if agent_of(spec) is not None:
             counts = await store.agent_counts(name)
             row = msgspec.structs.replace(row, agents=counts, eta_s=None)
-        elif spec.then is not None:  # a pipeline: its steps' progress beside the first's
+        elif link_of(spec) is not None:  # a pipeline: its steps' progress beside the first's
             figures = [StepFigures(st.done, st.failed, st.total) for _, st in steps]
             row = msgspec.structs.replace(row, steps=figures, eta_s=None)
         rows.append(row)

@@ -18,6 +18,7 @@ import msgspec
 from common.keys import step_name
 from common.models import JobSpec, Result, Usage, result_or_failure
 from common.store import JobStatus, JobStore
+from flows.pipeline import link_of
 from producer.lines import LineSink
 from producer.outfile import collect_rows_durably
 from producer.stream import CollectReport, follow
@@ -85,8 +86,8 @@ def chain_line(line: ChainLine) -> bytes:
 async def steps_of(store: JobStore, job: str) -> list[JobSpec]:
     """The specs of pipeline ``job``'s steps, in order (one: a plain job)."""
     specs = [await store.load_spec(job)]
-    while specs[-1].then is not None:
-        specs.append(await store.load_spec(specs[-1].then.job))
+    while (link := link_of(specs[-1])) is not None:
+        specs.append(await store.load_spec(link.job))
     return specs
 
 

@@ -24,6 +24,8 @@ from common.cli import add_redis_arg, open_job_store, run
 from common.errors import ConfigError
 from common.models import JobSpec, Result, encode_final
 from common.store import JobStore
+from flows.agents import agent_of
+from flows.pipeline import link_of
 from producer.agentcols import agent_csv_sink, agent_parquet_sink
 from producer.agentout import agent_line, agents_as_finished, collect_agents
 from producer.chaincols import chain_csv_sink, chain_parquet_sink
@@ -116,11 +118,11 @@ async def _main(args: argparse.Namespace) -> int:
     async with open_job_store(args) as (job, store):
         spec = await wait_for_spec(store, job, wait=args.wait)
         # An agent job's later turns (job:s1...) are collected as the jobs they are.
-        agents = spec.agent is not None and not spec.laned
+        agents = agent_of(spec) is not None and spec.step == 0
         if args.as_finished and not agents:
             raise ConfigError(f"--as-finished is for agent jobs; {job!r} is not one")
         _refuse_a_step(job, spec)
-        if spec.then is not None:
+        if link_of(spec) is not None:
             return await _pipeline(args, job, store)
         if agents:
             return await _agents(args, job, store)
@@ -180,10 +182,10 @@ async def _main(args: argparse.Namespace) -> int:
 def _refuse_a_step(job: str, spec: JobSpec) -> None:
     """A pipeline's later step is no job to collect alone: its rows are numbered as it was
     fed, not by input (seen: a step collected as if its rows were the inputs')."""
-    base, _, stage = job.partition(":")
-    if stage.startswith("s") and spec.agent is None:
+    if spec.step and agent_of(spec) is None:
+        base = spec.parent
         raise ConfigError(
-            f"{job} is step {stage[1:]} of pipeline {base}: its results are numbered in the "
+            f"{job} is step {spec.step} of pipeline {base}: its results are numbered in the "
             f"order the step was fed, not by input. Collect {base}: one row per input with "
             "every step's answer (--format csv or parquet: a column each)"
         )

@@ -17,6 +17,7 @@ from common.keys import stage_name
 from common.models import ReduceOutput
 from common.store import JobStore
 from common.vocab import RETRYABLE_KINDS
+from flows.pipeline import link_of
 from flows.steps import later_steps
 
 __all__ = ["cancel_job", "cancel_main", "retry_main"]
@@ -30,7 +31,7 @@ async def _retry(args: argparse.Namespace) -> int:
         spec = await store.load_spec(job)
         # A pipeline's later steps too: a prompt failed at step k is asked again at step k,
         # from the entry that step kept, and its answer goes on as any other.
-        steps = [spec, *(await later_steps(store, spec) if spec.then is not None else [])]
+        steps = [spec, *(await later_steps(store, spec) if link_of(spec) is not None else [])]
         for k, step in enumerate(steps):
             n, chosen = await _retry_one(store, step.job, step.generation, args, first=k == 0)
             _say_retried(step.job, n, chosen, args, quiet=k > 0)

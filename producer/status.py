@@ -12,7 +12,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 
-from common.abilities import needs, unmet
+from common.abilities import Need, needs, unmet
 from common.cli import add_redis_arg, open_job_store, run, settings_from_args
 from common.errors import BadRecordError, ConfigError, JobConflictError, JobNotFoundError
 from common.fleet import SILENT_PERIODS, EndpointInfo, EndpointStats, waiting_reason
@@ -22,7 +22,8 @@ from common.models import JobSpec
 from common.settings import mask_url
 from common.store import JobStatus, JobStore
 from common.vocab import Meta
-from flows.agents import offered_tools
+from flows.agents import agent_of, offered_tools
+from flows.pipeline import link_of
 from flows.steps import over, step_statuses
 from producer.board import (
     job_list,
@@ -143,11 +144,12 @@ async def lacking_workers(
     """Why work of ``spec``'s job still to do waits for a worker that has what it needs (a
     function its settings allow, numpy) when no live worker has it; None when one has."""
     pending = []
+    link = link_of(spec)
+    # A step's keep function, run by its flow until the step it feeds is sealed.
+    if link is not None and link.keep_fn and Meta.TOTAL not in await store.meta(link.job):
+        pending.append(Need("keep", link.keep_fn))
     for need in needs(spec):
-        if need.kind == "keep":  # until the step it feeds is sealed
-            assert spec.then is not None
-            todo = Meta.TOTAL not in await store.meta(spec.then.job)
-        elif need.kind == "reduce":
+        if need.kind == "reduce":
             todo = await store.read_final(spec.job) is None
         else:
             todo = not (await store.status(spec.job, rate=False)).finished
@@ -179,7 +181,7 @@ async def _show(store: JobStore, job: str) -> tuple[bool, bool]:
         format_status(status, stage, endpoints, now=now, waiting=waiting, state=state),
         flush=True,
     )
-    if spec.agent is not None and not spec.laned:  # an agent job, not one of its turns
+    if agent_of(spec) is not None and spec.step == 0:  # an agent job, not one of its turns
         print(await agent_lines(store, spec), flush=True)
     if fleet is not None and (why := await lacking_workers(store, spec, fleet, now)):
         print(f"  waiting: {why}", flush=True)

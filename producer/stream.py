@@ -32,6 +32,7 @@ from common.models import (
 )
 from common.progress import Progress
 from common.store import JobStatus, JobStore
+from flows.pipeline import link_of
 
 __all__ = [
     "CollectReport",
@@ -279,8 +280,8 @@ async def wait_final(
     """The job's reduce output; with ``wait``, waits for it. ConfigError if it has no reduce."""
     await wait_for_job(store, job, wait, poll_s)
     spec = await store.load_spec(job)
-    while spec.then is not None:  # a pipeline's reduce runs over its last step
-        job = spec.then.job
+    while (link := link_of(spec)) is not None:  # a pipeline's reduce runs over its last step
+        job = link.job
         spec = await store.load_spec(job)
     if spec.reduce is None:
         raise ConfigError(

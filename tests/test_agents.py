@@ -19,10 +19,17 @@ from common.embedded import free_port
 from common.errors import ConfigError
 from common.jobspec import JobOptions
 from common.keys import step_name
-from common.models import AgentSpec, decode_result
+from common.models import Chat, JobSpec, decode_result
 from common.settings import Settings
 from common.store import JobStore
-from flows.agents import AgentResult, agent_prompts, build_agents, enqueue_agents, tool_definition
+from flows.agents import (
+    AgentResult,
+    AgentSpec,
+    agent_prompts,
+    build_agents,
+    enqueue_agents,
+    tool_definition,
+)
 from sim.server import SimFleet
 from sim.tools import AUTO_REFUSED
 from tests.harness import AGENT_SCHEMA, AGENT_TASK, command, tool_runner
@@ -153,13 +160,18 @@ async def test_a_required_tool_choice_runs_agents_on_a_server_without_auto_tool_
     }
 
 
+def _choice(spec: JobSpec) -> Any:
+    assert isinstance(spec.request, Chat)
+    return spec.request.tool_choice
+
+
 def test_a_tool_choice_is_one_of_the_words_or_a_tool_offered() -> None:
     tools = [tool_definition("fetch")]
     named = build_agents("a", JobOptions(), AgentSpec(tool_choice="fetch"), tools, source="t")[0]
-    assert named[0].tool_choice == {"type": "function", "function": {"name": "fetch"}}
-    assert [s.tool_choice for s in named][-1] == "none"
+    assert _choice(named[0]) == {"type": "function", "function": {"name": "fetch"}}
+    assert [_choice(s) for s in named][-1] == "none"
     auto = build_agents("a", JobOptions(), AgentSpec(tool_choice="auto"), tools, source="t")[0]
-    assert {s.tool_choice for s in auto} == {None}  # the server's default: not sent
+    assert {_choice(s) for s in auto} == {None}  # the server's default: not sent
     with pytest.raises(ConfigError, match=r"tool_choice must be one of auto, required, none or "
                        r"a tool offered \(fetch\), got 'search'"):  # fmt: skip
         build_agents("a", JobOptions(), AgentSpec(tool_choice="search"), tools, source="t")

@@ -20,6 +20,7 @@ import redis
 from common.embedded import EmbeddedRedis
 from common.keys import Keys, step_name
 from common.models import decode_spec
+from flows.agents import agent_of
 from tests.harness import (
     AGENT_SCHEMA,
     AGENT_TASK,
@@ -209,7 +210,8 @@ def test_an_agent_toml_describes_the_agents_and_bad_input_is_named(
     client = redis.Redis.from_url(fleet.redis_url)
     spec = decode_spec(client.hget(Keys(fleet.prefix).meta("t"), "spec") or b"")
     client.close()
-    assert spec.agent is not None and spec.agent.max_turns == 3
+    agent = agent_of(spec)
+    assert agent is not None and agent.max_turns == 3
     assert [t["function"]["name"] for t in spec.tools or []] == ["slow_add", "fetch"]
     assert (spec.tools or [])[0]["function"]["description"] == "adds"
     assert (spec.tools or [])[0]["function"]["parameters"]["properties"] == {

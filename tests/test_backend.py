@@ -11,7 +11,7 @@ import pytest
 
 from common.errors import ConfigError
 from common.hostfile import Endpoint, parse_hostfile
-from common.models import SamplingParams
+from common.models import Embedding, SamplingParams
 from common.settings import Settings
 from common.store import JobStore
 from producer.enqueue import enqueue_prompts
@@ -116,7 +116,7 @@ async def test_an_embeddings_job_fits_the_protocol_as_a_request_kind(
 ) -> None:
     backend = Shouting()
     texts = ["abc", "Hello World", "X"] * 10
-    embed = msgspec.structs.replace(spec(), embed=True)
+    embed = msgspec.structs.replace(spec(), request=Embedding())
     await enqueue_prompts(store, embed, [(t, None) for t in texts])
     engine = Engine(make_settings(batch_size=8), store, [backend])
     try:

@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from common.cache import CachedAnswer, answer_key, check_cache_spec, decode_answer
 from common.embedded import free_port
 from common.errors import ConfigError
-from common.models import JobSpec, Message, PromptItem, Result, SamplingParams
+from common.models import Chat, Completion, JobSpec, Message, PromptItem, Result, SamplingParams
 from common.settings import Settings
 from common.store import JobStore
 from common.store.cache import CacheSize
@@ -57,9 +57,9 @@ def test_the_key_covers_everything_that_determines_an_answer() -> None:
         _spec(params=SamplingParams(max_tokens=16, temperature=0.0, top_p=0.9)),
         _spec(params=SamplingParams(max_tokens=16, seed=1)),
         _spec(params=SamplingParams(max_tokens=16, temperature=0.0, seed=1)),
-        _spec(template="<s>[INST] {prompt} [/INST]"),
-        _spec(template="{prompt}"),  # the same text, sent without the server's BOS
-        _spec(chat=True),
+        _spec(request=Completion(template="<s>[INST] {prompt} [/INST]")),
+        _spec(request=Completion(template="{prompt}")),  # the same text, without the BOS
+        _spec(request=Chat()),
     ]
     keys = {answer_key(s, item) for s in changed}
     assert key not in keys and len(keys) == len(changed)
@@ -71,7 +71,7 @@ def test_the_key_covers_everything_that_determines_an_answer() -> None:
     sb = _spec(params=SamplingParams(max_tokens=16, temperature=0.0, response_format=b))
     assert answer_key(sa, item) == answer_key(sb, item) != key
     # A conversation is keyed by its messages.
-    chat = _spec(chat=True)
+    chat = _spec(request=Chat())
     talk = PromptItem.of(0, (Message("system", "Be brief."), Message("user", "Hi")), None)
     other = PromptItem.of(0, (Message("system", "Be long."), Message("user", "Hi")), None)
     assert answer_key(chat, talk) != answer_key(chat, other)

@@ -14,7 +14,7 @@ import pytest
 from aiohttp import web
 
 from common.errors import ConfigError, InputError
-from common.models import JobSpec, Message, SamplingParams
+from common.models import Chat, Completion, JobSpec, Message, SamplingParams
 from common.schema import AnswerValidator
 from common.settings import Settings
 from common.store import JobStore
@@ -31,8 +31,8 @@ async def test_chat_mode_and_template_mode_give_the_model_the_same_text(
     make_settings: Callable[..., Settings], store: JobStore, sim_fleet: Callable[..., SimFleet]
 ) -> None:
     params = SamplingParams(max_tokens=12)
-    await enqueue_prompts(store, JobSpec(job="chat", params=params, chat=True), prompts(150))
-    templated = JobSpec(job="tmpl", params=params, template=CHAT_TEMPLATE)
+    await enqueue_prompts(store, JobSpec(job="chat", params=params, request=Chat()), prompts(150))
+    templated = JobSpec(job="tmpl", params=params, request=Completion(template=CHAT_TEMPLATE))
     await enqueue_prompts(store, templated, prompts(150))
     async with sim_fleet(2) as fleet:
         # No speculative copies at the tail: this counts the requests a batch takes.
@@ -56,7 +56,7 @@ async def test_a_chat_prompt_over_the_context_fails_alone(
     items: list[tuple[str, str | None]] = [(p, None) for p, _ in prompts(20)]
     items[4] = ("z" * 20000, "long")
     await enqueue_prompts(
-        store, JobSpec(job="c", params=SamplingParams(max_tokens=8), chat=True), items
+        store, JobSpec(job="c", params=SamplingParams(max_tokens=8), request=Chat()), items
     )
     async with sim_fleet(1) as fleet:
         await run_engine(make_settings(), store, fleet.urls)
@@ -93,7 +93,7 @@ async def test_openai_chat_batch_lines_with_a_system_prompt_reach_the_model_whol
     ]
     batch = tmp_path / "batch.jsonl"
     batch.write_bytes(b"\n".join(lines) + b"\n")
-    spec = JobSpec(job="convo", params=SamplingParams(max_tokens=10), chat=True)
+    spec = JobSpec(job="convo", params=SamplingParams(max_tokens=10), request=Chat())
     with batch.open("rb") as fh:
         report = await enqueue(make_settings(), spec, str(batch), fh)
     assert report.total == 40
@@ -283,8 +283,12 @@ async def test_template_mode_equals_chat_mode_with_and_without_a_bos_in_the_temp
     does not: a template written out (with its BOS, if the model's has one) must be sent with
     add_special_tokens false to give the model exactly what chat mode gives it."""
     params = SamplingParams(max_tokens=12)
-    await enqueue_prompts(store, JobSpec(job="chat", params=params, chat=True), prompts(50))
-    await enqueue_prompts(store, JobSpec(job="tmpl", params=params, template=template), prompts(50))
+    await enqueue_prompts(store, JobSpec(job="chat", params=params, request=Chat()), prompts(50))
+    await enqueue_prompts(
+        store,
+        JobSpec(job="tmpl", params=params, request=Completion(template=template)),
+        prompts(50),
+    )
     async with sim_fleet(1, bos_token="<s>", chat_template_bos=bos_in_template) as fleet:
         await run_engine(make_settings(batch_size=16), store, fleet.urls)
         received = list(fleet.endpoints[0].received)
@@ -379,7 +383,8 @@ async def test_batch_lines_the_job_cannot_honour_are_refused_with_their_line(
     template: str | None,
     message: str,
 ) -> None:
-    spec = JobSpec(job="bad", model="m", chat=chat, template=template)
+    kind = Chat(template=template) if chat else Completion(template=template)
+    spec = JobSpec(job="bad", model="m", request=kind)
     lines = [_batch_line(1, "/v1/chat/completions" if chat else "/v1/completions"), line]
     with pytest.raises(InputError, match=f"b.jsonl:2: .*{message}"):
         await _enqueue_lines(make_settings(), spec, lines)
@@ -389,7 +394,7 @@ async def test_chat_lines_with_a_template_and_the_lines_model_for_the_job(
     make_settings: Callable[..., Settings], store: JobStore
 ) -> None:
     lines = [_batch_line(i, "/v1/chat/completions", model="lora-7") for i in range(3)]
-    spec = JobSpec(job="t", template="<|user|>\n{prompt}\n<|assistant|>\n")
+    spec = JobSpec(job="t", request=Completion(template="<|user|>\n{prompt}\n<|assistant|>\n"))
     assert await _enqueue_lines(make_settings(), spec, lines) == 3
     assert (await store.load_spec("t")).model == "lora-7"  # the lines' model is the job's
 
@@ -424,7 +429,7 @@ async def test_a_chat_answer_without_text_is_a_failure_of_its_own_kind_and_never
         job="j",
         params=SamplingParams(max_tokens=8, temperature=0),
         model="m",
-        chat=True,
+        request=Chat(),
         cache=True,
     )
     await enqueue_prompts(store, job, [(p, None) for p in said])

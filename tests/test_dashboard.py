@@ -21,10 +21,10 @@ from common.embedded import EmbeddedRedis, free_port
 from common.feed import enqueue_prompts
 from common.fleet import EndpointInfo, EndpointStats
 from common.jobspec import JobOptions
-from common.models import AgentSpec, PromptItem, Result
+from common.models import PromptItem, Result
 from common.settings import Settings
 from common.store import AgentCounts, JobStore
-from flows.agents import agent_prompts, build_agents, enqueue_agents
+from flows.agents import AgentSpec, agent_prompts, build_agents, enqueue_agents
 from producer.board import Board, EndpointRow, History, JobRow, read_board
 from producer.dashboard import Dashboard
 from tests.browser import CHROMIUM, Browser

@@ -11,11 +11,11 @@ import pytest
 from common.errors import ConfigError
 from common.jobspec import JobOptions
 from common.keys import step_name
-from common.models import Link, Result, decode_item, decode_result
+from common.models import Result, decode_item, decode_result
 from common.settings import Settings
 from common.store import JobStore
 from common.vocab import Meta
-from flows.pipeline import Keep, StepOptions, build_pipeline, enqueue_pipeline, fill
+from flows.pipeline import Keep, Link, StepOptions, build_pipeline, enqueue_pipeline, fill
 from flows.pipelineflow import PipelineFlow
 from producer.api import Concat, Step, Swarm, TreeReduce
 from producer.enqueue import split_steps

@@ -11,11 +11,11 @@ import pytest
 
 from common.jobspec import JobOptions
 from common.keys import GROUP, lane_name
-from common.models import AgentSpec, JobSpec, PromptItem
+from common.models import JobSpec, PromptItem
 from common.settings import Settings
 from common.store import JobStore
 from common.store.steps import Move
-from flows.agents import build_agents
+from flows.agents import AgentSpec, build_agents
 from worker.intake import Intake
 
 A, B, C = "http://node-a:8000", "http://node-b:8000", "http://node-c:8000"

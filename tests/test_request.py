@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from common.cache import answer_key
-from common.models import JobSpec, Message, PromptItem, SamplingParams
+from common.models import Chat, Completion, JobSpec, Message, PromptItem, SamplingParams
 from common.request import Route, render, request_key
 
 
 def _spec(*, chat: bool = False, template: str | None = None) -> JobSpec:
     return JobSpec(
-        job="j", model="m", params=SamplingParams(max_tokens=8), chat=chat, template=template
+        job="j",
+        model="m",
+        params=SamplingParams(max_tokens=8),
+        request=Chat(template=template) if chat else Completion(template=template),
     )
 
 
@@ -59,7 +62,7 @@ def test_answers_kept_by_earlier_versions_keep_their_keys() -> None:
     answers would otherwise be lost): digests taken from that code."""
     greedy = SamplingParams(max_tokens=8, temperature=0.0)
     completions = JobSpec(job="j", model="m", cache=True, params=greedy)
-    chat = JobSpec(job="j", model="m", cache=True, chat=True, params=greedy)
+    chat = JobSpec(job="j", model="m", cache=True, request=Chat(), params=greedy)
     talk = (Message("system", "be brief"), Message("user", "hi"))
     assert answer_key(completions, PromptItem.of(0, "hello", None)) == (
         "fd96fbe72a316d16eef8da13c6e0921b74b91bac"

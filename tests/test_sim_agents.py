@@ -12,7 +12,7 @@ from typing import Any
 import msgspec
 import openai
 
-from common.models import JobSpec, PromptItem, SamplingParams
+from common.models import Chat, JobSpec, PromptItem, SamplingParams
 from common.request import render, request_key
 from common.settings import Settings
 from common.store import JobStore
@@ -112,7 +112,7 @@ def test_the_prefix_cache_forgets_its_least_recently_used_blocks() -> None:
 async def test_a_chat_job_offered_tools_keeps_the_calls_an_answer_asks_for(
     settings: Settings, store: JobStore, sim_fleet: Callable[..., SimFleet]
 ) -> None:
-    spec = JobSpec(job="t", chat=True, tools=TOOLS, params=SamplingParams(max_tokens=16))
+    spec = JobSpec(job="t", request=Chat(tools=TOOLS), params=SamplingParams(max_tokens=16))
     texts = [TASK if i % 2 else f"plain question {i}" for i in range(40)]
     await enqueue_prompts(store, spec, [(t, None) for t in texts])
     async with sim_fleet(2, tool_parser="hermes") as fleet:
@@ -129,6 +129,6 @@ async def test_a_chat_job_offered_tools_keeps_the_calls_an_answer_asks_for(
             assert r.text and r.tool_calls is None
     # Tools are part of what is asked: their request's key is another.
     item = PromptItem.of(0, TASK, None)
-    without = msgspec.structs.replace(spec, tools=None)
+    without = msgspec.structs.replace(spec, request=Chat())
     assert request_key(render(spec, item)) != request_key(render(without, item))
     assert render(spec, item).tools == TOOLS and render(without, item).tools is None

@@ -19,10 +19,16 @@ import redis
 
 from common.jobspec import JobOptions
 from common.keys import Keys
-from common.models import AgentSpec
 from common.settings import Settings
 from common.store import JobStore
-from flows.agents import AgentResult, agent_prompts, build_agents, enqueue_agents, tool_definition
+from flows.agents import (
+    AgentResult,
+    AgentSpec,
+    agent_prompts,
+    build_agents,
+    enqueue_agents,
+    tool_definition,
+)
 from sim.server import FaultConfig, SimFleet
 from sim.text import completion_for, embedding_for
 from tests.harness import (

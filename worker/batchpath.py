@@ -391,8 +391,8 @@ class BatchPath:
                         prompt_tokens,
                         completion_tokens,
                         gen=spec.generation,
-                        moves_on=spec.then is not None or spec.agent is not None,
-                        failures_move=spec.agent is not None,
+                        moves_on=spec.flow is not None,
+                        failures_move=spec.flow is not None and spec.flow.failures,
                     )
                 )
             except StoreUnavailable as exc:

@@ -1,0 +1,103 @@
+"""A job's spec as its parts (a core, the request kind, the flow, the place in a workflow),
+and specs stored by the version before, which had a field per feature: they still decode, to
+exactly what today's builders make of the same settings."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from common.jobspec import JobOptions
+from common.models import (
+    Chat,
+    Completion,
+    Embedding,
+    FlowRef,
+    JobSpec,
+    decode_spec,
+    encode,
+)
+from common.store import JobStore
+from common.vocab import Meta
+from flows.agents import AgentSpec, agent_of, build_agents, tool_definition
+from flows.pipeline import Link, StepOptions, build_pipeline, link_of
+
+STORED = Path(__file__).parent / "data" / "specs-flat.txt"
+
+
+def _today() -> dict[str, JobSpec]:
+    """What today's builders make of the settings the stored specs were made with."""
+    steps = [StepOptions(template="Summarise: {answer}", keep_if="yes")]
+    pipeline, _ = build_pipeline(
+        "p",
+        JobOptions(max_tokens=4, model="m"),
+        [*steps, StepOptions(template="Judge: {answer}")],
+        source="t",
+    )
+    agent = AgentSpec(max_turns=3, output_schema={"type": "object"}, tool_choice="required")
+    agents, _ = build_agents(
+        "a", JobOptions(max_tokens=8, model="m"), agent, [tool_definition("fetch")], source="t"
+    )
+    specs = [
+        JobSpec(job="plain", model="m", request=Completion(template="<s>{prompt}")),
+        JobSpec(job="c", request=Chat(template="Q: {prompt}")),
+        JobSpec(job="e", request=Embedding(), model="emb"),
+        *pipeline,
+        *agents,
+    ]
+    return {
+        s.job: msgspec.structs.replace(s, generation=f"gen-{s.job}", created_s=1.5) for s in specs
+    }
+
+
+def _stored() -> dict[str, bytes]:
+    lines = [ln.split() for ln in STORED.read_text().splitlines() if not ln.startswith("#")]
+    return {job: bytes.fromhex(raw) for job, raw in lines}
+
+
+async def test_specs_stored_by_the_version_before_load_as_todays(store: JobStore) -> None:
+    today = _today()
+    stored = _stored()
+    assert stored.keys() == today.keys()
+    for job, raw in stored.items():
+        await store.redis.hset(store.keys.meta(job), Meta.SPEC, raw)
+        assert await store.load_spec(job) == today[job], job
+    loaded = {job: await store.load_spec(job) for job in stored}
+    # What each part says, read as the flows and the drain path read it.
+    link = link_of(loaded["p"])
+    assert link == Link(job="p:s1", template="Summarise: {answer}", keep_if="yes")
+    assert loaded["p"].flow == FlowRef(kind="pipeline", settings=msgspec.to_builtins(link))
+    assert link_of(loaded["p:s2"]) is None and loaded["p:s2"].flow is None
+    assert [(s.parent, s.step) for s in (loaded["p"], loaded["p:s1"], loaded["p:s2"])] == [
+        ("", 0),
+        ("p", 1),
+        ("p", 2),
+    ]
+    turns = [loaded[n] for n in ("a", "a:s1", "a:s2")]
+    assert [agent_of(t) for t in turns] == [AgentSpec(
+        max_turns=3, output_schema={"type": "object"}, tool_choice="required"
+    )] * 3  # fmt: skip
+    assert [(t.laned, t.flow is not None and t.flow.failures) for t in turns] == [
+        (False, True),
+        (True, True),
+        (True, True),
+    ]
+    assert [t.request.tool_choice for t in turns if isinstance(t.request, Chat)] == [
+        "required",
+        "required",
+        "none",
+    ]
+    assert loaded["c"].chat and loaded["c"].render("x") == "Q: x"
+    assert loaded["e"].embed and loaded["plain"].template == "<s>{prompt}"
+
+
+@pytest.mark.parametrize("job", ["plain", "c", "e", "p", "p:s1", "p:s2", "a", "a:s1", "a:s2"])
+def test_todays_specs_round_trip_and_write_no_field_of_the_flat_layout(job: str) -> None:
+    spec = _today()[job]
+    raw = encode(spec)
+    assert decode_spec(raw) == spec
+    written = msgspec.msgpack.decode(raw)
+    flat = {"chat", "template", "embed", "tools", "tool_choice", "agent", "then"}
+    assert not flat & written.keys()
