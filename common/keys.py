@@ -228,23 +228,26 @@ class Keys:
         its sections and what each round wrote there)."""
         return self._job(validate_job_name(name), "board")
 
-    def agents(self, job: str) -> str:
-        """Hash of an agent job: agent (input index) -> msgpack state (turns, tool calls,
-        tokens so far) while it runs."""
+    def input_states(self, job: str) -> str:
+        """Hash of a workflow job: input index -> msgpack state its flow keeps between the
+        input's steps (an agent's turns, tool calls, tokens so far) while it runs. (Named
+        ``agents`` in Redis, as when agents were its only users.)"""
         return self._job(job, "agents")
 
-    def agents_waiting(self, job: str) -> str:
-        """Hash of an agent job: agent -> the tool calls it waits on, and its conversation:
-        an agent here holds no slot of any endpoint."""
+    def parked(self, job: str) -> str:
+        """Hash of a workflow job: input index -> what the input waits on outside the fleet
+        (an agent's tool calls, and its conversation): an input here holds no slot of any
+        endpoint."""
         return self._job(job, "waiting")
 
-    def agents_done(self, job: str) -> str:
-        """Hash of an agent job: agent -> msgpack :class:`flows.agents.AgentResult`, written
-        once, when the agent has finished (answered, or failed with its reason)."""
+    def outcomes(self, job: str) -> str:
+        """Hash of a workflow job: input index -> its outcome as its flow wrote it (msgpack:
+        an agent's :class:`flows.agents.AgentResult`), written once, when the input is
+        through (answered, or failed with its reason)."""
         return self._job(job, "done")
 
-    def agents_finished(self, job: str) -> str:
-        """Stream of an agent job: each agent as it finished (field ``a``), in that order."""
+    def finished(self, job: str) -> str:
+        """Stream of a workflow job: each input as it finished (field ``a``), in that order."""
         return self._job(job, "finished")
 
     def producer_lock(self, job: str) -> str:

@@ -129,7 +129,7 @@ class AgentFlow(Flow):
             return True
         if status.total is None:
             return False
-        return await self.store.agents_finished(spec.job) >= status.total
+        return await self.store.outcomes_count(spec.job) >= status.total
 
     @property
     def caller(self) -> ToolCaller:
@@ -150,7 +150,7 @@ class AgentFlow(Flow):
 
     async def gauges(self) -> list[Gauge]:
         """Each running agent job's agents by state, and the tool calls of this Redis."""
-        agents = {job: await self.store.agent_counts(job) for job in sorted(self.work)}
+        agents = {job: await self.store.outcome_counts(job) for job in sorted(self.work)}
         if agents:  # else as last read
             self._tool_stats = await self.store.tool_stats()
         tools = self._tool_stats
@@ -161,9 +161,13 @@ class AgentFlow(Flow):
                 "(for a tool: holding no endpoint slot), done (as last read)",
                 ("job", "state"),
                 tuple(
-                    ((job, state), float(getattr(a, state)))
+                    ((job, state), float(n))
                     for job, a in agents.items()
-                    for state in ("thinking", "waiting", "done")
+                    for state, n in (
+                        ("thinking", a.active),
+                        ("waiting", a.parked),
+                        ("done", a.done),
+                    )
                 ),
             ),
             Gauge(
@@ -205,7 +209,7 @@ class AgentFlow(Flow):
         raws = await self.store.results_at(turn, [x.index for x in landed])
         items = [decode_item(x.payload or b"") for x in landed]
         origins = [it.origin if it.origin is not None else it.index for it in items]
-        states = await self.store.agent_states(spec.job, origins)
+        states = await self.store.input_states(spec.job, origins)
         offered = offered_tools(spec)
         now = await self.store.server_time()
         finished: dict[int, bytes] = {}
@@ -236,7 +240,7 @@ class AgentFlow(Flow):
                 state.repairs += 1
                 onward.append((origin, item, repair, _lane(r)))
             new_states[origin] = _encoder.encode(state)
-        await self.store.record_agents(
+        await self.store.record_outcomes(
             spec.job, gen=spec.generation, states=new_states, waits=parked, results=finished
         )
         await self._onward(spec, k, onward, [x.entry_id for x in landed], repairs=True)
@@ -393,12 +397,12 @@ class AgentFlow(Flow):
                 sum(a.runs for a in answers if a is not None),
                 sum(1 for a in answers if a is not None and a.truncated_bytes),
             )
-        await self.store.record_agents(spec.job, gen=spec.generation, waits=kept, results=failed)
+        await self.store.record_outcomes(spec.job, gen=spec.generation, waits=kept, results=failed)
         for k, onward in ready.items():
             await self._onward(spec, k, onward, [])
             unparked = [o for o, _, _, _ in onward]
             states = await self._tallied(spec, {o: tallies[o] for o in unparked})
-            await self.store.record_agents(
+            await self.store.record_outcomes(
                 spec.job, gen=spec.generation, states=states, unparked=unparked
             )
         return bool(ready or failed)
@@ -413,7 +417,7 @@ class AgentFlow(Flow):
         agents = list(tallies)
         out = {}
         for origin, blob in zip(
-            agents, await self.store.agent_states(spec.job, agents), strict=True
+            agents, await self.store.input_states(spec.job, agents), strict=True
         ):
             state = _state_decoder.decode(blob) if blob else AgentState()
             runs, cut = tallies[origin]

@@ -35,7 +35,7 @@ def agent_line(r: AgentResult) -> bytes:
 async def _agents(store: JobStore, job: str, start: int, count: int) -> list[AgentResult]:
     """The agents of ``job`` from ``start`` on, up to the first not finished yet."""
     chunk = []
-    for raw in await store.agent_results(job, start, count):
+    for raw in await store.outcomes(job, start, count):
         if raw is None:
             break
         chunk.append(_decoder.decode(raw))
@@ -68,7 +68,7 @@ async def agents_as_finished(
     while True:
         agents, after = await store.finished_since(job, after)
         if agents:
-            raws = await store.agent_results_of(job, agents)
+            raws = await store.outcomes_of(job, agents)
             yield [_decoder.decode(r) for r in raws if r is not None]
             seen += len(agents)
         status = await store.status(job, rate=False)

@@ -13,12 +13,13 @@ from common.fleet import EndpointInfo, EndpointStats, waiting_reason
 from common.keys import stage_name
 from common.models import JobSpec
 from common.settings import mask_url
-from common.store import AgentCounts, JobStatus, JobStore
+from common.store import JobStatus, JobStore, OutcomeCounts
 from flows.agents import agent_of
 from flows.pipeline import link_of
 from flows.steps import over, step_statuses
 
 __all__ = [
+    "AgentCounts",
     "Board",
     "EndpointRow",
     "History",
@@ -33,6 +34,19 @@ __all__ = [
     "waiting_step",
     "whole_state",
 ]
+
+
+class AgentCounts(msgspec.Struct, frozen=True):
+    """An agent job's agents by state, as the page shows them: ``thinking`` (a turn queued or
+    at an endpoint), ``waiting`` for a tool (in no queue, holding no slot), ``done``."""
+
+    thinking: int
+    waiting: int
+    done: int
+
+    @classmethod
+    def of(cls, counts: OutcomeCounts) -> AgentCounts:
+        return cls(counts.active, counts.parked, counts.done)
 
 
 class StepFigures(msgspec.Struct, frozen=True, array_like=True):
@@ -289,7 +303,7 @@ async def read_jobs(
         # A workflow's figures are its first step's: no ETA of the whole from them (seen:
         # "eta 0 s" with 108 agents thinking); its steps or agents say how far it is.
         if agent_of(spec) is not None:
-            counts = await store.agent_counts(name)
+            counts = AgentCounts.of(await store.outcome_counts(name))
             row = msgspec.structs.replace(row, agents=counts, eta_s=None)
         elif link_of(spec) is not None:  # a pipeline: its steps' progress beside the first's
             figures = [StepFigures(st.done, st.failed, st.total) for _, st in steps]

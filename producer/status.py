@@ -215,11 +215,11 @@ async def _show(store: JobStore, job: str) -> tuple[bool, bool]:
 
 async def agent_lines(store: JobStore, spec: JobSpec) -> str:
     """An agent job's agents by state, and the tool calls of this Redis."""
-    a = await store.agent_counts(spec.job)
+    a = await store.outcome_counts(spec.job)
     tools = await store.tool_stats()
     lines = [
-        f"  agents: {a.done} done, {a.waiting} waiting for a tool, "
-        f"{a.thinking} thinking (of {a.done + a.waiting + a.thinking})",
+        f"  agents: {a.done} done, {a.parked} waiting for a tool, "
+        f"{a.active} thinking (of {a.done + a.parked + a.active})",
         f"  tool calls (all jobs): {tools.get('runs', 0)} run, "
         f"{tools.get('shared', 0)} answered by a run already made or under way",
     ]

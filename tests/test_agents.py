@@ -79,7 +79,7 @@ async def test_agents_take_their_turns_share_a_tool_call_and_answer_as_data(
     await enqueue_agents(store, specs, agent_prompts(TASK, inputs, system="Be exact."))
     async with sim_fleet(2, tool_parser="hermes") as fleet:
         await run_engine(make_settings(), store, fleet.urls)
-    raws = await store.agent_results("ag", 0, n)
+    raws = await store.outcomes("ag", 0, n)
     results = [msgspec.msgpack.decode(r, type=AgentResult) for r in raws if r is not None]
     assert [r.index for r in results] == list(range(n))  # every agent finished
     for r in results:
@@ -115,7 +115,7 @@ async def test_an_agent_whose_turn_fails_for_good_ends_with_it_and_its_job_finis
     async with sim_fleet(2) as fleet:  # started without a tool-call parser: "auto" refused
         # Bounded: before the fix the burst never ended (the pump had agents to move).
         await asyncio.wait_for(run_engine(make_settings(), store, fleet.urls), 300)
-    raws = await store.agent_results("rj", 0, n)
+    raws = await store.outcomes("rj", 0, n)
     results = [msgspec.msgpack.decode(r, type=AgentResult) for r in raws if r is not None]
     assert [r.index for r in results] == list(range(n))
     for r in results:
@@ -142,7 +142,7 @@ async def test_a_required_tool_choice_runs_agents_on_a_server_without_auto_tool_
     async with sim_fleet(2, tool_parser="hermes", auto_tool_choice=False) as fleet:
         await run_engine(make_settings(), store, fleet.urls)
         sent = [body for e in fleet.endpoints for body in e.received]
-    raws = await store.agent_results("rq", 0, n)
+    raws = await store.outcomes("rq", 0, n)
     results = [msgspec.msgpack.decode(r, type=AgentResult) for r in raws if r is not None]
     assert [r.index for r in results] == list(range(n))
     for r in results:
@@ -412,9 +412,7 @@ async def test_an_answer_cut_off_at_max_tokens_is_repaired_then_fails_as_such(
         await run_engine(make_settings(), store, fleet.urls)
         sent = list(fleet.endpoints[0].received)
     cut = [
-        msgspec.msgpack.decode(r, type=AgentResult)
-        for r in await store.agent_results("cut", 0, n)
-        if r
+        msgspec.msgpack.decode(r, type=AgentResult) for r in await store.outcomes("cut", 0, n) if r
     ]
     assert [r.index for r in cut] == list(range(n))
     for r in cut:  # the first answer cut, one repair cut too: failed as such, its text kept
@@ -429,7 +427,7 @@ async def test_an_answer_cut_off_at_max_tokens_is_repaired_then_fails_as_such(
     # The same agents with room to answer: the schema's object at their last turn.
     whole = [
         msgspec.msgpack.decode(r, type=AgentResult)
-        for r in await store.agent_results("whole", 0, n)
+        for r in await store.outcomes("whole", 0, n)
         if r
     ]
     assert all(r.ok and set(r.output) == {"title", "year"} for r in whole), whole

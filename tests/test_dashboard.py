@@ -23,9 +23,9 @@ from common.fleet import EndpointInfo, EndpointStats
 from common.jobspec import JobOptions
 from common.models import PromptItem, Result
 from common.settings import Settings
-from common.store import AgentCounts, JobStore
+from common.store import JobStore
 from flows.agents import AgentSpec, agent_prompts, build_agents, enqueue_agents
-from producer.board import Board, EndpointRow, History, JobRow, read_board
+from producer.board import AgentCounts, Board, EndpointRow, History, JobRow, read_board
 from producer.dashboard import Dashboard
 from tests.browser import CHROMIUM, Browser
 from tests.harness import (
@@ -168,7 +168,7 @@ async def _agents_under_way(store: JobStore) -> None:
     specs, _ = build_agents("ag", JobOptions(max_tokens=8), AgentSpec(max_turns=2), [], source="t")
     await enqueue_agents(store, specs, agent_prompts("task {n}", [{"n": i} for i in range(5)]))
     gen = (await store.load_spec("ag")).generation
-    await store.record_agents(
+    await store.record_outcomes(
         "ag", gen=gen, waits={0: b"calls", 1: b"calls"}, results={4: b"result"}
     )
     await store.count_tools("runs", 3)

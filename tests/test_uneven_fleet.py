@@ -78,7 +78,7 @@ async def _agents(store: JobStore, job: str, tools: list[str], task: str, n: int
 
 
 async def _results(store: JobStore, job: str, n: int) -> list[AgentResult]:
-    raws = await store.agent_results(job, 0, n)
+    raws = await store.outcomes(job, 0, n)
     return [msgspec.msgpack.decode(r, type=AgentResult) for r in raws if r is not None]
 
 
@@ -170,7 +170,7 @@ async def test_a_tool_no_runner_serves_waits_visibly_then_fails_with_that_reason
     async with sim_fleet(1, tool_parser="hermes") as fleet:
         engine = asyncio.create_task(run_engine(make_settings(tool_wait_s=3.0), store, fleet.urls))
         async with asyncio.timeout(30):  # the agents park on boom's calls
-            while (await store.agent_counts("nb")).waiting < 4:  # noqa: ASYNC110 - the engine's tasks, in Redis
+            while (await store.outcome_counts("nb")).parked < 4:  # noqa: ASYNC110 - the engine's tasks, in Redis
                 await asyncio.sleep(0.05)
         status = await asyncio.to_thread(command, cli_env, "swarm-status", "nb")
         assert "tool boom: no runner serves it (SWARM_TOOLS of swarm-tools), 4 calls queued" in (

@@ -167,7 +167,7 @@ class Reducer:
         if not status.finished or status.total is None:
             return f"stage {level} not finished"
         results = await self._in_input_order(
-            name, await self.store.read_results(name, status.total)
+            spec, name, await self.store.read_results(name, status.total)
         )
         if not REDUCE_KINDS[reduce.kind].fleet:
             output = aggregate(job, reduce, results, self.allowed)
@@ -179,20 +179,22 @@ class Reducer:
             return await self._finish_tree(spec, level, answers)
         return await self._next_level(spec, reduce, level, answers)
 
-    async def _in_input_order(self, name: str, results: list[Result]) -> list[Result]:
-        """A pipeline's last step's results under their inputs' indices, in input order, with
-        a failure for each input that stopped before it (a plain job's: as they are)."""
-        parent, _, stage = name.partition(":")
-        if not stage.startswith("s"):
+    async def _in_input_order(
+        self, spec: JobSpec, name: str, results: list[Result]
+    ) -> list[Result]:
+        """A workflow's later step's results under their inputs' indices, in input order,
+        with a failure for each input that stopped before it (a job of its own's: as they
+        are)."""
+        if name != spec.job or not spec.parent:  # a tree's level, or a job of its own
             return results
-        inputs = (await self.store.status(parent)).total or 0
+        inputs = (await self.store.status(spec.parent)).total or 0
         origins = await self.store.step_origins(name)
         by_input = {
             origins[r.index]: msgspec.structs.replace(r, index=origins[r.index])
             for r in results
             if r.index in origins
         }
-        why = "stopped before the pipeline's last step (failed or filtered: see its line)"
+        why = "stopped before this step (failed or filtered at an earlier one: see its line)"
         return [by_input.get(i) or Result(index=i, error=why) for i in range(inputs)]
 
     async def _finish_tree(self, spec: JobSpec, level: int, answers: list[Result]) -> str:

@@ -259,7 +259,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     """``swarm-tools``: a tool runner, Redis and the tools checked first."""
     argparse.ArgumentParser(
         prog="swarm-tools",
-        description="A tool runner: runs the agents' tool calls that its SWARM_TOOLS allows "
+        description="A tool runner: runs the tool calls that its SWARM_TOOLS allows "
         "(package.module:function or package.module:*, comma-separated; the modules importable "
         "here), taken from the Redis of SWARM_REDIS_URL (and SWARM_PREFIX). Each call runs at "
         "most SWARM_TOOL_TIMEOUT_S, SWARM_TOOL_CONCURRENCY at a time. Ctrl-C or SIGTERM stops "

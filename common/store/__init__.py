@@ -16,10 +16,9 @@ Layout of one job (keys from :class:`common.keys.Keys`, all in the job's hash sl
 Rooms: ``connection`` (client, retry, the error boundary), ``scripts`` and ``lua/`` (the atomic
 steps), ``entries`` (entry IDs and payloads), and the parts of :class:`JobStore`:
 ``registry``, ``feeding``, ``delivery``, ``lanes``, ``results``, ``stages``, ``steps``,
-``boards``, ``tools``, ``agents``, ``status``.
+``boards``, ``tools``, ``outcomes``, ``status``.
 """
 
-from common.store.agents import AgentCounts
 from common.store.base import Memory
 from common.store.connection import (
     NO_CLIENT_SETINFO,
@@ -34,17 +33,18 @@ from common.store.delivery import RELEASED_IDLE_MS, Commit
 from common.store.entries import decode_entry, index_of, requeued
 from common.store.feeding import producer_token
 from common.store.jobstore import JobStore
+from common.store.outcomes import OutcomeCounts
 from common.store.status import JobStatus
 
 __all__ = [
     "NO_CLIENT_SETINFO",
     "RELEASED_IDLE_MS",
     "RETRY_ON",
-    "AgentCounts",
     "Commit",
     "JobStatus",
     "JobStore",
     "Memory",
+    "OutcomeCounts",
     "cluster_node_of",
     "connect",
     "decode_entry",

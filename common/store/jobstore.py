@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from common.models import Result
-from common.store.agents import Agents
 from common.store.boards import Boards
 from common.store.cache import ResponseCache
 from common.store.connection import redis_errors
@@ -11,6 +10,7 @@ from common.store.delivery import Delivery
 from common.store.entries import index_of
 from common.store.feeding import Feeding
 from common.store.lanes import Lanes
+from common.store.outcomes import Outcomes
 from common.store.registry import Registry
 from common.store.results import Results
 from common.store.stages import Stages
@@ -32,15 +32,16 @@ class JobStore(
     Steps,
     Boards,
     Tools,
-    Agents,
+    Outcomes,
     Status,
     ResponseCache,
 ):
     """Job operations on one Redis (``JobStore(redis, keys)``), grouped by who uses them:
     :class:`Registry`, :class:`Feeding` (producer), :class:`Delivery` and :class:`Lanes` (workers),
     :class:`Results` (collector, retry), :class:`Stages` (reduce), :class:`Steps` (pipelines),
-    :class:`Boards` (blackboards), :class:`Tools` (agents' tool calls), :class:`Agents`,
-    :class:`Status`, and the :class:`ResponseCache` every job shares."""
+    :class:`Boards` (blackboards), :class:`Tools` (tool calls), :class:`Outcomes` (a
+    workflow's inputs between their steps), :class:`Status`, and the :class:`ResponseCache`
+    every job shares."""
 
     async def cancel(self, job: str) -> tuple[bool, int]:
         """Stop ``job``: every prompt not yet answered gets a failed result of kind ``cancelled``

@@ -28,7 +28,6 @@ __all__ = ["SCRIPT_NAMES", "Script", "Scripts", "source"]
 
 SCRIPT_NAMES = (
     "add",
-    "agents",
     "backlog",
     "board",
     "cache_get",
@@ -44,6 +43,7 @@ SCRIPT_NAMES = (
     "lane_take",
     "lock",
     "move",
+    "outcomes",
     "publish",
     "retry",
     "seal",
@@ -113,7 +113,6 @@ class Scripts:
             setattr(self, name, Script(redis, source(name)))
 
     add: Script
-    agents: Script
     backlog: Script
     board: Script
     cache_get: Script
@@ -129,6 +128,7 @@ class Scripts:
     lane_take: Script
     lock: Script
     move: Script
+    outcomes: Script
     publish: Script
     retry: Script
     seal: Script
