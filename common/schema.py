@@ -10,6 +10,7 @@ refused up front rather than silently ignored.
 
 from __future__ import annotations
 
+import functools
 import itertools
 from typing import Any, Literal, Union
 
@@ -20,7 +21,7 @@ from common.errors import ConfigError
 from common.models import Result
 from common.vocab import FailureKind
 
-__all__ = ["AnswerValidator", "schema_type"]
+__all__ = ["AnswerValidator", "schema_type", "validator_of"]
 
 _counter = itertools.count()
 # Keywords that only describe, or that the conversion below handles.
@@ -102,3 +103,17 @@ class AnswerValidator:
             return r
         reason = self.error(r.text or "")
         return r if reason is None else replace(r, error=reason, error_kind=FailureKind.SCHEMA)
+
+
+_schema_key = msgspec.json.Encoder(order="sorted")
+
+
+def validator_of(schema: dict[str, Any] | None) -> AnswerValidator | None:
+    """The validator of ``schema``, built once per distinct schema however many jobs (or
+    generations of one job's name) ask for it; None for no schema."""
+    return None if schema is None else _validator(_schema_key.encode(schema))
+
+
+@functools.lru_cache(maxsize=256)
+def _validator(key: bytes) -> AnswerValidator:
+    return AnswerValidator(msgspec.json.decode(key))

@@ -33,7 +33,7 @@ from common.models import (
     decode_item,
     result_or_failure,
 )
-from common.schema import AnswerValidator
+from common.schema import validator_of
 from common.settings import Settings
 from common.store import JobStore
 from common.store.steps import Landed, Move
@@ -97,7 +97,6 @@ class AgentFlow(Flow):
         super().__init__(store, settings, token=token)
         self._caller: ToolCaller | None = None
         self._tool_queue: ArqRedis | None = None
-        self._validators: dict[str, AnswerValidator | None] = {}
         self._tool_stats: dict[str, int] = {}
         self._agents: dict[str, AgentSpec | None] = {}
 
@@ -196,13 +195,6 @@ class AgentFlow(Flow):
         await self._seal(spec)
         return did
 
-    def _validator(self, spec: JobSpec) -> AnswerValidator | None:
-        key = f"{spec.job}/{spec.generation}"
-        if key not in self._validators:
-            schema = self._agent_job(spec).output_schema
-            self._validators[key] = AnswerValidator(schema) if schema else None
-        return self._validators[key]
-
     async def _answers(self, spec: JobSpec, k: int, landed: list[Landed]) -> None:
         """A turn's answers: each agent parked, finished or sent on to its next turn."""
         turn = step_name(spec.job, k)
@@ -281,7 +273,7 @@ class AgentFlow(Flow):
                 return end("max_turns", f"asked for tools at its last turn ({k + 1})"), None
             return None, None
         text = r.text or ""
-        validator = self._validator(spec)
+        validator = validator_of(self._agent_job(spec).output_schema or None)
         why: str | None
         if r.finish_reason == "length":  # cut off at max_tokens: no answer, whatever it reads
             failure = "length"

@@ -4,6 +4,7 @@ reaching the server; answers validated against a JSON Schema, failures kept per 
 
 from __future__ import annotations
 
+import asyncio
 import io
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -23,6 +24,7 @@ from sim.server import SimFleet
 from sim.text import completion_for
 from tests.helpers import collect_lines, prompts, run_engine, serve
 from worker.endpoint import EndpointClient
+from worker.engine import Engine
 
 CHAT_TEMPLATE = "<|user|>\n{prompt}\n<|assistant|>\n"  # what swarm-sim's chat endpoint applies
 
@@ -238,6 +240,43 @@ async def test_answers_are_validated_against_the_schema_and_failures_keep_their_
     assert lines[2]["error"].startswith("not JSON")
     failed = await store.failed_indices("s", {"schema"})
     assert failed == [(1, "schema"), (2, "schema")]  # swarm-retry --kind schema takes them
+
+
+async def test_a_name_queued_again_with_another_schema_is_held_to_the_new_one(
+    make_settings: Callable[..., Settings],
+    store: JobStore,
+    capture: tuple[str, list[dict[str, Any]]],
+) -> None:
+    """One worker serves both lives of the name: the second's answers are checked against
+    the second's schema, not against a validator kept for the name (seen: kept by job)."""
+    url, _ = capture
+    items = [("a good one", None), ("a bad one", None)]
+    engine = Engine(make_settings(), store, [EndpointClient(url)])
+    running = asyncio.create_task(engine.run())
+    try:
+        await enqueue_prompts(store, JobSpec(job="s", schema=SCHEMA), items)
+        await _finished(store, "s")
+        assert [x["error"] is None for x in await collect_lines(store, "s")] == [True, False]
+        await store.delete_job("s")
+        text = {"type": "string"}
+        ages_as_text = {**SCHEMA, "properties": {"name": text, "age": text}}
+        await enqueue_prompts(store, JobSpec(job="s", schema=ages_as_text), items)
+        await _finished(store, "s")
+    finally:
+        engine.request_stop()
+        await running
+        await engine.close()
+    assert [x["error"] for x in await collect_lines(store, "s")] == [
+        "does not match the schema: Expected `str`, got `int` - at `$.age`",
+        None,
+    ]
+
+
+async def _finished(store: JobStore, job: str) -> None:
+    """Wait for ``job`` to finish: the engine's tasks run in this loop, and Redis says."""
+    async with asyncio.timeout(60):
+        while not (await store.status(job, rate=False)).finished:  # noqa: ASYNC110 - Redis
+            await asyncio.sleep(0.01)
 
 
 def test_schema_conversion_covers_the_usual_subset_and_refuses_the_rest() -> None:

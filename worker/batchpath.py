@@ -27,6 +27,7 @@ from common.errors import (
 from common.fleet import takers
 from common.models import JobSpec, Result
 from common.perprompt import answered
+from common.schema import validator_of
 from common.store import Commit
 from common.throttle import Throttled
 from common.vocab import FailureKind
@@ -173,7 +174,7 @@ class BatchPath:
         preempts nothing."""
         ids = [eid for eid, _, _ in deliveries]
         items, results = decode_deliveries(deliveries, self.client.label)
-        validator = self.engine.validator(spec)
+        validator = validator_of(spec.schema)
         keys: list[str | None] = []  # the cache's keys of the answers to come, if it is used
         if items and spec.cache:
             hits, items, keys = await self.cache.answered(spec, items)

@@ -9,7 +9,6 @@ from typing import Protocol
 
 from common.errors import BadRecordError, JobGoneError
 from common.models import JobSpec
-from common.schema import AnswerValidator
 from common.settings import Settings
 from common.store import JobStore
 from worker.metrics import Metrics
@@ -24,13 +23,19 @@ class DrainContext(Protocol):
     store: JobStore
     metrics: Metrics
     rand: Callable[[], float]
-    # The jobs served now, by name, with the spec each was taken up with.
-    jobs: dict[str, JobSpec]
     # Per urgent job, the batches one endpoint may start by preemption.
     shares: dict[str, int]
-    # Jobs with prompts finished since the figures were last published.
-    touched: set[str]
     burst: bool
+
+    @property
+    def jobs(self) -> dict[str, JobSpec]:
+        """The jobs served now, by name, with the spec each was taken up with."""
+        ...
+
+    @property
+    def touched(self) -> set[str]:
+        """Jobs with prompts finished since the figures were last published."""
+        ...
 
     @property
     def stopping(self) -> bool:
@@ -64,8 +69,4 @@ class DrainContext(Protocol):
 
     def reclaim_soon(self, job: str) -> None:
         """Entries of ``job`` were released: every drain loop looks for them on its next step."""
-        ...
-
-    def validator(self, spec: JobSpec) -> AnswerValidator | None:
-        """The answer validator of ``spec``'s schema (None: no schema)."""
         ...
