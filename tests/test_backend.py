@@ -4,102 +4,27 @@ endpoint's backend is chosen by its hostfile tag."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import msgspec
 import pytest
 
 from common.errors import ConfigError
 from common.hostfile import Endpoint, parse_hostfile
-from common.models import Embedding, SamplingParams
+from common.models import Embedding
 from common.settings import Settings
 from common.store import JobStore
 from producer.enqueue import enqueue_prompts
 from tests.helpers import collect_lines, prompts, spec
 from worker.backend import Backend, backend_for
-from worker.endpoint import (
-    ChatBody,
-    ChatChoice,
-    ChatMessage,
-    Choice,
-    CompletionBody,
-    EmbeddingBody,
-    EmbeddingDatum,
-    EndpointClient,
-    Load,
-    ModelInfo,
-)
+from worker.endpoint import EndpointClient
 from worker.engine import Engine
-
-
-class Shouting:
-    """A server of another kind, in memory: it answers each prompt in capitals, and knows
-    neither its load nor token counts (the optional parts of the protocol)."""
-
-    url = label = "memory://shouting"
-
-    def __init__(self) -> None:
-        self.requests = 0
-
-    async def ready(self, timeout_s: float = 10.0) -> bool:
-        return True
-
-    async def models(self, timeout_s: float = 30.0) -> list[ModelInfo]:
-        return [ModelInfo("shout")]
-
-    async def complete(
-        self,
-        model: str,
-        prompts: list[str],
-        params: SamplingParams,
-        *,
-        timeout_s: float | None = None,
-        add_special_tokens: bool | None = None,
-    ) -> CompletionBody:
-        self.requests += 1
-        # Answered in reverse order: the worker maps choices by index, never by position.
-        choices = [Choice(i, p.upper(), "stop") for i, p in enumerate(prompts)][::-1]
-        return CompletionBody(choices=choices, model=model)
-
-    async def chat(
-        self,
-        model: str,
-        messages: list[dict[str, Any]],
-        params: SamplingParams,
-        *,
-        timeout_s: float | None = None,
-        tools: list[dict[str, Any]] | None = None,
-        tool_choice: str | dict[str, Any] | None = None,
-    ) -> ChatBody:
-        self.requests += 1
-        text = messages[-1]["content"].upper()
-        return ChatBody(choices=[ChatChoice(0, ChatMessage(text), "stop")], model=model)
-
-    async def embed(
-        self, model: str, texts: list[str], *, timeout_s: float | None = None
-    ) -> EmbeddingBody:
-        self.requests += 1
-        # A text's vector is its length and its count of capitals, answered in reverse order.
-        data = [
-            EmbeddingDatum(i, [float(len(t)), float(sum(c.isupper() for c in t))])
-            for i, t in enumerate(texts)
-        ][::-1]
-        return EmbeddingBody(data=data, model=model)
-
-    async def load(self, timeout_s: float = 5.0) -> Load | None:
-        return None
-
-    async def tokenize(self, prompt: str, model: str, timeout_s: float = 30.0) -> int | None:
-        return None
-
-    async def close(self) -> None:
-        pass
+from worker.inmemory import InMemoryBackend
 
 
 async def test_the_worker_drives_any_backend_the_protocol_describes(
     make_settings: Callable[..., Settings], store: JobStore
 ) -> None:
-    backend: Backend = Shouting()  # mypy checks it is one
+    backend: Backend = InMemoryBackend()  # mypy checks it is one
     await enqueue_prompts(store, spec(), prompts(100))
     engine = Engine(make_settings(batch_size=8), store, [backend])
     try:
@@ -114,7 +39,7 @@ async def test_the_worker_drives_any_backend_the_protocol_describes(
 async def test_an_embeddings_job_fits_the_protocol_as_a_request_kind(
     make_settings: Callable[..., Settings], store: JobStore
 ) -> None:
-    backend = Shouting()
+    backend = InMemoryBackend()
     texts = ["abc", "Hello World", "X"] * 10
     embed = msgspec.structs.replace(spec(), request=Embedding())
     await enqueue_prompts(store, embed, [(t, None) for t in texts])

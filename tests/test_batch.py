@@ -12,7 +12,8 @@ from common.models import JobSpec, PromptItem, SamplingParams
 from common.settings import Settings
 from worker.batch import BatchRunner, Tally
 from worker.circuit import Circuit, GiveUp
-from worker.endpoint import Choice, CompletionBody, CompletionUsage, EndpointClient
+from worker.endpoint import EndpointClient
+from worker.replies import Choice, CompletionBody, CompletionUsage
 
 
 class FakeEndpoint(EndpointClient):

@@ -23,8 +23,9 @@ from sim.engine import EngineConfig
 from sim.server import FaultConfig, SimFleet
 from sim.text import completion_for
 from tests.helpers import collect_lines, gen_of, prompts, run_engine, spec
-from worker.endpoint import Choice, CompletionBody, EndpointClient
+from worker.endpoint import EndpointClient
 from worker.engine import Engine
+from worker.replies import Choice, CompletionBody
 
 # -- store and enqueue -------------------------------------------------------------------
 

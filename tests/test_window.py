@@ -14,8 +14,9 @@ from sim.engine import EngineConfig
 from sim.server import SimFleet
 from sim.text import completion_for
 from tests.helpers import collect_lines, prompts, spec
-from worker.endpoint import EndpointClient, Load, parse_load
+from worker.endpoint import EndpointClient, parse_load
 from worker.engine import Engine
+from worker.replies import Load
 from worker.window import Window, follow_load, next_window
 
 

@@ -5,9 +5,9 @@ What every backend must do: say whether it is ready, list the models it serves, 
 list of completion prompts, a chat conversation or a list of texts to embed. What it may not
 know: its scheduler's load (the in-flight window then stays where it is) and a prompt's exact
 token count (the reduce then estimates): those answer None. The drain loop, the window, the
-probe and the reduce ask this protocol, never a server's own types, so another server (or new
-kinds of request: several samples, tools) is a new implementation here, not edits across the
-worker.
+probe and the reduce ask this protocol, in its own types (:mod:`worker.replies`), never a
+server's, so another server (or new kinds of request: several samples, tools) is a new
+implementation here, not edits across the worker.
 The one implementation today is the vLLM OpenAI-compatible server (:class:`EndpointClient`),
 chosen by default, or by an endpoint's hostfile tag ``backend=vllm``.
 """
@@ -19,14 +19,8 @@ from typing import Any, Protocol
 from common.errors import ConfigError
 from common.hostfile import Endpoint
 from common.models import SamplingParams
-from worker.endpoint import (
-    ChatBody,
-    CompletionBody,
-    EmbeddingBody,
-    EndpointClient,
-    Load,
-    ModelInfo,
-)
+from worker.endpoint import EndpointClient
+from worker.replies import ChatBody, CompletionBody, EmbeddingBody, Load, ModelInfo
 
 __all__ = ["BACKENDS", "Backend", "backend_for"]
 

@@ -38,8 +38,8 @@ from common.settings import Settings
 from common.vocab import FailureKind
 from worker.backend import Backend
 from worker.circuit import Circuit, GiveUp
-from worker.endpoint import ChatBody, CompletionBody, CompletionUsage, EmbeddingBody
 from worker.metrics import NO_METRICS, Metrics
+from worker.replies import ChatBody, CompletionBody, CompletionUsage, EmbeddingBody
 
 __all__ = [
     "EMBEDDINGS",

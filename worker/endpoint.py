@@ -29,109 +29,15 @@ from common.errors import (
 )
 from common.models import SamplingParams
 from common.settings import mask_url
+from worker.replies import ChatBody, CompletionBody, EmbeddingBody, Load, ModelInfo
 
 T = TypeVar("T")
 
-__all__ = [
-    "ChatBody",
-    "Choice",
-    "CompletionBody",
-    "CompletionUsage",
-    "EmbeddingBody",
-    "EndpointClient",
-    "Load",
-    "ModelInfo",
-    "parse_load",
-]
-
-
-class Choice(msgspec.Struct):
-    index: int
-    text: str = ""
-    finish_reason: str | None = None
-
-
-class CompletionUsage(msgspec.Struct):
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-
-
-class CompletionBody(msgspec.Struct):
-    """The parts of a ``/v1/completions`` response swarm-queue uses."""
-
-    choices: list[Choice] = []
-    usage: CompletionUsage | None = None
-    model: str = ""
-
-
-class FunctionCall(msgspec.Struct, frozen=True):
-    name: str = ""
-    arguments: str = ""
-
-
-class ChatToolCall(msgspec.Struct, frozen=True):
-    id: str = ""
-    function: FunctionCall = FunctionCall()
-
-
-class ChatMessage(msgspec.Struct, frozen=True):
-    content: str | None = None
-    # What a message without content may hold instead (vLLM's reasoning parsers, tool calls).
-    reasoning_content: str | None = None
-    tool_calls: list[ChatToolCall] | None = None
-
-    def without_content(self) -> str:
-        """Why this message has no text, for the failure that records it."""
-        if self.tool_calls:
-            return "tool calls only"
-        if self.reasoning_content:
-            return "reasoning only"
-        return "nothing"
-
-
-class ChatChoice(msgspec.Struct):
-    index: int = 0
-    message: ChatMessage = ChatMessage()
-    finish_reason: str | None = None
-
-
-class ChatBody(msgspec.Struct):
-    """The parts of a ``/v1/chat/completions`` response swarm-queue uses."""
-
-    choices: list[ChatChoice] = []
-    usage: CompletionUsage | None = None
-    model: str = ""
-
-
-class EmbeddingDatum(msgspec.Struct):
-    index: int
-    # A null among the values is how a JSON writer that refuses NaN (msgspec's, say) writes
-    # it: read, so that the vector is refused as the endpoint's failure (see check_vectors).
-    embedding: list[float | None] = []
-
-
-class EmbeddingBody(msgspec.Struct):
-    """The parts of a ``/v1/embeddings`` response swarm-queue uses."""
-
-    data: list[EmbeddingDatum] = []
-    usage: CompletionUsage | None = None
-    model: str = ""
-
-
-class ModelInfo(msgspec.Struct):
-    id: str
-    max_model_len: int | None = None
+__all__ = ["EndpointClient", "parse_load"]
 
 
 class _ModelList(msgspec.Struct):
     data: list[ModelInfo] = []
-
-
-class Load(msgspec.Struct, frozen=True):
-    """vLLM's scheduler gauges: sequences decoding now, and sequences queued behind them."""
-
-    running: float
-    waiting: float
 
 
 _GAUGE = re.compile(

@@ -16,7 +16,7 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 from common.settings import Settings
-from worker.endpoint import Load
+from worker.replies import Load
 
 __all__ = ["ADAPT_START", "Window", "follow_load", "next_window"]
 

@@ -1,0 +1,109 @@
+"""What an inference server answers, as the worker reads it: the parts of OpenAI's completion,
+chat and embeddings bodies swarm-queue uses, a model it serves, and its scheduler's load. The
+types the :class:`worker.backend.Backend` protocol speaks, whatever server answers them
+(vLLM's OpenAI server, :class:`worker.endpoint.EndpointClient`, decodes its JSON into them)."""
+
+from __future__ import annotations
+
+import msgspec
+
+__all__ = [
+    "ChatBody",
+    "ChatChoice",
+    "ChatMessage",
+    "ChatToolCall",
+    "Choice",
+    "CompletionBody",
+    "CompletionUsage",
+    "EmbeddingBody",
+    "EmbeddingDatum",
+    "FunctionCall",
+    "Load",
+    "ModelInfo",
+]
+
+
+class Choice(msgspec.Struct):
+    index: int
+    text: str = ""
+    finish_reason: str | None = None
+
+
+class CompletionUsage(msgspec.Struct):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+class CompletionBody(msgspec.Struct):
+    """The parts of a ``/v1/completions`` response swarm-queue uses."""
+
+    choices: list[Choice] = []
+    usage: CompletionUsage | None = None
+    model: str = ""
+
+
+class FunctionCall(msgspec.Struct, frozen=True):
+    name: str = ""
+    arguments: str = ""
+
+
+class ChatToolCall(msgspec.Struct, frozen=True):
+    id: str = ""
+    function: FunctionCall = FunctionCall()
+
+
+class ChatMessage(msgspec.Struct, frozen=True):
+    content: str | None = None
+    # What a message without content may hold instead (vLLM's reasoning parsers, tool calls).
+    reasoning_content: str | None = None
+    tool_calls: list[ChatToolCall] | None = None
+
+    def without_content(self) -> str:
+        """Why this message has no text, for the failure that records it."""
+        if self.tool_calls:
+            return "tool calls only"
+        if self.reasoning_content:
+            return "reasoning only"
+        return "nothing"
+
+
+class ChatChoice(msgspec.Struct):
+    index: int = 0
+    message: ChatMessage = ChatMessage()
+    finish_reason: str | None = None
+
+
+class ChatBody(msgspec.Struct):
+    """The parts of a ``/v1/chat/completions`` response swarm-queue uses."""
+
+    choices: list[ChatChoice] = []
+    usage: CompletionUsage | None = None
+    model: str = ""
+
+
+class EmbeddingDatum(msgspec.Struct):
+    index: int
+    # A null among the values is how a JSON writer that refuses NaN (msgspec's, say) writes
+    # it: read, so that the vector is refused as the endpoint's failure (see check_vectors).
+    embedding: list[float | None] = []
+
+
+class EmbeddingBody(msgspec.Struct):
+    """The parts of a ``/v1/embeddings`` response swarm-queue uses."""
+
+    data: list[EmbeddingDatum] = []
+    usage: CompletionUsage | None = None
+    model: str = ""
+
+
+class ModelInfo(msgspec.Struct):
+    id: str
+    max_model_len: int | None = None
+
+
+class Load(msgspec.Struct, frozen=True):
+    """A server's scheduler load: sequences decoding now, and sequences queued behind them
+    (vLLM's gauges)."""
+
+    running: float
+    waiting: float
