@@ -31,7 +31,7 @@ from common.errors import (
 from common.models import JobSpec, Message, PromptItem, SamplingParams, encode
 from common.progress import Progress
 from common.room import Room
-from common.store import JobStore, producer_token
+from common.store import ProducerStore, producer_token
 from common.vocab import Meta
 
 __all__ = ["CHUNK", "LOCK_TTL_MS", "EnqueueReport", "PromptInput", "enqueue_prompts"]
@@ -79,7 +79,7 @@ class _InputDigest:
         self.value = h.hexdigest()
 
 
-async def _take_lock(store: JobStore, job: str, token: str) -> None:
+async def _take_lock(store: ProducerStore, job: str, token: str) -> None:
     holder = await store.acquire_producer_lock(job, token, LOCK_TTL_MS)
     if holder is not None and _holder_is_dead(holder):
         await store.release_producer_lock(job, holder)
@@ -91,7 +91,9 @@ async def _take_lock(store: JobStore, job: str, token: str) -> None:
         )
 
 
-async def _wait_for_room(store: JobStore, job: str, token: str, upto: int, window: int) -> None:
+async def _wait_for_room(
+    store: ProducerStore, job: str, token: str, upto: int, window: int
+) -> None:
     """Wait until queuing prompts up to index ``upto`` leaves at most ``window`` unfinished."""
     while True:
         status = await store.status(job)
@@ -109,7 +111,7 @@ PromptInput = (
 
 
 async def enqueue_prompts(
-    store: JobStore,
+    store: ProducerStore,
     spec: JobSpec,
     prompts: Iterable[PromptInput],
     *,
@@ -155,7 +157,7 @@ class _Feeder:
     runs, it stops instead of writing into whatever takes the name next."""
 
     def __init__(
-        self, store: JobStore, spec: JobSpec, token: str, window: int | None, progress: bool
+        self, store: ProducerStore, spec: JobSpec, token: str, window: int | None, progress: bool
     ) -> None:
         self.store, self.spec, self.job = store, spec, spec.job
         self.token, self.window, self.progress = token, window, progress

@@ -18,7 +18,7 @@ import time
 from collections.abc import Awaitable, Callable
 
 from common.models import JobSpec
-from common.store import JobStore, Memory
+from common.store import Memory, ProducerStore
 
 __all__ = ["SHARE", "Room"]
 
@@ -47,7 +47,7 @@ class Room:
     """Whether ``spec``'s job may queue its next chunk in the Redis of ``store``, and waiting
     (saying why, with ``say``) until it may."""
 
-    def __init__(self, store: JobStore, spec: JobSpec, say: Callable[[str], None]) -> None:
+    def __init__(self, store: ProducerStore, spec: JobSpec, say: Callable[[str], None]) -> None:
         self.store = store
         self.job = spec.job
         self.say = say

@@ -35,7 +35,7 @@ from common.models import (
 )
 from common.schema import validator_of
 from common.settings import Settings
-from common.store import JobStore
+from common.store import FlowStore
 from common.store.steps import Landed, Move
 from common.tools import ToolAnswer
 from common.vocab import Meta
@@ -93,7 +93,7 @@ class AgentFlow(Flow):
 
     name = KIND
 
-    def __init__(self, store: JobStore, settings: Settings, *, token: str = "") -> None:
+    def __init__(self, store: FlowStore, settings: Settings, *, token: str = "") -> None:
         super().__init__(store, settings, token=token)
         self._caller: ToolCaller | None = None
         self._tool_queue: ArqRedis | None = None

@@ -34,7 +34,7 @@ from common.jobspec import JobOptions, build_spec
 from common.keys import step_name, validate_tool_name
 from common.models import Chat, FlowRef, JobSpec, Message
 from common.schema import AnswerValidator
-from common.store import JobStore
+from common.store import ProducerStore
 from common.tools import ToolAnswer
 from flows.pipeline import MAX_STEPS
 
@@ -260,7 +260,7 @@ def agent_prompts(
 
 
 async def enqueue_agents(
-    store: JobStore,
+    store: ProducerStore,
     specs: list[JobSpec],
     prompts: Iterable[tuple[tuple[Message, ...], str | None]],
     **kwargs: Any,
@@ -285,7 +285,7 @@ async def enqueue_agents(
         raise
 
 
-async def _queued(store: JobStore, job: str) -> int:
+async def _queued(store: ProducerStore, job: str) -> int:
     """How many prompts ``job`` holds (0 when there is no such job)."""
     try:
         return (await store.status(job, rate=False)).enqueued

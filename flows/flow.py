@@ -29,7 +29,7 @@ from common.errors import BadRecordError, JobConflictError, JobGoneError, JobNot
 from common.keys import step_of
 from common.models import JobSpec
 from common.settings import Settings
-from common.store import JobStore, producer_token
+from common.store import FlowStore, producer_token
 from common.store.steps import Landed
 
 __all__ = ["BATCH", "LOCK_TTL_MS", "Flow", "Gauge"]
@@ -58,7 +58,7 @@ class Flow(ABC):
     # Said in logs, and part of the pump's lock token.
     name: ClassVar[str]
 
-    def __init__(self, store: JobStore, settings: Settings, *, token: str = "") -> None:
+    def __init__(self, store: FlowStore, settings: Settings, *, token: str = "") -> None:
         self.store, self.settings = store, settings
         # The functions this worker may import by name (the operator's SWARM_REDUCE_FUNCTIONS;
         # a Swarm adds its own session's): a flow that runs one asks here.

@@ -25,7 +25,7 @@ from common.models import Embedding, FlowRef, JobSpec, PromptItem
 from common.perprompt import PER_PROMPT_KINDS
 from common.reduce import function_allowed, load_function
 from common.reducekinds import REDUCE_KINDS
-from common.store import JobStore
+from common.store import ProducerStore
 
 __all__ = [
     "KIND",
@@ -258,7 +258,7 @@ def next_item(
 
 
 async def enqueue_pipeline(
-    store: JobStore, specs: Sequence[JobSpec], prompts: Iterable[PromptInput], **kwargs: Any
+    store: ProducerStore, specs: Sequence[JobSpec], prompts: Iterable[PromptInput], **kwargs: Any
 ) -> EnqueueReport:
     """Create every step of a pipeline (``specs`` from :func:`build_pipeline`), later ones
     first so that no answer lands before its next step exists, then queue ``prompts`` into

@@ -15,7 +15,7 @@ import msgspec
 from common.keys import step_name, step_of
 from common.models import JobSpec, decode_item, result_or_failure
 from common.settings import Settings
-from common.store import JobStore
+from common.store import FlowStore
 from common.store.steps import Landed, Move
 from common.vocab import Meta
 from flows.flow import Flow
@@ -32,7 +32,7 @@ class PipelineFlow(Flow):
 
     name = KIND
 
-    def __init__(self, store: JobStore, settings: Settings, *, token: str = "") -> None:
+    def __init__(self, store: FlowStore, settings: Settings, *, token: str = "") -> None:
         super().__init__(store, settings, token=token)
         self._keeps: dict[tuple[str, str], Keep] = {}
 

@@ -19,7 +19,7 @@ import msgspec
 from common.errors import ConfigError, JobConflictError
 from common.keys import round_name, validate_job_name
 from common.models import Result
-from common.store import JobStore
+from common.store import FlowStore
 
 __all__ = ["Blackboard", "BoardState", "RoundFailure"]
 
@@ -56,7 +56,7 @@ class Blackboard:
 
     def __init__(
         self,
-        store: JobStore,
+        store: FlowStore,
         name: str,
         sections: Sequence[str],
         prompt: Callable[[str, Sections], str],

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from arq.connections import ArqRedis
 
 from common.settings import Settings
-from common.store import JobStore, redis_errors
+from common.store import FlowStore, redis_errors
 from common.tools import ToolAnswer, claim_s, tool_key
 
 __all__ = ["ToolCaller"]
@@ -19,7 +19,7 @@ __all__ = ["ToolCaller"]
 class ToolCaller:
     """Tool calls through the runners of one Redis; counts what it ran and what it shared."""
 
-    def __init__(self, store: JobStore, pool: ArqRedis, settings: Settings) -> None:
+    def __init__(self, store: FlowStore, pool: ArqRedis, settings: Settings) -> None:
         self.store, self.pool, self.settings = store, pool, settings
         self.claim_s = claim_s(settings.tool_timeout_s)
         self.queued = 0  # calls this caller handed to the runners

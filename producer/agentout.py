@@ -13,7 +13,7 @@ import msgspec
 
 from common.errors import JobGoneError
 from common.models import JobSpec
-from common.store import JobStatus, JobStore
+from common.store import CollectorStore, JobStatus
 from flows.agents import AgentResult, agent_of
 from producer.lines import LineSink
 from producer.outfile import collect_rows_durably
@@ -32,7 +32,7 @@ def agent_line(r: AgentResult) -> bytes:
     return _encoder.encode(r) + b"\n"
 
 
-async def _agents(store: JobStore, job: str, start: int, count: int) -> list[AgentResult]:
+async def _agents(store: CollectorStore, job: str, start: int, count: int) -> list[AgentResult]:
     """The agents of ``job`` from ``start`` on, up to the first not finished yet."""
     chunk = []
     for raw in await store.outcomes(job, start, count):
@@ -43,7 +43,7 @@ async def _agents(store: JobStore, job: str, start: int, count: int) -> list[Age
 
 
 def follow_agents(
-    store: JobStore,
+    store: CollectorStore,
     job: str,
     *,
     start: int = 0,
@@ -59,7 +59,7 @@ def follow_agents(
 
 
 async def agents_as_finished(
-    store: JobStore, job: str, *, poll_s: float = 0.1
+    store: CollectorStore, job: str, *, poll_s: float = 0.1
 ) -> AsyncIterator[list[AgentResult]]:
     """The agents of ``job`` in the order they finish, a chunk at a time, until every one
     has (what a user who acts on each result at once wants, rather than input order)."""
@@ -81,7 +81,7 @@ async def agents_as_finished(
 
 
 async def collect_agents(
-    store: JobStore,
+    store: CollectorStore,
     job: str,
     path: str,
     *,

@@ -17,7 +17,7 @@ import msgspec
 
 from common.keys import step_name
 from common.models import JobSpec, Result, Usage, result_or_failure
-from common.store import JobStatus, JobStore
+from common.store import CollectorStore, JobStatus
 from flows.pipeline import link_of
 from producer.lines import LineSink
 from producer.outfile import collect_rows_durably
@@ -83,7 +83,7 @@ def chain_line(line: ChainLine) -> bytes:
     return _encoder.encode(line) + b"\n"
 
 
-async def steps_of(store: JobStore, job: str) -> list[JobSpec]:
+async def steps_of(store: CollectorStore, job: str) -> list[JobSpec]:
     """The specs of pipeline ``job``'s steps, in order (one: a plain job)."""
     specs = [await store.load_spec(job)]
     while (link := link_of(specs[-1])) is not None:
@@ -118,7 +118,7 @@ class _Chain:
         return self.error is not None or len(self.answers) == steps
 
 
-async def _advance(store: JobStore, job: str, chains: list[_Chain], steps: int) -> None:
+async def _advance(store: CollectorStore, job: str, chains: list[_Chain], steps: int) -> None:
     """Take every chain as far as the steps' records go now."""
     for k in range(1, steps):
         here = [c for c in chains if not c.ended(steps) and len(c.answers) == k]
@@ -153,7 +153,7 @@ def follow_chains(steps: int) -> Callable[..., AsyncIterator[list[ChainLine]]]:
     job's: every input's chain, in input order, a chunk at a time as they end."""
 
     async def rows(
-        store: JobStore,
+        store: CollectorStore,
         job: str,
         *,
         start: int = 0,
@@ -181,7 +181,7 @@ def follow_chains(steps: int) -> Callable[..., AsyncIterator[list[ChainLine]]]:
 
 
 async def collect_chains(
-    store: JobStore,
+    store: CollectorStore,
     job: str,
     path: str,
     *,

@@ -10,7 +10,7 @@ from typing import BinaryIO, Generic, TypeVar
 
 from common.errors import ConfigError
 from common.models import Result
-from common.store import JobStore
+from common.store import CollectorStore
 from producer.outfile import Mark, collect_durably
 from producer.stream import CollectReport, Row, own_line
 
@@ -151,7 +151,7 @@ def _fsync_dir(path: str) -> None:
 
 
 async def collect_to_file(
-    store: JobStore,
+    store: CollectorStore,
     job: str,
     path: str,
     *,

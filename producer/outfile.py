@@ -25,7 +25,7 @@ import msgspec
 
 from common.errors import ConfigError, ResultsEvictedError
 from common.models import JobSpec, Result, result_or_failure
-from common.store import JobStatus, JobStore
+from common.store import CollectorStore, JobStatus
 from producer.stream import (
     CollectReport,
     Row,
@@ -163,7 +163,7 @@ class Refreshable(Protocol):
     ) -> tuple[Mark, int]: ...
 
 
-async def _wait_finished(store: JobStore, job: str, *, wait: bool) -> JobStatus:
+async def _wait_finished(store: CollectorStore, job: str, *, wait: bool) -> JobStatus:
     """The job's status once every prompt has its result (at once without ``wait``)."""
     while True:
         status = await store.status(job, rate=False)
@@ -176,7 +176,7 @@ REFRESH_POLL_S = 0.5
 
 
 async def bring_up_to_date(
-    store: JobStore,
+    store: CollectorStore,
     job: str,
     path: str,
     sink: object,
@@ -322,7 +322,7 @@ Sink = RowSink[Result]
 
 
 async def collect_durably(
-    store: JobStore,
+    store: CollectorStore,
     job: str,
     path: str,
     make_sink: Callable[[str, JobSpec], Sink],
@@ -349,7 +349,7 @@ async def collect_durably(
 
 
 async def collect_rows_durably(
-    store: JobStore,
+    store: CollectorStore,
     job: str,
     path: str,
     make_sink: Callable[[str, JobSpec], RowSink[R]],

@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 
 from common.errors import ConfigError
 from common.models import JobSpec, OutputLine, Result
-from common.store import JobStore
+from common.store import CollectorStore
 from producer.outfile import Mark, collect_durably
 from producer.stream import CollectReport
 from producer.valuecols import value_cells, value_fields
@@ -285,7 +285,7 @@ def _prepare(path: str, mark: Mark | None) -> None:
 
 
 async def collect_to_parquet(
-    store: JobStore,
+    store: CollectorStore,
     job: str,
     path: str,
     *,

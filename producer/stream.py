@@ -31,7 +31,7 @@ from common.models import (
     result_or_failure,
 )
 from common.progress import Progress
-from common.store import JobStatus, JobStore
+from common.store import CollectorStore, JobStatus
 from flows.pipeline import link_of
 
 __all__ = [
@@ -80,7 +80,9 @@ class CollectReport(msgspec.Struct, frozen=True):
         return self.total is not None and self.start + self.written >= self.total
 
 
-async def wait_for_spec(store: JobStore, job: str, *, wait: bool, poll_s: float = 0.5) -> JobSpec:
+async def wait_for_spec(
+    store: CollectorStore, job: str, *, wait: bool, poll_s: float = 0.5
+) -> JobSpec:
     """The job's spec; raise JobNotFoundError for an unknown job, unless following it
     (``--wait``): then the collector may start before the producer, and says what it waits
     for."""
@@ -101,7 +103,7 @@ async def wait_for_spec(store: JobStore, job: str, *, wait: bool, poll_s: float 
         await asyncio.sleep(max(poll_s, 0.5))
 
 
-async def wait_for_job(store: JobStore, job: str, wait: bool, poll_s: float) -> str:
+async def wait_for_job(store: CollectorStore, job: str, wait: bool, poll_s: float) -> str:
     """The job's generation (see :func:`wait_for_spec`)."""
     return (await wait_for_spec(store, job, wait=wait, poll_s=poll_s)).generation
 
@@ -117,11 +119,11 @@ def check_kept(status: JobStatus, start: int) -> None:
 
 
 # Reads the rows of a job from an index on, up to a count, stopping before the first not in yet.
-Fetch = Callable[[JobStore, str, int, int], Awaitable[list[R]]]
+Fetch = Callable[[CollectorStore, str, int, int], Awaitable[list[R]]]
 
 
 async def follow_rows(
-    store: JobStore,
+    store: CollectorStore,
     job: str,
     fetch: Fetch[R],
     *,
@@ -173,7 +175,7 @@ async def follow_rows(
         await asyncio.sleep(poll_s)
 
 
-async def _results(store: JobStore, job: str, start: int, count: int) -> list[Result]:
+async def _results(store: CollectorStore, job: str, start: int, count: int) -> list[Result]:
     """The results of ``job`` from ``start`` on, up to the first not in yet."""
     chunk = []
     for i, blob in enumerate(await store.fetch_results(job, start, count), start):
@@ -184,7 +186,7 @@ async def _results(store: JobStore, job: str, start: int, count: int) -> list[Re
 
 
 def follow(
-    store: JobStore,
+    store: CollectorStore,
     job: str,
     *,
     start: int = 0,
@@ -199,7 +201,7 @@ def follow(
 
 
 async def collect(
-    store: JobStore,
+    store: CollectorStore,
     job: str,
     out: BinaryIO,
     *,
@@ -230,7 +232,7 @@ async def collect(
 
 
 async def collect_into(
-    store: JobStore,
+    store: CollectorStore,
     job: str,
     put: Callable[[list[R], int], Awaitable[None]],
     *,
@@ -275,7 +277,7 @@ def own_line(r: Result) -> bytes:
 
 
 async def wait_final(
-    store: JobStore, job: str, *, wait: bool, poll_s: float = 0.5
+    store: CollectorStore, job: str, *, wait: bool, poll_s: float = 0.5
 ) -> ReduceOutput | None:
     """The job's reduce output; with ``wait``, waits for it. ConfigError if it has no reduce."""
     await wait_for_job(store, job, wait, poll_s)

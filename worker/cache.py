@@ -15,7 +15,7 @@ from common.cache import answer_key, cacheable, decode_answer, encode_answer
 from common.errors import BadRecordError, StoreRefused, StoreUnavailable
 from common.models import JobSpec, Result
 from common.settings import Settings
-from common.store import JobStore, requeued
+from common.store import WorkerStore, requeued
 from worker.deliveries import Decoded, Finished
 
 __all__ = ["AnswerCache"]
@@ -30,7 +30,7 @@ _CACHE_TROUBLE = (StoreUnavailable, BadRecordError, StoreRefused)
 class AnswerCache:
     """Looks a batch up in the cache and keeps new answers, for one endpoint's drainer."""
 
-    def __init__(self, store: JobStore, settings: Settings, label: str) -> None:
+    def __init__(self, store: WorkerStore, settings: Settings, label: str) -> None:
         self.store = store
         self.ttl_s = settings.cache_ttl_s
         self.max_answers = settings.cache_max_answers

@@ -10,7 +10,7 @@ from typing import Protocol
 from common.errors import BadRecordError, JobGoneError
 from common.models import JobSpec
 from common.settings import Settings
-from common.store import JobStore
+from common.store import WorkerStore
 from worker.metrics import Metrics
 
 __all__ = ["DrainContext"]
@@ -20,12 +20,16 @@ class DrainContext(Protocol):
     """The worker as its drain loops see it."""
 
     settings: Settings
-    store: JobStore
     metrics: Metrics
     rand: Callable[[], float]
     # Per urgent job, the batches one endpoint may start by preemption.
     shares: dict[str, int]
     burst: bool
+
+    @property
+    def store(self) -> WorkerStore:
+        """The store as the drain path uses it."""
+        ...
 
     @property
     def jobs(self) -> dict[str, JobSpec]:

@@ -23,7 +23,7 @@ from typing import NamedTuple
 from common.keys import lane_name
 from common.models import JobSpec
 from common.settings import Settings
-from common.store import JobStore
+from common.store import WorkerStore
 
 __all__ = ["Delivery", "Intake", "Taken", "service_order"]
 
@@ -69,7 +69,7 @@ class Intake:
 
     def __init__(
         self,
-        store: JobStore,
+        store: WorkerStore,
         consumer: str,
         settings: Settings,
         label: str,

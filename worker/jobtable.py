@@ -13,7 +13,7 @@ from collections.abc import Callable
 from common.errors import BadRecordError, JobGoneError, JobNotFoundError, StoreUnavailable
 from common.models import JobSpec
 from common.settings import Settings
-from common.store import JobStore
+from common.store import WorkerStore
 
 __all__ = ["JobTable"]
 
@@ -25,7 +25,7 @@ class JobTable:
 
     def __init__(
         self,
-        store: JobStore,
+        store: WorkerStore,
         settings: Settings,
         *,
         lacks: Callable[[JobSpec], str | None],

@@ -19,7 +19,7 @@ from common.abilities import Abilities
 from common.errors import BadRecordError, ConfigError, JobNotFoundError
 from common.models import JobSpec
 from common.settings import Settings
-from common.store import JobStatus, JobStore
+from common.store import JobStatus, WorkerStore
 from worker.drainer import EndpointDrainer
 from worker.pumps import Pumps
 
@@ -36,7 +36,7 @@ class Publisher:
 
     def __init__(
         self,
-        store: JobStore,
+        store: WorkerStore,
         settings: Settings,
         drainers: list[EndpointDrainer],
         pumps: Pumps,

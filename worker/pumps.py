@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable, Iterable
 
 from common.errors import SwarmError
 from common.settings import Settings
-from common.store import JobStore
+from common.store import FlowStore
 from flows.flow import Flow, Gauge
 from flows.registry import FLOWS
 
@@ -24,7 +24,7 @@ PUMP_IDLE_S = 0.05
 class Pumps:
     """One worker's flows."""
 
-    def __init__(self, store: JobStore, settings: Settings) -> None:
+    def __init__(self, store: FlowStore, settings: Settings) -> None:
         self.flows: list[Flow] = [flow(store, settings) for flow in FLOWS]
         # What the flows show the metrics, as last read.
         self.gauges: list[Gauge] = []

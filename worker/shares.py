@@ -9,14 +9,14 @@ from collections.abc import Sequence
 from common.errors import BadRecordError
 from common.fleet import serving
 from common.models import JobSpec
-from common.store import JobStore
+from common.store import WorkerStore
 from worker.drainer import EndpointDrainer
 
 __all__ = ["fair_shares"]
 
 
 async def fair_shares(
-    store: JobStore, specs: Sequence[JobSpec], drainers: Sequence[EndpointDrainer], batch: int
+    store: WorkerStore, specs: Sequence[JobSpec], drainers: Sequence[EndpointDrainer], batch: int
 ) -> dict[str, int]:
     """For each of ``specs`` above the lowest priority: its batches (of ``batch`` prompts)
     over the live endpoints serving its model, at least this worker's own ``drainers`` that

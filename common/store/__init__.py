@@ -34,17 +34,22 @@ from common.store.entries import decode_entry, index_of, requeued
 from common.store.feeding import producer_token
 from common.store.jobstore import JobStore
 from common.store.outcomes import OutcomeCounts
+from common.store.roles import CollectorStore, FlowStore, ProducerStore, WorkerStore
 from common.store.status import JobStatus
 
 __all__ = [
     "NO_CLIENT_SETINFO",
     "RELEASED_IDLE_MS",
     "RETRY_ON",
+    "CollectorStore",
     "Commit",
+    "FlowStore",
     "JobStatus",
     "JobStore",
     "Memory",
     "OutcomeCounts",
+    "ProducerStore",
+    "WorkerStore",
     "cluster_node_of",
     "connect",
     "decode_entry",

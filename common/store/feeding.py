@@ -24,11 +24,6 @@ def producer_token() -> str:
 class Feeding(StoreBase):
     """Filling a job's stream: one producer at a time, all or nothing per chunk."""
 
-    async def enqueued_count(self, job: str) -> int:
-        """How many prompts the producer has queued: the resume point of a rerun."""
-        async with redis_errors(self.url, job):
-            return int(await self.redis.hget(self.keys.meta(job), Meta.ENQUEUED) or 0)
-
     async def acquire_producer_lock(self, job: str, token: str, ttl_ms: int) -> str | None:
         """Take or refresh the job's producer lock; returns the other holder's token if held."""
         async with redis_errors(self.url, job):
@@ -84,3 +79,12 @@ class Feeding(StoreBase):
                 f"job {job!r} was sealed with {int(stored)} prompts; this input has {total}. "
                 "Use another job name."
             )
+
+    async def result_bytes(self, job: str) -> tuple[int, int]:
+        """``(results held, about how many bytes of Redis memory they take)``: what a producer
+        learns the size of an answer from (Redis estimates the bytes from a sample)."""
+        key = self.keys.results(job)
+        async with redis_errors(self.url, job):
+            held = int(await self.redis.hlen(key))
+            used = int(await self.redis.memory_usage(key, samples=50) or 0) if held else 0
+        return held, used

@@ -1,47 +1,19 @@
-"""The job store: every job operation on one Redis, shared by producer, workers and collector."""
+"""The job store: every job operation on one Redis, each role's (see :mod:`common.store.roles`)."""
 
 from __future__ import annotations
 
 from common.models import Result
-from common.store.boards import Boards
-from common.store.cache import ResponseCache
 from common.store.connection import redis_errors
-from common.store.delivery import Delivery
 from common.store.entries import index_of
-from common.store.feeding import Feeding
-from common.store.lanes import Lanes
-from common.store.outcomes import Outcomes
-from common.store.registry import Registry
-from common.store.results import Results
-from common.store.stages import Stages
-from common.store.status import Status
-from common.store.steps import Steps
-from common.store.tools import Tools
+from common.store.roles import CollectorStore, FlowStore, ProducerStore, WorkerStore
 from common.vocab import FailureKind, Meta
 
 __all__ = ["JobStore"]
 
 
-class JobStore(
-    Registry,
-    Feeding,
-    Delivery,
-    Lanes,
-    Results,
-    Stages,
-    Steps,
-    Boards,
-    Tools,
-    Outcomes,
-    Status,
-    ResponseCache,
-):
-    """Job operations on one Redis (``JobStore(redis, keys)``), grouped by who uses them:
-    :class:`Registry`, :class:`Feeding` (producer), :class:`Delivery` and :class:`Lanes` (workers),
-    :class:`Results` (collector, retry), :class:`Stages` (reduce), :class:`Steps` (pipelines),
-    :class:`Boards` (blackboards), :class:`Tools` (tool calls), :class:`Outcomes` (a
-    workflow's inputs between their steps), :class:`Status`, and the :class:`ResponseCache`
-    every job shares."""
+class JobStore(ProducerStore, WorkerStore, FlowStore, CollectorStore):
+    """Every job operation on one Redis (``JobStore(redis, keys)``): each role's
+    (:mod:`common.store.roles`), and an operator's (cancel)."""
 
     async def cancel(self, job: str) -> tuple[bool, int]:
         """Stop ``job``: every prompt not yet answered gets a failed result of kind ``cancelled``

@@ -181,3 +181,8 @@ class Registry(StoreBase):
             if names:
                 await self.redis.srem(self.keys.jobs, *names)
         return n
+
+    async def enqueued_count(self, job: str) -> int:
+        """How many prompts the producer has queued: the resume point of a rerun."""
+        async with redis_errors(self.url, job):
+            return int(await self.redis.hget(self.keys.meta(job), Meta.ENQUEUED) or 0)

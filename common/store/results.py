@@ -22,15 +22,6 @@ class Results(StoreBase):
         async with redis_errors(self.url, job):
             return list(await self.redis.hmget(self.keys.results(job), fields))
 
-    async def result_bytes(self, job: str) -> tuple[int, int]:
-        """``(results held, about how many bytes of Redis memory they take)``: what a producer
-        learns the size of an answer from (Redis estimates the bytes from a sample)."""
-        key = self.keys.results(job)
-        async with redis_errors(self.url, job):
-            held = int(await self.redis.hlen(key))
-            used = int(await self.redis.memory_usage(key, samples=50) or 0) if held else 0
-        return held, used
-
     async def read_results(self, job: str, total: int, chunk: int = 2000) -> list[Result]:
         """Every result of ``job`` in index order; an index with none (evicted by a collector)
         comes back as a failure saying so, never silently skipped."""

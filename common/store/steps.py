@@ -36,8 +36,43 @@ class Move(msgspec.Struct, frozen=True):
     lane: str = ""
 
 
-class Steps(StoreBase):
-    """Moving a pipeline step's answers into the next step."""
+class StepMap(StoreBase):
+    """Where a workflow's inputs are in a later step: each input's item there, each item's
+    input, why an input was not queued there; the raw results of a step's items. What a flow
+    moving answers on and a collector following inputs through the steps both read."""
+
+    async def results_at(self, job: str, indices: Sequence[int]) -> list[bytes | None]:
+        """Raw result blobs of ``indices`` (None where there is none)."""
+        if not indices:
+            return []
+        async with redis_errors(self.url, job):
+            return list(await self.redis.hmget(self.keys.results(job), [str(i) for i in indices]))
+
+    async def step_indices(self, job: str, origins: Sequence[int]) -> list[int | None]:
+        """Each input index's item index in step ``job`` (None: not queued there)."""
+        if not origins:
+            return []
+        async with redis_errors(self.url, job):
+            raw = await self.redis.hmget(self.keys.fed(job), [str(o) for o in origins])
+        return [None if r is None else int(r) for r in raw]
+
+    async def step_origins(self, job: str) -> dict[int, int]:
+        """Step ``job``'s item indices -> the input index each came from."""
+        async with redis_errors(self.url, job):
+            raw = await self.redis.hgetall(self.keys.fed(job))
+        return {int(i): int(o) for o, i in raw.items()}
+
+    async def drop_reasons(self, job: str, origins: Sequence[int]) -> list[str | None]:
+        """Why each input index was not queued into step ``job`` (None: it was not dropped)."""
+        if not origins:
+            return []
+        async with redis_errors(self.url, job):
+            raw = await self.redis.hmget(self.keys.dropped(job), [str(o) for o in origins])
+        return [None if r is None else r.decode(errors="replace") for r in raw]
+
+
+class Steps(StepMap):
+    """Moving a step's answers, as they land, into the job its flow feeds."""
 
     async def ensure_pump_group(self, job: str) -> None:
         """Create the pump's consumer group on ``job``'s landed stream unless it exists."""
@@ -91,13 +126,6 @@ class Steps(StoreBase):
             )
         return int(pending) > 0 or bool(undelivered)
 
-    async def results_at(self, job: str, indices: Sequence[int]) -> list[bytes | None]:
-        """Raw result blobs of ``indices`` (None where there is none)."""
-        if not indices:
-            return []
-        async with redis_errors(self.url, job):
-            return list(await self.redis.hmget(self.keys.results(job), [str(i) for i in indices]))
-
     async def moved(self, job: str, origins: Sequence[int]) -> set[int]:
         """The input indices among ``origins`` already queued into, or dropped before, step
         ``job``."""
@@ -109,28 +137,6 @@ class Steps(StoreBase):
             pipe.hmget(self.keys.dropped(job), fields)
             fed, dropped = await pipe.execute()
         return {o for o, f, d in zip(origins, fed, dropped, strict=True) if f or d}
-
-    async def step_indices(self, job: str, origins: Sequence[int]) -> list[int | None]:
-        """Each input index's item index in step ``job`` (None: not queued there)."""
-        if not origins:
-            return []
-        async with redis_errors(self.url, job):
-            raw = await self.redis.hmget(self.keys.fed(job), [str(o) for o in origins])
-        return [None if r is None else int(r) for r in raw]
-
-    async def step_origins(self, job: str) -> dict[int, int]:
-        """Step ``job``'s item indices -> the input index each came from."""
-        async with redis_errors(self.url, job):
-            raw = await self.redis.hgetall(self.keys.fed(job))
-        return {int(i): int(o) for o, i in raw.items()}
-
-    async def drop_reasons(self, job: str, origins: Sequence[int]) -> list[str | None]:
-        """Why each input index was not queued into step ``job`` (None: it was not dropped)."""
-        if not origins:
-            return []
-        async with redis_errors(self.url, job):
-            raw = await self.redis.hmget(self.keys.dropped(job), [str(o) for o in origins])
-        return [None if r is None else r.decode(errors="replace") for r in raw]
 
     async def move_on(
         self,

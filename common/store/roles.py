@@ -1,0 +1,47 @@
+"""The job store's operations by the role of who uses them: each process (or part of one) is
+given the store as its role, and sees what it uses; :class:`common.store.JobStore` is all of
+them at once (and what an operator's command needs besides). A role is the parts it uses, as
+one class: no operation is declared twice.
+
+* :class:`ProducerStore`: a job created and its prompts queued (``swarm-enqueue``, the API);
+* :class:`WorkerStore`: the drain path: work read, reclaimed, committed; the reduce stages;
+  the response cache; the figures published;
+* :class:`FlowStore`: a flow: answers landed taken and moved on into the next job, which it
+  feeds and seals; a workflow's inputs between their steps; tool calls; blackboards;
+* :class:`CollectorStore`: results read in order, evicted, their outcomes and reduce output.
+"""
+
+from __future__ import annotations
+
+from common.store.boards import Boards
+from common.store.cache import ResponseCache
+from common.store.delivery import Delivery
+from common.store.feeding import Feeding
+from common.store.lanes import Lanes
+from common.store.outcomes import Outcomes
+from common.store.registry import Registry
+from common.store.results import Results
+from common.store.stages import Stages
+from common.store.status import Status
+from common.store.steps import StepMap, Steps
+from common.store.tools import Tools
+
+__all__ = ["CollectorStore", "FlowStore", "ProducerStore", "WorkerStore"]
+
+
+class ProducerStore(Registry, Feeding, Status):
+    """What a producer does with a job: create it, queue its prompts, seal it."""
+
+
+class WorkerStore(Registry, Delivery, Lanes, Stages, Status, ResponseCache):
+    """What the drain path does: take work, run it, commit it; advance reduces; publish."""
+
+
+class FlowStore(Registry, Feeding, Steps, Outcomes, Tools, Boards, Status):
+    """What a flow does: take what landed, move it on into the job it feeds, seal that job;
+    keep a workflow's inputs between their steps; ask tools; keep blackboards."""
+
+
+class CollectorStore(Registry, Results, StepMap, Stages, Outcomes, Status):
+    """What a collector does: read results in input order (a workflow's through its steps, its
+    inputs' outcomes, the reduce's output), evict what it wrote."""
