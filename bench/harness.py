@@ -32,7 +32,7 @@ from common.vocab import Meta
 from producer.enqueue import enqueue_prompts
 from producer.lines import collect_to_file
 from producer.stream import collect
-from sim.engine import Engine, EngineConfig
+from sim.engine import EngineConfig, SimEngine
 from sim.launch import SimExited, launch
 from sim.text import completion_for
 
@@ -71,7 +71,7 @@ def token_capacity(config: EngineConfig) -> float:
 def offline_makespan(lengths: Sequence[int], config: EngineConfig) -> float:
     """Simulated seconds one engine needs for sequences of these lengths, all queued at t=0:
     continuous batching at its best, ramp-down tail included."""
-    engine = Engine(config)
+    engine = SimEngine(config)
     engine.load(lengths)
     t = 0.0
     while engine.num_running or engine.num_waiting:

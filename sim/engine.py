@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 import msgspec
 
-__all__ = ["LATENCY_BUCKETS_S", "Engine", "EngineConfig", "EngineStopped", "Histogram"]
+__all__ = ["LATENCY_BUCKETS_S", "EngineConfig", "EngineStopped", "Histogram", "SimEngine"]
 
 # vLLM's bucket bounds for its request latency histograms.
 LATENCY_BUCKETS_S = (
@@ -119,7 +119,7 @@ class _Request:
         self.arrived = time.monotonic()
 
 
-class Engine:
+class SimEngine:
     """The scheduler loop of one simulated server. Call :meth:`start` inside a running loop."""
 
     def __init__(self, config: EngineConfig) -> None:

@@ -50,7 +50,7 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from sim.engine import Engine, EngineConfig, EngineStopped
+from sim.engine import EngineConfig, EngineStopped, SimEngine
 from sim.prefix import PrefixCache
 from sim.text import count_tokens, embedding_for, sample_for
 from sim.tools import call_id, choice_error, schema_answer, tool_call
@@ -169,7 +169,7 @@ class SimEndpoint:
         self.config = config
         self.faults = faults or FaultConfig()
         self.error_format = error_format
-        self.engine = Engine(config)
+        self.engine = SimEngine(config)
         self.rng = random.Random(seed + port)
         self.started = time.monotonic()
         self.dead = False

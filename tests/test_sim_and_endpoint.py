@@ -17,7 +17,7 @@ from aiohttp import web
 from common.embedded import free_port
 from common.errors import EndpointRejected, EndpointRetryable, ModelNotServed, RouteMissing
 from common.models import SamplingParams
-from sim.engine import Engine, EngineConfig
+from sim.engine import EngineConfig, SimEngine
 from sim.server import FaultConfig, SimFleet
 from sim.text import completion_for, count_tokens
 from tests.helpers import serve
@@ -40,7 +40,7 @@ def test_completion_is_deterministic_and_respects_max_tokens() -> None:
 
 
 async def test_engine_runs_at_most_max_num_seqs_and_answers_when_all_sequences_finish() -> None:
-    engine = Engine(EngineConfig(max_num_seqs=2))
+    engine = SimEngine(EngineConfig(max_num_seqs=2))
     first = engine.submit([2, 5])  # one list request: two sequences
     second = engine.submit([1])
     engine.admit()

@@ -1,7 +1,7 @@
 """Store bookkeeping on fakeredis (with Lua): locks, sealing, counters, finishing.
 
 Stream delivery, consumer groups and reclaim are tested against a real Redis in
-test_pipeline.py; here only the hash and script logic, which fakeredis runs faithfully.
+test_queue_path.py; here only the hash and script logic, which fakeredis runs faithfully.
 """
 
 from __future__ import annotations

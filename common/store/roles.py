@@ -13,7 +13,7 @@ one class: no operation is declared twice.
 
 from __future__ import annotations
 
-from common.store.boards import Boards
+from common.store.blackboards import Blackboards
 from common.store.cache import ResponseCache
 from common.store.delivery import Delivery
 from common.store.feeding import Feeding
@@ -37,7 +37,7 @@ class WorkerStore(Registry, Delivery, Lanes, Stages, Status, ResponseCache):
     """What the drain path does: take work, run it, commit it; advance reduces; publish."""
 
 
-class FlowStore(Registry, Feeding, Steps, Outcomes, Tools, Boards, Status):
+class FlowStore(Registry, Feeding, Steps, Outcomes, Tools, Blackboards, Status):
     """What a flow does: take what landed, move it on into the job it feeds, seal that job;
     keep a workflow's inputs between their steps; ask tools; keep blackboards."""
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 from common.store.base import StoreBase
 from common.store.connection import redis_errors
 
-__all__ = ["Boards"]
+__all__ = ["Blackboards"]
 
 
-class Boards(StoreBase):
+class Blackboards(StoreBase):
     """A blackboard's state, read and moved on round by round."""
 
     async def read_board(self, name: str) -> tuple[int, bytes | None]:

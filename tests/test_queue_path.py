@@ -1,4 +1,4 @@
-"""The pipeline against a real Redis: store semantics, enqueue, the drain engine, the collector.
+"""The queue path against a real Redis: store semantics, enqueue, the drain engine, the collector.
 
 The drain engine runs in-process here (``Engine.run(burst=True)`` or single ``step()`` calls)
 against an in-process swarm-sim; tests with real worker processes are in test_e2e.py.
