@@ -167,35 +167,48 @@ def example(n, key, second):
     return p, t
 
 data = [example(n, k, s) for n in range(300) for k in keys for s in (False, True)]
-opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-model.train()
-for step in range(int(sys.argv[6])):
-    batch = rng.sample(data, 16)
-    width = max(len(p) + len(t) for p, t in batch)
-    ids = torch.full((16, width), tok.eos_token_id)
-    labels = torch.full((16, width), -100)
-    mask = torch.zeros((16, width), dtype=torch.long)
-    for i, (p, t) in enumerate(batch):
-        ids[i, : len(p) + len(t)] = torch.tensor(p + t)
-        labels[i, len(p) : len(p) + len(t)] = torch.tensor(t)
-        mask[i, : len(p) + len(t)] = 1
-    loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
-    opt.zero_grad()
-    loss.backward()
-    opt.step()
-    if step % 100 == 0:
-        print(f"step {step}: loss {loss.item():.4f}", flush=True)
-model.eval()
-right = 0
 held = [example(n, k, s) for n in range(300, 340) for k in keys for s in (False, True)]
-for p, t in held:
-    with torch.no_grad():
-        got = model.generate(torch.tensor([p]), max_new_tokens=len(t), do_sample=False,
-                             pad_token_id=tok.eos_token_id)[0, len(p):].tolist()
-    right += got == t
-print(f"held-out: {right}/{len(held)} answers exact", flush=True)
-if right < len(held) * 0.9:
-    sys.exit("the tiny model did not learn to call the tool: run again with more steps")
+
+def train(steps, lr):
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    model.train()
+    for step in range(steps):
+        batch = rng.sample(data, 16)
+        width = max(len(p) + len(t) for p, t in batch)
+        ids = torch.full((16, width), tok.eos_token_id)
+        labels = torch.full((16, width), -100)
+        mask = torch.zeros((16, width), dtype=torch.long)
+        for i, (p, t) in enumerate(batch):
+            ids[i, : len(p) + len(t)] = torch.tensor(p + t)
+            labels[i, len(p) : len(p) + len(t)] = torch.tensor(t)
+            mask[i, : len(p) + len(t)] = 1
+        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if step % 100 == 0:
+            print(f"step {step}: loss {loss.item():.4f}", flush=True)
+
+def exact():
+    model.eval()
+    right = 0
+    for p, t in held:
+        with torch.no_grad():
+            got = model.generate(torch.tensor([p]), max_new_tokens=len(t), do_sample=False,
+                                 pad_token_id=tok.eos_token_id)[0, len(p):].tolist()
+        right += got == t
+    print(f"held-out: {right}/{len(held)} answers exact", flush=True)
+    return right
+
+# A first pass, then shorter ones at a lower rate until the held-out answers are right (the
+# same seeds do not give the same floats on every machine, or under every load).
+train(int(sys.argv[6]), 3e-3)
+rounds = 0
+while exact() < len(held) * 0.9:
+    rounds += 1
+    if rounds > 4:
+        sys.exit("the tiny model did not learn to call the tool")
+    train(300, 1e-3)
 model.save_pretrained(out, safe_serialization=True)
 tok.save_pretrained(out)
 (out / "chat_template.jinja").write_text((src / "chat_template.jinja").read_text())
