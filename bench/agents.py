@@ -23,14 +23,20 @@ from typing import Any
 
 from bench.harness import OUT, ROOT, Bench, Workers, new_fleet, wait_workers_ready
 from bench.versus import with_section
-from common.jobspec import JobOptions
-from common.keys import step_name
-from common.models import decode_result
-from common.settings import Settings
-from common.store import JobStore
-from flows.agents import AgentSpec, agent_prompts, build_agents, enqueue_agents, tool_definition
-from producer.agentout import follow_agents
-from sim.engine import EngineConfig
+from swarm_queue.common.jobspec import JobOptions
+from swarm_queue.common.keys import step_name
+from swarm_queue.common.models import decode_result
+from swarm_queue.common.settings import Settings
+from swarm_queue.common.store import JobStore
+from swarm_queue.flows.agents import (
+    AgentSpec,
+    agent_prompts,
+    build_agents,
+    enqueue_agents,
+    tool_definition,
+)
+from swarm_queue.producer.agentout import follow_agents
+from swarm_queue.sim.engine import EngineConfig
 
 TITLE = "## 12. Agents"
 # Served as vLLM must be for agents whose model picks its tools (tool_choice "auto").
@@ -75,7 +81,7 @@ async def swarm_agents(url: str, urls: list[str], n: int) -> dict[str, Any]:
     }
     with open(OUT / "agents-runner.log", "wb") as out:
         runner = subprocess.Popen(
-            [sys.executable, "-m", "arq", "worker.ToolSettings"],
+            [sys.executable, "-m", "arq", "swarm_queue.worker.ToolSettings"],
             cwd=ROOT,
             env=env,
             stdout=out,

@@ -25,7 +25,7 @@ from arq import create_pool
 from arq.connections import RedisSettings
 
 from bench.harness import OUT, ROOT
-from worker.app import job_deserializer, job_serializer
+from swarm_queue.worker.app import job_deserializer, job_serializer
 
 QUEUE = "bench:arq:queue"
 

@@ -25,11 +25,11 @@ from bench.harness import (
     redis_cpu_s,
 )
 from bench.rows import Row, Scenario
-from common.models import JobSpec, SamplingParams
-from common.settings import Settings
-from common.store import JobStore
-from producer.enqueue import enqueue_prompts
-from producer.stream import collect
+from swarm_queue.common.models import JobSpec, SamplingParams
+from swarm_queue.common.settings import Settings
+from swarm_queue.common.store import JobStore
+from swarm_queue.producer.enqueue import enqueue_prompts
+from swarm_queue.producer.stream import collect
 
 __all__ = ["FleetCost", "fleet_scale_scenario"]
 

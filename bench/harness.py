@@ -24,17 +24,17 @@ from pathlib import Path
 import aiohttp
 import redis.asyncio as aioredis
 
-from common.embedded import EmbeddedRedis, free_port
-from common.models import JobSpec, SamplingParams
-from common.settings import Settings
-from common.store import JobStore
-from common.vocab import Meta
-from producer.enqueue import enqueue_prompts
-from producer.lines import collect_to_file
-from producer.stream import collect
-from sim.engine import EngineConfig, SimEngine
-from sim.launch import SimExited, launch
-from sim.text import completion_for
+from swarm_queue.common.embedded import EmbeddedRedis, free_port
+from swarm_queue.common.models import JobSpec, SamplingParams
+from swarm_queue.common.settings import Settings
+from swarm_queue.common.store import JobStore
+from swarm_queue.common.vocab import Meta
+from swarm_queue.producer.enqueue import enqueue_prompts
+from swarm_queue.producer.lines import collect_to_file
+from swarm_queue.producer.stream import collect
+from swarm_queue.sim.engine import EngineConfig, SimEngine
+from swarm_queue.sim.launch import SimExited, launch
+from swarm_queue.sim.text import completion_for
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "out"
@@ -297,8 +297,9 @@ def one_worker_process() -> None:
 
 @dataclass
 class Workers:
-    """Worker processes, one per endpoint group: long-running ``arq worker.WorkerSettings``,
-    or ``swarm-worker --burst`` started with the job."""
+    """Worker processes, one per endpoint group: long-running
+    ``arq swarm_queue.worker.WorkerSettings``, or ``swarm-worker --burst`` started with the
+    job."""
 
     redis_url: str
     prefix: str
@@ -336,9 +337,9 @@ class Workers:
             with open(OUT / f"worker-{self.prefix}-{i}.log", "wb") as log:
                 self.procs.append(
                     subprocess.Popen(
-                        [sys.executable, "-m", "worker.main", "--burst"]
+                        [sys.executable, "-m", "swarm_queue.worker.main", "--burst"]
                         if self.burst
-                        else [sys.executable, "-m", "arq", "worker.WorkerSettings"],
+                        else [sys.executable, "-m", "arq", "swarm_queue.worker.WorkerSettings"],
                         env=env,
                         stdout=log,
                         stderr=subprocess.STDOUT,

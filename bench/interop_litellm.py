@@ -26,8 +26,8 @@ from typing import IO
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from common.embedded import EmbeddedRedis, free_port
-from sim.text import completion_for
+from swarm_queue.common.embedded import EmbeddedRedis, free_port
+from swarm_queue.sim.text import completion_for
 
 OUT = Path(__file__).resolve().parent / "out" / "interop"
 VENV = Path(__file__).resolve().parent / "out" / "litellm-venv"
@@ -93,7 +93,7 @@ def main() -> int:
         try:
             procs.append(
                 subprocess.Popen(
-                    [sys.executable, "-m", "sim", "--ports", str(sim_port)],
+                    [sys.executable, "-m", "swarm_queue.sim", "--ports", str(sim_port)],
                     stdout=log("sim.log"),
                     stderr=subprocess.STDOUT,
                 )
@@ -140,7 +140,13 @@ def main() -> int:
                 }
                 workers.append(
                     subprocess.Popen(
-                        [sys.executable, "-m", "arq", "worker.WorkerSettings", "--burst"],
+                        [
+                            sys.executable,
+                            "-m",
+                            "arq",
+                            "swarm_queue.worker.WorkerSettings",
+                            "--burst",
+                        ],
                         env=wenv,
                         stdout=log(f"worker-{w}.log"),
                         stderr=subprocess.STDOUT,

@@ -40,8 +40,8 @@ from bench.vllm_cpu import (
     run_batch,
     serve,
 )
-from common.embedded import EmbeddedRedis, free_port
-from common.reduce import render
+from swarm_queue.common.embedded import EmbeddedRedis, free_port
+from swarm_queue.common.reduce import render
 
 
 def main() -> int:

@@ -40,16 +40,16 @@ from bench.harness import (
 )
 from bench.rows import Row
 from bench.versus import with_section
-from common.jobspec import JobOptions, build_spec
-from common.settings import Settings
-from common.store import JobStore
-from common.vocab import Meta
-from flows.pipeline import StepOptions, build_pipeline, enqueue_pipeline, fill
-from producer.chains import follow_chains
-from producer.enqueue import enqueue_prompts
-from producer.stream import follow
-from sim.engine import EngineConfig
-from sim.text import completion_for
+from swarm_queue.common.jobspec import JobOptions, build_spec
+from swarm_queue.common.settings import Settings
+from swarm_queue.common.store import JobStore
+from swarm_queue.common.vocab import Meta
+from swarm_queue.flows.pipeline import StepOptions, build_pipeline, enqueue_pipeline, fill
+from swarm_queue.producer.chains import follow_chains
+from swarm_queue.producer.enqueue import enqueue_prompts
+from swarm_queue.producer.stream import follow
+from swarm_queue.sim.engine import EngineConfig
+from swarm_queue.sim.text import completion_for
 
 TITLE = "## 11. A pipeline of three steps"
 SPEEDS = [1.0, 1.0, 1.0, 0.5]

@@ -58,11 +58,11 @@ from bench.startup import startup_scenario
 from bench.strict import strict_scenario
 from bench.versus import TITLE as VERSUS_TITLE
 from bench.versus import carried_over, with_section
-from common.models import JobSpec, SamplingParams
-from common.settings import Settings
-from common.store import JobStore
-from producer.enqueue import enqueue_prompts
-from sim.engine import EngineConfig
+from swarm_queue.common.models import JobSpec, SamplingParams
+from swarm_queue.common.settings import Settings
+from swarm_queue.common.store import JobStore
+from swarm_queue.producer.enqueue import enqueue_prompts
+from swarm_queue.sim.engine import EngineConfig
 
 DOCS = ROOT / "docs"
 # A decode step of 20 ms + 0.1 ms per running sequence (about 46 ms at a full batch of 256):

@@ -20,10 +20,10 @@ from aiohttp import web
 
 from bench.harness import OUT, ROOT, Bench, free_ports
 from bench.rows import Scenario
-from common.models import JobSpec, SamplingParams
-from common.settings import Settings
-from common.store import JobStore
-from producer.enqueue import enqueue_prompts
+from swarm_queue.common.models import JobSpec, SamplingParams
+from swarm_queue.common.settings import Settings
+from swarm_queue.common.store import JobStore
+from swarm_queue.producer.enqueue import enqueue_prompts
 
 __all__ = ["ROUTES", "startup_scenario"]
 
@@ -143,7 +143,7 @@ async def _starts(bench: Bench, stub: Stub, workers: int, tag: str) -> dict[str,
                 await asyncio.create_subprocess_exec(
                     sys.executable,
                     "-m",
-                    "worker.main",
+                    "swarm_queue.worker.main",
                     "--burst",
                     env=env,
                     cwd=ROOT,

@@ -19,8 +19,8 @@ from bench.harness import (
     run_swarm,
 )
 from bench.rows import Row, Scenario
-from common.store import JobStore
-from sim.engine import EngineConfig
+from swarm_queue.common.store import JobStore
+from swarm_queue.sim.engine import EngineConfig
 
 __all__ = ["STRICT", "strict_scenario"]
 

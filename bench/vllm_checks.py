@@ -50,7 +50,7 @@ def worker(env: dict[str, str], url: str, name: str) -> int:
     log = WORK / f"worker-{name}.log"
     with open(log, "wb") as fh:
         proc = subprocess.run(
-            [sys.executable, "-m", "worker.main", "--burst"],
+            [sys.executable, "-m", "swarm_queue.worker.main", "--burst"],
             cwd=REPO, env={**env, "SWARM_ENDPOINTS": url, "SWARM_WORKER_NAME": name},
             stdout=fh, stderr=subprocess.STDOUT, timeout=1800,
         )  # fmt: skip

@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import msgspec
 
 from bench.vllm_cpu import OUT, VLLM_VERSION, build_model, install, run_batch, serve
-from common.embedded import EmbeddedRedis, free_port
+from swarm_queue.common.embedded import EmbeddedRedis, free_port
 
 BIN = Path(sys.executable).parent
 WORK = OUT / "vllm-speed"
@@ -94,7 +94,7 @@ class Systems:
         for phase, cmd in (
             ("enqueue", [str(BIN / "swarm-enqueue"), str(src), "--job", job, "--max-tokens",
                          str(MAX_TOKENS), "--temperature", "0"]),
-            ("worker", [sys.executable, "-m", "worker.main", "--burst"]),
+            ("worker", [sys.executable, "-m", "swarm_queue.worker.main", "--burst"]),
             ("collect", [str(BIN / "swarm-collect"), job, "--out", str(out)]),
         ):  # fmt: skip
             start = time.monotonic()
@@ -116,8 +116,10 @@ class Systems:
         log = WORK / f"{job}-worker.log"
         env = {**self.env, "SWARM_ENDPOINTS": self.url, "SWARM_WORKER_NAME": job}
         with open(log, "wb") as fh:
-            worker = subprocess.Popen([sys.executable, "-m", "worker.main"], cwd=REPO, env=env,
-                                      stdout=fh, stderr=subprocess.STDOUT)  # fmt: skip
+            worker = subprocess.Popen(
+                [sys.executable, "-m", "swarm_queue.worker.main"],
+                cwd=REPO, env=env, stdout=fh, stderr=subprocess.STDOUT,
+            )  # fmt: skip
         try:
             while f"worker {job}: 1 endpoint(s)" not in log.read_text():
                 if worker.poll() is not None:

@@ -14,11 +14,11 @@ from collections.abc import Iterable
 
 import msgspec
 
-from common.fleet import EndpointInfo, usable
-from common.models import JobSpec
-from common.perprompt import PER_PROMPT_KINDS
-from common.reduce import function_allowed
-from common.reducekinds import FUNCTION
+from swarm_queue.common.fleet import EndpointInfo, usable
+from swarm_queue.common.models import JobSpec
+from swarm_queue.common.perprompt import PER_PROMPT_KINDS
+from swarm_queue.common.reduce import function_allowed
+from swarm_queue.common.reducekinds import FUNCTION
 
 __all__ = ["NUMPY", "Abilities", "Need", "has_numpy", "lacking", "needs", "unmet"]
 

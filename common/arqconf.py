@@ -17,8 +17,8 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from common.settings import Settings
-from common.store import RETRY_ON, cluster_node_of, primary_of_slot, redis_retry
+from swarm_queue.common.settings import Settings
+from swarm_queue.common.store import RETRY_ON, cluster_node_of, primary_of_slot, redis_retry
 
 __all__ = ["arq_connection", "arq_pool", "arq_redis_settings", "job_deserializer", "job_serializer"]
 

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import msgspec
 
-from common.errors import ConfigError
-from common.models import JobSpec, PromptItem, Result, SamplingParams, Usage
-from common.request import render, request_key
+from swarm_queue.common.errors import ConfigError
+from swarm_queue.common.models import JobSpec, PromptItem, Result, SamplingParams, Usage
+from swarm_queue.common.request import render, request_key
 
 __all__ = [
     "CachedAnswer",

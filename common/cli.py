@@ -14,10 +14,16 @@ from collections.abc import AsyncIterator, Coroutine
 from pathlib import Path
 from typing import Any
 
-from common.errors import ConfigError, InputError, JobConflictError, JobNotFoundError, SwarmError
-from common.keys import parse_stage
-from common.settings import DEFAULT_REDIS_URL, Settings
-from common.store import JobStore
+from swarm_queue.common.errors import (
+    ConfigError,
+    InputError,
+    JobConflictError,
+    JobNotFoundError,
+    SwarmError,
+)
+from swarm_queue.common.keys import parse_stage
+from swarm_queue.common.settings import DEFAULT_REDIS_URL, Settings
+from swarm_queue.common.store import JobStore
 
 __all__ = [
     "EXIT_ERROR",

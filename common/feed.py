@@ -20,7 +20,7 @@ from collections.abc import Iterable
 
 import msgspec
 
-from common.errors import (
+from swarm_queue.common.errors import (
     ConfigError,
     JobCancelledError,
     JobConflictError,
@@ -28,11 +28,11 @@ from common.errors import (
     StoreFull,
     SwarmError,
 )
-from common.models import JobSpec, Message, PromptItem, SamplingParams, encode
-from common.progress import Progress
-from common.room import Room
-from common.store import ProducerStore, producer_token
-from common.vocab import Meta
+from swarm_queue.common.models import JobSpec, Message, PromptItem, SamplingParams, encode
+from swarm_queue.common.progress import Progress
+from swarm_queue.common.room import Room
+from swarm_queue.common.store import ProducerStore, producer_token
+from swarm_queue.common.vocab import Meta
 
 __all__ = ["CHUNK", "LOCK_TTL_MS", "EnqueueReport", "PromptInput", "enqueue_prompts"]
 

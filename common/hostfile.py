@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 
 import msgspec
 
-from common.errors import ConfigError
+from swarm_queue.common.errors import ConfigError
 
 __all__ = ["DEFAULT_PORT", "Endpoint", "normalize_url", "parse_endpoints", "parse_hostfile"]
 

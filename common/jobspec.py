@@ -11,10 +11,10 @@ from typing import Any, TypedDict
 
 import msgspec
 
-from common.cache import check_cache_spec
-from common.errors import ConfigError
-from common.keys import validate_job_name
-from common.models import (
+from swarm_queue.common.cache import check_cache_spec
+from swarm_queue.common.errors import ConfigError
+from swarm_queue.common.keys import validate_job_name
+from swarm_queue.common.models import (
     Chat,
     Completion,
     Embedding,
@@ -24,8 +24,8 @@ from common.models import (
     RequestKind,
     SamplingParams,
 )
-from common.perprompt import PER_PROMPT_KINDS
-from common.schema import AnswerValidator
+from swarm_queue.common.perprompt import PER_PROMPT_KINDS
+from swarm_queue.common.schema import AnswerValidator
 
 __all__ = ["JobOptions", "JobSettings", "build_spec", "options_from"]
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import re
 
-from common.errors import ConfigError, JobNameError
+from swarm_queue.common.errors import ConfigError, JobNameError
 
 __all__ = [
     "ARQ_ABORT",

@@ -16,9 +16,9 @@ from typing import Any
 
 import msgspec
 
-from common.errors import ConfigError
-from common.reducekinds import reduce_problem
-from common.vocab import FailureKind
+from swarm_queue.common.errors import ConfigError
+from swarm_queue.common.reducekinds import reduce_problem
+from swarm_queue.common.vocab import FailureKind
 
 __all__ = [
     "Chat",

@@ -25,8 +25,8 @@ from typing import Any
 
 import msgspec
 
-from common.models import JobSpec, Result
-from common.reduce import normalise
+from swarm_queue.common.models import JobSpec, Result
+from swarm_queue.common.reduce import normalise
 
 __all__ = [
     "KERNEL_ENTROPY",

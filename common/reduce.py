@@ -18,9 +18,9 @@ from typing import Any
 
 import msgspec
 
-from common.errors import ConfigError
-from common.models import FailedPrompt, ReduceOutput, ReduceSpec, Result, timestamp_s
-from common.reducekinds import FUNCTION
+from swarm_queue.common.errors import ConfigError
+from swarm_queue.common.models import FailedPrompt, ReduceOutput, ReduceSpec, Result, timestamp_s
+from swarm_queue.common.reducekinds import FUNCTION
 
 __all__ = [
     "AGGREGATORS",

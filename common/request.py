@@ -16,7 +16,7 @@ from typing import Any
 
 import msgspec
 
-from common.models import Chat, JobSpec, PromptItem, SamplingParams
+from swarm_queue.common.models import Chat, JobSpec, PromptItem, SamplingParams
 
 __all__ = ["Request", "Route", "render", "request_key", "route_of"]
 

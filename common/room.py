@@ -17,8 +17,8 @@ import math
 import time
 from collections.abc import Awaitable, Callable
 
-from common.models import JobSpec
-from common.store import Memory, ProducerStore
+from swarm_queue.common.models import JobSpec
+from swarm_queue.common.store import Memory, ProducerStore
 
 __all__ = ["SHARE", "Room"]
 

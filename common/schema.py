@@ -17,9 +17,9 @@ from typing import Any, Literal, Union
 import msgspec
 from msgspec.structs import replace
 
-from common.errors import ConfigError
-from common.models import Result
-from common.vocab import FailureKind
+from swarm_queue.common.errors import ConfigError
+from swarm_queue.common.models import Result
+from swarm_queue.common.vocab import FailureKind
 
 __all__ = ["AnswerValidator", "schema_type", "validator_of"]
 

@@ -15,9 +15,9 @@ from urllib.parse import urlsplit, urlunsplit
 
 import msgspec
 
-from common.errors import ConfigError
-from common.hostfile import Endpoint, parse_endpoints, parse_hostfile
-from common.keys import DEFAULT_PREFIX, Keys
+from swarm_queue.common.errors import ConfigError
+from swarm_queue.common.hostfile import Endpoint, parse_endpoints, parse_hostfile
+from swarm_queue.common.keys import DEFAULT_PREFIX, Keys
 
 __all__ = ["DEFAULT_REDIS_URL", "Settings", "mask_url"]
 

@@ -17,10 +17,10 @@ import asyncio
 
 from agent_tools import fetch, search  # beside this script
 
-from common.embedded import free_port
-from producer import Swarm
-from sim.engine import EngineConfig
-from sim.server import SimEndpoint, SimFleet
+from swarm_queue import Swarm
+from swarm_queue.common.embedded import free_port
+from swarm_queue.sim.engine import EngineConfig
+from swarm_queue.sim.server import SimEndpoint, SimFleet
 
 TASK = (
     'Summarise paper {n}. CALL search({{"query": "enzymes"}}) then CALL fetch({{"url": "doc{n}"}})'

@@ -14,10 +14,10 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 
-from common.embedded import free_port
-from producer import Step, Swarm, TreeReduce, scatter_gather
-from sim.engine import EngineConfig
-from sim.server import SimEndpoint, SimFleet
+from swarm_queue import Step, Swarm, TreeReduce, scatter_gather
+from swarm_queue.common.embedded import free_port
+from swarm_queue.sim.engine import EngineConfig
+from swarm_queue.sim.server import SimEndpoint, SimFleet
 
 QUESTIONS = [f"What does gene G{i:03d} do?" for i in range(40)]
 

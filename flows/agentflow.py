@@ -22,9 +22,9 @@ from typing import Any
 import msgspec
 from arq.connections import ArqRedis
 
-from common.arqconf import arq_pool
-from common.keys import lane_name, step_name
-from common.models import (
+from swarm_queue.common.arqconf import arq_pool
+from swarm_queue.common.keys import lane_name, step_name
+from swarm_queue.common.models import (
     JobSpec,
     Message,
     PromptItem,
@@ -33,15 +33,22 @@ from common.models import (
     decode_item,
     result_or_failure,
 )
-from common.schema import validator_of
-from common.settings import Settings
-from common.store import FlowStore
-from common.store.steps import Landed, Move
-from common.tools import ToolAnswer
-from common.vocab import Meta
-from flows.agents import KIND, AgentResult, AgentSpec, agent_of, not_offered, offered_tools
-from flows.flow import Flow, Gauge
-from flows.toolcalls import ToolCaller
+from swarm_queue.common.schema import validator_of
+from swarm_queue.common.settings import Settings
+from swarm_queue.common.store import FlowStore
+from swarm_queue.common.store.steps import Landed, Move
+from swarm_queue.common.tools import ToolAnswer
+from swarm_queue.common.vocab import Meta
+from swarm_queue.flows.agents import (
+    KIND,
+    AgentResult,
+    AgentSpec,
+    agent_of,
+    not_offered,
+    offered_tools,
+)
+from swarm_queue.flows.flow import Flow, Gauge
+from swarm_queue.flows.toolcalls import ToolCaller
 
 __all__ = ["AgentFlow"]
 

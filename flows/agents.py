@@ -25,18 +25,18 @@ from typing import Any
 
 import msgspec
 
-from common.errors import (
+from swarm_queue.common.errors import (
     ConfigError,
     JobNotFoundError,
 )
-from common.feed import EnqueueReport, enqueue_prompts
-from common.jobspec import JobOptions, build_spec
-from common.keys import step_name, validate_tool_name
-from common.models import Chat, FlowRef, JobSpec, Message
-from common.schema import AnswerValidator
-from common.store import ProducerStore
-from common.tools import ToolAnswer
-from flows.pipeline import MAX_STEPS
+from swarm_queue.common.feed import EnqueueReport, enqueue_prompts
+from swarm_queue.common.jobspec import JobOptions, build_spec
+from swarm_queue.common.keys import step_name, validate_tool_name
+from swarm_queue.common.models import Chat, FlowRef, JobSpec, Message
+from swarm_queue.common.schema import AnswerValidator
+from swarm_queue.common.store import ProducerStore
+from swarm_queue.common.tools import ToolAnswer
+from swarm_queue.flows.pipeline import MAX_STEPS
 
 __all__ = [
     "KIND",

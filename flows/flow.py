@@ -25,12 +25,17 @@ import time
 from abc import ABC, abstractmethod
 from typing import ClassVar, NamedTuple
 
-from common.errors import BadRecordError, JobConflictError, JobGoneError, JobNotFoundError
-from common.keys import step_of
-from common.models import JobSpec
-from common.settings import Settings
-from common.store import FlowStore, producer_token
-from common.store.steps import Landed
+from swarm_queue.common.errors import (
+    BadRecordError,
+    JobConflictError,
+    JobGoneError,
+    JobNotFoundError,
+)
+from swarm_queue.common.keys import step_of
+from swarm_queue.common.models import JobSpec
+from swarm_queue.common.settings import Settings
+from swarm_queue.common.store import FlowStore, producer_token
+from swarm_queue.common.store.steps import Landed
 
 __all__ = ["BATCH", "LOCK_TTL_MS", "Flow", "Gauge"]
 

@@ -17,15 +17,15 @@ from typing import Any
 
 import msgspec
 
-from common.errors import ConfigError
-from common.feed import EnqueueReport, PromptInput, enqueue_prompts
-from common.jobspec import JobOptions, build_spec
-from common.keys import step_name
-from common.models import Embedding, FlowRef, JobSpec, PromptItem
-from common.perprompt import PER_PROMPT_KINDS
-from common.reduce import function_allowed, load_function
-from common.reducekinds import REDUCE_KINDS
-from common.store import ProducerStore
+from swarm_queue.common.errors import ConfigError
+from swarm_queue.common.feed import EnqueueReport, PromptInput, enqueue_prompts
+from swarm_queue.common.jobspec import JobOptions, build_spec
+from swarm_queue.common.keys import step_name
+from swarm_queue.common.models import Embedding, FlowRef, JobSpec, PromptItem
+from swarm_queue.common.perprompt import PER_PROMPT_KINDS
+from swarm_queue.common.reduce import function_allowed, load_function
+from swarm_queue.common.reducekinds import REDUCE_KINDS
+from swarm_queue.common.store import ProducerStore
 
 __all__ = [
     "KIND",

@@ -12,14 +12,14 @@ import logging
 
 import msgspec
 
-from common.keys import step_name, step_of
-from common.models import JobSpec, decode_item, result_or_failure
-from common.settings import Settings
-from common.store import FlowStore
-from common.store.steps import Landed, Move
-from common.vocab import Meta
-from flows.flow import Flow
-from flows.pipeline import KIND, Keep, link_of, next_item
+from swarm_queue.common.keys import step_name, step_of
+from swarm_queue.common.models import JobSpec, decode_item, result_or_failure
+from swarm_queue.common.settings import Settings
+from swarm_queue.common.store import FlowStore
+from swarm_queue.common.store.steps import Landed, Move
+from swarm_queue.common.vocab import Meta
+from swarm_queue.flows.flow import Flow
+from swarm_queue.flows.pipeline import KIND, Keep, link_of, next_item
 
 __all__ = ["PipelineFlow"]
 

@@ -4,9 +4,9 @@ it."""
 
 from __future__ import annotations
 
-from flows.agentflow import AgentFlow
-from flows.flow import Flow
-from flows.pipelineflow import PipelineFlow
+from swarm_queue.flows.agentflow import AgentFlow
+from swarm_queue.flows.flow import Flow
+from swarm_queue.flows.pipelineflow import PipelineFlow
 
 __all__ = ["FLOWS"]
 

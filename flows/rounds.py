@@ -16,10 +16,10 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 import msgspec
 
-from common.errors import ConfigError, JobConflictError
-from common.keys import round_name, validate_job_name
-from common.models import Result
-from common.store import FlowStore
+from swarm_queue.common.errors import ConfigError, JobConflictError
+from swarm_queue.common.keys import round_name, validate_job_name
+from swarm_queue.common.models import Result
+from swarm_queue.common.store import FlowStore
 
 __all__ = ["Blackboard", "BoardState", "RoundFailure"]
 

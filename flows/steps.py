@@ -5,12 +5,12 @@ its last step is, never when its first is."""
 
 from __future__ import annotations
 
-from common.errors import BadRecordError, JobNotFoundError
-from common.keys import step_name
-from common.models import JobSpec
-from common.store import JobStatus, JobStore
-from flows.agents import agent_of
-from flows.pipeline import link_of
+from swarm_queue.common.errors import BadRecordError, JobNotFoundError
+from swarm_queue.common.keys import step_name
+from swarm_queue.common.models import JobSpec
+from swarm_queue.common.store import JobStatus, JobStore
+from swarm_queue.flows.agents import agent_of
+from swarm_queue.flows.pipeline import link_of
 
 __all__ = ["later_steps", "over", "step_statuses"]
 

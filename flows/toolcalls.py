@@ -9,9 +9,9 @@ from collections.abc import Sequence
 
 from arq.connections import ArqRedis
 
-from common.settings import Settings
-from common.store import FlowStore, redis_errors
-from common.tools import ToolAnswer, claim_s, tool_key
+from swarm_queue.common.settings import Settings
+from swarm_queue.common.store import FlowStore, redis_errors
+from swarm_queue.common.tools import ToolAnswer, claim_s, tool_key
 
 __all__ = ["ToolCaller"]
 

@@ -10,9 +10,9 @@ from typing import Any
 
 import msgspec
 
-from flows.agents import AgentResult
-from producer.chaincols import csv_cells
-from producer.lines import LineSink
+from swarm_queue.flows.agents import AgentResult
+from swarm_queue.producer.chaincols import csv_cells
+from swarm_queue.producer.lines import LineSink
 
 __all__ = ["agent_columns", "agent_csv_sink", "agent_parquet_sink", "agent_row"]
 
@@ -76,7 +76,7 @@ def agent_parquet_sink(path: str, schema: dict[str, Any] | None) -> Any:
     """A Parquet directory of an agent job's results (needs pyarrow), typed columns."""
     import pyarrow as pa
 
-    from producer.parquet import ParquetSink
+    from swarm_queue.producer.parquet import ParquetSink
 
     by_kind = {"string": pa.string(), "integer": pa.int64(), "number": pa.float64(),
                "boolean": pa.bool_(), "json": pa.string()}  # fmt: skip

@@ -12,11 +12,11 @@ import tomllib
 from collections.abc import Iterator
 from typing import Any, BinaryIO
 
-from common.errors import ConfigError, InputError
-from common.jobspec import JobOptions
-from common.settings import Settings
-from common.store import JobStore
-from flows.agents import (
+from swarm_queue.common.errors import ConfigError, InputError
+from swarm_queue.common.jobspec import JobOptions
+from swarm_queue.common.settings import Settings
+from swarm_queue.common.store import JobStore
+from swarm_queue.flows.agents import (
     AgentSpec,
     agent_prompts,
     build_agents,
@@ -25,7 +25,7 @@ from flows.agents import (
     task_fields,
     tool_definition,
 )
-from producer.jobflags import read_text
+from swarm_queue.producer.jobflags import read_text
 
 __all__ = ["add_agent_args", "enqueue_agent_job", "is_agent_job", "unserved_tools"]
 

@@ -11,13 +11,13 @@ from typing import Any
 
 import msgspec
 
-from common.errors import JobGoneError
-from common.models import JobSpec
-from common.store import CollectorStore, JobStatus
-from flows.agents import AgentResult, agent_of
-from producer.lines import LineSink
-from producer.outfile import collect_rows_durably
-from producer.stream import CollectReport, follow_rows, wait_for_job
+from swarm_queue.common.errors import JobGoneError
+from swarm_queue.common.models import JobSpec
+from swarm_queue.common.store import CollectorStore, JobStatus
+from swarm_queue.flows.agents import AgentResult, agent_of
+from swarm_queue.producer.lines import LineSink
+from swarm_queue.producer.outfile import collect_rows_durably
+from swarm_queue.producer.stream import CollectReport, follow_rows, wait_for_job
 
 __all__ = ["agent_line", "agents_as_finished", "collect_agents", "follow_agents"]
 

@@ -32,15 +32,17 @@ from typing import Any, Unpack
 import msgspec
 from arq.worker import Worker
 
-from common.embedded import EmbeddedRedis
-from common.errors import ConfigError
-from common.jobspec import JobSettings, build_spec, options_from
-from common.keys import validate_job_name
-from common.models import ReduceOutput, ReduceSpec, Result
-from common.progress import Progress
-from common.settings import Settings
-from common.store import JobStatus, JobStore
-from flows.agents import (
+# The names are declared once, in the package, which exports them from here lazily.
+from swarm_queue import __all__ as __all__
+from swarm_queue.common.embedded import EmbeddedRedis
+from swarm_queue.common.errors import ConfigError
+from swarm_queue.common.jobspec import JobSettings, build_spec, options_from
+from swarm_queue.common.keys import validate_job_name
+from swarm_queue.common.models import ReduceOutput, ReduceSpec, Result
+from swarm_queue.common.progress import Progress
+from swarm_queue.common.settings import Settings
+from swarm_queue.common.store import JobStatus, JobStore
+from swarm_queue.flows.agents import (
     AgentResult,
     AgentSpec,
     agent_prompts,
@@ -48,19 +50,22 @@ from flows.agents import (
     enqueue_agents,
     tool_definition,
 )
-from flows.pipeline import StepOptions, build_pipeline, enqueue_pipeline, link_of, needs_steps
-from flows.rounds import Blackboard, BoardState
-
-# The names are declared once, in the package, which exports them from here lazily.
-from producer import __all__ as __all__
-from producer.agentout import agents_as_finished, follow_agents
-from producer.chains import ChainLine, follow_chains, steps_of
-from producer.enqueue import enqueue_prompts
-from producer.frames import prompts_from, results_dataset, results_frame
-from producer.ops import cancel_job
-from producer.stream import follow, wait_final
-from worker.engine import Engine
-from worker.tools import tool_settings
+from swarm_queue.flows.pipeline import (
+    StepOptions,
+    build_pipeline,
+    enqueue_pipeline,
+    link_of,
+    needs_steps,
+)
+from swarm_queue.flows.rounds import Blackboard, BoardState
+from swarm_queue.producer.agentout import agents_as_finished, follow_agents
+from swarm_queue.producer.chains import ChainLine, follow_chains, steps_of
+from swarm_queue.producer.enqueue import enqueue_prompts
+from swarm_queue.producer.frames import prompts_from, results_dataset, results_frame
+from swarm_queue.producer.ops import cancel_job
+from swarm_queue.producer.stream import follow, wait_final
+from swarm_queue.worker.engine import Engine
+from swarm_queue.worker.tools import tool_settings
 
 # Prompts, each a text or a (text, custom_id) pair: a list may mix the two.
 Prompts = Iterable[str | tuple[str, str | None]]

@@ -8,15 +8,15 @@ from collections.abc import Iterable, Sequence
 
 import msgspec
 
-from common.errors import BadRecordError, JobNotFoundError
-from common.fleet import EndpointInfo, EndpointStats, waiting_reason
-from common.keys import stage_name
-from common.models import JobSpec
-from common.settings import mask_url
-from common.store import JobStatus, JobStore, OutcomeCounts
-from flows.agents import agent_of
-from flows.pipeline import link_of
-from flows.steps import over, step_statuses
+from swarm_queue.common.errors import BadRecordError, JobNotFoundError
+from swarm_queue.common.fleet import EndpointInfo, EndpointStats, waiting_reason
+from swarm_queue.common.keys import stage_name
+from swarm_queue.common.models import JobSpec
+from swarm_queue.common.settings import mask_url
+from swarm_queue.common.store import JobStatus, JobStore, OutcomeCounts
+from swarm_queue.flows.agents import agent_of
+from swarm_queue.flows.pipeline import link_of
+from swarm_queue.flows.steps import over, step_statuses
 
 __all__ = [
     "AgentCounts",

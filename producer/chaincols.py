@@ -13,10 +13,10 @@ from typing import Any
 
 import msgspec
 
-from common.models import JobSpec
-from producer.chains import ChainLine, StepAnswer
-from producer.lines import LineSink
-from producer.valuecols import value_columns, value_fields
+from swarm_queue.common.models import JobSpec
+from swarm_queue.producer.chains import ChainLine, StepAnswer
+from swarm_queue.producer.lines import LineSink
+from swarm_queue.producer.valuecols import value_columns, value_fields
 
 __all__ = ["chain_columns", "chain_csv_sink", "chain_parquet_sink", "chain_row", "csv_cells"]
 
@@ -112,8 +112,8 @@ def chain_parquet_sink(path: str, steps: Sequence[JobSpec]) -> Any:
     """A Parquet directory of a pipeline's chains (needs pyarrow), typed columns."""
     import pyarrow as pa
 
-    from producer.parquet import ARROW_OF as arrow
-    from producer.parquet import ParquetSink
+    from swarm_queue.producer.parquet import ARROW_OF as arrow
+    from swarm_queue.producer.parquet import ParquetSink
 
     step_types = [
         pa.string(),

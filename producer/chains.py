@@ -15,13 +15,13 @@ from typing import Any
 
 import msgspec
 
-from common.keys import step_name
-from common.models import JobSpec, Result, Usage, result_or_failure
-from common.store import CollectorStore, JobStatus
-from flows.pipeline import link_of
-from producer.lines import LineSink
-from producer.outfile import collect_rows_durably
-from producer.stream import CollectReport, follow
+from swarm_queue.common.keys import step_name
+from swarm_queue.common.models import JobSpec, Result, Usage, result_or_failure
+from swarm_queue.common.store import CollectorStore, JobStatus
+from swarm_queue.flows.pipeline import link_of
+from swarm_queue.producer.lines import LineSink
+from swarm_queue.producer.outfile import collect_rows_durably
+from swarm_queue.producer.stream import CollectReport, follow
 
 __all__ = ["ChainLine", "StepAnswer", "chain_line", "collect_chains", "follow_chains", "steps_of"]
 

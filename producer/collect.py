@@ -20,19 +20,25 @@ from typing import Any, cast
 
 import msgspec
 
-from common.cli import add_redis_arg, open_job_store, run
-from common.errors import ConfigError
-from common.models import JobSpec, Result, encode_final
-from common.store import JobStore
-from flows.agents import agent_of
-from flows.pipeline import link_of
-from producer.agentcols import agent_csv_sink, agent_parquet_sink
-from producer.agentout import agent_line, agents_as_finished, collect_agents
-from producer.chaincols import chain_csv_sink, chain_parquet_sink
-from producer.chains import ChainLine, chain_line, collect_chains, follow_chains, steps_of
-from producer.formats import FORMATS, format_named
-from producer.outfile import Mark, Sink, collect_durably
-from producer.stream import collect, collect_into, wait_final, wait_for_spec
+from swarm_queue.common.cli import add_redis_arg, open_job_store, run
+from swarm_queue.common.errors import ConfigError
+from swarm_queue.common.models import JobSpec, Result, encode_final
+from swarm_queue.common.store import JobStore
+from swarm_queue.flows.agents import agent_of
+from swarm_queue.flows.pipeline import link_of
+from swarm_queue.producer.agentcols import agent_csv_sink, agent_parquet_sink
+from swarm_queue.producer.agentout import agent_line, agents_as_finished, collect_agents
+from swarm_queue.producer.chaincols import chain_csv_sink, chain_parquet_sink
+from swarm_queue.producer.chains import (
+    ChainLine,
+    chain_line,
+    collect_chains,
+    follow_chains,
+    steps_of,
+)
+from swarm_queue.producer.formats import FORMATS, format_named
+from swarm_queue.producer.outfile import Mark, Sink, collect_durably
+from swarm_queue.producer.stream import collect, collect_into, wait_final, wait_for_spec
 
 __all__ = ["EXIT_FAILED", "EXIT_INCOMPLETE", "main"]
 

@@ -9,9 +9,9 @@ import io
 
 import msgspec
 
-from common.models import JobSpec, OutputLine, Result
-from producer.lines import LineSink
-from producer.valuecols import value_cells, value_columns, value_fields
+from swarm_queue.common.models import JobSpec, OutputLine, Result
+from swarm_queue.producer.lines import LineSink
+from swarm_queue.producer.valuecols import value_cells, value_columns, value_fields
 
 __all__ = ["COLUMNS", "csv_row", "csv_sink"]
 

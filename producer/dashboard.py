@@ -22,10 +22,10 @@ import msgspec
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
-from common.errors import ConfigError, SwarmError
-from common.settings import mask_url
-from common.store import JobStore
-from producer.board import Board, History, read_board
+from swarm_queue.common.errors import ConfigError, SwarmError
+from swarm_queue.common.settings import mask_url
+from swarm_queue.common.store import JobStore
+from swarm_queue.producer.board import Board, History, read_board
 
 __all__ = ["Dashboard", "serve"]
 

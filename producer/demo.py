@@ -21,16 +21,16 @@ from pathlib import Path
 
 import msgspec
 
-from common.cli import run
-from common.embedded import EmbeddedRedis, free_port
-from common.models import JobSpec, SamplingParams
-from common.settings import Settings
-from common.store import JobStore
-from common.vocab import Meta
-from producer.enqueue import enqueue_prompts
-from producer.stream import collect
-from sim.launch import launch
-from sim.text import completion_for
+from swarm_queue.common.cli import run
+from swarm_queue.common.embedded import EmbeddedRedis, free_port
+from swarm_queue.common.models import JobSpec, SamplingParams
+from swarm_queue.common.settings import Settings
+from swarm_queue.common.store import JobStore
+from swarm_queue.common.vocab import Meta
+from swarm_queue.producer.enqueue import enqueue_prompts
+from swarm_queue.producer.stream import collect
+from swarm_queue.sim.launch import launch
+from swarm_queue.sim.text import completion_for
 
 __all__ = ["main"]
 
@@ -87,7 +87,7 @@ async def _demo(args: argparse.Namespace) -> int:
                 with open(out_dir / f"worker-{w}.log", "wb") as fh:
                     workers.append(
                         subprocess.Popen(
-                            [sys.executable, "-m", "worker.main", "--burst"],
+                            [sys.executable, "-m", "swarm_queue.worker.main", "--burst"],
                             env=wenv,
                             stdout=fh,
                             stderr=subprocess.STDOUT,

@@ -16,18 +16,18 @@ from typing import BinaryIO
 
 import msgspec
 
-from common.cli import add_redis_arg, run, settings_from_args
-from common.errors import BadRecordError, ConfigError, InputError
-from common.feed import EnqueueReport, PromptInput, enqueue_prompts
-from common.fleet import live_models, waiting_reason
-from common.jobspec import build_spec
-from common.keys import validate_job_name
-from common.models import JobSpec, SamplingParams
-from common.settings import Settings
-from common.store import JobStore
-from flows.pipeline import build_pipeline, enqueue_pipeline, needs_steps
-from producer.agentjob import add_agent_args, enqueue_agent_job, is_agent_job
-from producer.inputs import (
+from swarm_queue.common.cli import add_redis_arg, run, settings_from_args
+from swarm_queue.common.errors import BadRecordError, ConfigError, InputError
+from swarm_queue.common.feed import EnqueueReport, PromptInput, enqueue_prompts
+from swarm_queue.common.fleet import live_models, waiting_reason
+from swarm_queue.common.jobspec import build_spec
+from swarm_queue.common.keys import validate_job_name
+from swarm_queue.common.models import JobSpec, SamplingParams
+from swarm_queue.common.settings import Settings
+from swarm_queue.common.store import JobStore
+from swarm_queue.flows.pipeline import build_pipeline, enqueue_pipeline, needs_steps
+from swarm_queue.producer.agentjob import add_agent_args, enqueue_agent_job, is_agent_job
+from swarm_queue.producer.inputs import (
     DEFAULT_MAX_PROMPT_BYTES,
     Format,
     Parsed,
@@ -35,7 +35,7 @@ from producer.inputs import (
     iter_prompts,
     parquet_prompts,
 )
-from producer.jobflags import (
+from swarm_queue.producer.jobflags import (
     JOB_FLAGS,
     add_job_settings,
     add_reduce_args,

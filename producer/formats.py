@@ -9,14 +9,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 
-from common.errors import ConfigError
-from common.models import JobSpec, Result
-from common.request import Route, route_of
-from producer.csvout import csv_sink
-from producer.lines import LineSink
-from producer.openai_batch import openai_line
-from producer.outfile import Sink
-from producer.stream import own_line
+from swarm_queue.common.errors import ConfigError
+from swarm_queue.common.models import JobSpec, Result
+from swarm_queue.common.request import Route, route_of
+from swarm_queue.producer.csvout import csv_sink
+from swarm_queue.producer.lines import LineSink
+from swarm_queue.producer.openai_batch import openai_line
+from swarm_queue.producer.outfile import Sink
+from swarm_queue.producer.stream import own_line
 
 __all__ = ["FORMATS", "Format", "format_named"]
 
@@ -49,7 +49,7 @@ def _openai(spec: JobSpec) -> Callable[[Result], bytes]:
 
 def _parquet(path: str, spec: JobSpec) -> Sink:
     try:
-        from producer.parquet import valued_sink
+        from swarm_queue.producer.parquet import valued_sink
     except ImportError:
         raise ConfigError(
             "--format parquet needs pyarrow: pip install 'swarm-queue[parquet]'"

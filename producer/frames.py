@@ -9,8 +9,8 @@ import os
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from common.errors import ConfigError
-from common.models import Result
+from swarm_queue.common.errors import ConfigError
+from swarm_queue.common.models import Result
 
 __all__ = ["prompts_from", "results_dataset", "results_frame"]
 
@@ -71,7 +71,7 @@ def results_frame(results: Sequence[Result]) -> Any:
     """``results`` as a pandas DataFrame, one row per prompt in the given order, with the
     columns of the Parquet output (needs pandas and pyarrow: the ``parquet`` extra)."""
     try:
-        from producer.parquet import results_table
+        from swarm_queue.producer.parquet import results_table
     except ImportError:
         raise ConfigError(
             "results as a DataFrame need pyarrow and pandas: pip install 'swarm-queue[parquet]' "
@@ -86,7 +86,7 @@ def results_dataset(results: Sequence[Result]) -> Any:
     try:
         import datasets
 
-        from producer.parquet import results_table
+        from swarm_queue.producer.parquet import results_table
     except ImportError:
         raise ConfigError(
             "results as a Dataset need pyarrow and datasets: pip install "

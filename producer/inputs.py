@@ -22,8 +22,8 @@ from typing import Any, Literal, NamedTuple
 
 import msgspec
 
-from common.errors import ConfigError, InputError
-from common.models import Message
+from swarm_queue.common.errors import ConfigError, InputError
+from swarm_queue.common.models import Message
 
 __all__ = [
     "CHAT_ROLES",

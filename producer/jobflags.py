@@ -10,12 +10,12 @@ from typing import Any
 
 import msgspec
 
-from common.errors import ConfigError
-from common.jobspec import JobOptions
-from common.models import ReduceSpec
-from common.perprompt import PER_PROMPT_KINDS
-from common.reducekinds import FUNCTION, REDUCE_KINDS, TREE
-from flows.pipeline import StepOptions
+from swarm_queue.common.errors import ConfigError
+from swarm_queue.common.jobspec import JobOptions
+from swarm_queue.common.models import ReduceSpec
+from swarm_queue.common.perprompt import PER_PROMPT_KINDS
+from swarm_queue.common.reducekinds import FUNCTION, REDUCE_KINDS, TREE
+from swarm_queue.flows.pipeline import StepOptions
 
 __all__ = [
     "JOB_FLAGS",

@@ -8,11 +8,11 @@ import os
 from collections.abc import Awaitable, Callable, Iterator
 from typing import BinaryIO, Generic, TypeVar
 
-from common.errors import ConfigError
-from common.models import Result
-from common.store import CollectorStore
-from producer.outfile import Mark, collect_durably
-from producer.stream import CollectReport, Row, own_line
+from swarm_queue.common.errors import ConfigError
+from swarm_queue.common.models import Result
+from swarm_queue.common.store import CollectorStore
+from swarm_queue.producer.outfile import Mark, collect_durably
+from swarm_queue.producer.stream import CollectReport, Row, own_line
 
 __all__ = ["LineSink", "collect_to_file"]
 

@@ -28,8 +28,8 @@ from urllib.parse import urlsplit
 
 import redis
 
-from common.embedded import find_redis_server
-from common.settings import mask_url
+from swarm_queue.common.embedded import find_redis_server
+from swarm_queue.common.settings import mask_url
 
 __all__ = ["LocalRedis", "main"]
 

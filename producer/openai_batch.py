@@ -21,8 +21,8 @@ from typing import Any
 
 import msgspec
 
-from common.models import Result
-from common.vocab import FailureKind
+from swarm_queue.common.models import Result
+from swarm_queue.common.vocab import FailureKind
 
 __all__ = ["BatchError", "BatchOutputLine", "BatchResponse", "openai_line"]
 

@@ -11,14 +11,14 @@ import sys
 from collections import Counter
 from collections.abc import Sequence
 
-from common.cli import add_redis_arg, open_job_store, run
-from common.errors import JobConflictError
-from common.keys import stage_name
-from common.models import ReduceOutput
-from common.store import JobStore
-from common.vocab import RETRYABLE_KINDS
-from flows.pipeline import link_of
-from flows.steps import later_steps
+from swarm_queue.common.cli import add_redis_arg, open_job_store, run
+from swarm_queue.common.errors import JobConflictError
+from swarm_queue.common.keys import stage_name
+from swarm_queue.common.models import ReduceOutput
+from swarm_queue.common.store import JobStore
+from swarm_queue.common.vocab import RETRYABLE_KINDS
+from swarm_queue.flows.pipeline import link_of
+from swarm_queue.flows.steps import later_steps
 
 __all__ = ["cancel_job", "cancel_main", "retry_main"]
 

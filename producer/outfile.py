@@ -23,10 +23,10 @@ from typing import Any, Protocol, TypeVar
 
 import msgspec
 
-from common.errors import ConfigError, ResultsEvictedError
-from common.models import JobSpec, Result, result_or_failure
-from common.store import CollectorStore, JobStatus
-from producer.stream import (
+from swarm_queue.common.errors import ConfigError, ResultsEvictedError
+from swarm_queue.common.models import JobSpec, Result, result_or_failure
+from swarm_queue.common.store import CollectorStore, JobStatus
+from swarm_queue.producer.stream import (
     CollectReport,
     Row,
     check_kept,

@@ -22,12 +22,12 @@ import msgspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from common.errors import ConfigError
-from common.models import JobSpec, OutputLine, Result
-from common.store import CollectorStore
-from producer.outfile import Mark, collect_durably
-from producer.stream import CollectReport
-from producer.valuecols import value_cells, value_fields
+from swarm_queue.common.errors import ConfigError
+from swarm_queue.common.models import JobSpec, OutputLine, Result
+from swarm_queue.common.store import CollectorStore
+from swarm_queue.producer.outfile import Mark, collect_durably
+from swarm_queue.producer.stream import CollectReport
+from swarm_queue.producer.valuecols import value_cells, value_fields
 
 __all__ = [
     "ARROW_OF",

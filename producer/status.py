@@ -12,20 +12,25 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 
-from common.abilities import Need, needs, unmet
-from common.cli import add_redis_arg, open_job_store, run, settings_from_args
-from common.errors import BadRecordError, ConfigError, JobConflictError, JobNotFoundError
-from common.fleet import SILENT_PERIODS, EndpointInfo, EndpointStats, waiting_reason
-from common.hostfile import normalize_url
-from common.keys import parse_stage, stage_name, validate_job_name
-from common.models import JobSpec
-from common.settings import mask_url
-from common.store import JobStatus, JobStore
-from common.vocab import Meta
-from flows.agents import agent_of, offered_tools
-from flows.pipeline import link_of
-from flows.steps import over, step_statuses
-from producer.board import (
+from swarm_queue.common.abilities import Need, needs, unmet
+from swarm_queue.common.cli import add_redis_arg, open_job_store, run, settings_from_args
+from swarm_queue.common.errors import (
+    BadRecordError,
+    ConfigError,
+    JobConflictError,
+    JobNotFoundError,
+)
+from swarm_queue.common.fleet import SILENT_PERIODS, EndpointInfo, EndpointStats, waiting_reason
+from swarm_queue.common.hostfile import normalize_url
+from swarm_queue.common.keys import parse_stage, stage_name, validate_job_name
+from swarm_queue.common.models import JobSpec
+from swarm_queue.common.settings import mask_url
+from swarm_queue.common.store import JobStatus, JobStore
+from swarm_queue.common.vocab import Meta
+from swarm_queue.flows.agents import agent_of, offered_tools
+from swarm_queue.flows.pipeline import link_of
+from swarm_queue.flows.steps import over, step_statuses
+from swarm_queue.producer.board import (
     job_list,
     job_state,
     read_fleet,
@@ -449,7 +454,7 @@ def _port(text: str) -> int:
 
 
 async def _serve(args: argparse.Namespace) -> int:
-    from producer.dashboard import serve  # aiohttp's server: only for --serve
+    from swarm_queue.producer.dashboard import serve  # aiohttp's server: only for --serve
 
     settings = settings_from_args(args)
     store = JobStore.from_settings(settings, patient=True)

@@ -14,15 +14,15 @@ from typing import BinaryIO, Protocol, TypeVar
 
 import msgspec
 
-from common.backoff import backoff_s
-from common.errors import (
+from swarm_queue.common.backoff import backoff_s
+from swarm_queue.common.errors import (
     ConfigError,
     JobGoneError,
     JobNotFoundError,
     ResultsEvictedError,
     StoreUnavailable,
 )
-from common.models import (
+from swarm_queue.common.models import (
     JobSpec,
     OutputLine,
     ReduceOutput,
@@ -30,9 +30,9 @@ from common.models import (
     encode_json_line,
     result_or_failure,
 )
-from common.progress import Progress
-from common.store import CollectorStore, JobStatus
-from flows.pipeline import link_of
+from swarm_queue.common.progress import Progress
+from swarm_queue.common.store import CollectorStore, JobStatus
+from swarm_queue.flows.pipeline import link_of
 
 __all__ = [
     "CollectReport",

@@ -10,9 +10,9 @@ import threading
 from collections.abc import AsyncGenerator, Coroutine, Iterator, Sequence
 from typing import Any, TypeVar, cast
 
-from common.models import ReduceOutput, Result
-from common.store import JobStatus
-from producer.api import Swarm
+from swarm_queue.common.models import ReduceOutput, Result
+from swarm_queue.common.store import JobStatus
+from swarm_queue.producer.api import Swarm
 
 __all__ = ["SyncSwarm", "gather_prompts"]
 

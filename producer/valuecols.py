@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from common.models import JobSpec, Result
-from common.perprompt import KERNEL_ENTROPY, SEMANTIC_ENTROPY, VOTE
+from swarm_queue.common.models import JobSpec, Result
+from swarm_queue.common.perprompt import KERNEL_ENTROPY, SEMANTIC_ENTROPY, VOTE
 
 __all__ = ["VALUE_FIELDS", "value_cells", "value_columns", "value_fields"]
 

@@ -1,5 +1,5 @@
-"""python -m sim: run swarm-sim."""
+"""python -m swarm_queue.sim: run swarm-sim."""
 
-from sim.server import main
+from swarm_queue.sim.server import main
 
 main()

@@ -42,10 +42,11 @@ def wait_listening(
 def launch(
     ports: Sequence[int], *args: str, log: IO[bytes] | None = None, timeout_s: float = 20.0
 ) -> subprocess.Popen[bytes]:
-    """``python -m sim --ports ... ARGS``, returned once every port listens (its output to
-    ``log``, else discarded). The caller stops it; it is killed here if it never listens."""
+    """``python -m swarm_queue.sim --ports ... ARGS``, returned once every port listens (its
+    output to ``log``, else discarded). The caller stops it; it is killed here if it never
+    listens."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "sim", "--ports", ",".join(map(str, ports)), *args],
+        [sys.executable, "-m", "swarm_queue.sim", "--ports", ",".join(map(str, ports)), *args],
         stdout=log if log is not None else subprocess.DEVNULL,
         stderr=subprocess.STDOUT,
     )

@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 from collections import OrderedDict
 
-from sim.text import count_tokens
+from swarm_queue.sim.text import count_tokens
 
 __all__ = ["BLOCK_CHARS", "PrefixCache"]
 

@@ -50,10 +50,10 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from sim.engine import EngineConfig, EngineStopped, SimEngine
-from sim.prefix import PrefixCache
-from sim.text import count_tokens, embedding_for, sample_for
-from sim.tools import call_id, choice_error, schema_answer, tool_call
+from swarm_queue.sim.engine import EngineConfig, EngineStopped, SimEngine
+from swarm_queue.sim.prefix import PrefixCache
+from swarm_queue.sim.text import count_tokens, embedding_for, sample_for
+from swarm_queue.sim.tools import call_id, choice_error, schema_answer, tool_call
 
 __all__ = ["FaultConfig", "SimEndpoint", "SimFleet", "main"]
 

@@ -24,12 +24,12 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import redis
 
-from common.embedded import EmbeddedRedis, free_port
-from common.keys import ARQ_TAG
-from common.settings import Settings
-from common.store import JobStore
-from sim.engine import EngineConfig
-from sim.server import FaultConfig, SimEndpoint, SimFleet
+from swarm_queue.common.embedded import EmbeddedRedis, free_port
+from swarm_queue.common.keys import ARQ_TAG
+from swarm_queue.common.settings import Settings
+from swarm_queue.common.store import JobStore
+from swarm_queue.sim.engine import EngineConfig
+from swarm_queue.sim.server import FaultConfig, SimEndpoint, SimFleet
 
 if TYPE_CHECKING:
     from tests.harness import Fleet, FleetFactory

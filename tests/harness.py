@@ -24,11 +24,11 @@ from typing import Protocol
 import msgspec
 import redis
 
-from common.embedded import EmbeddedRedis, free_port
-from common.keys import Keys
-from common.reduce import render
-from sim.launch import SimExited, launch, wait_listening
-from sim.text import completion_for
+from swarm_queue.common.embedded import EmbeddedRedis, free_port
+from swarm_queue.common.keys import Keys
+from swarm_queue.common.reduce import render
+from swarm_queue.sim.launch import SimExited, launch, wait_listening
+from swarm_queue.sim.text import completion_for
 
 __all__ = [
     "BIN",
@@ -310,7 +310,7 @@ class Fleet:
         **extra: str,
     ) -> subprocess.Popen[bytes]:
         """A worker process on the given ports: ``swarm-worker``, or with ``arq_cli`` the same
-        worker through ``arq worker.WorkerSettings``; ``env`` and ``extra``: environment
+        worker through ``arq swarm_queue.worker.WorkerSettings``; ``env`` and ``extra``: environment
         variables."""
         env = {
             **self.env,
@@ -324,9 +324,9 @@ class Fleet:
         with open(log, "wb") as fh:
             proc = subprocess.Popen(
                 (
-                    [sys.executable, "-m", "arq", "worker.WorkerSettings"]
+                    [sys.executable, "-m", "arq", "swarm_queue.worker.WorkerSettings"]
                     if arq_cli
-                    else [sys.executable, "-m", "worker.main"]
+                    else [sys.executable, "-m", "swarm_queue.worker.main"]
                 )
                 + (["--burst"] if burst else []),
                 env=env,
@@ -481,9 +481,9 @@ AGENT_TASK = (
 
 
 def tool_runner(env: Mapping[str, str], log: Path, out: Path) -> subprocess.Popen[bytes]:
-    """A tool runner process (``arq worker.ToolSettings``) running tests.agent_tools (all of
-    them, unless ``env`` says SWARM_TOOLS), each run written to ``log``, its output to
-    ``out``; ``env``: its Redis and any other setting."""
+    """A tool runner process (``arq swarm_queue.worker.ToolSettings``) running
+    tests.agent_tools (all of them, unless ``env`` says SWARM_TOOLS), each run written to
+    ``log``, its output to ``out``; ``env``: its Redis and any other setting."""
     repo = Path(__file__).resolve().parent.parent
     full = {
         "PATH": "/usr/bin:/bin",
@@ -493,7 +493,7 @@ def tool_runner(env: Mapping[str, str], log: Path, out: Path) -> subprocess.Pope
     }
     with open(out, "ab") as fh:
         return subprocess.Popen(
-            [sys.executable, "-m", "arq", "worker.ToolSettings"],
+            [sys.executable, "-m", "arq", "swarm_queue.worker.ToolSettings"],
             cwd=repo,
             env=full,
             stdout=fh,

@@ -13,12 +13,12 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from common.models import JobSpec, SamplingParams
-from common.settings import Settings
-from common.store import JobStore
-from producer.stream import collect
-from worker.endpoint import EndpointClient
-from worker.engine import Engine
+from swarm_queue.common.models import JobSpec, SamplingParams
+from swarm_queue.common.settings import Settings
+from swarm_queue.common.store import JobStore
+from swarm_queue.producer.stream import collect
+from swarm_queue.worker.endpoint import EndpointClient
+from swarm_queue.worker.engine import Engine
 
 __all__ = [
     "collect_lines",

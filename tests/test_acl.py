@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 import redis
 
-from common.embedded import EmbeddedRedis, free_port
-from common.keys import Keys
-from common.store.base import acl_rules
+from swarm_queue.common.embedded import EmbeddedRedis, free_port
+from swarm_queue.common.keys import Keys
+from swarm_queue.common.store.base import acl_rules
 from tests.harness import BIN, Fleet, check_output, collect, command, doc_acl_user
 
 pytestmark = pytest.mark.slow

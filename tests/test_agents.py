@@ -15,14 +15,14 @@ import msgspec
 import pytest
 from pydantic import BaseModel
 
-from common.embedded import free_port
-from common.errors import ConfigError
-from common.jobspec import JobOptions
-from common.keys import step_name
-from common.models import Chat, JobSpec, decode_result
-from common.settings import Settings
-from common.store import JobStore
-from flows.agents import (
+from swarm_queue.common.embedded import free_port
+from swarm_queue.common.errors import ConfigError
+from swarm_queue.common.jobspec import JobOptions
+from swarm_queue.common.keys import step_name
+from swarm_queue.common.models import Chat, JobSpec, decode_result
+from swarm_queue.common.settings import Settings
+from swarm_queue.common.store import JobStore
+from swarm_queue.flows.agents import (
     AgentResult,
     AgentSpec,
     agent_prompts,
@@ -30,8 +30,8 @@ from flows.agents import (
     enqueue_agents,
     tool_definition,
 )
-from sim.server import SimFleet
-from sim.tools import AUTO_REFUSED
+from swarm_queue.sim.server import SimFleet
+from swarm_queue.sim.tools import AUTO_REFUSED
 from tests.harness import AGENT_SCHEMA, AGENT_TASK, command, tool_runner
 from tests.helpers import run_engine
 
@@ -240,7 +240,7 @@ async def test_the_python_api_runs_agents_with_its_own_tool_functions(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from producer.api import Swarm
+    from swarm_queue.producer.api import Swarm
     from tests.agent_tools import fetch, slow_add
 
     log = tmp_path / "runs.log"
@@ -291,7 +291,7 @@ async def test_agents_waiting_on_a_tool_hold_no_slot_of_any_endpoint(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from producer.api import Swarm
+    from swarm_queue.producer.api import Swarm
     from tests import agent_tools
 
     n = 40
@@ -351,7 +351,7 @@ async def test_an_answer_off_schema_is_repaired_then_fails_and_the_last_turn_end
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from producer.api import Swarm
+    from swarm_queue.producer.api import Swarm
     from tests.agent_tools import fetch
 
     monkeypatch.setenv("SWARM_TEST_TOOL_LOG", str(tmp_path / "runs.log"))

@@ -17,10 +17,10 @@ import msgspec
 import pytest
 import redis
 
-from common.embedded import EmbeddedRedis
-from common.keys import Keys, step_name
-from common.models import decode_spec
-from flows.agents import agent_of
+from swarm_queue.common.embedded import EmbeddedRedis
+from swarm_queue.common.keys import Keys, step_name
+from swarm_queue.common.models import decode_spec
+from swarm_queue.flows.agents import agent_of
 from tests.harness import (
     AGENT_SCHEMA,
     AGENT_TASK,

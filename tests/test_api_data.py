@@ -14,9 +14,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from common.errors import ConfigError
-from producer import SyncSwarm, gather_prompts
-from sim.text import completion_for, embedding_for
+from swarm_queue import SyncSwarm, gather_prompts
+from swarm_queue.common.errors import ConfigError
+from swarm_queue.sim.text import completion_for, embedding_for
 from tests.harness import FleetFactory, collect, command
 
 pytestmark = pytest.mark.slow

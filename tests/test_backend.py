@@ -8,17 +8,17 @@ from collections.abc import Callable
 import msgspec
 import pytest
 
-from common.errors import ConfigError
-from common.hostfile import Endpoint, parse_hostfile
-from common.models import Embedding
-from common.settings import Settings
-from common.store import JobStore
-from producer.enqueue import enqueue_prompts
+from swarm_queue.common.errors import ConfigError
+from swarm_queue.common.hostfile import Endpoint, parse_hostfile
+from swarm_queue.common.models import Embedding
+from swarm_queue.common.settings import Settings
+from swarm_queue.common.store import JobStore
+from swarm_queue.producer.enqueue import enqueue_prompts
+from swarm_queue.worker.backend import Backend, backend_for
+from swarm_queue.worker.endpoint import EndpointClient
+from swarm_queue.worker.engine import Engine
+from swarm_queue.worker.inmemory import InMemoryBackend
 from tests.helpers import collect_lines, prompts, spec
-from worker.backend import Backend, backend_for
-from worker.endpoint import EndpointClient
-from worker.engine import Engine
-from worker.inmemory import InMemoryBackend
 
 
 async def test_the_worker_drives_any_backend_the_protocol_describes(

@@ -11,13 +11,13 @@ from collections.abc import Callable
 import pytest
 import redis
 
-from common.keys import Keys
-from common.models import Result, encode
-from common.settings import Settings
-from common.store import JobStore
-from producer.enqueue import enqueue_prompts
-from sim.server import SimFleet
-from sim.text import completion_for
+from swarm_queue.common.keys import Keys
+from swarm_queue.common.models import Result, encode
+from swarm_queue.common.settings import Settings
+from swarm_queue.common.store import JobStore
+from swarm_queue.producer.enqueue import enqueue_prompts
+from swarm_queue.sim.server import SimFleet
+from swarm_queue.sim.text import completion_for
 from tests.harness import BIN, FleetFactory
 from tests.helpers import collect_lines, gen_of, prompts, run_engine, spec
 

@@ -7,13 +7,13 @@ from typing import Any
 
 import pytest
 
-from common.errors import EndpointRejected, EndpointRetryable
-from common.models import JobSpec, PromptItem, SamplingParams
-from common.settings import Settings
-from worker.batch import BatchRunner, Tally
-from worker.circuit import Circuit, GiveUp
-from worker.endpoint import EndpointClient
-from worker.replies import Choice, CompletionBody, CompletionUsage
+from swarm_queue.common.errors import EndpointRejected, EndpointRetryable
+from swarm_queue.common.models import JobSpec, PromptItem, SamplingParams
+from swarm_queue.common.settings import Settings
+from swarm_queue.worker.batch import BatchRunner, Tally
+from swarm_queue.worker.circuit import Circuit, GiveUp
+from swarm_queue.worker.endpoint import EndpointClient
+from swarm_queue.worker.replies import Choice, CompletionBody, CompletionUsage
 
 
 class FakeEndpoint(EndpointClient):

@@ -16,17 +16,26 @@ import pytest
 import redis
 from prometheus_client.parser import text_string_to_metric_families
 
-from common.cache import CachedAnswer, answer_key, check_cache_spec, decode_answer
-from common.embedded import free_port
-from common.errors import ConfigError
-from common.models import Chat, Completion, JobSpec, Message, PromptItem, Result, SamplingParams
-from common.settings import Settings
-from common.store import JobStore
-from common.store.cache import CacheSize
-from producer.api import Swarm
-from producer.board import read_board
-from sim.server import SimFleet
-from sim.text import completion_for
+from swarm_queue.common.cache import CachedAnswer, answer_key, check_cache_spec, decode_answer
+from swarm_queue.common.embedded import free_port
+from swarm_queue.common.errors import ConfigError
+from swarm_queue.common.models import (
+    Chat,
+    Completion,
+    JobSpec,
+    Message,
+    PromptItem,
+    Result,
+    SamplingParams,
+)
+from swarm_queue.common.settings import Settings
+from swarm_queue.common.store import JobStore
+from swarm_queue.common.store.cache import CacheSize
+from swarm_queue.producer.api import Swarm
+from swarm_queue.producer.board import read_board
+from swarm_queue.sim.server import SimFleet
+from swarm_queue.sim.text import completion_for
+from swarm_queue.worker.cache import AnswerCache
 from tests.harness import (
     MAX_TOKENS,
     Fleet,
@@ -35,7 +44,6 @@ from tests.harness import (
     fleet_prompt,
     wrong_key_endpoint,
 )
-from worker.cache import AnswerCache
 
 GREEDY = SamplingParams(max_tokens=16, temperature=0.0)
 

@@ -12,13 +12,13 @@ from typing import Any
 
 from aiohttp import web
 
-from common.cache import decode_answer
-from common.models import JobSpec, SamplingParams
-from common.settings import Settings
-from common.store import JobStore
-from producer.enqueue import enqueue_prompts
-from sim.server import SimFleet
-from sim.text import completion_for
+from swarm_queue.common.cache import decode_answer
+from swarm_queue.common.models import JobSpec, SamplingParams
+from swarm_queue.common.settings import Settings
+from swarm_queue.common.store import JobStore
+from swarm_queue.producer.enqueue import enqueue_prompts
+from swarm_queue.sim.server import SimFleet
+from swarm_queue.sim.text import completion_for
 from tests.harness import BIN
 from tests.helpers import collect_lines, run_engine, serve
 

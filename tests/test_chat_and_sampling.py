@@ -14,17 +14,17 @@ import msgspec
 import pytest
 from aiohttp import web
 
-from common.errors import ConfigError, InputError
-from common.models import Chat, Completion, JobSpec, Message, SamplingParams
-from common.schema import AnswerValidator
-from common.settings import Settings
-from common.store import JobStore
-from producer.enqueue import enqueue, enqueue_prompts
-from sim.server import SimFleet
-from sim.text import completion_for
+from swarm_queue.common.errors import ConfigError, InputError
+from swarm_queue.common.models import Chat, Completion, JobSpec, Message, SamplingParams
+from swarm_queue.common.schema import AnswerValidator
+from swarm_queue.common.settings import Settings
+from swarm_queue.common.store import JobStore
+from swarm_queue.producer.enqueue import enqueue, enqueue_prompts
+from swarm_queue.sim.server import SimFleet
+from swarm_queue.sim.text import completion_for
+from swarm_queue.worker.endpoint import EndpointClient
+from swarm_queue.worker.engine import Engine
 from tests.helpers import collect_lines, prompts, run_engine, serve
-from worker.endpoint import EndpointClient
-from worker.engine import Engine
 
 CHAT_TEMPLATE = "<|user|>\n{prompt}\n<|assistant|>\n"  # what swarm-sim's chat endpoint applies
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from common.models import Result
-from common.store import JobStore
+from swarm_queue.common.models import Result
+from swarm_queue.common.store import JobStore
 from tests.harness import Fleet, FleetFactory, command
 from tests.helpers import wait_until
 
@@ -42,7 +42,7 @@ async def test_a_worker_two_hours_behind_is_live_and_one_forty_days_ahead_evicts
     fleet = fleet_factory(2, "--model", "m,m")
     # Answers other jobs kept in the cache a minute ago, by Redis's clock.
     kept = [(f"k{i}", Result(index=i, text=f"kept {i}")) for i in range(50)]
-    from common.cache import encode_answer
+    from swarm_queue.common.cache import encode_answer
 
     await store.cache_put(
         [(k, encode_answer(r, await store.server_time())) for k, r in kept], 30 * 86400, 1_000_000

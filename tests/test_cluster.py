@@ -11,10 +11,10 @@ import msgspec
 import pytest
 import redis
 
-from common.errors import StoreUnavailable
-from common.keys import Keys
-from common.settings import Settings
-from common.store import JobStore
+from swarm_queue.common.errors import StoreUnavailable
+from swarm_queue.common.keys import Keys
+from swarm_queue.common.settings import Settings
+from swarm_queue.common.store import JobStore
 from tests.harness import (
     BIN,
     TEMPLATE,

@@ -17,10 +17,10 @@ import msgspec
 import pytest
 import redis
 
-from common.keys import ARQ_TAG, Keys, step_name
-from common.models import JobSpec
-from common.settings import Settings
-from common.store import JobStore
+from swarm_queue.common.keys import ARQ_TAG, Keys, step_name
+from swarm_queue.common.models import JobSpec
+from swarm_queue.common.settings import Settings
+from swarm_queue.common.store import JobStore
 from tests.harness import (
     AGENT_TASK,
     TOOL_PARSER_ARGS,

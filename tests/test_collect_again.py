@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from common.models import Result
-from common.store import Commit, JobStore
-from producer.enqueue import enqueue_prompts
+from swarm_queue.common.models import Result
+from swarm_queue.common.store import Commit, JobStore
+from swarm_queue.producer.enqueue import enqueue_prompts
 from tests.harness import BIN
 from tests.helpers import gen_of, prompts, spec
 
@@ -97,7 +97,7 @@ async def test_output_no_collection_of_this_job_wrote_is_never_overwritten(
 async def test_a_late_commit_into_an_evicted_index_is_neither_stored_nor_counted(
     store: JobStore, tmp_path: Path
 ) -> None:
-    from producer.lines import collect_to_file
+    from swarm_queue.producer.lines import collect_to_file
 
     got = await _answered(store, 10)
     gen = await gen_of(store)

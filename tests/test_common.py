@@ -8,11 +8,11 @@ from typing import Any
 import msgspec
 import pytest
 
-from common.backoff import backoff_s
-from common.errors import ConfigError, JobNameError
-from common.hostfile import normalize_url, parse_endpoints, parse_hostfile
-from common.keys import Keys, validate_job_name
-from common.models import (
+from swarm_queue.common.backoff import backoff_s
+from swarm_queue.common.errors import ConfigError, JobNameError
+from swarm_queue.common.hostfile import normalize_url, parse_endpoints, parse_hostfile
+from swarm_queue.common.keys import Keys, validate_job_name
+from swarm_queue.common.models import (
     OutputLine,
     PromptItem,
     Result,
@@ -22,7 +22,7 @@ from common.models import (
     decode_result,
     encode,
 )
-from common.settings import Settings, mask_url
+from swarm_queue.common.settings import Settings, mask_url
 
 # -- keys -------------------------------------------------------------------------------
 
@@ -277,8 +277,8 @@ def test_output_line_has_custom_id_only_when_given() -> None:
 def test_swarm_retry_kinds_are_the_failure_kinds_that_keep_their_entry(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from common.vocab import RETRYABLE_KINDS, FailureKind
-    from producer.ops import retry_main
+    from swarm_queue.common.vocab import RETRYABLE_KINDS, FailureKind
+    from swarm_queue.producer.ops import retry_main
 
     assert [str(k) for k in RETRYABLE_KINDS] == [
         "rejected",

@@ -21,8 +21,8 @@ import pytest
 import redis
 import yaml
 
-from common.embedded import find_redis_server, free_port
-from sim.text import completion_for
+from swarm_queue.common.embedded import find_redis_server, free_port
+from swarm_queue.sim.text import completion_for
 from tests.harness import BIN, wait_port
 
 REPO = Path(__file__).resolve().parent.parent
@@ -67,8 +67,10 @@ def test_the_image_holds_every_package_and_the_commands_services_run() -> None:
     pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
     copied = {rest.split()[0] for op, rest in _dockerfile() if op == "COPY"}
     copied |= {p for op, rest in _dockerfile() if op == "COPY" for p in rest.split()[:-1]}
-    # A subpackage (common.store) comes with its top-level directory.
-    packages = {p.split(".")[0] for p in pyproject["tool"]["setuptools"]["packages"]}
+    # swarm_queue/ and every folder it links in as a package of its own.
+    packages = {"swarm_queue"} | {
+        p.name for p in (REPO / "swarm_queue").iterdir() if p.is_symlink()
+    }
     wanted = packages | {"pyproject.toml", "README.md"}
     assert wanted <= copied, f"not copied into the image: {wanted - copied}"
     scripts = set(pyproject["project"]["scripts"]) | {"arq", "python"}
@@ -157,7 +159,9 @@ def test_every_compose_service_runs_and_the_demo_job_finishes_in_order(local: _L
     for p in ports:
         local.hosts[f"sim:{p}"] = f"127.0.0.1:{free_port()}"
     argv[i + 1] = ",".join(local.hosts[f"sim:{p}"].split(":")[1] for p in ports)
-    local.start("sim", [sys.executable, "-m", "sim", *argv[1:]], local.env(services["sim"]))
+    local.start(
+        "sim", [sys.executable, "-m", "swarm_queue.sim", *argv[1:]], local.env(services["sim"])
+    )
     for p in ports:
         wait_port(int(local.hosts[f"sim:{p}"].split(":")[1]), local.procs["sim"])
 

@@ -7,12 +7,12 @@ import csv
 from pathlib import Path
 from typing import Any
 
-from common.models import Result, Usage
-from common.store import JobStore
-from producer.csvout import COLUMNS
-from producer.enqueue import enqueue_prompts
-from producer.formats import FORMATS
-from producer.outfile import collect_durably
+from swarm_queue.common.models import Result, Usage
+from swarm_queue.common.store import JobStore
+from swarm_queue.producer.csvout import COLUMNS
+from swarm_queue.producer.enqueue import enqueue_prompts
+from swarm_queue.producer.formats import FORMATS
+from swarm_queue.producer.outfile import collect_durably
 from tests.harness import command
 from tests.helpers import collect_lines, gen_of, prompts, spec
 

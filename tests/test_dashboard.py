@@ -17,16 +17,16 @@ from pathlib import Path
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from common.embedded import EmbeddedRedis, free_port
-from common.feed import enqueue_prompts
-from common.fleet import EndpointInfo, EndpointStats
-from common.jobspec import JobOptions
-from common.models import PromptItem, Result
-from common.settings import Settings
-from common.store import JobStore
-from flows.agents import AgentSpec, agent_prompts, build_agents, enqueue_agents
-from producer.board import AgentCounts, Board, EndpointRow, History, JobRow, read_board
-from producer.dashboard import Dashboard
+from swarm_queue.common.embedded import EmbeddedRedis, free_port
+from swarm_queue.common.feed import enqueue_prompts
+from swarm_queue.common.fleet import EndpointInfo, EndpointStats
+from swarm_queue.common.jobspec import JobOptions
+from swarm_queue.common.models import PromptItem, Result
+from swarm_queue.common.settings import Settings
+from swarm_queue.common.store import JobStore
+from swarm_queue.flows.agents import AgentSpec, agent_prompts, build_agents, enqueue_agents
+from swarm_queue.producer.board import AgentCounts, Board, EndpointRow, History, JobRow, read_board
+from swarm_queue.producer.dashboard import Dashboard
 from tests.browser import CHROMIUM, Browser
 from tests.harness import (
     AGENT_TASK,

@@ -1,5 +1,5 @@
-"""End to end with real processes: swarm-sim, `arq worker.WorkerSettings --burst` workers, and
-the swarm-enqueue / swarm-collect command lines, against a real Redis."""
+"""End to end with real processes: swarm-sim, `arq swarm_queue.worker.WorkerSettings --burst`
+workers, and the swarm-enqueue / swarm-collect command lines, against a real Redis."""
 
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ import msgspec
 import pytest
 import redis
 
-from common.embedded import free_port
-from common.keys import Keys
-from sim.launch import launch
-from sim.text import completion_for
+from swarm_queue.common.embedded import free_port
+from swarm_queue.common.keys import Keys
+from swarm_queue.sim.launch import launch
+from swarm_queue.sim.text import completion_for
 from tests.harness import BIN, command
 
 pytestmark = pytest.mark.slow
@@ -70,7 +70,7 @@ def test_cli_job_over_four_endpoints_and_two_worker_processes(
         wenv = {**env, "SWARM_ENDPOINTS": ",".join(f"127.0.0.1:{p}" for p in pair)}
         workers.append(
             subprocess.Popen(
-                [sys.executable, "-m", "arq", "worker.WorkerSettings", "--burst"],
+                [sys.executable, "-m", "arq", "swarm_queue.worker.WorkerSettings", "--burst"],
                 env=wenv,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
@@ -192,7 +192,7 @@ def test_long_running_worker_serves_new_jobs_then_stops_cleanly_on_sigterm(
 ) -> None:
     wenv = {**env, "SWARM_ENDPOINTS": f"127.0.0.1:{sim_ports[0]}", "SWARM_JOBS_REFRESH_S": "0.1"}
     worker = subprocess.Popen(
-        [sys.executable, "-m", "arq", "worker.WorkerSettings"],
+        [sys.executable, "-m", "arq", "swarm_queue.worker.WorkerSettings"],
         env=wenv,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -232,7 +232,7 @@ def test_arq_payloads_are_msgpack_never_pickle(
     from arq import create_pool
     from arq.connections import RedisSettings
 
-    from worker.app import job_deserializer, job_serializer
+    from swarm_queue.worker.app import job_deserializer, job_serializer
 
     async def enqueue_ping() -> str:
         pool = await create_pool(
@@ -251,7 +251,7 @@ def test_arq_payloads_are_msgpack_never_pickle(
     job_id = asyncio.run(enqueue_ping())
     wenv = {**env, "SWARM_ENDPOINTS": "127.0.0.1:9"}  # never called: no swarm job exists
     subprocess.run(
-        [sys.executable, "-m", "arq", "worker.WorkerSettings", "--burst"],
+        [sys.executable, "-m", "arq", "swarm_queue.worker.WorkerSettings", "--burst"],
         env=wenv,
         check=True,
         capture_output=True,
@@ -271,7 +271,7 @@ def test_arq_payloads_are_msgpack_never_pickle(
 def test_collector_killed_mid_write_resumes_to_a_byte_identical_file(
     tmp_path: Path, env: dict[str, str], redis_url: str, prefix: str
 ) -> None:
-    from common.models import JobSpec, Result, encode
+    from swarm_queue.common.models import JobSpec, Result, encode
 
     n = 200_000
     client = redis.Redis.from_url(redis_url)
@@ -349,7 +349,7 @@ def test_settings_are_read_when_arq_asks_for_them_not_on_import(env: dict[str, s
     )
     assert imported.returncode == 0, imported.stderr
     for cmd in (
-        [sys.executable, "-m", "arq", "worker.WorkerSettings"],
+        [sys.executable, "-m", "arq", "swarm_queue.worker.WorkerSettings"],
         [str(BIN / "swarm-worker")],
     ):
         run = subprocess.run(cmd, env=bad, capture_output=True, text=True, timeout=60)

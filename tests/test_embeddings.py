@@ -13,18 +13,18 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from common.embedded import free_port
-from common.errors import ConfigError
-from common.jobspec import JobOptions, build_spec
-from common.models import JobSpec, SamplingParams, pack_vector, unpack_vector
-from common.perprompt import cluster
-from common.settings import Settings
-from common.store import JobStore
-from producer.enqueue import enqueue_prompts
-from producer.parquet import collect_to_parquet
-from sim.engine import EngineConfig
-from sim.server import SimEndpoint, SimFleet
-from sim.text import embedding_for
+from swarm_queue.common.embedded import free_port
+from swarm_queue.common.errors import ConfigError
+from swarm_queue.common.jobspec import JobOptions, build_spec
+from swarm_queue.common.models import JobSpec, SamplingParams, pack_vector, unpack_vector
+from swarm_queue.common.perprompt import cluster
+from swarm_queue.common.settings import Settings
+from swarm_queue.common.store import JobStore
+from swarm_queue.producer.enqueue import enqueue_prompts
+from swarm_queue.producer.parquet import collect_to_parquet
+from swarm_queue.sim.engine import EngineConfig
+from swarm_queue.sim.server import SimEndpoint, SimFleet
+from swarm_queue.sim.text import embedding_for
 from tests.harness import command
 from tests.helpers import collect_lines, prompts, run_engine
 
@@ -116,7 +116,7 @@ def test_an_embeddings_job_refuses_settings_of_generation(cli_env: dict[str, str
 async def test_the_python_api_embeds(
     redis_url: str, prefix: str, sim_fleet: Callable[..., SimFleet]
 ) -> None:
-    from producer.api import Swarm
+    from swarm_queue.producer.api import Swarm
 
     texts = [f"sample {i} of the survey" for i in range(50)]
     async with (

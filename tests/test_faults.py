@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from common.embedded import EmbeddedRedis
+from swarm_queue.common.embedded import EmbeddedRedis
 from tests.harness import FleetFactory, check_output, collect
 from tests.helpers import wait_count, wait_until
 

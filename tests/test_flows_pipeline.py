@@ -8,23 +8,30 @@ from collections.abc import Callable
 
 import pytest
 
-from common.errors import ConfigError
-from common.jobspec import JobOptions
-from common.keys import step_name
-from common.models import Result, decode_item, decode_result
-from common.settings import Settings
-from common.store import JobStore
-from common.vocab import Meta
-from flows.pipeline import Keep, Link, StepOptions, build_pipeline, enqueue_pipeline, fill
-from flows.pipelineflow import PipelineFlow
-from producer.api import Concat, Step, Swarm, TreeReduce
-from producer.enqueue import split_steps
-from sim.engine import EngineConfig
-from sim.server import SimFleet
-from sim.text import completion_for
+from swarm_queue.common.errors import ConfigError
+from swarm_queue.common.jobspec import JobOptions
+from swarm_queue.common.keys import step_name
+from swarm_queue.common.models import Result, decode_item, decode_result
+from swarm_queue.common.settings import Settings
+from swarm_queue.common.store import JobStore
+from swarm_queue.common.vocab import Meta
+from swarm_queue.flows.pipeline import (
+    Keep,
+    Link,
+    StepOptions,
+    build_pipeline,
+    enqueue_pipeline,
+    fill,
+)
+from swarm_queue.flows.pipelineflow import PipelineFlow
+from swarm_queue.producer.api import Concat, Step, Swarm, TreeReduce
+from swarm_queue.producer.enqueue import split_steps
+from swarm_queue.sim.engine import EngineConfig
+from swarm_queue.sim.server import SimFleet
+from swarm_queue.sim.text import completion_for
+from swarm_queue.worker.endpoint import EndpointClient
+from swarm_queue.worker.engine import Engine
 from tests.helpers import prompts, run_engine
-from worker.endpoint import EndpointClient
-from worker.engine import Engine
 
 T1 = "Check this answer: {answer}\nQuestion was: {prompt}"
 T2 = "Summarise: {answer}"

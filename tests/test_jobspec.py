@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import redis
 
-from common.errors import ConfigError
-from common.jobspec import JobOptions, build_spec, options_from
-from common.keys import Keys
-from producer.enqueue import JOB_FLAGS, options_from_args, parser
+from swarm_queue.common.errors import ConfigError
+from swarm_queue.common.jobspec import JobOptions, build_spec, options_from
+from swarm_queue.common.keys import Keys
+from swarm_queue.producer.enqueue import JOB_FLAGS, options_from_args, parser
 from tests.harness import command
 
 
@@ -95,7 +95,7 @@ def test_the_typed_job_settings_are_the_job_options() -> None:
     JobOptions' fields, with the same types."""
     import typing
 
-    from common.jobspec import JobOptions, JobSettings
+    from swarm_queue.common.jobspec import JobOptions, JobSettings
 
     hints = typing.get_type_hints(JobSettings)
     fields = typing.get_type_hints(JobOptions)

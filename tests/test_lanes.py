@@ -9,14 +9,14 @@ from collections.abc import Callable
 
 import pytest
 
-from common.jobspec import JobOptions
-from common.keys import GROUP, lane_name
-from common.models import JobSpec, PromptItem
-from common.settings import Settings
-from common.store import JobStore
-from common.store.steps import Move
-from flows.agents import AgentSpec, build_agents
-from worker.intake import Intake
+from swarm_queue.common.jobspec import JobOptions
+from swarm_queue.common.keys import GROUP, lane_name
+from swarm_queue.common.models import JobSpec, PromptItem
+from swarm_queue.common.settings import Settings
+from swarm_queue.common.store import JobStore
+from swarm_queue.common.store.steps import Move
+from swarm_queue.flows.agents import AgentSpec, build_agents
+from swarm_queue.worker.intake import Intake
 
 A, B, C = "http://node-a:8000", "http://node-b:8000", "http://node-c:8000"
 

@@ -1,13 +1,19 @@
-"""The house's layers, read from the code: each package imports only those below it, and the
-drain path (worker/) and the store (common/store/) name no workflow: they know batches,
-jobs and flows in general, and a workflow is a room of flows/ with its registry line."""
+"""The house's layers, read from the code: each package imports only those below it (by the one
+import name, ``swarm_queue.X``), and the drain path (worker/) and the store (common/store/)
+name no workflow: they know batches, jobs and flows in general, and a workflow is a room of
+flows/ with its registry line. A wheel puts nothing but ``swarm_queue`` at the top of
+site-packages."""
 
 from __future__ import annotations
 
 import ast
 import io
+import os
 import re
+import subprocess
+import sys
 import tokenize
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -43,9 +49,14 @@ def test_each_package_imports_only_those_below_it(package: str) -> None:
             else:
                 continue
             for name in names:
-                top = name.split(".")[0]
-                if top in MAY_IMPORT and top not in MAY_IMPORT[package]:
+                parts = name.split(".")
+                if parts[0] in MAY_IMPORT:  # one import name: never the folder's own
                     wrong.append(f"{path.relative_to(ROOT)}:{node.lineno} imports {name}")
+                elif parts[0] == "swarm_queue":
+                    # swarm_queue itself is the public API, the producer's face
+                    top = parts[1] if len(parts) > 1 else "producer"
+                    if top not in MAY_IMPORT[package]:
+                        wrong.append(f"{path.relative_to(ROOT)}:{node.lineno} imports {name}")
     assert not wrong, "\n".join(wrong)
 
 
@@ -79,3 +90,50 @@ def test_the_drain_path_and_the_store_name_no_workflow() -> None:
             if (WORKFLOW.search(tok.string) or named) and not REDIS_PIPELINE.search(line):
                 hits.append(f"{path.relative_to(ROOT)}:{tok.start[0]}: {tok.string[:60]}")
     assert not hits, "\n".join(hits)
+
+
+@pytest.mark.slow
+def test_a_wheel_puts_one_import_name_in_site_packages(tmp_path: Path) -> None:
+    """Built and installed as a user's pip does: the top of site-packages holds swarm_queue
+    (and its metadata) alone, the commands run its modules, and its public API imports there
+    (not from this checkout)."""
+    built = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", tmp_path / "w", ROOT],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert built.returncode == 0, built.stderr
+    (wheel,) = (tmp_path / "w").glob("swarm_queue-*.whl")
+    site = tmp_path / "site"
+    installed = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", site, wheel],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert installed.returncode == 0, installed.stderr
+    tops = {p.name for p in site.iterdir() if not p.name.endswith(".dist-info")}
+    assert tops == {"swarm_queue", "bin"}, tops
+    scripts = {p.name for p in (site / "bin").iterdir()}
+    assert {"swarm-enqueue", "swarm-worker", "swarm-collect", "swarm-sim"} <= scripts
+    with zipfile.ZipFile(wheel) as z:
+        entry = z.read(next(n for n in z.namelist() if n.endswith("entry_points.txt"))).decode()
+        assert {n.split("/")[1] for n in z.namelist() if n.startswith("swarm_queue/")} >= {
+            "common", "flows", "producer", "sim", "worker"
+        }  # fmt: skip
+    targets = [ln.split("=", 1)[1].strip() for ln in entry.splitlines() if "=" in ln]
+    assert targets and all(t.startswith("swarm_queue.") for t in targets), targets
+    probe = (
+        "import swarm_queue, swarm_queue.common.store as s; print(swarm_queue.Swarm, s.__file__)"
+    )
+    ran = subprocess.run(
+        [sys.executable, "-c", probe],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(site)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert ran.returncode == 0, ran.stderr
+    assert "swarm_queue.producer.api.Swarm" in ran.stdout and str(site) in ran.stdout

@@ -12,17 +12,17 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from common.fleet import EndpointStats
-from common.models import PromptItem
-from common.settings import Settings
-from common.store import JobStore
-from common.store.status import _job_status
-from common.vocab import FAILED_KIND_PREFIX, Meta
-from producer.status import format_endpoints, format_status
-from sim.server import SimFleet
+from swarm_queue.common.fleet import EndpointStats
+from swarm_queue.common.models import PromptItem
+from swarm_queue.common.settings import Settings
+from swarm_queue.common.store import JobStore
+from swarm_queue.common.store.status import _job_status
+from swarm_queue.common.vocab import FAILED_KIND_PREFIX, Meta
+from swarm_queue.producer.status import format_endpoints, format_status
+from swarm_queue.sim.server import SimFleet
+from swarm_queue.worker.endpoint import EndpointClient
+from swarm_queue.worker.engine import Engine
 from tests.helpers import gen_of, prompts, serve, spec
-from worker.endpoint import EndpointClient
-from worker.engine import Engine
 
 
 @pytest.fixture

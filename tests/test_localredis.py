@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from common.cli import settings_from_args
-from common.embedded import free_port
+from swarm_queue.common.cli import settings_from_args
+from swarm_queue.common.embedded import free_port
 from tests.harness import Fleet, check_output, collect, command
 
 pytestmark = pytest.mark.slow

@@ -5,15 +5,15 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from common.settings import Settings
-from common.store import JobStore
-from producer.enqueue import enqueue_prompts
-from sim.server import SimFleet
-from sim.text import completion_for
+from swarm_queue.common.settings import Settings
+from swarm_queue.common.store import JobStore
+from swarm_queue.producer.enqueue import enqueue_prompts
+from swarm_queue.sim.server import SimFleet
+from swarm_queue.sim.text import completion_for
+from swarm_queue.worker.endpoint import EndpointClient
+from swarm_queue.worker.engine import Engine
+from swarm_queue.worker.lookout import Lookout
 from tests.helpers import collect_lines, prompts, spec, until
-from worker.endpoint import EndpointClient
-from worker.engine import Engine
-from worker.lookout import Lookout
 
 
 async def test_one_slot_looks_and_the_others_rest_until_it_finds_work() -> None:

@@ -17,13 +17,13 @@ import pytest
 import redis
 from prometheus_client.parser import text_string_to_metric_families
 
-from common.embedded import EmbeddedRedis, free_port
-from common.errors import ConfigError
-from common.settings import Settings
-from common.store import Commit, JobStatus
+from swarm_queue.common.embedded import EmbeddedRedis, free_port
+from swarm_queue.common.errors import ConfigError
+from swarm_queue.common.settings import Settings
+from swarm_queue.common.store import Commit, JobStatus
+from swarm_queue.worker.prometheus import EndpointGauges, PrometheusMetrics
 from tests.harness import FleetFactory
 from tests.helpers import wait_until
-from worker.prometheus import EndpointGauges, PrometheusMetrics
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -205,7 +205,7 @@ def test_a_worker_whose_metrics_port_is_taken_stops_at_once_saying_so(
             SWARM_METRICS_ADDR="127.0.0.1",
         )
         out = subprocess.run(
-            [sys.executable, "-m", "worker.main", "--burst"],
+            [sys.executable, "-m", "swarm_queue.worker.main", "--burst"],
             env=env,
             capture_output=True,
             text=True,

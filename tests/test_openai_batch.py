@@ -6,12 +6,12 @@ import io
 
 import msgspec
 
-from common.models import Result, Usage
-from common.store import JobStore
-from producer.enqueue import enqueue_prompts
-from producer.formats import FORMATS
-from producer.openai_batch import openai_line
-from producer.stream import collect
+from swarm_queue.common.models import Result, Usage
+from swarm_queue.common.store import JobStore
+from swarm_queue.producer.enqueue import enqueue_prompts
+from swarm_queue.producer.formats import FORMATS
+from swarm_queue.producer.openai_batch import openai_line
+from swarm_queue.producer.stream import collect
 from tests.helpers import gen_of, spec
 
 

@@ -9,16 +9,16 @@ from pathlib import Path
 
 import pytest
 
-from common.errors import JobCancelledError
-from common.settings import Settings
-from common.store import JobStore
-from producer.enqueue import enqueue_prompts
-from sim.engine import EngineConfig
-from sim.server import SimFleet
-from sim.text import completion_for
+from swarm_queue.common.errors import JobCancelledError
+from swarm_queue.common.settings import Settings
+from swarm_queue.common.store import JobStore
+from swarm_queue.producer.enqueue import enqueue_prompts
+from swarm_queue.sim.engine import EngineConfig
+from swarm_queue.sim.server import SimFleet
+from swarm_queue.sim.text import completion_for
+from swarm_queue.worker.endpoint import EndpointClient
+from swarm_queue.worker.engine import Engine
 from tests.helpers import collect_lines, gen_of, prompts, run_engine, spec
-from worker.endpoint import EndpointClient
-from worker.engine import Engine
 
 BIN = Path(sys.executable).parent
 
@@ -96,7 +96,7 @@ async def test_cancel_records_the_rest_as_cancelled_and_retry_resumes_it(
 async def test_cancel_of_a_job_still_being_enqueued_seals_it_where_input_stopped(
     store: JobStore,
 ) -> None:
-    from common.models import PromptItem
+    from swarm_queue.common.models import PromptItem
 
     await store.create_job(spec())
     await store.add_items(

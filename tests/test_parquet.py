@@ -16,11 +16,11 @@ import msgspec
 import pytest
 import redis
 
-from common.models import JobSpec, Result, Usage, encode
-from common.store import JobStore
-from producer import parquet
-from producer.enqueue import enqueue_prompts
-from producer.parquet import collect_to_parquet, part_name
+from swarm_queue.common.models import JobSpec, Result, Usage, encode
+from swarm_queue.common.store import JobStore
+from swarm_queue.producer import parquet
+from swarm_queue.producer.enqueue import enqueue_prompts
+from swarm_queue.producer.parquet import collect_to_parquet, part_name
 from tests.harness import BIN
 from tests.helpers import collect_lines, gen_of, prompts, spec
 
@@ -111,7 +111,7 @@ async def test_parts_no_collection_of_this_job_wrote_are_left_alone_and_a_file_r
     await enqueue_prompts(store, spec(), prompts(10))
     got = await store.read_new("j", "c", 10)
     await _answer(store, got, range(10))
-    from common.errors import ConfigError
+    from swarm_queue.common.errors import ConfigError
 
     out = tmp_path / "out"
     out.mkdir()

@@ -15,11 +15,11 @@ import pyarrow.parquet as pq
 import pytest
 import redis
 
-from common.keys import step_name
-from common.models import pack_vector, unpack_vector
-from common.perprompt import vote
-from flows.pipeline import fill
-from sim.text import completion_for, embedding_for, sample_for
+from swarm_queue.common.keys import step_name
+from swarm_queue.common.models import pack_vector, unpack_vector
+from swarm_queue.common.perprompt import vote
+from swarm_queue.flows.pipeline import fill
+from swarm_queue.sim.text import completion_for, embedding_for, sample_for
 from tests.harness import (
     MAX_TOKENS,
     FleetFactory,

@@ -8,7 +8,7 @@ import io
 
 import pytest
 
-from common.progress import Progress
+from swarm_queue.common.progress import Progress
 
 
 class _Clock:
@@ -28,7 +28,7 @@ def test_a_log_gets_a_line_at_first_then_every_period_and_a_last_one(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     clock = _Clock()
-    monkeypatch.setattr("common.progress.time.monotonic", clock)
+    monkeypatch.setattr("swarm_queue.common.progress.time.monotonic", clock)
     out = io.StringIO()
     bar = Progress("swarm-collect", "job j", "answered", every_s=30, file=out)
     bar.update(0, 1000, failed=0)
@@ -62,7 +62,7 @@ def test_a_terminal_gets_a_bar_and_a_silent_one_nothing() -> None:
 
 def test_work_that_ends_before_its_delay_says_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     clock = _Clock()
-    monkeypatch.setattr("common.progress.time.monotonic", clock)
+    monkeypatch.setattr("swarm_queue.common.progress.time.monotonic", clock)
     out = io.StringIO()
     quick = Progress("swarm-enqueue", "job j", "prompts read", after_s=5, file=out)
     quick.update(2, None)

@@ -13,19 +13,19 @@ from collections.abc import Callable, Iterator
 import msgspec
 import pytest
 
-from common.errors import InputError, JobConflictError
-from common.models import PromptItem, Result, SamplingParams, decode_item
-from common.settings import Settings
-from common.store import JobStore
-from producer.enqueue import enqueue_prompts
-from producer.stream import collect
-from sim.engine import EngineConfig
-from sim.server import FaultConfig, SimFleet
-from sim.text import completion_for
+from swarm_queue.common.errors import InputError, JobConflictError
+from swarm_queue.common.models import PromptItem, Result, SamplingParams, decode_item
+from swarm_queue.common.settings import Settings
+from swarm_queue.common.store import JobStore
+from swarm_queue.producer.enqueue import enqueue_prompts
+from swarm_queue.producer.stream import collect
+from swarm_queue.sim.engine import EngineConfig
+from swarm_queue.sim.server import FaultConfig, SimFleet
+from swarm_queue.sim.text import completion_for
+from swarm_queue.worker.endpoint import EndpointClient
+from swarm_queue.worker.engine import Engine
+from swarm_queue.worker.replies import Choice, CompletionBody
 from tests.helpers import collect_lines, gen_of, prompts, run_engine, spec
-from worker.endpoint import EndpointClient
-from worker.engine import Engine
-from worker.replies import Choice, CompletionBody
 
 # -- store and enqueue -------------------------------------------------------------------
 
@@ -424,8 +424,8 @@ async def test_enqueue_window_keeps_at_most_n_unfinished_prompts_in_redis(
 async def test_collect_evict_leaves_only_unwritten_results_in_redis(
     store: JobStore, tmp_path: pytest.TempPathFactory
 ) -> None:
-    from producer.lines import collect_to_file
-    from producer.outfile import CursorFile
+    from swarm_queue.producer.lines import collect_to_file
+    from swarm_queue.producer.outfile import CursorFile
 
     n = 5000
     await enqueue_prompts(store, spec(), prompts(n))

@@ -12,9 +12,9 @@ import msgspec
 import pytest
 import redis
 
-from common.embedded import EmbeddedRedis
-from common.keys import Keys
-from sim.text import completion_for
+from swarm_queue.common.embedded import EmbeddedRedis
+from swarm_queue.common.keys import Keys
+from swarm_queue.sim.text import completion_for
 from tests.harness import BIN, MAX_TOKENS, FleetFactory
 from tests.helpers import wait_until
 

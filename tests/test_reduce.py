@@ -9,21 +9,21 @@ from collections.abc import Callable, Sequence
 
 import pytest
 
-from common.errors import ConfigError
-from common.keys import stage_name
-from common.models import JobSpec, PromptItem, ReduceSpec, Result, SamplingParams
-from common.reduce import render
-from common.settings import Settings
-from common.store import JobStore, index_of
-from producer.api import Concat, Swarm, scatter_gather
-from producer.enqueue import enqueue_prompts
-from sim.engine import EngineConfig
-from sim.server import SimFleet
-from sim.text import completion_for
+from swarm_queue.common.errors import ConfigError
+from swarm_queue.common.keys import stage_name
+from swarm_queue.common.models import JobSpec, PromptItem, ReduceSpec, Result, SamplingParams
+from swarm_queue.common.reduce import render
+from swarm_queue.common.settings import Settings
+from swarm_queue.common.store import JobStore, index_of
+from swarm_queue.producer.api import Concat, Swarm, scatter_gather
+from swarm_queue.producer.enqueue import enqueue_prompts
+from swarm_queue.sim.engine import EngineConfig
+from swarm_queue.sim.server import SimFleet
+from swarm_queue.sim.text import completion_for
+from swarm_queue.worker.endpoint import EndpointClient
+from swarm_queue.worker.engine import Engine
+from swarm_queue.worker.reduce import StageBusy
 from tests.helpers import gen_of, prompts, run_engine
-from worker.endpoint import EndpointClient
-from worker.engine import Engine
-from worker.reduce import StageBusy
 
 TEMPLATE = "Level {level}. Summarise these answers in one line:\n{responses}\nSummary:"
 

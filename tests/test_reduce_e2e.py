@@ -11,7 +11,7 @@ import msgspec
 import pytest
 import redis
 
-from common.keys import Keys, stage_name
+from swarm_queue.common.keys import Keys, stage_name
 from tests.harness import (
     BIN,
     MAX_TOKENS,

@@ -9,9 +9,9 @@ from collections.abc import Iterator
 import msgspec
 import pytest
 
-from common.errors import ConfigError
-from common.models import FailedPrompt, ReduceSpec, Result
-from common.reduce import (
+from swarm_queue.common.errors import ConfigError
+from swarm_queue.common.models import FailedPrompt, ReduceSpec, Result
+from swarm_queue.common.reduce import (
     aggregate,
     function_allowed,
     merge_json,
@@ -210,8 +210,8 @@ def test_render_replaces_only_responses_and_level() -> None:
 def test_every_reduce_kind_is_run_by_exactly_one_room() -> None:
     """The registry names each kind once: a function of the results (an aggregator, or the
     user's own) or work for the fleet (stages), never both, never neither."""
-    from common.reduce import AGGREGATORS
-    from common.reducekinds import FUNCTION, REDUCE_KINDS
+    from swarm_queue.common.reduce import AGGREGATORS
+    from swarm_queue.common.reducekinds import FUNCTION, REDUCE_KINDS
 
     by_function = set(AGGREGATORS) | {FUNCTION}
     by_fleet = {name for name, kind in REDUCE_KINDS.items() if kind.fleet}

@@ -14,17 +14,17 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from common.embedded import EmbeddedRedis
-from common.errors import StoreFull
-from common.settings import Settings
-from common.store import JobStore
-from producer.enqueue import enqueue_prompts
-from sim.engine import EngineConfig
-from sim.server import FaultConfig, SimFleet
-from sim.text import completion_for
+from swarm_queue.common.embedded import EmbeddedRedis
+from swarm_queue.common.errors import StoreFull
+from swarm_queue.common.settings import Settings
+from swarm_queue.common.store import JobStore
+from swarm_queue.producer.enqueue import enqueue_prompts
+from swarm_queue.sim.engine import EngineConfig
+from swarm_queue.sim.server import FaultConfig, SimFleet
+from swarm_queue.sim.text import completion_for
+from swarm_queue.worker.endpoint import EndpointClient
+from swarm_queue.worker.engine import Engine
 from tests.helpers import collect_lines, gen_of, prompts, run_engine, serve, spec, until
-from worker.endpoint import EndpointClient
-from worker.engine import Engine
 
 
 async def _die_running(store: JobStore, n_times: int, ids: list[bytes]) -> None:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from common.cache import answer_key
-from common.models import Chat, Completion, JobSpec, Message, PromptItem, SamplingParams
-from common.request import Route, render, request_key
+from swarm_queue.common.cache import answer_key
+from swarm_queue.common.models import Chat, Completion, JobSpec, Message, PromptItem, SamplingParams
+from swarm_queue.common.request import Route, render, request_key
 
 
 def _spec(*, chat: bool = False, template: str | None = None) -> JobSpec:

@@ -14,7 +14,7 @@ import msgspec
 import pyarrow.parquet as pq
 import pytest
 
-from sim.text import completion_for
+from swarm_queue.sim.text import completion_for
 from tests.harness import MAX_TOKENS, FleetFactory, collect, command, fleet_prompt
 
 pytestmark = pytest.mark.slow

@@ -7,14 +7,14 @@ from collections.abc import Callable
 
 import pytest
 
-from common.errors import ConfigError, JobConflictError
-from common.keys import Keys, round_name
-from common.models import Result
-from common.store import JobStore
-from flows.rounds import Blackboard
-from producer.api import Swarm
-from sim.server import SimFleet
-from sim.text import completion_for
+from swarm_queue.common.errors import ConfigError, JobConflictError
+from swarm_queue.common.keys import Keys, round_name
+from swarm_queue.common.models import Result
+from swarm_queue.common.store import JobStore
+from swarm_queue.flows.rounds import Blackboard
+from swarm_queue.producer.api import Swarm
+from swarm_queue.sim.server import SimFleet
+from swarm_queue.sim.text import completion_for
 from tests.harness import FleetFactory
 
 SECTIONS = ["hypotheses", "critiques"]

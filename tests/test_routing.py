@@ -12,17 +12,17 @@ import msgspec
 import pytest
 from aiohttp import web
 
-from common.keys import GROUP
-from common.settings import Settings
-from common.store import RELEASED_IDLE_MS, JobStore
-from producer.enqueue import enqueue_prompts
-from sim.engine import EngineConfig
-from sim.server import SimFleet
-from sim.text import completion_for
+from swarm_queue.common.keys import GROUP
+from swarm_queue.common.settings import Settings
+from swarm_queue.common.store import RELEASED_IDLE_MS, JobStore
+from swarm_queue.producer.enqueue import enqueue_prompts
+from swarm_queue.sim.engine import EngineConfig
+from swarm_queue.sim.server import SimFleet
+from swarm_queue.sim.text import completion_for
+from swarm_queue.worker.endpoint import EndpointClient
+from swarm_queue.worker.engine import Engine
+from swarm_queue.worker.intake import service_order
 from tests.helpers import collect_lines, prompts, run_engine, serve, spec
-from worker.endpoint import EndpointClient
-from worker.engine import Engine
-from worker.intake import service_order
 
 
 async def _done(store: JobStore, job: str) -> int:

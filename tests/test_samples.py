@@ -10,18 +10,24 @@ from dataclasses import replace
 
 import pytest
 
-from common.embedded import free_port
-from common.errors import ConfigError
-from common.jobspec import JobOptions, build_spec
-from common.perprompt import PER_PROMPT_KINDS, cluster, kernel_entropy, semantic_entropy, vote
-from common.settings import Settings
-from common.store import JobStore
-from flows.pipeline import build_pipeline, enqueue_pipeline
-from producer.chains import follow_chains
-from producer.enqueue import enqueue_prompts
-from sim.engine import EngineConfig
-from sim.server import SimEndpoint, SimFleet
-from sim.text import embedding_for, sample_for
+from swarm_queue.common.embedded import free_port
+from swarm_queue.common.errors import ConfigError
+from swarm_queue.common.jobspec import JobOptions, build_spec
+from swarm_queue.common.perprompt import (
+    PER_PROMPT_KINDS,
+    cluster,
+    kernel_entropy,
+    semantic_entropy,
+    vote,
+)
+from swarm_queue.common.settings import Settings
+from swarm_queue.common.store import JobStore
+from swarm_queue.flows.pipeline import build_pipeline, enqueue_pipeline
+from swarm_queue.producer.chains import follow_chains
+from swarm_queue.producer.enqueue import enqueue_prompts
+from swarm_queue.sim.engine import EngineConfig
+from swarm_queue.sim.server import SimEndpoint, SimFleet
+from swarm_queue.sim.text import embedding_for, sample_for
 from tests.helpers import collect_lines, prompts, run_engine
 
 FAST = EngineConfig(step_base_ms=1.0, step_per_seq_ms=0.0)

@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 import redis
 
-from common.embedded import EmbeddedRedis, find_redis_server, free_port
-from common.errors import StoreAccessDenied, StoreUnavailable
-from common.settings import Settings
-from common.store import JobStore
-from producer.enqueue import enqueue_prompts
-from sim.server import SimFleet
-from sim.text import completion_for
+from swarm_queue.common.embedded import EmbeddedRedis, find_redis_server, free_port
+from swarm_queue.common.errors import StoreAccessDenied, StoreUnavailable
+from swarm_queue.common.settings import Settings
+from swarm_queue.common.store import JobStore
+from swarm_queue.producer.enqueue import enqueue_prompts
+from swarm_queue.sim.server import SimFleet
+from swarm_queue.sim.text import completion_for
 from tests.harness import FleetFactory, doc_acl_user
 from tests.helpers import collect_lines, prompts, run_engine, spec
 

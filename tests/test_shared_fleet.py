@@ -9,7 +9,7 @@ import subprocess
 import msgspec
 import pytest
 
-from common.keys import Keys
+from swarm_queue.common.keys import Keys
 from tests.harness import (
     BIN,
     Fleet,

@@ -12,14 +12,14 @@ from typing import Any
 import msgspec
 import openai
 
-from common.models import Chat, JobSpec, PromptItem, SamplingParams
-from common.request import render, request_key
-from common.settings import Settings
-from common.store import JobStore
-from producer.enqueue import enqueue_prompts
-from sim.prefix import BLOCK_CHARS, PrefixCache
-from sim.server import SimFleet
-from sim.text import count_tokens
+from swarm_queue.common.models import Chat, JobSpec, PromptItem, SamplingParams
+from swarm_queue.common.request import render, request_key
+from swarm_queue.common.settings import Settings
+from swarm_queue.common.store import JobStore
+from swarm_queue.producer.enqueue import enqueue_prompts
+from swarm_queue.sim.prefix import BLOCK_CHARS, PrefixCache
+from swarm_queue.sim.server import SimFleet
+from swarm_queue.sim.text import count_tokens
 from tests.helpers import run_engine
 
 TOOLS = [

@@ -14,14 +14,19 @@ import msgspec
 import pytest
 from aiohttp import web
 
-from common.embedded import free_port
-from common.errors import EndpointRejected, EndpointRetryable, ModelNotServed, RouteMissing
-from common.models import SamplingParams
-from sim.engine import EngineConfig, SimEngine
-from sim.server import FaultConfig, SimFleet
-from sim.text import completion_for, count_tokens
+from swarm_queue.common.embedded import free_port
+from swarm_queue.common.errors import (
+    EndpointRejected,
+    EndpointRetryable,
+    ModelNotServed,
+    RouteMissing,
+)
+from swarm_queue.common.models import SamplingParams
+from swarm_queue.sim.engine import EngineConfig, SimEngine
+from swarm_queue.sim.server import FaultConfig, SimFleet
+from swarm_queue.sim.text import completion_for, count_tokens
+from swarm_queue.worker.endpoint import EndpointClient
 from tests.helpers import serve
-from worker.endpoint import EndpointClient
 
 # -- the deterministic model ----------------------------------------------------------
 
@@ -327,7 +332,7 @@ def test_a_simulator_given_a_port_another_process_holds_says_so() -> None:
     """Not "listening" because a neighbour listens there: the launch checks the pid."""
     import socket
 
-    from sim.launch import SimExited, launch
+    from swarm_queue.sim.launch import SimExited, launch
 
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

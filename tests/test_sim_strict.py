@@ -14,8 +14,8 @@ from typing import Any
 import openai
 import pytest
 
-from sim.server import SimFleet
-from sim.tools import AUTO_REFUSED
+from swarm_queue.sim.server import SimFleet
+from swarm_queue.sim.tools import AUTO_REFUSED
 
 TOOLS: list[Any] = [
     {
@@ -188,7 +188,7 @@ async def test_a_schema_beside_tools_holds_an_auto_answer_but_not_a_required_cal
 
 def test_auto_tool_choice_needs_a_tool_parser_as_in_vllm() -> None:
     got = subprocess.run(
-        [sys.executable, "-m", "sim", "--ports", "1", "--enable-auto-tool-choice"],
+        [sys.executable, "-m", "swarm_queue.sim", "--ports", "1", "--enable-auto-tool-choice"],
         capture_output=True,
         text=True,
         timeout=60,

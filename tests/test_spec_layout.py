@@ -9,8 +9,8 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from common.jobspec import JobOptions
-from common.models import (
+from swarm_queue.common.jobspec import JobOptions
+from swarm_queue.common.models import (
     Chat,
     Completion,
     Embedding,
@@ -19,10 +19,10 @@ from common.models import (
     decode_spec,
     encode,
 )
-from common.store import JobStore
-from common.vocab import Meta
-from flows.agents import AgentSpec, agent_of, build_agents, tool_definition
-from flows.pipeline import Link, StepOptions, build_pipeline, link_of
+from swarm_queue.common.store import JobStore
+from swarm_queue.common.vocab import Meta
+from swarm_queue.flows.agents import AgentSpec, agent_of, build_agents, tool_definition
+from swarm_queue.flows.pipeline import Link, StepOptions, build_pipeline, link_of
 
 STORED = Path(__file__).parent / "data" / "specs-flat.txt"
 

@@ -7,17 +7,17 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from common.models import decode_item
-from common.settings import Settings
-from common.store import JobStore
-from common.vocab import Meta
-from producer.enqueue import enqueue_prompts
-from sim.engine import EngineConfig
-from sim.server import SimFleet
-from sim.text import completion_for
+from swarm_queue.common.models import decode_item
+from swarm_queue.common.settings import Settings
+from swarm_queue.common.store import JobStore
+from swarm_queue.common.vocab import Meta
+from swarm_queue.producer.enqueue import enqueue_prompts
+from swarm_queue.sim.engine import EngineConfig
+from swarm_queue.sim.server import SimFleet
+from swarm_queue.sim.text import completion_for
+from swarm_queue.worker.endpoint import EndpointClient
+from swarm_queue.worker.engine import Engine
 from tests.helpers import collect_lines, gen_of, prompts, spec
-from worker.endpoint import EndpointClient
-from worker.engine import Engine
 
 
 async def test_copies_come_only_at_the_tail_oldest_first_each_entry_once(store: JobStore) -> None:

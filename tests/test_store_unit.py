@@ -13,12 +13,12 @@ from importlib import resources
 import fakeredis
 import pytest
 
-from common.errors import JobConflictError, JobNotFoundError
-from common.keys import Keys
-from common.models import JobSpec, PromptItem, Result, SamplingParams
-from common.store import JobStore
-from common.store.scripts import SCRIPT_NAMES, source
-from common.vocab import FailureKind, Meta, failed_field
+from swarm_queue.common.errors import JobConflictError, JobNotFoundError
+from swarm_queue.common.keys import Keys
+from swarm_queue.common.models import JobSpec, PromptItem, Result, SamplingParams
+from swarm_queue.common.store import JobStore
+from swarm_queue.common.store.scripts import SCRIPT_NAMES, source
+from swarm_queue.common.vocab import FailureKind, Meta, failed_field
 from tests.helpers import gen_of
 
 
@@ -92,7 +92,7 @@ async def test_create_job_refuses_other_settings_and_unknown_jobs_are_named(
 
 
 def test_every_script_states_its_contract_and_names_meta_fields_from_the_vocabulary() -> None:
-    lua = resources.files("common.store").joinpath("lua")
+    lua = resources.files("swarm_queue.common.store").joinpath("lua")
     names = sorted(p.name.removesuffix(".lua") for p in lua.iterdir() if p.name.endswith(".lua"))
     assert tuple(names) == SCRIPT_NAMES
     for name in names:
@@ -135,8 +135,8 @@ async def test_redis_pys_own_failure_inside_the_client_is_an_outage_and_ours_a_b
     that stays seen."""
     import redis.asyncio.cluster as redis_cluster
 
-    from common.errors import StoreUnavailable
-    from common.store.connection import redis_errors
+    from swarm_queue.common.errors import StoreUnavailable
+    from swarm_queue.common.store.connection import redis_errors
 
     class Reinitialising:  # what the cluster client is for a moment: no layout yet
         pass

@@ -4,9 +4,9 @@ to do is read from the consumer group and the counters, never from the stream's 
 
 from __future__ import annotations
 
-from common.models import Result
-from common.store import Commit, JobStore
-from producer.enqueue import enqueue_prompts
+from swarm_queue.common.models import Result
+from swarm_queue.common.store import Commit, JobStore
+from swarm_queue.producer.enqueue import enqueue_prompts
 from tests.helpers import gen_of, prompts, spec
 
 

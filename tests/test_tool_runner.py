@@ -1,7 +1,7 @@
-"""The tool runner as a real process (arq worker.ToolSettings): a call asked by many at once
-runs once, an answer kept as a cache only where the tool asks, a tool that raises or takes
-too long answers with its error, a tool the runner does not list is never taken by it: its
-call waits in that tool's own queue, and the runner says which tools it serves."""
+"""The tool runner as a real process (arq swarm_queue.worker.ToolSettings): a call asked by
+many at once runs once, an answer kept as a cache only where the tool asks, a tool that raises
+or takes too long answers with its error, a tool the runner does not list is never taken by it:
+its call waits in that tool's own queue, and the runner says which tools it serves."""
 
 from __future__ import annotations
 
@@ -14,15 +14,15 @@ from pathlib import Path
 import pytest
 from arq import create_pool
 
-from common.arqconf import arq_redis_settings, job_deserializer, job_serializer
-from common.errors import ConfigError
-from common.settings import Settings
-from common.store import JobStore
-from common.tools import HAND_OVER_S, ToolAnswer, tool_key
-from flows.toolcalls import ToolCaller
+from swarm_queue.common.arqconf import arq_redis_settings, job_deserializer, job_serializer
+from swarm_queue.common.errors import ConfigError
+from swarm_queue.common.settings import Settings
+from swarm_queue.common.store import JobStore
+from swarm_queue.common.tools import HAND_OVER_S, ToolAnswer, tool_key
+from swarm_queue.flows.toolcalls import ToolCaller
+from swarm_queue.worker.toollimits import check_limits
 from tests.harness import tool_runner
 from tests.helpers import wait_until
-from worker.toollimits import check_limits
 
 pytestmark = pytest.mark.slow
 

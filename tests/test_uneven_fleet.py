@@ -17,11 +17,11 @@ import msgspec
 import pytest
 import redis
 
-from common.jobspec import JobOptions
-from common.keys import Keys
-from common.settings import Settings
-from common.store import JobStore
-from flows.agents import (
+from swarm_queue.common.jobspec import JobOptions
+from swarm_queue.common.keys import Keys
+from swarm_queue.common.settings import Settings
+from swarm_queue.common.store import JobStore
+from swarm_queue.flows.agents import (
     AgentResult,
     AgentSpec,
     agent_prompts,
@@ -29,8 +29,8 @@ from flows.agents import (
     enqueue_agents,
     tool_definition,
 )
-from sim.server import FaultConfig, SimFleet
-from sim.text import completion_for, embedding_for
+from swarm_queue.sim.server import FaultConfig, SimFleet
+from swarm_queue.sim.text import completion_for, embedding_for
 from tests.harness import (
     MAX_TOKENS,
     TOOL_PARSER_ARGS,

@@ -7,17 +7,17 @@ import asyncio
 from collections.abc import Callable
 from typing import TypedDict
 
-from common.settings import Settings
-from common.store import JobStore
-from producer.enqueue import enqueue_prompts
-from sim.engine import EngineConfig
-from sim.server import SimFleet
-from sim.text import completion_for
+from swarm_queue.common.settings import Settings
+from swarm_queue.common.store import JobStore
+from swarm_queue.producer.enqueue import enqueue_prompts
+from swarm_queue.sim.engine import EngineConfig
+from swarm_queue.sim.server import SimFleet
+from swarm_queue.sim.text import completion_for
+from swarm_queue.worker.endpoint import EndpointClient, parse_load
+from swarm_queue.worker.engine import Engine
+from swarm_queue.worker.replies import Load
+from swarm_queue.worker.window import Window, follow_load, next_window
 from tests.helpers import collect_lines, prompts, spec
-from worker.endpoint import EndpointClient, parse_load
-from worker.engine import Engine
-from worker.replies import Load
-from worker.window import Window, follow_load, next_window
 
 
 class _Limits(TypedDict):

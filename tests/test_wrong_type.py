@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 import redis
 
-from common.errors import BadKeyError, StoreRefused
-from common.keys import GROUP
-from common.store import JobStore, redis_errors
-from producer.dashboard import Dashboard
-from sim.text import completion_for
+from swarm_queue.common.errors import BadKeyError, StoreRefused
+from swarm_queue.common.keys import GROUP
+from swarm_queue.common.store import JobStore, redis_errors
+from swarm_queue.producer.dashboard import Dashboard
+from swarm_queue.sim.text import completion_for
 from tests.harness import MAX_TOKENS, Fleet, FleetFactory, command, fleet_prompt
 from tests.helpers import collect_lines, wait_count, wait_until
 

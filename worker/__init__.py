@@ -1,8 +1,8 @@
 """swarm-queue workers: one drain loop per inference endpoint, run under arq.
 
-Start with ``swarm-worker`` or ``arq worker.WorkerSettings`` (add ``--burst`` to exit when no
-job has work left). ``WorkerSettings`` is built when arq reads it, from the environment of that
-moment: importing any ``worker`` module reads no environment.
+Start with ``swarm-worker`` or ``arq swarm_queue.worker.WorkerSettings`` (add ``--burst`` to
+exit when no job has work left). ``WorkerSettings`` is built when arq reads it, from the
+environment of that moment: importing any worker module reads no environment.
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ __all__ = ["ToolSettings", "WorkerSettings"]
 
 def __getattr__(name: str) -> Any:
     if name == "WorkerSettings":
-        from worker.app import load_worker_settings
+        from swarm_queue.worker.app import load_worker_settings
 
         return load_worker_settings()
     if name == "ToolSettings":  # a tool runner (swarm-tools)
-        from worker.tools import load_tool_settings
+        from swarm_queue.worker.tools import load_tool_settings
 
         return load_tool_settings()
-    raise AttributeError(f"module 'worker' has no attribute {name!r}")
+    raise AttributeError(f"module 'swarm_queue.worker' has no attribute {name!r}")

@@ -1,4 +1,5 @@
-"""arq's part of the worker: ``arq worker.WorkerSettings [--burst]`` and ``swarm-worker``.
+"""arq's part of the worker: ``arq swarm_queue.worker.WorkerSettings [--burst]``, and
+``swarm-worker``.
 
 arq runs the process, its own job queue (the reduce steps) and the startup and shutdown hooks;
 the drain engine runs beside arq's loop. Only arq's documented surface is used: the worker's
@@ -31,12 +32,12 @@ from arq.connections import ArqRedis
 from arq.jobs import Job, JobStatus
 from arq.worker import func
 
-from common.arqconf import arq_connection, job_deserializer, job_serializer
-from common.errors import ConfigError, EndpointRetryable, StoreUnavailable, SwarmError
-from common.settings import Settings
-from common.store import JobStore
-from worker.engine import Engine
-from worker.reduce import StageBusy
+from swarm_queue.common.arqconf import arq_connection, job_deserializer, job_serializer
+from swarm_queue.common.errors import ConfigError, EndpointRetryable, StoreUnavailable, SwarmError
+from swarm_queue.common.settings import Settings
+from swarm_queue.common.store import JobStore
+from swarm_queue.worker.engine import Engine
+from swarm_queue.worker.reduce import StageBusy
 
 __all__ = ["job_deserializer", "job_serializer", "load_worker_settings", "worker_settings"]
 

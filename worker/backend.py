@@ -16,11 +16,11 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from common.errors import ConfigError
-from common.hostfile import Endpoint
-from common.models import SamplingParams
-from worker.endpoint import EndpointClient
-from worker.replies import ChatBody, CompletionBody, EmbeddingBody, Load, ModelInfo
+from swarm_queue.common.errors import ConfigError
+from swarm_queue.common.hostfile import Endpoint
+from swarm_queue.common.models import SamplingParams
+from swarm_queue.worker.endpoint import EndpointClient
+from swarm_queue.worker.replies import ChatBody, CompletionBody, EmbeddingBody, Load, ModelInfo
 
 __all__ = ["BACKENDS", "Backend", "backend_for"]
 

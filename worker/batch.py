@@ -21,8 +21,13 @@ from typing import Protocol, TypeVar, cast
 
 import msgspec
 
-from common.errors import EndpointError, EndpointMalformed, EndpointRejected, EndpointRetryable
-from common.models import (
+from swarm_queue.common.errors import (
+    EndpointError,
+    EndpointMalformed,
+    EndpointRejected,
+    EndpointRetryable,
+)
+from swarm_queue.common.models import (
     JobSpec,
     PromptItem,
     Result,
@@ -32,14 +37,14 @@ from common.models import (
     encode,
     pack_vector,
 )
-from common.perprompt import PER_PROMPT_KINDS
-from common.request import Request, Route, render
-from common.settings import Settings
-from common.vocab import FailureKind
-from worker.backend import Backend
-from worker.circuit import Circuit, GiveUp
-from worker.metrics import NO_METRICS, Metrics
-from worker.replies import ChatBody, CompletionBody, CompletionUsage, EmbeddingBody
+from swarm_queue.common.perprompt import PER_PROMPT_KINDS
+from swarm_queue.common.request import Request, Route, render
+from swarm_queue.common.settings import Settings
+from swarm_queue.common.vocab import FailureKind
+from swarm_queue.worker.backend import Backend
+from swarm_queue.worker.circuit import Circuit, GiveUp
+from swarm_queue.worker.metrics import NO_METRICS, Metrics
+from swarm_queue.worker.replies import ChatBody, CompletionBody, CompletionUsage, EmbeddingBody
 
 __all__ = [
     "EMBEDDINGS",

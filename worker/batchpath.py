@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from typing import NamedTuple
 
-from common.errors import (
+from swarm_queue.common.errors import (
     BadRecordError,
     EndpointError,
     EndpointMalformed,
@@ -24,23 +24,23 @@ from common.errors import (
     RouteMissing,
     StoreUnavailable,
 )
-from common.fleet import takers
-from common.models import JobSpec, Result
-from common.perprompt import answered
-from common.schema import validator_of
-from common.store import Commit
-from common.throttle import Throttled
-from common.vocab import FailureKind
-from worker.backend import Backend
-from worker.batch import EMBEDDINGS, BatchRunner, Tally
-from worker.cache import AnswerCache
-from worker.circuit import Circuit, GiveUp
-from worker.context import DrainContext
-from worker.deliveries import Decoded, Finished, Triage, dead_letters, decode_deliveries
-from worker.figures import EndpointFigures
-from worker.inflight import Cancelled, InFlight, Request
-from worker.intake import Delivery, Intake
-from worker.served import ServedModels
+from swarm_queue.common.fleet import takers
+from swarm_queue.common.models import JobSpec, Result
+from swarm_queue.common.perprompt import answered
+from swarm_queue.common.schema import validator_of
+from swarm_queue.common.store import Commit
+from swarm_queue.common.throttle import Throttled
+from swarm_queue.common.vocab import FailureKind
+from swarm_queue.worker.backend import Backend
+from swarm_queue.worker.batch import EMBEDDINGS, BatchRunner, Tally
+from swarm_queue.worker.cache import AnswerCache
+from swarm_queue.worker.circuit import Circuit, GiveUp
+from swarm_queue.worker.context import DrainContext
+from swarm_queue.worker.deliveries import Decoded, Finished, Triage, dead_letters, decode_deliveries
+from swarm_queue.worker.figures import EndpointFigures
+from swarm_queue.worker.inflight import Cancelled, InFlight, Request
+from swarm_queue.worker.intake import Delivery, Intake
+from swarm_queue.worker.served import ServedModels
 
 __all__ = ["BatchPath"]
 

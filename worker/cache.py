@@ -11,12 +11,12 @@ import logging
 
 import msgspec
 
-from common.cache import answer_key, cacheable, decode_answer, encode_answer
-from common.errors import BadRecordError, StoreRefused, StoreUnavailable
-from common.models import JobSpec, Result
-from common.settings import Settings
-from common.store import WorkerStore, requeued
-from worker.deliveries import Decoded, Finished
+from swarm_queue.common.cache import answer_key, cacheable, decode_answer, encode_answer
+from swarm_queue.common.errors import BadRecordError, StoreRefused, StoreUnavailable
+from swarm_queue.common.models import JobSpec, Result
+from swarm_queue.common.settings import Settings
+from swarm_queue.common.store import WorkerStore, requeued
+from swarm_queue.worker.deliveries import Decoded, Finished
 
 __all__ = ["AnswerCache"]
 

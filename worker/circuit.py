@@ -17,7 +17,12 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from common.errors import EndpointError, EndpointMalformed, EndpointRetryable, EndpointUnusable
+from swarm_queue.common.errors import (
+    EndpointError,
+    EndpointMalformed,
+    EndpointRetryable,
+    EndpointUnusable,
+)
 
 __all__ = ["Circuit", "GiveUp"]
 

@@ -7,11 +7,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
-from common.errors import BadRecordError, JobGoneError
-from common.models import JobSpec
-from common.settings import Settings
-from common.store import WorkerStore
-from worker.metrics import Metrics
+from swarm_queue.common.errors import BadRecordError, JobGoneError
+from swarm_queue.common.models import JobSpec
+from swarm_queue.common.settings import Settings
+from swarm_queue.common.store import WorkerStore
+from swarm_queue.worker.metrics import Metrics
 
 __all__ = ["DrainContext"]
 

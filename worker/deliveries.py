@@ -3,10 +3,10 @@ died running them, decode them, and give a result to those that never reach the 
 
 from __future__ import annotations
 
-from common.models import PromptItem, Result
-from common.store import decode_entry, index_of
-from common.vocab import FailureKind
-from worker.intake import Delivery
+from swarm_queue.common.models import PromptItem, Result
+from swarm_queue.common.store import decode_entry, index_of
+from swarm_queue.common.vocab import FailureKind
+from swarm_queue.worker.intake import Delivery
 
 __all__ = ["SUSPECT_DEATHS", "Decoded", "Finished", "Triage", "dead_letters", "decode_deliveries"]
 

@@ -14,8 +14,8 @@ import asyncio
 import logging
 import time
 
-from common.backoff import backoff_s
-from common.errors import (
+from swarm_queue.common.backoff import backoff_s
+from swarm_queue.common.errors import (
     BadRecordError,
     EndpointError,
     EndpointMalformed,
@@ -23,22 +23,22 @@ from common.errors import (
     StoreUnavailable,
     SwarmError,
 )
-from common.fleet import EndpointInfo, EndpointStats, takers
-from common.models import JobSpec
-from common.throttle import Throttled
-from worker.backend import Backend
-from worker.batch import EMBEDDINGS, BatchRunner
-from worker.batchpath import BatchPath
-from worker.cache import AnswerCache
-from worker.circuit import Circuit
-from worker.context import DrainContext
-from worker.figures import EndpointFigures
-from worker.inflight import InFlight
-from worker.intake import Intake, Taken, service_order
-from worker.lookout import Lookout
-from worker.probe import probe_endpoint
-from worker.served import ServedModels
-from worker.window import ADAPT_START, Window, follow_load
+from swarm_queue.common.fleet import EndpointInfo, EndpointStats, takers
+from swarm_queue.common.models import JobSpec
+from swarm_queue.common.throttle import Throttled
+from swarm_queue.worker.backend import Backend
+from swarm_queue.worker.batch import EMBEDDINGS, BatchRunner
+from swarm_queue.worker.batchpath import BatchPath
+from swarm_queue.worker.cache import AnswerCache
+from swarm_queue.worker.circuit import Circuit
+from swarm_queue.worker.context import DrainContext
+from swarm_queue.worker.figures import EndpointFigures
+from swarm_queue.worker.inflight import InFlight
+from swarm_queue.worker.intake import Intake, Taken, service_order
+from swarm_queue.worker.lookout import Lookout
+from swarm_queue.worker.probe import probe_endpoint
+from swarm_queue.worker.served import ServedModels
+from swarm_queue.worker.window import ADAPT_START, Window, follow_load
 
 __all__ = ["EndpointDrainer"]
 

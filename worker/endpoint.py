@@ -20,16 +20,16 @@ from typing import Any, TypeVar
 import msgspec
 import openai
 
-from common.errors import (
+from swarm_queue.common.errors import (
     EndpointRejected,
     EndpointRetryable,
     EndpointUnusable,
     ModelNotServed,
     RouteMissing,
 )
-from common.models import SamplingParams
-from common.settings import mask_url
-from worker.replies import ChatBody, CompletionBody, EmbeddingBody, Load, ModelInfo
+from swarm_queue.common.models import SamplingParams
+from swarm_queue.common.settings import mask_url
+from swarm_queue.worker.replies import ChatBody, CompletionBody, EmbeddingBody, Load, ModelInfo
 
 T = TypeVar("T")
 

@@ -17,26 +17,26 @@ import random
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
-from common.abilities import NUMPY, Abilities, has_numpy, lacking, needs
-from common.errors import (
+from swarm_queue.common.abilities import NUMPY, Abilities, has_numpy, lacking, needs
+from swarm_queue.common.errors import (
     BadRecordError,
     ConfigError,
     JobGoneError,
     SwarmError,
 )
-from common.models import (
+from swarm_queue.common.models import (
     JobSpec,
 )
-from common.settings import Settings
-from common.store import JobStore
-from worker.backend import Backend, backend_for
-from worker.drainer import EndpointDrainer
-from worker.jobtable import JobTable
-from worker.metrics import NO_METRICS, Metrics
-from worker.publisher import Publisher
-from worker.pumps import Pumps
-from worker.reduce import Reducer, StageBusy
-from worker.shares import fair_shares
+from swarm_queue.common.settings import Settings
+from swarm_queue.common.store import JobStore
+from swarm_queue.worker.backend import Backend, backend_for
+from swarm_queue.worker.drainer import EndpointDrainer
+from swarm_queue.worker.jobtable import JobTable
+from swarm_queue.worker.metrics import NO_METRICS, Metrics
+from swarm_queue.worker.publisher import Publisher
+from swarm_queue.worker.pumps import Pumps
+from swarm_queue.worker.reduce import Reducer, StageBusy
+from swarm_queue.worker.shares import fair_shares
 
 if TYPE_CHECKING:
     pass

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from common.fleet import EndpointInfo, EndpointStats
+from swarm_queue.common.fleet import EndpointInfo, EndpointStats
 
 __all__ = ["RATE_SPAN_S", "EndpointFigures", "JobCount"]
 

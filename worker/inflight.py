@@ -11,7 +11,7 @@ from collections.abc import Coroutine
 from enum import StrEnum
 from typing import Any
 
-from common.models import Result
+from swarm_queue.common.models import Result
 
 __all__ = ["Cancelled", "InFlight", "Request"]
 

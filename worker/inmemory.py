@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from common.models import SamplingParams
-from worker.replies import (
+from swarm_queue.common.models import SamplingParams
+from swarm_queue.worker.replies import (
     ChatBody,
     ChatChoice,
     ChatMessage,

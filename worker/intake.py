@@ -20,10 +20,10 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import NamedTuple
 
-from common.keys import lane_name
-from common.models import JobSpec
-from common.settings import Settings
-from common.store import WorkerStore
+from swarm_queue.common.keys import lane_name
+from swarm_queue.common.models import JobSpec
+from swarm_queue.common.settings import Settings
+from swarm_queue.common.store import WorkerStore
 
 __all__ = ["Delivery", "Intake", "Taken", "service_order"]
 

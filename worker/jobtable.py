@@ -10,10 +10,15 @@ import math
 import time
 from collections.abc import Callable
 
-from common.errors import BadRecordError, JobGoneError, JobNotFoundError, StoreUnavailable
-from common.models import JobSpec
-from common.settings import Settings
-from common.store import WorkerStore
+from swarm_queue.common.errors import (
+    BadRecordError,
+    JobGoneError,
+    JobNotFoundError,
+    StoreUnavailable,
+)
+from swarm_queue.common.models import JobSpec
+from swarm_queue.common.settings import Settings
+from swarm_queue.common.store import WorkerStore
 
 __all__ = ["JobTable"]
 

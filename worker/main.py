@@ -1,10 +1,11 @@
 """``swarm-worker [--burst]``: the worker command, arq's worker with Redis checked first.
 
-``arq worker.WorkerSettings`` runs the same worker; this entry point first reaches Redis with
-swarm-queue's own client, so a wrong password or an unreachable Redis is one clear line at once
-(arq's connection loop retries an authentication failure for half a minute, then ends in a
-traceback), and then hands over to arq's documented ``run_worker`` with the settings parsed
-once, here. ``--burst`` is the engine's: arq keeps serving reduce steps until the engine is done.
+``arq swarm_queue.worker.WorkerSettings`` runs the same worker; this entry point first reaches
+Redis with swarm-queue's own client, so a wrong password or an unreachable Redis is one clear
+line at once (arq's connection loop retries an authentication failure for half a minute, then
+ends in a traceback), and then hands over to arq's documented ``run_worker`` with the settings
+parsed once, here. ``--burst`` is the engine's: arq keeps serving reduce steps until the engine
+is done.
 """
 
 from __future__ import annotations
@@ -14,10 +15,10 @@ import os
 import sys
 from collections.abc import Sequence
 
-from common.cli import default_redis_note, run
-from common.errors import ConfigError
-from common.settings import Settings
-from common.store import JobStore
+from swarm_queue.common.cli import default_redis_note, run
+from swarm_queue.common.errors import ConfigError
+from swarm_queue.common.settings import Settings
+from swarm_queue.common.store import JobStore
 
 __all__ = ["main"]
 
@@ -52,7 +53,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         raise SystemExit(status)
     from arq.worker import run_worker
 
-    from worker.app import worker_settings
+    from swarm_queue.worker.app import worker_settings
 
     run_worker(worker_settings(settings, burst=args.burst))
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from common.store import Commit
+from swarm_queue.common.store import Commit
 
 __all__ = ["NO_METRICS", "Metrics", "RequestOutcome"]
 

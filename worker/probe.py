@@ -5,11 +5,16 @@ from __future__ import annotations
 
 import contextlib
 
-from common.errors import EndpointRejected, EndpointRetryable, ModelNotServed
-from common.models import SamplingParams
-from worker.backend import Backend
-from worker.batch import EMBEDDINGS, check_choice_indices, check_vectors, missing_choices
-from worker.served import ServedModels
+from swarm_queue.common.errors import EndpointRejected, EndpointRetryable, ModelNotServed
+from swarm_queue.common.models import SamplingParams
+from swarm_queue.worker.backend import Backend
+from swarm_queue.worker.batch import (
+    EMBEDDINGS,
+    check_choice_indices,
+    check_vectors,
+    missing_choices,
+)
+from swarm_queue.worker.served import ServedModels
 
 __all__ = ["probe_endpoint"]
 

@@ -22,9 +22,9 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from common.store import Commit, JobStatus
-from flows.flow import Gauge
-from worker.metrics import Metrics, RequestOutcome
+from swarm_queue.common.store import Commit, JobStatus
+from swarm_queue.flows.flow import Gauge
+from swarm_queue.worker.metrics import Metrics, RequestOutcome
 
 __all__ = [
     "CIRCUIT_STATES",

@@ -15,16 +15,16 @@ from typing import TYPE_CHECKING
 import msgspec
 from aiohttp import web
 
-from common.abilities import Abilities
-from common.errors import BadRecordError, ConfigError, JobNotFoundError
-from common.models import JobSpec
-from common.settings import Settings
-from common.store import JobStatus, WorkerStore
-from worker.drainer import EndpointDrainer
-from worker.pumps import Pumps
+from swarm_queue.common.abilities import Abilities
+from swarm_queue.common.errors import BadRecordError, ConfigError, JobNotFoundError
+from swarm_queue.common.models import JobSpec
+from swarm_queue.common.settings import Settings
+from swarm_queue.common.store import JobStatus, WorkerStore
+from swarm_queue.worker.drainer import EndpointDrainer
+from swarm_queue.worker.pumps import Pumps
 
 if TYPE_CHECKING:
-    from worker.prometheus import PrometheusMetrics
+    from swarm_queue.worker.prometheus import PrometheusMetrics
 
 __all__ = ["Publisher"]
 
@@ -112,7 +112,7 @@ class Publisher:
         port, addr = self.settings.metrics_port, self.settings.metrics_addr
         if self.prometheus is None:
             return
-        from worker.prometheus import serve_metrics
+        from swarm_queue.worker.prometheus import serve_metrics
 
         try:
             self._server = await serve_metrics(self.prometheus, addr, port)
@@ -126,7 +126,7 @@ class Publisher:
     def _build_metrics(self) -> PrometheusMetrics:
         """The worker's Prometheus metrics, reading the drainers at each scrape."""
         # Imported only when asked for: a worker without metrics starts without them.
-        from worker.prometheus import EndpointGauges, PrometheusMetrics
+        from swarm_queue.worker.prometheus import EndpointGauges, PrometheusMetrics
 
         def up() -> bool:  # read at each scrape
             return self.store.reachable

@@ -7,11 +7,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable, Iterable
 
-from common.errors import SwarmError
-from common.settings import Settings
-from common.store import FlowStore
-from flows.flow import Flow, Gauge
-from flows.registry import FLOWS
+from swarm_queue.common.errors import SwarmError
+from swarm_queue.common.settings import Settings
+from swarm_queue.common.store import FlowStore
+from swarm_queue.flows.flow import Flow, Gauge
+from swarm_queue.flows.registry import FLOWS
 
 __all__ = ["PUMP_IDLE_S", "Pumps"]
 

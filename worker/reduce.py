@@ -20,8 +20,8 @@ from collections.abc import Sequence
 
 import msgspec
 
-from common.abilities import Abilities, lacking, needs
-from common.errors import (
+from swarm_queue.common.abilities import Abilities, lacking, needs
+from swarm_queue.common.errors import (
     ConfigError,
     EndpointError,
     EndpointRetryable,
@@ -30,14 +30,21 @@ from common.errors import (
     StoreUnavailable,
     SwarmError,
 )
-from common.feed import enqueue_prompts
-from common.keys import stage_name
-from common.models import JobSpec, LevelInfo, ReduceOutput, ReduceSpec, Result, timestamp_s
-from common.reduce import aggregate, failures, load_function, render
-from common.reducekinds import FUNCTION, REDUCE_KINDS, TREE
-from common.store import JobStore, producer_token
-from common.vocab import Meta
-from worker.backend import Backend
+from swarm_queue.common.feed import enqueue_prompts
+from swarm_queue.common.keys import stage_name
+from swarm_queue.common.models import (
+    JobSpec,
+    LevelInfo,
+    ReduceOutput,
+    ReduceSpec,
+    Result,
+    timestamp_s,
+)
+from swarm_queue.common.reduce import aggregate, failures, load_function, render
+from swarm_queue.common.reducekinds import FUNCTION, REDUCE_KINDS, TREE
+from swarm_queue.common.store import JobStore, producer_token
+from swarm_queue.common.vocab import Meta
+from swarm_queue.worker.backend import Backend
 
 __all__ = ["Reducer", "StageBusy", "estimate_tokens", "supervisor_max_tokens"]
 

@@ -13,10 +13,10 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 
-from common.errors import EndpointError, EndpointRetryable
-from common.models import JobSpec
-from common.settings import Settings
-from worker.backend import Backend
+from swarm_queue.common.errors import EndpointError, EndpointRetryable
+from swarm_queue.common.models import JobSpec
+from swarm_queue.common.settings import Settings
+from swarm_queue.worker.backend import Backend
 
 __all__ = ["MODELS_RECHECK_S", "ServedModels"]
 

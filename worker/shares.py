@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from common.errors import BadRecordError
-from common.fleet import serving
-from common.models import JobSpec
-from common.store import WorkerStore
-from worker.drainer import EndpointDrainer
+from swarm_queue.common.errors import BadRecordError
+from swarm_queue.common.fleet import serving
+from swarm_queue.common.models import JobSpec
+from swarm_queue.common.store import WorkerStore
+from swarm_queue.worker.drainer import EndpointDrainer
 
 __all__ = ["fair_shares"]
 

@@ -12,8 +12,8 @@ import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
-from common.errors import ConfigError
-from common.store import JobStore
+from swarm_queue.common.errors import ConfigError
+from swarm_queue.common.store import JobStore
 
 __all__ = ["ToolBusy", "ToolLimit", "check_limits"]
 

@@ -1,6 +1,7 @@
-"""The tool runner: an arq worker (``swarm-tools``, or ``arq worker.ToolSettings``) that runs
-agents' tool calls, on any machine. It runs only the functions its own ``SWARM_TOOLS`` lists
-(``package.module:function`` or ``package.module:*``): a job names a tool, the runner decides
+"""The tool runner: an arq worker (``swarm-tools``, or ``arq swarm_queue.worker.ToolSettings``)
+that runs agents' tool calls, on any machine. It runs only the functions its own
+``SWARM_TOOLS`` lists (``package.module:function`` or ``package.module:*``): a job names a
+tool, the runner decides
 what code that is. A call is cut at ``SWARM_TOOL_TIMEOUT_S``; a tool that raises or times out
 answers with its error, as OpenAI's API hands a tool's failure to the model, and the runner
 goes on. The answer is kept for the callers that wait on it (see :mod:`common.tools`), as a
@@ -26,13 +27,13 @@ from typing import Any
 
 from arq.worker import Worker, func
 
-from common.arqconf import arq_connection, job_deserializer, job_serializer
-from common.errors import ConfigError, StoreUnavailable
-from common.keys import validate_tool_name
-from common.settings import Settings
-from common.store import JobStore
-from common.tools import HAND_OVER_S, ToolAnswer, claim_s, cut, runner_hold_s
-from worker.toollimits import ToolBusy, ToolLimit, check_limits
+from swarm_queue.common.arqconf import arq_connection, job_deserializer, job_serializer
+from swarm_queue.common.errors import ConfigError, StoreUnavailable
+from swarm_queue.common.keys import validate_tool_name
+from swarm_queue.common.settings import Settings
+from swarm_queue.common.store import JobStore
+from swarm_queue.common.tools import HAND_OVER_S, ToolAnswer, claim_s, cut, runner_hold_s
+from swarm_queue.worker.toollimits import ToolBusy, ToolLimit, check_limits
 
 __all__ = ["ToolRunner", "load_tool_settings", "tool_settings"]
 

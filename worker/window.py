@@ -15,8 +15,8 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 
-from common.settings import Settings
-from worker.replies import Load
+from swarm_queue.common.settings import Settings
+from swarm_queue.worker.replies import Load
 
 __all__ = ["ADAPT_START", "Window", "follow_load", "next_window"]
 

@@ -19,8 +19,8 @@ steps), ``entries`` (entry IDs and payloads), and the parts of :class:`JobStore`
 ``blackboards``, ``tools``, ``outcomes``, ``status``.
 """
 
-from common.store.base import Memory
-from common.store.connection import (
+from swarm_queue.common.store.base import Memory
+from swarm_queue.common.store.connection import (
     NO_CLIENT_SETINFO,
     RETRY_ON,
     cluster_node_of,
@@ -29,13 +29,13 @@ from common.store.connection import (
     redis_errors,
     redis_retry,
 )
-from common.store.delivery import RELEASED_IDLE_MS, Commit
-from common.store.entries import decode_entry, index_of, requeued
-from common.store.feeding import producer_token
-from common.store.jobstore import JobStore
-from common.store.outcomes import OutcomeCounts
-from common.store.roles import CollectorStore, FlowStore, ProducerStore, WorkerStore
-from common.store.status import JobStatus
+from swarm_queue.common.store.delivery import RELEASED_IDLE_MS, Commit
+from swarm_queue.common.store.entries import decode_entry, index_of, requeued
+from swarm_queue.common.store.feeding import producer_token
+from swarm_queue.common.store.jobstore import JobStore
+from swarm_queue.common.store.outcomes import OutcomeCounts
+from swarm_queue.common.store.roles import CollectorStore, FlowStore, ProducerStore, WorkerStore
+from swarm_queue.common.store.status import JobStatus
 
 __all__ = [
     "NO_CLIENT_SETINFO",

@@ -8,12 +8,12 @@ from typing import Self
 import msgspec
 from redis.asyncio.cluster import RedisCluster
 
-from common.errors import BadRecordError, ConfigError, StoreCommandDenied
-from common.keys import ARQ_ABORT, Keys
-from common.models import JobSpec, decode_spec
-from common.settings import Settings
-from common.store.connection import Client, connect, reachable, redis_errors
-from common.store.scripts import Scripts
+from swarm_queue.common.errors import BadRecordError, ConfigError, StoreCommandDenied
+from swarm_queue.common.keys import ARQ_ABORT, Keys
+from swarm_queue.common.models import JobSpec, decode_spec
+from swarm_queue.common.settings import Settings
+from swarm_queue.common.store.connection import Client, connect, reachable, redis_errors
+from swarm_queue.common.store.scripts import Scripts
 
 __all__ = ["ACL_COMMANDS", "Memory", "StoreBase", "acl_rules", "spec_of"]
 

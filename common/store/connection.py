@@ -33,7 +33,7 @@ from redis.exceptions import (
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from common.errors import (
+from swarm_queue.common.errors import (
     BadKeyError,
     JobGoneError,
     StoreAccessDenied,
@@ -43,7 +43,7 @@ from common.errors import (
     StoreUnavailable,
     StoreUnreached,
 )
-from common.settings import mask_url
+from swarm_queue.common.settings import mask_url
 
 __all__ = [
     "NO_CLIENT_SETINFO",

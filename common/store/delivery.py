@@ -11,12 +11,12 @@ from typing import Any
 
 import msgspec
 
-from common.keys import GROUP
-from common.models import Result, encode
-from common.store.base import StoreBase
-from common.store.connection import redis_errors
-from common.store.entries import id_key
-from common.vocab import Meta
+from swarm_queue.common.keys import GROUP
+from swarm_queue.common.models import Result, encode
+from swarm_queue.common.store.base import StoreBase
+from swarm_queue.common.store.connection import redis_errors
+from swarm_queue.common.store.entries import id_key
+from swarm_queue.common.vocab import Meta
 
 __all__ = ["RELEASED_IDLE_MS", "Commit", "Delivery"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import msgspec
 
-from common.models import PromptItem, decode_item
+from swarm_queue.common.models import PromptItem, decode_item
 
 __all__ = ["decode_entry", "id_key", "index_of", "requeued"]
 

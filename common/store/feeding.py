@@ -7,11 +7,11 @@ import socket
 from collections.abc import Sequence
 from typing import Any
 
-from common.errors import JobCancelledError, JobConflictError
-from common.models import PromptItem, encode
-from common.store.base import StoreBase
-from common.store.connection import redis_errors
-from common.vocab import Meta
+from swarm_queue.common.errors import JobCancelledError, JobConflictError
+from swarm_queue.common.models import PromptItem, encode
+from swarm_queue.common.store.base import StoreBase
+from swarm_queue.common.store.connection import redis_errors
+from swarm_queue.common.vocab import Meta
 
 __all__ = ["Feeding", "producer_token"]
 

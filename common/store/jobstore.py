@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from common.models import Result
-from common.store.connection import redis_errors
-from common.store.entries import index_of
-from common.store.roles import CollectorStore, FlowStore, ProducerStore, WorkerStore
-from common.vocab import FailureKind, Meta
+from swarm_queue.common.models import Result
+from swarm_queue.common.store.connection import redis_errors
+from swarm_queue.common.store.entries import index_of
+from swarm_queue.common.store.roles import CollectorStore, FlowStore, ProducerStore, WorkerStore
+from swarm_queue.common.vocab import FailureKind, Meta
 
 __all__ = ["JobStore"]
 

@@ -7,9 +7,9 @@ reclaimed as ever, so a lane never holds an entry longer than the claim idle tim
 
 from __future__ import annotations
 
-from common.keys import GROUP
-from common.store.base import StoreBase
-from common.store.connection import redis_errors
+from swarm_queue.common.keys import GROUP
+from swarm_queue.common.store.base import StoreBase
+from swarm_queue.common.store.connection import redis_errors
 
 __all__ = ["Lanes"]
 

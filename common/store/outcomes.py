@@ -11,9 +11,9 @@ from types import MappingProxyType
 
 import msgspec
 
-from common.store.base import StoreBase
-from common.store.connection import redis_errors
-from common.vocab import Meta
+from swarm_queue.common.store.base import StoreBase
+from swarm_queue.common.store.connection import redis_errors
+from swarm_queue.common.vocab import Meta
 
 __all__ = ["OutcomeCounts", "Outcomes"]
 

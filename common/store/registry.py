@@ -9,12 +9,12 @@ from collections.abc import Sequence
 import msgspec
 from redis.exceptions import OutOfMemoryError, ResponseError
 
-from common.errors import JobConflictError, JobNameError, JobNotFoundError
-from common.keys import GROUP, parse_stage
-from common.models import JobSpec, encode
-from common.store.base import StoreBase, spec_of
-from common.store.connection import redis_code, redis_errors
-from common.vocab import Meta
+from swarm_queue.common.errors import JobConflictError, JobNameError, JobNotFoundError
+from swarm_queue.common.keys import GROUP, parse_stage
+from swarm_queue.common.models import JobSpec, encode
+from swarm_queue.common.store.base import StoreBase, spec_of
+from swarm_queue.common.store.connection import redis_code, redis_errors
+from swarm_queue.common.vocab import Meta
 
 __all__ = ["Registry"]
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from common.models import Result, result_or_failure
-from common.store.base import StoreBase
-from common.store.connection import redis_errors
-from common.vocab import FailureKind, Meta
+from swarm_queue.common.models import Result, result_or_failure
+from swarm_queue.common.store.base import StoreBase
+from swarm_queue.common.store.connection import redis_errors
+from swarm_queue.common.vocab import FailureKind, Meta
 
 __all__ = ["Results"]
 

@@ -13,18 +13,18 @@ one class: no operation is declared twice.
 
 from __future__ import annotations
 
-from common.store.blackboards import Blackboards
-from common.store.cache import ResponseCache
-from common.store.delivery import Delivery
-from common.store.feeding import Feeding
-from common.store.lanes import Lanes
-from common.store.outcomes import Outcomes
-from common.store.registry import Registry
-from common.store.results import Results
-from common.store.stages import Stages
-from common.store.status import Status
-from common.store.steps import StepMap, Steps
-from common.store.tools import Tools
+from swarm_queue.common.store.blackboards import Blackboards
+from swarm_queue.common.store.cache import ResponseCache
+from swarm_queue.common.store.delivery import Delivery
+from swarm_queue.common.store.feeding import Feeding
+from swarm_queue.common.store.lanes import Lanes
+from swarm_queue.common.store.outcomes import Outcomes
+from swarm_queue.common.store.registry import Registry
+from swarm_queue.common.store.results import Results
+from swarm_queue.common.store.stages import Stages
+from swarm_queue.common.store.status import Status
+from swarm_queue.common.store.steps import StepMap, Steps
+from swarm_queue.common.store.tools import Tools
 
 __all__ = ["CollectorStore", "FlowStore", "ProducerStore", "WorkerStore"]
 

@@ -21,8 +21,8 @@ import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import NoScriptError
 
-from common.keys import LANE_PREFIX
-from common.vocab import FAILED_KIND_PREFIX, Meta
+from swarm_queue.common.keys import LANE_PREFIX
+from swarm_queue.common.vocab import FAILED_KIND_PREFIX, Meta
 
 __all__ = ["SCRIPT_NAMES", "Script", "Scripts", "source"]
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from common.keys import stage_name, step_of
-from common.models import ReduceOutput, decode_final, encode_final
-from common.store.base import StoreBase
-from common.store.connection import redis_errors
-from common.vocab import Meta
+from swarm_queue.common.keys import stage_name, step_of
+from swarm_queue.common.models import ReduceOutput, decode_final, encode_final
+from swarm_queue.common.store.base import StoreBase
+from swarm_queue.common.store.connection import redis_errors
+from swarm_queue.common.vocab import Meta
 
 __all__ = ["Stages"]
 

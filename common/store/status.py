@@ -7,13 +7,18 @@ from collections.abc import Sequence
 
 import msgspec
 
-from common.errors import BadRecordError, JobNotFoundError
-from common.fleet import EndpointInfo, EndpointStats, decode_endpoint_info, decode_endpoint_stats
-from common.keys import GROUP
-from common.models import encode
-from common.store.base import StoreBase
-from common.store.connection import redis_errors
-from common.vocab import FAILED_KIND_PREFIX, FailureKind, Meta
+from swarm_queue.common.errors import BadRecordError, JobNotFoundError
+from swarm_queue.common.fleet import (
+    EndpointInfo,
+    EndpointStats,
+    decode_endpoint_info,
+    decode_endpoint_stats,
+)
+from swarm_queue.common.keys import GROUP
+from swarm_queue.common.models import encode
+from swarm_queue.common.store.base import StoreBase
+from swarm_queue.common.store.connection import redis_errors
+from swarm_queue.common.vocab import FAILED_KIND_PREFIX, FailureKind, Meta
 
 __all__ = ["JobStatus", "Status"]
 

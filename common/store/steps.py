@@ -8,11 +8,11 @@ from collections.abc import Sequence
 import msgspec
 from redis.exceptions import ResponseError
 
-from common.errors import JobConflictError
-from common.keys import GROUP, PUMP_GROUP
-from common.models import PromptItem, encode
-from common.store.base import StoreBase
-from common.store.connection import redis_code, redis_errors
+from swarm_queue.common.errors import JobConflictError
+from swarm_queue.common.keys import GROUP, PUMP_GROUP
+from swarm_queue.common.models import PromptItem, encode
+from swarm_queue.common.store.base import StoreBase
+from swarm_queue.common.store.connection import redis_code, redis_errors
 
 __all__ = ["Landed", "Move", "Steps"]
 

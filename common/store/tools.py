@@ -7,9 +7,9 @@ from collections.abc import Sequence
 
 import msgspec
 
-from common.store.base import StoreBase
-from common.store.connection import redis_errors
-from common.tools import HAND_OVER_S, ToolAnswer, decode_answer, encode_answer
+from swarm_queue.common.store.base import StoreBase
+from swarm_queue.common.store.connection import redis_errors
+from swarm_queue.common.tools import HAND_OVER_S, ToolAnswer, decode_answer, encode_answer
 
 __all__ = ["Tools"]
 

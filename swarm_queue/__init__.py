@@ -1,0 +1,42 @@
+"""swarm-queue: very large batches of LLM prompts, and the workflows built on them, through
+a fleet of self-hosted inference servers, durably and in order.
+
+The Python API is here (``from swarm_queue import Swarm``), imported lazily so that the
+command-line tools start without loading the drain engine. The rooms below it: ``common``
+(wire structs, settings, keys, every Redis operation), ``flows`` (the workflows above the
+queue), ``worker`` (the drain path: ``swarm-worker``, ``arq swarm_queue.worker.WorkerSettings``),
+``producer`` (the commands and the API), ``sim`` (swarm-sim, a stand-in for vLLM).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "Concat",
+    "JsonMerge",
+    "Stats",
+    "Step",
+    "Swarm",
+    "SyncSwarm",
+    "TreeReduce",
+    "UserReduce",
+    "Vote",
+    "gather_prompts",
+    "scatter_gather",
+]
+
+# Where each public name lives (the rest: swarm_queue.producer.api).
+_SYNC = frozenset({"SyncSwarm", "gather_prompts"})
+
+
+def __getattr__(name: str) -> Any:
+    if name in _SYNC:
+        from swarm_queue.producer import sync
+
+        return getattr(sync, name)
+    if name in __all__:
+        from swarm_queue.producer import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'swarm_queue' has no attribute {name!r}")
