@@ -172,7 +172,7 @@ async def startup_scenario(bench: Bench, repeats: int) -> Scenario:
     )
     OUT.mkdir(parents=True, exist_ok=True)
     times: dict[str, list[float]] = {}
-    for code in ("pass", "import openai", "import worker.app, worker.main"):
+    for code in ("pass", "import openai", "import swarm_queue.worker.app, swarm_queue.worker.main"):
         times[f"python -c '{code}'"] = [await _floor_s(code) for _ in range(repeats)]
     stub = await Stub(free_ports(4)).start()
     try:
@@ -191,7 +191,9 @@ async def startup_scenario(bench: Bench, repeats: int) -> Scenario:
         *(f"| {k} | {m:.3f} | {x:.3f} |" for k, (m, x) in sc.extra["seconds"].items()),
     ]
     first = sc.extra["seconds"]["one worker: first `/v1/completions`"][0]
-    imports = sc.extra["seconds"]["python -c 'import worker.app, worker.main'"][0]
+    imports = sc.extra["seconds"][
+        "python -c 'import swarm_queue.worker.app, swarm_queue.worker.main'"
+    ][0]
     openai_s = sc.extra["seconds"]["python -c 'import openai'"][0]
     sc.note += (
         f" Of the one worker's {first:.2f} s, {imports:.2f} s is the floor of importing its "

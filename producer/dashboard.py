@@ -115,7 +115,7 @@ class Dashboard:
 
     def app(self, *, local_only: bool) -> web.Application:
         """The routes: ``/`` (the page), ``/dashboard.js`` and ``/api/board`` (the JSON)."""
-        files = resources.files("producer")
+        files = resources.files(__package__)
         page = files.joinpath("dashboard.html").read_bytes()
         script = files.joinpath("dashboard.js").read_bytes()
 

@@ -126,7 +126,11 @@ def test_the_start_up_scenario_times_every_route_and_probes_before_the_first_req
 ) -> None:
     sc = _smoke("start", tmp_path)
     median = {k: v[0] for k, v in sc["extra"]["seconds"].items()}
-    assert 0 < median["python -c 'pass'"] < median["python -c 'import worker.app, worker.main'"]
+    assert (
+        0
+        < median["python -c 'pass'"]
+        < median["python -c 'import swarm_queue.worker.app, swarm_queue.worker.main'"]
+    )
     for who in ("one worker", "4 workers at once"):
         # every route reached by every worker (NaN where one never was); the probe (/health,
         # /v1/models) comes before the first request, while the gauges (/metrics) are read

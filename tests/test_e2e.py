@@ -341,7 +341,11 @@ def test_collector_killed_mid_write_resumes_to_a_byte_identical_file(
 def test_settings_are_read_when_arq_asks_for_them_not_on_import(env: dict[str, str]) -> None:
     bad = {**env, "SWARM_BATCH_SIZE": "abc"}
     imported = subprocess.run(
-        [sys.executable, "-c", "import worker.app, worker.engine, worker.main"],
+        [
+            sys.executable,
+            "-c",
+            "import swarm_queue.worker.app, swarm_queue.worker.engine, swarm_queue.worker.main",
+        ],
         env=bad,
         capture_output=True,
         text=True,
