@@ -15,7 +15,7 @@ from typing import Any
 from bench.vllm_checks import REPO, WORK, Checks, alone, job
 from bench.vllm_cpu import TOOL_KEYS
 
-__all__ = ["TOOL_TASK", "agents", "tool"]
+__all__ = ["AGENTS", "TOOL_TASK", "agents", "tool"]
 
 # The taught model's task (bench.vllm_cpu.build_tool_model): the key last, where it copies it.
 TOOL_TASK = "Item {n}: say what the lookup tool finds for {key}"

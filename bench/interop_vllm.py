@@ -29,7 +29,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.interop_agents import TOOL_TASK, agents, tool
+from bench.interop_agents import AGENTS, TOOL_TASK, agents, tool
 from bench.vllm_checks import WORK, Checks, alone, job, lines_of, run, same, worker
 from bench.vllm_cpu import (
     VLLM_VERSION,
@@ -62,7 +62,7 @@ def main() -> int:
         try:
             plain = serve(python, model, free_port())
             servers.append(plain)
-            taught = build_tool_model(python, [tool()], TOOL_TASK)
+            taught = build_tool_model(python, [tool()], TOOL_TASK, AGENTS)
             tooled = serve(python, taught, free_port(), "--enable-auto-tool-choice",
                            "--tool-call-parser", "hermes")  # fmt: skip
             servers.append(tooled)
