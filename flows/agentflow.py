@@ -105,25 +105,17 @@ class AgentFlow(Flow):
         self._caller: ToolCaller | None = None
         self._tool_queue: ArqRedis | None = None
         self._tool_stats: dict[str, int] = {}
-        self._agents: dict[str, AgentSpec | None] = {}
 
     async def find(self) -> dict[str, JobSpec]:
         specs = await self.current_specs(await self.store.list_jobs())
         return {
             name: spec
             for name, spec in specs.items()
-            if spec.step == 0 and self._agent(spec) is not None and not await self._complete(spec)
+            if spec.step == 0 and agent_of(spec) is not None and not await self._complete(spec)
         }
 
-    def _agent(self, spec: JobSpec) -> AgentSpec | None:
-        """What makes ``spec``'s prompts agents (read once a generation)."""
-        key = f"{spec.job}/{spec.generation}"
-        if key not in self._agents:
-            self._agents[key] = agent_of(spec)
-        return self._agents[key]
-
     def _agent_job(self, spec: JobSpec) -> AgentSpec:
-        agent = self._agent(spec)
+        agent = agent_of(spec)
         assert agent is not None  # the work is agent jobs
         return agent
 
@@ -142,12 +134,10 @@ class AgentFlow(Flow):
         assert self._caller is not None
         return self._caller
 
-    async def step(self) -> bool:
-        await self.refresh()
-        if self.work and self._caller is None:  # the tool runners' queue, once needed
+    async def ready(self) -> None:
+        if self._caller is None:  # the tool runners' queue, once needed
             self._tool_queue = await arq_pool(self.settings)
             self._caller = ToolCaller(self.store, self._tool_queue, self.settings)
-        return await super().step()
 
     async def close(self) -> None:
         if self._tool_queue is not None:

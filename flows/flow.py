@@ -13,8 +13,8 @@ This base owns what every flow does alike: finding its work at most every ``jobs
 one round over it, a race with another pump or a job deleted under it handled the same way;
 the specs it reads (again only for a job of a new generation); the lock; each stream's
 consumer group (one a generation); taking what landed. A flow says what its work is
-(:meth:`Flow.find`), how one unit of it goes a step (:meth:`Flow.advance`) and what the
-worker's metrics show of it (:meth:`Flow.gauges`).
+(:meth:`Flow.find`), how one unit of it goes a step (:meth:`Flow.advance`), what it opens once
+it has work (:meth:`Flow.ready`) and what the worker's metrics show of it (:meth:`Flow.gauges`).
 """
 
 from __future__ import annotations
@@ -91,6 +91,10 @@ class Flow(ABC):
         worker has says no, once, and leaves it to a worker that has it)."""
         return True
 
+    async def ready(self) -> None:
+        """Make ready what the work needs, once there is some (nothing by default)."""
+        return None
+
     async def gauges(self) -> list[Gauge]:
         """What the worker's metrics show of this flow, read now (none by default)."""
         return []
@@ -115,6 +119,8 @@ class Flow(ABC):
     async def step(self) -> bool:
         """One round over the work: True when something moved."""
         await self.refresh()
+        if self.work:
+            await self.ready()
         did = False
         for name, spec in list(self.work.items()):
             if not self.runs(name, spec):

@@ -26,18 +26,16 @@ class Pumps:
 
     def __init__(self, store: FlowStore, settings: Settings) -> None:
         self.flows: list[Flow] = [flow(store, settings) for flow in FLOWS]
+        # The functions the flows may import by name: one set for all of them.
+        self.allowed = set(settings.reduce_functions)
+        for flow in self.flows:
+            flow.allowed = self.allowed
         # What the flows show the metrics, as last read.
         self.gauges: list[Gauge] = []
 
-    @property
-    def allowed(self) -> set[str]:
-        """The functions the flows may import by name."""
-        return set().union(*(flow.allowed for flow in self.flows))
-
     def allow(self, functions: Iterable[str]) -> None:
         """Let the flows import ``functions`` by name too (a Swarm's own session's)."""
-        for flow in self.flows:
-            flow.allowed.update(functions)
+        self.allowed.update(functions)
 
     async def has_work(self) -> bool:
         """True while some flow may still move work on."""
