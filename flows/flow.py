@@ -23,7 +23,7 @@ import logging
 import math
 import time
 from abc import ABC, abstractmethod
-from typing import ClassVar, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 from swarm_queue.common.errors import (
     BadRecordError,
@@ -36,6 +36,7 @@ from swarm_queue.common.models import JobSpec
 from swarm_queue.common.settings import Settings
 from swarm_queue.common.store import FlowStore, producer_token
 from swarm_queue.common.store.steps import Landed
+from swarm_queue.flows.output import FlowOutput
 
 __all__ = ["BATCH", "LOCK_TTL_MS", "Flow", "Gauge"]
 
@@ -60,8 +61,11 @@ class Gauge(NamedTuple):
 class Flow(ABC):
     """One workflow's pump for every job of one Redis; :meth:`step` does one round."""
 
-    # Said in logs, and part of the pump's lock token.
+    # Said in logs, and part of the pump's lock token; a job's ``FlowRef.kind``.
     name: ClassVar[str]
+    # How the commands write this flow's jobs (None: the commands know them of old: a
+    # pipeline's chains, an agent job's agents).
+    output: ClassVar[type[FlowOutput[Any]] | None] = None
 
     def __init__(self, store: FlowStore, settings: Settings, *, token: str = "") -> None:
         self.store, self.settings = store, settings

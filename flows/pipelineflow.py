@@ -13,7 +13,7 @@ import logging
 import msgspec
 
 from swarm_queue.common.keys import step_name, step_of
-from swarm_queue.common.models import JobSpec, decode_item, result_or_failure
+from swarm_queue.common.models import JobSpec, PromptItem, Result, decode_item, result_or_failure
 from swarm_queue.common.settings import Settings
 from swarm_queue.common.store import FlowStore
 from swarm_queue.common.store.steps import Landed, Move
@@ -49,10 +49,37 @@ class PipelineFlow(Flow):
         for name, before in befores.items():
             source = sources.get(before)
             if source is None:
-                self.store.warn_once(f"pipeline step {name}", f"the step before, {before}, is gone")
-            elif (link := link_of(source)) is not None and link.job == name:
+                self.store.warn_once(
+                    f"{self.name} step {name}", f"the step before, {before}, is gone"
+                )
+            elif self.target(source) == name:
                 links[name] = source
         return links
+
+    def target(self, source: JobSpec) -> str | None:
+        """The step ``source``'s answers go on into, when this flow moves them."""
+        link = link_of(source)
+        return link.job if link is not None else None
+
+    def key(self, source: JobSpec, origin: int) -> int:
+        """The first key input ``origin`` moves under (its items are queued, or it is
+        dropped, under all its keys at once)."""
+        return origin
+
+    def moves(
+        self, source: JobSpec, item: PromptItem, result: Result | None, index: int
+    ) -> list[Move]:
+        """What becomes of ``item``'s input at the next step, given its ``result`` at this
+        one (None: gone from Redis): items numbered from ``index``, or dropped with why."""
+        link = link_of(source)
+        assert link is not None
+        origin = item.origin if item.origin is not None else item.index
+        why: str | None = "its answer was not in Redis any more (collected with --evict?)"
+        if result is not None and result.ok and result.text is not None:
+            why = self._keep(source).why_not(result.text)
+        if why is not None or result is None or result.text is None:
+            return [Move(origin, reason=why or "")]
+        return [Move(origin, item=next_item(link, index, item, result.text, result.samples))]
 
     def runs(self, name: str, spec: JobSpec) -> bool:
         """Whether this pump can feed step ``name``: its filter's function is one this worker
@@ -74,37 +101,28 @@ class PipelineFlow(Flow):
         return await self._seal_when_done(spec, target)
 
     async def _move(self, source: JobSpec, target: JobSpec, landed: list[Landed]) -> None:
-        link = link_of(source)
-        assert link is not None
         raws = await self.store.results_at(source.job, [x.index for x in landed])
-        keep = self._keep(source)
         candidates = []
         for x, raw in zip(landed, raws, strict=True):
             try:
                 item = decode_item(x.payload or b"")
             except msgspec.DecodeError:
-                log.warning("pipeline %s: unreadable landed entry %r skipped", source.job, x)
+                log.warning("%s %s: unreadable landed entry %r skipped", self.name, source.job, x)
                 continue
             origin = item.origin if item.origin is not None else item.index
             result = result_or_failure(x.index, raw) if raw is not None else None
-            candidates.append((origin, item, result))
-        done = await self.store.moved(target.job, [o for o, _, _ in candidates])
+            candidates.append((self.key(source, origin), item, result))
+        done = await self.store.moved(target.job, [key for key, _, _ in candidates])
         first = await self.store.enqueued_count(target.job)
         moves: list[Move] = []
         seen, queued = set(done), 0
-        for origin, item, result in candidates:
-            if origin in seen:
+        for key, item, result in candidates:
+            if key in seen:
                 continue
-            seen.add(origin)
-            why: str | None = "its answer was not in Redis any more (collected with --evict?)"
-            if result is not None and result.ok and result.text is not None:
-                why = keep.why_not(result.text)
-            if why is not None or result is None or result.text is None:
-                moves.append(Move(origin, reason=why or ""))
-                continue
-            moved = next_item(link, first + queued, item, result.text, result.samples)
-            moves.append(Move(origin, item=moved))
-            queued += 1
+            seen.add(key)
+            made = self.moves(source, item, result, first + queued)
+            moves += made
+            queued += sum(1 for m in made if m.item is not None)
         acked = [x.entry_id for x in landed]
         await self.store.move_on(source.job, target.job, first, moves, acked, gen=target.generation)
 
@@ -127,5 +145,5 @@ class PipelineFlow(Flow):
         await self.store.seal(target.job, count, gen=target.generation)
         await self.store.release_producer_lock(target.job, self.token)
         self.work.pop(target.job, None)
-        log.info("pipeline step %s sealed with %d prompts", target.job, count)
+        log.info("%s step %s sealed with %d prompts", self.name, target.job, count)
         return True

@@ -1,13 +1,25 @@
-"""The flows every worker runs beside its drain loops, in the order each round runs them. A
-new workflow is a room of its own in flows/ with its line here; nothing in worker/ names
-it."""
+"""The flows every worker runs beside its drain loops, in the order each round runs them, and
+how the commands find a job's flow. A new workflow is a room of its own in flows/ with its line
+here; nothing in worker/ names it."""
 
 from __future__ import annotations
 
+from typing import Any
+
+from swarm_queue.common.models import JobSpec
 from swarm_queue.flows.agentflow import AgentFlow
 from swarm_queue.flows.flow import Flow
+from swarm_queue.flows.output import FlowOutput
 from swarm_queue.flows.pipelineflow import PipelineFlow
 
-__all__ = ["FLOWS"]
+__all__ = ["FLOWS", "output_of"]
 
 FLOWS: tuple[type[Flow], ...] = (PipelineFlow, AgentFlow)
+
+
+def output_of(spec: JobSpec) -> type[FlowOutput[Any]] | None:
+    """How the job of ``spec`` (a workflow's first step) is written, when its flow writes its
+    own lines (see :mod:`flows.output`); None for any other job."""
+    if spec.flow is None or spec.step:
+        return None
+    return next((f.output for f in FLOWS if f.name == spec.flow.kind), None)

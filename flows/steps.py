@@ -1,5 +1,6 @@
 """The later steps of a workflow's job: a pipeline's steps (``job:s1``..., each named by the
-link of the step before) and an agent job's turns. What ``swarm-status``, ``swarm-cancel``
+link of the step before), an agent job's turns, and those a flow's output names
+(:meth:`flows.output.FlowOutput.later`). What ``swarm-status``, ``swarm-cancel``
 and ``swarm-jobs`` speak for when they are given the job's name: a workflow is finished when
 its last step is, never when its first is."""
 
@@ -11,6 +12,7 @@ from swarm_queue.common.models import JobSpec
 from swarm_queue.common.store import JobStatus, JobStore
 from swarm_queue.flows.agents import agent_of
 from swarm_queue.flows.pipeline import link_of
+from swarm_queue.flows.registry import output_of
 
 __all__ = ["later_steps", "over", "step_statuses"]
 
@@ -22,6 +24,8 @@ async def later_steps(store: JobStore, spec: JobSpec) -> list[JobSpec]:
     agent = agent_of(spec)
     if agent is not None and spec.step == 0:  # an agent job: its turns
         names = [step_name(spec.job, k) for k in range(1, agent.max_turns)]
+    elif (output := output_of(spec)) is not None:  # a workflow that names its steps
+        names = output.later(spec)
     out: list[JobSpec] = []
     current: JobSpec | None = spec
     while True:

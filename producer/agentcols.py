@@ -11,7 +11,7 @@ from typing import Any
 import msgspec
 
 from swarm_queue.flows.agents import AgentResult
-from swarm_queue.producer.chaincols import csv_cells
+from swarm_queue.producer.flowout import csv_cells
 from swarm_queue.producer.lines import LineSink
 
 __all__ = ["agent_columns", "agent_csv_sink", "agent_parquet_sink", "agent_row"]

@@ -57,10 +57,12 @@ from swarm_queue.flows.pipeline import (
     link_of,
     needs_steps,
 )
+from swarm_queue.flows.registry import output_of
 from swarm_queue.flows.rounds import Blackboard, BoardState
 from swarm_queue.producer.agentout import agents_as_finished, follow_agents
 from swarm_queue.producer.chains import ChainLine, follow_chains, steps_of
 from swarm_queue.producer.enqueue import enqueue_prompts
+from swarm_queue.producer.flowout import follow_lines, output_for
 from swarm_queue.producer.frames import prompts_from, results_dataset, results_frame
 from swarm_queue.producer.ops import cancel_job
 from swarm_queue.producer.stream import follow, wait_final
@@ -312,6 +314,23 @@ class Swarm:
                 yield chain
         self._check_feed(job)
 
+    async def lines(self, job: str, *, poll_s: float = 0.2) -> AsyncIterator[Any]:
+        """Every input of workflow ``job`` whose flow writes its own lines (see
+        :mod:`flows.output`), in input order, each once it has ended."""
+        spec = await self.store.load_spec(job)
+        kind = output_of(spec)
+        if kind is None:
+            raise ConfigError(
+                f"job {job} writes no lines of a workflow: follow it with results() (a pipeline "
+                "with chains(), an agent job with agents())"
+            )
+        output = await output_for(self.store, spec, kind)
+        async for chunk in follow_lines(output)(self.store, job, wait=True, poll_s=poll_s):
+            self._check_feed(job)
+            for line in chunk:
+                yield line
+        self._check_feed(job)
+
     async def broadcast(self, prompt: str, n: int, **settings: Any) -> list[Result]:
         """``prompt`` answered ``n`` times (sample with ``temperature``), as one job: its
         results, in order. With ``reduce=...``, :meth:`final` of the job named ``job``
@@ -454,10 +473,16 @@ class Swarm:
         """Every result of ``job``, in input order, as soon as it (and all before it) is in;
         failures included, with their reason. ``progress``: a bar on stderr (a line every
         30 s where stderr is no terminal: a notebook's or a batch job's log)."""
-        if link_of(await self.store.load_spec(job)) is not None:
+        spec = await self.store.load_spec(job)
+        if link_of(spec) is not None:
             raise ConfigError(
                 f"job {job} is a pipeline: its results are chains, every step's answer by "
                 "input (swarm.chains(job)); results() would give its first step's alone"
+            )
+        if (kind := output_of(spec)) is not None:
+            raise ConfigError(
+                f"job {job} is a {kind.what} job: its results are lines, one by input "
+                "(swarm.lines(job)); results() would give its first step's alone"
             )
         bar = Progress("swarm", f"job {job}", "answered", enabled=progress)
 

@@ -15,7 +15,6 @@ from swarm_queue.common.models import JobSpec
 from swarm_queue.common.settings import mask_url
 from swarm_queue.common.store import JobStatus, JobStore, OutcomeCounts
 from swarm_queue.flows.agents import agent_of
-from swarm_queue.flows.pipeline import link_of
 from swarm_queue.flows.steps import over, step_statuses
 
 __all__ = [
@@ -305,7 +304,7 @@ async def read_jobs(
         if agent_of(spec) is not None:
             counts = AgentCounts.of(await store.outcome_counts(name))
             row = msgspec.structs.replace(row, agents=counts, eta_s=None)
-        elif link_of(spec) is not None:  # a pipeline: its steps' progress beside the first's
+        elif steps:  # a pipeline or another workflow: its steps' progress beside the first's
             figures = [StepFigures(st.done, st.failed, st.total) for _, st in steps]
             row = msgspec.structs.replace(row, steps=figures, eta_s=None)
         rows.append(row)

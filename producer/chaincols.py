@@ -6,8 +6,6 @@ Samples are a list of strings, a per-prompt value its JSON (a cell of JSON text 
 
 from __future__ import annotations
 
-import csv
-import io
 from collections.abc import Sequence
 from typing import Any
 
@@ -15,10 +13,11 @@ import msgspec
 
 from swarm_queue.common.models import JobSpec
 from swarm_queue.producer.chains import ChainLine, StepAnswer
+from swarm_queue.producer.flowout import csv_cells
 from swarm_queue.producer.lines import LineSink
 from swarm_queue.producer.valuecols import value_columns, value_fields
 
-__all__ = ["chain_columns", "chain_csv_sink", "chain_parquet_sink", "chain_row", "csv_cells"]
+__all__ = ["chain_columns", "chain_csv_sink", "chain_parquet_sink", "chain_row"]
 
 # The chain's own columns, then each step's (their name after ``sK_``).
 _CHAIN = ("index", "custom_id", "text", "stopped_at", "error")
@@ -85,17 +84,6 @@ def chain_row(line: ChainLine, steps: Sequence[JobSpec]) -> list[Any]:
         value = answer.value if answer is not None and answer.value is not None else {}
         cells += [value.get(name) for name, _ in value_fields(spec)]
     return cells
-
-
-def csv_cells(cells: Sequence[Any]) -> bytes:
-    """One CSV row of ``cells``: None empty, a list as JSON text."""
-    buf = io.StringIO()
-    out = [
-        "" if v is None else msgspec.json.encode(v).decode() if isinstance(v, list) else v
-        for v in cells
-    ]
-    csv.writer(buf, lineterminator="\n").writerow(out)
-    return buf.getvalue().encode()
 
 
 def chain_csv_sink(path: str, steps: Sequence[JobSpec]) -> LineSink[ChainLine]:

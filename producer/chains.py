@@ -9,7 +9,6 @@ cursor and resume as any output: :func:`producer.outfile.collect_rows_durably`).
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -17,11 +16,12 @@ import msgspec
 
 from swarm_queue.common.keys import step_name
 from swarm_queue.common.models import JobSpec, Result, Usage, result_or_failure
-from swarm_queue.common.store import CollectorStore, JobStatus
+from swarm_queue.common.store import CollectorStore
 from swarm_queue.flows.pipeline import link_of
+from swarm_queue.producer.flowout import follow_assembled
 from swarm_queue.producer.lines import LineSink
 from swarm_queue.producer.outfile import collect_rows_durably
-from swarm_queue.producer.stream import CollectReport, follow
+from swarm_queue.producer.stream import CollectReport
 
 __all__ = ["ChainLine", "StepAnswer", "chain_line", "collect_chains", "follow_chains", "steps_of"]
 
@@ -151,33 +151,12 @@ async def _advance(store: CollectorStore, job: str, chains: list[_Chain], steps:
 def follow_chains(steps: int) -> Callable[..., AsyncIterator[list[ChainLine]]]:
     """The rows of a pipeline of ``steps`` steps, as :func:`producer.stream.follow`'s are a
     job's: every input's chain, in input order, a chunk at a time as they end."""
-
-    async def rows(
-        store: CollectorStore,
-        job: str,
-        *,
-        start: int = 0,
-        wait: bool = False,
-        poll_s: float = 0.2,
-        on_status: Callable[[JobStatus, int], None] | None = None,
-    ) -> AsyncIterator[list[ChainLine]]:
-        async for chunk in follow(
-            store, job, start=start, wait=wait, poll_s=poll_s, on_status=on_status
-        ):
-            chains = [_Chain(r) for r in chunk]
-            while True:
-                await _advance(store, job, chains, steps)
-                ready = next((i for i, c in enumerate(chains) if not c.ended(steps)), len(chains))
-                if ready == len(chains):
-                    yield [c.line(steps) for c in chains]
-                    break
-                if not wait:  # what has ended, in order; the rest on the next run
-                    if ready:
-                        yield [c.line(steps) for c in chains[:ready]]
-                    return
-                await asyncio.sleep(poll_s)
-
-    return rows
+    return follow_assembled(
+        _Chain,
+        lambda store, job, chains: _advance(store, job, chains, steps),
+        lambda chain: chain.ended(steps),
+        lambda chain: chain.line(steps),
+    )
 
 
 async def collect_chains(

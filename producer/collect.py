@@ -25,7 +25,9 @@ from swarm_queue.common.errors import ConfigError
 from swarm_queue.common.models import JobSpec, Result, encode_final
 from swarm_queue.common.store import JobStore
 from swarm_queue.flows.agents import agent_of
+from swarm_queue.flows.output import FlowOutput
 from swarm_queue.flows.pipeline import link_of
+from swarm_queue.flows.registry import output_of
 from swarm_queue.producer.agentcols import agent_csv_sink, agent_parquet_sink
 from swarm_queue.producer.agentout import agent_line, agents_as_finished, collect_agents
 from swarm_queue.producer.chaincols import chain_csv_sink, chain_parquet_sink
@@ -36,6 +38,7 @@ from swarm_queue.producer.chains import (
     follow_chains,
     steps_of,
 )
+from swarm_queue.producer.flowout import collect_lines, follow_lines, json_line, output_for
 from swarm_queue.producer.formats import FORMATS, format_named
 from swarm_queue.producer.outfile import Mark, Sink, collect_durably
 from swarm_queue.producer.stream import collect, collect_into, wait_final, wait_for_spec
@@ -123,15 +126,9 @@ async def _main(args: argparse.Namespace) -> int:
         raise ConfigError("--out FILE (or - for stdout) is required")
     async with open_job_store(args) as (job, store):
         spec = await wait_for_spec(store, job, wait=args.wait)
-        # An agent job's later turns (job:s1...) are collected as the jobs they are.
-        agents = agent_of(spec) is not None and spec.step == 0
-        if args.as_finished and not agents:
-            raise ConfigError(f"--as-finished is for agent jobs; {job!r} is not one")
-        _refuse_a_step(job, spec)
-        if link_of(spec) is not None:
-            return await _pipeline(args, job, store)
-        if agents:
-            return await _agents(args, job, store)
+        written = await _workflow(args, job, store, spec)
+        if written is not None:
+            return written
         if args.evict:
             status = await store.status(job)
             if status.reduce is not None and not status.reduced:
@@ -183,6 +180,24 @@ async def _main(args: argparse.Namespace) -> int:
         print(f"job {job}: not finished; run again (or with --wait) for the rest", file=sys.stderr)
         return EXIT_INCOMPLETE
     return EXIT_FAILED if status.failed else 0
+
+
+async def _workflow(
+    args: argparse.Namespace, job: str, store: JobStore, spec: JobSpec
+) -> int | None:
+    """Collect a workflow's job as its lines (an exit status); None for a plain job."""
+    # An agent job's later turns (job:s1...) are collected as the jobs they are.
+    agents = agent_of(spec) is not None and spec.step == 0
+    if args.as_finished and not agents:
+        raise ConfigError(f"--as-finished is for agent jobs; {job!r} is not one")
+    _refuse_a_step(job, spec)
+    if link_of(spec) is not None:
+        return await _pipeline(args, job, store)
+    if agents:
+        return await _agents(args, job, store)
+    if (kind := output_of(spec)) is not None:
+        return await _lines(args, job, store, await output_for(store, spec, kind))
+    return None
 
 
 def _refuse_a_step(job: str, spec: JobSpec) -> None:
@@ -293,6 +308,38 @@ async def _pipeline(args: argparse.Namespace, job: str, store: JobStore) -> int:
             file=sys.stderr,
         )
     return EXIT_FAILED if failed else 0
+
+
+async def _lines(
+    args: argparse.Namespace, job: str, store: JobStore, output: FlowOutput[Any]
+) -> int:
+    """Collect a workflow job whose flow writes its own lines (see :mod:`flows.output`): one
+    line per input, in input order."""
+    if args.out == "-":
+        if args.format != "jsonl":
+            raise ConfigError(f"--format {args.format} writes to --out PATH, not -")
+        out = sys.stdout.buffer
+
+        async def put(rows: list[Any], _index: int) -> None:
+            out.write(b"".join(json_line(r) for r in rows))
+            out.flush()
+
+        report = await collect_into(store, job, put, rows=follow_lines(output), wait=args.wait)
+    else:
+        report = await collect_lines(
+            store, job, args.out, output, fmt=args.format, **_following(args)
+        )
+    total = "?" if report.total is None else str(report.total)
+    if not report.untouched:
+        print(
+            f"{output.what} {job}: wrote {report.start + report.written} of {total} inputs "
+            f"({report.ok} answered, {report.failed} failed in this run)",
+            file=sys.stderr,
+        )
+    if not report.complete:
+        print(f"{output.what} {job}: not finished; run again (or with --wait)", file=sys.stderr)
+        return EXIT_INCOMPLETE
+    return EXIT_FAILED if report.failed else 0
 
 
 async def _agents(args: argparse.Namespace, job: str, store: JobStore) -> int:

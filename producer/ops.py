@@ -17,7 +17,7 @@ from swarm_queue.common.keys import stage_name
 from swarm_queue.common.models import ReduceOutput
 from swarm_queue.common.store import JobStore
 from swarm_queue.common.vocab import RETRYABLE_KINDS
-from swarm_queue.flows.pipeline import link_of
+from swarm_queue.flows.agents import agent_of
 from swarm_queue.flows.steps import later_steps
 
 __all__ = ["cancel_job", "cancel_main", "retry_main"]
@@ -29,9 +29,10 @@ CACHED = "+"
 async def _retry(args: argparse.Namespace) -> int:
     async with open_job_store(args, patient=False) as (job, store):
         spec = await store.load_spec(job)
-        # A pipeline's later steps too: a prompt failed at step k is asked again at step k,
-        # from the entry that step kept, and its answer goes on as any other.
-        steps = [spec, *(await later_steps(store, spec) if link_of(spec) is not None else [])]
+        # A workflow's later steps too (not an agent's turns: its agents go on by tool calls):
+        # a prompt failed at step k is asked again at step k, from the entry that step kept,
+        # and its answer goes on as any other.
+        steps = [spec, *(await later_steps(store, spec) if agent_of(spec) is None else [])]
         for k, step in enumerate(steps):
             n, chosen = await _retry_one(store, step.job, step.generation, args, first=k == 0)
             _say_retried(step.job, n, chosen, args, quiet=k > 0)
