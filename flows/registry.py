@@ -8,13 +8,14 @@ from typing import Any
 
 from swarm_queue.common.models import JobSpec
 from swarm_queue.flows.agentflow import AgentFlow
+from swarm_queue.flows.bestof import BestOfFlow
 from swarm_queue.flows.flow import Flow
 from swarm_queue.flows.output import FlowOutput
 from swarm_queue.flows.pipelineflow import PipelineFlow
 
 __all__ = ["FLOWS", "output_of"]
 
-FLOWS: tuple[type[Flow], ...] = (PipelineFlow, AgentFlow)
+FLOWS: tuple[type[Flow], ...] = (PipelineFlow, AgentFlow, BestOfFlow)
 
 
 def output_of(spec: JobSpec) -> type[FlowOutput[Any]] | None:

@@ -50,6 +50,7 @@ from swarm_queue.flows.agents import (
     enqueue_agents,
     tool_definition,
 )
+from swarm_queue.flows.bestof import build_best_of
 from swarm_queue.flows.pipeline import (
     StepOptions,
     build_pipeline,
@@ -302,6 +303,29 @@ class Swarm:
             await feed
         else:
             self._feeding[name] = asyncio.create_task(feed)
+        return name
+
+    async def best_of(
+        self,
+        prompts: Prompts,
+        n: int,
+        judge: str,
+        *,
+        judge_model: str | None = None,
+        job: str | None = None,
+        **settings: Any,
+    ) -> str:
+        """Queue ``prompts`` each sampled ``n`` times (``settings`` as :meth:`submit` takes
+        them: set a ``temperature``), every candidate scored by ``judge`` (a template with
+        ``{answer}`` and ``{prompt}``, see :mod:`flows.bestof`), the best kept; returns its
+        name. Follow it with :meth:`lines`. Submitting it again resumes it."""
+        name = validate_job_name(job) if job else f"best-of-{uuid.uuid4().hex[:12]}"
+        specs, warnings = build_best_of(
+            name, options_from(settings), n, judge, judge_model=judge_model, source="python"
+        )
+        for warning in warnings:
+            log.warning("best-of %s: %s", name, warning)
+        await enqueue_pipeline(self.store, specs, _pairs(prompts))
         return name
 
     async def chains(self, job: str, *, poll_s: float = 0.2) -> AsyncIterator[ChainLine]:

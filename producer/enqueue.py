@@ -25,6 +25,7 @@ from swarm_queue.common.keys import validate_job_name
 from swarm_queue.common.models import JobSpec, SamplingParams
 from swarm_queue.common.settings import Settings
 from swarm_queue.common.store import JobStore
+from swarm_queue.flows.bestof import build_best_of
 from swarm_queue.flows.pipeline import build_pipeline, enqueue_pipeline, needs_steps
 from swarm_queue.producer.agentjob import add_agent_args, enqueue_agent_job, is_agent_job
 from swarm_queue.producer.inputs import (
@@ -37,8 +38,10 @@ from swarm_queue.producer.inputs import (
 )
 from swarm_queue.producer.jobflags import (
     JOB_FLAGS,
+    add_best_of_args,
     add_job_settings,
     add_reduce_args,
+    best_of_from_args,
     options_from_args,
     split_steps,
     step_from_args,
@@ -238,6 +241,7 @@ def parser() -> argparse.ArgumentParser:
         "leave room for their answers within Redis's maxmemory (none without one)",
     )
     add_agent_args(p)
+    add_best_of_args(p)
     add_reduce_args(p)
     add_redis_arg(p)
     return p
@@ -255,12 +259,21 @@ async def _main(args: argparse.Namespace, steps: Sequence[list[str]] = ()) -> in
             raise ConfigError(f"{flag} must be >= 1, got {value}")
     first = options_from_args(args)
     if is_agent_job(args):
-        if steps:
-            raise ConfigError("an agent job has turns, not --then steps")
+        if steps or args.best_of is not None:
+            raise ConfigError("an agent job has turns, not --then steps or --best-of")
         print(await enqueue_agent_job(settings, args, job, first))
         return 0
     later: list[JobSpec] = []
-    if steps or needs_steps(first):
+    best = best_of_from_args(args)
+    if best is not None:
+        if steps:
+            raise ConfigError("a best-of job has its judge, not --then steps")
+        n, judge, judge_model = best
+        specs, warnings = build_best_of(
+            job, first, n, judge, judge_model=judge_model, source=args.input
+        )
+        spec, later = specs[0], specs[1:]
+    elif steps or needs_steps(first):
         step_options = [step_from_args(step_parser().parse_args(a)) for a in steps]
         specs, warnings = build_pipeline(job, first, step_options, source=args.input)
         spec, later = specs[0], specs[1:]

@@ -19,8 +19,10 @@ from swarm_queue.flows.pipeline import StepOptions
 
 __all__ = [
     "JOB_FLAGS",
+    "add_best_of_args",
     "add_job_settings",
     "add_reduce_args",
+    "best_of_from_args",
     "options_from_args",
     "read_text",
     "reduce_from_args",
@@ -158,6 +160,39 @@ def add_reduce_args(p: argparse.ArgumentParser) -> None:
         help="tree: tokens a supervisor prompt may generate (default: twice --max-tokens)",
     )
     r.add_argument("--separator", default="\n", help="concat: text between answers")
+
+
+def add_best_of_args(p: argparse.ArgumentParser) -> None:
+    """The flags of a best-of job (see :mod:`flows.bestof`)."""
+    g = p.add_argument_group("best-of-N with a judge")
+    g.add_argument(
+        "--best-of",
+        type=int,
+        metavar="N",
+        help="sample N candidates a prompt (vLLM's n: set --temperature), judge each with "
+        "--judge, keep the best as the line's text, every candidate and its score beside it",
+    )
+    g.add_argument(
+        "--judge",
+        metavar="FILE",
+        help="the judge's prompt: {answer} (a candidate) and {prompt} (the input's) filled in; "
+        "its score is the number in [[...]] in the judge's answer, else its first number",
+    )
+    g.add_argument(
+        "--judge-model", metavar="M", help="the judge's model (default: the job's --model)"
+    )
+
+
+def best_of_from_args(args: argparse.Namespace) -> tuple[int, str, str | None] | None:
+    """A best-of job's (N, judge template, judge model) from the flags; None without
+    ``--best-of``."""
+    if args.best_of is None:
+        if args.judge is not None or args.judge_model is not None:
+            raise ConfigError("--judge and --judge-model are for a --best-of N job")
+        return None
+    if args.judge is None:
+        raise ConfigError("--best-of N needs --judge FILE: the prompt that scores a candidate")
+    return args.best_of, read_text(args.judge, "--judge"), args.judge_model
 
 
 def step_parser() -> argparse.ArgumentParser:

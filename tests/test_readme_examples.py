@@ -80,6 +80,7 @@ def _inputs(d: Path) -> None:
     (d / "questions.txt").write_text("".join(f"Is protein P{i} a kinase?\n" for i in range(20)))
     (d / "judge.txt").write_text("Answer yes or no: is this right? {answer}")
     (d / "summary.txt").write_text("Summarise for {prompt}: {answer}")
+    (d / "rate.txt").write_text("Rate this answer to {prompt} from 0 to 9, as [[score]]: {answer}")
     (d / "abstracts.txt").write_text("".join(f"Abstract {i}: enzymes.\n" for i in range(20)))
     (d / "papers.jsonl").write_text("".join(json.dumps({"n": i}) + "\n" for i in range(10)))
     (d / "task.txt").write_text(
@@ -154,6 +155,17 @@ def test_every_readme_example_runs_and_does_what_it_says(
     assert all(len(x["steps"]) == 2 for x in study)
     table = pq.read_table(tmp_path / "study.parquet").to_pydict()
     assert table["index"] == list(range(20)) and all(table["s1_text"])
+    best = _lines(tmp_path / "best.jsonl")
+    assert [x["index"] for x in best] == list(range(20))
+    for x in best:  # the best of eight judged candidates, each with its score
+        candidates = x["candidates"]
+        assert isinstance(candidates, list) and len(candidates) == 8
+        scores = [c["score"] for c in candidates if "score" in c]
+        assert x["score"] == max(scores) and candidates[x["best"]]["text"] == x["text"]
+    with open(tmp_path / "best.csv", newline="") as fh:
+        best_rows = list(csv.DictReader(fh))
+    assert [r["text"] for r in best_rows] == [x["text"] for x in best]
+    assert [float(r["c7_score"]) for r in best_rows] == [x["candidates"][7]["score"] for x in best]
     votes = pq.read_table(tmp_path / "sc.parquet")
     assert votes.schema.field("value.share").type == "double"
     assert votes.schema.field("value.votes").type == "int64"
