@@ -60,6 +60,47 @@ def test_each_package_imports_only_those_below_it(package: str) -> None:
     assert not wrong, "\n".join(wrong)
 
 
+def _module_of(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(("swarm_queue", *parts[: -1 if parts[-1] == "__init__" else None]))
+
+
+def _imports_at_load(path: Path) -> set[str]:
+    """The swarm_queue modules ``path`` imports as it loads: at its top level (an import inside
+    a function, or under ``if TYPE_CHECKING``, runs later or never)."""
+    out: set[str] = set()
+    for node in ast.parse(path.read_text(), str(path)).body:
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names if a.name.startswith("swarm_queue.")}
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("swarm_queue."):
+            out.add(str(node.module))
+    return out
+
+
+def test_no_module_imports_itself_in_a_circle() -> None:
+    """No circle of imports between modules (within a package too: the layers alone allow
+    one), which would make a module's names depend on which of the circle loads first."""
+    graph = {_module_of(p): _imports_at_load(p) for p in _sources(*MAY_IMPORT)}
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    circles: list[str] = []
+
+    def visit(module: str, path: list[str]) -> None:
+        state[module] = 1
+        for dep in sorted(graph.get(module, ())):
+            if dep not in graph:
+                continue
+            if state.get(dep) == 1:
+                circles.append(" -> ".join([*path[path.index(dep) :], dep]))
+            elif dep not in state:
+                visit(dep, [*path, dep])
+        state[module] = 2
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [module])
+    assert len(graph) > 100 and not circles, "\n".join(circles)
+
+
 def _code_tokens(path: Path) -> list[tokenize.TokenInfo]:
     """The tokens of ``path`` that are code: no comment, no docstring."""
     toks = list(tokenize.generate_tokens(io.StringIO(path.read_text()).readline))
