@@ -39,7 +39,7 @@ from swarm_queue.sim.text import completion_for
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "out"
 
-_METRIC = re.compile(r"^(vllm:[a-z_]+)\{[^}]*\} ([0-9.e+]+)$", re.M)
+_METRIC = re.compile(r"^((?:vllm|swarm_sim):[a-z_]+)\{[^}]*\} ([0-9.e+]+)$", re.M)
 
 
 def prompt_set(n: int, size: int = 0) -> list[str]:
@@ -314,6 +314,9 @@ class Workers:
     metrics: bool = False
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
     metrics_ports: list[int] = field(default_factory=list)
+    # The checkout whose code the workers run (another revision's, to compare): their
+    # working directory, first on their path.
+    code: Path | None = None
 
     def start(self) -> Workers:
         OUT.mkdir(parents=True, exist_ok=True)
@@ -340,7 +343,8 @@ class Workers:
                         [sys.executable, "-m", "swarm_queue.worker.main", "--burst"]
                         if self.burst
                         else [sys.executable, "-m", "arq", "swarm_queue.worker.WorkerSettings"],
-                        env=env,
+                        env=env if self.code is None else {**env, "PYTHONPATH": str(self.code)},
+                        cwd=self.code,
                         stdout=log,
                         stderr=subprocess.STDOUT,
                     )

@@ -637,6 +637,10 @@ class SimEndpoint:
             f"swarm_sim:http_requests_total{label} {self.http_requests}",
             "# TYPE vllm:request_success_total counter",
             f"vllm:request_success_total{label} {self.engine.finished_seqs}",
+            "# HELP swarm_sim:aborted_seqs_total Sequences aborted inside the engine (their "
+            "client went away), their decoded tokens thrown away (swarm-sim's own).",
+            "# TYPE swarm_sim:aborted_seqs_total counter",
+            f"swarm_sim:aborted_seqs_total{label} {self.engine.aborted_seqs}",
             "# TYPE vllm:generation_tokens_total counter",
             f"vllm:generation_tokens_total{label} {self.engine.generated_tokens}",
             "# TYPE vllm:prompt_tokens_total counter",

@@ -1,0 +1,355 @@
+"""Issue 34's agent scenario: agents against the fleet's capacity, and where the time goes.
+
+``N`` agents of ``T`` turns (each turn but the last one call of a 200 ms tool, 100 distinct
+arguments among them) on a heterogeneous fleet of 4 swarm-sim engines (speeds 1, 1, 1, 0.5;
+64 sequences each, a step 22.6 ms + 0.1 ms a sequence: about 385 sequences/s for the fleet at
+these answers' lengths), warm workers (one per endpoint, started and ready before the job) and
+one tool runner. Measured:
+
+* **of capacity**: the fleet's least time for the run's decoded-and-kept tokens at full
+  batches, plus the tool's 200 ms for each turn that waits on it, over the wall time;
+* **wasted decode**: tokens the engines decoded beyond those of the answers kept (sequences
+  aborted when a batch was preempted or a tail copy lost), as a share of those kept;
+* **worker CPU** per turn (the worker processes' user + system time during the run);
+* **the timeline**: each engine's running sequences, each turn's answers, the agents parked on
+  a tool, sampled every 100 ms and shown per 0.5 s.
+
+    python -m bench.agent_speed                    # 1,000 agents x 2 turns
+    python -m bench.agent_speed --agents 10000 --turns 3
+
+It rewrites its own section of docs/BENCHMARKS.md (one per agents x turns).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from bench.harness import (
+    OUT,
+    ROOT,
+    Bench,
+    Workers,
+    metrics,
+    new_fleet,
+    token_capacity,
+    wait_workers_ready,
+)
+from bench.versus import with_section
+from swarm_queue.common.jobspec import JobOptions
+from swarm_queue.common.keys import step_name
+from swarm_queue.common.models import decode_result
+from swarm_queue.common.settings import Settings
+from swarm_queue.common.store import JobStore
+from swarm_queue.flows.agents import (
+    AgentSpec,
+    agent_prompts,
+    build_agents,
+    enqueue_agents,
+    tool_definition,
+)
+from swarm_queue.producer.agentout import follow_agents
+from swarm_queue.sim.engine import EngineConfig
+
+TITLE = "## 14. Agents against the fleet's capacity"
+SPEEDS = [1.0, 1.0, 1.0, 0.5]
+ENGINE = EngineConfig(max_num_seqs=64, step_base_ms=22.6, step_per_seq_ms=0.1)
+TOOL_PARSER = ("--enable-auto-tool-choice", "--tool-call-parser", "hermes")
+TOOL_S = 0.2
+KEYS = 100
+SAMPLE_S = 0.1
+SHOWN_S = 0.5
+LOG = OUT / "agent-speed-tools.log"
+
+
+def task(turns: int) -> str:
+    """The agents' task: a tool call in every turn but the last."""
+    calls = " then ".join(f'CALL lookup({{{{"key": "{{key}}-{k}"}}}})' for k in range(turns - 1))
+    return f"Question {{n}}: find it out. {calls}"
+
+
+def inputs(n: int) -> list[dict[str, Any]]:
+    return [{"n": i, "key": f"k{i % KEYS}"} for i in range(n)]
+
+
+def _cpu_s(pid: int) -> float:
+    """A process's user + system CPU seconds so far."""
+    with open(f"/proc/{pid}/stat") as fh:
+        fields = fh.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class Timeline:
+    """Every ``SAMPLE_S``: each engine's running sequences, each turn's answers, agents
+    parked on a tool."""
+
+    urls: list[str]
+    store: JobStore
+    turns: list[str]
+    t0: float = field(default_factory=time.monotonic)
+    rows: list[tuple[float, list[float], list[int], int]] = field(default_factory=list)
+    _task: asyncio.Task[None] | None = None
+
+    async def _run(self) -> None:
+        async with aiohttp.ClientSession() as client:
+            while True:
+                ms = await asyncio.gather(*(metrics(client, u) for u in self.urls))
+                running = [m.get("vllm:num_requests_running", 0.0) for m in ms]
+                done = []
+                for job in self.turns:
+                    try:
+                        s = await self.store.status(job, rate=False)
+                        done.append(s.done + s.failed)
+                    except Exception:  # a turn's job not made yet
+                        done.append(0)
+                parked = (await self.store.outcome_counts(self.turns[0])).parked
+                self.rows.append((time.monotonic() - self.t0, running, done, parked))
+                await asyncio.sleep(SAMPLE_S)
+
+    def start(self) -> Timeline:
+        self.t0 = time.monotonic()
+        self._task = asyncio.get_running_loop().create_task(self._run())
+        return self
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    def table(self) -> list[str]:
+        """Per ``SHOWN_S``: each engine's mean running sequences (of its 64), each turn's
+        answers so far, agents parked on a tool."""
+        turns = " | ".join(f"turn {k + 1} answered" for k in range(len(self.turns)))
+        engines = " | ".join(f"engine {i} ({s:g}) running" for i, s in enumerate(SPEEDS))
+        out = [f"| t (s) | {engines} | {turns} | parked on the tool |"]
+        out.append("| " + " | ".join(["---:"] * (2 + len(SPEEDS) + len(self.turns))) + " |")
+        bucket: list[tuple[float, list[float], list[int], int]] = []
+        edge = SHOWN_S
+        for row in [*self.rows, (float("inf"), [], [], 0)]:
+            if row[0] >= edge and bucket:
+                mean = [sum(r[1][i] for r in bucket) / len(bucket) for i in range(len(SPEEDS))]
+                last = bucket[-1]
+                cells = [f"{edge:.1f}", *(f"{m:.0f}" for m in mean)]
+                cells += [f"{d:,}" for d in last[2]] + [f"{last[3]:,}"]
+                out.append("| " + " | ".join(cells) + " |")
+                bucket = []
+                while row[0] >= edge and row[0] != float("inf"):
+                    edge += SHOWN_S
+            bucket.append(row)
+        return out
+
+
+async def _kept_tokens(store: JobStore, turns: list[str]) -> tuple[int, int]:
+    """Tokens of the answers kept (the results of every turn) and how many answers."""
+    tokens = answers = 0
+    for job in turns:
+        status = await store.status(job, rate=False)
+        for raw in await store.results_at(job, range(status.enqueued)):
+            if raw is None:
+                continue
+            r = decode_result(raw)
+            answers += 1
+            tokens += r.usage.completion_tokens if r.usage is not None else 0
+    return tokens, answers
+
+
+async def run(n: int, turns: int, code: Path | None = None) -> dict[str, Any]:
+    with Bench() as bench:
+        fleet = new_fleet(len(SPEEDS), ENGINE, SPEEDS).start(*TOOL_PARSER)
+        settings = Settings(redis_url=bench.url, prefix="speed")
+        store = JobStore.from_settings(settings)
+        env = {
+            **{k: v for k, v in os.environ.items() if not k.startswith("SWARM_")},
+            "SWARM_REDIS_URL": bench.url,
+            "SWARM_PREFIX": "speed",
+            "SWARM_TOOLS": "bench.agent_tools:lookup",
+            "SWARM_TOOL_CONCURRENCY": "2048",
+            "BENCH_TOOL_LOG": str(LOG),
+        }
+        LOG.unlink(missing_ok=True)
+        with open(OUT / "agent-speed-runner.log", "wb") as out:
+            runner = subprocess.Popen(
+                [sys.executable, "-m", "arq", "swarm_queue.worker.ToolSettings"],
+                cwd=code or ROOT, stdout=out, stderr=subprocess.STDOUT,
+                env=env if code is None else {**env, "PYTHONPATH": f"{code}:{ROOT}"},
+            )  # fmt: skip
+        workers = Workers(
+            bench.url, "speed", [[u] for u in fleet.urls], {"SWARM_POLL_MS": "20"}, code=code
+        )
+        workers.start()
+        names = [step_name("ag", k) for k in range(turns)]
+        try:
+            await wait_workers_ready(store, len(fleet.urls))
+            specs, _ = build_agents(
+                "ag", JobOptions(max_tokens=64), AgentSpec(max_turns=turns),
+                [tool_definition("lookup")], source="bench",
+            )  # fmt: skip
+            others = {"swarm-sim": fleet.proc, "tool runner": runner, "Redis": bench.redis.proc}
+            pids = {k: v.pid for k, v in others.items() if v is not None}
+            cpu0 = sum(_cpu_s(p.pid) for p in workers.procs)
+            other0 = {k: _cpu_s(pid) for k, pid in pids.items()}
+            timeline = Timeline(fleet.urls, store, names)
+            t0 = time.monotonic()
+            timeline.start()
+            await enqueue_agents(store, specs, agent_prompts(task(turns), inputs(n)))
+            ok = 0
+            async for chunk in follow_agents(store, "ag", wait=True, poll_s=0.02):
+                ok += sum(1 for r in chunk if r.ok)
+            wall = time.monotonic() - t0
+            await timeline.stop()
+            cpu = sum(_cpu_s(p.pid) for p in workers.procs) - cpu0
+            other = {k: _cpu_s(pid) - other0[k] for k, pid in pids.items()}
+            async with aiohttp.ClientSession() as client:
+                ms = await asyncio.gather(*(metrics(client, u) for u in fleet.urls))
+            kept, answers = await _kept_tokens(store, names)
+        finally:
+            workers.stop()
+            runner.terminate()
+            runner.wait(timeout=30)
+            await store.close()
+            fleet.stop()
+    decoded = sum(m.get("vllm:generation_tokens_total", 0.0) for m in ms)
+    capacity = sum(token_capacity(c) for c in fleet.configs())
+    ideal = kept / capacity + TOOL_S * (turns - 1)
+    return {
+        "wall_s": wall,
+        "ok": ok,
+        "answers": answers,
+        "kept_tokens": kept,
+        "decoded_tokens": int(decoded),
+        "aborted": int(sum(m.get("swarm_sim:aborted_seqs_total", 0.0) for m in ms)),
+        "requests": int(sum(m.get("swarm_sim:http_requests_total", 0.0) for m in ms)),
+        "seqs_per_s": capacity / (kept / answers) if answers else 0.0,
+        "ideal_s": ideal,
+        "worker_cpu_s": cpu,
+        "other_cpu_s": other,
+        "tools": len(LOG.read_text().split()) if LOG.exists() else 0,
+        "timeline": timeline.table(),
+    }
+
+
+def section(got: dict[str, Any], n: int, turns: int, command: str) -> str:
+    title = f"{TITLE}: {n:,} agents x {turns} turns"
+    wasted = (got["decoded_tokens"] - got["kept_tokens"]) / max(1, got["kept_tokens"])
+    lines = [
+        title,
+        "",
+        f"{n:,} agents of {turns} turns, a 200 ms tool call in each turn but the last ({KEYS} "
+        "distinct arguments), on 4 swarm-sim engines of speeds 1, 1, 1, 0.5 (64 sequences "
+        "each, 22.6 ms + 0.1 ms per sequence a step; "
+        f"{got['seqs_per_s']:.1f} sequences/s for the fleet at these answers' mean length), "
+        "warm workers (one per endpoint) and one tool runner. **Of capacity**: the fleet's "
+        "least time for the kept answers' tokens at full batches, plus 200 ms per tool turn, "
+        f"over the wall time. Measured with `{command}`.",
+        "",
+        "| wall (s) | ideal (s) | of capacity | agents answered | chat requests | answers kept | "
+        "tokens decoded / kept | wasted decode | sequences aborted | worker CPU per turn | "
+        "tool runs |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        f"| {got['wall_s']:.2f} | {got['ideal_s']:.2f} | {got['ideal_s'] / got['wall_s']:.2f} | "
+        f"{got['ok']:,}/{n:,} | {got['requests']:,} | {got['answers']:,} | "
+        f"{got['decoded_tokens']:,} / {got['kept_tokens']:,} | {wasted:.1%} | "
+        f"{got['aborted']:,} | {1000 * got['worker_cpu_s'] / max(1, got['answers']):.1f} ms | "
+        f"{got['tools']:,} |",
+        "",
+        f"CPU over the run's {got['wall_s']:.1f} s on this machine's 2 cores: the 4 workers "
+        f"{got['worker_cpu_s']:.1f} s, "
+        + ", ".join(f"{k} {v:.1f} s" for k, v in got["other_cpu_s"].items())
+        + ".",
+        "",
+        "Where the time goes (each engine's running sequences, mean over each 0.5 s; each "
+        "turn's answers and the agents parked on the tool at its end):",
+        "",
+        *got["timeline"],
+    ]
+    return "\n".join(lines) + "\n"
+
+
+async def versus(n: int, turns: int, before: Path, rounds: int) -> list[str]:
+    """This checkout's workers and tool runner against ``before``'s, alternately (the
+    producer and collector this checkout's): each figure's median and the ratio."""
+    runs: dict[str, list[dict[str, Any]]] = {"before": [], "after": []}
+    for k in range(rounds):
+        for side in ("before", "after") if k % 2 == 0 else ("after", "before"):
+            got = await run(n, turns, before if side == "before" else None)
+            assert got["ok"] == n, f"{side}: {got['ok']} of {n} agents answered"
+            runs[side].append(got)
+            print(f"round {k + 1} {side}: {got['wall_s']:.2f} s", file=sys.stderr, flush=True)
+
+    def med(side: str, key: str) -> float:
+        return statistics.median(
+            r[key]
+            if key != "wasted"
+            else (r["decoded_tokens"] - r["kept_tokens"]) / r["kept_tokens"]
+            for r in runs[side]
+        )
+
+    def cpu(side: str) -> float:
+        return statistics.median(r["worker_cpu_s"] / r["answers"] for r in runs[side])
+
+    b, a = runs["before"][0], runs["after"][0]
+    rows = [
+        "| figure | before | after | after / before |",
+        "| --- | ---: | ---: | ---: |",
+        f"| wall (s) | {med('before', 'wall_s'):.2f} | {med('after', 'wall_s'):.2f} | "
+        f"{med('after', 'wall_s') / med('before', 'wall_s'):.3f} |",
+        f"| of capacity | {b['ideal_s'] / med('before', 'wall_s'):.2f} | "
+        f"{a['ideal_s'] / med('after', 'wall_s'):.2f} | |",
+        f"| wasted decode | {med('before', 'wasted'):.1%} | {med('after', 'wasted'):.1%} | |",
+        f"| sequences aborted | {med('before', 'aborted'):.0f} | {med('after', 'aborted'):.0f} | |",
+        f"| worker CPU per turn (ms) | {1000 * cpu('before'):.2f} | {1000 * cpu('after'):.2f} | "
+        f"{cpu('after') / cpu('before'):.3f} |",
+    ]
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m bench.agent_speed", description=__doc__)
+    p.add_argument("--agents", type=int, default=1000)
+    p.add_argument("--turns", type=int, default=2)
+    p.add_argument("--no-docs", action="store_true")
+    p.add_argument("--before", metavar="REV", help="also run REV's workers, alternately")
+    p.add_argument("--rounds", type=int, default=5, help="with --before: rounds of each")
+    args = p.parse_args(argv)
+    OUT.mkdir(parents=True, exist_ok=True)
+    if args.before:
+        with tempfile.TemporaryDirectory() as tmp:
+            before = Path(tmp) / "before"
+            subprocess.run(
+                ["git", "worktree", "add", "--detach", str(before), args.before],
+                cwd=ROOT, check=True, capture_output=True,
+            )  # fmt: skip
+            try:
+                rows = asyncio.run(versus(args.agents, args.turns, before, args.rounds))
+            finally:
+                subprocess.run(
+                    ["git", "worktree", "remove", "--force", str(before)], cwd=ROOT, check=False
+                )
+        print("\n".join(rows))
+        return
+    got = asyncio.run(run(args.agents, args.turns))
+    command = "python -m bench.agent_speed"
+    if (args.agents, args.turns) != (1000, 2):
+        command += f" --agents {args.agents} --turns {args.turns}"
+    text = section(got, args.agents, args.turns, command)
+    print(text)
+    if not args.no_docs:
+        path = ROOT / "docs" / "BENCHMARKS.md"
+        title = f"{TITLE}: {args.agents:,} agents x {args.turns} turns"
+        path.write_text(with_section(path.read_text(), text, title))
+
+
+if __name__ == "__main__":
+    main()
