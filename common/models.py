@@ -257,6 +257,12 @@ class JobSpec(msgspec.Struct, frozen=True, omit_defaults=True):
     generation: str = ""
 
     @property
+    def family(self) -> str:
+        """The workflow job it belongs to: its ``parent``, or itself (a first step, a job of
+        its own)."""
+        return self.parent or self.job
+
+    @property
     def chat(self) -> bool:
         """Whether its prompts are sent to the chat API."""
         return isinstance(self.request, Chat)

@@ -309,7 +309,8 @@ class BatchPath:
             if not copy:
                 deaths = {eid: n for eid, _, n in deliveries}
                 await self.store.start(job, {eid: deaths[eid] for eid, _, _ in items}, gen=gen)
-                self.inflight.preempt_below(spec.priority, job, self.engine.shares.get(job, 0))
+                share = self.engine.shares.get(job, 0)
+                self.inflight.preempt_below(spec.priority, job, share, spec.family)
             model = self.served.model_for(spec)
             if model is None:
                 raise ModelNotServed(self.client.label, "serves no model")
@@ -319,6 +320,7 @@ class BatchPath:
                 self.runner.run(spec, [it for _, _, it in items], model, tally, dim),
                 spec.priority,
                 job,
+                spec.family,
             )
             sent = await request
             if keeps_vectors(spec) and dim is None:
