@@ -14,7 +14,6 @@ import asyncio
 import functools
 import re
 import ssl
-from collections.abc import Awaitable
 from typing import Any, TypeVar
 
 import msgspec
@@ -124,16 +123,6 @@ def _translate(
     return EndpointRetryable(endpoint, f"{type(exc).__name__}: {exc}")
 
 
-def _sampling(
-    params: SamplingParams, body_only: tuple[str, ...]
-) -> tuple[dict[str, Any], dict[str, Any] | None]:
-    """The optional sampling fields of ``params`` as openai keywords, and apart those the API
-    has no keyword for (``structured_outputs`` is vLLM's own), to travel in the request body."""
-    extra = params.extra()
-    body = {k: extra.pop(k) for k in body_only if k in extra}
-    return extra, body or None
-
-
 @functools.cache
 def _tls_context() -> ssl.SSLContext:
     """One TLS context for every endpoint of the process: building one loads the system's CA
@@ -236,19 +225,11 @@ class EndpointClient:
         ``add_special_tokens`` False: the prompts carry their special tokens already (a chat
         template written out), so the server must not add its BOS again."""
         timeout = timeout_s or self._timeout_s
-        # OpenAI's completions API has no response_format keyword: it travels in the body.
-        extra, body = _sampling(params, ("response_format", "structured_outputs"))
+        body = {"model": model, "prompt": prompts, "max_tokens": params.max_tokens}
+        body |= params.extra()
         if add_special_tokens is not None:
-            body = {**(body or {}), "add_special_tokens": add_special_tokens}
-        create = self._client.completions.with_raw_response.create(
-            model=model,
-            prompt=prompts,
-            max_tokens=params.max_tokens,
-            timeout=timeout,
-            extra_body=body,
-            **extra,
-        )
-        return await self._answer(create, _completion_decoder, timeout, "completion")
+            body["add_special_tokens"] = add_special_tokens
+        return await self._answer("/completions", body, _completion_decoder, timeout, "completion")
 
     async def chat(
         self,
@@ -264,20 +245,13 @@ class EndpointClient:
         template applied; ``tools`` offered (the server's tool-call parser answers with
         ``tool_calls``), with ``tool_choice`` if given."""
         timeout = timeout_s or self._timeout_s
-        extra, body = _sampling(params, ("structured_outputs",))
+        body = {"model": model, "messages": messages, "max_tokens": params.max_tokens}
+        body |= params.extra()
         if tools:
-            extra["tools"] = tools
+            body["tools"] = tools
             if tool_choice is not None:
-                extra["tool_choice"] = tool_choice
-        create = self._client.chat.completions.with_raw_response.create(
-            model=model,
-            messages=messages,  # type: ignore[arg-type]
-            max_tokens=params.max_tokens,
-            timeout=timeout,
-            extra_body=body,
-            **extra,
-        )
-        return await self._answer(create, _chat_decoder, timeout, "chat")
+                body["tool_choice"] = tool_choice
+        return await self._answer("/chat/completions", body, _chat_decoder, timeout, "chat")
 
     async def embed(
         self, model: str, texts: list[str], *, timeout_s: float | None = None
@@ -285,26 +259,29 @@ class EndpointClient:
         """One ``/v1/embeddings`` request holding every text of ``texts``, answered as floats
         (openai's client would otherwise ask for base64)."""
         timeout = timeout_s or self._timeout_s
-        create = self._client.embeddings.with_raw_response.create(
-            model=model, input=texts, encoding_format="float", timeout=timeout
-        )
-        return await self._answer(create, _embedding_decoder, timeout, "embeddings")
+        body = {"model": model, "input": texts, "encoding_format": "float"}
+        return await self._answer("/embeddings", body, _embedding_decoder, timeout, "embeddings")
 
     async def _answer(
         self,
-        create: Awaitable[Any],
+        route: str,
+        body: dict[str, Any],
         decoder: msgspec.json.Decoder[T],
         timeout_s: float,
         what: str,
     ) -> T:
-        """Await an openai raw-response call and decode its body: the one boundary where
-        openai's errors and unreadable answers become swarm-queue's. ``timeout_s`` is a
+        """POST ``body`` to ``route`` and decode the answer: the one boundary where openai's
+        errors and unreadable answers become swarm-queue's. The body is sent as built, through
+        the client's documented raw ``post`` (its per-call typed transform of every message
+        and tool cost more CPU than the rest of a chat turn's path). ``timeout_s`` is a
         deadline for the whole answer (httpx's own timeout acts per read, so a server that
         trickles bytes would otherwise hold the request for ever)."""
         self.requests += 1
         try:
             async with asyncio.timeout(timeout_s):
-                content = (await create).http_response.content
+                content = await self._client.post(
+                    route, cast_to=bytes, body=body, options={"timeout": timeout_s}
+                )
         except TimeoutError:
             raise EndpointRetryable(self.label, f"no answer within {timeout_s:g} s") from None
         except openai.OpenAIError as exc:
