@@ -16,6 +16,7 @@ import re
 import ssl
 from typing import Any, TypeVar
 
+import aiohttp
 import msgspec
 import openai
 
@@ -104,10 +105,11 @@ def _translate(
     not serve (vLLM's answer for an unknown model: an OpenAI error object): the job's trouble,
     not the endpoint's; a 404 without that object is a ``route`` the server does not have. A
     404 on ``/v1/models`` (``generation`` False) means no OpenAI server at that URL."""
-    if isinstance(exc, openai.APITimeoutError):
+    refused = _refused(exc)
+    if isinstance(exc, openai.APITimeoutError) and refused is None:
         return EndpointRetryable(endpoint, f"no answer within {timeout_s:g} s")
     if isinstance(exc, openai.APIConnectionError):
-        cause = exc.__cause__ or exc
+        cause = refused or exc.__cause__ or exc
         return EndpointRetryable(endpoint, f"connection failed: {type(cause).__name__}: {cause}")
     if isinstance(exc, openai.APIStatusError):
         status, message = exc.status_code, _server_message(exc)
@@ -121,6 +123,17 @@ def _translate(
             return ModelNotServed(endpoint, message, status)
         return EndpointRejected(endpoint, message, status)
     return EndpointRetryable(endpoint, f"{type(exc).__name__}: {exc}")
+
+
+def _refused(exc: BaseException) -> BaseException | None:
+    """The connection error under ``exc``, if it is one: aiohttp's transport (as vendored by
+    openai) reports a refused or unreachable connection as a connect timeout."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, aiohttp.ClientConnectorError):
+            return seen
+        seen = seen.__cause__
+    return None
 
 
 @functools.cache
@@ -145,8 +158,9 @@ class EndpointClient:
             api_key=api_key or "EMPTY",
             max_retries=0,
             timeout=timeout_s,
-            # openai's own default client, but with the process's one TLS context
-            http_client=openai.DefaultAsyncHttpxClient(verify=_tls_context()),
+            # openai's own client on aiohttp's transport (its documented option), with the
+            # process's one TLS context
+            http_client=openai.DefaultAioHttpClient(verify=_tls_context()),
         )
         # vLLM's own routes sit beside /v1; the copy shares the client's connections.
         self._root = self._client.with_options(base_url=url)
