@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import statistics
 import subprocess
@@ -185,9 +186,11 @@ async def run(n: int, turns: int, code: Path | None = None) -> dict[str, Any]:
                 cwd=code or ROOT, stdout=out, stderr=subprocess.STDOUT,
                 env=env if code is None else {**env, "PYTHONPATH": f"{code}:{ROOT}"},
             )  # fmt: skip
-        workers = Workers(
-            bench.url, "speed", [[u] for u in fleet.urls], {"SWARM_POLL_MS": "20"}, code=code
-        )
+        worker_env = {"SWARM_POLL_MS": "20"}
+        # Settings of the workers to try (SWARM_* in the bench's own environment are not
+        # passed on): BENCH_WORKER_ENV='{"SWARM_LANE_WAIT_MS": "250"}'.
+        worker_env |= json.loads(os.environ.get("BENCH_WORKER_ENV", "{}"))
+        workers = Workers(bench.url, "speed", [[u] for u in fleet.urls], worker_env, code=code)
         workers.start()
         names = [step_name("ag", k) for k in range(turns)]
         try:
@@ -324,6 +327,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--rounds", type=int, default=5, help="with --before: rounds of each")
     args = p.parse_args(argv)
     OUT.mkdir(parents=True, exist_ok=True)
+    command = "python -m bench.agent_speed"
+    if (args.agents, args.turns) != (1000, 2):
+        command += f" --agents {args.agents} --turns {args.turns}"
+    compared: list[str] = []
     if args.before:
         with tempfile.TemporaryDirectory() as tmp:
             before = Path(tmp) / "before"
@@ -332,18 +339,23 @@ def main(argv: list[str] | None = None) -> None:
                 cwd=ROOT, check=True, capture_output=True,
             )  # fmt: skip
             try:
-                rows = asyncio.run(versus(args.agents, args.turns, before, args.rounds))
+                compared = asyncio.run(versus(args.agents, args.turns, before, args.rounds))
             finally:
                 subprocess.run(
                     ["git", "worktree", "remove", "--force", str(before)], cwd=ROOT, check=False
                 )
-        print("\n".join(rows))
-        return
+        command += f" --before {args.before} --rounds {args.rounds}"
     got = asyncio.run(run(args.agents, args.turns))
-    command = "python -m bench.agent_speed"
-    if (args.agents, args.turns) != (1000, 2):
-        command += f" --agents {args.agents} --turns {args.turns}"
     text = section(got, args.agents, args.turns, command)
+    if compared:
+        rev = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+        ).stdout.strip()
+        text += (
+            f"\n{rev} against {args.before}, the workers and tool runner of each run alternately "
+            f"(medians of {args.rounds} rounds each; the table and timeline above are one more "
+            "run of this checkout's):\n\n" + "\n".join(compared) + "\n"
+        )
     print(text)
     if not args.no_docs:
         path = ROOT / "docs" / "BENCHMARKS.md"
