@@ -2,9 +2,9 @@
 
 ``N`` agents of ``T`` turns (each turn but the last one call of a 200 ms tool, 100 distinct
 arguments among them) on a heterogeneous fleet of 4 swarm-sim engines (speeds 1, 1, 1, 0.5;
-64 sequences each, a step 22.6 ms + 0.1 ms a sequence: about 385 sequences/s for the fleet at
-these answers' lengths), warm workers (one per endpoint, started and ready before the job) and
-one tool runner. Measured:
+64 sequences each, a step 22.6 ms + 0.1 ms a sequence: some 550-650 sequences/s for the
+fleet at these answers' lengths, as the section says), warm workers (one per endpoint, started
+and ready before the job) and one tool runner. Measured:
 
 * **of capacity**: the fleet's least time for the run's decoded-and-kept tokens at full
   batches, plus the tool's 200 ms for each turn that waits on it, over the wall time;
@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -130,14 +131,16 @@ class Timeline:
             await asyncio.gather(self._task, return_exceptions=True)
 
     def table(self) -> list[str]:
-        """Per ``SHOWN_S``: each engine's mean running sequences (of its 64), each turn's
-        answers so far, agents parked on a tool."""
+        """Per ``SHOWN_S`` (or a multiple of it: about 24 rows at most), each engine's mean
+        running sequences (of its 64), each turn's answers so far, agents parked on a tool."""
+        end = self.rows[-1][0] if self.rows else 0.0
+        step = SHOWN_S * max(1, math.ceil(end / SHOWN_S / 24))
         turns = " | ".join(f"turn {k + 1} answered" for k in range(len(self.turns)))
         engines = " | ".join(f"engine {i} ({s:g}) running" for i, s in enumerate(SPEEDS))
         out = [f"| t (s) | {engines} | {turns} | parked on the tool |"]
         out.append("| " + " | ".join(["---:"] * (2 + len(SPEEDS) + len(self.turns))) + " |")
         bucket: list[tuple[float, list[float], list[int], int]] = []
-        edge = SHOWN_S
+        edge = step
         for row in [*self.rows, (float("inf"), [], [], 0)]:
             if row[0] >= edge and bucket:
                 mean = [sum(r[1][i] for r in bucket) / len(bucket) for i in range(len(SPEEDS))]
@@ -147,7 +150,7 @@ class Timeline:
                 out.append("| " + " | ".join(cells) + " |")
                 bucket = []
                 while row[0] >= edge and row[0] != float("inf"):
-                    edge += SHOWN_S
+                    edge += step
             bucket.append(row)
         return out
 
@@ -272,7 +275,7 @@ def section(got: dict[str, Any], n: int, turns: int, command: str) -> str:
         + ", ".join(f"{k} {v:.1f} s" for k, v in got["other_cpu_s"].items())
         + ".",
         "",
-        "Where the time goes (each engine's running sequences, mean over each 0.5 s; each "
+        "Where the time goes (each engine's running sequences, mean over each interval; each "
         "turn's answers and the agents parked on the tool at its end):",
         "",
         *got["timeline"],
