@@ -43,6 +43,7 @@ from bench.harness import (
     ROOT,
     Bench,
     Workers,
+    cpu_s,
     metrics,
     new_fleet,
     token_capacity,
@@ -83,13 +84,6 @@ def task(turns: int) -> str:
 
 def inputs(n: int) -> list[dict[str, Any]]:
     return [{"n": i, "key": f"k{i % KEYS}"} for i in range(n)]
-
-
-def _cpu_s(pid: int) -> float:
-    """A process's user + system CPU seconds so far."""
-    with open(f"/proc/{pid}/stat") as fh:
-        fields = fh.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 @dataclass
@@ -204,8 +198,8 @@ async def run(n: int, turns: int, code: Path | None = None) -> dict[str, Any]:
             )  # fmt: skip
             others = {"swarm-sim": fleet.proc, "tool runner": runner, "Redis": bench.redis.proc}
             pids = {k: v.pid for k, v in others.items() if v is not None}
-            cpu0 = sum(_cpu_s(p.pid) for p in workers.procs)
-            other0 = {k: _cpu_s(pid) for k, pid in pids.items()}
+            cpu0 = sum(cpu_s(p.pid) for p in workers.procs)
+            other0 = {k: cpu_s(pid) for k, pid in pids.items()}
             timeline = Timeline(fleet.urls, store, names)
             t0 = time.monotonic()
             timeline.start()
@@ -215,8 +209,8 @@ async def run(n: int, turns: int, code: Path | None = None) -> dict[str, Any]:
                 ok += sum(1 for r in chunk if r.ok)
             wall = time.monotonic() - t0
             await timeline.stop()
-            cpu = sum(_cpu_s(p.pid) for p in workers.procs) - cpu0
-            other = {k: _cpu_s(pid) - other0[k] for k, pid in pids.items()}
+            cpu = sum(cpu_s(p.pid) for p in workers.procs) - cpu0
+            other = {k: cpu_s(pid) - other0[k] for k, pid in pids.items()}
             async with aiohttp.ClientSession() as client:
                 ms = await asyncio.gather(*(metrics(client, u) for u in fleet.urls))
             kept, answers = await _kept_tokens(store, names)

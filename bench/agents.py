@@ -21,7 +21,7 @@ import time
 import urllib.request
 from typing import Any
 
-from bench.harness import OUT, ROOT, Bench, Workers, new_fleet, wait_workers_ready
+from bench.harness import OUT, ROOT, Bench, Workers, cpu_s, new_fleet, wait_workers_ready
 from bench.versus import with_section
 from swarm_queue.common.jobspec import JobOptions
 from swarm_queue.common.keys import step_name
@@ -90,6 +90,8 @@ async def swarm_agents(url: str, urls: list[str], n: int) -> dict[str, Any]:
     workers = Workers(url, "agents", [[u] for u in urls], {"SWARM_POLL_MS": "20"}).start()
     try:
         await wait_workers_ready(store, len(urls))
+        procs = [*workers.procs, runner]
+        cpu0 = sum(cpu_s(p.pid) for p in procs)
         t0 = time.monotonic()
         specs, _ = build_agents(
             "ag",
@@ -109,6 +111,8 @@ async def swarm_agents(url: str, urls: list[str], n: int) -> dict[str, Any]:
             "tools": _tool_runs(),
             "prefix": prefix_rate(urls),
             "same_endpoint": await same_endpoint(store, "ag", n),
+            # The workers' and the tool runner's (the collector here is the bench's own).
+            "cpu_s": sum(cpu_s(p.pid) for p in procs) - cpu0,
         }
     finally:
         workers.stop()
@@ -141,6 +145,7 @@ async def batch_agent(url: str, n: int, max_inflight: int) -> dict[str, Any]:
     from bench.agent_tools import lookup
 
     tool = Tool.define(lookup, name="lookup")
+    cpu0 = time.process_time()
     t0 = time.monotonic()
     results = await BatchAgent.run(
         system_prompt=SYSTEM,
@@ -156,7 +161,12 @@ async def batch_agent(url: str, n: int, max_inflight: int) -> dict[str, Any]:
     )
     wall = time.monotonic() - t0
     ok = sum(1 for r in results if r.ok)
-    return {"wall_s": wall, "ok": ok, "tools": _tool_runs(), "prefix": prefix_rate([url])}
+    # The SDK runs in this process (its agents, its tool calls and its client).
+    cpu = time.process_time() - cpu0
+    return {
+        "wall_s": wall, "ok": ok, "tools": _tool_runs(), "prefix": prefix_rate([url]),
+        "cpu_s": cpu,
+    }  # fmt: skip
 
 
 def install_batch_agent() -> None:
@@ -203,18 +213,21 @@ def section(rows: list[tuple[str, dict[str, Any]]], n: int, command: str) -> str
         "on swarm-sim engines of 256 sequences (20 ms + 0.1 ms per sequence a step, prefill "
         f"{PREFILL} ms per uncached prompt token, prefix caching as vLLM's). The Batch Agent SDK "
         "drives one backend URL, by design; swarm-queue the fleet of 4, one worker per "
-        f"endpoint and one tool runner. In one run. Measured with `{command}`.",
+        f"endpoint and one tool runner. In one run. Measured with `{command}`. **Client CPU**: "
+        "what each side's own processes used (swarm-queue's workers and tool runner; the "
+        "SDK's process), not the engines'.",
         "",
         "| system | wall (s) | agents/s | answered | tool executions | prefix-cache hits | "
-        "agents/s vs swarm-queue |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "agents/s vs swarm-queue | client CPU (s) |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     base_rate = base["ok"] / base["wall_s"]
     for name, got in rows:
         rate = got["ok"] / got["wall_s"]
         lines.append(
             f"| {name} | {got['wall_s']:.2f} | {rate:.1f} | {got['ok']:,}/{n:,} | "
-            f"{got['tools']:,} | {got['prefix']:.1%} | {rate / base_rate:.2f}x |"
+            f"{got['tools']:,} | {got['prefix']:.1%} | {rate / base_rate:.2f}x | "
+            f"{got.get('cpu_s', 0.0):.1f} |"
         )
     theirs = [got for name, got in rows[1:]]
     if theirs:

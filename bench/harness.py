@@ -59,6 +59,13 @@ def prompt_iter(n: int, size: int) -> Iterator[tuple[str, str | None]]:
         yield (f"Question {i}: describe sample {i * 7919 % 100003} in one line. {pad}")[:size], None
 
 
+def cpu_s(pid: int) -> float:
+    """A process's user + system CPU seconds so far (Linux's /proc)."""
+    with open(f"/proc/{pid}/stat") as fh:
+        fields = fh.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def total_tokens(prompts: Sequence[str], max_tokens: int) -> int:
     return sum(completion_for(p, max_tokens)[1] for p in prompts)
 
