@@ -42,6 +42,7 @@ from bench.harness import (
     OUT,
     ROOT,
     Bench,
+    Periodic,
     Workers,
     cpu_s,
     metrics,
@@ -87,7 +88,7 @@ def inputs(n: int) -> list[dict[str, Any]]:
 
 
 @dataclass
-class Timeline:
+class Timeline(Periodic):
     """Every ``SAMPLE_S``: each engine's running sequences, each turn's answers, agents
     parked on a tool."""
 
@@ -113,16 +114,6 @@ class Timeline:
                 parked = (await self.store.outcome_counts(self.turns[0])).parked
                 self.rows.append((time.monotonic() - self.t0, running, done, parked))
                 await asyncio.sleep(SAMPLE_S)
-
-    def start(self) -> Timeline:
-        self.t0 = time.monotonic()
-        self._task = asyncio.get_running_loop().create_task(self._run())
-        return self
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
 
     def table(self) -> list[str]:
         """Per ``SHOWN_S`` (or a multiple of it: about 24 rows at most), each engine's mean

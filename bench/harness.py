@@ -20,6 +20,7 @@ import urllib.request
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Self
 
 import aiohttp
 import redis.asyncio as aioredis
@@ -243,8 +244,28 @@ async def batch_service_s(url: str, prompts: Sequence[str], max_tokens: int) -> 
         return time.monotonic() - t0
 
 
+class Periodic:
+    """Runs ``_run`` in the background from :meth:`start` (its clock ``t0``) to :meth:`stop`."""
+
+    t0: float
+    _task: asyncio.Task[None] | None
+
+    async def _run(self) -> None:
+        raise NotImplementedError
+
+    def start(self) -> Self:
+        self.t0 = time.monotonic()
+        self._task = asyncio.get_running_loop().create_task(self._run())
+        return self
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+
 @dataclass
-class Sampler:
+class Sampler(Periodic):
     """Samples each endpoint's finished sequences and the Redis memory every ``period_s``."""
 
     urls: list[str]
@@ -272,16 +293,6 @@ class Sampler:
             finally:
                 if r is not None:
                     await r.aclose()
-
-    def start(self) -> Sampler:
-        self.t0 = time.monotonic()
-        self._task = asyncio.get_running_loop().create_task(self._run())
-        return self
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
 
     @property
     def peak_memory(self) -> int:
