@@ -43,6 +43,28 @@ async def test_copies_come_only_at_the_tail_oldest_first_each_entry_once(store: 
     assert [p["consumer"] for p in owners] == [b"a"] * 4 + [b"b"] * 6
 
 
+async def test_copies_are_only_of_entries_held_longer_than_a_batch_takes(
+    store: JobStore,
+) -> None:
+    """A batch in another endpoint's hands for less than the asking endpoint's own batches
+    take is not late: its copy would most likely finish second, its decoding thrown away
+    (seen in issue 34's agent scenario: up to 4.5% of the tokens)."""
+    await enqueue_prompts(store, spec(), prompts(6))
+    await store.read_new("j", "a", 6)
+    gen = await gen_of(store, "j")
+    assert await store.copies("j", "b", 10, gen=gen, min_idle_ms=60_000) == []  # just taken
+    # Three of them held 90 s (XCLAIM's IDLE sets how long an entry has been held).
+    late = [b"0-1", b"0-2", b"0-3"]
+    await store.redis.xclaim(store.keys.stream("j"), "workers", "a", 0, late, idle=90_000)
+    got = await store.copies("j", "b", 10, gen=gen, min_idle_ms=60_000)
+    assert [eid for eid, _ in got] == late
+    assert [eid for eid, _ in await store.copies("j", "b", 10, gen=gen)] == [
+        b"0-4",
+        b"0-5",
+        b"0-6",
+    ]  # without a bound, the rest (each entry still once)
+
+
 async def test_a_job_still_fed_is_not_at_its_tail_and_gets_no_copies(store: JobStore) -> None:
     """Every entry out is no tail while more will come (a producer still queuing, a pipeline
     step fed from the step before): copying then would run most of the job twice."""

@@ -322,7 +322,9 @@ class BatchPath:
                 job,
                 spec.family,
             )
+            began = time.monotonic()
             sent = await request
+            self.intake.took(job, time.monotonic() - began)
             if keeps_vectors(spec) and dim is None:
                 await self._fix_dim(spec, sent)
             return sent

@@ -96,6 +96,15 @@ class Intake:
         # a thousand idle endpoints asking each poll cost Redis more than the job itself).
         self._copies_at: dict[str, float] = {}
         self._steal_at: dict[str, float] = {}  # when others' lanes may be looked at again
+        # How long this endpoint's own batches of each job take (s, a moving average): a
+        # batch in another's hands for less than that is not late, and a copy of it would
+        # most likely finish second, its decoding thrown away.
+        self._batch_s: dict[str, float] = {}
+
+    def took(self, job: str, seconds: float) -> None:
+        """One of this endpoint's batches of ``job`` was answered in ``seconds``."""
+        before = self._batch_s.get(job)
+        self._batch_s[job] = seconds if before is None else 0.8 * before + 0.2 * seconds
 
     def reclaim_soon(self, job: str) -> None:
         """Entries of ``job`` were released: look for them on the next step."""
@@ -196,7 +205,12 @@ class Intake:
         if not _due(self._copies_at, job):
             return []
         batch = self.settings.batch_size
-        copies = await self.store.copies(job, self.consumer, batch, gen=spec.generation)
+        # Only batches in flight longer than ours take (kept under the heartbeat's period,
+        # which resets an entry's idle time, so a stuck batch's entries always qualify).
+        late_ms = min(1000 * self._batch_s.get(job, 0.0), self.settings.claim_idle_ms / 4)
+        copies = await self.store.copies(
+            job, self.consumer, batch, gen=spec.generation, min_idle_ms=int(late_ms)
+        )
         rest = self.settings.poll_ms / 1000 if copies else NO_COPIES_REST_S
         self._copies_at[job] = _after(len(copies) == batch, rest)
         return [(eid, payload, 0) for eid, payload in copies]

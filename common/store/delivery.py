@@ -101,13 +101,15 @@ class Delivery(StoreBase):
         ]
 
     async def copies(
-        self, job: str, consumer: str, count: int, *, gen: str
+        self, job: str, consumer: str, count: int, *, gen: str, min_idle_ms: int = 0
     ) -> list[tuple[bytes, bytes]]:
         """Up to ``count`` entries other consumers hold, to run again as speculative copies
-        (see ``lua/copy.lua``): only at the job's tail, each entry once. Nothing is claimed."""
+        (see ``lua/copy.lua``): only at the job's tail, only entries in their hands for at
+        least ``min_idle_ms``, each entry once. Nothing is claimed."""
         keys = [self.keys.stream(job), self.keys.copies(job), self.keys.meta(job)]
+        args = [GROUP, consumer, count, gen, min_idle_ms]
         async with redis_errors(self.url, job):
-            flat = await self.scripts.copy(keys=keys, args=[GROUP, consumer, count, gen])
+            flat = await self.scripts.copy(keys=keys, args=args)
         return [(flat[i], flat[i + 1]) for i in range(0, len(flat), 2)]
 
     async def start(self, job: str, deaths: Mapping[bytes, int], *, gen: str) -> None:
