@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import subprocess
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from pathlib import Path
@@ -258,3 +259,33 @@ async def test_an_answer_asked_for_again_is_kept_the_hand_over_time_from_then(
     await store.put_tool_answer(cached, ToolAnswer(content="<page>"), 3 * HAND_OVER_S)
     assert await store.claim_tool(cached, 60) == ToolAnswer(content="<page>")
     assert await store.redis.pttl(store.keys.tool_answer(cached)) > HAND_OVER_S * 1000
+
+
+async def test_a_sibling_queues_worker_that_loses_redis_is_started_again(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """arq's poll loop dies of a connection lost mid-WATCH (a Redis Cluster primary killed):
+    the worker of a second tool's queue must come back, or that tool's calls wait for ever
+    (seen: an agent job stalled after a failover, its runner alive, its slow_add queue not)."""
+    from redis.exceptions import WatchError
+
+    from swarm_queue.worker import tools
+
+    monkeypatch.setattr(tools, "SIBLING_RESTART_S", 0.0)
+    made: list[object] = []
+
+    class _Fake:
+        def __init__(self) -> None:
+            self.tasks: dict[str, asyncio.Task[None]] = {}
+            self.pool = None
+            made.append(self)
+
+        async def main(self) -> None:
+            if len(made) < 3:
+                raise WatchError("A ConnectionError occurred on while watching one or more keys")
+
+    sibling = tools._Sibling("slow_add", _Fake)
+    with caplog.at_level(logging.WARNING, "swarm"):
+        await sibling.run()
+    assert len(made) == 3 and sibling.worker is made[-1]  # started twice more, then ran out
+    assert caplog.text.count("the slow_add queue's worker lost Redis (WatchError") == 2

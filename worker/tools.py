@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from arq.worker import Worker, func
+from redis.exceptions import RedisError
 
 from swarm_queue.common.arqconf import arq_connection, job_deserializer, job_serializer
 from swarm_queue.common.errors import ConfigError, StoreUnavailable
@@ -182,16 +183,14 @@ async def _startup(ctx: dict[str, Any]) -> None:
     runner = ToolRunner(settings, store)
     ctx.update(store=store, runner=runner)
     names = sorted(runner.tools)
-    siblings = [
-        Worker(
-            **_worker_args(settings, name),
-            handle_signals=False,
-            ctx={"settings": settings, "store": store, "runner": runner},
-        )
-        for name in names[1:]
-    ]
+    shared = {"settings": settings, "store": store, "runner": runner}
+
+    def sibling(name: str) -> Callable[[], Worker]:
+        return lambda: Worker(**_worker_args(settings, name), handle_signals=False, ctx=shared)
+
+    siblings = [_Sibling(name, sibling(name)) for name in names[1:]]
     ctx["siblings"] = siblings
-    ctx["sibling_tasks"] = [asyncio.create_task(w.main()) for w in siblings]
+    ctx["sibling_tasks"] = [asyncio.create_task(w.run()) for w in siblings]
     await store.serve_tools(runner.label, names, SERVE_TTL_MS)
     ctx["serving"] = asyncio.create_task(_serve(store, runner.label, names))
     log.info(
@@ -203,12 +202,43 @@ async def _startup(ctx: dict[str, Any]) -> None:
     )
 
 
+# A sibling worker that lost Redis is started again after this long.
+SIBLING_RESTART_S = 1.0
+
+
+class _Sibling:
+    """The arq worker of one more tool's queue, beside the one arq's command runs: started
+    again when its polling dies of Redis trouble (a primary killed in a failover, a restart),
+    which arq's poll loop does not survive, and which would otherwise leave that tool's calls
+    unanswered, said by nothing (seen: an agent job stalled after a Redis Cluster failover)."""
+
+    def __init__(self, name: str, make: Callable[[], Worker]) -> None:
+        self.name, self.make = name, make
+        self.worker = make()
+
+    async def run(self) -> None:
+        while True:
+            try:
+                await self.worker.main()
+                return
+            except (RedisError, OSError) as exc:
+                log.warning(
+                    "tool runner: the %s queue's worker lost Redis (%s: %s); starting it again",
+                    self.name,
+                    type(exc).__name__,
+                    exc,
+                )
+            await _close_worker(self.worker)
+            await asyncio.sleep(SIBLING_RESTART_S)
+            self.worker = self.make()
+
+
 async def _shutdown(ctx: dict[str, Any]) -> None:
     serving: asyncio.Task[None] | None = ctx.get("serving")
     if serving is not None:
         serving.cancel()
-    for worker, task in zip(ctx.get("siblings", []), ctx.get("sibling_tasks", []), strict=True):
-        await _stop_worker(worker, task)
+    for sibling, task in zip(ctx.get("siblings", []), ctx.get("sibling_tasks", []), strict=True):
+        await _stop_worker(sibling, task)
     store: JobStore | None = ctx.get("store")
     if store is not None:
         runner: ToolRunner = ctx["runner"]
@@ -217,18 +247,24 @@ async def _shutdown(ctx: dict[str, Any]) -> None:
         await store.close()
 
 
-async def _stop_worker(worker: Worker, task: asyncio.Task[None]) -> None:
+async def _stop_worker(sibling: _Sibling, task: asyncio.Task[None]) -> None:
     """Stop a sibling worker as arq stops its own on a signal: its polling ended, the calls
-    it runs cancelled (arq runs each again later, elsewhere), its connections closed. (Not
-    arq's ``Worker.close()``: it calls redis-py's deprecated ``close()``.)"""
+    it runs cancelled (arq runs each again later, elsewhere), its connections closed."""
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await task
+    await _close_worker(sibling.worker)
+
+
+async def _close_worker(worker: Worker) -> None:
+    """Cancel the calls ``worker`` runs and close its connections. (Not arq's
+    ``Worker.close()``: it calls redis-py's deprecated ``close()``.)"""
     for running in worker.tasks.values():
         running.cancel()
     await asyncio.gather(*worker.tasks.values(), return_exceptions=True)
     if worker.pool is not None:
-        await worker.pool.aclose()
+        with contextlib.suppress(RedisError, OSError):
+            await worker.pool.aclose()
 
 
 def tool_settings(settings: Settings) -> dict[str, Any]:
