@@ -223,12 +223,40 @@ def section(rows: list[Row], n: int, command: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+async def _pipeline_alone(n: int) -> None:
+    """swarm-queue's pipeline of ``n`` inputs alone: wall, first final answer, of capacity."""
+    questions = inputs(n)
+    fleet = new_fleet(len(SPEEDS), REAL, SPEEDS)
+    ideal = ideal_makespan(every_step_prompt(questions), MAX_TOKENS, fleet.configs())
+    with Bench() as bench:
+        fleet.start()
+        try:
+            got = await swarm_pipeline(bench.url, fleet.urls, questions)
+        finally:
+            fleet.stop()
+    print(
+        f"{n:,} inputs x 3 steps: wall {got['wall_s']:.2f} s, first final answer "
+        f"{got['first_s']:.2f} s, {got['answered']:,} through, {ideal / got['wall_s']:.1%} of "
+        "capacity"
+    )
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m bench.pipeline", description=__doc__)
     p.add_argument("--n", type=int, default=10_000)
-    p.add_argument("--aurora", type=Path, required=True, help="Aurora-Swarm's source tree")
+    p.add_argument("--aurora", type=Path, help="Aurora-Swarm's source tree")
     p.add_argument("--no-docs", action="store_true", help="print the section, leave the docs")
+    p.add_argument(
+        "--only-pipeline",
+        action="store_true",
+        help="run swarm-queue's pipeline alone and print its figures (no Aurora-Swarm, no docs)",
+    )
     args = p.parse_args(argv)
+    if args.only_pipeline:
+        asyncio.run(_pipeline_alone(args.n))
+        return
+    if args.aurora is None:
+        p.error("--aurora PATH is required (or --only-pipeline)")
     install_aurora(args.aurora)
     rows = asyncio.run(run(args.n))
     command = "python -m bench.pipeline --aurora PATH"
