@@ -15,6 +15,7 @@ from swarm_queue.common.errors import JobGoneError
 from swarm_queue.common.models import JobSpec
 from swarm_queue.common.store import CollectorStore, JobStatus
 from swarm_queue.flows.agents import AgentResult, agent_of
+from swarm_queue.producer.flowout import json_line
 from swarm_queue.producer.lines import LineSink
 from swarm_queue.producer.outfile import collect_rows_durably
 from swarm_queue.producer.stream import CollectReport, follow_rows, wait_for_job
@@ -24,12 +25,11 @@ __all__ = ["agent_line", "agents_as_finished", "collect_agents", "follow_agents"
 CHUNK = 1000
 
 _decoder = msgspec.msgpack.Decoder(AgentResult)
-_encoder = msgspec.json.Encoder()
 
 
-def agent_line(r: AgentResult) -> bytes:
+def agent_line(line: AgentResult) -> bytes:
     """One JSON line, newline included."""
-    return _encoder.encode(r) + b"\n"
+    return json_line(line)
 
 
 async def _agents(store: CollectorStore, job: str, start: int, count: int) -> list[AgentResult]:

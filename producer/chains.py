@@ -18,7 +18,7 @@ from swarm_queue.common.keys import step_name
 from swarm_queue.common.models import JobSpec, Result, Usage, result_or_failure
 from swarm_queue.common.store import CollectorStore
 from swarm_queue.flows.pipeline import link_of
-from swarm_queue.producer.flowout import follow_assembled
+from swarm_queue.producer.flowout import follow_assembled, json_line
 from swarm_queue.producer.lines import LineSink
 from swarm_queue.producer.outfile import collect_rows_durably
 from swarm_queue.producer.stream import CollectReport
@@ -75,12 +75,9 @@ class ChainLine(msgspec.Struct, frozen=True):
         return self.error is None
 
 
-_encoder = msgspec.json.Encoder()
-
-
 def chain_line(line: ChainLine) -> bytes:
     """One JSON line, newline included."""
-    return _encoder.encode(line) + b"\n"
+    return json_line(line)
 
 
 async def steps_of(store: CollectorStore, job: str) -> list[JobSpec]:
