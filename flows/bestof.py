@@ -311,7 +311,7 @@ class BestOfFlow(PipelineFlow):
         return settings.judge if settings is not None else None
 
     def key(self, source: JobSpec, origin: int) -> int:
-        return origin * _settings(source).n
+        return origin * self.settings_of(source, BestOf).n
 
     def runs(self, name: str, spec: JobSpec) -> bool:
         return True  # no function of the user's to run
@@ -319,7 +319,7 @@ class BestOfFlow(PipelineFlow):
     def moves(
         self, source: JobSpec, item: PromptItem, result: Result | None, index: int
     ) -> list[Move]:
-        settings = _settings(source)
+        settings = self.settings_of(source, BestOf)
         origin = item.origin if item.origin is not None else item.index
         keys = [origin * settings.n + k for k in range(settings.n)]
         if result is None or not result.ok:

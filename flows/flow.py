@@ -23,7 +23,9 @@ import logging
 import math
 import time
 from abc import ABC, abstractmethod
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, ClassVar, NamedTuple, TypeVar
+
+import msgspec
 
 from swarm_queue.common.errors import (
     BadRecordError,
@@ -41,6 +43,8 @@ from swarm_queue.flows.output import FlowOutput
 __all__ = ["BATCH", "LOCK_TTL_MS", "Flow", "Gauge"]
 
 log = logging.getLogger("swarm.pump")
+
+S = TypeVar("S")
 
 # How long a pump's hold on a unit of work outlives the pump: another takes over after it.
 LOCK_TTL_MS = 10_000
@@ -79,6 +83,8 @@ class Flow(ABC):
         self._specs: dict[str, JobSpec] = {}
         self._grouped: set[str] = set()
         self._refreshed_at = -math.inf
+        # Each job generation's flow settings, decoded once (not once per answer moved on).
+        self._settings: dict[tuple[str, str, type], object] = {}
 
     @abstractmethod
     async def find(self) -> dict[str, JobSpec]:
@@ -139,6 +145,15 @@ class Flow(ABC):
                 self.forget(spec.job)
                 self.forget(name)
         return did
+
+    def settings_of(self, spec: JobSpec, kind: type[S]) -> S:
+        """``spec``'s flow settings as ``kind`` (its FlowRef's, which only the flow reads),
+        decoded once a job generation."""
+        assert spec.flow is not None, spec.job
+        key = (spec.job, spec.generation, kind)
+        if key not in self._settings:
+            self._settings[key] = msgspec.convert(spec.flow.settings, kind)
+        return self._settings[key]  # type: ignore[return-value]
 
     async def spec(self, name: str) -> JobSpec:
         """Job ``name``'s spec, read once (:meth:`forget` reads it again)."""

@@ -19,7 +19,7 @@ from swarm_queue.common.store import FlowStore
 from swarm_queue.common.store.steps import Landed, Move
 from swarm_queue.common.vocab import Meta
 from swarm_queue.flows.flow import Flow
-from swarm_queue.flows.pipeline import KIND, Keep, link_of, next_item
+from swarm_queue.flows.pipeline import KIND, Keep, Link, link_of, next_item
 
 __all__ = ["PipelineFlow"]
 
@@ -71,8 +71,7 @@ class PipelineFlow(Flow):
     ) -> list[Move]:
         """What becomes of ``item``'s input at the next step, given its ``result`` at this
         one (None: gone from Redis): items numbered from ``index``, or dropped with why."""
-        link = link_of(source)
-        assert link is not None
+        link = self.settings_of(source, Link)
         origin = item.origin if item.origin is not None else item.index
         why: str | None = "its answer was not in Redis any more (collected with --evict?)"
         if result is not None and result.ok and result.text is not None:
