@@ -87,6 +87,11 @@ def inputs(n: int) -> list[dict[str, Any]]:
     return [{"n": i, "key": f"k{i % KEYS}"} for i in range(n)]
 
 
+# (t, each engine's running sequences, each engine's waiting ones, each turn's answers and
+# prompts queued, agents parked)
+Sample = tuple[float, list[float], list[float], list[tuple[int, int]], int]
+
+
 @dataclass
 class Timeline(Periodic):
     """Every ``SAMPLE_S``: each engine's running sequences, each turn's answers, agents
@@ -96,7 +101,7 @@ class Timeline(Periodic):
     store: JobStore
     turns: list[str]
     t0: float = field(default_factory=time.monotonic)
-    rows: list[tuple[float, list[float], list[int], int]] = field(default_factory=list)
+    rows: list[Sample] = field(default_factory=list)
     _task: asyncio.Task[None] | None = None
 
     async def _run(self) -> None:
@@ -104,34 +109,41 @@ class Timeline(Periodic):
             while True:
                 ms = await asyncio.gather(*(metrics(client, u) for u in self.urls))
                 running = [m.get("vllm:num_requests_running", 0.0) for m in ms]
-                done = []
+                waiting = [m.get("vllm:num_requests_waiting", 0.0) for m in ms]
+                done: list[tuple[int, int]] = []
                 for job in self.turns:
                     try:
                         s = await self.store.status(job, rate=False)
-                        done.append(s.done + s.failed)
+                        done.append((s.done + s.failed, s.enqueued))
                     except Exception:  # a turn's job not made yet
-                        done.append(0)
+                        done.append((0, 0))
                 parked = (await self.store.outcome_counts(self.turns[0])).parked
-                self.rows.append((time.monotonic() - self.t0, running, done, parked))
+                self.rows.append((time.monotonic() - self.t0, running, waiting, done, parked))
                 await asyncio.sleep(SAMPLE_S)
 
     def table(self) -> list[str]:
         """Per ``SHOWN_S`` (or a multiple of it: about 24 rows at most), each engine's mean
-        running sequences (of its 64), each turn's answers so far, agents parked on a tool."""
+        running sequences (of its 64) and, after a +, those waiting in it, each turn's answers so
+        far, agents parked on a tool."""
         end = self.rows[-1][0] if self.rows else 0.0
         step = SHOWN_S * max(1, math.ceil(end / SHOWN_S / 24))
-        turns = " | ".join(f"turn {k + 1} answered" for k in range(len(self.turns)))
+        turns = " | ".join(f"turn {k + 1} answered of queued" for k in range(len(self.turns)))
         engines = " | ".join(f"engine {i} ({s:g}) running" for i, s in enumerate(SPEEDS))
         out = [f"| t (s) | {engines} | {turns} | parked on the tool |"]
         out.append("| " + " | ".join(["---:"] * (2 + len(SPEEDS) + len(self.turns))) + " |")
-        bucket: list[tuple[float, list[float], list[int], int]] = []
+        bucket: list[Sample] = []
         edge = step
-        for row in [*self.rows, (float("inf"), [], [], 0)]:
+        for row in [*self.rows, (float("inf"), [], [], [], 0)]:
             if row[0] >= edge and bucket:
-                mean = [sum(r[1][i] for r in bucket) / len(bucket) for i in range(len(SPEEDS))]
+                run = [sum(r[1][i] for r in bucket) / len(bucket) for i in range(len(SPEEDS))]
+                wait = [sum(r[2][i] for r in bucket) / len(bucket) for i in range(len(SPEEDS))]
                 last = bucket[-1]
-                cells = [f"{edge:.1f}", *(f"{m:.0f}" for m in mean)]
-                cells += [f"{d:,}" for d in last[2]] + [f"{last[3]:,}"]
+                cells = [f"{edge:.1f}"]
+                cells += [
+                    f"{r:.0f}" + (f" +{w:.0f}" if w >= 0.5 else "")
+                    for r, w in zip(run, wait, strict=True)
+                ]
+                cells += [f"{d:,} of {q:,}" for d, q in last[3]] + [f"{last[4]:,}"]
                 out.append("| " + " | ".join(cells) + " |")
                 bucket = []
                 while row[0] >= edge and row[0] != float("inf"):
@@ -260,7 +272,8 @@ def section(got: dict[str, Any], n: int, turns: int, command: str) -> str:
         + ", ".join(f"{k} {v:.1f} s" for k, v in got["other_cpu_s"].items())
         + ".",
         "",
-        "Where the time goes (each engine's running sequences, mean over each interval; each "
+        "Where the time goes (each engine's running sequences and, after a +, those waiting "
+        "in it, means over each interval; each "
         "turn's answers and the agents parked on the tool at its end):",
         "",
         *got["timeline"],
