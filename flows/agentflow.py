@@ -17,6 +17,7 @@ agent job, by its lock; see :mod:`flows.flow`):
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import msgspec
@@ -82,6 +83,17 @@ class Waiting(msgspec.Struct, frozen=True):
 
 
 Onward = tuple[int, PromptItem, tuple[Message, ...], str]
+
+
+def _answers_of(
+    w: Waiting, got: Mapping[str, ToolAnswer | None], offered: list[str]
+) -> list[ToolAnswer | None]:
+    """The answers of a parked agent's calls as far as they are in: those it kept, those
+    ``got`` now (by key), and for a tool its job did not offer, the refusal."""
+    return [
+        a if a is not None else got.get(key) if key else not_offered(c.name, offered)
+        for (key, c), a in zip(w.calls, w.answers or [None] * len(w.calls), strict=True)
+    ]
 
 
 def _lane(r: Result | None) -> str:
@@ -348,9 +360,10 @@ class AgentFlow(Flow):
         now = await self.store.server_time()
         kept: dict[int, bytes] = {}
         tallies: dict[int, tuple[int, int]] = {}  # agent -> (tool runs, answers cut)
-        for origin, blob in parked.items():
-            w = _waiting_decoder.decode(blob)
-            answers = await self._answers_of(w, offered)
+        waits = {origin: _waiting_decoder.decode(blob) for origin, blob in parked.items()}
+        got = await self._answers_in(waits.values())
+        for origin, w in waits.items():
+            answers = _answers_of(w, got, offered)
             if any(a is None for a in answers):
                 why = await self._unserved(w, answers, now)
                 if why is not None:
@@ -415,23 +428,18 @@ class AgentFlow(Flow):
             out[origin] = _encoder.encode(state)
         return out
 
-    async def _answers_of(self, w: Waiting, offered: list[str]) -> list[ToolAnswer | None]:
-        """The answers of a parked agent's calls as far as they are in: those it kept, those
-        Redis has now (a call neither answered nor in hand asked again), and for a tool its
-        job did not offer, the refusal."""
-        have = w.answers or [None] * len(w.calls)
-        ask = [
-            (i, (key, c.name, c.arguments))
-            for i, ((key, c), a) in enumerate(zip(w.calls, have, strict=True))
+    async def _answers_in(self, waits: Iterable[Waiting]) -> dict[str, ToolAnswer | None]:
+        """The answers Redis has now of the calls parked agents still wait on, by key, each
+        call asked once however many agents wait on it (in two reads for all, not two for
+        each agent: a thousand agents park at once); one neither answered nor in hand is
+        asked for again."""
+        calls = {
+            key: (key, c.name, c.arguments)
+            for w in waits
+            for (key, c), a in zip(w.calls, w.answers or [None] * len(w.calls), strict=True)
             if key and a is None
-        ]
-        got = dict(
-            zip([i for i, _ in ask], await self.caller.answers([c for _, c in ask]), strict=True)
-        )
-        return [
-            a if a is not None else got.get(i) if key else not_offered(c.name, offered)
-            for i, ((key, c), a) in enumerate(zip(w.calls, have, strict=True))
-        ]
+        }
+        return dict(zip(calls, await self.caller.answers(list(calls.values())), strict=True))
 
     async def _unserved(
         self, w: Waiting, answers: list[ToolAnswer | None], now: float

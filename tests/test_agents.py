@@ -93,6 +93,44 @@ async def test_agents_take_their_turns_share_a_tool_call_and_answer_as_data(
     assert runs.count("fetch") == n  # each agent's own: once each
 
 
+async def test_the_answers_of_every_parked_agent_are_read_at_once_each_call_once(
+    runs_log: Path,
+    make_settings: Callable[..., Settings],
+    store: JobStore,
+    sim_fleet: Callable[..., SimFleet],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A round of the agents' flow asks Redis for the tool answers of all its parked agents
+    in one go, each call once however many agents wait on it: asked agent by agent, a
+    thousand agents parked at once kept the next turns waiting a second for the reads."""
+    from swarm_queue.flows.agentflow import AgentFlow
+    from swarm_queue.flows.toolcalls import ToolCaller
+
+    asked: list[list[str]] = []  # per round that found agents parked: the keys of each ask
+    unpark, answers = AgentFlow._unpark, ToolCaller.answers
+
+    async def one_round(self: AgentFlow, spec: JobSpec) -> bool:
+        asked.append([])
+        return await unpark(self, spec)
+
+    async def spied(self: ToolCaller, calls: Any) -> Any:
+        asked[-1].append(",".join(k for k, _, _ in calls))
+        return await answers(self, calls)
+
+    monkeypatch.setattr(AgentFlow, "_unpark", one_round)
+    monkeypatch.setattr(ToolCaller, "answers", spied)
+    await _queue_agents(store, "ag", 40)
+    async with sim_fleet(2, tool_parser="hermes") as fleet:
+        await run_engine(make_settings(), store, fleet.urls)
+    assert (await store.status("ag", rate=False)).done == 40
+    rounds = [keys for keys in asked if keys]
+    assert rounds and all(len(keys) == 1 for keys in rounds), rounds  # one ask a round
+    for (keys,) in rounds:
+        assert len(keys.split(",")) == len(set(keys.split(",")))  # each call once
+    # Rounds found many agents parked on the shared call and their own: asked together.
+    assert max(len(keys.split(",")) for (keys,) in rounds) > 2
+
+
 async def _queue_agents(store: JobStore, job: str, n: int) -> None:
     """``n`` agents of up to 3 turns, each calling slow_add (shared) and fetch (its own)."""
     tools = [tool_definition("slow_add"), tool_definition("fetch")]
