@@ -30,6 +30,7 @@ from swarm_queue.flows.agents import (
     enqueue_agents,
     tool_definition,
 )
+from swarm_queue.sim.engine import EngineConfig
 from swarm_queue.sim.server import SimFleet
 from swarm_queue.sim.tools import AUTO_REFUSED
 from tests.harness import AGENT_SCHEMA, AGENT_TASK, command, tool_runner
@@ -129,6 +130,40 @@ async def test_the_answers_of_every_parked_agent_are_read_at_once_each_call_once
         assert len(keys.split(",")) == len(set(keys.split(",")))  # each call once
     # Rounds found many agents parked on the shared call and their own: asked together.
     assert max(len(keys.split(",")) for (keys,) in rounds) > 2
+
+
+async def test_an_agent_goes_on_the_moment_its_turn_is_answered_not_with_its_batch(
+    make_settings: Callable[..., Settings],
+    store: JobStore,
+    sim_fleet: Callable[..., SimFleet],
+) -> None:
+    """A batch of chat turns is one request per prompt: each answer is committed (and its
+    agent moved on, here ended) as it comes, not once the batch's longest answer is in, or
+    every agent would wait on its batch's slowest at each turn."""
+    n = 32  # one batch
+    specs, _ = build_agents(
+        "ag", JobOptions(max_tokens=64), AgentSpec(max_turns=2), [tool_definition("fetch")],
+        source="test",
+    )  # fmt: skip
+    await enqueue_agents(store, specs, agent_prompts("Question {n}.", [{"n": i} for i in range(n)]))
+    seen: set[int] = set()
+
+    async def watch() -> None:
+        while True:
+            seen.add(len([r for r in await store.outcomes("ag", 0, n) if r is not None]))
+            await asyncio.sleep(0.005)
+
+    # 8 to 32 tokens an answer at 25 ms a step: the batch's answers spread over 0.6 s.
+    slow = EngineConfig(step_base_ms=25.0, step_per_seq_ms=0.0)
+    watcher = asyncio.create_task(watch())
+    try:
+        async with sim_fleet(1, slow, tool_parser="hermes") as fleet:
+            await run_engine(make_settings(batch_size=n), store, fleet.urls)
+    finally:
+        watcher.cancel()
+    assert (await store.status("ag", rate=False)).done == n
+    # Agents ended while others of their batch were still being answered.
+    assert [k for k in seen if 0 < k < n], sorted(seen)
 
 
 async def _queue_agents(store: JobStore, job: str, n: int) -> None:

@@ -168,16 +168,19 @@ class BatchRunner:
         model: str,
         tally: Tally,
         dim: int | None = None,
+        early: Callable[[Result], None] | None = None,
     ) -> list[Result]:
         """Results for ``items`` of ``spec``'s job in order, asked of ``model``; an embeddings
-        job's vectors of ``dim`` dimensions, when its first answer has fixed that."""
+        job's vectors of ``dim`` dimensions, when its first answer has fixed that. ``early``
+        is given each prompt's result the moment it is final, where a batch is one request per
+        prompt (chat)."""
         self.metrics.batch(spec.job, self.client.label, len(items))
         groups: dict[bytes, list[int]] = {}
         for i, item in enumerate(items):
             groups.setdefault(b"" if item.params is None else encode(item.params), []).append(i)
         if len(groups) == 1:
             params = items[0].params_in(spec)
-            return await self._complete(spec, model, items, params, 0, tally, dim)
+            return await self._complete(spec, model, items, params, 0, tally, dim, early)
         parts = await asyncio.gather(
             *(
                 self._complete(
@@ -188,6 +191,7 @@ class BatchRunner:
                     0,
                     tally,
                     dim,
+                    early,
                 )
                 for idx in groups.values()
             )
@@ -265,6 +269,7 @@ class BatchRunner:
         prior: int,
         tally: Tally,
         dim: int | None = None,
+        early: Callable[[Result], None] | None = None,
     ) -> list[Result]:
         """Results for ``items`` (all sent with ``params``) in order; bisects a rejected list
         to isolate the bad prompts; asks again for choices the server left out."""
@@ -272,7 +277,7 @@ class BatchRunner:
             return await self._embed(spec, model, items, prior, tally, dim)
         requests = [render(spec, it) for it in items]
         if requests[0].route == Route.CHAT:
-            return await self._chat(spec, model, items, requests, prior, tally)
+            return await self._chat(spec, model, items, requests, prior, tally, early)
         prompts = [r.text or "" for r in requests]
         # Every sample is a sequence of its own to the engine.
         timeout = self.settings.request_timeout_for(len(items) * (params.n or 1), params.max_tokens)
@@ -425,9 +430,11 @@ class BatchRunner:
         requests: list[Request],
         prior: int,
         tally: Tally,
+        early: Callable[[Result], None] | None = None,
     ) -> list[Result]:
         """A batch of a chat job: one chat request per prompt, all in flight at once (chat
-        has no list form); a rejected prompt fails alone."""
+        has no list form); a rejected prompt fails alone. Each result goes to ``early`` the
+        moment it is final."""
 
         async def one(item: PromptItem, request: Request) -> Result:
             messages, params, tools = request.messages or [], request.params, request.tools
@@ -497,8 +504,14 @@ class BatchRunner:
                 samples=[c.message.content or "" for c in body.choices] if n > 1 else None,
             )
 
+        async def told(item: PromptItem, request: Request) -> Result:
+            result = await one(item, request)
+            if early is not None:
+                early(result)
+            return result
+
         return list(
-            await asyncio.gather(*(one(it, r) for it, r in zip(items, requests, strict=True)))
+            await asyncio.gather(*(told(it, r) for it, r in zip(items, requests, strict=True)))
         )
 
     def _map_choices(

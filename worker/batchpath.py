@@ -37,6 +37,7 @@ from swarm_queue.worker.cache import AnswerCache
 from swarm_queue.worker.circuit import Circuit, GiveUp
 from swarm_queue.worker.context import DrainContext
 from swarm_queue.worker.deliveries import Decoded, Finished, Triage, dead_letters, decode_deliveries
+from swarm_queue.worker.early import EarlyCommits
 from swarm_queue.worker.figures import EndpointFigures
 from swarm_queue.worker.inflight import Cancelled, InFlight, Request
 from swarm_queue.worker.intake import Delivery, Intake
@@ -85,6 +86,32 @@ def _left_out(
         else:
             kept.append((d, r))
     return [d for d, _ in kept], [r for _, r in kept], left
+
+
+def _settled(
+    items: list[Decoded],
+    sent: list[Result],
+    keys: list[str | None],
+    shape: Callable[[Result], Result],
+    early: EarlyCommits | None,
+) -> tuple[list[tuple[Decoded, Result]], list[Unanswered], list[str | None], list[Result]]:
+    """A batch's answers once its request is done: ``(rest, left_out, keys, answers)``, the
+    items still to commit with their shaped results (none of those ``early`` committed), the
+    prompts the endpoint kept leaving out, and the cache's keys with the answers they keep."""
+    if early is not None and early.shaped:  # chat: none left out, those come early shaped
+        answers = [early.shaped.get(d[0]) or shape(r) for d, r in zip(items, sent, strict=True)]
+        rest = [(d, a) for d, a in zip(items, answers, strict=True) if d[0] not in early.ids]
+        return rest, [], keys, answers
+    if not keys:
+        kept, sent, left_out = _left_out(items, sent)
+        answers = [shape(r) for r in sent]
+        return list(zip(kept, answers, strict=True)), left_out, [], answers
+    kept_keys = [
+        k for k, r in zip(keys, sent, strict=True) if r.error_kind != FailureKind.NO_CHOICE
+    ]
+    kept, sent, left_out = _left_out(items, sent)
+    answers = [shape(r) for r in sent]
+    return list(zip(kept, answers, strict=True)), left_out, kept_keys, answers
 
 
 class BatchPath:
@@ -171,7 +198,8 @@ class BatchPath:
         """Complete one batch and commit it, in steps: answers from the cache, the request for
         the rest, the commit, the answers kept. On giving up, the batch is released to other
         workers. A ``copy`` is not marked as running (its run is no entry's death) and
-        preempts nothing."""
+        preempts nothing. A flow's chat batch commits each answer as it comes
+        (:class:`~worker.early.EarlyCommits`): its next step need not wait for the batch."""
         ids = [eid for eid, _, _ in deliveries]
         items, results = decode_deliveries(deliveries, self.client.label)
         validator = validator_of(spec.schema)
@@ -179,45 +207,96 @@ class BatchPath:
         if items and spec.cache:
             hits, items, keys = await self.cache.answered(spec, items)
             results += [(e, validator.checked(r) if validator else r, p) for e, r, p in hits]
-        tally = Tally()
-        sent: list[Result] = []
-        if items:
-            try:
-                sent = await self._send(spec, deliveries, items, tally, copy=copy)
-            except (GiveUp, EndpointUnusable, ModelNotServed) as exc:
-                cause = exc.cause if isinstance(exc, GiveUp) else exc
-                if isinstance(cause, EndpointMalformed) and copy:
-                    self.circuit.trip(cause)  # a copy's prompts are their holder's to answer
-                    return
-                if isinstance(cause, EndpointMalformed):
-                    # It answers, but unusably: its prompts go elsewhere, or fail if none can.
-                    why = str(cause)
-                    unanswered = [Unanswered(d, why, FailureKind.MALFORMED) for d in items]
-                    results = await self._given_back(spec, results, unanswered)
-                    if results:
-                        self._count(spec.job, await self._commit(spec, results))
-                    self.circuit.trip(cause)
-                    return
-                await self._release(spec, ids, cause, self.served.model_for(spec))
-                return
-            except _Dropped:
-                return
-            items, sent, left_out = _left_out(items, sent)
-            if left_out and not copy:  # choices it kept leaving out: another endpoint's to try
-                results = await self._given_back(spec, results, left_out)
-            if spec.per_prompt is not None:
-                sent = [answered(spec, r) for r in sent]
-            if validator is not None:
-                sent = [validator.checked(r) for r in sent]
-            results += [(eid, r, payload) for (eid, payload, _), r in zip(items, sent, strict=True)]
-        # Shielded: once results exist, finishing the (atomic) commit beats redoing them.
-        commit = await self._commit(spec, results, tally.prompt_tokens, tally.completion_tokens)
-        self._count(spec.job, commit)
-        if keys and sent:
-            await self.cache.keep(keys, sent)
+
+        def shape(r: Result) -> Result:
+            r = answered(spec, r) if spec.per_prompt is not None else r
+            return validator.checked(r) if validator is not None else r
+
+        def committed(commit: Commit) -> None:
+            self._count(spec.job, commit)
+            if copy:
+                self.figures.copies_won += commit.done + commit.failed
+
+        early = self._early(spec, items, shape, committed)
         if copy:
             self.figures.copied += len(ids)
-            self.figures.copies_won += commit.done + commit.failed
+        tally = Tally()
+        answers: list[Result] = []  # shaped, in the order of ``items``, for the cache
+        if items:
+            try:
+                sent = await self._send(spec, deliveries, items, tally, copy=copy, early=early)
+            except (GiveUp, EndpointUnusable, ModelNotServed) as exc:
+                await self._gave_up(spec, ids, items, results, exc, copy=copy, early=early)
+                return
+            except _Dropped:
+                if early is not None:
+                    await early.settle()
+                return
+            if early is not None:
+                await early.settle()
+                tally.prompt_tokens -= early.prompt_tokens
+                tally.completion_tokens -= early.completion_tokens
+            rest, left_out, keys, answers = _settled(items, sent, keys, shape, early)
+            if left_out and not copy:  # choices it kept leaving out: another endpoint's to try
+                results = await self._given_back(spec, results, left_out)
+            results += [(eid, r, payload) for (eid, payload, _), r in rest]
+        if results or early is None:
+            # Shielded: once results exist, finishing the (atomic) commit beats redoing them.
+            commit = await self._commit(spec, results, tally.prompt_tokens, tally.completion_tokens)
+            committed(commit)
+        if keys and answers:
+            await self.cache.keep(keys, answers)
+
+    def _early(
+        self,
+        spec: JobSpec,
+        items: list[Decoded],
+        shape: Callable[[Result], Result],
+        committed: Callable[[Commit], None],
+    ) -> EarlyCommits | None:
+        """Early commits for a batch of a job whose answers move on (None for any other)."""
+        if not items or spec.flow is None:
+            return None
+
+        async def commit_part(part: list[Finished], prompt: int, completion: int) -> Commit:
+            return await self._commit(spec, part, prompt, completion)
+
+        return EarlyCommits(items, commit_part, shape, committed)
+
+    async def _gave_up(
+        self,
+        spec: JobSpec,
+        ids: list[bytes],
+        items: list[Decoded],
+        results: list[Finished],
+        exc: GiveUp | EndpointUnusable | ModelNotServed,
+        *,
+        copy: bool,
+        early: EarlyCommits | None,
+    ) -> None:
+        """This endpoint will not finish the batch: an unusable answer's prompts go to other
+        endpoints (or fail if none can take them), anything else is released to them. What was
+        answered and committed meanwhile stays answered."""
+        if early is not None:
+            await early.settle()
+        cause = exc.cause if isinstance(exc, GiveUp) else exc
+        if isinstance(cause, EndpointMalformed) and copy:
+            self.circuit.trip(cause)  # a copy's prompts are their holder's to answer
+            return
+        if isinstance(cause, EndpointMalformed):
+            # It answers, but unusably: its prompts go elsewhere, or fail if none can.
+            why = str(cause)
+            unanswered = [
+                Unanswered(d, why, FailureKind.MALFORMED)
+                for d in items
+                if early is None or d[0] not in early.ids
+            ]
+            results = await self._given_back(spec, results, unanswered)
+            if results:
+                self._count(spec.job, await self._commit(spec, results))
+            self.circuit.trip(cause)
+            return
+        await self._release(spec, ids, cause, self.served.model_for(spec))
 
     async def _takers(self, spec: JobSpec) -> int:
         """How many other endpoints may take work of ``spec``'s job now: this worker's own,
@@ -299,6 +378,7 @@ class BatchPath:
         tally: Tally,
         *,
         copy: bool,
+        early: EarlyCommits | None = None,
     ) -> list[Result]:
         """The endpoint's results for ``items``, in order: marked running (unless a copy),
         a lower batch preempted, then one request. :class:`_Dropped` when it was cancelled on
@@ -317,7 +397,14 @@ class BatchPath:
             self.figures.job(job, time.monotonic()).model = model
             dim = await self._dim(spec)
             request = self.inflight.start(
-                self.runner.run(spec, [it for _, _, it in items], model, tally, dim),
+                self.runner.run(
+                    spec,
+                    [it for _, _, it in items],
+                    model,
+                    tally,
+                    dim,
+                    early.add if early is not None else None,
+                ),
                 spec.priority,
                 job,
                 spec.family,
