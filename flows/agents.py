@@ -1,9 +1,11 @@
 """Agents on the fleet: each input a conversation of turns, each turn one unit of queue work.
 
 An agent job ``a`` is its agents' first turns; its later turns are jobs of their own,
-``a:s1``, ``a:s2``... (one per turn, up to ``max_turns``), each one priority above the turn
-before, so an agent near its end goes before a fresh one. A turn's answer, the moment it is
-committed, is taken by the agents' flow (:mod:`flows.agentflow`), which every worker runs:
+``a:s1``, ``a:s2``... (one per turn, up to ``max_turns``), all of the agent job's priority;
+a worker serves an agent job's earlier turns before its later ones
+(:func:`worker.intake.service_order`), so no agent's first turn is left for the end. A turn's
+answer, the moment it is committed, is taken by the agents' flow (:mod:`flows.agentflow`),
+which every worker runs:
 
 * tool calls: asked of the tool runners (:mod:`flows.toolcalls`), and the agent parked until
   every answer is in. A parked agent is in no queue and holds no slot of any endpoint; once
@@ -169,7 +171,7 @@ def build_agents(
     source: str,
 ) -> tuple[list[JobSpec], list[str]]:
     """The specs of agent job ``job`` and of its later turns (``job:s1``...): chat with the
-    tools offered, each turn one priority above the one before (near-done first)."""
+    tools offered, every turn of the job's priority."""
     if not 1 <= agent.max_turns < MAX_STEPS:
         raise ConfigError(f"max_turns must be 1..{MAX_STEPS - 1}, got {agent.max_turns}")
     if agent.max_repairs < 0:
@@ -213,7 +215,7 @@ def build_agents(
             msgspec.structs.replace(
                 turn,
                 job=step_name(job, k),
-                priority=spec.priority + k,
+                priority=spec.priority,
                 request=Chat(
                     tools=tools or None, tool_choice="none" if forced and k == last else choice
                 ),

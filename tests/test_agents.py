@@ -75,7 +75,8 @@ async def test_agents_take_their_turns_share_a_tool_call_and_answer_as_data(
         tools,
         source="test",
     )
-    assert [(s.job, s.priority) for s in specs] == [("ag", 0), ("ag:s1", 1), ("ag:s2", 2)]
+    # Every turn of the job's priority: the service order puts earlier turns first.
+    assert [(s.job, s.priority) for s in specs] == [("ag", 0), ("ag:s1", 0), ("ag:s2", 0)]
     inputs = [{"n": i, "custom_id": f"paper-{i}"} for i in range(n)]
     await enqueue_agents(store, specs, agent_prompts(TASK, inputs, system="Be exact."))
     async with sim_fleet(2, tool_parser="hermes") as fleet:

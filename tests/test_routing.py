@@ -21,7 +21,7 @@ from swarm_queue.sim.server import SimFleet
 from swarm_queue.sim.text import completion_for
 from swarm_queue.worker.endpoint import EndpointClient
 from swarm_queue.worker.engine import Engine
-from swarm_queue.worker.intake import service_order
+from swarm_queue.worker.intake import Queued, service_order
 from tests.helpers import collect_lines, prompts, run_engine, serve, spec
 
 
@@ -102,6 +102,22 @@ def test_service_order_puts_every_higher_priority_job_first_and_rotates_equals()
     assert service_order(jobs, 0) == ["urgent", "urgent2", "mid", "big", "other"]
     assert service_order(jobs, 1) == ["urgent2", "urgent", "mid", "other", "big"]
     assert service_order([], 3) == []
+
+
+def test_service_order_puts_an_agent_jobs_earlier_turns_before_its_later_ones() -> None:
+    """An agent job's turns share one turn of the rotation, earliest first (an agent whose
+    first turn is left for the end ends last, the engines idle meanwhile); a pipeline's
+    steps (not laned) are units of their own, as any job."""
+    jobs = [
+        Queued("ag:s2", 0, "ag", 2),
+        Queued("pipe:s1", 0, "", 1),
+        Queued("ag:s1", 0, "ag", 1),
+        Queued("ag", 0, "", 0),
+        Queued("pipe", 0, "", 0),
+    ]
+    assert service_order(jobs, 0) == ["ag", "ag:s1", "ag:s2", "pipe:s1", "pipe"]
+    assert service_order(jobs, 1) == ["pipe:s1", "pipe", "ag", "ag:s1", "ag:s2"]
+    assert service_order(jobs, 2) == ["pipe", "ag", "ag:s1", "ag:s2", "pipe:s1"]
 
 
 async def test_a_higher_priority_job_takes_every_free_slot_while_it_has_work(

@@ -34,7 +34,7 @@ from swarm_queue.worker.circuit import Circuit
 from swarm_queue.worker.context import DrainContext
 from swarm_queue.worker.figures import EndpointFigures
 from swarm_queue.worker.inflight import InFlight
-from swarm_queue.worker.intake import Intake, Taken, service_order
+from swarm_queue.worker.intake import Intake, Taken, queued, service_order
 from swarm_queue.worker.lookout import Lookout
 from swarm_queue.worker.probe import probe_endpoint
 from swarm_queue.worker.served import ServedModels
@@ -282,7 +282,7 @@ class EndpointDrainer:
             for job, spec in list(self.engine.jobs.items())
             if self.serves(spec) and (top is None or spec.priority >= top)
         }
-        jobs = service_order([(job, spec.priority) for job, spec in specs.items()], self._rr)
+        jobs = service_order([queued(spec) for spec in specs.values()], self._rr)
         self._rr += 1
         return await self.intake.next([specs[j] for j in jobs], block_ms, idle=not self.inflight)
 

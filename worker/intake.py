@@ -25,7 +25,7 @@ from swarm_queue.common.models import JobSpec
 from swarm_queue.common.settings import Settings
 from swarm_queue.common.store import WorkerStore
 
-__all__ = ["Delivery", "Intake", "Taken", "service_order"]
+__all__ = ["Delivery", "Intake", "Queued", "Taken", "queued", "service_order"]
 
 # After a look for speculative copies of a job found none, the next is this much later: at a
 # job's tail the entries still held are copied once each, so an empty look stays empty until
@@ -52,15 +52,40 @@ class Taken(NamedTuple):
         return self.spec.job
 
 
-def service_order(jobs: list[tuple[str, int]], turn: int) -> list[str]:
-    """The order in which to look for work among ``(job, priority)``: every job of a higher
-    priority before any of a lower one (so while an urgent job has work, it gets every free
-    slot), and jobs of equal priority rotated by ``turn`` (a fair share among them)."""
+class Queued(NamedTuple):
+    """A job as the service order weighs it: its priority, and the unit it shares a turn in
+    (an agent's later turns share their agent job's; "": a unit of its own), at its ``step``."""
+
+    job: str
+    priority: int
+    unit: str = ""
+    step: int = 0
+
+
+def queued(spec: JobSpec) -> Queued:
+    """How the service order weighs ``spec``'s job: an agent's later turn (laned) goes in its
+    agent job's unit, each turn after the one before."""
+    return Queued(spec.job, spec.priority, spec.family if spec.laned else "", spec.step)
+
+
+def service_order(jobs: list[tuple[str, int]] | list[Queued], turn: int) -> list[str]:
+    """The order in which to look for work: every job of a higher priority before any of a
+    lower one (so while an urgent job has work, it gets every free slot), and units of equal
+    priority rotated by ``turn`` (a fair share among them). In an agent job's unit, earlier
+    turns go first: an agent whose first turn is served last ends last, after its tool and
+    its later turns, with the engines idle meanwhile; earlier turns first leave the later
+    turns of the agents answered before to fill them."""
+    weighed = [Queued(*j) for j in jobs]
     out: list[str] = []
-    for level in sorted({p for _, p in jobs}, reverse=True):
-        names = [j for j, p in jobs if p == level]
+    for level in sorted({q.priority for q in weighed}, reverse=True):
+        units: dict[str, list[Queued]] = {}
+        for q in weighed:
+            if q.priority == level:
+                units.setdefault(q.unit or q.job, []).append(q)
+        names = list(units)
         start = turn % len(names)
-        out += names[start:] + names[:start]
+        for name in names[start:] + names[:start]:
+            out += [q.job for q in sorted(units[name], key=lambda q: q.step)]
     return out
 
 
