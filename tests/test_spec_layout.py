@@ -40,6 +40,9 @@ def _today() -> dict[str, JobSpec]:
     agents, _ = build_agents(
         "a", JobOptions(max_tokens=8, model="m"), agent, [tool_definition("fetch")], source="t"
     )
+    # Stored when each turn was one priority above the one before (today all are the job's):
+    # such a job runs on as it was queued.
+    agents = [msgspec.structs.replace(s, priority=s.step) for s in agents]
     specs = [
         JobSpec(job="plain", model="m", request=Completion(template="<s>{prompt}")),
         JobSpec(job="c", request=Chat(template="Q: {prompt}")),
