@@ -214,7 +214,7 @@ class AgentFlow(Flow):
         offered = offered_tools(spec)
         now = await self.store.server_time()
         finished: dict[int, bytes] = {}
-        parked: dict[int, bytes] = {}
+        asking: list[tuple[int, Waiting]] = []  # agents parking, their calls' keys still ""
         onward: list[Onward] = []
         new_states: dict[int, bytes] = {}
         for x, item, origin, raw, blob in zip(landed, items, origins, raws, states, strict=True):
@@ -231,20 +231,36 @@ class AgentFlow(Flow):
                 # Only a tool the job offered is ever asked of a runner: a model may name any
                 # tool (a prompt injection another team's), and a runner allows more than this
                 # job was given.
-                calls = [
-                    (await self.caller.ask(c.name, c.arguments) if c.name in offered else "", c)
-                    for c in r.tool_calls
-                ]
+                calls = [("", c) for c in r.tool_calls]
                 state.tool_calls += len(calls)
-                parked[origin] = _encoder.encode(Waiting(k, item, calls, _lane(r), now))
+                asking.append((origin, Waiting(k, item, calls, _lane(r), now)))
             elif repair is not None:
                 state.repairs += 1
                 onward.append((origin, item, repair, _lane(r)))
             new_states[origin] = _encoder.encode(state)
+        parked = await self._asked(asking, offered)
         await self.store.record_outcomes(
             spec.job, gen=spec.generation, states=new_states, waits=parked, results=finished
         )
         await self._onward(spec, k, onward, [x.entry_id for x in landed], repairs=True)
+
+    async def _asked(
+        self, asking: list[tuple[int, Waiting]], offered: list[str]
+    ) -> dict[int, bytes]:
+        """The parking agents' calls asked of the runners, all at once, each with its key.
+        Only a tool the job offered is ever asked of a runner (a model may name any tool, a
+        prompt injection another team's, and a runner allows more than this job was given):
+        another's key stays "" and its answer is the refusal."""
+        wanted = [c for _, w in asking for _, c in w.calls if c.name in offered]
+        keys = iter(await self.caller.ask_all([(c.name, c.arguments) for c in wanted]))
+        return {
+            origin: _encoder.encode(
+                msgspec.structs.replace(
+                    w, calls=[(next(keys) if c.name in offered else "", c) for _, c in w.calls]
+                )
+            )
+            for origin, w in asking
+        }
 
     def _outcome(
         self,

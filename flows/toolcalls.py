@@ -4,6 +4,7 @@ while others who ask the same wait for that one answer (see :mod:`common.tools`)
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Sequence
 
@@ -27,9 +28,20 @@ class ToolCaller:
 
     async def ask(self, name: str, arguments: str) -> str:
         """Ask for a call; returns its key, to look its answer up with :meth:`answers`."""
-        key = tool_key(name, arguments)
-        await self._start(key, name, arguments)
-        return key
+        return (await self.ask_all([(name, arguments)]))[0]
+
+    async def ask_all(self, calls: Sequence[tuple[str, str]]) -> list[str]:
+        """Ask for ``calls`` (``(name, arguments)``) at once; returns their keys in order. Each
+        distinct call is claimed once, all of them together (a round of an agents' flow asks
+        for hundreds: one after another, they held the next turns back); the repeats share
+        its run."""
+        keys = [tool_key(name, arguments) for name, arguments in calls]
+        distinct = dict(zip(keys, calls, strict=True))
+        await asyncio.gather(*(self._start(k, *call) for k, call in distinct.items()))
+        if repeats := len(keys) - len(distinct):
+            self.shared += repeats
+            await self.store.count_tools("shared", repeats)
+        return keys
 
     async def _start(
         self, key: str, name: str, arguments: str, again: bool = False

@@ -68,6 +68,23 @@ async def _all_answered(
     return await caller.answers(calls)
 
 
+async def test_calls_asked_together_claim_each_distinct_call_once(caller: ToolCaller) -> None:
+    """A round of agents asks its calls together: a call asked by many is claimed and queued
+    once, the repeats counted as sharing its run, the keys given back in the order asked."""
+    add, other = '{"a": 1, "b": 2}', '{"url": "doi:1"}'
+    calls = [("slow_add", add), ("fetch", other), ("slow_add", add), ("slow_add", add)]
+    keys = await caller.ask_all(calls)
+    assert keys == [tool_key(n, a) for n, a in calls] and len(set(keys)) == 2
+    assert (caller.queued, caller.shared) == (2, 2)
+    store = caller.store
+    assert await store.tool_stats() == {"queued": 2, "shared": 2}
+    assert await store.tool_queued(["slow_add", "fetch"]) == {"slow_add": 1, "fetch": 1}
+    # Asked again while held: nothing queued again, each a share.
+    assert await caller.ask_all(calls[:2]) == keys[:2]
+    assert (caller.queued, caller.shared) == (2, 4)
+    assert await store.tool_queued(["slow_add", "fetch"]) == {"slow_add": 1, "fetch": 1}
+
+
 async def test_tool_calls_run_once_and_fail_as_answers(
     runner: tuple[Path, subprocess.Popen[bytes]], caller: ToolCaller
 ) -> None:
