@@ -51,18 +51,10 @@ from bench.harness import (
     wait_workers_ready,
 )
 from bench.versus import with_section
-from swarm_queue.common.jobspec import JobOptions
 from swarm_queue.common.keys import step_name
 from swarm_queue.common.models import decode_result
 from swarm_queue.common.settings import Settings
 from swarm_queue.common.store import JobStore
-from swarm_queue.flows.agents import (
-    AgentSpec,
-    agent_prompts,
-    build_agents,
-    enqueue_agents,
-    tool_definition,
-)
 from swarm_queue.producer.agentout import follow_agents
 from swarm_queue.sim.engine import EngineConfig
 
@@ -166,6 +158,57 @@ async def _kept_tokens(store: JobStore, turns: list[str]) -> tuple[int, int]:
     return tokens, answers
 
 
+# The agents' producer, run with the code of the side measured (an agent job's specs are
+# built by the producer: a change to them must count on its side, not on both), ready
+# before the clock starts: it queues the agents when told "go" and says "done".
+_PRODUCE = """
+import asyncio, json, os, sys
+from swarm_queue.common.jobspec import JobOptions
+from swarm_queue.common.settings import Settings
+from swarm_queue.common.store import JobStore
+from swarm_queue.flows.agents import (
+    AgentSpec, agent_prompts, build_agents, enqueue_agents, tool_definition,
+)
+n, turns, task = json.loads(sys.argv[1])
+async def main():
+    url = os.environ["SWARM_REDIS_URL"]
+    store = JobStore.from_settings(Settings(redis_url=url, prefix="speed"))
+    specs, _ = build_agents(
+        "ag", JobOptions(max_tokens=64), AgentSpec(max_turns=turns),
+        [tool_definition("lookup")], source="bench",
+    )
+    inputs = [{"n": i, "key": f"k{i % KEYS}"} for i in range(n)]
+    print("ready", flush=True)
+    sys.stdin.readline()
+    await enqueue_agents(store, specs, agent_prompts(task, inputs))
+    await store.close()
+    print("done", flush=True)
+asyncio.run(main())
+"""
+
+
+class _Producer:
+    """The agents' producer process of one side, started and ready."""
+
+    def __init__(self, env: dict[str, str], code: Path | None, n: int, turns: int) -> None:
+        source = _PRODUCE.replace("KEYS", str(KEYS))
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", source, json.dumps([n, turns, task(turns)])],
+            cwd=code or ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+            env=env if code is None else {**env, "PYTHONPATH": f"{code}:{ROOT}"},
+        )  # fmt: skip
+        assert self.proc.stdout is not None and self.proc.stdout.readline().strip() == "ready"
+
+    async def go(self) -> None:
+        """Queue the agents; returns once they are queued."""
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write("go\n")
+        self.proc.stdin.flush()
+        said = await asyncio.to_thread(self.proc.stdout.readline)
+        assert said.strip() == "done", f"the producer said {said!r}"
+        self.proc.wait(timeout=30)
+
+
 async def run(n: int, turns: int, code: Path | None = None) -> dict[str, Any]:
     with Bench() as bench:
         fleet = new_fleet(len(SPEEDS), ENGINE, SPEEDS).start(*TOOL_PARSER)
@@ -195,18 +238,15 @@ async def run(n: int, turns: int, code: Path | None = None) -> dict[str, Any]:
         names = [step_name("ag", k) for k in range(turns)]
         try:
             await wait_workers_ready(store, len(fleet.urls))
-            specs, _ = build_agents(
-                "ag", JobOptions(max_tokens=64), AgentSpec(max_turns=turns),
-                [tool_definition("lookup")], source="bench",
-            )  # fmt: skip
             others = {"swarm-sim": fleet.proc, "tool runner": runner, "Redis": bench.redis.proc}
             pids = {k: v.pid for k, v in others.items() if v is not None}
             cpu0 = sum(cpu_s(p.pid) for p in workers.procs)
             other0 = {k: cpu_s(pid) for k, pid in pids.items()}
+            producer = _Producer(env, code, n, turns)
             timeline = Timeline(fleet.urls, store, names)
             t0 = time.monotonic()
             timeline.start()
-            await enqueue_agents(store, specs, agent_prompts(task(turns), inputs(n)))
+            await producer.go()
             ok = 0
             async for chunk in follow_agents(store, "ag", wait=True, poll_s=0.02):
                 ok += sum(1 for r in chunk if r.ok)
