@@ -75,6 +75,8 @@ def service_order(jobs: list[tuple[str, int]] | list[Queued], turn: int) -> list
     turns go first: an agent whose first turn is served last ends last, after its tool and
     its later turns, with the engines idle meanwhile; earlier turns first leave the later
     turns of the agents answered before to fill them."""
+    if len(jobs) == 1:  # most steps of most workers: nothing to weigh
+        return [jobs[0][0]]
     weighed = [Queued(*j) for j in jobs]
     out: list[str] = []
     for level in sorted({q.priority for q in weighed}, reverse=True):
