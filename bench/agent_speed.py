@@ -393,9 +393,9 @@ def main(argv: list[str] | None = None) -> None:
             ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
         ).stdout.strip()
         text += (
-            f"\n{rev} against {args.before}, the producer, workers and tool runner of each run alternately "
-            f"(medians of {args.rounds} rounds each; the table and timeline above are one more "
-            "run of this checkout's):\n\n" + "\n".join(compared) + "\n"
+            f"\n{rev} against {args.before}, the producer, workers and tool runner of each run "
+            f"alternately (medians of {args.rounds} rounds each; the table and timeline above "
+            "are one more run of this checkout's):\n\n" + "\n".join(compared) + "\n"
         )
     print(text)
     if not args.no_docs:
