@@ -12,7 +12,6 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from typing import NamedTuple
 
 from swarm_queue.common.errors import (
     BadRecordError,
@@ -31,6 +30,7 @@ from swarm_queue.common.schema import validator_of
 from swarm_queue.common.store import Commit
 from swarm_queue.common.throttle import Throttled
 from swarm_queue.common.vocab import FailureKind
+from swarm_queue.worker.answers import Unanswered, settled
 from swarm_queue.worker.backend import Backend
 from swarm_queue.worker.batch import EMBEDDINGS, BatchRunner, Tally
 from swarm_queue.worker.cache import AnswerCache
@@ -58,60 +58,10 @@ class _Dropped(Exception):
     its batch is released, nothing to commit."""
 
 
-class Unanswered(NamedTuple):
-    """A prompt an endpoint could not answer usably: its delivery, why, and the kind it
-    fails with if no other endpoint can take it."""
-
-    decoded: Decoded
-    why: str
-    kind: FailureKind
-    attempts: int = 0  # the requests that carried it here, where known
-
-
 def keeps_vectors(spec: JobSpec) -> bool:
     """Whether ``spec``'s job keeps its vectors (an embeddings job, not a measure's step,
     whose vectors are measured together and dropped): all of one dimension."""
     return spec.embed and spec.per_prompt is None
-
-
-def _left_out(
-    items: list[Decoded], sent: list[Result]
-) -> tuple[list[Decoded], list[Result], list[Unanswered]]:
-    """``items`` and their results without those the endpoint kept leaving out (kind
-    ``no_choice``), and those apart."""
-    kept, left = [], []
-    for d, r in zip(items, sent, strict=True):
-        if r.error_kind == FailureKind.NO_CHOICE:
-            left.append(Unanswered(d, r.error or "", FailureKind.NO_CHOICE, r.attempts))
-        else:
-            kept.append((d, r))
-    return [d for d, _ in kept], [r for _, r in kept], left
-
-
-def _settled(
-    items: list[Decoded],
-    sent: list[Result],
-    keys: list[str | None],
-    shape: Callable[[Result], Result],
-    early: EarlyCommits | None,
-) -> tuple[list[tuple[Decoded, Result]], list[Unanswered], list[str | None], list[Result]]:
-    """A batch's answers once its request is done: ``(rest, left_out, keys, answers)``, the
-    items still to commit with their shaped results (none of those ``early`` committed), the
-    prompts the endpoint kept leaving out, and the cache's keys with the answers they keep."""
-    if early is not None and early.shaped:  # chat: none left out, those come early shaped
-        answers = [early.shaped.get(d[0]) or shape(r) for d, r in zip(items, sent, strict=True)]
-        rest = [(d, a) for d, a in zip(items, answers, strict=True) if d[0] not in early.ids]
-        return rest, [], keys, answers
-    if not keys:
-        kept, sent, left_out = _left_out(items, sent)
-        answers = [shape(r) for r in sent]
-        return list(zip(kept, answers, strict=True)), left_out, [], answers
-    kept_keys = [
-        k for k, r in zip(keys, sent, strict=True) if r.error_kind != FailureKind.NO_CHOICE
-    ]
-    kept, sent, left_out = _left_out(items, sent)
-    answers = [shape(r) for r in sent]
-    return list(zip(kept, answers, strict=True)), left_out, kept_keys, answers
 
 
 class BatchPath:
@@ -236,7 +186,7 @@ class BatchPath:
                 await early.settle()
                 tally.prompt_tokens -= early.prompt_tokens
                 tally.completion_tokens -= early.completion_tokens
-            rest, left_out, keys, answers = _settled(items, sent, keys, shape, early)
+            rest, left_out, keys, answers = settled(items, sent, keys, shape, early)
             if left_out and not copy:  # choices it kept leaving out: another endpoint's to try
                 results = await self._given_back(spec, results, left_out)
             results += [(eid, r, payload) for (eid, payload, _), r in rest]
