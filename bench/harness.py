@@ -393,6 +393,8 @@ class SwarmRun:
     queue: QueueTimes = field(default_factory=QueueTimes)
     # With metrics on: prompts done as the workers' Prometheus pages counted them.
     scraped_done: float = 0.0
+    # The worker processes' CPU (user + system) over the timed run.
+    worker_cpu_s: float = 0.0
 
 
 def _scraped_done(ports: list[int]) -> float:
@@ -445,6 +447,7 @@ async def run_swarm(
         if not burst:
             await wait_workers_ready(store, len(groups))
             t0 = time.monotonic()
+        cpu0 = sum(cpu_s(p.pid) for p in workers.procs)
         sampler = Sampler(fleet.urls, redis_url).start()
         spec = JobSpec(job="bench", params=SamplingParams(max_tokens=max_tokens))
         await enqueue_prompts(store, spec, ((p, None) for p in prompts))
@@ -459,6 +462,7 @@ async def run_swarm(
         with open(os.devnull, "wb") as sink:
             report = await collect(store, "bench", sink, wait=True, poll_s=0.02, on_commit=mark)
         wall = time.monotonic() - t0
+        cpu = sum(cpu_s(p.pid) for p in workers.procs) - cpu0
         if extra is not None:
             await extra
         await sampler.stop()
@@ -474,6 +478,7 @@ async def run_swarm(
             sampler.series,
             await queue_times(fleet.urls),
             await asyncio.to_thread(_scraped_done, workers.metrics_ports),
+            cpu,
         )
     finally:
         workers.stop()

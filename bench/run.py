@@ -29,6 +29,7 @@ import redis.asyncio as aioredis
 from bench.agents import TITLE as AGENTS_TITLE
 from bench.baselines import arq_one_job_per_prompt, naive_gather, static_round_robin
 from bench.capacity import plot_capacity
+from bench.cold import TITLE as COLD_TITLE
 from bench.fleetscale import fleet_scale_scenario
 from bench.harness import (
     INSTANT,
@@ -65,6 +66,7 @@ from swarm_queue.producer.enqueue import enqueue_prompts
 from swarm_queue.sim.engine import EngineConfig
 
 DOCS = ROOT / "docs"
+WORKER_US = "worker CPU us per prompt"
 # A decode step of 20 ms + 0.1 ms per running sequence (about 46 ms at a full batch of 256):
 # in the range of a large model on one GPU node.
 REAL = EngineConfig(max_num_seqs=256, step_base_ms=20.0, step_per_seq_ms=0.1)
@@ -106,6 +108,7 @@ def _swarm_row(run: SwarmRun, n: int, ideal: float | None) -> Row:
             "peak_redis_bytes": run.peak_memory,
             "max_waiting": run.max_waiting,
             "mean_wait_s": run.queue.mean_s,
+            WORKER_US: 1e6 * run.worker_cpu_s / n,
         },
     )
 
@@ -249,6 +252,8 @@ async def overhead_scenario(bench: Bench, n: int, baseline_n: int, repeats: int)
     arq = next(r for r in sc.rows if r.system.startswith("arq"))
     sc.checks[">= 20,000 prompts/s end to end"] = swarm.rate >= 20_000
     sc.checks["<= 10 us of Redis CPU per prompt (batch 256)"] = swarm.extra[REDIS_US] <= 10
+    default = next(r for r in sc.rows if r.system == "swarm-queue, batch 32 (default)")
+    sc.checks["< 50 us of worker CPU per prompt (batch 32)"] = default.extra[WORKER_US] < 50
     sc.checks[">= 20x arq one-job-per-prompt"] = swarm.rate >= 20 * arq.rate
     return sc
 
@@ -817,8 +822,8 @@ def main() -> None:
         else:
             text = report(scenarios, "python -m bench.run", elapsed)
             old = path.read_text() if path.exists() else ""
-            # Sections measured by commands of their own (versus, pipeline, agents) stay.
-            for title in (VERSUS_TITLE, PIPELINE_TITLE, AGENTS_TITLE):
+            # Sections measured by commands of their own (versus, pipeline, agents, cold) stay.
+            for title in (VERSUS_TITLE, PIPELINE_TITLE, AGENTS_TITLE, COLD_TITLE):
                 kept = carried_over(old, title)
                 if kept:
                     text = with_section(text, kept, title)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -41,7 +42,9 @@ async def main():
     async with redis_cost(url, n) as cost:
         run = await run_swarm(url, "b-versus", fleet, [[u] for u in fleet.urls],
                               prompt_set(n), 16, worker_env=env)
-    print(json.dumps({"wall_s": run.wall_s, "answered": run.results - run.failed, **cost}))
+    cpu = getattr(run, "worker_cpu_s", None)  # measured since bench/ had it
+    print(json.dumps({"wall_s": run.wall_s, "answered": run.results - run.failed,
+                      "worker_cpu_s": cpu, **cost}))
 
 asyncio.run(main())
 """
@@ -190,8 +193,16 @@ def _compare(before: Path, rounds: int, n: int) -> dict[str, dict[str, dict[str,
                 "redis_commands_per_prompt": statistics.median(
                     x["Redis commands per prompt"] for x in rs
                 ),
+                "worker_us_per_prompt": _median_us([x.get("worker_cpu_s") for x in rs], n),
             }
     return out
+
+
+def _median_us(cpu_s: list[float | None], n: int) -> float:
+    """The median worker CPU per prompt (us) of runs that measured it (NaN if none did: a
+    revision whose bench harness predates the figure)."""
+    got = [1e6 * c / n for c in cpu_s if c is not None]
+    return statistics.median(got) if got else math.nan
 
 
 def _table(report: dict[str, Any]) -> str:
@@ -200,8 +211,9 @@ def _table(report: dict[str, Any]) -> str:
         f"medians of {report['rounds']} alternating rounds.",
         "",
         "| configuration | prompts/s before | prompts/s after | after / before | Redis CPU us "
-        "per prompt before | after | Redis commands per prompt before | after |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "per prompt before | after | Redis commands per prompt before | after | worker CPU "
+        "us per prompt before | after |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for config in CONFIGS:
         b, a = report[config]["before"], report[config]["after"]
@@ -209,9 +221,14 @@ def _table(report: dict[str, Any]) -> str:
             f"| {config} | {b['prompts_per_s']:,.0f} | {a['prompts_per_s']:,.0f} | "
             f"{a['prompts_per_s'] / b['prompts_per_s']:.3f} | {b['redis_us_per_prompt']:.2f} | "
             f"{a['redis_us_per_prompt']:.2f} | {b['redis_commands_per_prompt']:.2f} | "
-            f"{a['redis_commands_per_prompt']:.2f} |"
+            f"{a['redis_commands_per_prompt']:.2f} | {_us(b)} | {_us(a)} |"
         )
     return "\n".join(lines)
+
+
+def _us(side: dict[str, float]) -> str:
+    us = side.get("worker_us_per_prompt", math.nan)
+    return "n/a" if math.isnan(us) else f"{us:.1f}"
 
 
 if __name__ == "__main__":
