@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import faulthandler
 import io
+import ipaddress
 import os
 import signal
 import sys
@@ -30,6 +31,7 @@ __all__ = [
     "EXIT_USAGE",
     "add_redis_arg",
     "default_redis_note",
+    "is_loopback",
     "open_job_store",
     "run",
     "settings_from_args",
@@ -55,6 +57,14 @@ def settings_from_args(args: argparse.Namespace, **overrides: Any) -> Settings:
     if note:
         print(f"{Path(sys.argv[0]).name}: {note}", file=sys.stderr)
     return settings
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (an address to listen on) is this host only."""
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
 
 
 def default_redis_note(settings: Settings) -> str:

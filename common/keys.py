@@ -54,6 +54,8 @@ ARQ_TAG = "{" + ARQ_ABORT + "}"
 CACHE_TAG = "{~cache}"
 # The hash tag of the tool calls agents share across jobs (their claims and answers).
 TOOLS_TAG = "{~tools}"
+# The hash tag of the OpenAI Batch API's files and batches (swarm-gateway's records).
+BATCHES_TAG = "{~batches}"
 
 # OpenAI's rule for a function's name: what a tool may be called, and so what its keys hold.
 _TOOL_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
@@ -333,6 +335,30 @@ class Keys:
     def tool_job_id(self, key: str, nonce: str) -> str:
         """The arq job ID of one queued try of the tool call ``key``, under arq's hash tag."""
         return f"{ARQ_TAG}:{self.prefix}:tool:{key}:{nonce}"
+
+    def batch_files(self, project: str) -> str:
+        """Hash of the Batch API: file id -> msgpack :class:`common.batchapi.FileObject`, the
+        files of ``project`` (their bytes live on disk, see ``swarm-gateway``)."""
+        return f"{self.prefix}:{BATCHES_TAG}:files:{validate_job_name(project)}"
+
+    def batch(self, project: str, batch: str) -> str:
+        """Hash of one batch of ``project``: ``obj`` (msgpack
+        :class:`common.batchapi.BatchObject`, written by the gateway driving it) and
+        ``cancel`` (when a cancel was asked, written once by whoever asked)."""
+        return f"{self.prefix}:{BATCHES_TAG}:batch:{validate_job_name(project)}:{batch}"
+
+    def batch_order(self, project: str) -> str:
+        """List: ``project``'s batch ids, newest first (what ``GET /v1/batches`` pages)."""
+        return f"{self.prefix}:{BATCHES_TAG}:order:{validate_job_name(project)}"
+
+    @property
+    def batches_active(self) -> str:
+        """Set: ``project/batch`` of every batch not over yet: what the gateways drive."""
+        return f"{self.prefix}:{BATCHES_TAG}:active"
+
+    def batch_lease(self, batch: str) -> str:
+        """String, with a TTL: the token of the gateway process driving ``batch``."""
+        return f"{self.prefix}:{BATCHES_TAG}:lease:{batch}"
 
     @property
     def acl_keys(self) -> tuple[str, ...]:

@@ -158,6 +158,11 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # Redis should share them.
     cache_ttl_s: float = 30 * 86400.0
     cache_max_answers: int = 1_000_000
+    # swarm-gateway (the OpenAI Batch API): where uploaded and output files' bytes live (a
+    # directory every gateway process of the fleet reaches; "": ~/.local/share/swarm-queue/
+    # gateway), and the file of API keys, one "KEY PROJECT" a line ("": no keys, localhost only).
+    gateway_dir: str = ""
+    gateway_keys: str = ""
 
     def request_timeout_for(self, n_prompts: int, max_tokens: int) -> float:
         """The timeout of one request of ``n_prompts`` prompts (see ``request_timeout_s``)."""
@@ -290,6 +295,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             "SWARM_TOOL_CONCURRENCY": ("tool_concurrency", int),
             "SWARM_TOOL_WAIT_S": ("tool_wait_s", float),
             "SWARM_TOOL_MAX_BYTES": ("tool_max_bytes", int),
+            "SWARM_GATEWAY_DIR": ("gateway_dir", str),
+            "SWARM_GATEWAY_KEYS": ("gateway_keys", str),
         }
         for var, (field, typ) in simple.items():
             raw = env.get(var, "").strip()

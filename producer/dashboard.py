@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import os
 import signal
 import sys
@@ -22,6 +21,7 @@ import msgspec
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
+from swarm_queue.common.cli import is_loopback
 from swarm_queue.common.errors import ConfigError, SwarmError
 from swarm_queue.common.settings import mask_url
 from swarm_queue.common.store import JobStore
@@ -40,13 +40,6 @@ _PAGE_HEADERS = {
     "Cache-Control": "no-store",
 }
 _LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "[::1]"})
-
-
-def _is_loopback(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return host == "localhost"
 
 
 def _host_name(host: str) -> str:
@@ -168,7 +161,7 @@ async def serve(store: JobStore, redis_url: str, host: str, port: int, every_s: 
         loop.add_signal_handler(sig, on_signal)
     dash = Dashboard(store, redis_url, every_s)
     await dash.step()  # the first page load finds a board
-    local = _is_loopback(host)
+    local = is_loopback(host)
     runner = web.AppRunner(dash.app(local_only=local), access_log=None)
     await runner.setup()
     try:

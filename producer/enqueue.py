@@ -56,6 +56,7 @@ __all__ = [
     "main",
     "options_from_args",
     "parser",
+    "prompts_for",
     "split_steps",
     "step_parser",
 ]
@@ -133,7 +134,7 @@ async def enqueue(
             if is_parquet(source, fmt)
             else iter_prompts(stream, source, fmt, max_prompt_bytes=max_prompt_bytes)
         )
-        spec, prompts = _prompts_for(spec, source, parsed)
+        spec, prompts = prompts_for(spec, source, parsed)
         return await enqueue_pipeline(
             store, [spec, *later], prompts, progress=progress, window=window
         )
@@ -141,7 +142,7 @@ async def enqueue(
         await store.close()
 
 
-def _prompts_for(
+def prompts_for(
     spec: JobSpec, source: str, parsed: Iterator[Parsed]
 ) -> tuple[JobSpec, Iterator[PromptInput]]:
     """The job as its input defines it (without ``--model``, the model its batch lines name),
@@ -152,10 +153,10 @@ def _prompts_for(
     model = (first.fields or {}).get("model")
     if spec.model is None and isinstance(model, str):
         spec = msgspec.structs.replace(spec, model=model)
-    return spec, (_prompt_of(p, source, spec) for p in itertools.chain([first], parsed))
+    return spec, (prompt_of(p, source, spec) for p in itertools.chain([first], parsed))
 
 
-def _prompt_of(p: Parsed, source: str, spec: JobSpec) -> PromptInput:
+def prompt_of(p: Parsed, source: str, spec: JobSpec) -> PromptInput:
     """One line's prompt and its own settings (None: the job's); InputError for a line the
     job cannot send as it asks (its API, its model, its sampling values)."""
     if p.messages is not None and not spec.chat:
@@ -171,6 +172,15 @@ def _prompt_of(p: Parsed, source: str, spec: JobSpec) -> PromptInput:
             p.line,
             "a /v1/chat/completions line needs --chat (the server applies the model's chat "
             "template) or --template FILE (the template written out, list-batched)",
+        )
+    if (p.route == "embeddings") != spec.embed and p.route is not None:
+        raise InputError(
+            source,
+            p.line,
+            "a /v1/embeddings line needs an embeddings job (--embed)"
+            if p.route == "embeddings"
+            else f"a /v1/{'chat/' if p.route == 'chat' else ''}completions line in an embeddings "
+            "job (--embed)",
         )
     if p.route == "completions" and spec.chat:
         raise InputError(

@@ -44,7 +44,8 @@ def _own(spec: JobSpec) -> Callable[[Result], bytes]:
 
 
 def _openai(spec: JobSpec) -> Callable[[Result], bytes]:
-    return partial(openai_line, spec.job, chat=route_of(spec) == Route.CHAT)
+    route = route_of(spec)
+    return partial(openai_line, spec.job, chat=route == Route.CHAT, embed=route == Route.EMBEDDINGS)
 
 
 def _parquet(path: str, spec: JobSpec) -> Sink:

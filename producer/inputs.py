@@ -35,6 +35,7 @@ __all__ = [
     "is_parquet",
     "iter_prompts",
     "parquet_prompts",
+    "prompt_from_json",
 ]
 
 CHAT_ROLES = ("system", "developer", "user", "assistant")
@@ -58,9 +59,16 @@ LINE_FIELDS = {
     "response_format": "response_format",
 }
 # Fields accepted with no effect on the answer (OpenAI's end-user tag) or only at their default.
-_HARMLESS = {"user": None, "n": 1, "stream": False}
+_HARMLESS = {"user": None, "n": 1, "stream": False, "encoding_format": "float"}
 
-Route = Literal["completions", "chat"]
+Route = Literal["completions", "chat", "embeddings"]
+
+# The URLs an OpenAI batch line may name, and the route each is.
+_URLS: dict[str, Route] = {
+    "/v1/completions": "completions",
+    "/v1/chat/completions": "chat",
+    "/v1/embeddings": "embeddings",
+}
 
 
 class Parsed(NamedTuple):
@@ -98,7 +106,7 @@ def _request_fields(body: dict[str, Any]) -> dict[str, Any]:
     that cannot be honoured."""
     fields: dict[str, Any] = {}
     for key, value in body.items():
-        if key in ("prompt", "messages"):
+        if key in ("prompt", "messages", "input"):
             continue
         if key in _HARMLESS:
             if key != "user" and value not in (None, _HARMLESS[key]):
@@ -122,15 +130,13 @@ def _request_fields(body: dict[str, Any]) -> dict[str, Any]:
 def _route(obj: dict[str, Any], body: dict[str, Any]) -> Route:
     url = obj.get("url")
     if url is None:
-        return "chat" if "messages" in body else "completions"
-    if url not in ("/v1/completions", "/v1/chat/completions"):
-        raise ValueError(
-            f"OpenAI batch line: url {url!r} (expected /v1/completions or /v1/chat/completions)"
-        )
-    return "chat" if url == "/v1/chat/completions" else "completions"
+        return "chat" if "messages" in body else "embeddings" if "input" in body else "completions"
+    if url not in _URLS:
+        raise ValueError(f"OpenAI batch line: url {url!r} (expected one of {', '.join(_URLS)})")
+    return _URLS[url]
 
 
-def _prompt_from_json(obj: Any) -> Parsed:
+def prompt_from_json(obj: Any) -> Parsed:
     """The prompt of one JSON line (its ``line`` field left 0 for the caller to set)."""
     if isinstance(obj, str):
         return Parsed(0, obj, None)
@@ -148,7 +154,13 @@ def _prompt_from_json(obj: Any) -> Parsed:
             raise ValueError("OpenAI batch line: body must be an object")
         route = _route(obj, body)
         fields = _request_fields(body) or None
-        if "prompt" in body:
+        if route == "embeddings":
+            prompt = body.get("input")
+            if isinstance(prompt, list):
+                raise ValueError("OpenAI batch line: body.input must be one string, not a list")
+            if prompt is None:
+                raise ValueError("OpenAI batch line: an embeddings body has no 'input'")
+        elif "prompt" in body:
             prompt = body["prompt"]
             if isinstance(prompt, list):
                 raise ValueError("OpenAI batch line: body.prompt must be one string, not a list")
@@ -262,7 +274,7 @@ def iter_prompts(
                 raise InputError(source, lineno, f"not valid UTF-8 ({exc.reason})") from None
         else:
             try:
-                parsed = _prompt_from_json(_decode_json(line))._replace(line=lineno)
+                parsed = prompt_from_json(_decode_json(line))._replace(line=lineno)
             except msgspec.DecodeError as exc:
                 raise InputError(source, lineno, f"invalid JSON: {exc}") from None
             except ValueError as exc:

@@ -2,7 +2,8 @@
 ``/v1/batches`` output files read swarm-queue's too.
 
 A success is ``{"id", "custom_id", "response": {"status_code": 200, "request_id", "body"},
-"error": null}`` with a ``text_completion`` (or, for a chat job, ``chat.completion``) body. A
+"error": null}`` with a ``text_completion`` (for a chat job, ``chat.completion``; for an
+embeddings job, a ``list`` of one ``embedding``) body. A
 failure has the shape vLLM's ``run-batch`` writes: ``"response": {"status_code", "request_id",
 "body": null}`` and an error object ``{"object": "error", "message", "type", "param", "code"}``
 whose ``type`` is swarm-queue's failure kind (``rejected``, ``cancelled``...) and ``code`` the
@@ -53,6 +54,16 @@ class BatchOutputLine(msgspec.Struct, frozen=True):
 _encoder = msgspec.json.Encoder()
 
 
+def _embedding_body(r: Result) -> dict[str, Any]:
+    tokens = r.usage.prompt_tokens if r.usage is not None else 0
+    return {
+        "object": "list",
+        "data": [{"object": "embedding", "index": 0, "embedding": r.vector}],
+        "model": r.model,
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+    }
+
+
 def _body(job: str, r: Result, chat: bool, created: int) -> dict[str, Any]:
     usage = None
     if r.usage is not None:
@@ -93,13 +104,18 @@ def _status(r: Result) -> int:
     return 400 if r.error_kind in _CLIENT_SIDE else 500
 
 
-def openai_line(job: str, r: Result, *, chat: bool = False, created: int | None = None) -> bytes:
-    """One OpenAI Batch output line (newline included) for result ``r`` of ``job``."""
+def openai_line(
+    job: str, r: Result, *, chat: bool = False, embed: bool = False, created: int | None = None
+) -> bytes:
+    """One OpenAI Batch output line (newline included) for result ``r`` of ``job`` (a chat
+    job's: ``chat``; an embeddings job's: ``embed``)."""
     custom_id = r.custom_id if r.custom_id is not None else str(r.index)
     line_id = f"batch_req_{job}_{r.index}"
     status = _status(r)
     body = None
-    if status == 200:  # answered (a schema failure too: its text is kept)
+    if status == 200 and embed:
+        body = _embedding_body(r)
+    elif status == 200:  # answered (a schema failure too: its text is kept)
         body = _body(job, r, chat, int(time.time()) if created is None else created)
     error = None
     if not r.ok:

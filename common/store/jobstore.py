@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from swarm_queue.common.models import Result
+from swarm_queue.common.store.batches import Batches
 from swarm_queue.common.store.connection import redis_errors
 from swarm_queue.common.store.entries import index_of
 from swarm_queue.common.store.roles import CollectorStore, FlowStore, ProducerStore, WorkerStore
@@ -11,9 +12,10 @@ from swarm_queue.common.vocab import FailureKind, Meta
 __all__ = ["JobStore"]
 
 
-class JobStore(ProducerStore, WorkerStore, FlowStore, CollectorStore):
+class JobStore(ProducerStore, WorkerStore, FlowStore, CollectorStore, Batches):
     """Every job operation on one Redis (``JobStore(redis, keys)``): each role's
-    (:mod:`common.store.roles`), and an operator's (cancel)."""
+    (:mod:`common.store.roles`), an operator's (cancel), and the Batch API's records
+    (``swarm-gateway``)."""
 
     async def cancel(self, job: str) -> tuple[bool, int]:
         """Stop ``job``: every prompt not yet answered gets a failed result of kind ``cancelled``

@@ -1,0 +1,306 @@
+"""A batch's life, driven by one gateway process at a time: its input checked (``validating``),
+queued as a swarm-queue job under its project's prefix (``in_progress``: drained by the
+workers already running), its results collected into a work file in input order as they come
+(OpenAI's output lines), then split into the output and error files (``finalizing``), and the
+batch ``completed`` (or ``cancelled``, ``expired``, or ``failed`` with its input's errors).
+
+Every gateway process runs a :class:`Driver`; each batch not over is driven by the one holding
+its lease in Redis, renewed while it works. A process killed mid-batch lets the lease lapse
+and another (or its restart) carries on: queuing is idempotent (a rerun resumes the input), the
+collector resumes from its durable cursor, and the output files' ids and bytes are a function
+of the batch, so finalizing again writes the same files.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import os
+import secrets
+import socket
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import msgspec
+
+from swarm_queue.common.batchapi import (
+    BatchErrors,
+    BatchObject,
+    BatchStatus,
+    FileObject,
+    RequestCounts,
+)
+from swarm_queue.common.errors import ProducerBusyError, SwarmError
+from swarm_queue.common.jobspec import JobOptions, build_spec
+from swarm_queue.common.models import JobSpec
+from swarm_queue.common.settings import Settings
+from swarm_queue.common.store import JobStore
+from swarm_queue.producer.enqueue import enqueue
+from swarm_queue.producer.formats import format_named
+from swarm_queue.producer.gateway.files import FileStore
+from swarm_queue.producer.gateway.validate import check_input
+from swarm_queue.producer.inputs import DEFAULT_MAX_PROMPT_BYTES
+from swarm_queue.producer.outfile import collect_durably
+
+__all__ = ["LEASE_MS", "Driver", "batch_spec", "counts_of"]
+
+log = logging.getLogger("swarm.gateway")
+
+# A batch's lease: renewed every third of it while its driver lives; a dead driver's batch is
+# taken up by another gateway process this long after its last renewal.
+LEASE_MS = 15_000
+# How often each process looks for batches to drive, and a driver for a cancel or expiry.
+LOOK_S = 1.0
+# Whatever goes wrong with a batch's driving (Redis away, a disk full), it is tried again so
+# much later, by whichever process then takes its lease.
+RETRY_S = 5.0
+
+
+def batch_spec(batch: BatchObject) -> JobSpec:
+    """The job a batch is queued as (its model comes from its lines)."""
+    options = JobOptions(
+        chat=batch.endpoint == "/v1/chat/completions", embed=batch.endpoint == "/v1/embeddings"
+    )
+    spec, _ = build_spec(batch.id, options, source="swarm-gateway")
+    return spec
+
+
+def counts_of(done: int, failed: int, total: int) -> RequestCounts:
+    return RequestCounts(total=total, completed=done, failed=failed)
+
+
+def _file_id(batch_id: str, role: str) -> str:
+    """The id of a batch's output (or error) file: a function of the batch, so that
+    finalizing again writes the same file."""
+    return "file-" + hashlib.blake2b(f"{batch_id}/{role}".encode(), digest_size=12).hexdigest()
+
+
+class _Line(msgspec.Struct):
+    error: dict[str, object] | None = None
+
+
+_line_error = msgspec.json.Decoder(_Line).decode
+
+
+def _now() -> int:
+    return int(time.time())
+
+
+class Driver:
+    """Drives every batch not over yet whose lease this process holds."""
+
+    def __init__(
+        self,
+        store: JobStore,
+        settings: Settings,
+        files: FileStore,
+        jobs_of: Callable[[str], JobStore],
+    ) -> None:
+        self.store = store  # the gateway's own prefix: where the batches' records are
+        self.settings = settings
+        self.files = files
+        self.jobs_of = jobs_of  # a project's prefix -> the store its jobs are queued in
+        self.token = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._later: dict[str, float] = {}  # batch -> when to try it again after a fault
+
+    async def run(self) -> None:
+        """Look for batches to drive, every ``LOOK_S``, until cancelled."""
+        try:
+            while True:
+                with contextlib.suppress(SwarmError):
+                    await self.step()
+                await asyncio.sleep(LOOK_S)
+        finally:
+            for task in self._tasks.values():
+                task.cancel()
+            await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+
+    async def step(self) -> bool:
+        """Take up each batch not over whose lease is free; returns whether any was taken."""
+        took = False
+        for project, batch_id in await self.store.active_batches():
+            if batch_id in self._tasks or time.monotonic() < self._later.get(batch_id, 0.0):
+                continue
+            if await self.store.hold_lease(batch_id, self.token, LEASE_MS):
+                self._tasks[batch_id] = asyncio.create_task(self._hold(project, batch_id))
+                took = True
+        return took
+
+    async def _hold(self, project: str, batch_id: str) -> None:
+        """Drive the batch while its lease is ours (renewed every third of it)."""
+        drive = asyncio.create_task(self.drive(project, batch_id))
+        try:
+            while True:
+                done, _ = await asyncio.wait({drive}, timeout=LEASE_MS / 3000)
+                if done:
+                    break
+                try:
+                    ours = await self.store.hold_lease(batch_id, self.token, LEASE_MS)
+                except SwarmError:
+                    continue  # Redis away: the driver's own calls wait it out too
+                if not ours:
+                    log.warning("batch %s: its lease went to another gateway; leaving it", batch_id)
+                    drive.cancel()
+                    break
+            await drive
+        except asyncio.CancelledError:
+            drive.cancel()
+            raise
+        except Exception as exc:  # said, and tried again later by any process
+            log.error("batch %s: %s (tried again in %.0f s)", batch_id, exc, RETRY_S)
+            self._later[batch_id] = time.monotonic() + RETRY_S
+        finally:
+            self._tasks.pop(batch_id, None)
+            with contextlib.suppress(SwarmError):
+                await self.store.drop_lease(batch_id, self.token)
+
+    async def drive(self, project: str, batch_id: str) -> None:
+        """Take the batch from where it stands to its end."""
+        stored = await self.store.batch(project, batch_id)
+        if stored is None:
+            return
+        batch, jobs = stored.batch, self.jobs_of(stored.prefix)
+        if batch.status == BatchStatus.VALIDATING:
+            batch = await self._queue(project, batch, stored.prefix)
+            await self.store.save_batch(project, batch)
+        if batch.status == BatchStatus.IN_PROGRESS:
+            batch = await self._collect(project, batch, jobs)
+            await self.store.save_batch(project, batch)
+        if batch.status == BatchStatus.FINALIZING:
+            batch = await self._finish(project, batch, jobs)
+            await self.store.save_batch(project, batch)
+
+    async def _queue(self, project: str, batch: BatchObject, prefix: str) -> BatchObject:
+        """Check the input, then queue it; the batch fails with its input's errors."""
+        path = self.files.path(project, batch.input_file_id)
+        checked = await asyncio.to_thread(
+            check_input, path, batch.endpoint, batch_spec(batch), DEFAULT_MAX_PROMPT_BYTES
+        )
+        if checked.errors:
+            log.info("batch %s: its input failed validation", batch.id)
+            return msgspec.structs.replace(
+                batch,
+                status=BatchStatus.FAILED,
+                failed_at=_now(),
+                errors=BatchErrors(checked.errors),
+            )
+        settings = msgspec.structs.replace(self.settings, prefix=prefix)
+        while True:
+            try:
+                with open(path, "rb") as fh:  # noqa: ASYNC230 - enqueue reads it as it queues
+                    report = await enqueue(settings, checked.spec, path.name, fh, fmt="jsonl")
+                break
+            except ProducerBusyError:
+                # A driver of this batch that died still holds the job's producer lock, until
+                # its TTL: queue when it lapses (the rerun resumes the input).
+                await asyncio.sleep(LOOK_S)
+        log.info("batch %s: %d requests queued", batch.id, report.total)
+        return msgspec.structs.replace(
+            batch,
+            status=BatchStatus.IN_PROGRESS,
+            in_progress_at=batch.in_progress_at or _now(),
+            model=checked.spec.model,
+            request_counts=counts_of(0, 0, report.total),
+        )
+
+    def _work_path(self, project: str, batch_id: str) -> Path:
+        return self.files.folder(project) / f"{batch_id}.lines"
+
+    async def _collect(self, project: str, batch: BatchObject, jobs: JobStore) -> BatchObject:
+        """Collect the job's answers in input order, as they come, into the work file; a
+        cancel asked, or the completion window passed, cancels what is left of the job."""
+        sink = format_named("openai").sink
+        watch = asyncio.create_task(self._watch(project, batch, jobs))
+        try:
+            await collect_durably(
+                jobs, batch.id, str(self._work_path(project, batch.id)), sink, wait=True,
+                progress=False, evict=True,
+            )  # fmt: skip
+        finally:
+            watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watch
+        return msgspec.structs.replace(batch, status=BatchStatus.FINALIZING, finalizing_at=_now())
+
+    async def _watch(self, project: str, batch: BatchObject, jobs: JobStore) -> None:
+        """Cancel the job once a cancel is asked or the batch's window has passed (its
+        answered requests stay answered; the rest fail as cancelled)."""
+        while True:
+            stored = await self.store.batch(project, batch.id)
+            if stored is not None and (stored.cancel_at is not None or _now() >= batch.expires_at):
+                await jobs.cancel(batch.id)
+                return
+            await asyncio.sleep(LOOK_S)
+
+    async def _finish(self, project: str, batch: BatchObject, jobs: JobStore) -> BatchObject:
+        """Split the work file into the output file (answered requests) and the error file
+        (failed ones), keep their records, and end the batch."""
+        work = self._work_path(project, batch.id)
+        ids = {role: _file_id(batch.id, role) for role in ("output", "error")}
+        sizes = await asyncio.to_thread(
+            _split, work, {role: self.files.path(project, fid) for role, fid in ids.items()}
+        )
+        now = _now()
+        kept: dict[str, str | None] = {}
+        for role, file_id in ids.items():
+            if sizes[role] == 0:
+                self.files.remove(project, file_id)
+                kept[role] = None
+                continue
+            name = f"{batch.id}_{role}.jsonl"
+            await self.store.put_file(
+                project,
+                FileObject(
+                    id=file_id, bytes=sizes[role], created_at=now, filename=name,
+                    purpose="batch_output",
+                ),
+            )  # fmt: skip
+            kept[role] = file_id
+        status = await jobs.status(batch.id, rate=False)
+        stored = await self.store.batch(project, batch.id)
+        cancelled = stored is not None and stored.cancel_at is not None
+        expired = not cancelled and status.failed > 0 and now >= batch.expires_at
+        end = (
+            {"status": BatchStatus.CANCELLED, "cancelled_at": now}
+            if cancelled
+            else {"status": BatchStatus.EXPIRED, "expired_at": now}
+            if expired
+            else {"status": BatchStatus.COMPLETED, "completed_at": now}
+        )
+        await asyncio.to_thread(_forget, work)
+        log.info("batch %s: %s", batch.id, end["status"])
+        return msgspec.structs.replace(
+            batch,
+            output_file_id=kept["output"],
+            error_file_id=kept["error"],
+            request_counts=counts_of(status.done, status.failed, status.total or 0),
+            **end,
+        )
+
+
+def _split(work: Path, out: dict[str, Path]) -> dict[str, int]:
+    """Each line of ``work`` into ``out["output"]`` (no error) or ``out["error"]``; the bytes
+    of each (blocking: run it in a thread)."""
+    sizes = {role: 0 for role in out}
+    with contextlib.ExitStack() as stack:
+        handles = {role: stack.enter_context(open(path, "wb")) for role, path in out.items()}
+        if work.exists():
+            with open(work, "rb") as lines:
+                for line in lines:
+                    role = "output" if _line_error(line).error is None else "error"
+                    handles[role].write(line)
+                    sizes[role] += len(line)
+        for fh in handles.values():
+            fh.flush()
+            os.fsync(fh.fileno())
+    return sizes
+
+
+def _forget(work: Path) -> None:
+    """The work file and its cursor, once the batch's files hold its lines."""
+    work.unlink(missing_ok=True)
+    Path(f"{work}.cursor").unlink(missing_ok=True)
