@@ -57,7 +57,9 @@ async def test_retry_requeues_exactly_the_failed_prompts_and_a_second_retry_find
 async def test_cancel_records_the_rest_as_cancelled_and_retry_resumes_it(
     make_settings: Callable[..., Settings], store: JobStore, sim_fleet: Callable[..., SimFleet]
 ) -> None:
-    await enqueue_prompts(store, spec(), prompts(100))
+    # Each with its custom_id, which a cancelled prompt's line keeps (an OpenAI output line
+    # names its request by it).
+    await enqueue_prompts(store, spec(), ((p, f"id-{i}") for i, (p, _) in enumerate(prompts(100))))
     async with sim_fleet(1) as fleet:
         settings = make_settings(batch_size=10, inflight=1)
         engine = Engine(settings, store, [EndpointClient(fleet.urls[0])])
@@ -77,6 +79,7 @@ async def test_cancel_records_the_rest_as_cancelled_and_retry_resumes_it(
         lines = await collect_lines(store, "j")
         assert len(lines) == 100
         assert {x["error"] for x in lines[10:]} == {"cancelled by operator (swarm-cancel)"}
+        assert [x["custom_id"] for x in lines] == [f"id-{i}" for i in range(100)]
         assert not await Engine(settings, store, [EndpointClient(fleet.urls[0])]).any_work()
         with pytest.raises(JobCancelledError, match="was cancelled"):
             await enqueue_prompts(store, spec("j"), prompts(200))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from swarm_queue.common.models import Result
 from swarm_queue.common.store.batches import Batches
 from swarm_queue.common.store.connection import redis_errors
-from swarm_queue.common.store.entries import index_of
+from swarm_queue.common.store.entries import decode_entry, index_of
 from swarm_queue.common.store.roles import CollectorStore, FlowStore, ProducerStore, WorkerStore
 from swarm_queue.common.vocab import FailureKind, Meta
 
@@ -41,6 +41,7 @@ class JobStore(ProducerStore, WorkerStore, FlowStore, CollectorStore, Batches):
                         index=index_of(eid),
                         error="cancelled by operator (swarm-cancel)",
                         error_kind=FailureKind.CANCELLED,
+                        custom_id=_custom_id(eid, fields.get(b"d")),
                     ),
                     fields.get(b"d"),
                 )
@@ -50,3 +51,9 @@ class JobStore(ProducerStore, WorkerStore, FlowStore, CollectorStore, Batches):
             # A commit trims only what was delivered: the undelivered entries go here.
             async with redis_errors(self.url, job):
                 await self.redis.xdel(self.keys.stream(job), *(eid for eid, _ in entries))
+
+
+def _custom_id(entry_id: bytes, payload: bytes | None) -> str | None:
+    """The custom_id of a queued entry (None: none, or an entry that does not decode)."""
+    item = decode_entry(entry_id, payload)
+    return None if isinstance(item, str) else item.custom_id

@@ -1,0 +1,403 @@
+"""swarm-gateway with the official openai SDK as its client (no hand-written HTTP), real gateway
+and worker processes, swarm-sim endpoints and a real Redis: batches of every endpoint checked
+line by line against the simulator's answers, OpenAI's validation errors with their lines, two
+projects that cannot see each other, a cancel, and a gateway killed mid-batch."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import signal
+import subprocess
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import openai
+import pytest
+
+from swarm_queue.common.embedded import free_port
+from swarm_queue.common.models import pack_vector, unpack_vector
+from swarm_queue.sim.text import completion_for, embedding_for
+from tests.harness import BIN, MAX_TOKENS, FleetFactory, fleet_prompt, wait_port
+
+OVER = {"completed", "failed", "expired", "cancelled"}
+
+
+@contextlib.contextmanager
+def _gateway(
+    env: Mapping[str, str], tmp: Path, *args: str, port: int | None = None
+) -> Iterator[tuple[subprocess.Popen[bytes], int, Path]]:
+    """A swarm-gateway process on a port of its own, its files under ``tmp``; its log."""
+    port = port or free_port()
+    log = tmp / f"gateway-{port}-{time.monotonic_ns()}.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [BIN / "swarm-gateway", "--port", str(port), "--dir", tmp / "files", *args],
+            env=dict(env),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        wait_port(port, proc)
+        yield proc, port, log
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+
+
+def _client(port: int, key: str = "no-key") -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=key, max_retries=0)
+
+
+def _upload(client: openai.OpenAI, tmp: Path, name: str, lines: list[Any]) -> str:
+    path = tmp / name
+    path.write_text("".join((x if isinstance(x, str) else json.dumps(x)) + "\n" for x in lines))
+    with path.open("rb") as fh:
+        return client.files.create(file=fh, purpose="batch").id
+
+
+def _wait(client: openai.OpenAI, batch_id: str, stall_s: float = 120.0) -> Any:
+    """The batch once it is over; fails only after ``stall_s`` without progress (a loaded
+    machine is slow, not stuck)."""
+    last, since = None, time.monotonic()
+    while True:
+        batch = client.batches.retrieve(batch_id)
+        if batch.status in OVER:
+            return batch
+        mark = (batch.status, batch.request_counts.completed, batch.request_counts.failed)
+        if mark != last:
+            last, since = mark, time.monotonic()
+        assert time.monotonic() - since < stall_s, f"batch {batch_id} stuck at {mark}"
+        time.sleep(0.1)
+
+
+def _wait_until(client: openai.OpenAI, batch_id: str, done: int, stall_s: float = 120.0) -> Any:
+    """The batch once ``done`` of its requests are answered (or it is over)."""
+    since = time.monotonic()
+    while True:
+        batch = client.batches.retrieve(batch_id)
+        if batch.status in OVER or batch.request_counts.completed >= done:
+            return batch
+        assert time.monotonic() - since < stall_s, f"batch {batch_id}: {batch}"
+        time.sleep(0.05)
+
+
+def _lines(client: openai.OpenAI, file_id: str | None) -> list[dict[str, Any]]:
+    if file_id is None:
+        return []
+    return [json.loads(x) for x in client.files.content(file_id).text.splitlines()]
+
+
+def _completion(i: int, poison: set[int]) -> dict[str, Any]:
+    return {
+        "custom_id": f"req-{i}",
+        "method": "POST",
+        "url": "/v1/completions",
+        "body": {"prompt": fleet_prompt(i, poison), "max_tokens": MAX_TOKENS},
+    }
+
+
+def _chat(i: int) -> dict[str, Any]:
+    return {
+        "custom_id": f"chat-{i}",
+        "method": "POST",
+        "url": "/v1/chat/completions",
+        "body": {
+            "messages": [{"role": "user", "content": f"Summarise finding {i}."}],
+            "max_tokens": MAX_TOKENS,
+        },
+    }
+
+
+def _chat_answer(i: int) -> str:
+    # swarm-sim's stand-in chat template around the one user message
+    seen = f"<|user|>\nSummarise finding {i}.\n<|assistant|>\n"
+    return completion_for(seen, MAX_TOKENS)[0].lstrip()
+
+
+def _float32(values: list[float]) -> list[float]:
+    return unpack_vector(pack_vector(values))
+
+
+def test_batches_of_each_endpoint_through_the_sdk_are_answered_line_by_line(
+    fleet_factory: FleetFactory, tmp_path: Path
+) -> None:
+    fleet = fleet_factory(2)
+    fleet.worker("w", [0, 1], burst=False)
+    poison = {3, 77}
+    n = 200
+    with _gateway(fleet.env, tmp_path) as (_, port, log):
+        client = _client(port)
+        lines = [_completion(i, poison) for i in range(n)]
+        completions = client.batches.create(
+            input_file_id=_upload(client, tmp_path, "c.jsonl", lines),
+            endpoint="/v1/completions",
+            completion_window="24h",
+            metadata={"study": "survey"},
+        )
+        assert completions.status == "validating"
+        chat = client.batches.create(
+            input_file_id=_upload(client, tmp_path, "chat.jsonl", [_chat(i) for i in range(30)]),
+            endpoint="/v1/chat/completions",
+            completion_window="24h",
+        )
+        texts = [f"Observation {i} of the embedding survey." for i in range(20)]
+        embed_lines = [
+            {"custom_id": f"e{i}", "method": "POST", "url": "/v1/embeddings", "body": {"input": t}}
+            for i, t in enumerate(texts)
+        ]
+        embeddings = client.batches.create(
+            input_file_id=_upload(client, tmp_path, "e.jsonl", embed_lines),
+            endpoint="/v1/embeddings",
+            completion_window="24h",
+        )
+
+        done = _wait(client, completions.id)
+        assert done.status == "completed"
+        assert done.metadata == {"study": "survey"}
+        assert (done.request_counts.total, done.request_counts.completed) == (n, n - 2)
+        assert done.request_counts.failed == 2
+        assert done.in_progress_at and done.finalizing_at and done.completed_at
+        out = _lines(client, done.output_file_id)
+        assert sorted(x["custom_id"] for x in out) == sorted(
+            f"req-{i}" for i in range(n) if i not in poison
+        )
+        for x in out:
+            i = int(x["custom_id"].split("-")[1])
+            assert x["error"] is None
+            assert x["response"]["status_code"] == 200
+            body = x["response"]["body"]
+            assert body["object"] == "text_completion"
+            assert (
+                body["choices"][0]["text"] == completion_for(fleet_prompt(i, poison), MAX_TOKENS)[0]
+            )
+        errors = _lines(client, done.error_file_id)
+        assert sorted(x["custom_id"] for x in errors) == ["req-3", "req-77"]
+        for x in errors:
+            assert x["response"]["status_code"] == 400
+            assert x["error"]["message"].startswith("You passed 750 input tokens")
+
+        chat_done = _wait(client, chat.id)
+        assert chat_done.status == "completed" and chat_done.error_file_id is None
+        chat_out = _lines(client, chat_done.output_file_id)
+        assert len(chat_out) == 30
+        for x in chat_out:
+            i = int(x["custom_id"].split("-")[1])
+            message = x["response"]["body"]["choices"][0]["message"]
+            assert message == {"role": "assistant", "content": _chat_answer(i)}
+
+        embed_done = _wait(client, embeddings.id)
+        assert embed_done.status == "completed"
+        vectors = {
+            x["custom_id"]: x["response"]["body"]["data"][0]["embedding"]
+            for x in _lines(client, embed_done.output_file_id)
+        }
+        assert vectors == {f"e{i}": _float32(embedding_for(t)) for i, t in enumerate(texts)}
+
+        # Newest first, a page at a time, as the SDK pages them.
+        page = client.batches.list(limit=2)
+        assert [b.id for b in page.data] == [embeddings.id, chat.id] and page.has_more
+        assert [b.id for b in client.batches.list(limit=2)] == [
+            embeddings.id,
+            chat.id,
+            completions.id,
+        ]
+        names = {f.filename for f in client.files.list()}
+        assert {"c.jsonl", "chat.jsonl", "e.jsonl", f"{completions.id}_output.jsonl"} <= names
+        # What the live endpoints serve, once their worker has published its fleet rows.
+        since = time.monotonic()
+        while not (models := [m.id for m in client.models.list()]):
+            assert time.monotonic() - since < 60, "no model listed"
+            time.sleep(0.2)
+        assert models == ["swarm-sim"]
+        # Each batch's request counts were said once, by one driver.
+        assert log.read_text().count(f"batch {completions.id}: completed") == 1
+
+
+def test_an_input_that_fails_validation_fails_the_batch_naming_each_line(
+    cli_env: dict[str, str], tmp_path: Path
+) -> None:
+    with _gateway(cli_env, tmp_path) as (_, port, _log):
+        client = _client(port)
+        good = _completion(0, set())
+        good["body"]["model"] = "m1"
+        dup = _completion(1, set()) | {"custom_id": "req-0"}
+        other_url = _completion(2, set()) | {"url": "/v1/chat/completions"}
+        other_model = _completion(3, set())
+        other_model["body"]["model"] = "m2"
+        lines = [good, "{not json", other_url, dup, other_model, _completion(5, set())]
+        batch = client.batches.create(
+            input_file_id=_upload(client, tmp_path, "bad.jsonl", lines),
+            endpoint="/v1/completions",
+            completion_window="24h",
+        )
+        failed = _wait(client, batch.id)
+        assert failed.status == "failed" and failed.failed_at
+        assert failed.errors is not None
+        assert [(e.line, e.code, e.param) for e in failed.errors.data] == [
+            (2, "invalid_json_line", None),
+            (3, "url_mismatch", "url"),
+            (4, "duplicate_custom_id", "custom_id"),
+            (5, "model_mismatch", "body.model"),
+        ]
+        assert failed.output_file_id is None and failed.request_counts.total == 0
+
+        empty = client.batches.create(
+            input_file_id=_upload(client, tmp_path, "empty.jsonl", []),
+            endpoint="/v1/completions",
+            completion_window="24h",
+        )
+        assert [e.code for e in _wait(client, empty.id).errors.data] == ["empty_file"]
+
+        file_id = _upload(client, tmp_path, "ok.jsonl", [good])
+        with pytest.raises(openai.BadRequestError) as bad:
+            client.batches.create(
+                input_file_id=file_id,
+                endpoint="/v1/responses",
+                completion_window="24h",
+            )
+        assert bad.value.status_code == 400
+        assert "endpoint '/v1/responses' is not supported" in bad.value.message
+        with pytest.raises(openai.BadRequestError, match="completion_window"):
+            client.batches.create(
+                input_file_id=file_id,
+                endpoint="/v1/completions",
+                completion_window="soon",
+            )
+        for missing in ("batch_" + "0" * 24, "../../etc"):
+            with pytest.raises(openai.NotFoundError) as gone:
+                client.batches.retrieve(missing)
+            assert gone.value.body == {  # OpenAI's error shape
+                "message": f"No such Batch object: {missing}",
+                "type": "invalid_request_error",
+                "param": None,
+                "code": "not_found",
+            }
+
+
+def test_two_projects_on_one_gateway_see_nothing_of_each_other(
+    cli_env: dict[str, str], tmp_path: Path
+) -> None:
+    alpha_key, beta_key = "sk-alpha-0123456789abcdef", "sk-beta-0123456789abcdef"
+    keys = tmp_path / "keys"
+    keys.write_text(f"# key project\n{alpha_key} alpha\n{beta_key} beta\n")
+    with _gateway(cli_env, tmp_path, "--keys", str(keys)) as (_, port, log):
+        alpha, beta = _client(port, alpha_key), _client(port, beta_key)
+        file_id = _upload(alpha, tmp_path, "a.jsonl", [_completion(0, set())])
+        batch = alpha.batches.create(
+            input_file_id=file_id, endpoint="/v1/completions", completion_window="24h"
+        )
+        assert [b.id for b in alpha.batches.list()] == [batch.id]
+        assert beta.batches.list().data == [] and beta.files.list().data == []
+        for call in (
+            lambda: beta.batches.retrieve(batch.id),
+            lambda: beta.batches.cancel(batch.id),
+            lambda: beta.files.retrieve(file_id),
+            lambda: beta.files.content(file_id),
+            lambda: beta.files.delete(file_id),
+            lambda: beta.batches.create(
+                input_file_id=file_id, endpoint="/v1/completions", completion_window="24h"
+            ),
+        ):
+            with pytest.raises(openai.NotFoundError):
+                call()
+        assert alpha.files.retrieve(file_id).id == file_id  # still there for its owner
+        for wrong in ("no-key", beta_key + "x"):
+            with pytest.raises(openai.AuthenticationError):
+                _client(port, wrong).batches.list()
+        said = log.read_text()
+    assert alpha_key not in said and beta_key not in said
+
+
+def test_without_keys_the_gateway_serves_this_host_only(
+    cli_env: dict[str, str], tmp_path: Path
+) -> None:
+    out = subprocess.run(
+        [BIN / "swarm-gateway", "--bind", "0.0.0.0", "--port", str(free_port()), "--dir", tmp_path],
+        env=cli_env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 2
+    assert "with no API keys (SWARM_GATEWAY_KEYS) the gateway serves this host only" in out.stderr
+
+
+def test_a_cancelled_batch_keeps_what_was_answered_and_fails_the_rest(
+    fleet_factory: FleetFactory, tmp_path: Path
+) -> None:
+    fleet = fleet_factory(1, "--step-ms", "30", "--max-num-seqs", "16")
+    fleet.worker(
+        "w", [0], burst=False, SWARM_BATCH_SIZE="8", SWARM_INFLIGHT_MAX="0", SWARM_INFLIGHT="2"
+    )
+    n = 300
+    with _gateway(fleet.env, tmp_path) as (_, port, _log):
+        client = _client(port)
+        lines = [_completion(i, set()) for i in range(n)]
+        batch = client.batches.create(
+            input_file_id=_upload(client, tmp_path, "c.jsonl", lines),
+            endpoint="/v1/completions",
+            completion_window="24h",
+        )
+        _wait_until(client, batch.id, 16)
+        asked = client.batches.cancel(batch.id)
+        assert asked.status == "cancelling" and asked.cancelling_at
+        over = _wait(client, batch.id)
+        assert over.status == "cancelled" and over.cancelled_at
+        counts = over.request_counts
+        assert counts.total == n and counts.completed + counts.failed == n
+        assert 16 <= counts.completed < n
+        out, errors = _lines(client, over.output_file_id), _lines(client, over.error_file_id)
+        assert len(out) == counts.completed and len(errors) == counts.failed
+        assert sorted(x["custom_id"] for x in out + errors) == sorted(f"req-{i}" for i in range(n))
+        assert {x["error"]["type"] for x in errors} == {"cancelled"}
+        with pytest.raises(openai.ConflictError):
+            client.batches.cancel(batch.id)
+
+
+def test_a_gateway_killed_mid_batch_is_carried_on_by_the_next_one(
+    fleet_factory: FleetFactory, tmp_path: Path
+) -> None:
+    fleet = fleet_factory(2, "--step-ms", "20", "--max-num-seqs", "32")
+    fleet.worker("w", [0, 1], burst=False, SWARM_BATCH_SIZE="16")
+    n = 600
+    with _gateway(fleet.env, tmp_path) as (first, port, _log):
+        client = _client(port)
+        lines = [_completion(i, set()) for i in range(n)]
+        batch = client.batches.create(
+            input_file_id=_upload(client, tmp_path, "c.jsonl", lines),
+            endpoint="/v1/completions",
+            completion_window="24h",
+        )
+        seen = _wait_until(client, batch.id, 64)
+        assert seen.status == "in_progress"
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+    with _gateway(fleet.env, tmp_path) as (_, port, _log):
+        client = _client(port)
+        done = _wait(client, batch.id)
+        assert done.status == "completed", done
+        assert (done.request_counts.completed, done.request_counts.failed) == (n, 0)
+        out = _lines(client, done.output_file_id)
+    got = {x["custom_id"]: x["response"]["body"]["choices"][0]["text"] for x in out}
+    assert len(out) == n  # each line once
+    assert got == {
+        f"req-{i}": completion_for(fleet_prompt(i, set()), MAX_TOKENS)[0] for i in range(n)
+    }
+
+
+def test_the_batch_objects_decode_as_the_sdk_types_them() -> None:
+    """What the gateway serves is what openai's own types read, field for field."""
+    from swarm_queue.common.batchapi import BatchObject, BatchStatus, json_body
+
+    obj = BatchObject(
+        id="batch_" + "a" * 24, endpoint="/v1/completions", input_file_id="file-" + "b" * 24,
+        completion_window="24h", status=BatchStatus.IN_PROGRESS, created_at=1, expires_at=2,
+    )  # fmt: skip
+    typed = openai.types.Batch.model_validate(msgspec.json.decode(json_body(obj)))
+    assert typed.status == "in_progress" and typed.request_counts is not None
+    assert typed.request_counts.total == 0
