@@ -19,6 +19,7 @@ import msgspec
 import pyarrow.parquet as pq
 import pytest
 
+from swarm_queue.common.embedded import free_port
 from tests.harness import BIN, REPO, TOOL_PARSER_ARGS, FleetFactory, command
 
 pytestmark = pytest.mark.slow
@@ -87,6 +88,20 @@ def _inputs(d: Path) -> None:
         'Find paper {n}. CALL search({{"query": "enzymes"}}) then CALL fetch({{"url": "doc{n}"}})'
     )
     (d / "system.txt").write_text("Be exact.")
+    (d / "requests.jsonl").write_text(  # an OpenAI Batch API file, for swarm-gateway's example
+        "".join(
+            json.dumps(
+                {
+                    "custom_id": f"q{i}",
+                    "method": "POST",
+                    "url": "/v1/chat/completions",
+                    "body": {"messages": [{"role": "user", "content": f"Is P{i} a kinase?"}]},
+                }
+            )
+            + "\n"
+            for i in range(12)
+        )
+    )
     (d / "schema.json").write_text(
         json.dumps(
             {
@@ -112,8 +127,14 @@ def test_every_readme_example_runs_and_does_what_it_says(
     # The examples run from a checkout (the tool runner's PYTHONPATH=examples).
     (tmp_path / "examples").symlink_to(REPO / "examples")
     worker = fleet.worker("w", [0, 1, 2], burst=False)
-    # The installed commands, as a user's shell finds them.
-    env = {**fleet.env, "PATH": f"{BIN}:{fleet.env.get('PATH', '/usr/bin:/bin')}"}
+    # The installed commands, as a user's shell finds them; the gateway's files in the test's
+    # folder, and on a port of its own.
+    env = {
+        **fleet.env,
+        "PATH": f"{BIN}:{fleet.env.get('PATH', '/usr/bin:/bin')}",
+        "SWARM_GATEWAY_DIR": str(tmp_path / "gateway"),
+    }
+    gateway_port = str(free_port())
     ran = []
     try:
         for line, text in BLOCKS:
@@ -122,6 +143,7 @@ def test_every_readme_example_runs_and_does_what_it_says(
             script = (
                 text.replace("redis://login-node:6379/0", fleet.redis_url)
                 .replace("http://127.0.0.1:8000", fleet.url(0))
+                .replace("8080", gateway_port)
                 # The tool runner serves until stopped: in the background, for this block.
                 .replace(
                     "swarm-tools   #",
@@ -143,6 +165,9 @@ def test_every_readme_example_runs_and_does_what_it_says(
         worker.wait(timeout=60)
     assert len(ran) == len(BLOCKS) - len(NOT_RUN)
     # What each says it does.
+    batch = _lines(tmp_path / "batch-results.jsonl")  # the gateway's output file
+    assert sorted(x["custom_id"] for x in batch) == sorted(f"q{i}" for i in range(12))
+    assert all(x["response"]["body"]["choices"][0]["message"]["content"] for x in batch)
     results = _lines(tmp_path / "results.jsonl")
     assert [x["index"] for x in results] == list(range(40)) and all(x["text"] for x in results)
     summary = json.loads((tmp_path / "summary.json").read_text())
