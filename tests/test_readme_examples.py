@@ -14,6 +14,7 @@ import json
 import re
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import pyarrow.parquet as pq
@@ -165,7 +166,7 @@ def test_every_readme_example_runs_and_does_what_it_says(
         worker.wait(timeout=60)
     assert len(ran) == len(BLOCKS) - len(NOT_RUN)
     # What each says it does.
-    batch = _lines(tmp_path / "batch-results.jsonl")  # the gateway's output file
+    batch: list[Any] = _lines(tmp_path / "batch-results.jsonl")  # the gateway's output file
     assert sorted(x["custom_id"] for x in batch) == sorted(f"q{i}" for i in range(12))
     assert all(x["response"]["body"]["choices"][0]["message"]["content"] for x in batch)
     results = _lines(tmp_path / "results.jsonl")

@@ -6,6 +6,8 @@ rules ``swarm-enqueue`` applies). A failure names its line, with OpenAI's error 
 from __future__ import annotations
 
 import hashlib
+import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import msgspec
@@ -35,35 +37,111 @@ class Checked(msgspec.Struct, frozen=True):
 
 def check_input(path: Path, endpoint: str, spec: JobSpec, max_line_bytes: int) -> Checked:
     """Check every line of the input at ``path`` for a batch of ``endpoint`` queued as
-    ``spec`` (blocking: run it in a thread)."""
-    checker = _Checker(endpoint, spec, max_line_bytes, path.name)
+    ``spec`` (blocking: run it in a thread). Its memory stays bounded whatever the file's
+    size: the custom_ids are remembered in a Bloom filter, and only those it takes for seen
+    are looked for again, exactly, in a second pass."""
+    seen = _Seen(os.path.getsize(path))
+    checker = _Checker(endpoint, spec, max_line_bytes, path.name, seen)
     errors: list[BatchError] = []
     requests = 0
+    for lineno, line in _lines(path):
+        requests += 1
+        error = checker.check(lineno, line)
+        if error is not None:
+            errors.append(error)
+            if len(errors) >= MAX_ERRORS:
+                break
+    if not requests:
+        errors.append(BatchError(code="empty_file", message="The input file holds no requests."))
+    if seen.maybe:
+        errors = sorted(errors + _duplicates(path, seen.maybe), key=lambda e: e.line or 0)
+    return Checked(checker.spec, requests, errors[:MAX_ERRORS])
+
+
+def _lines(path: Path) -> Iterator[tuple[int, bytes]]:
+    """The file's non-blank lines, with their numbers (from 1)."""
     with open(path, "rb") as fh:
         for lineno, raw in enumerate(fh, start=1):
             line = raw.rstrip(b"\r\n")
-            if not line.strip():
-                continue
-            requests += 1
-            error = checker.check(lineno, line)
-            if error is not None:
-                errors.append(error)
-                if len(errors) >= MAX_ERRORS:
-                    break
-    if not requests:
-        errors.append(BatchError(code="empty_file", message="The input file holds no requests."))
-    return Checked(checker.spec, requests, errors)
+            if line.strip():
+                yield lineno, line
+
+
+class _Seen:
+    """The custom_ids seen so far, in a Bloom filter of ~12 bits an id (sized from the file:
+    a batch line is 64 bytes or more): an id seen is never missed; one not seen is taken for
+    seen rarely, and those (``maybe``) are checked exactly by :func:`_duplicates`."""
+
+    PROBES = 8
+
+    def __init__(self, file_bytes: int) -> None:
+        bits = 1 << max(20, (12 * max(1, file_bytes // 64)).bit_length())
+        self._mask = bits - 1
+        self._bits = bytearray(bits // 8)
+        self.maybe: set[str] = set()
+
+    def add(self, custom_id: str) -> None:
+        digest = int.from_bytes(hashlib.blake2b(custom_id.encode(), digest_size=16).digest())
+        h1, h2 = digest & 0xFFFFFFFFFFFFFFFF, (digest >> 64) | 1
+        present = True
+        for i in range(self.PROBES):
+            at = (h1 + i * h2) & self._mask
+            byte, bit = at >> 3, 1 << (at & 7)
+            if not self._bits[byte] & bit:
+                present = False
+                self._bits[byte] |= bit
+        if present:
+            self.maybe.add(custom_id)
+
+
+# With more custom_ids than this to look for again, the second pass decodes every line rather
+# than only those that hold one of them.
+_NEEDLES = 256
+
+
+def _duplicates(path: Path, maybe: set[str]) -> list[BatchError]:
+    """Every line whose custom_id (one of ``maybe``) an earlier line has: a second pass."""
+    needles = [msgspec.json.encode(c) for c in maybe] if len(maybe) <= _NEEDLES else None
+    first: dict[str, int] = {}
+    out: list[BatchError] = []
+    for lineno, line in _lines(path):
+        if needles is not None and not any(n in line for n in needles):
+            continue
+        try:
+            obj = _decode(line)
+        except msgspec.DecodeError:
+            continue  # said by the first pass
+        custom_id = obj.get("custom_id") if isinstance(obj, dict) else None
+        if not isinstance(custom_id, str) or custom_id not in maybe:
+            continue
+        if custom_id not in first:
+            first[custom_id] = lineno
+            continue
+        out.append(
+            BatchError(
+                code="duplicate_custom_id",
+                message=f"The custom_id {custom_id!r} is used by line {first[custom_id]} too; "
+                "each must be unique.",
+                param="custom_id",
+                line=lineno,
+            )
+        )
+        if len(out) >= MAX_ERRORS:
+            break
+    return out
 
 
 class _Checker:
     """The rules one line at a time, with what the lines before it set: the custom_ids seen
-    (as digests: a fixed size, whatever their length) and the batch's model."""
+    (``seen``) and the batch's model."""
 
-    def __init__(self, endpoint: str, spec: JobSpec, max_line_bytes: int, source: str) -> None:
+    def __init__(
+        self, endpoint: str, spec: JobSpec, max_line_bytes: int, source: str, seen: _Seen
+    ) -> None:
         self.endpoint, self.spec, self.max_line_bytes, self.source = (
             endpoint, spec, max_line_bytes, source,
         )  # fmt: skip
-        self.ids: set[bytes] = set()
+        self.seen = seen
 
     def check(self, lineno: int, line: bytes) -> BatchError | None:
         """Why line ``lineno`` cannot be queued (None: it can)."""
@@ -82,14 +160,7 @@ class _Checker:
         custom_id = obj.get("custom_id")
         if not isinstance(custom_id, str) or not custom_id:
             return bad("missing_required_parameter", "custom_id must be a string", "custom_id")
-        digest = hashlib.blake2b(custom_id.encode(), digest_size=16).digest()
-        if digest in self.ids:
-            return bad(
-                "duplicate_custom_id",
-                f"The custom_id {custom_id!r} is used by an earlier line; each must be unique.",
-                "custom_id",
-            )
-        self.ids.add(digest)
+        self.seen.add(custom_id)  # a duplicate is said after the pass (see _duplicates)
         if obj.get("method", "POST") != "POST":
             return bad("invalid_request", "method must be POST", "method")
         if obj.get("url") != self.endpoint:
