@@ -51,6 +51,7 @@ from swarm_queue.producer.jobflags import (
 __all__ = [
     "JOB_FLAGS",
     "EnqueueReport",
+    "ParamsMemo",
     "enqueue",
     "enqueue_prompts",
     "main",
@@ -153,12 +154,21 @@ def prompts_for(
     model = (first.fields or {}).get("model")
     if spec.model is None and isinstance(model, str):
         spec = msgspec.structs.replace(spec, model=model)
-    return spec, (prompt_of(p, source, spec) for p in itertools.chain([first], parsed))
+    memo: ParamsMemo = {}
+    return spec, (prompt_of(p, source, spec, memo) for p in itertools.chain([first], parsed))
 
 
-def prompt_of(p: Parsed, source: str, spec: JobSpec) -> PromptInput:
+# A line's own request fields (as JSON) -> its sampling settings: lines of one file mostly
+# ask for the same, and the conversion is most of what checking a line costs.
+ParamsMemo = dict[bytes, SamplingParams | None]
+_MEMO_MAX = 1024
+_encode_json = msgspec.json.Encoder().encode
+
+
+def prompt_of(p: Parsed, source: str, spec: JobSpec, memo: ParamsMemo | None = None) -> PromptInput:
     """One line's prompt and its own settings (None: the job's); InputError for a line the
-    job cannot send as it asks (its API, its model, its sampling values)."""
+    job cannot send as it asks (its API, its model, its sampling values). ``memo``: the
+    settings of the fields seen before, for lines of one ``spec``."""
     if p.messages is not None and not spec.chat:
         raise InputError(
             source,
@@ -197,12 +207,17 @@ def prompt_of(p: Parsed, source: str, spec: JobSpec) -> PromptInput:
         )
     params = None
     if fields:
+        key = _encode_json(fields) if memo is not None else b""
+        if memo is not None and key in memo:
+            return (p.messages if p.messages is not None else p.prompt), p.custom_id, memo[key]
         try:
             params = msgspec.convert({**msgspec.to_builtins(spec.params), **fields}, SamplingParams)
         except (msgspec.ValidationError, ConfigError) as exc:
             raise InputError(source, p.line, f"body: {exc}") from None
         if params == spec.params:
             params = None
+        if memo is not None and len(memo) < _MEMO_MAX:
+            memo[key] = params
     return (p.messages if p.messages is not None else p.prompt), p.custom_id, params
 
 

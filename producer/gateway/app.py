@@ -86,11 +86,13 @@ class Gateway:
         jobs_of: Callable[[str], JobStore],
         files: FileStore,
         projects: Projects,
+        created: Callable[[], None] = lambda: None,
     ) -> None:
         self.store = store
         self.jobs_of = jobs_of
         self.files = files
         self.projects = projects
+        self.created = created  # a batch was created: its driver may start it at once
 
     # -- files ---------------------------------------------------------------------------
 
@@ -196,6 +198,7 @@ class Gateway:
             expires_at=now + seconds, metadata=metadata,
         )  # fmt: skip
         await self.store.create_batch(project.name, batch, project.prefix)
+        self.created()
         log.info("batch %s: created from %s (project %s)", batch.id, found.id, project.name)
         return _json(batch)
 

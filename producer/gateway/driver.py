@@ -27,21 +27,21 @@ from pathlib import Path
 import msgspec
 
 from swarm_queue.common.batchapi import (
+    BatchError,
     BatchErrors,
     BatchObject,
     BatchStatus,
     FileObject,
     RequestCounts,
 )
-from swarm_queue.common.errors import ProducerBusyError, SwarmError
+from swarm_queue.common.errors import SwarmError
 from swarm_queue.common.jobspec import JobOptions, build_spec
 from swarm_queue.common.models import JobSpec
 from swarm_queue.common.settings import Settings
 from swarm_queue.common.store import JobStore
-from swarm_queue.producer.enqueue import enqueue
 from swarm_queue.producer.formats import format_named
 from swarm_queue.producer.gateway.files import FileStore
-from swarm_queue.producer.gateway.validate import check_input
+from swarm_queue.producer.gateway.offload import Helpers
 from swarm_queue.producer.inputs import DEFAULT_MAX_PROMPT_BYTES
 from swarm_queue.producer.outfile import collect_durably
 
@@ -106,18 +106,28 @@ class Driver:
         self.token = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._later: dict[str, float] = {}  # batch -> when to try it again after a fault
+        self._woken = asyncio.Event()
+        self.helpers = Helpers()
+
+    def wake(self) -> None:
+        """Look now: a batch was created by this process (another's are found within
+        ``LOOK_S``)."""
+        self._woken.set()
 
     async def run(self) -> None:
-        """Look for batches to drive, every ``LOOK_S``, until cancelled."""
+        """Look for batches to drive, every ``LOOK_S`` or when woken, until cancelled."""
         try:
             while True:
                 with contextlib.suppress(SwarmError):
                     await self.step()
-                await asyncio.sleep(LOOK_S)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._woken.wait(), LOOK_S)
+                self._woken.clear()
         finally:
             for task in self._tasks.values():
                 task.cancel()
             await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+            self.helpers.close()
 
     async def step(self) -> bool:
         """Take up each batch not over whose lease is free; returns whether any was taken."""
@@ -165,20 +175,25 @@ class Driver:
             return
         batch, jobs = stored.batch, self.jobs_of(stored.prefix)
         if batch.status == BatchStatus.VALIDATING:
-            batch = await self._queue(project, batch, stored.prefix)
+            batch = await self._check(project, batch)
             await self.store.save_batch(project, batch)
         if batch.status == BatchStatus.IN_PROGRESS:
-            batch = await self._collect(project, batch, jobs)
+            batch = await self._run(project, batch, stored.prefix, jobs)
             await self.store.save_batch(project, batch)
         if batch.status == BatchStatus.FINALIZING:
             batch = await self._finish(project, batch, jobs)
             await self.store.save_batch(project, batch)
 
-    async def _queue(self, project: str, batch: BatchObject, prefix: str) -> BatchObject:
-        """Check the input, then queue it; the batch fails with its input's errors."""
+    async def _check(self, project: str, batch: BatchObject) -> BatchObject:
+        """Check the input: the batch fails with its errors, or goes in progress."""
         path = self.files.path(project, batch.input_file_id)
-        checked = await asyncio.to_thread(
-            check_input, path, batch.endpoint, batch_spec(batch), DEFAULT_MAX_PROMPT_BYTES
+        if not path.exists():
+            error = BatchError(code="file_not_found", message="The input file was deleted.")
+            return msgspec.structs.replace(
+                batch, status=BatchStatus.FAILED, failed_at=_now(), errors=BatchErrors([error])
+            )
+        checked = await self.helpers.check(
+            path, batch.endpoint, batch_spec(batch), DEFAULT_MAX_PROMPT_BYTES
         )
         if checked.errors:
             log.info("batch %s: its input failed validation", batch.id)
@@ -188,42 +203,71 @@ class Driver:
                 failed_at=_now(),
                 errors=BatchErrors(checked.errors),
             )
-        settings = msgspec.structs.replace(self.settings, prefix=prefix)
-        while True:
-            try:
-                with open(path, "rb") as fh:  # noqa: ASYNC230 - enqueue reads it as it queues
-                    report = await enqueue(settings, checked.spec, path.name, fh, fmt="jsonl")
-                break
-            except ProducerBusyError:
-                # A driver of this batch that died still holds the job's producer lock, until
-                # its TTL: queue when it lapses (the rerun resumes the input).
-                await asyncio.sleep(LOOK_S)
-        log.info("batch %s: %d requests queued", batch.id, report.total)
         return msgspec.structs.replace(
             batch,
             status=BatchStatus.IN_PROGRESS,
-            in_progress_at=batch.in_progress_at or _now(),
+            in_progress_at=_now(),
             model=checked.spec.model,
-            request_counts=counts_of(0, 0, report.total),
+            request_counts=counts_of(0, 0, checked.requests),
         )
+
+    async def _run(
+        self, project: str, batch: BatchObject, prefix: str, jobs: JobStore
+    ) -> BatchObject:
+        """Queue the input and collect the answers at once: the workers start on the first
+        requests while the rest are queued, and the collector follows them."""
+        queue = asyncio.create_task(self._queue(project, batch, prefix))
+        try:
+            batch = await self._collect(project, batch, jobs, queue)
+        finally:
+            queue.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await queue
+        return batch
+
+    async def _queue(self, project: str, batch: BatchObject, prefix: str) -> None:
+        """Queue the batch's lines as its job (a rerun resumes where the last one stopped)."""
+        path = self.files.path(project, batch.input_file_id)
+        spec = msgspec.structs.replace(batch_spec(batch), model=batch.model)
+        settings = msgspec.structs.replace(self.settings, prefix=prefix)
+        while True:
+            outcome, total, why = await self.helpers.queue(settings, spec, path)
+            if outcome == "queued":
+                log.info("batch %s: %d requests queued", batch.id, total)
+                return
+            if outcome == "cancelled":
+                return  # cancelled (or expired) while being queued: it ends where it stopped
+            if outcome == "error":
+                raise SwarmError(f"queuing its input: {why}")
+            # busy: a driver of this batch that died still holds the job's producer lock,
+            # until its TTL; queue when it lapses (the rerun resumes the input).
+            await asyncio.sleep(LOOK_S)
 
     def _work_path(self, project: str, batch_id: str) -> Path:
         return self.files.folder(project) / f"{batch_id}.lines"
 
-    async def _collect(self, project: str, batch: BatchObject, jobs: JobStore) -> BatchObject:
+    async def _collect(
+        self, project: str, batch: BatchObject, jobs: JobStore, queue: asyncio.Task[None]
+    ) -> BatchObject:
         """Collect the job's answers in input order, as they come, into the work file; a
-        cancel asked, or the completion window passed, cancels what is left of the job."""
+        cancel asked, or the completion window passed, cancels what is left of the job. A
+        fault of the ``queue`` task (the job's producer) ends it too."""
         sink = format_named("openai").sink
         watch = asyncio.create_task(self._watch(project, batch, jobs))
+        work = str(self._work_path(project, batch.id))
+        collect = asyncio.create_task(
+            collect_durably(jobs, batch.id, work, sink, wait=True, progress=False, evict=True)
+        )
         try:
-            await collect_durably(
-                jobs, batch.id, str(self._work_path(project, batch.id)), sink, wait=True,
-                progress=False, evict=True,
-            )  # fmt: skip
+            await asyncio.wait({collect, queue}, return_when=asyncio.FIRST_COMPLETED)
+            fault = queue.exception() if queue.done() else None
+            if fault is not None:
+                raise fault
+            await collect
         finally:
-            watch.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await watch
+            for task in (collect, watch):
+                task.cancel()
+            await asyncio.gather(collect, watch, return_exceptions=True)
         return msgspec.structs.replace(batch, status=BatchStatus.FINALIZING, finalizing_at=_now())
 
     async def _watch(self, project: str, batch: BatchObject, jobs: JobStore) -> None:

@@ -77,7 +77,9 @@ async def serve(settings: Settings, bind: str, port: int, stop: asyncio.Event) -
         return stores[prefix]
 
     driver = Driver(store, settings, files, jobs_of)
-    runner = web.AppRunner(make_app(Gateway(store, jobs_of, files, projects)), access_log=None)
+    runner = web.AppRunner(
+        make_app(Gateway(store, jobs_of, files, projects, driver.wake)), access_log=None
+    )
     await runner.setup()
     driving = asyncio.create_task(driver.run())
     try:

@@ -5,7 +5,6 @@ rules ``swarm-enqueue`` applies). A failure names its line, with OpenAI's error 
 
 from __future__ import annotations
 
-import hashlib
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +14,7 @@ import msgspec
 from swarm_queue.common.batchapi import BatchError
 from swarm_queue.common.errors import InputError
 from swarm_queue.common.models import JobSpec
-from swarm_queue.producer.enqueue import prompt_of
+from swarm_queue.producer.enqueue import ParamsMemo, prompt_of
 from swarm_queue.producer.inputs import prompt_from_json
 
 __all__ = ["MAX_ERRORS", "Checked", "check_input"]
@@ -72,7 +71,7 @@ class _Seen:
     a batch line is 64 bytes or more): an id seen is never missed; one not seen is taken for
     seen rarely, and those (``maybe``) are checked exactly by :func:`_duplicates`."""
 
-    PROBES = 8
+    PROBES = 6
 
     def __init__(self, file_bytes: int) -> None:
         bits = 1 << max(20, (12 * max(1, file_bytes // 64)).bit_length())
@@ -81,15 +80,18 @@ class _Seen:
         self.maybe: set[str] = set()
 
     def add(self, custom_id: str) -> None:
-        digest = int.from_bytes(hashlib.blake2b(custom_id.encode(), digest_size=16).digest())
-        h1, h2 = digest & 0xFFFFFFFFFFFFFFFF, (digest >> 64) | 1
+        # Python's own string hash (64 bits, in C; stable within this process, which is all
+        # a filter of one pass needs), its halves the two hashes of the probes.
+        h = hash(custom_id) & 0xFFFFFFFFFFFFFFFF
+        h1, h2 = h, (h >> 32 | h << 32) | 1
+        bits, mask = self._bits, self._mask
         present = True
         for i in range(self.PROBES):
-            at = (h1 + i * h2) & self._mask
+            at = (h1 + i * h2) & mask
             byte, bit = at >> 3, 1 << (at & 7)
-            if not self._bits[byte] & bit:
+            if not bits[byte] & bit:
                 present = False
-                self._bits[byte] |= bit
+                bits[byte] |= bit
         if present:
             self.maybe.add(custom_id)
 
@@ -142,6 +144,7 @@ class _Checker:
             endpoint, spec, max_line_bytes, source,
         )  # fmt: skip
         self.seen = seen
+        self.memo: ParamsMemo = {}
 
     def check(self, lineno: int, line: bytes) -> BatchError | None:
         """Why line ``lineno`` cannot be queued (None: it can)."""
@@ -176,6 +179,7 @@ class _Checker:
         asked = (parsed.fields or {}).get("model")
         if isinstance(asked, str) and self.spec.model is None:
             self.spec = msgspec.structs.replace(self.spec, model=asked)
+            self.memo.clear()  # (kept for lines of one spec)
         elif isinstance(asked, str) and asked != self.spec.model:
             return bad(
                 "model_mismatch",
@@ -184,7 +188,7 @@ class _Checker:
                 "body.model",
             )
         try:
-            prompt_of(parsed, self.source, self.spec)
+            prompt_of(parsed, self.source, self.spec, self.memo)
         except InputError as exc:
             return bad("invalid_request", exc.reason, "body")
         return None
