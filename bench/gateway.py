@@ -66,16 +66,24 @@ def batch_file(path: Path, n: int, prompt_bytes: int = 0, max_tokens: int = 16) 
 
 
 def _rss_mb(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as fh:
-        for line in fh:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return 0.0
+    """The resident memory of ``pid`` and of its children (the gateway's helper processes)."""
+    total = 0.0
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            for line in fh:
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1]) / 1024
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            for child in (task / "children").read_text().split():
+                total += _rss_mb(int(child))
+    except (FileNotFoundError, ProcessLookupError):
+        pass  # a helper that ended meanwhile
+    return total
 
 
 @dataclass
 class Rss(Periodic):
-    """The peak resident memory of process ``pid``, sampled every 50 ms."""
+    """The peak resident memory of process ``pid`` with its children, sampled every 50 ms."""
 
     pid: int
     peak_mb: float = 0.0
@@ -280,7 +288,8 @@ def section(got: dict[str, object], n: int, rounds: int, command: str) -> str:
             "",
             f"A file of {big['input MB']:,.0f} MB ({int(big['lines']):,} lines of 1 KB prompts) "
             "uploaded, downloaded again, run as a batch, and its output "
-            f"({big['output MB']:,.0f} MB) downloaded, the gateway's peak RSS through each:",
+            f"({big['output MB']:,.0f} MB) downloaded, the gateway's peak RSS through each "
+            "(its process and its helper processes together):",
             "",
             "| part | s | gateway peak RSS (MB) |",
             "| --- | ---: | ---: |",

@@ -169,16 +169,16 @@ def valid_id(kind: str, value: str) -> bool:
     return m is not None and m.group(1) == _ID_PREFIX[kind]
 
 
-_WINDOW_RE = re.compile(r"([1-9][0-9]{0,4})([mhd])")
-_UNIT_S = {"m": 60, "h": 3600, "d": 86400}
+_WINDOW_RE = re.compile(r"([1-9][0-9]{0,4})([smhd])")
+_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
 def window_s(window: str) -> int:
-    """Seconds of a completion window (OpenAI's ``24h``; ``30m``, ``7d`` and the like too, for a
-    fleet's longer jobs); ConfigError for anything else."""
+    """Seconds of a completion window (OpenAI's ``24h``; ``30m``, ``7d``, ``90s`` and the like
+    too: a fleet's jobs may be longer, or wanted sooner); ConfigError for anything else."""
     m = _WINDOW_RE.fullmatch(window) if isinstance(window, str) else None
     if m is None:
         raise ConfigError(
-            f"completion_window {window!r}: expected a duration such as '24h' (also 'm' or 'd')"
+            f"completion_window {window!r}: a duration such as '24h' (also 's', 'm' or 'd')"
         )
     return int(m.group(1)) * _UNIT_S[m.group(2)]

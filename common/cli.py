@@ -35,6 +35,7 @@ __all__ = [
     "open_job_store",
     "run",
     "settings_from_args",
+    "stop_on_signals",
 ]
 
 EXIT_ERROR = 1
@@ -57,6 +58,23 @@ def settings_from_args(args: argparse.Namespace, **overrides: Any) -> Settings:
     if note:
         print(f"{Path(sys.argv[0]).name}: {note}", file=sys.stderr)
     return settings
+
+
+def stop_on_signals() -> asyncio.Event:
+    """An event set by SIGINT or SIGTERM, for a server that stops between its own steps (a
+    second signal ends the process at once). Setting an event, rather than cancelling what
+    the loop awaits, keeps a stop from being lost inside a Redis call."""
+    stop = asyncio.Event()
+
+    def on_signal() -> None:
+        if stop.is_set():
+            os._exit(130)  # asked twice: stop now
+        stop.set()
+
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, on_signal)
+    return stop
 
 
 def is_loopback(host: str) -> bool:

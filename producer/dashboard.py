@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import signal
 import sys
 import time
@@ -21,7 +20,7 @@ import msgspec
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
-from swarm_queue.common.cli import is_loopback
+from swarm_queue.common.cli import is_loopback, stop_on_signals
 from swarm_queue.common.errors import ConfigError, SwarmError
 from swarm_queue.common.settings import mask_url
 from swarm_queue.common.store import JobStore
@@ -149,16 +148,7 @@ async def serve(store: JobStore, redis_url: str, host: str, port: int, every_s: 
     3.11's ``asyncio.timeout`` may turn one that coincides with its deadline into a timeout,
     which the store's patience retries), and a Ctrl-C that did not stop the dashboard within
     30 s was seen twice in CI."""
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-
-    def on_signal() -> None:
-        if stop.is_set():
-            os._exit(130)  # asked twice: stop now
-        stop.set()
-
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, on_signal)
+    stop = stop_on_signals()
     dash = Dashboard(store, redis_url, every_s)
     await dash.step()  # the first page load finds a board
     local = is_loopback(host)
@@ -185,6 +175,7 @@ async def serve(store: JobStore, redis_url: str, host: str, port: int, every_s: 
             )
         await dash.run(stop)
     finally:
+        loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
         await runner.cleanup()

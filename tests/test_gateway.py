@@ -19,9 +19,10 @@ import openai
 import pytest
 
 from swarm_queue.common.embedded import free_port
+from swarm_queue.common.keys import Keys
 from swarm_queue.common.models import pack_vector, unpack_vector
 from swarm_queue.sim.text import completion_for, embedding_for
-from tests.harness import BIN, MAX_TOKENS, FleetFactory, fleet_prompt, wait_port
+from tests.harness import BIN, MAX_TOKENS, FleetFactory, fleet_prompt, sync_client, wait_port
 
 OVER = {"completed", "failed", "expired", "cancelled"}
 
@@ -86,6 +87,15 @@ def _wait_until(client: openai.OpenAI, batch_id: str, done: int, stall_s: float 
         time.sleep(0.05)
 
 
+def _served(client: openai.OpenAI, stall_s: float = 120.0) -> list[str]:
+    """The models listed, once a worker has published what its endpoints serve."""
+    since = time.monotonic()
+    while not (models := [m.id for m in client.models.list()]):
+        assert time.monotonic() - since < stall_s, "no model listed"
+        time.sleep(0.1)
+    return models
+
+
 def _lines(client: openai.OpenAI, file_id: str | None) -> list[dict[str, Any]]:
     if file_id is None:
         return []
@@ -99,6 +109,16 @@ def _completion(i: int, poison: set[int]) -> dict[str, Any]:
         "url": "/v1/completions",
         "body": {"prompt": fleet_prompt(i, poison), "max_tokens": MAX_TOKENS},
     }
+
+
+def _completions_batch(client: openai.OpenAI, tmp: Path, n: int) -> Any:
+    """A batch of ``n`` completions requests, created."""
+    lines = [_completion(i, set()) for i in range(n)]
+    return client.batches.create(
+        input_file_id=_upload(client, tmp, "c.jsonl", lines),
+        endpoint="/v1/completions",
+        completion_window="24h",
+    )
 
 
 def _chat(i: int) -> dict[str, Any]:
@@ -209,11 +229,7 @@ def test_batches_of_each_endpoint_through_the_sdk_are_answered_line_by_line(
         names = {f.filename for f in client.files.list()}
         assert {"c.jsonl", "chat.jsonl", "e.jsonl", f"{completions.id}_output.jsonl"} <= names
         # What the live endpoints serve, once their worker has published its fleet rows.
-        since = time.monotonic()
-        while not (models := [m.id for m in client.models.list()]):
-            assert time.monotonic() - since < 60, "no model listed"
-            time.sleep(0.2)
-        assert models == ["swarm-sim"]
+        assert _served(client) == ["swarm-sim"]
         # Each batch's request counts were said once, by one driver.
         assert log.read_text().count(f"batch {completions.id}: completed") == 1
 
@@ -280,11 +296,12 @@ def test_an_input_that_fails_validation_fails_the_batch_naming_each_line(
 
 
 def test_two_projects_on_one_gateway_see_nothing_of_each_other(
-    cli_env: dict[str, str], tmp_path: Path
+    cli_env: dict[str, str], tmp_path: Path, redis_url: str
 ) -> None:
     alpha_key, beta_key = "sk-alpha-0123456789abcdef", "sk-beta-0123456789abcdef"
+    beta_prefix = cli_env["SWARM_PREFIX"] + "-beta"  # beta's jobs under a prefix of its own
     keys = tmp_path / "keys"
-    keys.write_text(f"# key project\n{alpha_key} alpha\n{beta_key} beta\n")
+    keys.write_text(f"# key project\n{alpha_key} alpha\n{beta_key} beta {beta_prefix}\n")
     with _gateway(cli_env, tmp_path, "--keys", str(keys)) as (_, port, log):
         alpha, beta = _client(port, alpha_key), _client(port, beta_key)
         file_id = _upload(alpha, tmp_path, "a.jsonl", [_completion(0, set())])
@@ -309,6 +326,30 @@ def test_two_projects_on_one_gateway_see_nothing_of_each_other(
         for wrong in ("no-key", beta_key + "x"):
             with pytest.raises(openai.AuthenticationError):
                 _client(port, wrong).batches.list()
+        # Each project's job under its own prefix, once queued (no worker runs them here).
+        theirs = beta.batches.create(
+            input_file_id=_upload(beta, tmp_path, "b.jsonl", [_completion(0, set())]),
+            endpoint="/v1/completions",
+            completion_window="24h",
+        )
+        prefixes = (cli_env["SWARM_PREFIX"], beta_prefix)
+        r = sync_client(redis_url)
+        try:
+            for batch_id, mine, other in (
+                (batch.id, prefixes[0], prefixes[1]),
+                (theirs.id, prefixes[1], prefixes[0]),
+            ):
+                since = time.monotonic()
+                while not r.exists(Keys(mine).meta(batch_id)):
+                    assert time.monotonic() - since < 60, f"{batch_id} never queued under {mine}"
+                    time.sleep(0.05)
+                assert not r.exists(Keys(other).meta(batch_id))
+        finally:
+            r.close()
+        # A file deleted is gone for its owner too.
+        assert alpha.files.delete(file_id).deleted
+        with pytest.raises(openai.NotFoundError):
+            alpha.files.retrieve(file_id)
         said = log.read_text()
     assert alpha_key not in said and beta_key not in said
 
@@ -337,12 +378,7 @@ def test_a_cancelled_batch_keeps_what_was_answered_and_fails_the_rest(
     n = 300
     with _gateway(fleet.env, tmp_path) as (_, port, _log):
         client = _client(port)
-        lines = [_completion(i, set()) for i in range(n)]
-        batch = client.batches.create(
-            input_file_id=_upload(client, tmp_path, "c.jsonl", lines),
-            endpoint="/v1/completions",
-            completion_window="24h",
-        )
+        batch = _completions_batch(client, tmp_path, n)
         _wait_until(client, batch.id, 16)
         asked = client.batches.cancel(batch.id)
         assert asked.status == "cancelling" and asked.cancelling_at
@@ -359,6 +395,33 @@ def test_a_cancelled_batch_keeps_what_was_answered_and_fails_the_rest(
             client.batches.cancel(batch.id)
 
 
+def test_a_batch_still_running_at_the_end_of_its_window_expires_with_what_it_has(
+    fleet_factory: FleetFactory, tmp_path: Path
+) -> None:
+    fleet = fleet_factory(1, "--step-ms", "40", "--max-num-seqs", "8")
+    fleet.worker(
+        "w", [0], burst=False, SWARM_BATCH_SIZE="4", SWARM_INFLIGHT_MAX="0", SWARM_INFLIGHT="2"
+    )
+    n = 400
+    with _gateway(fleet.env, tmp_path) as (_, port, _log):
+        client = _client(port)
+        _served(client)  # the worker is up: the window is the batch's, not its start's
+        lines = [_completion(i, set()) for i in range(n)]
+        batch = client.batches.create(
+            input_file_id=_upload(client, tmp_path, "c.jsonl", lines),
+            endpoint="/v1/completions",
+            completion_window="3s",
+        )
+        assert batch.expires_at == batch.created_at + 3
+        over = _wait(client, batch.id)
+        assert over.status == "expired" and over.expired_at and over.expired_at >= batch.expires_at
+        counts = over.request_counts
+        assert 0 < counts.completed < n and counts.completed + counts.failed == n
+        out, errors = _lines(client, over.output_file_id), _lines(client, over.error_file_id)
+        assert (len(out), len(errors)) == (counts.completed, counts.failed)
+        assert sorted(x["custom_id"] for x in out + errors) == sorted(f"req-{i}" for i in range(n))
+
+
 def test_a_gateway_killed_mid_batch_is_carried_on_by_the_next_one(
     fleet_factory: FleetFactory, tmp_path: Path
 ) -> None:
@@ -367,12 +430,7 @@ def test_a_gateway_killed_mid_batch_is_carried_on_by_the_next_one(
     n = 600
     with _gateway(fleet.env, tmp_path) as (first, port, _log):
         client = _client(port)
-        lines = [_completion(i, set()) for i in range(n)]
-        batch = client.batches.create(
-            input_file_id=_upload(client, tmp_path, "c.jsonl", lines),
-            endpoint="/v1/completions",
-            completion_window="24h",
-        )
+        batch = _completions_batch(client, tmp_path, n)
         seen = _wait_until(client, batch.id, 64)
         assert seen.status == "in_progress"
         first.send_signal(signal.SIGKILL)

@@ -13,15 +13,19 @@ import argparse
 import asyncio
 import contextlib
 import logging
-import os
-import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from aiohttp import web
 
-from swarm_queue.common.cli import add_redis_arg, is_loopback, run, settings_from_args
+from swarm_queue.common.cli import (
+    add_redis_arg,
+    is_loopback,
+    run,
+    settings_from_args,
+    stop_on_signals,
+)
 from swarm_queue.common.errors import ConfigError
 from swarm_queue.common.keys import Keys
 from swarm_queue.common.settings import Settings
@@ -106,17 +110,7 @@ async def serve(settings: Settings, bind: str, port: int, stop: asyncio.Event) -
 async def _main(args: argparse.Namespace) -> int:
     overrides = {"gateway_dir": args.dir, "gateway_keys": args.keys}
     settings = settings_from_args(args, **overrides)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-
-    def on_signal() -> None:
-        if stop.is_set():
-            os._exit(130)  # asked twice: stop now
-        stop.set()
-
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, on_signal)
-    await serve(settings, args.bind, args.port, stop)
+    await serve(settings, args.bind, args.port, stop_on_signals())
     print("swarm-gateway: stopped", file=sys.stderr)
     return 0
 
