@@ -190,9 +190,9 @@ class Keys:
         return self._job(job, "running")
 
     def strikes(self, job: str) -> str:
-        """Hash: entry ID -> how many times an endpoint gave it back because its answers could
-        not be used (malformed, or its choice left out): past a few, it fails rather than
-        going round the fleet again."""
+        """Hash: entry ID -> how many endpoints gave it back because their answers could not be
+        used (malformed, or its choice left out): past a few, it fails rather than going
+        round the fleet again; ``ID|consumer``: that consumer has struck it."""
         return self._job(job, "strikes")
 
     def copies(self, job: str) -> str:

@@ -48,7 +48,7 @@ __all__ = ["BatchPath"]
 log = logging.getLogger("swarm.worker")
 said = Throttled(log)
 
-# An entry given back this many times because endpoints' answers to it could not be used
+# An entry given back by this many endpoints because their answers to it could not be used
 # fails then, rather than going round the fleet again.
 MAX_STRIKES = 3
 
@@ -289,7 +289,7 @@ class BatchPath:
             where = (
                 "no other endpoint serves the job's model"
                 if not others
-                else f"given back by endpoints {n + 1} times"
+                else f"given back by {n + 1} endpoints"
             )
             failed = Result(
                 index=item.index,

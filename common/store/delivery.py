@@ -157,7 +157,8 @@ class Delivery(StoreBase):
             return int(await self.scripts.dim(keys=[self.keys.meta(job)], args=[gen, dim]))
 
     async def strikes(self, job: str, entry_ids: Sequence[bytes]) -> list[int]:
-        """How many times each entry was given back for answers that could not be used."""
+        """How many endpoints (consumers) gave each entry back for answers that could not be
+        used, each counted once."""
         if not entry_ids:
             return []
         async with redis_errors(self.url, job):

@@ -5,7 +5,10 @@
 -- left alone, so a slow worker never steals them back. Entries of another generation of the
 -- job (deleted and queued again under its name, same entry IDs) are refused with GONE.
 -- A release that gives entries back because the endpoint's answers could not be used strikes
--- each one (KEYS[4]): what tells, later, that an entry has been round enough endpoints.
+-- each one (KEYS[4]): what tells, later, that an entry has been round enough endpoints. A
+-- consumer strikes an entry once however often it gives it back (field `ID|consumer` marks
+-- it): one endpoint that answers unusably and takes back what it gave back cannot fail an
+-- entry alone.
 -- KEYS: [1] stream, [2] running, [3] meta, [4] (a release's strikes, if any) strikes
 -- ARGV: [1] group, [2] consumer, [3] idle_ms ('' for a heartbeat), [4] generation, then the
 --       entry IDs, sorted
@@ -34,7 +37,9 @@ end
 if idle ~= '' then
   for _, id in ipairs(ids) do
     if redis.call('HINCRBY', running, id, -1) <= 0 then redis.call('HDEL', running, id) end
-    if KEYS[4] then redis.call('HINCRBY', KEYS[4], id, 1) end
+    if KEYS[4] and redis.call('HSETNX', KEYS[4], id .. '|' .. consumer, 1) == 1 then
+      redis.call('HINCRBY', KEYS[4], id, 1)
+    end
   end
 end
 return #ids
