@@ -422,6 +422,38 @@ def test_a_batch_still_running_at_the_end_of_its_window_expires_with_what_it_has
         assert sorted(x["custom_id"] for x in out + errors) == sorted(f"req-{i}" for i in range(n))
 
 
+def test_a_batch_whose_job_is_deleted_under_it_fails_saying_so_and_is_not_queued_again(
+    fleet_factory: FleetFactory, tmp_path: Path, redis_url: str
+) -> None:
+    fleet = fleet_factory(1, "--step-ms", "30", "--max-num-seqs", "16")
+    fleet.worker(
+        "w", [0], burst=False, SWARM_BATCH_SIZE="8", SWARM_INFLIGHT_MAX="0", SWARM_INFLIGHT="2"
+    )
+    n = 300
+    with _gateway(fleet.env, tmp_path) as (_, port, _log):
+        client = _client(port)
+        batch = _completions_batch(client, tmp_path, n)
+        _wait_until(client, batch.id, 16)
+        gone = subprocess.run(
+            [BIN / "swarm-jobs", "--delete", batch.id, "--force"],
+            env=fleet.env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert gone.returncode == 0, gone.stderr
+        over = _wait(client, batch.id)
+        assert over.status == "failed" and over.errors is not None
+        assert [e.code for e in over.errors.data] == ["job_deleted"]
+        answered = _lines(client, over.output_file_id)
+        assert len(answered) >= 16 and all(x["error"] is None for x in answered)
+        r = sync_client(redis_url)
+        try:  # over: never queued again behind its user's back
+            assert not r.exists(Keys(fleet.prefix).meta(batch.id))
+        finally:
+            r.close()
+
+
 def test_a_gateway_killed_mid_batch_is_carried_on_by_the_next_one(
     fleet_factory: FleetFactory, tmp_path: Path
 ) -> None:

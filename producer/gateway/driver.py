@@ -34,7 +34,7 @@ from swarm_queue.common.batchapi import (
     FileObject,
     RequestCounts,
 )
-from swarm_queue.common.errors import SwarmError
+from swarm_queue.common.errors import JobGoneError, JobNotFoundError, SwarmError
 from swarm_queue.common.jobspec import JobOptions, build_spec
 from swarm_queue.common.models import JobSpec
 from swarm_queue.common.settings import Settings
@@ -43,7 +43,7 @@ from swarm_queue.producer.formats import format_named
 from swarm_queue.producer.gateway.files import FileStore
 from swarm_queue.producer.gateway.offload import Helpers
 from swarm_queue.producer.inputs import DEFAULT_MAX_PROMPT_BYTES
-from swarm_queue.producer.outfile import collect_durably
+from swarm_queue.producer.outfile import CursorFile, collect_durably
 
 __all__ = ["LEASE_MS", "Driver", "batch_spec", "counts_of"]
 
@@ -174,6 +174,13 @@ class Driver:
         if stored is None:
             return
         batch, jobs = stored.batch, self.jobs_of(stored.prefix)
+        if batch.status == BatchStatus.VALIDATING and stored.cancel_at is not None:
+            now = _now()  # cancelled before anything was queued: nothing to run or keep
+            batch = msgspec.structs.replace(
+                batch, status=BatchStatus.CANCELLED, cancelling_at=stored.cancel_at,
+                cancelled_at=now,
+            )  # fmt: skip
+            await self.store.save_batch(project, batch)
         if batch.status == BatchStatus.VALIDATING:
             batch = await self._check(project, batch)
             await self.store.save_batch(project, batch)
@@ -216,14 +223,44 @@ class Driver:
     ) -> BatchObject:
         """Queue the input and collect the answers at once: the workers start on the first
         requests while the rest are queued, and the collector follows them."""
+        if await self._job_deleted(project, batch, jobs):
+            return await self._deleted(project, batch)
         queue = asyncio.create_task(self._queue(project, batch, prefix))
         try:
             batch = await self._collect(project, batch, jobs, queue)
+        except (JobGoneError, JobNotFoundError):
+            return await self._deleted(project, batch)
         finally:
             queue.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await queue
         return batch
+
+    async def _job_deleted(self, project: str, batch: BatchObject, jobs: JobStore) -> bool:
+        """Whether the batch's job was deleted (or deleted and queued again) since its
+        collection began: its work file's cursor names another generation than the job's."""
+        cursor = CursorFile(str(self._work_path(project, batch.id))).load(batch.id)
+        if cursor is None:
+            return False  # never collected: queuing (again) is how it starts
+        try:
+            return (await jobs.load_spec(batch.id)).generation != cursor.generation
+        except JobNotFoundError:
+            return True
+
+    async def _deleted(self, project: str, batch: BatchObject) -> BatchObject:
+        """The batch's job was deleted while it ran (``swarm-jobs --delete``, a Redis restarted
+        empty): the batch fails, saying so, with the lines collected before in its files; it
+        is never queued again behind its user's back."""
+        log.error("batch %s: its job was deleted from Redis while it ran; it fails", batch.id)
+        done = await self._split_files(project, batch)
+        error = BatchError(
+            code="job_deleted",
+            message="The batch's job was deleted from Redis while it ran (swarm-jobs --delete, "
+            "or a Redis restarted empty); the requests answered before are in its output file.",
+        )
+        return msgspec.structs.replace(
+            done, status=BatchStatus.FAILED, failed_at=_now(), errors=BatchErrors([error])
+        )
 
     async def _queue(self, project: str, batch: BatchObject, prefix: str) -> None:
         """Queue the batch's lines as its job (a rerun resumes where the last one stopped)."""
@@ -237,6 +274,8 @@ class Driver:
                 return
             if outcome == "cancelled":
                 return  # cancelled (or expired) while being queued: it ends where it stopped
+            if outcome == "gone":
+                raise JobGoneError(batch.id)
             if outcome == "error":
                 raise SwarmError(f"queuing its input: {why}")
             # busy: a driver of this batch that died still holds the job's producer lock,
@@ -276,13 +315,40 @@ class Driver:
         while True:
             stored = await self.store.batch(project, batch.id)
             if stored is not None and (stored.cancel_at is not None or _now() >= batch.expires_at):
-                await jobs.cancel(batch.id)
-                return
+                try:
+                    await jobs.cancel(batch.id)
+                    return
+                except JobNotFoundError:
+                    pass  # not queued yet: cancelled once it is
             await asyncio.sleep(LOOK_S)
 
     async def _finish(self, project: str, batch: BatchObject, jobs: JobStore) -> BatchObject:
+        """Split the work file into the output and error files, and end the batch."""
+        batch = await self._split_files(project, batch)
+        now = _now()
+        status = await jobs.status(batch.id, rate=False)
+        stored = await self.store.batch(project, batch.id)
+        cancelled = stored is not None and stored.cancel_at is not None
+        expired = not cancelled and status.failed > 0 and now >= batch.expires_at
+        end = (
+            {
+                "status": BatchStatus.CANCELLED,
+                "cancelled_at": now,
+                "cancelling_at": stored.cancel_at,
+            }
+            if cancelled and stored is not None
+            else {"status": BatchStatus.EXPIRED, "expired_at": now}
+            if expired
+            else {"status": BatchStatus.COMPLETED, "completed_at": now}
+        )
+        log.info("batch %s: %s", batch.id, end["status"])
+        return msgspec.structs.replace(
+            batch, request_counts=counts_of(status.done, status.failed, status.total or 0), **end
+        )
+
+    async def _split_files(self, project: str, batch: BatchObject) -> BatchObject:
         """Split the work file into the output file (answered requests) and the error file
-        (failed ones), keep their records, and end the batch."""
+        (failed ones), keep their records, and forget the work file."""
         work = self._work_path(project, batch.id)
         ids = {role: _file_id(batch.id, role) for role in ("output", "error")}
         sizes = await asyncio.to_thread(
@@ -304,25 +370,9 @@ class Driver:
                 ),
             )  # fmt: skip
             kept[role] = file_id
-        status = await jobs.status(batch.id, rate=False)
-        stored = await self.store.batch(project, batch.id)
-        cancelled = stored is not None and stored.cancel_at is not None
-        expired = not cancelled and status.failed > 0 and now >= batch.expires_at
-        end = (
-            {"status": BatchStatus.CANCELLED, "cancelled_at": now}
-            if cancelled
-            else {"status": BatchStatus.EXPIRED, "expired_at": now}
-            if expired
-            else {"status": BatchStatus.COMPLETED, "completed_at": now}
-        )
         await asyncio.to_thread(_forget, work)
-        log.info("batch %s: %s", batch.id, end["status"])
         return msgspec.structs.replace(
-            batch,
-            output_file_id=kept["output"],
-            error_file_id=kept["error"],
-            request_counts=counts_of(status.done, status.failed, status.total or 0),
-            **end,
+            batch, output_file_id=kept["output"], error_file_id=kept["error"]
         )
 
 

@@ -17,7 +17,12 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Literal
 
-from swarm_queue.common.errors import JobCancelledError, ProducerBusyError, SwarmError
+from swarm_queue.common.errors import (
+    JobCancelledError,
+    JobGoneError,
+    ProducerBusyError,
+    SwarmError,
+)
 from swarm_queue.common.models import JobSpec
 from swarm_queue.common.settings import Settings
 from swarm_queue.producer.enqueue import enqueue
@@ -28,14 +33,14 @@ __all__ = ["Helpers", "Queued"]
 # Helper processes: batches checked or queued at once by one gateway process.
 HELPERS = 2
 
-Queued = tuple[Literal["queued", "busy", "cancelled", "error"], int, str]
+Queued = tuple[Literal["queued", "busy", "cancelled", "gone", "error"], int, str]
 
 
 def _queue(settings: Settings, spec: JobSpec, path: str) -> Queued:
     """Queue the batch file at ``path`` as ``spec``'s job (in a helper process): ``queued``
     and how many requests, ``busy`` (another producer holds the job's lock: a driver of the
-    batch that died, until its lock's TTL), ``cancelled`` (cancelled while being queued), or
-    ``error`` and what went wrong."""
+    batch that died, until its lock's TTL), ``cancelled`` (cancelled while being queued),
+    ``gone`` (the job deleted while being queued), or ``error`` and what went wrong."""
 
     async def run() -> Queued:
         try:
@@ -45,6 +50,8 @@ def _queue(settings: Settings, spec: JobSpec, path: str) -> Queued:
             return "busy", 0, ""
         except JobCancelledError:
             return "cancelled", 0, ""
+        except JobGoneError:
+            return "gone", 0, ""
         except SwarmError as exc:
             return "error", 0, str(exc)
         return "queued", report.total, ""
