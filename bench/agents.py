@@ -22,7 +22,7 @@ import urllib.request
 from typing import Any
 
 from bench.harness import OUT, ROOT, Bench, Workers, cpu_s, new_fleet, wait_workers_ready
-from bench.versus import with_section
+from bench.versus import publish
 from swarm_queue.common.jobspec import JobOptions
 from swarm_queue.common.keys import step_name
 from swarm_queue.common.models import decode_result
@@ -268,10 +268,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.inflight != "256":
         command += f" --inflight {args.inflight}"
     text = section(rows, args.n, command)
-    print(text)
-    if not args.no_docs:
-        path = ROOT / "docs" / "BENCHMARKS.md"
-        path.write_text(with_section(path.read_text(), text, TITLE))
+    publish(text, TITLE, docs=not args.no_docs)
 
 
 if __name__ == "__main__":

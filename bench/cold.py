@@ -15,9 +15,9 @@ import asyncio
 import statistics
 import sys
 
-from bench.harness import ROOT, Bench, new_fleet, prompt_set, run_swarm
+from bench.harness import Bench, new_fleet, prompt_set, run_swarm
 from bench.strict import MAX_TOKENS, STRICT, ideal_s
-from bench.versus import with_section
+from bench.versus import publish
 
 __all__ = ["TITLE", "cold_versus_warm"]
 
@@ -100,10 +100,7 @@ def main(argv: list[str] | None = None) -> None:
     got = asyncio.run(cold_versus_warm(args.prompts, args.rounds))
     command = "python -m bench.cold" + (f" --rounds {args.rounds}" if args.rounds != 5 else "")
     text = section(got, args.prompts, args.rounds, command)
-    print(text)
-    if not args.no_docs:
-        path = ROOT / "docs" / "BENCHMARKS.md"
-        path.write_text(with_section(path.read_text(), text, TITLE))
+    publish(text, TITLE, docs=not args.no_docs)
 
 
 if __name__ == "__main__":

@@ -30,7 +30,6 @@ import openai
 from bench.harness import (
     INSTANT,
     OUT,
-    ROOT,
     Bench,
     Periodic,
     Workers,
@@ -38,7 +37,7 @@ from bench.harness import (
     new_fleet,
     wait_workers_ready,
 )
-from bench.versus import with_section
+from bench.versus import publish
 from swarm_queue.common.settings import Settings
 from swarm_queue.common.store import JobStore
 
@@ -326,10 +325,7 @@ def main(argv: list[str] | None = None) -> None:
     if (args.lines, args.rounds, args.big_mb) != (100_000, 5, 1024):
         command += f" --lines {args.lines} --rounds {args.rounds} --big-mb {args.big_mb}"
     text = section(got, args.lines, args.rounds, command)
-    print(text)
-    if not args.no_docs:
-        path = ROOT / "docs" / "BENCHMARKS.md"
-        path.write_text(with_section(path.read_text(), text, TITLE))
+    publish(text, TITLE, docs=not args.no_docs)
 
 
 if __name__ == "__main__":

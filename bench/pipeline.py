@@ -31,7 +31,6 @@ from typing import Any
 
 from bench.harness import (
     OUT,
-    ROOT,
     Bench,
     Workers,
     ideal_makespan,
@@ -39,7 +38,7 @@ from bench.harness import (
     wait_workers_ready,
 )
 from bench.rows import Row
-from bench.versus import with_section
+from bench.versus import publish
 from swarm_queue.common.jobspec import JobOptions, build_spec
 from swarm_queue.common.settings import Settings
 from swarm_queue.common.store import JobStore
@@ -263,10 +262,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.n != 10_000:
         command += f" --n {args.n}"
     text = section(rows, args.n, command)
-    print(text)
-    if not args.no_docs:
-        path = ROOT / "docs" / "BENCHMARKS.md"
-        path.write_text(with_section(path.read_text(), text, TITLE))
+    publish(text, TITLE, docs=not args.no_docs)
 
 
 if __name__ == "__main__":

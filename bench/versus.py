@@ -24,7 +24,7 @@ from typing import Any
 
 from bench.harness import INSTANT, OUT, Bench, new_fleet
 
-__all__ = ["carried_over", "main", "with_section"]
+__all__ = ["carried_over", "main", "publish", "with_section"]
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -152,6 +152,15 @@ def with_section(text: str, section: str, title: str = TITLE) -> str:
         return text[:start] + section + "\n" + text[end + 1 if end >= 0 else len(text) :]
     at = text.find("## Defaults, and why")
     return text[:at] + section + "\n" + text[at:] if at >= 0 else text + "\n" + section
+
+
+def publish(text: str, title: str, *, docs: bool = True) -> None:
+    """Print a benchmark's section and (``docs``) put it into docs/BENCHMARKS.md under
+    ``title``, in place of the one measured before."""
+    print(text)
+    if docs:
+        path = ROOT / "docs" / "BENCHMARKS.md"
+        path.write_text(with_section(path.read_text(), text, title))
 
 
 def carried_over(old: str, title: str = TITLE) -> str | None:

@@ -22,7 +22,7 @@ from swarm_queue.common.embedded import free_port
 from swarm_queue.common.keys import Keys
 from swarm_queue.common.models import pack_vector, unpack_vector
 from swarm_queue.sim.text import completion_for, embedding_for
-from tests.harness import BIN, MAX_TOKENS, FleetFactory, fleet_prompt, sync_client, wait_port
+from tests.harness import BIN, MAX_TOKENS, Fleet, FleetFactory, fleet_prompt, sync_client, wait_port
 
 OVER = {"completed", "failed", "expired", "cancelled"}
 
@@ -109,6 +109,17 @@ def _completion(i: int, poison: set[int]) -> dict[str, Any]:
         "url": "/v1/completions",
         "body": {"prompt": fleet_prompt(i, poison), "max_tokens": MAX_TOKENS},
     }
+
+
+def _slow_fleet(fleet_factory: FleetFactory, *, step_ms: int, seqs: int, batch: int) -> Fleet:
+    """One slow endpoint and its worker, two small batches in flight: a batch of hundreds of
+    requests runs for seconds, long enough to act on it midway."""
+    fleet = fleet_factory(1, "--step-ms", str(step_ms), "--max-num-seqs", str(seqs))
+    fleet.worker(
+        "w", [0], burst=False, SWARM_BATCH_SIZE=str(batch), SWARM_INFLIGHT_MAX="0",
+        SWARM_INFLIGHT="2",
+    )  # fmt: skip
+    return fleet
 
 
 def _completions_batch(client: openai.OpenAI, tmp: Path, n: int) -> Any:
@@ -371,10 +382,7 @@ def test_without_keys_the_gateway_serves_this_host_only(
 def test_a_cancelled_batch_keeps_what_was_answered_and_fails_the_rest(
     fleet_factory: FleetFactory, tmp_path: Path
 ) -> None:
-    fleet = fleet_factory(1, "--step-ms", "30", "--max-num-seqs", "16")
-    fleet.worker(
-        "w", [0], burst=False, SWARM_BATCH_SIZE="8", SWARM_INFLIGHT_MAX="0", SWARM_INFLIGHT="2"
-    )
+    fleet = _slow_fleet(fleet_factory, step_ms=30, seqs=16, batch=8)
     n = 300
     with _gateway(fleet.env, tmp_path) as (_, port, _log):
         client = _client(port)
@@ -398,10 +406,7 @@ def test_a_cancelled_batch_keeps_what_was_answered_and_fails_the_rest(
 def test_a_batch_still_running_at_the_end_of_its_window_expires_with_what_it_has(
     fleet_factory: FleetFactory, tmp_path: Path
 ) -> None:
-    fleet = fleet_factory(1, "--step-ms", "40", "--max-num-seqs", "8")
-    fleet.worker(
-        "w", [0], burst=False, SWARM_BATCH_SIZE="4", SWARM_INFLIGHT_MAX="0", SWARM_INFLIGHT="2"
-    )
+    fleet = _slow_fleet(fleet_factory, step_ms=40, seqs=8, batch=4)
     n = 400
     with _gateway(fleet.env, tmp_path) as (_, port, _log):
         client = _client(port)
@@ -425,10 +430,7 @@ def test_a_batch_still_running_at_the_end_of_its_window_expires_with_what_it_has
 def test_a_batch_whose_job_is_deleted_under_it_fails_saying_so_and_is_not_queued_again(
     fleet_factory: FleetFactory, tmp_path: Path, redis_url: str
 ) -> None:
-    fleet = fleet_factory(1, "--step-ms", "30", "--max-num-seqs", "16")
-    fleet.worker(
-        "w", [0], burst=False, SWARM_BATCH_SIZE="8", SWARM_INFLIGHT_MAX="0", SWARM_INFLIGHT="2"
-    )
+    fleet = _slow_fleet(fleet_factory, step_ms=30, seqs=16, batch=8)
     n = 300
     with _gateway(fleet.env, tmp_path) as (_, port, _log):
         client = _client(port)
