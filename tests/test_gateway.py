@@ -22,7 +22,18 @@ from swarm_queue.common.embedded import free_port
 from swarm_queue.common.keys import Keys
 from swarm_queue.common.models import pack_vector, unpack_vector
 from swarm_queue.sim.text import completion_for, embedding_for
-from tests.harness import BIN, MAX_TOKENS, Fleet, FleetFactory, fleet_prompt, sync_client, wait_port
+from tests.harness import (
+    BIN,
+    MAX_TOKENS,
+    Fleet,
+    FleetFactory,
+    check_output,
+    collect,
+    fleet_prompt,
+    sync_client,
+    wait_port,
+    wrong_key_endpoint,
+)
 
 OVER = {"completed", "failed", "expired", "cancelled"}
 
@@ -493,3 +504,51 @@ def test_the_batch_objects_decode_as_the_sdk_types_them() -> None:
     typed = openai.types.Batch.model_validate(msgspec.json.decode(json_body(obj)))
     assert typed.status == "in_progress" and typed.request_counts is not None
     assert typed.request_counts.total == 0
+
+
+def test_batches_of_two_models_beside_a_command_line_job_and_a_broken_endpoint(
+    fleet_factory: FleetFactory, tmp_path: Path
+) -> None:
+    """The shared case: one fleet serving two models, one endpoint unusable (a wrong key), a
+    job queued from the command line beside two gateway batches: each answered by its own
+    model's endpoint, line by line, and nothing stopped by the broken one."""
+    fleet = fleet_factory(2, "--model", "writer,coder")
+    with wrong_key_endpoint() as broken:
+        endpoints = f"{fleet.url(0)},{fleet.url(1)},{broken}"
+        fleet.worker("w", [0, 1], burst=False, SWARM_ENDPOINTS=endpoints)
+        n = 120
+        source = tmp_path / "cli.txt"
+        source.write_text("".join(fleet_prompt(i, set()) + "\n" for i in range(n)))
+        cli = subprocess.run(
+            [BIN / "swarm-enqueue", source, "--job", "beside", "--model", "writer",
+             "--max-tokens", str(MAX_TOKENS)],
+            env=fleet.env, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert cli.returncode == 0, cli.stderr
+        with _gateway(fleet.env, tmp_path) as (_, port, _log):
+            client = _client(port)
+            batches = {}
+            for model in ("writer", "coder"):
+                lines = [_completion(i, set()) for i in range(n)]
+                for line in lines:
+                    line["body"]["model"] = model
+                batches[model] = client.batches.create(
+                    input_file_id=_upload(client, tmp_path, f"{model}.jsonl", lines),
+                    endpoint="/v1/completions",
+                    completion_window="24h",
+                ).id
+            for model, batch_id in batches.items():
+                done = _wait(client, batch_id)
+                assert done.status == "completed" and done.model == model
+                assert done.error_file_id is None
+                out = _lines(client, done.output_file_id)
+                assert sorted(x["custom_id"] for x in out) == sorted(f"req-{i}" for i in range(n))
+                for x in out:
+                    i = int(x["custom_id"].split("-")[1])
+                    body = x["response"]["body"]
+                    assert body["model"] == model  # its own model's endpoint answered it
+                    expected = completion_for(fleet_prompt(i, set()), MAX_TOKENS)[0]
+                    assert body["choices"][0]["text"] == expected
+        collected = collect(fleet.env, "beside", tmp_path / "beside.jsonl")
+        assert collected.returncode == 0, collected.stderr
+        check_output(tmp_path / "beside.jsonl", n, set())
