@@ -410,6 +410,9 @@ def test_a_cancelled_batch_keeps_what_was_answered_and_fails_the_rest(
         assert len(out) == counts.completed and len(errors) == counts.failed
         assert sorted(x["custom_id"] for x in out + errors) == sorted(f"req-{i}" for i in range(n))
         assert {x["error"]["type"] for x in errors} == {"cancelled"}
+        assert {x["error"]["message"] for x in errors} == {
+            "the batch was cancelled (batches.cancel)"
+        }
         with pytest.raises(openai.ConflictError):
             client.batches.cancel(batch.id)
 
@@ -436,6 +439,9 @@ def test_a_batch_still_running_at_the_end_of_its_window_expires_with_what_it_has
         out, errors = _lines(client, over.output_file_id), _lines(client, over.error_file_id)
         assert (len(out), len(errors)) == (counts.completed, counts.failed)
         assert sorted(x["custom_id"] for x in out + errors) == sorted(f"req-{i}" for i in range(n))
+        assert {x["error"]["message"] for x in errors} == {
+            "the batch expired: its completion window (3s) ended before this request was answered"
+        }
 
 
 def test_a_batch_whose_job_is_deleted_under_it_fails_saying_so_and_is_not_queued_again(

@@ -17,9 +17,12 @@ class JobStore(ProducerStore, WorkerStore, FlowStore, CollectorStore, Batches):
     (:mod:`common.store.roles`), an operator's (cancel), and the Batch API's records
     (``swarm-gateway``)."""
 
-    async def cancel(self, job: str) -> tuple[bool, int]:
+    async def cancel(
+        self, job: str, why: str = "cancelled by operator (swarm-cancel)"
+    ) -> tuple[bool, int]:
         """Stop ``job``: every prompt not yet answered gets a failed result of kind ``cancelled``
-        (its entry kept for ``swarm-retry``). Returns (newly cancelled, prompts cancelled now)."""
+        saying ``why`` (its entry kept for ``swarm-retry``). Returns (newly cancelled, prompts
+        cancelled now)."""
         meta = self.keys.meta(job)
         gen = (await self.load_spec(job)).generation
         async with redis_errors(self.url, job):
@@ -39,7 +42,7 @@ class JobStore(ProducerStore, WorkerStore, FlowStore, CollectorStore, Batches):
                     eid,
                     Result(
                         index=index_of(eid),
-                        error="cancelled by operator (swarm-cancel)",
+                        error=why,
                         error_kind=FailureKind.CANCELLED,
                         custom_id=_custom_id(eid, fields.get(b"d")),
                     ),

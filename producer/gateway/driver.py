@@ -314,9 +314,16 @@ class Driver:
         answered requests stay answered; the rest fail as cancelled)."""
         while True:
             stored = await self.store.batch(project, batch.id)
-            if stored is not None and (stored.cancel_at is not None or _now() >= batch.expires_at):
+            asked = stored is not None and stored.cancel_at is not None
+            if asked or _now() >= batch.expires_at:
+                why = (
+                    "the batch was cancelled (batches.cancel)"
+                    if asked
+                    else f"the batch expired: its completion window ({batch.completion_window}) "
+                    "ended before this request was answered"
+                )
                 try:
-                    await jobs.cancel(batch.id)
+                    await jobs.cancel(batch.id, why)
                     return
                 except JobNotFoundError:
                     pass  # not queued yet: cancelled once it is
