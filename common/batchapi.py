@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 import secrets
+import time
 from enum import StrEnum
 from typing import Any
 
@@ -31,6 +32,7 @@ __all__ = [
     "decode_batch",
     "decode_file",
     "encode",
+    "epoch_s",
     "json_body",
     "new_id",
     "valid_id",
@@ -124,6 +126,11 @@ _msgpack = msgspec.msgpack.Encoder()
 _json = msgspec.json.Encoder()
 _batch_decoder = msgspec.msgpack.Decoder(BatchObject)
 _file_decoder = msgspec.msgpack.Decoder(FileObject)
+
+
+def epoch_s() -> int:
+    """Now, as the API's timestamps say it: whole seconds since the epoch."""
+    return int(time.time())
 
 
 def encode(obj: BatchObject | FileObject) -> bytes:

@@ -133,14 +133,24 @@ def _slow_fleet(fleet_factory: FleetFactory, *, step_ms: int, seqs: int, batch: 
     return fleet
 
 
-def _completions_batch(client: openai.OpenAI, tmp: Path, n: int) -> Any:
+def _completions_batch(client: openai.OpenAI, tmp: Path, n: int, window: str = "24h") -> Any:
     """A batch of ``n`` completions requests, created."""
     lines = [_completion(i, set()) for i in range(n)]
     return client.batches.create(
         input_file_id=_upload(client, tmp, "c.jsonl", lines),
         endpoint="/v1/completions",
-        completion_window="24h",
+        completion_window=window,
     )
+
+
+def _split_whole(client: openai.OpenAI, over: Any, n: int) -> list[dict[str, Any]]:
+    """The error lines of a batch ended early, once its output and error files are checked
+    to hold its counts and every request once."""
+    counts = over.request_counts
+    out, errors = _lines(client, over.output_file_id), _lines(client, over.error_file_id)
+    assert (len(out), len(errors)) == (counts.completed, counts.failed)
+    assert sorted(x["custom_id"] for x in out + errors) == sorted(f"req-{i}" for i in range(n))
+    return errors
 
 
 def _chat(i: int) -> dict[str, Any]:
@@ -406,9 +416,7 @@ def test_a_cancelled_batch_keeps_what_was_answered_and_fails_the_rest(
         counts = over.request_counts
         assert counts.total == n and counts.completed + counts.failed == n
         assert 16 <= counts.completed < n
-        out, errors = _lines(client, over.output_file_id), _lines(client, over.error_file_id)
-        assert len(out) == counts.completed and len(errors) == counts.failed
-        assert sorted(x["custom_id"] for x in out + errors) == sorted(f"req-{i}" for i in range(n))
+        errors = _split_whole(client, over, n)
         assert {x["error"]["type"] for x in errors} == {"cancelled"}
         assert {x["error"]["message"] for x in errors} == {
             "the batch was cancelled (batches.cancel)"
@@ -425,20 +433,13 @@ def test_a_batch_still_running_at_the_end_of_its_window_expires_with_what_it_has
     with _gateway(fleet.env, tmp_path) as (_, port, _log):
         client = _client(port)
         _served(client)  # the worker is up: the window is the batch's, not its start's
-        lines = [_completion(i, set()) for i in range(n)]
-        batch = client.batches.create(
-            input_file_id=_upload(client, tmp_path, "c.jsonl", lines),
-            endpoint="/v1/completions",
-            completion_window="3s",
-        )
+        batch = _completions_batch(client, tmp_path, n, window="3s")
         assert batch.expires_at == batch.created_at + 3
         over = _wait(client, batch.id)
         assert over.status == "expired" and over.expired_at and over.expired_at >= batch.expires_at
         counts = over.request_counts
         assert 0 < counts.completed < n and counts.completed + counts.failed == n
-        out, errors = _lines(client, over.output_file_id), _lines(client, over.error_file_id)
-        assert (len(out), len(errors)) == (counts.completed, counts.failed)
-        assert sorted(x["custom_id"] for x in out + errors) == sorted(f"req-{i}" for i in range(n))
+        errors = _split_whole(client, over, n)
         assert {x["error"]["message"] for x in errors} == {
             "the batch expired: its completion window (3s) ended before this request was answered"
         }

@@ -9,7 +9,6 @@ id answers 404, exactly as an id that does not exist. Errors are OpenAI's error 
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -22,6 +21,7 @@ from swarm_queue.common.batchapi import (
     BatchStatus,
     FileObject,
     api_error,
+    epoch_s,
     json_body,
     new_id,
     valid_id,
@@ -109,10 +109,10 @@ class Gateway:
             elif part.name == "file":
                 file_id = new_id("file")
                 size = await self.files.receive(project.name, file_id, _chunks(part))
+                name = part.filename or "upload"
                 got = FileObject(
-                    id=file_id, bytes=size, created_at=_now(), filename=part.filename or "upload",
-                    purpose="batch",
-                )  # fmt: skip
+                    id=file_id, bytes=size, created_at=epoch_s(), filename=name, purpose="batch"
+                )
         if got is None:
             raise ApiError(400, "no file in the request", param="file")
         if purpose != "batch":
@@ -191,7 +191,7 @@ class Gateway:
         )
         if found is None:
             raise ApiError(404, f"No such File object: {file_id}", code="not_found")
-        now = _now()
+        now = epoch_s()
         batch = BatchObject(
             id=new_id("batch"), endpoint=endpoint, input_file_id=found.id,
             completion_window=window, status=BatchStatus.VALIDATING, created_at=now,
@@ -255,7 +255,7 @@ class Gateway:
             raise ApiError(
                 409, f"batch {stored.batch.id} is {stored.batch.status.value}: nothing to cancel"
             )
-        stored.cancel_at = await self.store.ask_cancel(project.name, stored.batch.id, _now())
+        stored.cancel_at = await self.store.ask_cancel(project.name, stored.batch.id, epoch_s())
         log.info("batch %s: cancel asked (project %s)", stored.batch.id, project.name)
         return _json(await self.view(stored))
 
@@ -288,10 +288,6 @@ def _page(data: list[Any], *, has_more: bool) -> dict[str, Any]:
 async def _chunks(part: BodyPartReader) -> AsyncIterator[bytes]:
     while chunk := await part.read_chunk(CHUNK):
         yield chunk
-
-
-def _now() -> int:
-    return int(time.time())
 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]

@@ -33,6 +33,7 @@ from swarm_queue.common.batchapi import (
     BatchStatus,
     FileObject,
     RequestCounts,
+    epoch_s,
 )
 from swarm_queue.common.errors import JobGoneError, JobNotFoundError, SwarmError
 from swarm_queue.common.jobspec import JobOptions, build_spec
@@ -83,10 +84,6 @@ class _Line(msgspec.Struct):
 
 
 _line_error = msgspec.json.Decoder(_Line).decode
-
-
-def _now() -> int:
-    return int(time.time())
 
 
 class Driver:
@@ -175,7 +172,7 @@ class Driver:
             return
         batch, jobs = stored.batch, self.jobs_of(stored.prefix)
         if batch.status == BatchStatus.VALIDATING and stored.cancel_at is not None:
-            now = _now()  # cancelled before anything was queued: nothing to run or keep
+            now = epoch_s()  # cancelled before anything was queued: nothing to run or keep
             batch = msgspec.structs.replace(
                 batch, status=BatchStatus.CANCELLED, cancelling_at=stored.cancel_at,
                 cancelled_at=now,
@@ -197,7 +194,7 @@ class Driver:
         if not path.exists():
             error = BatchError(code="file_not_found", message="The input file was deleted.")
             return msgspec.structs.replace(
-                batch, status=BatchStatus.FAILED, failed_at=_now(), errors=BatchErrors([error])
+                batch, status=BatchStatus.FAILED, failed_at=epoch_s(), errors=BatchErrors([error])
             )
         checked = await self.helpers.check(
             path, batch.endpoint, batch_spec(batch), DEFAULT_MAX_PROMPT_BYTES
@@ -207,13 +204,13 @@ class Driver:
             return msgspec.structs.replace(
                 batch,
                 status=BatchStatus.FAILED,
-                failed_at=_now(),
+                failed_at=epoch_s(),
                 errors=BatchErrors(checked.errors),
             )
         return msgspec.structs.replace(
             batch,
             status=BatchStatus.IN_PROGRESS,
-            in_progress_at=_now(),
+            in_progress_at=epoch_s(),
             model=checked.spec.model,
             request_counts=counts_of(0, 0, checked.requests),
         )
@@ -259,7 +256,7 @@ class Driver:
             "or a Redis restarted empty); the requests answered before are in its output file.",
         )
         return msgspec.structs.replace(
-            done, status=BatchStatus.FAILED, failed_at=_now(), errors=BatchErrors([error])
+            done, status=BatchStatus.FAILED, failed_at=epoch_s(), errors=BatchErrors([error])
         )
 
     async def _queue(self, project: str, batch: BatchObject, prefix: str) -> None:
@@ -307,7 +304,9 @@ class Driver:
             for task in (collect, watch):
                 task.cancel()
             await asyncio.gather(collect, watch, return_exceptions=True)
-        return msgspec.structs.replace(batch, status=BatchStatus.FINALIZING, finalizing_at=_now())
+        return msgspec.structs.replace(
+            batch, status=BatchStatus.FINALIZING, finalizing_at=epoch_s()
+        )
 
     async def _watch(self, project: str, batch: BatchObject, jobs: JobStore) -> None:
         """Cancel the job once a cancel is asked or the batch's window has passed (its
@@ -315,7 +314,7 @@ class Driver:
         while True:
             stored = await self.store.batch(project, batch.id)
             asked = stored is not None and stored.cancel_at is not None
-            if asked or _now() >= batch.expires_at:
+            if asked or epoch_s() >= batch.expires_at:
                 why = (
                     "the batch was cancelled (batches.cancel)"
                     if asked
@@ -332,7 +331,7 @@ class Driver:
     async def _finish(self, project: str, batch: BatchObject, jobs: JobStore) -> BatchObject:
         """Split the work file into the output and error files, and end the batch."""
         batch = await self._split_files(project, batch)
-        now = _now()
+        now = epoch_s()
         status = await jobs.status(batch.id, rate=False)
         stored = await self.store.batch(project, batch.id)
         cancelled = stored is not None and stored.cancel_at is not None
@@ -361,7 +360,7 @@ class Driver:
         sizes = await asyncio.to_thread(
             _split, work, {role: self.files.path(project, fid) for role, fid in ids.items()}
         )
-        now = _now()
+        now = epoch_s()
         kept: dict[str, str | None] = {}
         for role, file_id in ids.items():
             if sizes[role] == 0:
