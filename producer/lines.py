@@ -14,7 +14,7 @@ from swarm_queue.common.store import CollectorStore
 from swarm_queue.producer.outfile import Mark, collect_durably
 from swarm_queue.producer.stream import CollectReport, Row, own_line
 
-__all__ = ["LineSink", "collect_to_file"]
+__all__ = ["LineSink", "collect_to_file", "fsync_dir"]
 
 
 R = TypeVar("R", bound=Row)
@@ -120,7 +120,7 @@ class LineSink(Generic[R]):
             os.fsync(new.fileno())
             size = new.tell()
         os.replace(tmp, self.path)
-        _fsync_dir(self.path)
+        fsync_dir(self.path)
         return Mark(rows, size), changed
 
     def _records(self, fh: BinaryIO) -> Iterator[bytes]:
@@ -141,7 +141,7 @@ class LineSink(Generic[R]):
 _REFRESH_CHUNK = 2000
 
 
-def _fsync_dir(path: str) -> None:
+def fsync_dir(path: str) -> None:
     """Make a rename in ``path``'s directory durable."""
     fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
     try:

@@ -98,6 +98,17 @@ def _wait_until(client: openai.OpenAI, batch_id: str, done: int, stall_s: float 
         time.sleep(0.05)
 
 
+def _wait_collected(files: Path, lines: int, stall_s: float = 120.0) -> None:
+    """Until a batch's work file (its collected lines, ``*.lines``) holds ``lines`` lines."""
+    since = time.monotonic()
+    while True:
+        work = list(files.rglob("*.lines"))
+        if work and work[0].read_bytes().count(b"\n") >= lines:
+            return
+        assert time.monotonic() - since < stall_s, f"not {lines} lines collected in {files}"
+        time.sleep(0.05)
+
+
 def _served(client: openai.OpenAI, stall_s: float = 120.0) -> list[str]:
     """The models listed, once a worker has published what its endpoints serve."""
     since = time.monotonic()
@@ -264,6 +275,8 @@ def test_batches_of_each_endpoint_through_the_sdk_are_answered_line_by_line(
         assert _served(client) == ["swarm-sim"]
         # Each batch's request counts were said once, by one driver.
         assert log.read_text().count(f"batch {completions.id}: completed") == 1
+        # Nothing of the batches' collection is left beside their files.
+        assert not list((tmp_path / "files").rglob("*.lines*"))
 
 
 def test_an_input_that_fails_validation_fails_the_batch_naming_each_line(
@@ -417,7 +430,10 @@ def test_a_cancelled_batch_keeps_what_was_answered_and_fails_the_rest(
         assert counts.total == n and counts.completed + counts.failed == n
         assert 16 <= counts.completed < n
         errors = _split_whole(client, over, n)
-        assert {x["error"]["type"] for x in errors} == {"cancelled"}
+        # As OpenAI writes a request its batch's cancel stopped: no response, its own code.
+        assert {(x["response"] is None, x["error"]["code"]) for x in errors} == {
+            (True, "batch_cancelled")
+        }
         assert {x["error"]["message"] for x in errors} == {
             "the batch was cancelled (batches.cancel)"
         }
@@ -440,6 +456,9 @@ def test_a_batch_still_running_at_the_end_of_its_window_expires_with_what_it_has
         counts = over.request_counts
         assert 0 < counts.completed < n and counts.completed + counts.failed == n
         errors = _split_whole(client, over, n)
+        assert {(x["response"] is None, x["error"]["code"]) for x in errors} == {
+            (True, "batch_expired")
+        }
         assert {x["error"]["message"] for x in errors} == {
             "the batch expired: its completion window (3s) ended before this request was answered"
         }
@@ -454,6 +473,9 @@ def test_a_batch_whose_job_is_deleted_under_it_fails_saying_so_and_is_not_queued
         client = _client(port)
         batch = _completions_batch(client, tmp_path, n)
         _wait_until(client, batch.id, 16)
+        # Answered is not yet collected (the collector writes in input order): wait for
+        # 16 lines in the batch's work file, the answers its deletion must not lose.
+        _wait_collected(tmp_path / "files", 16)
         gone = subprocess.run(
             [BIN / "swarm-jobs", "--delete", batch.id, "--force"],
             env=fleet.env,
@@ -467,6 +489,12 @@ def test_a_batch_whose_job_is_deleted_under_it_fails_saying_so_and_is_not_queued
         assert [e.code for e in over.errors.data] == ["job_deleted"]
         answered = _lines(client, over.output_file_id)
         assert len(answered) >= 16 and all(x["error"] is None for x in answered)
+        # What it says it answered is what its output file holds (it said 0 before).
+        assert over.request_counts.completed == len(answered)
+        assert [x["custom_id"] for x in answered] == [f"req-{i}" for i in range(len(answered))]
+        # Nothing of its collection left beside its files (before, the lock file of the
+        # collector its job's deletion stopped).
+        assert not list((tmp_path / "files").rglob("*.lines*"))
         r = sync_client(redis_url)
         try:  # over: never queued again behind its user's back
             assert not r.exists(Keys(fleet.prefix).meta(batch.id))
@@ -559,3 +587,21 @@ def test_batches_of_two_models_beside_a_command_line_job_and_a_broken_endpoint(
         collected = collect(fleet.env, "beside", tmp_path / "beside.jsonl")
         assert collected.returncode == 0, collected.stderr
         check_output(tmp_path / "beside.jsonl", n, set())
+
+
+def test_a_clean_batch_s_work_file_becomes_its_output_file_and_a_rerun_finds_it(
+    tmp_path: Path,
+) -> None:
+    """A batch with no failed request: its work file is renamed to the output file, not
+    copied; the driver of a gateway that died right after the rename finds the output file
+    in place (a rerun that looked for the work file alone would write empty files)."""
+    from swarm_queue.producer.gateway.workfile import rename_whole as _whole
+
+    work = tmp_path / "b.lines"
+    lines = b'{"id": "1", "custom_id": "a"}\n{"id": "2", "custom_id": "b"}\n'
+    work.write_bytes(lines)
+    out = {"output": tmp_path / "file-out", "error": tmp_path / "file-err"}
+    assert _whole(work, out) == {"output": len(lines), "error": 0}
+    assert _whole(work, out) == {"output": len(lines), "error": 0}
+    assert out["output"].read_bytes() == lines and not work.exists()
+    assert not out["error"].exists()
