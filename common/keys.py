@@ -24,6 +24,7 @@ __all__ = [
     "DEFAULT_PREFIX",
     "GROUP",
     "LANE_PREFIX",
+    "OPEN_LANE",
     "PUMP_GROUP",
     "Keys",
     "lane_name",
@@ -45,6 +46,9 @@ PUMP_GROUP = "pump"
 # Consumers of GROUP that are no worker: an endpoint's lane, holding the agent turns queued
 # for the endpoint that served the turn before (see :func:`lane_name`).
 LANE_PREFIX = "lane:"
+# The lane no endpoint owns: turns an endpoint handed on because its engine was too busy for
+# them (``give_back.lua``), taken at once by any endpoint with nothing else to do.
+OPEN_LANE = LANE_PREFIX + "open"
 
 # arq's own fixed key (the set of aborted job IDs), and the hash tag of arq's keys: that key's
 # slot (see arq_queue).
@@ -188,6 +192,12 @@ class Keys:
         """Hash: entry ID -> how many times a worker started that entry and neither committed
         nor released it: each one a worker that died running it. What dead-lettering counts."""
         return self._job(job, "running")
+
+    def hungry(self, job: str) -> str:
+        """String with a TTL: set while some endpoint with nothing else to do looked in vain
+        for the job's laned turns; an endpoint with turns waiting in a busy engine hands them
+        on (to the open lane) only then (see ``give_back.lua``)."""
+        return self._job(job, "hungry")
 
     def strikes(self, job: str) -> str:
         """Hash: entry ID -> how many endpoints gave it back because their answers could not be

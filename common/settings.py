@@ -22,6 +22,10 @@ from swarm_queue.common.keys import DEFAULT_PREFIX, Keys
 __all__ = ["DEFAULT_REDIS_URL", "Settings", "mask_url"]
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+# The largest batch: a batch's entries and results go through one Redis script call each, and
+# Redis's Lua expands at most ~8,000 values into one command (a batch of 5,000 failed every
+# commit). Engines run a few hundred sequences at once: more in one request only waits.
+MAX_BATCH_SIZE = 2048
 
 _FUNCTION_RE = re.compile(r"[A-Za-z_][\w.]*:(?:[A-Za-z_]\w*|\*)")
 
@@ -150,6 +154,18 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # before (whose engine holds its prefix) before an endpoint with nothing else to do takes
     # it; 0 takes it at once.
     lane_wait_ms: int = 3_000
+    # An agent's turns that wait in a busy engine's queue (not started: vLLM serves requests
+    # of one priority first come, first served) are handed on to an endpoint that has nothing
+    # else to do and answers at least 1.5 times as fast, which starts them at once (their
+    # prefix computed again there).
+    hand_on: bool = True
+    # Handed on too, to an endpoint with nothing to do that decodes at least 1.5 times as
+    # fast: a batch of turns sent to this engine this recently, none of it answered yet,
+    # though it has begun (at a job's tail nothing waits in a slow engine while the fast ones
+    # idle); what it decoded is thrown away, a few tokens a turn. Its decoding, not its
+    # queue, is compared: between equal engines an idle one is not worth a turn's prefix.
+    # 0: only turns still waiting.
+    hand_on_young_ms: int = 800
     # Prometheus metrics of the worker on http://metrics_addr:metrics_port/metrics (0: off).
     metrics_port: int = 0
     metrics_addr: str = "0.0.0.0"
@@ -227,6 +243,11 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
         for name in at_least_1:
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.batch_size > MAX_BATCH_SIZE:
+            raise ConfigError(
+                f"batch_size must be <= {MAX_BATCH_SIZE} (one Redis script call takes a batch), "
+                f"got {self.batch_size}"
+            )
         if self.inflight_max < 0:
             raise ConfigError(
                 f"inflight_max must be >= 0 (0: no adaptation), got {self.inflight_max}"
@@ -286,6 +307,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             "SWARM_BACKOFF_BASE_S": ("backoff_base_s", float),
             "SWARM_BACKOFF_CAP_S": ("backoff_cap_s", float),
             "SWARM_SPECULATE": ("speculate", boolean),
+            "SWARM_HAND_ON": ("hand_on", boolean),
+            "SWARM_HAND_ON_YOUNG_MS": ("hand_on_young_ms", int),
             "SWARM_LANE_WAIT_MS": ("lane_wait_ms", int),
             "SWARM_METRICS_PORT": ("metrics_port", int),
             "SWARM_METRICS_ADDR": ("metrics_addr", str),

@@ -16,6 +16,7 @@ import json
 import msgspec
 
 __all__ = [
+    "CLAIM_UNQUEUED_S",
     "HAND_OVER_S",
     "ToolAnswer",
     "claim_s",
@@ -46,6 +47,10 @@ def runner_hold_s(tool_timeout_s: float) -> float:
     """The longest a runner holds one try of a call: a wait for its tool's limits, then its
     run, each at most ``tool_timeout_s`` (arq's timeout of a try)."""
     return 2 * tool_timeout_s + 10
+
+
+# How long a call's claim lasts until its try is queued; then it lasts :func:`claim_s`.
+CLAIM_UNQUEUED_S = 10.0
 
 
 def claim_s(tool_timeout_s: float) -> float:

@@ -64,6 +64,11 @@ class AgentState(msgspec.Struct):
     completion_tokens: int = 0
     tool_runs: int = 0  # the runs behind its tools' answers (a call run twice counts 2)
     tools_cut: int = 0  # its tools' answers cut to SWARM_TOOL_MAX_BYTES
+    # The last turn whose answer these counts hold, and the state before it was counted: a
+    # pump that recorded a turn and died before acknowledging it leaves the turn to the
+    # next, which counts it again from there, not on top (seen: 4 turns of 3).
+    counted: int = -1
+    prior: bytes = b""
 
 
 class Waiting(msgspec.Struct, frozen=True):
@@ -94,6 +99,16 @@ def _answers_of(
         a if a is not None else got.get(key) if key else not_offered(c.name, offered)
         for (key, c), a in zip(w.calls, w.answers or [None] * len(w.calls), strict=True)
     ]
+
+
+def _counting(state: AgentState, k: int) -> AgentState:
+    """``state`` ready to count turn ``k``'s answer in: from before it, if a pump that died
+    counted it already, and with that start kept."""
+    if state.counted == k and state.prior:
+        state = _state_decoder.decode(state.prior)
+    state.prior = _encoder.encode(msgspec.structs.replace(state, prior=b""))
+    state.counted = k
+    return state
 
 
 def _lane(r: Result | None) -> str:
@@ -218,7 +233,7 @@ class AgentFlow(Flow):
         onward: list[Onward] = []
         new_states: dict[int, bytes] = {}
         for x, item, origin, raw, blob in zip(landed, items, origins, raws, states, strict=True):
-            state = _state_decoder.decode(blob) if blob else AgentState()
+            state = _counting(_state_decoder.decode(blob) if blob else AgentState(), k)
             r = result_or_failure(x.index, raw) if raw is not None else None
             state.turns += 1
             if r is not None and r.usage is not None:

@@ -10,9 +10,10 @@ from collections.abc import Sequence
 
 from arq.connections import ArqRedis
 
-from swarm_queue.common.settings import Settings
+from swarm_queue.common.errors import StoreUnavailable
+from swarm_queue.common.settings import Settings, mask_url
 from swarm_queue.common.store import FlowStore, redis_errors
-from swarm_queue.common.tools import ToolAnswer, claim_s, tool_key
+from swarm_queue.common.tools import CLAIM_UNQUEUED_S, ToolAnswer, claim_s, tool_key
 
 __all__ = ["ToolCaller"]
 
@@ -49,7 +50,11 @@ class ToolCaller:
         """Claim and queue a call unless it is answered or held; returns its answer if in.
         Asked ``again`` (the same call, found neither answered nor held a moment before), an
         answer that landed in between is this asker's own, not counted as shared."""
-        got = await self.store.claim_tool(key, self.claim_s)
+        # Claimed for a moment, and for the call's whole time once its try is queued: a try
+        # never queued (Redis lost in between, or restarted without it) leaves a claim that
+        # ends in seconds, and the call is asked again, not waited on for minutes (seen:
+        # agents parked for good on a call whose claim outlived its lost try).
+        got = await self.store.claim_tool(key, CLAIM_UNQUEUED_S)
         if isinstance(got, ToolAnswer) or not got:  # answered, or in another's hands
             if not again:
                 self.shared += 1
@@ -57,13 +62,14 @@ class ToolCaller:
             return got if isinstance(got, ToolAnswer) else None
         async with redis_errors(self.settings.redis_url):  # arq's client: its errors ours
             await self._enqueue(name, arguments, key)
+        await self.store.hold_claim(key, self.claim_s)
         self.queued += 1
         await self.store.count_tools("queued")
         return None
 
     async def _enqueue(self, name: str, arguments: str, key: str) -> None:
         keys = self.settings.keys
-        await self.pool.enqueue_job(
+        queued = await self.pool.enqueue_job(
             "run_tool",
             name,
             arguments,
@@ -74,6 +80,15 @@ class ToolCaller:
             # A try not started within its claim is stale: its asker asks again by then.
             _expires=self.claim_s,
         )
+        if queued is None:
+            # The ID is new, so arq refused nothing: it returns None when its transaction's
+            # WATCH broke, and redis-py breaks it when the connection is lost mid-transaction
+            # (a Redis restarting). The try is not queued; its claim must not be held for the
+            # call's whole time (seen: an agent parked for good after a restart).
+            raise StoreUnavailable(
+                f"Redis at {mask_url(self.settings.redis_url)} unavailable: the {name!r} try "
+                "was not queued (the connection was lost while queuing it)"
+            )
 
     async def answers(self, calls: Sequence[tuple[str, str, str]]) -> list[ToolAnswer | None]:
         """The answers of ``calls`` (``(key, name, arguments)``), None where none is in yet. A

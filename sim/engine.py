@@ -132,6 +132,8 @@ class SimEngine:
         self._task: asyncio.Task[None] | None = None
         self.finished_seqs = 0
         self.aborted_seqs = 0
+        # Of those, the sequences aborted while running: their decoded tokens thrown away.
+        self.aborted_running = 0
         # The most sequences ever running at once: what an observer polling num_running on a
         # loaded machine may miss.
         self.peak_running = 0
@@ -199,6 +201,7 @@ class SimEngine:
         waiting = [x for x in self._waiting if x[1].future is not future]
         running = [x for x in self._running if x[2].future is not future]
         self.aborted_seqs += len(self._waiting) - len(waiting) + len(self._running) - len(running)
+        self.aborted_running += len(self._running) - len(running)
         self._waiting = deque(waiting)
         heapq.heapify(running)
         self._running = running

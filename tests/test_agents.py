@@ -19,9 +19,10 @@ from swarm_queue.common.embedded import free_port
 from swarm_queue.common.errors import ConfigError
 from swarm_queue.common.jobspec import JobOptions
 from swarm_queue.common.keys import step_name
-from swarm_queue.common.models import Chat, JobSpec, decode_result
+from swarm_queue.common.models import Chat, JobSpec, Result, ToolCall, Usage, decode_result
 from swarm_queue.common.settings import Settings
 from swarm_queue.common.store import JobStore
+from swarm_queue.flows.agentflow import AgentFlow, AgentState
 from swarm_queue.flows.agents import (
     AgentResult,
     AgentSpec,
@@ -30,8 +31,8 @@ from swarm_queue.flows.agents import (
     enqueue_agents,
     tool_definition,
 )
-from swarm_queue.sim.engine import EngineConfig
-from swarm_queue.sim.server import SimFleet
+from swarm_queue.sim.engine import EngineConfig, SimEngine
+from swarm_queue.sim.server import SimEndpoint, SimFleet
 from swarm_queue.sim.tools import AUTO_REFUSED
 from tests.harness import AGENT_SCHEMA, AGENT_TASK, command, tool_runner
 from tests.helpers import run_engine
@@ -175,6 +176,48 @@ async def _queue_agents(store: JobStore, job: str, n: int) -> None:
     await enqueue_agents(store, specs, agent_prompts(TASK, [{"n": i} for i in range(n)]))
 
 
+async def test_a_pump_that_dies_before_acknowledging_a_turn_counts_it_once(
+    make_settings: Callable[..., Settings],
+    store: JobStore,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Seen once in test_agents_e2e's killed worker: an agent's line said 4 turns and 3 tool
+    calls where it took 3 and 2. A pump that recorded a turn's answers (the agents' states,
+    their waits) and died before acknowledging them leaves them to the next pump, which took
+    them again and counted the turn again. A turn is counted once, however often it is
+    taken."""
+    await _queue_agents(store, "dp", 2)
+    settings = make_settings()
+    got = await store.read_new("dp", "c", 2)
+    gen = (await store.load_spec("dp")).generation
+    call = ToolCall("call_1", "fetch", '{"url": "doc1"}')
+    usage = Usage(prompt_tokens=20, completion_tokens=7)
+    answers = [Result(index=i, tool_calls=[call], usage=usage) for i in range(2)]
+    batch = [(eid, r, payload) for (eid, payload), r in zip(got, answers, strict=True)]
+    await store.commit("dp", batch, gen=gen, moves_on=True)
+    dead = AgentFlow(store, settings, token="dead")
+
+    async def killed(*_: object, **__: object) -> None:
+        raise RuntimeError("killed before acknowledging")
+
+    monkeypatch.setattr(dead, "_onward", killed)
+    with pytest.raises(RuntimeError, match="killed"):
+        await dead.step()
+    await dead.close()
+    await store.release_producer_lock(step_name("dp", 3), dead.token)  # (as if expired)
+    pump = AgentFlow(store, settings, token="next")
+    try:
+        assert await pump.step()
+    finally:
+        await pump.close()
+    states = [
+        msgspec.msgpack.decode(b, type=AgentState) for b in await store.input_states("dp", [0, 1])
+    ]
+    assert [(s.turns, s.tool_calls, s.prompt_tokens, s.completion_tokens) for s in states] == [
+        (1, 1, 20, 7)
+    ] * 2
+
+
 async def test_an_agent_whose_turn_fails_for_good_ends_with_it_and_its_job_finishes(
     make_settings: Callable[..., Settings],
     store: JobStore,
@@ -281,6 +324,19 @@ async def test_swarm_collect_writes_agents_as_they_finished_and_refuses_other_jo
     assert "--as-finished is for agent jobs; 'fin:s1' is not one" in plain.stderr
 
 
+async def _served(store: JobStore, job: str, n: int, turns: int) -> list[list[str | None]]:
+    """The endpoint that served each of ``n`` agents' turns, turn by turn, once it is checked
+    that every agent took every turn."""
+    served = []
+    for k in range(turns):
+        step = step_name(job, k)
+        at = list(range(n)) if k == 0 else await store.step_indices(step, range(n))
+        assert None not in at  # every agent took every turn
+        raws = await store.results_at(step, [i for i in at if i is not None])
+        served.append([decode_result(r).endpoint if r else None for r in raws])
+    return served
+
+
 async def test_each_turn_goes_to_the_endpoint_that_served_the_turn_before(
     runs_log: Path,
     make_settings: Callable[..., Settings],
@@ -294,17 +350,119 @@ async def test_each_turn_goes_to_the_endpoint_that_served_the_turn_before(
     async with sim_fleet(3, tool_parser="hermes") as fleet:
         settings = make_settings(batch_size=4, inflight=1, lane_wait_ms=60_000)
         await run_engine(settings, store, fleet.urls)
-    served = []
-    for k in range(3):
-        job = step_name("af", k)
-        at = list(range(n)) if k == 0 else await store.step_indices(job, range(n))
-        assert None not in at  # every agent took every turn
-        raws = await store.results_at(job, [i for i in at if i is not None])
-        served.append([decode_result(r).endpoint if r else None for r in raws])
+    served = await _served(store, "af", n, 3)
     # Spread over endpoints (all three, unless one was slow to come up under load), so that
     # the same endpoint for every turn is affinity, not the only endpoint.
     assert len(set(served[0])) >= 2 and set(served[0]) <= {e.url for e in fleet.endpoints}
     assert served[1] == served[0] and served[2] == served[0]
+
+
+async def test_turns_waiting_in_a_busy_engine_are_handed_to_an_idle_one_each_run_once(
+    runs_log: Path,
+    make_settings: Callable[..., Settings],
+    store: JobStore,
+) -> None:
+    """Two small engines, one at a twentieth of the other's speed, each with turns waiting in
+    its queue while the other at times has nothing to do: the slow one's worker hands its
+    newest waiting batch on to the fast one, never the other way (the slow one is not worth
+    a turn's cached prefix), and turns are served there though their turn before was the slow
+    one's and the lane wait (a minute) moved none. Every agent still takes each turn once,
+    each tool call runs once."""
+    n = 48  # a first turn long enough for the slow endpoint to take some (its probe is slow)
+    tools = [tool_definition("slow_add"), tool_definition("fetch")]
+    specs, _ = build_agents(
+        "ho", JobOptions(max_tokens=12), AgentSpec(max_turns=3), tools, source="test"
+    )
+    await enqueue_agents(store, specs, agent_prompts(TASK, [{"n": i} for i in range(n)]))
+    # Both engines small enough to queue what their windows send (two batches of 1 on the
+    # slow engine's one sequence: the newest is always waiting whole), so the slow one takes
+    # first turns too, whose later turns its lane then holds.
+    slow = EngineConfig(max_num_seqs=1, speed=0.05, step_base_ms=10.0, step_per_seq_ms=0.0)
+    fast = EngineConfig(max_num_seqs=4, step_base_ms=10.0, step_per_seq_ms=0.0)
+    fleet = SimFleet(
+        [SimEndpoint(free_port(), config, tool_parser="hermes") for config in (slow, fast)]
+    )
+    async with fleet:
+        await run_engine(
+            make_settings(batch_size=1, lane_wait_ms=60_000, hand_on=True), store, fleet.urls
+        )
+        slow_url, fast_url = (e.url for e in fleet.endpoints)
+    served = await _served(store, "ho", n, 3)
+    assert {e for row in served for e in row} <= {slow_url, fast_url}
+    moved = {(served[k - 1][i], served[k][i]) for k in (1, 2) for i in range(n)}
+    seen = [slow_url, fast_url] + [" ".join((e or "-")[-5:] for e in row) for row in served]
+    assert moved - {(slow_url, slow_url), (fast_url, fast_url)} == {(slow_url, fast_url)}, seen
+    raws = await store.outcomes("ho", 0, n)
+    results = [msgspec.msgpack.decode(r, type=AgentResult) for r in raws if r is not None]
+    assert [r.index for r in results] == list(range(n))
+    # (each agent's last answer cut at max_tokens: short turns keep the slow engine quick)
+    assert all((r.turns, r.tool_calls, r.tool_runs) == (3, 2, 2) for r in results), results
+    runs = (await asyncio.to_thread(runs_log.read_text)).split()
+    assert (runs.count("slow_add"), runs.count("fetch")) == (1, n)
+
+
+class _NothingWaits(SimEngine):
+    """An engine whose gauges never show a request waiting (a new one waits for the next
+    step; the worker's look at the gauges may land between): only begun turns are left to
+    hand on."""
+
+    @property
+    def num_waiting(self) -> int:
+        return 0
+
+
+@pytest.mark.parametrize("young_ms", [0, 60_000])
+async def test_turns_just_begun_in_a_slow_engine_are_handed_to_an_idle_one_each_run_once(
+    young_ms: int,
+    runs_log: Path,
+    make_settings: Callable[..., Settings],
+    store: JobStore,
+) -> None:
+    """A slow engine (a tenth of the other's speed) with nothing waiting in its queue holds
+    its lane's turns while the fast one has nothing to do: with ``hand_on_young_ms``, a batch
+    begun under that long ago, none of it answered, is handed on (its sequences aborted,
+    their few tokens decoded thrown away); without it nothing is handed on, and no running
+    sequence is aborted. Never by
+    the fast one. Either way every agent takes each turn once and each tool call runs
+    once."""
+    n = 48
+    tools = [tool_definition("slow_add"), tool_definition("fetch")]
+    specs, _ = build_agents(
+        "hy", JobOptions(max_tokens=32), AgentSpec(max_turns=3), tools, source="test"
+    )
+    # Every other agent answers at its first turn, at lengths of 8 to 32 tokens: both
+    # engines' batches of 4 time their decoding from the start (what a begun turn is handed
+    # on by: the gaps between one batch's answers); the others call their tools.
+    calls = 'CALL slow_add({{"a": 1, "b": 2}}) then CALL fetch({{"url": "doc{n}"}})'
+    inputs = [{"n": i, "calls": calls.format(n=i) if i % 2 else ""} for i in range(n)]
+    await enqueue_agents(store, specs, agent_prompts("Find paper {n}. {calls}", inputs))
+    # A step of 100 ms on the slow engine, 10 on the fast.
+    slow = EngineConfig(max_num_seqs=64, speed=0.1, step_base_ms=10.0, step_per_seq_ms=0.0)
+    fast = EngineConfig(max_num_seqs=64, step_base_ms=10.0, step_per_seq_ms=0.0)
+    endpoints = [SimEndpoint(free_port(), c, tool_parser="hermes") for c in (slow, fast)]
+    endpoints[0].engine.__class__ = _NothingWaits
+    settings = make_settings(  # (no tail copies of the first turn: their losers abort too)
+        batch_size=4, lane_wait_ms=60_000, hand_on=True, hand_on_young_ms=young_ms,
+        speculate=False,
+    )  # fmt: skip
+    async with SimFleet(endpoints):
+        engine = await run_engine(settings, store, [e.url for e in endpoints])
+    slow_side, fast_side = (d.figures for d in engine.drainers)
+    aborted = [e.engine.aborted_running for e in endpoints]
+    seen = (young_ms, slow_side.prompts_done, slow_side.handed_on, aborted)
+    assert fast_side.handed_on == 0 and aborted[1] == 0, seen
+    # (a batch handed on within its first step never ran: aborted waiting, not running)
+    if young_ms:
+        assert slow_side.handed_on > 0, seen
+    else:
+        assert slow_side.handed_on == 0 and aborted[0] == 0, seen
+    raws = await store.outcomes("hy", 0, n)
+    results = [msgspec.msgpack.decode(r, type=AgentResult) for r in raws if r is not None]
+    assert [r.index for r in results] == list(range(n))
+    took = [(r.turns, r.tool_calls, r.tool_runs) for r in results]
+    assert took == [(3, 2, 2) if i % 2 else (1, 0, 0) for i in range(n)], took
+    runs = (await asyncio.to_thread(runs_log.read_text)).split()
+    assert (runs.count("slow_add"), runs.count("fetch")) == (1, n // 2)
 
 
 async def test_the_python_api_runs_agents_with_its_own_tool_functions(

@@ -181,6 +181,44 @@ def test_redis_restarted_mid_job_everyone_reconnects_and_nothing_is_lost(
         server.close()
 
 
+def test_entries_a_restart_delivered_with_a_lost_reply_are_taken_back_at_once(
+    fleet_factory: FleetFactory, tmp_path: Path
+) -> None:
+    """A stream read whose reply goes with its connection (Redis restarting) has delivered
+    entries to the worker's consumer that the worker never received, and redis-py's retry
+    on a new connection hides the loss: seen, a restarted run waited the claim idle time
+    (60 s) for one batch. A worker whose connection was lost looks for its own leftovers
+    again and takes them back at once (here the claim idle time is 10 minutes)."""
+    n = 400
+    workdir = tmp_path / "redis"
+    workdir.mkdir()
+    server = EmbeddedRedis(appendonly=True, workdir=str(workdir)).start()
+    worker = None
+    try:
+        fleet = fleet_factory(1, "--step-ms", "20", url=server.url)
+        assert fleet.enqueue("lost", n, set()).wait(timeout=60) == 0
+        worker = fleet.worker("w", [0], burst=False, SWARM_CLAIM_IDLE_MS="600000")
+        wait_count("the worker's first answers", lambda: fleet.done("lost"), 32)
+        stream = f"{fleet.prefix}:{{lost}}:q"
+        worker.send_signal(signal.SIGSTOP)
+        try:
+            with redis.Redis(port=server.port) as client:
+                (consumer,) = [c["name"] for c in client.xinfo_consumers(stream, "workers")]
+                # Delivered to the worker's consumer; the reply never reaches the worker.
+                got = client.xreadgroup("workers", consumer, {stream: ">"}, count=32)
+                assert len(got[0][1]) == 32
+            server.stop()  # a clean restart: AOF flushed, the same data comes back
+            server.start()
+        finally:
+            worker.send_signal(signal.SIGCONT)
+        assert wait_count("job lost done", lambda: fleet.done("lost"), n, stall_s=60) == n
+    finally:
+        if worker is not None:
+            worker.terminate()
+            worker.wait(timeout=60)
+        server.close()
+
+
 def test_sigterm_finishes_batches_in_flight_or_leaves_them_for_the_successor(
     fleet_factory: FleetFactory,
 ) -> None:

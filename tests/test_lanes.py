@@ -1,7 +1,8 @@
 """Lanes against real Redis: an agent's next turn handed to the lane of the endpoint that
 served its turn before, taken by that endpoint's drain loops before anything new, by another
 endpoint only once it has waited ``lane_wait_ms`` with that endpoint having nothing else to
-do, and never copied speculatively."""
+do (or once a busy engine's worker handed it on to the open lane), and never copied
+speculatively."""
 
 from __future__ import annotations
 
@@ -9,13 +10,15 @@ from collections.abc import Callable
 
 import pytest
 
+from swarm_queue.common.errors import JobGoneError
 from swarm_queue.common.jobspec import JobOptions
-from swarm_queue.common.keys import GROUP, lane_name
+from swarm_queue.common.keys import GROUP, OPEN_LANE, lane_name
 from swarm_queue.common.models import JobSpec, PromptItem
 from swarm_queue.common.settings import Settings
-from swarm_queue.common.store import JobStore
+from swarm_queue.common.store import Hungry, JobStore
 from swarm_queue.common.store.steps import Move
 from swarm_queue.flows.agents import AgentSpec, build_agents
+from swarm_queue.worker.inflight import Pace
 from swarm_queue.worker.intake import Intake
 
 A, B, C = "http://node-a:8000", "http://node-b:8000", "http://node-c:8000"
@@ -123,3 +126,41 @@ async def test_an_agents_later_turns_are_never_copied_at_their_tail(
 def test_a_lane_is_named_by_its_endpoint_alone(endpoint: str) -> None:
     assert lane_name(endpoint).startswith("lane:") and "secret" not in lane_name(endpoint)
     assert lane_name(endpoint) != lane_name(B)
+
+
+async def test_turns_handed_on_by_a_busy_engine_go_at_once_to_an_endpoint_with_nothing_else(
+    store: JobStore, make_settings: Callable[..., Settings]
+) -> None:
+    """Handed on, a turn is in the open lane as if it had waited the lane wait: an endpoint
+    with nothing else takes it at once; the endpoint that handed it on takes nothing of
+    another lane while its engine has sequences waiting; orphan reclaims (which wait the claim
+    idle time) leave it alone; its running mark is taken back (no death); and an endpoint
+    that finds nothing says so, which is what lets a busy engine's worker hand turns on."""
+    settings = make_settings(batch_size=8, lane_wait_ms=30_000, claim_idle_ms=120_000, hand_on=True)
+    turn = await _turn_job(store)
+    await _move(store, turn, [lane_name(A)] * 3)
+    a, b, c = (_intake(store, settings, e) for e in (A, B, C))
+    assert await store.hungry(turn.job) is None
+    paced = Pace()
+    paced.s_per_token, paced.decode_s_per_token = 0.025, 0.02
+    b.pace = lambda: paced
+    assert await b.next([turn], None, idle=True) is None  # A's lane: not B's, not yet
+    assert await store.hungry(turn.job) == Hungry(0.025, 0.02)  # B said so, with its paces
+    taken = await a.next([turn], None)
+    assert taken is not None
+    ids = [eid for eid, _, _ in taken.deliveries]
+    await store.start(turn.job, dict.fromkeys(ids, 0), gen=turn.generation)
+    with pytest.raises(JobGoneError):
+        await store.give_back(turn.job, "w/" + A, ids, idle_ms=30_000, gen="another")
+    assert await store.give_back(turn.job, "w/" + A, ids, idle_ms=30_000, gen=turn.generation) == 3
+    assert await store.redis.hlen(store.keys.running(turn.job)) == 0
+    held = await store.redis.xpending_range(
+        store.keys.stream(turn.job), GROUP, "-", "+", 9, OPEN_LANE
+    )
+    assert len(held) == 3
+    assert await store.autoclaim(turn.job, "w/x", 120_000, 8) == []
+    a.engine_busy = lambda: True
+    assert await a.next([turn], None, idle=False) is None
+    assert _indices(await c.next([turn], None, idle=True)) == [0, 1, 2]
+    # C holds them now: A handing them on again changes nothing.
+    assert await store.give_back(turn.job, "w/" + A, ids, idle_ms=30_000, gen=turn.generation) == 0

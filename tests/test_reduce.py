@@ -79,6 +79,32 @@ async def test_tree_reduce_over_1000_leaves_runs_three_levels_with_no_collector(
     ]
 
 
+async def test_a_look_for_work_left_counts_a_stage_only_its_second_sweep_finds(
+    make_settings: Callable[..., Settings], store: JobStore
+) -> None:
+    """Seen in CI under load: a burst engine returned with a tree's last stage queued and not
+    run. Its look for work left swept the jobs, found none with work and no reduce pending,
+    and swept again: the stage the reduce (advancing in the background) had queued meanwhile
+    came in with that second sweep, but only the reduces pending were read after it. Here
+    the stage comes in with the second sweep: it is work left."""
+    await enqueue_prompts(store, JobSpec(job="t:r3", params=SamplingParams()), [("p", None)])
+    engine = Engine(make_settings(), store, [EndpointClient("http://127.0.0.1:9")])
+    sweeps = 0
+
+    async def sweep(*, force: bool = False) -> None:
+        nonlocal sweeps
+        sweeps += 1
+        if sweeps == 2:
+            engine.table.jobs["t:r3"] = await store.load_spec("t:r3")
+
+    engine.refresh_jobs = sweep  # type: ignore[method-assign]
+    try:
+        assert await engine.any_work()
+    finally:
+        await engine.close()
+    assert sweeps == 2
+
+
 async def test_groups_are_split_to_fit_the_context_and_failed_leaves_are_listed(
     make_settings: Callable[..., Settings], store: JobStore, sim_fleet: Callable[..., SimFleet]
 ) -> None:

@@ -13,9 +13,12 @@ from collections.abc import Callable
 import aiohttp
 import pytest
 from aiohttp import web
+from redis.asyncio.client import Pipeline as RedisPipeline
+from redis.exceptions import BusyLoadingError
 
 from swarm_queue.common.embedded import EmbeddedRedis
-from swarm_queue.common.errors import StoreFull
+from swarm_queue.common.errors import StoreFull, StoreUnavailable
+from swarm_queue.common.models import Result
 from swarm_queue.common.settings import Settings
 from swarm_queue.common.store import JobStore
 from swarm_queue.producer.enqueue import enqueue_prompts
@@ -51,6 +54,27 @@ async def _hand_back(store: JobStore, n_times: int, ids: list[bytes]) -> None:
     await store.release(
         "j", "failing", ids, gen=await gen_of(store, "j")
     )  # last of all, handed back for anyone to take
+
+
+async def test_the_largest_batch_the_settings_allow_goes_through_every_script(
+    store: JobStore,
+) -> None:
+    """Read, started, released, taken again, started and committed: a batch of
+    MAX_BATCH_SIZE within the values Redis's Lua expands into one command."""
+    from swarm_queue.common.settings import MAX_BATCH_SIZE
+
+    n = MAX_BATCH_SIZE
+    await enqueue_prompts(store, spec(), prompts(n))
+    gen = await gen_of(store, "j")
+    ids = [eid for eid, _ in await store.read_new("j", "w", n)]
+    assert len(ids) == n
+    await store.start("j", dict.fromkeys(ids, 0), gen=gen)
+    assert await store.release("j", "w", ids, gen=gen) == n
+    again = await store.autoclaim("j", "w2", 0, n)
+    await store.start("j", {eid: d for eid, _, d in again}, gen=gen)
+    answers = [(eid, Result(index=i, text="a"), None) for i, (eid, _, _) in enumerate(again)]
+    assert (await store.commit("j", answers, gen=gen)).done == n
+    assert (await store.status("j")).done == n
 
 
 async def test_entries_that_keep_killing_workers_are_dead_lettered_and_suspects_run_alone(
@@ -336,3 +360,25 @@ async def test_a_hung_engine_that_still_answers_health_is_not_given_work_again(
     # probe begun as the burst engine closes can be cut off before the server sees it.
     assert generations >= 3
     assert stuck.client.requests - generations in (0, 1)
+
+
+async def test_a_redis_still_loading_its_data_is_unavailable_not_a_job_finished(
+    store: JobStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Seen in test_agents_survive_a_redis_restart: a Redis restarted with AOF answers LOADING
+    while it reads its data back; a worker's sweep read that reply to a job's meta as a key
+    of another tool's, dropped the running job as finished and left its batch in hand for the
+    claim idle time. Such a reply is Redis unavailable: the sweep fails and is tried again."""
+    await enqueue_prompts(store, spec(job="ld"), [("p", None)])
+    assert await store.unfinished(["ld"]) == ["ld"]
+    assert await store.reduces_pending(["ld"]) == []
+    execute = RedisPipeline.execute
+
+    async def loading(self: RedisPipeline, raise_on_error: bool = True) -> list[object]:
+        got = await execute(self, raise_on_error=raise_on_error)
+        return [BusyLoadingError("Redis is loading the dataset in memory") for _ in got]
+
+    monkeypatch.setattr(RedisPipeline, "execute", loading)
+    for read in (store.unfinished, store.generations, store.reduces_pending):
+        with pytest.raises(StoreUnavailable, match="loading the dataset"):
+            await read(["ld"])

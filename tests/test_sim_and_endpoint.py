@@ -1,11 +1,14 @@
 """swarm-sim's fidelity to vLLM, and the endpoint boundary that translates errors.
 
-The endpoint tests run the real openai client against an in-process swarm-sim.
+The endpoint tests run the worker's endpoint client against an in-process swarm-sim, or a
+throwaway server where swarm-sim does not give the answer needed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -340,3 +343,88 @@ def test_a_simulator_given_a_port_another_process_holds_says_so() -> None:
         port = taken.getsockname()[1]
         with pytest.raises(SimExited):
             launch([port], timeout_s=20)
+
+
+# -- how requests leave the worker ------------------------------------------------------
+
+
+class _Seen(msgspec.Struct):
+    """A request as a server got it."""
+
+    url: str
+    authorization: str
+    body: Any
+
+
+def _answering(seen: list[_Seen]) -> web.Application:
+    """A server that notes each request and answers any completion of one prompt."""
+
+    async def answer(request: web.Request) -> web.Response:
+        body = msgspec.json.decode(await request.read())
+        seen.append(_Seen(str(request.url), request.headers.get("Authorization", ""), body))
+        choice = {"index": 0, "text": "ok", "finish_reason": "stop"}
+        usage = {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}
+        return web.json_response({"id": "c", "choices": [choice], "usage": usage})
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", answer)
+    return app
+
+
+async def test_credentials_in_an_endpoint_url_are_never_sent_nor_said() -> None:
+    """The settings refuse an endpoint URL with ``user:password@`` (vLLM takes a bearer key);
+    a client made with one anyway sends the key alone, and its label masks the password."""
+    seen: list[_Seen] = []
+    async with serve(_answering(seen)) as url:
+        client = EndpointClient(url.replace("http://", "http://alice:p%40ss@"), "the-key")
+        try:
+            body = await client.complete("m", ["a"], SamplingParams())
+        finally:
+            await client.close()
+    assert [c.text for c in body.choices] == ["ok"]
+    assert seen[0].authorization == "Bearer the-key"
+    assert "p%40ss" not in client.label and "alice:***@" in client.label
+
+
+async def test_the_bearer_key_is_sent_without_credentials_in_the_url() -> None:
+    seen: list[_Seen] = []
+    async with serve(_answering(seen)) as url:
+        client = EndpointClient(url, "the-key")
+        try:
+            await client.complete("m", ["a"], SamplingParams())
+        finally:
+            await client.close()
+    assert seen[0].authorization == "Bearer the-key"
+    assert seen[0].body == {"model": "m", "prompt": ["a"], "max_tokens": 256}
+
+
+async def test_a_proxy_named_by_the_environment_carries_requests_unless_no_proxy_names_the_host(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """As curl and httpx do (and the openai client did): ``http_proxy`` carries requests to an
+    endpoint, unless ``no_proxy`` lists its host."""
+    seen: list[_Seen] = []
+    async with serve(_answering(seen)) as proxy:
+        monkeypatch.setenv("http_proxy", proxy)
+        monkeypatch.setenv("no_proxy", "direct.invalid")
+        via = EndpointClient("http://engine.invalid:8000")
+        direct = EndpointClient("http://direct.invalid:8000")
+        try:
+            await via.complete("m", ["a"], SamplingParams())
+            with pytest.raises(EndpointRetryable, match="connection failed"):
+                await direct.complete("m", ["a"], SamplingParams(), timeout_s=10)
+        finally:
+            await via.close()
+            await direct.close()
+    assert [r.url for r in seen] == ["http://engine.invalid:8000/v1/completions"]
+
+
+def test_the_worker_does_not_import_the_openai_sdk() -> None:
+    """Its requests go straight through aiohttp: openai's import was 0.7 s of a worker's
+    0.8 s start (docs/BENCHMARKS.md, 10)."""
+    code = (
+        "import sys, swarm_queue.worker.app, swarm_queue.worker.main;"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('openai', 'httpx')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

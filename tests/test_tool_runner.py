@@ -16,10 +16,10 @@ import pytest
 from arq import create_pool
 
 from swarm_queue.common.arqconf import arq_redis_settings, job_deserializer, job_serializer
-from swarm_queue.common.errors import ConfigError
+from swarm_queue.common.errors import ConfigError, StoreUnavailable
 from swarm_queue.common.settings import Settings
 from swarm_queue.common.store import JobStore
-from swarm_queue.common.tools import HAND_OVER_S, ToolAnswer, tool_key
+from swarm_queue.common.tools import CLAIM_UNQUEUED_S, HAND_OVER_S, ToolAnswer, tool_key
 from swarm_queue.flows.toolcalls import ToolCaller
 from swarm_queue.worker.toollimits import check_limits
 from tests.harness import tool_runner
@@ -306,3 +306,47 @@ async def test_a_sibling_queues_worker_that_loses_redis_is_started_again(
         await sibling.run()
     assert len(made) == 3 and sibling.worker is made[-1]  # started twice more, then ran out
     assert caplog.text.count("the slow_add queue's worker lost Redis (WatchError") == 2
+
+
+async def test_a_try_arq_did_not_queue_is_not_held_for_the_calls_whole_time(
+    caller: ToolCaller, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Seen after a Redis restart (an agent parked for good, its call claimed for 420 s and
+    no try queued): redis-py raises WatchError when a connection is lost inside a WATCHed
+    transaction, and arq's ``enqueue_job`` answers that with None, as for a job ID already
+    taken. A call's ID is new each time, so None means not queued: the asker hears Redis was
+    unavailable and the claim stays the seconds of an unqueued try."""
+    store = caller.store
+    key = tool_key("fetch", '{"url": "doi:watch"}')
+
+    async def watch_broken(*_: object, **__: object) -> None:
+        return None  # what arq returns on redis-py's WatchError
+
+    monkeypatch.setattr(caller.pool, "enqueue_job", watch_broken)
+    with pytest.raises(StoreUnavailable, match="'fetch' try was not queued"):
+        await caller.ask("fetch", '{"url": "doi:watch"}')
+    assert 0 < await store.redis.pttl(store.keys.tool_claim(key)) <= CLAIM_UNQUEUED_S * 1000
+    assert caller.queued == 0
+
+
+async def test_a_call_whose_try_was_never_queued_is_claimed_only_for_moments(
+    caller: ToolCaller, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Seen after a Redis restart: agents parked for good on calls claimed for the call's
+    whole time (minutes) whose tries had never reached the runners' queue. A claim lasts that
+    long only once its try is queued; before, seconds: a lost try is asked again soon."""
+    store = caller.store
+    key = tool_key("fetch", '{"url": "doi:lost"}')
+
+    async def lost(*_: object, **__: object) -> None:
+        raise ConnectionError("Redis went away before the try was queued")
+
+    monkeypatch.setattr(caller.pool, "enqueue_job", lost)
+    with pytest.raises(Exception, match="went away"):
+        await caller.ask("fetch", '{"url": "doi:lost"}')
+    assert 0 < await store.redis.pttl(store.keys.tool_claim(key)) <= CLAIM_UNQUEUED_S * 1000
+    monkeypatch.undo()
+    await store.redis.delete(store.keys.tool_claim(key))  # (as once those seconds are over)
+    assert await caller.ask("fetch", '{"url": "doi:lost"}') == key  # asked again, queued
+    ttl_ms = await store.redis.pttl(store.keys.tool_claim(key))
+    assert ttl_ms > (caller.claim_s - 5) * 1000

@@ -39,7 +39,7 @@ from swarm_queue.worker.context import DrainContext
 from swarm_queue.worker.deliveries import Decoded, Finished, Triage, dead_letters, decode_deliveries
 from swarm_queue.worker.early import EarlyCommits
 from swarm_queue.worker.figures import EndpointFigures
-from swarm_queue.worker.inflight import Cancelled, InFlight, Request
+from swarm_queue.worker.inflight import Answers, Cancelled, InFlight, Pace, Request
 from swarm_queue.worker.intake import Delivery, Intake
 from swarm_queue.worker.served import ServedModels
 
@@ -56,6 +56,20 @@ MAX_STRIKES = 3
 class _Dropped(Exception):
     """A batch's request was cancelled on purpose (see :class:`~worker.inflight.Cancelled`):
     its batch is released, nothing to commit."""
+
+
+def _told(early: EarlyCommits | None, answers: Answers | None) -> Callable[[Result], None] | None:
+    """What hears each answer of a batch as it comes: its early commits, its count."""
+    if answers is None:
+        return early.add if early is not None else None
+    if early is None:
+        return answers.add
+
+    def both(result: Result) -> None:
+        answers.add(result)
+        early.add(result)
+
+    return both
 
 
 def keeps_vectors(spec: JobSpec) -> bool:
@@ -88,6 +102,7 @@ class BatchPath:
         self.intake, self.figures, self.inflight = intake, figures, inflight
         self._backoff = backoff
         self._dims: dict[tuple[str, str], int] = {}  # (job, generation) -> its dimension
+        self.pace = Pace()  # of this endpoint's flow chat answers (see worker/inflight.py)
 
     def _count(self, job: str, commit: Commit) -> None:
         self.figures.count(job, commit.done, commit.failed, time.monotonic())
@@ -126,9 +141,13 @@ class BatchPath:
             self.intake.look_again()
         except BadRecordError as exc:
             # A key of the job holds another tool's value: its entries stay pending here,
-            # taken back if the job is read again; no other job waits on it.
+            # taken back if the job is read again; no other job waits on it (nor looks for
+            # its own leftovers again: it has none for this).
             self.engine.unreadable(exc)
-            self.intake.look_again()
+            if exc.job:
+                self.intake.forget(exc.job)
+            else:
+                self.intake.look_again()
         finally:
             heartbeat.cancel()
             self.intake.in_hand.difference_update(ids)
@@ -346,6 +365,9 @@ class BatchPath:
                 raise ModelNotServed(self.client.label, "serves no model")
             self.figures.job(job, time.monotonic()).model = model
             dim = await self._dim(spec)
+            # A flow's chat answers time the endpoint's pace; an agent's turns (laned) may be
+            # handed on while they wait in a busy engine.
+            answers = Answers(self.pace) if early is not None and not copy else None
             request = self.inflight.start(
                 self.runner.run(
                     spec,
@@ -353,11 +375,13 @@ class BatchPath:
                     model,
                     tally,
                     dim,
-                    early.add if early is not None else None,
+                    _told(early, answers),
                 ),
                 spec.priority,
                 job,
                 spec.family,
+                size=len(items) if spec.laned else 0,
+                answers=answers,
             )
             began = time.monotonic()
             sent = await request
@@ -369,13 +393,21 @@ class BatchPath:
             # Preempted by a batch of a more urgent job, its job over, or stopped past the
             # grace period: the batch goes back, and its run is no death.
             ids = [eid for eid, _, _ in deliveries]
-            with contextlib.suppress(StoreUnavailable, JobGoneError):
-                await asyncio.shield(self.store.release(job, self.consumer, ids, gen=gen))
             why = self.inflight.why(request)
+            if why is Cancelled.HANDED_ON:
+                handed = self.store.give_back(
+                    job, self.consumer, ids, idle_ms=self.settings.lane_wait_ms, gen=gen
+                )
+            else:
+                handed = self.store.release(job, self.consumer, ids, gen=gen)
+            with contextlib.suppress(StoreUnavailable, JobGoneError):
+                await asyncio.shield(handed)
             if why is None:
                 raise
             if why is Cancelled.PREEMPTED:
                 self.figures.preempted += len(ids)
+            elif why is Cancelled.HANDED_ON:
+                self.figures.handed_on += len(ids)
             log.debug("%s: %s %d prompts of job %s", self.client.label, why, len(ids), job)
             raise _Dropped from None
         finally:

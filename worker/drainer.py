@@ -11,6 +11,7 @@ batches it has in flight. A batch of a more urgent job preempts a lower one in f
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 
@@ -37,12 +38,21 @@ from swarm_queue.worker.inflight import InFlight
 from swarm_queue.worker.intake import Intake, Taken, queued, service_order
 from swarm_queue.worker.lookout import Lookout
 from swarm_queue.worker.probe import probe_endpoint
+from swarm_queue.worker.replies import Load
 from swarm_queue.worker.served import ServedModels
 from swarm_queue.worker.window import ADAPT_START, Window, follow_load
 
-__all__ = ["EndpointDrainer"]
+__all__ = ["HAND_ON_PACE", "EndpointDrainer"]
 
 log = logging.getLogger("swarm.worker")
+
+# A busy engine's worker hands its waiting agent turns on only to an endpoint at least this
+# many times as fast as its own answers come (its queue counted): the turn's prefix, cached
+# here, is computed again there. On a fleet of equal engines this keeps every turn in its
+# lane; one engine of half the others' speed, queued, is past it.
+HAND_ON_PACE = 1.5
+# After handing on turns that had begun, how long an endpoint takes no other lane's turns.
+HANDED_REST_S = 1.0
 said = Throttled(log)
 
 
@@ -68,6 +78,15 @@ class EndpointDrainer:
             client, self.settings, self.circuit, self._backoff, engine.metrics
         )
         self.intake = Intake(self.store, self.consumer, self.settings, client.label, engine.sleep)
+        # Sequences waiting in the engine at the last look at its gauges, while it had ours.
+        self._waiting = 0
+        # Until then, after handing on turns that had begun here, it takes no other lane's
+        # turns (else it takes back what it handed on, its freed slots looking for work).
+        self._handed_until = 0.0
+        self.intake.engine_busy = lambda: (
+            (self._waiting > 0 and len(self.inflight) > 0) or time.monotonic() < self._handed_until
+        )
+        self.intake.pace = lambda: self.path.pace
         self.cache = AnswerCache(self.store, self.settings, client.label)
         self._rr = 0
         self.window = Window(self.settings.inflight)
@@ -106,7 +125,8 @@ class EndpointDrainer:
         return (
             f"{self.label}: {f.prompts_done} prompts done, {f.prompts_failed} failed, "
             f"{self.client.requests} requests, {self.runner.retries} retries, {f.preempted} "
-            f"prompts preempted, {f.copied} copied at a job's tail ({f.copies_won} first)"
+            f"prompts preempted, {f.handed_on} handed on, {f.copied} copied at a job's tail "
+            f"({f.copies_won} first)"
         )
 
     def reclaim_soon(self, job: str) -> None:
@@ -173,11 +193,44 @@ class EndpointDrainer:
             await asyncio.gather(*helpers, return_exceptions=True)
             await self.circuit.close()
 
+    async def _hand_on(self, waiting: int) -> None:
+        """Agents' turns waiting behind this engine's queue while another endpoint has
+        nothing to do and answers at least :data:`HAND_ON_PACE` times as fast (this one's
+        queue counted): hand the newest batch of them on, to start there now. Between equal
+        engines, moving a turn costs its cached prefix for little. A batch just begun
+        (``hand_on_young_ms``) goes only to one that decodes that much faster: the queue is
+        no longer what it waits on, and an idle engine of equal speed is not worth its
+        prefix and its tokens decoded."""
+        young_s = self.settings.hand_on_young_ms / 1000
+        candidate = self.inflight.to_hand_on(waiting, young_s)
+        if candidate is None:
+            return
+        request, job, begun = candidate
+        pace = self.path.pace
+        mine = pace.decode_s_per_token if begun else pace.s_per_token
+        if mine is None:
+            return
+        with contextlib.suppress(StoreUnavailable, JobGoneError):
+            said = await self.store.hungry(job)
+            theirs = None if said is None else said.decode_s if begun else said.pace_s
+            if theirs and mine >= HAND_ON_PACE * theirs:
+                self.inflight.hand_on(request)
+                if begun:
+                    self._handed_until = time.monotonic() + HANDED_REST_S
+
     async def _adapt(self, hi: int) -> None:
         """Follow the endpoint's load with the window (see :func:`worker.window.follow_load`)."""
+
+        async def load() -> Load | None:
+            gauges = await self.client.load()
+            self._waiting = 0 if gauges is None else int(gauges.waiting)
+            if self.settings.hand_on and (self._waiting > 0 or self.settings.hand_on_young_ms):
+                await self._hand_on(self._waiting)
+            return gauges
+
         await follow_load(
             self.window,
-            self.client.load,
+            load,
             answered=lambda: self.figures.prompts_done,
             in_flight=lambda: len(self.inflight),
             sleep=self.engine.sleep,
@@ -292,6 +345,7 @@ class EndpointDrainer:
         no more), and a stalled endpoint's would hold its slots, and a burst worker, until
         the request timed out."""
         self.inflight.abandon(job)
+        self.intake.forget(job)
 
     async def _probe(self) -> None:
         await probe_endpoint(

@@ -1,26 +1,29 @@
-"""One inference endpoint, and the one boundary where openai/httpx errors become ours.
+"""One inference endpoint over HTTP, and the one boundary where transport errors and error
+statuses become swarm-queue's.
 
-Calls go through ``AsyncOpenAI`` with its own retries turned off (``max_retries=0``): the worker
-owns the single retry loop. Responses are read raw and decoded with msgspec, which is several
-times cheaper than building pydantic models for hundreds of choices per request. vLLM's routes
-outside the OpenAI API (``/health``, ``/metrics``, ``/tokenize``) go through the same client
-(openai's documented custom requests, on a copy rooted at the server's URL that shares its
-connection pool): one HTTP stack, one auth header, one error boundary.
+Requests go straight through one aiohttp session per endpoint, as vLLM's own benchmark client
+sends them: the body built as a dict and encoded by msgspec, the answer read raw and decoded by
+msgspec. The openai SDK stays the client of users' scripts (the gateway, the examples), not
+the worker's: its request layers cost a third of a worker's CPU per list-batched prompt and
+0.7 s of the 0.8 s a worker spent importing before its first request (docs/BENCHMARKS.md,
+section 10). There is no retry here: the worker owns the single retry loop. vLLM's routes
+outside the OpenAI API (``/health``, ``/metrics``, ``/tokenize``) share the session: one
+connection pool, one auth header, one error boundary.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import re
-import ssl
+import urllib.request
 from typing import Any, TypeVar
+from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 import msgspec
-import openai
 
 from swarm_queue.common.errors import (
+    EndpointError,
     EndpointRejected,
     EndpointRetryable,
     EndpointUnusable,
@@ -59,6 +62,7 @@ class _Tokenized(msgspec.Struct):
     count: int
 
 
+_encode = msgspec.json.Encoder().encode
 _tokenize_decoder = msgspec.json.Decoder(_Tokenized)
 _completion_decoder = msgspec.json.Decoder(CompletionBody)
 _chat_decoder = msgspec.json.Decoder(ChatBody)
@@ -75,73 +79,77 @@ _ROUTES = {
 }
 # Wrong credentials: no request to this endpoint will succeed.
 _UNUSABLE = frozenset({401, 403})
+# Idle connections are closed before the server's keep-alive ends (uvicorn's, under vLLM: 5 s):
+# a request sent on a connection the server is closing fails for nothing.
+_KEEPALIVE_S = 4.0
+# Connections to one endpoint at most (openai's client allowed as many).
+_MAX_CONNECTIONS = 1000
 
 
-def _server_message(exc: openai.APIStatusError) -> str:
-    """The server's own message, from vLLM's nested ``{"error": {...}}`` or older flat body."""
-    body = exc.body
+def _error_body(raw: bytes) -> Any:
+    """An error answer's body: the object inside vLLM's ``{"error": {...}}`` (or an older
+    server's flat object), or None when it is not JSON."""
+    try:
+        body = msgspec.json.decode(raw)
+    except msgspec.DecodeError:
+        return None
+    if isinstance(body, dict) and isinstance(body.get("error"), dict):
+        return body["error"]
+    return body
+
+
+def _server_message(body: Any, raw: bytes) -> str:
+    """The server's own message, or the start of what it answered."""
     if isinstance(body, dict):
         msg = body.get("message")
         if isinstance(msg, str) and msg:
             return msg
-    return exc.response.text[:500] if exc.response is not None else str(exc)
+    return raw[:500].decode(errors="replace")
 
 
 def _error_object(body: object) -> bool:
-    """Whether an error body is an OpenAI error object (``{"message", "type", ...}``, what the
-    openai client hands on of vLLM's ``{"error": {...}}``), not a web framework's ``Not Found``."""
+    """Whether an error body is an OpenAI error object (``{"message", "type", ...}``, as vLLM
+    answers), not a web framework's ``Not Found``."""
     return isinstance(body, dict) and ("type" in body or "code" in body) and "message" in body
 
 
-def _translate(
-    endpoint: str,
-    exc: openai.OpenAIError,
-    timeout_s: float,
-    *,
-    generation: bool = True,
-    route: str = "",
-) -> Exception:
-    """Our error for an openai error. A 404 on a generation route names a model the server does
-    not serve (vLLM's answer for an unknown model: an OpenAI error object): the job's trouble,
-    not the endpoint's; a 404 without that object is a ``route`` the server does not have. A
-    404 on ``/v1/models`` (``generation`` False) means no OpenAI server at that URL."""
-    refused = _refused(exc)
-    if isinstance(exc, openai.APITimeoutError) and refused is None:
-        return EndpointRetryable(endpoint, f"no answer within {timeout_s:g} s")
-    if isinstance(exc, openai.APIConnectionError):
-        cause = refused or exc.__cause__ or exc
-        return EndpointRetryable(endpoint, f"connection failed: {type(cause).__name__}: {cause}")
-    if isinstance(exc, openai.APIStatusError):
-        status, message = exc.status_code, _server_message(exc)
-        if status >= 500 or status in _RETRYABLE_4XX:
-            return EndpointRetryable(endpoint, message, status)
-        if status in _UNUSABLE or (status == 404 and not generation):
-            return EndpointUnusable(endpoint, message, status)
-        if status == 404 and not _error_object(exc.body):
-            return RouteMissing(endpoint, f"no {route or 'such'} route ({message})", status)
-        if status == 404:
-            return ModelNotServed(endpoint, message, status)
-        return EndpointRejected(endpoint, message, status)
-    return EndpointRetryable(endpoint, f"{type(exc).__name__}: {exc}")
+def _status_error(
+    endpoint: str, status: int, raw: bytes, *, generation: bool = True, route: str = ""
+) -> EndpointError:
+    """Our error for an error status. A 404 on a generation route names a model the server
+    does not serve (vLLM's answer for an unknown model: an OpenAI error object): the job's
+    trouble, not the endpoint's; a 404 without that object is a ``route`` the server does not
+    have. A 404 on ``/v1/models`` (``generation`` False) means no OpenAI server at that URL."""
+    body = _error_body(raw)
+    message = _server_message(body, raw)
+    if status >= 500 or status in _RETRYABLE_4XX:
+        return EndpointRetryable(endpoint, message, status)
+    if status in _UNUSABLE or (status == 404 and not generation):
+        return EndpointUnusable(endpoint, message, status)
+    if status == 404 and not _error_object(body):
+        return RouteMissing(endpoint, f"no {route or 'such'} route ({message})", status)
+    if status == 404:
+        return ModelNotServed(endpoint, message, status)
+    return EndpointRejected(endpoint, message, status)
 
 
-def _refused(exc: BaseException) -> BaseException | None:
-    """The connection error under ``exc``, if it is one: aiohttp's transport (as vendored by
-    openai) reports a refused or unreachable connection as a connect timeout."""
-    seen: BaseException | None = exc
-    while seen is not None:
-        if isinstance(seen, aiohttp.ClientConnectorError):
-            return seen
-        seen = seen.__cause__
-    return None
+def _proxy_for(url: str) -> str | None:
+    """The proxy the environment names for ``url`` (``http_proxy``/``https_proxy``, unless
+    ``no_proxy`` lists its host), read once per endpoint, as curl or httpx would use it."""
+    parts = urlsplit(url)
+    proxy = urllib.request.getproxies().get(parts.scheme)
+    if proxy is None or urllib.request.proxy_bypass(parts.hostname or ""):
+        return None
+    return proxy
 
 
-@functools.cache
-def _tls_context() -> ssl.SSLContext:
-    """One TLS context for every endpoint of the process: building one loads the system's CA
-    certificates (``SSL_CERT_FILE`` and ``SSL_CERT_DIR`` apply), about 15 ms each, which a
-    client per endpoint would pay again and again (0.8 s for a worker of 50 endpoints)."""
-    return ssl.create_default_context()
+def _without_credentials(url: str) -> str:
+    """``url`` without a ``user:password@`` part: such credentials are never sent (vLLM takes
+    a bearer key; the settings refuse endpoint URLs that carry them, and say so)."""
+    parts = urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url
+    return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
 
 
 class EndpointClient:
@@ -153,20 +161,42 @@ class EndpointClient:
         self._timeout_s = timeout_s
         # Generation requests really sent (completion and chat), whatever their outcome.
         self.requests = 0
-        self._client = openai.AsyncOpenAI(
-            base_url=f"{url}/v1",
-            api_key=api_key or "EMPTY",
-            max_retries=0,
-            timeout=timeout_s,
-            # openai's own client on aiohttp's transport (its documented option), with the
-            # process's one TLS context
-            http_client=openai.DefaultAioHttpClient(verify=_tls_context()),
-        )
-        # vLLM's own routes sit beside /v1; the copy shares the client's connections.
-        self._root = self._client.with_options(base_url=url)
+        self._root = _without_credentials(url.rstrip("/"))
+        self._headers = {
+            "Authorization": f"Bearer {api_key or 'EMPTY'}",
+            "Content-Type": "application/json",
+        }
+        self._proxy = _proxy_for(self._root)
+        # Made at the first request: a session belongs to the event loop that runs it.
+        self._session: aiohttp.ClientSession | None = None
 
     async def close(self) -> None:
-        await self._client.close()
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def _open(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            # TLS through aiohttp's default context, built once at its import: the system's
+            # CA certificates (SSL_CERT_FILE and SSL_CERT_DIR apply), verified.
+            connector = aiohttp.TCPConnector(limit=_MAX_CONNECTIONS, keepalive_timeout=_KEEPALIVE_S)
+            # No timeout of its own: each call's deadline covers the whole answer.
+            self._session = aiohttp.ClientSession(
+                connector=connector, timeout=aiohttp.ClientTimeout(total=None)
+            )
+        return self._session
+
+    async def _call(
+        self, path: str, timeout_s: float, body: bytes | None = None
+    ) -> tuple[int, bytes]:
+        """The status and body of a GET (``body`` None) or POST of ``path`` (from the server's
+        root), all of it within ``timeout_s``. Raises TimeoutError or aiohttp.ClientError."""
+        method = "GET" if body is None else "POST"
+        async with asyncio.timeout(timeout_s):
+            async with self._open().request(
+                method, self._root + path, data=body, headers=self._headers, proxy=self._proxy
+            ) as resp:
+                return resp.status, await resp.read()
 
     async def _vllm_route(
         self, path: str, timeout_s: float, body: dict[str, str] | None = None
@@ -174,26 +204,19 @@ class EndpointClient:
         """The body of a 200 answer from one of vLLM's own routes within ``timeout_s``; None
         for any other status, or when the server cannot be reached or answers too late."""
         try:
-            async with asyncio.timeout(timeout_s):
-                if body is None:
-                    return await self._root.get(path, cast_to=bytes, options={"timeout": timeout_s})
-                return await self._root.post(
-                    path, cast_to=bytes, body=body, options={"timeout": timeout_s}
-                )
-        except (openai.OpenAIError, TimeoutError):
+            status, raw = await self._call(path, timeout_s, None if body is None else _encode(body))
+        except (aiohttp.ClientError, TimeoutError):
             return None
+        return raw if status == 200 else None
 
     async def ready(self, timeout_s: float = 10.0) -> bool:
         """True once the server answers ``/health`` (vLLM: 200 when the model is loaded). A
         server without that route (404) counts as ready: its other routes will tell."""
         try:
-            async with asyncio.timeout(timeout_s):
-                await self._root.get("/health", cast_to=bytes, options={"timeout": timeout_s})
-        except openai.NotFoundError:
-            return True
-        except (openai.OpenAIError, TimeoutError):
+            status, _ = await self._call("/health", timeout_s)
+        except (aiohttp.ClientError, TimeoutError):
             return False
-        return True
+        return 200 <= status < 300 or status == 404
 
     async def tokenize(self, prompt: str, model: str, timeout_s: float = 30.0) -> int | None:
         """The exact prompt token count from vLLM's ``/tokenize``; None when the server has no
@@ -214,14 +237,11 @@ class EndpointClient:
 
     async def models(self, timeout_s: float = 30.0) -> list[ModelInfo]:
         """The models served, with ``max_model_len`` where the server reports it (vLLM does)."""
+        status, raw = await self._exchange("/v1/models", None, timeout_s)
+        if not 200 <= status < 300:
+            raise _status_error(self.label, status, raw, generation=False)
         try:
-            async with asyncio.timeout(timeout_s):
-                raw = await self._client.models.with_raw_response.list(timeout=timeout_s)
-            return _models_decoder.decode(raw.http_response.content).data
-        except TimeoutError:
-            raise EndpointRetryable(self.label, f"no answer within {timeout_s:g} s") from None
-        except openai.OpenAIError as exc:
-            raise _translate(self.label, exc, timeout_s, generation=False) from None
+            return _models_decoder.decode(raw).data
         except msgspec.DecodeError as exc:
             # A proxy's HTML page or a server restarting: probed again, not given up on.
             raise EndpointRetryable(self.label, f"unreadable /v1/models answer: {exc}") from None
@@ -243,7 +263,7 @@ class EndpointClient:
         body |= params.extra()
         if add_special_tokens is not None:
             body["add_special_tokens"] = add_special_tokens
-        return await self._answer("/completions", body, _completion_decoder, timeout, "completion")
+        return await self._answer("completion", body, _completion_decoder, timeout)
 
     async def chat(
         self,
@@ -265,44 +285,43 @@ class EndpointClient:
             body["tools"] = tools
             if tool_choice is not None:
                 body["tool_choice"] = tool_choice
-        return await self._answer("/chat/completions", body, _chat_decoder, timeout, "chat")
+        return await self._answer("chat", body, _chat_decoder, timeout)
 
     async def embed(
         self, model: str, texts: list[str], *, timeout_s: float | None = None
     ) -> EmbeddingBody:
-        """One ``/v1/embeddings`` request holding every text of ``texts``, answered as floats
-        (openai's client would otherwise ask for base64)."""
+        """One ``/v1/embeddings`` request holding every text of ``texts``, answered as
+        floats."""
         timeout = timeout_s or self._timeout_s
         body = {"model": model, "input": texts, "encoding_format": "float"}
-        return await self._answer("/embeddings", body, _embedding_decoder, timeout, "embeddings")
+        return await self._answer("embeddings", body, _embedding_decoder, timeout)
 
-    async def _answer(
-        self,
-        route: str,
-        body: dict[str, Any],
-        decoder: msgspec.json.Decoder[T],
-        timeout_s: float,
-        what: str,
-    ) -> T:
-        """POST ``body`` to ``route`` and decode the answer: the one boundary where openai's
-        errors and unreadable answers become swarm-queue's. The body is sent as built, through
-        the client's documented raw ``post`` (its per-call typed transform of every message
-        and tool cost more CPU than the rest of a chat turn's path). ``timeout_s`` is a
-        deadline for the whole answer (httpx's own timeout acts per read, so a server that
-        trickles bytes would otherwise hold the request for ever)."""
-        self.requests += 1
+    async def _exchange(self, path: str, body: bytes | None, timeout_s: float) -> tuple[int, bytes]:
+        """One request whose failure to get any answer (too late, no connection, a connection
+        cut) is this endpoint's passing trouble: :class:`EndpointRetryable`."""
         try:
-            async with asyncio.timeout(timeout_s):
-                content = await self._client.post(
-                    route, cast_to=bytes, body=body, options={"timeout": timeout_s}
-                )
+            return await self._call(path, timeout_s, body)
         except TimeoutError:
             raise EndpointRetryable(self.label, f"no answer within {timeout_s:g} s") from None
-        except openai.OpenAIError as exc:
-            route = _ROUTES.get(what, what)
-            raise _translate(self.label, exc, timeout_s, route=route) from None
+        except aiohttp.ClientError as exc:
+            raise EndpointRetryable(
+                self.label, f"connection failed: {type(exc).__name__}: {exc}"
+            ) from None
+
+    async def _answer(
+        self, what: str, body: dict[str, Any], decoder: msgspec.json.Decoder[T], timeout_s: float
+    ) -> T:
+        """POST ``body`` to the route of ``what`` and decode the answer: the one place where
+        error statuses and unreadable answers of a generation become swarm-queue's errors.
+        ``timeout_s`` is a deadline for the whole answer, so a server that trickles bytes
+        cannot hold the request for ever."""
+        self.requests += 1
+        route = _ROUTES[what]
+        status, raw = await self._exchange(route, _encode(body), timeout_s)
+        if not 200 <= status < 300:
+            raise _status_error(self.label, status, raw, route=route)
         try:
-            return decoder.decode(content)
+            return decoder.decode(raw)
         except msgspec.DecodeError as exc:
             # A body cut short or garbled on its way: transient, like a dropped connection.
             raise EndpointRetryable(self.label, f"unreadable {what} answer: {exc}") from None

@@ -228,17 +228,22 @@ class Engine:
         """True while some job (that ``may_serve`` says an endpoint may serve) still has
         entries queued or in flight, is still being fed, or has a finished stage whose reduce
         is to run."""
-        await self.refresh_jobs(force=True)
-        if self._reduces_pending or await self.pumps.has_work():
-            return True
-        for job, spec in list(self.jobs.items()):
-            if may_serve is not None and not may_serve(spec):
-                continue
-            if await self.store.job_has_work(job):
+        # Twice: a job that finished since the first sweep may have a reduce to run, and a
+        # reduce advancing in the background may queue its next stage between a sweep's read
+        # of the jobs and its read of the reduces pending (that stage then looks neither
+        # pending nor served; seen in CI under load: a burst ended with a tree's last stage
+        # queued). The second sweep takes such a stage up.
+        for _ in range(2):
+            await self.refresh_jobs(force=True)
+            advancing = any(not t.done() for t in self._advancing.values())
+            if self._reduces_pending or advancing or await self.pumps.has_work():
                 return True
-        # A job that finished since the refresh above may have a reduce to run: look again.
-        await self.refresh_jobs(force=True)
-        return self._reduces_pending
+            for job, spec in list(self.jobs.items()):
+                if may_serve is not None and not may_serve(spec):
+                    continue
+                if await self.store.job_has_work(job):
+                    return True
+        return False
 
     def unserved(self) -> list[JobSpec]:
         """The jobs no endpoint of this worker serves: left for other workers' endpoints."""

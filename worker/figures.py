@@ -44,6 +44,8 @@ class EndpointFigures:
         self.prompts_failed = 0
         # Prompts whose batch was cancelled for a more urgent job's, released to run again.
         self.preempted = 0
+        # Agents' turns handed on from a busy engine to the open lane, for an idle one.
+        self.handed_on = 0
         self.dead_lettered = 0
         # Prompts sent as speculative copies at a job's tail, and those whose copy won.
         self.copied = 0

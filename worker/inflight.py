@@ -1,19 +1,21 @@
 """The requests of one endpoint's batches in flight: their job and priority, oldest first, and
 which were cancelled on purpose and why. A batch of a more urgent job preempts the newest of
 a lower priority of another workflow (:meth:`InFlight.preempt_below`); a job over has its
-requests cut short (:meth:`InFlight.abandon`). The drain loop asks :meth:`InFlight.why` when a
-request ends cancelled: on purpose, or a stop."""
+requests cut short (:meth:`InFlight.abandon`); an engine with agents' turns waiting in it
+hands the newest batch of them on (:meth:`InFlight.to_hand_on`). The drain loop asks
+:meth:`InFlight.why` when a request ends cancelled: on purpose, or a stop."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Coroutine
 from enum import StrEnum
-from typing import Any
+from typing import Any, NamedTuple
 
 from swarm_queue.common.models import Result
 
-__all__ = ["Cancelled", "InFlight", "Request"]
+__all__ = ["Answers", "Cancelled", "InFlight", "Pace", "Request"]
 
 Request = asyncio.Task[list[Result]]
 
@@ -23,6 +25,75 @@ class Cancelled(StrEnum):
 
     PREEMPTED = "preempted"  # for a batch of a more urgent job: its prompts go back
     ABANDONED = "abandoned"  # its job is over: its answers could change nothing
+    HANDED_ON = "handed on"  # waiting in a busy engine: to the open lane, for an idle one
+
+
+class Pace:
+    """An endpoint's paces, as moving averages of its chat answers' seconds a completion
+    token: from each request's start to its answer, its engine's queue included
+    (``s_per_token``), and its decoding alone (``decode_s_per_token``: the time between two
+    answers of one batch over the tokens between them, the requests having started
+    together). What an endpoint with nothing to do is compared by before a busy one hands it
+    turns: waiting ones by the first, begun ones by the second."""
+
+    __slots__ = ("decode_s_per_token", "s_per_token")
+
+    def __init__(self) -> None:
+        self.s_per_token: float | None = None
+        self.decode_s_per_token: float | None = None
+
+    def note(self, seconds: float, tokens: int) -> None:
+        if tokens <= 0:
+            return
+        self.s_per_token = _average(self.s_per_token, seconds / tokens)
+
+    def note_decode(self, seconds: float, tokens: int) -> None:
+        if tokens >= DECODE_MIN_TOKENS:
+            self.decode_s_per_token = _average(self.decode_s_per_token, seconds / tokens)
+
+
+# Two answers of a batch this many tokens apart or more time the engine's decoding.
+DECODE_MIN_TOKENS = 4
+
+
+def _average(mean: float | None, x: float) -> float:
+    return x if mean is None else 0.9 * mean + 0.1 * x
+
+
+class Answers:
+    """How many of a batch's prompts have been answered so far (counted as they come), each
+    answer's time noted in the endpoint's ``pace``, and the decoding between the first
+    answer and each later one."""
+
+    __slots__ = ("first", "n", "pace", "t0")
+
+    def __init__(self, pace: Pace | None = None) -> None:
+        self.n = 0
+        self.pace = pace
+        self.t0 = time.monotonic()
+        self.first: tuple[float, int] | None = None  # the first answer's time and tokens
+
+    def add(self, result: Result) -> None:
+        self.n += 1
+        if self.pace is None or result.usage is None:
+            return
+        now, tokens = time.monotonic(), result.usage.completion_tokens
+        self.pace.note(now - self.t0, tokens)
+        if self.first is None:
+            self.first = (now, tokens)
+        else:
+            self.pace.note_decode(now - self.first[0], tokens - self.first[1])
+
+
+class _Held(NamedTuple):
+    """What is kept of a request in flight: its priority, job and family, and, for a batch
+    that may be handed on, its size and its answers so far."""
+
+    priority: int
+    job: str
+    family: str
+    size: int
+    answers: Answers | None
 
 
 class InFlight:
@@ -30,7 +101,7 @@ class InFlight:
 
     def __init__(self) -> None:
         # Each request's priority, job and family (its workflow job), oldest first.
-        self._running: dict[Request, tuple[int, str, str]] = {}
+        self._running: dict[Request, _Held] = {}
         self._why: dict[Request, Cancelled] = {}
 
     def __len__(self) -> int:
@@ -42,11 +113,15 @@ class InFlight:
         priority: int,
         job: str,
         family: str = "",
+        *,
+        size: int = 0,
+        answers: Answers | None = None,
     ) -> Request:
         """Run ``request`` (of ``job``, at ``priority``; of workflow ``family``, the job's
-        own name by default) as a task held here until removed."""
+        own name by default) as a task held here until removed. A batch of ``size`` prompts
+        whose ``answers`` are counted may be handed on (:meth:`hand_on`)."""
         task = asyncio.create_task(request)
-        self._running[task] = (priority, job, family or job)
+        self._running[task] = _Held(priority, job, family or job, size, answers)
         return task
 
     def remove(self, request: Request) -> None:
@@ -59,7 +134,7 @@ class InFlight:
 
     def top_priority(self) -> int | None:
         """The highest priority in flight (None: nothing is)."""
-        return max((p for p, _, _ in self._running.values()), default=None)
+        return max((h.priority for h in self._running.values()), default=None)
 
     def preempt_below(self, priority: int, job: str, share: int, family: str = "") -> None:
         """A batch of ``job`` at ``priority`` starts: cancel the newest request in flight of a
@@ -73,22 +148,51 @@ class InFlight:
         the same workflow (``family``: an earlier step of it, say an agent's earlier turn):
         that work is needed as much, its decoded tokens would be thrown away and its prompts
         put back behind the later step's, which its continuous batch takes in beside it."""
-        if sum(1 for _, j, _ in self._running.values() if j == job) >= share:
+        if sum(1 for h in self._running.values() if h.job == job) >= share:
             return
         family = family or job
         lower = [
             r
-            for r, (p, _, f) in self._running.items()
-            if p < priority and f != family and r not in self._why
+            for r, h in self._running.items()
+            if h.priority < priority and h.family != family and r not in self._why
         ]
         if lower:
             self._cancel(lower[-1], Cancelled.PREEMPTED)
 
     def abandon(self, job: str) -> None:
         """``job`` is over: cut its requests short."""
-        for request, (_, running_job, _) in list(self._running.items()):
-            if running_job == job and request not in self._why:
+        for request, held in list(self._running.items()):
+            if held.job == job and request not in self._why:
                 self._cancel(request, Cancelled.ABANDONED)
+
+    def to_hand_on(self, waiting: int, young_s: float = 0.0) -> tuple[Request, str, bool] | None:
+        """With ``waiting`` sequences queued in the engine: the newest batch that may be
+        handed on, its job, and whether it may have begun; if none of its prompts is
+        answered yet and it is no larger than that. An engine serves requests of one
+        priority first come, first served, so the newest ``waiting`` have not started:
+        handing them on throws no decoded token away. With ``young_s``, also one sent less
+        than that ago, begun or not (what it decoded is thrown away: at most ``young_s`` of
+        tokens each)."""
+        now = time.monotonic()
+        for request, held in reversed(self._running.items()):
+            if held.answers is None or request in self._why:
+                continue
+            if held.answers.n == 0 and held.size > 0:
+                if held.size <= waiting:
+                    return request, held.job, False
+                if now - held.answers.t0 < young_s:
+                    return request, held.job, True
+            return None  # the newest has begun (or is too large): the older ones have too
+        return None
+
+    def hand_on(self, request: Request) -> int:
+        """Cut ``request`` short to hand its prompts on (see :meth:`to_hand_on`); how many it
+        held (0: it is no longer in flight)."""
+        held = self._running.get(request)
+        if held is None or request in self._why:
+            return 0
+        self._cancel(request, Cancelled.HANDED_ON)
+        return held.size
 
     def _cancel(self, request: Request, why: Cancelled) -> None:
         self._why[request] = why

@@ -23,7 +23,8 @@ from typing import NamedTuple
 from swarm_queue.common.keys import lane_name
 from swarm_queue.common.models import JobSpec
 from swarm_queue.common.settings import Settings
-from swarm_queue.common.store import WorkerStore
+from swarm_queue.common.store import Hungry, WorkerStore
+from swarm_queue.worker.inflight import Pace
 
 __all__ = ["Delivery", "Intake", "Queued", "Taken", "queued", "service_order"]
 
@@ -31,6 +32,11 @@ __all__ = ["Delivery", "Intake", "Queued", "Taken", "queued", "service_order"]
 # job's tail the entries still held are copied once each, so an empty look stays empty until
 # an entry is released or orphaned (and those are reclaimed, not copied).
 NO_COPIES_REST_S = 2.0
+# An endpoint with nothing to do but other endpoints' laned turns says so at most this often,
+# and what it says holds this long: a busy engine's worker, looking at its gauges every
+# quarter second, hands its newest waiting turns on only while someone is there to take them.
+HUNGRY_EVERY_S = 0.25
+HUNGRY_TTL_MS = 1000
 
 log = logging.getLogger("swarm.worker")
 
@@ -111,7 +117,13 @@ class Intake:
         # Entries this drain loop is working on: a reclaim that returns them (their idle time
         # outran the heartbeat) must not start them twice.
         self.in_hand: set[bytes] = set()
+        # Whether this endpoint's engine has sequences of ours waiting: then it takes nothing
+        # from other lanes (the turns it handed on among them), as it could not start them.
+        self.engine_busy: Callable[[], bool] = lambda: False
+        # This endpoint's paces (seconds a completion token of its answers).
+        self.pace: Callable[[], Pace] = Pace
         self._ready: set[str] = set()  # jobs whose own leftovers have been taken back
+        self._losses = 0  # the store's connection losses when last looked at
         self._recovery_lock = asyncio.Lock()
         self._recovered: deque[tuple[JobSpec, list[Delivery]]] = deque()
         self._reclaim_at: dict[str, float] = {}  # when to look for orphans again (monotonic)
@@ -123,6 +135,7 @@ class Intake:
         # a thousand idle endpoints asking each poll cost Redis more than the job itself).
         self._copies_at: dict[str, float] = {}
         self._steal_at: dict[str, float] = {}  # when others' lanes may be looked at again
+        self._hungry_at: dict[str, float] = {}  # when to say again that it has nothing to do
         # How long this endpoint's own batches of each job take (s, a moving average): a
         # batch in another's hands for less than that is not late, and a copy of it would
         # most likely finish second, its decoding thrown away.
@@ -137,6 +150,11 @@ class Intake:
         """Entries of ``job`` were released: look for them on the next step."""
         self._reclaim_at.pop(job, None)
 
+    def forget(self, job: str) -> None:
+        """``job`` is no longer served: if it is taken up again, its entries left pending to
+        this consumer are taken back first, as at a start."""
+        self._ready.discard(job)
+
     def look_again(self) -> None:
         """After Redis trouble (a read whose reply was lost leaves entries pending for this
         consumer): take this consumer's own leftovers back again."""
@@ -149,6 +167,12 @@ class Intake:
         long for new entries of the first job when nothing is there at once. Only an ``idle``
         endpoint (no batch in flight) takes speculative copies: in a busy one they would queue
         behind its own batches and could not finish first."""
+        if (lost := self.store.connection_losses) != self._losses:
+            # A connection lost (a Redis restarting) and the command tried again: a read
+            # whose reply went with it left entries pending for this consumer that nobody
+            # holds. Look for them now rather than after the claim idle time.
+            self._losses = lost
+            self.look_again()
         for spec in jobs:
             if spec.job not in self._ready:
                 await self._recover(spec)
@@ -185,13 +209,18 @@ class Intake:
         return None
 
     async def _others(self, jobs: list[JobSpec], idle: bool) -> Taken | None:
-        """With nothing of its own: what waited too long in other endpoints' lanes, then (if
-        ``idle``) speculative copies of what other endpoints hold."""
+        """With nothing of its own: what waited too long in other endpoints' lanes or was
+        handed on to the open lane (and, finding none, it says it has nothing to do: a busy
+        engine's worker then hands its newest waiting turns on), then (if ``idle``)
+        speculative copies of what other endpoints hold. While its own engine has our
+        sequences waiting it takes no other lane's turns: it could not start them either."""
         for spec in jobs:
-            if spec.laned:
+            if spec.laned and not self.engine_busy():
                 stolen = await self._steal(spec.job)
                 if stolen:
                     return Taken(spec, stolen)
+                if self.settings.hand_on:
+                    await self._hungry(spec.job)
         if idle and self.settings.speculate:
             # Not an agent's later turns: a copy on another engine would compute its whole
             # conversation again, and a stuck endpoint's turns come back by its circuit.
@@ -241,6 +270,17 @@ class Intake:
         rest = self.settings.poll_ms / 1000 if copies else NO_COPIES_REST_S
         self._copies_at[job] = _after(len(copies) == batch, rest)
         return [(eid, payload, 0) for eid, payload in copies]
+
+    async def _hungry(self, job: str) -> None:
+        """Say (at most every :data:`HUNGRY_EVERY_S`), with this endpoint's pace, that it
+        found nothing to do but ``job``'s turns held in busy engines: those slower by
+        :data:`worker.drainer.HAND_ON_PACE` hand their newest waiting ones on."""
+        if not _due(self._hungry_at, job):
+            return
+        self._hungry_at[job] = _after(False, HUNGRY_EVERY_S)
+        pace = self.pace()
+        said = Hungry(pace.s_per_token or 0.0, pace.decode_s_per_token or 0.0)
+        await self.store.note_hungry(job, HUNGRY_TTL_MS, said)
 
     async def _steal(self, job: str) -> list[Delivery]:
         """Entries of ``job`` that waited at least ``lane_wait_ms`` in other endpoints' lanes,

@@ -20,9 +20,13 @@ from swarm_queue.common.models import JobSpec
 from swarm_queue.common.settings import Settings
 from swarm_queue.common.store import WorkerStore
 
-__all__ = ["JobTable"]
+__all__ = ["UNREADABLE_RETRY_S", "JobTable"]
 
 log = logging.getLogger("swarm.worker")
+
+# A job skipped for a key of another tool's value is read again after this long (not at the
+# next sweep: taken up, its leftovers taken back and refused again, many times a second).
+UNREADABLE_RETRY_S = 10.0
 
 
 class JobTable:
@@ -43,6 +47,7 @@ class JobTable:
         self._on_over = on_over
         self.jobs: dict[str, JobSpec] = {}
         self._gone: set[tuple[str, str]] = set()  # (job, generation) found gone, said once
+        self._skipped: dict[str, float] = {}  # job -> when to read it again (unreadable)
         self._swept_at = -math.inf
 
     def due(self) -> bool:
@@ -73,7 +78,11 @@ class JobTable:
 
     async def _take_up(self, name: str) -> None:
         """Start serving the job ``name``, unless it cannot be read yet (the next sweep tries
-        again) or at all (said once; never fatal to the other jobs)."""
+        again) or at all (said once; never fatal to the other jobs), or was found unreadable
+        less than :data:`UNREADABLE_RETRY_S` ago."""
+        if time.monotonic() < self._skipped.get(name, -math.inf):
+            return
+        self._skipped.pop(name, None)
         try:
             spec = await self.store.load_spec(name)
             await self.store.ensure_group(name)
@@ -119,10 +128,11 @@ class JobTable:
 
     def unreadable(self, exc: BadRecordError) -> None:
         """A key of job ``exc.job`` cannot be used (another tool's value under its name): the
-        job is dropped until the next sweep reads it again; said once. The other jobs go on."""
+        job is dropped, and read again after :data:`UNREADABLE_RETRY_S` (someone may have
+        deleted the key by then); said once. The other jobs go on."""
         if exc.job:
             self.jobs.pop(exc.job, None)
-            self.stale()
+            self._skipped[exc.job] = time.monotonic() + UNREADABLE_RETRY_S
         self.store.warn_once(f"job {exc.job}" if exc.job else str(exc), str(exc))
 
     def _say_gone(self, job: str, gen: str, why: str) -> None:

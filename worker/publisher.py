@@ -13,7 +13,6 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import msgspec
-from aiohttp import web
 
 from swarm_queue.common.abilities import Abilities
 from swarm_queue.common.errors import BadRecordError, ConfigError, JobNotFoundError
@@ -24,6 +23,8 @@ from swarm_queue.worker.drainer import EndpointDrainer
 from swarm_queue.worker.pumps import Pumps
 
 if TYPE_CHECKING:
+    from aiohttp import web
+
     from swarm_queue.worker.prometheus import PrometheusMetrics
 
 __all__ = ["Publisher"]

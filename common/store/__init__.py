@@ -33,6 +33,7 @@ from swarm_queue.common.store.delivery import RELEASED_IDLE_MS, Commit
 from swarm_queue.common.store.entries import decode_entry, index_of, requeued
 from swarm_queue.common.store.feeding import producer_token
 from swarm_queue.common.store.jobstore import JobStore
+from swarm_queue.common.store.lanes import Hungry
 from swarm_queue.common.store.outcomes import OutcomeCounts
 from swarm_queue.common.store.roles import CollectorStore, FlowStore, ProducerStore, WorkerStore
 from swarm_queue.common.store.status import JobStatus
@@ -44,6 +45,7 @@ __all__ = [
     "CollectorStore",
     "Commit",
     "FlowStore",
+    "Hungry",
     "JobStatus",
     "JobStore",
     "Memory",

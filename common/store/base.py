@@ -12,7 +12,13 @@ from swarm_queue.common.errors import BadRecordError, ConfigError, StoreCommandD
 from swarm_queue.common.keys import ARQ_ABORT, Keys
 from swarm_queue.common.models import JobSpec, decode_spec
 from swarm_queue.common.settings import Settings
-from swarm_queue.common.store.connection import Client, connect, reachable, redis_errors
+from swarm_queue.common.store.connection import (
+    Client,
+    connect,
+    connection_losses,
+    reachable,
+    redis_errors,
+)
 from swarm_queue.common.store.scripts import Scripts
 
 __all__ = ["ACL_COMMANDS", "Memory", "StoreBase", "acl_rules", "spec_of"]
@@ -79,6 +85,12 @@ class StoreBase:
         """Whether Redis answered this store's last attempt (False from the first failure of
         an outage, while commands still wait it out)."""
         return reachable(self.redis)
+
+    @property
+    def connection_losses(self) -> int:
+        """How many of this store's attempts failed on a lost connection so far (each tried
+        again on a new one): a stream read's reply lost so may have delivered entries."""
+        return connection_losses(self.redis)
 
     async def server_time(self) -> float:
         """Redis's clock, in seconds: what every time stored or compared across machines is

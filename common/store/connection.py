@@ -51,10 +51,12 @@ __all__ = [
     "Client",
     "cluster_node_of",
     "connect",
+    "connection_losses",
     "reachable",
     "redis_code",
     "redis_errors",
     "redis_retry",
+    "replies",
 ]
 
 log = logging.getLogger("swarm.store")
@@ -97,8 +99,15 @@ class _Health:
         self.answered = answered
         self.first_try: float | None = None
         self._said = False  # whether the outage under way was said
+        # Connections lost: attempts failed on one (redis-py tries them again on a new one),
+        # and connections made again (redis-py reconnects one it finds closed before using
+        # it, silently). A reply lost with its connection may have delivered stream entries
+        # no one received.
+        self.losses = 0
+        self.connected: weakref.WeakSet[Any] = weakref.WeakSet()  # connections made once
 
     def failed(self) -> None:
+        self.losses += 1
         now = time.monotonic()
         if self.failing_since is None:
             self.failing_since = now
@@ -182,6 +191,10 @@ class _Retry(Retry):
         Until Redis first answers, it is bounded like a command (redis-py runs it outside any
         retry: a listener that is no Redis would hold it for ever), and ends with a PING
         whose reply is the first answer: a TCP connection accepted is not one."""
+        if connection in self.health.connected:
+            self.health.losses += 1  # made again: the one before was lost
+        else:
+            self.health.connected.add(connection)
         if self.health.answered:
             await connection.on_connect()
             return
@@ -290,6 +303,13 @@ def reachable(client: Client) -> bool:
     :func:`connect`; any other counts as reachable)."""
     retry = _RETRIES.get(client)
     return retry is None or retry.health.failing_since is None
+
+
+def connection_losses(client: Client) -> int:
+    """How many of ``client``'s attempts failed on a lost connection so far (a client made by
+    :func:`connect`; any other: 0)."""
+    retry = _RETRIES.get(client)
+    return 0 if retry is None else retry.health.losses
 
 
 # How many times a cluster client re-reads the cluster's layout and tries a command again
@@ -462,6 +482,19 @@ def _raised_in_redis_py(exc: BaseException) -> bool:
 
 # redis-py prefixes the reply of a pipeline's failed command with this (then the command).
 _PIPELINE_PREFIX = re.compile(r"Command # \d+ \(.*\) of pipeline caused error: ", re.DOTALL)
+
+
+def replies(results: list[Any]) -> list[Any]:
+    """A pipeline's replies read with ``raise_on_error=False``, unless one of them says Redis
+    itself cannot answer now (a connection lost, a Redis restarted and still loading its
+    data: ``LOADING``): that one is raised (inside :func:`redis_errors`, StoreUnavailable),
+    never read as the reply of a key that holds another tool's value. (Seen: a Redis
+    restarted with AOF answered LOADING to a sweep, and a worker dropped a running agents'
+    turn job as finished, its batch in hand left for the claim idle time.)"""
+    for reply in results:
+        if isinstance(reply, (RedisConnectionError, RedisTimeoutError)):
+            raise reply
+    return results
 
 
 def redis_code(exc: ResponseError) -> str:

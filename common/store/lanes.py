@@ -2,19 +2,39 @@
 their prefix in its cache. A lane is a consumer of the job's group that no worker is
 (:func:`common.keys.lane_name`): the pump hands a turn to it as it queues the turn, that
 endpoint's drain loops take their lane's entries before anything new, and any endpoint with
-nothing else to do takes entries that have waited in another's lane too long. Orphans are
-reclaimed as ever, so a lane never holds an entry longer than the claim idle time."""
+nothing else to do takes entries that have waited in another's lane too long, or that an
+endpoint too busy for them handed on to the open lane. Orphans are reclaimed as ever, so a
+lane never holds an entry longer than the claim idle time."""
 
 from __future__ import annotations
 
-from swarm_queue.common.keys import GROUP
+from collections.abc import Sequence
+
+import msgspec
+
+from swarm_queue.common.keys import GROUP, OPEN_LANE
 from swarm_queue.common.store.base import StoreBase
 from swarm_queue.common.store.connection import redis_errors
+from swarm_queue.common.store.entries import id_key
 
-__all__ = ["Lanes"]
+__all__ = ["Hungry", "Lanes"]
 
 # (entry_id, payload, deaths), as Delivery takes them.
 Taken = tuple[bytes, bytes | None, int]
+
+
+class Hungry(msgspec.Struct, frozen=True):
+    """What an endpoint with nothing to do says of its pace (seconds a completion token;
+    0.0: not known): from a request's start to its answer, its engine's queue counted
+    (``pace_s``), and its decoding alone (``decode_s``, from the gaps between the answers
+    of one batch of requests)."""
+
+    pace_s: float = 0.0
+    decode_s: float = 0.0
+
+
+_encode_hungry = msgspec.msgpack.Encoder().encode
+_decode_hungry = msgspec.msgpack.Decoder(Hungry).decode
 
 
 class Lanes(StoreBase):
@@ -37,6 +57,39 @@ class Lanes(StoreBase):
         async with redis_errors(self.url, job):
             flat = await self.scripts.lane_steal(keys=[self.keys.stream(job)], args=args)
             return await self._marked(job, flat)
+
+    async def give_back(
+        self, job: str, consumer: str, entry_ids: Sequence[bytes], *, idle_ms: int, gen: str
+    ) -> int:
+        """Hand ``consumer``'s entries ``entry_ids`` (those it still holds) to the open lane,
+        as if they had waited ``idle_ms`` there (the lane wait: others take them at once);
+        how many were handed on. :class:`JobGoneError` for work of another generation."""
+        if not entry_ids:
+            return 0
+        ids = sorted(entry_ids, key=id_key)
+        keys = [self.keys.stream(job), self.keys.running(job), self.keys.meta(job)]
+        args = [GROUP, consumer, OPEN_LANE, idle_ms, gen, *ids]
+        async with redis_errors(self.url, job):
+            return int(await self.scripts.give_back(keys=keys, args=args))
+
+    async def note_hungry(self, job: str, ttl_ms: int, said: Hungry) -> None:
+        """Say for ``ttl_ms`` that an endpoint has nothing to do but ``job``'s laned turns
+        held elsewhere, and its paces."""
+        async with redis_errors(self.url, job):
+            await self.redis.set(self.keys.hungry(job), _encode_hungry(said), px=ttl_ms)
+
+    async def hungry(self, job: str) -> Hungry | None:
+        """The paces of an endpoint that said lately it has nothing to do but ``job``'s
+        turns held elsewhere, or None: nobody did."""
+        async with redis_errors(self.url, job):
+            raw = await self.redis.get(self.keys.hungry(job))
+        if raw is None:
+            return None
+        try:
+            said = _decode_hungry(raw)
+        except msgspec.DecodeError:
+            return Hungry()  # another tool's value (or an older worker's): paces not known
+        return Hungry(max(0.0, said.pace_s), max(0.0, said.decode_s))
 
     async def _marked(self, job: str, flat: list[bytes]) -> list[Taken]:
         """Claimed entries (ID, payload...) with their death marks (inside redis_errors)."""

@@ -13,7 +13,7 @@ from swarm_queue.common.errors import JobConflictError, JobNameError, JobNotFoun
 from swarm_queue.common.keys import GROUP, parse_stage
 from swarm_queue.common.models import JobSpec, encode
 from swarm_queue.common.store.base import StoreBase, spec_of
-from swarm_queue.common.store.connection import redis_code, redis_errors
+from swarm_queue.common.store.connection import redis_code, redis_errors, replies
 from swarm_queue.common.vocab import Meta
 
 __all__ = ["Registry"]
@@ -122,7 +122,7 @@ class Registry(StoreBase):
         async with redis_errors(self.url), self.redis.pipeline(transaction=False) as pipe:
             for name in names:
                 pipe.hmget(self.keys.meta(name), [Meta.FINISHED_S, Meta.CANCELLED_S])
-            flags = await pipe.execute(raise_on_error=False)
+            flags = replies(await pipe.execute(raise_on_error=False))
         out = []
         for name, f in zip(names, flags, strict=True):
             if isinstance(f, Exception):  # its meta is no hash (another tool's key): no job
@@ -139,7 +139,7 @@ class Registry(StoreBase):
         async with redis_errors(self.url), self.redis.pipeline(transaction=False) as pipe:
             for name in names:
                 pipe.hget(self.keys.meta(name), Meta.GENERATION)
-            raws = await pipe.execute(raise_on_error=False)
+            raws = replies(await pipe.execute(raise_on_error=False))
         return [r.decode() if isinstance(r, bytes) else None for r in raws]
 
     async def meta(self, job: str) -> dict[str, bytes]:

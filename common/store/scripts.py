@@ -39,6 +39,7 @@ SCRIPT_NAMES = (
     "dim",
     "evict",
     "final",
+    "give_back",
     "lane_steal",
     "lane_take",
     "lock",
@@ -124,6 +125,7 @@ class Scripts:
     dim: Script
     evict: Script
     final: Script
+    give_back: Script
     lane_steal: Script
     lane_take: Script
     lock: Script

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from swarm_queue.common.keys import stage_name, step_of
 from swarm_queue.common.models import ReduceOutput, decode_final, encode_final
 from swarm_queue.common.store.base import StoreBase
-from swarm_queue.common.store.connection import redis_errors
+from swarm_queue.common.store.connection import redis_errors, replies
 from swarm_queue.common.vocab import Meta
 
 __all__ = ["Stages"]
@@ -28,7 +28,7 @@ class Stages(StoreBase):
             async with self.redis.pipeline(transaction=False) as pipe:
                 for name in parents:
                     pipe.hmget(self.keys.meta(name), fields)
-                rows = await pipe.execute(raise_on_error=False)
+                rows = replies(await pipe.execute(raise_on_error=False))
             todo = []
             for name, row in zip(parents, rows, strict=True):
                 if isinstance(row, Exception):  # its meta is no hash: see Registry.unfinished
@@ -42,7 +42,7 @@ class Stages(StoreBase):
             async with self.redis.pipeline(transaction=False) as pipe:
                 for name, level in todo:
                     pipe.hget(self.keys.meta(stage_name(name, level)), Meta.FINISHED_S)
-                finished = await pipe.execute(raise_on_error=False)
+                finished = replies(await pipe.execute(raise_on_error=False))
         return [
             (n, lv, f is not None)
             for (n, lv), f in zip(todo, finished, strict=True)

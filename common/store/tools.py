@@ -29,6 +29,12 @@ class Tools(StoreBase):
             return _decoded(got)
         return bool(got)
 
+    async def hold_claim(self, key: str, ttl_s: float) -> None:
+        """Keep the claim on the call ``key`` for ``ttl_s`` from now (if it is still held):
+        its asker, once the call's try is queued."""
+        async with redis_errors(self.url, ""):
+            await self.redis.pexpire(self.keys.tool_claim(key), int(ttl_s * 1000))
+
     async def tool_turn(self, tool: str, rate_per_s: float, max_wait_s: float) -> float | None:
         """A turn for one run of ``tool``, limited to ``rate_per_s`` across every runner: how
         long to wait for it (s), or None when that would be more than ``max_wait_s``."""

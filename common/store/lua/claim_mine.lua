@@ -16,13 +16,7 @@
 local stream, running, group, consumer, idle = KEYS[1], KEYS[2], ARGV[1], ARGV[2], ARGV[3]
 local gone = generation_error(KEYS[3], ARGV[4])
 if gone then return gone end
-local wanted = {}
-for i = 5, #ARGV do wanted[ARGV[i]] = true end
-local pending = redis.call('XPENDING', stream, group, ARGV[5], ARGV[#ARGV], 100000, consumer)
-local ids = {}
-for _, e in ipairs(pending) do
-  if wanted[e[1]] then ids[#ids + 1] = e[1] end
-end
+local ids = still_held(stream, group, consumer, 5)
 for i = 1, #ids, 500 do
   -- unpack() only expands as the last argument, so build the whole argument list first.
   local args = {'XCLAIM', stream, group, consumer, 0}

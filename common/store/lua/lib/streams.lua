@@ -60,3 +60,16 @@ local function claimed_flat(reply)
   end
   return out
 end
+
+-- The IDs among ARGV[first..] (sorted) still pending to `consumer` in `stream`'s `group`: the
+-- entries a worker may still hand back, refresh or hand on (another may have taken the rest).
+local function still_held(stream, group, consumer, first)
+  local wanted = {}
+  for i = first, #ARGV do wanted[ARGV[i]] = true end
+  local pending = redis.call('XPENDING', stream, group, ARGV[first], ARGV[#ARGV], 100000, consumer)
+  local ids = {}
+  for _, e in ipairs(pending) do
+    if wanted[e[1]] then ids[#ids + 1] = e[1] end
+  end
+  return ids
+end
