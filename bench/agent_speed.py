@@ -30,7 +30,6 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,7 +49,7 @@ from bench.harness import (
     token_capacity,
     wait_workers_ready,
 )
-from bench.versus import with_section
+from bench.versus import with_section, worktree
 from swarm_queue.common.keys import step_name
 from swarm_queue.common.models import decode_result
 from swarm_queue.common.settings import Settings
@@ -369,22 +368,14 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     OUT.mkdir(parents=True, exist_ok=True)
     command = "python -m bench.agent_speed"
+    if os.environ.get("BENCH_WORKER_ENV"):  # the workers' settings tried: part of the command
+        command = f"BENCH_WORKER_ENV='{os.environ['BENCH_WORKER_ENV']}' {command}"
     if (args.agents, args.turns) != (1000, 2):
         command += f" --agents {args.agents} --turns {args.turns}"
     compared: list[str] = []
     if args.before:
-        with tempfile.TemporaryDirectory() as tmp:
-            before = Path(tmp) / "before"
-            subprocess.run(
-                ["git", "worktree", "add", "--detach", str(before), args.before],
-                cwd=ROOT, check=True, capture_output=True,
-            )  # fmt: skip
-            try:
-                compared = asyncio.run(versus(args.agents, args.turns, before, args.rounds))
-            finally:
-                subprocess.run(
-                    ["git", "worktree", "remove", "--force", str(before)], cwd=ROOT, check=False
-                )
+        with worktree(args.before) as before:
+            compared = asyncio.run(versus(args.agents, args.turns, before, args.rounds))
         command += f" --before {args.before} --rounds {args.rounds}"
     got = asyncio.run(run(args.agents, args.turns))
     text = section(got, args.agents, args.turns, command)

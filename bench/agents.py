@@ -44,7 +44,10 @@ TOOL_PARSER = ("--enable-auto-tool-choice", "--tool-call-parser", "hermes")
 ENGINE = EngineConfig(max_num_seqs=256, step_base_ms=20.0, step_per_seq_ms=0.1)
 PREFILL = "0.05"  # ms per prompt token not in the prefix cache
 TASK = 'Question {n}: find it out. CALL lookup({{"key": "{key}"}})'
-SYSTEM = "You are a careful research assistant. " * 8
+# No trailing space: the SDK strips its system prompt, swarm-queue sends a user's text as
+# given; with one, the two sides' prompts differed by a character (another block layout in
+# the prefix cache), and their hit rates were not of the same prompts.
+SYSTEM = ("You are a careful research assistant. " * 8).rstrip()
 LOG = OUT / "agent-tools.log"
 
 

@@ -26,10 +26,8 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from bench.agents import TITLE as AGENTS_TITLE
 from bench.baselines import arq_one_job_per_prompt, naive_gather, static_round_robin
 from bench.capacity import plot_capacity
-from bench.cold import TITLE as COLD_TITLE
 from bench.fleetscale import fleet_scale_scenario
 from bench.harness import (
     INSTANT,
@@ -53,11 +51,9 @@ from bench.harness import (
     run_swarm,
     urgent_job_time,
 )
-from bench.pipeline import TITLE as PIPELINE_TITLE
 from bench.rows import Row, Scenario
 from bench.startup import startup_scenario
 from bench.strict import strict_scenario
-from bench.versus import TITLE as VERSUS_TITLE
 from bench.versus import carried_over, with_section
 from swarm_queue.common.models import JobSpec, SamplingParams
 from swarm_queue.common.settings import Settings
@@ -822,10 +818,12 @@ def main() -> None:
         else:
             text = report(scenarios, "python -m bench.run", elapsed)
             old = path.read_text() if path.exists() else ""
-            # Sections measured by commands of their own (versus, pipeline, agents, cold) stay.
-            for title in (VERSUS_TITLE, PIPELINE_TITLE, AGENTS_TITLE, COLD_TITLE):
+            # Sections measured by commands of their own (versus, pipeline, agents, cold,
+            # start-up before and after, the gateway, issue 34's targets) stay.
+            titles = [line for line in old.splitlines() if line.startswith("## ")]
+            for title in titles:
                 kept = carried_over(old, title)
-                if kept:
+                if kept and f"\n{title}\n" not in text:
                     text = with_section(text, kept, title)
             path.write_text(text)
 

@@ -12,6 +12,7 @@ comes from one checkout; the Redis and the instant endpoints are shared, flushed
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -19,12 +20,13 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from bench.harness import INSTANT, OUT, Bench, new_fleet
 
-__all__ = ["carried_over", "main", "publish", "with_section"]
+__all__ = ["carried_over", "main", "publish", "with_section", "worktree"]
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -77,6 +79,22 @@ def _run(
     return result
 
 
+@contextlib.contextmanager
+def worktree(rev: str) -> Iterator[Path]:
+    """A checkout of ``rev`` beside this one, for the length of a comparison."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "before"
+        subprocess.run(
+            ["git", "worktree", "add", "--detach", str(path), rev],
+            cwd=ROOT, check=True, capture_output=True,
+        )  # fmt: skip
+        try:
+            yield path
+        finally:
+            remove = ["git", "worktree", "remove", "--force", str(path)]
+            subprocess.run(remove, cwd=ROOT, check=False)
+
+
 def _flush(url: str) -> None:
     import redis
 
@@ -90,20 +108,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--prompts", type=int, default=100_000)
     args = p.parse_args(argv)
-    with tempfile.TemporaryDirectory() as tmp:
-        before = Path(tmp) / "before"
-        subprocess.run(
-            ["git", "worktree", "add", "--detach", str(before), args.before],
-            cwd=ROOT,
-            check=True,
-            capture_output=True,
-        )
-        try:
-            figures = _compare(before, args.rounds, args.prompts)
-        finally:
-            subprocess.run(
-                ["git", "worktree", "remove", "--force", str(before)], cwd=ROOT, check=False
-            )
+    with worktree(args.before) as before:
+        figures = _compare(before, args.rounds, args.prompts)
     rev = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
     ).stdout.strip()
