@@ -16,8 +16,10 @@ import json
 import msgspec
 
 __all__ = [
+    "BEGUN",
     "CLAIM_UNQUEUED_S",
     "HAND_OVER_S",
+    "START_GRACE_S",
     "ToolAnswer",
     "claim_s",
     "cut",
@@ -51,6 +53,18 @@ def runner_hold_s(tool_timeout_s: float) -> float:
 
 # How long a call's claim lasts until its try is queued; then it lasts :func:`claim_s`.
 CLAIM_UNQUEUED_S = 10.0
+
+
+# A call's claim holds "1" until its try is queued, then the try's arq job ID, then BEGUN once
+# a runner has begun that try: what tells an asker a try queued and never begun.
+BEGUN = b"begun"
+
+# A try that arq marks taken (its in-progress key) at two looks this far apart while no runner
+# has begun it is lost, and asked again. arq marks a job taken before running it, and a
+# connection lost with that mark's reply leaves it marked and run by nobody until the mark
+# expires, the tool's whole timeout and more (seen: agents stalled minutes after a Redis
+# restart).
+START_GRACE_S = 5.0
 
 
 def claim_s(tool_timeout_s: float) -> float:

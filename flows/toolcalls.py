@@ -5,17 +5,29 @@ while others who ask the same wait for that one answer (see :mod:`common.tools`)
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
 import uuid
 from collections.abc import Sequence
 
 from arq.connections import ArqRedis
+from arq.constants import in_progress_key_prefix
 
 from swarm_queue.common.errors import StoreUnavailable
 from swarm_queue.common.settings import Settings, mask_url
 from swarm_queue.common.store import FlowStore, redis_errors
-from swarm_queue.common.tools import CLAIM_UNQUEUED_S, ToolAnswer, claim_s, tool_key
+from swarm_queue.common.tools import (
+    BEGUN,
+    CLAIM_UNQUEUED_S,
+    START_GRACE_S,
+    ToolAnswer,
+    claim_s,
+    tool_key,
+)
 
 __all__ = ["ToolCaller"]
+
+log = logging.getLogger("swarm.pump")
 
 
 class ToolCaller:
@@ -26,6 +38,10 @@ class ToolCaller:
         self.claim_s = claim_s(settings.tool_timeout_s)
         self.queued = 0  # calls this caller handed to the runners
         self.shared = 0  # calls answered by a run another asker (or an earlier one) started
+        self.start_grace_s = START_GRACE_S
+        # Tries seen queued and not begun: arq job ID -> (first seen, next look (monotonic),
+        # whether arq had marked it taken at the last look).
+        self._unbegun: dict[str, tuple[float, float, bool]] = {}
 
     async def ask(self, name: str, arguments: str) -> str:
         """Ask for a call; returns its key, to look its answer up with :meth:`answers`."""
@@ -60,14 +76,20 @@ class ToolCaller:
                 self.shared += 1
                 await self.store.count_tools("shared")
             return got if isinstance(got, ToolAnswer) else None
-        async with redis_errors(self.settings.redis_url):  # arq's client: its errors ours
-            await self._enqueue(name, arguments, key)
-        await self.store.hold_claim(key, self.claim_s)
-        self.queued += 1
-        await self.store.count_tools("queued")
+        await self._queue(key, name, arguments)
         return None
 
-    async def _enqueue(self, name: str, arguments: str, key: str) -> None:
+    async def _queue(self, key: str, name: str, arguments: str) -> None:
+        """Queue a try of the call this asker has just claimed, and hold the claim for the
+        call's whole time, naming the try."""
+        try_id = self.settings.keys.tool_job_id(key, uuid.uuid4().hex)
+        async with redis_errors(self.settings.redis_url):  # arq's client: its errors ours
+            await self._enqueue(name, arguments, key, try_id)
+        await self.store.hold_claim(key, self.claim_s, try_id)
+        self.queued += 1
+        await self.store.count_tools("queued")
+
+    async def _enqueue(self, name: str, arguments: str, key: str, try_id: str) -> None:
         keys = self.settings.keys
         queued = await self.pool.enqueue_job(
             "run_tool",
@@ -76,7 +98,7 @@ class ToolCaller:
             key,
             # The tool's own queue: only runners that allow the tool take from it.
             _queue_name=keys.tool_queue(name),
-            _job_id=keys.tool_job_id(key, uuid.uuid4().hex),
+            _job_id=try_id,
             # A try not started within its claim is stale: its asker asks again by then.
             _expires=self.claim_s,
         )
@@ -93,11 +115,40 @@ class ToolCaller:
     async def answers(self, calls: Sequence[tuple[str, str, str]]) -> list[ToolAnswer | None]:
         """The answers of ``calls`` (``(key, name, arguments)``), None where none is in yet. A
         call neither answered nor in a runner's hands (its runner died, its claim expired, or
-        its answer was kept no longer) is asked for again."""
+        its answer was kept no longer) is asked for again, and so is one whose try arq
+        marked taken and no runner began (:meth:`_lost`)."""
         found = await self.store.tool_answers([k for k, _, _ in calls])
         missing = [i for i, a in enumerate(found) if a is None]
-        held = await self.store.in_hand([calls[i][0] for i in missing])
-        for i, claimed in zip(missing, held, strict=True):
-            if not claimed:  # its runner finished between the two reads, or died
+        claims = await self.store.claims([calls[i][0] for i in missing])
+        self._forget_unbegun()
+        for i, claim in zip(missing, claims, strict=True):
+            if claim is None:  # its runner finished between the two reads, or died
                 found[i] = await self._start(*calls[i], again=True)
+            elif claim not in (b"1", BEGUN) and await self._lost(claim.decode()):
+                key, name, arguments = calls[i]
+                if await self.store.retake_claim(key, claim.decode(), CLAIM_UNQUEUED_S):
+                    log.warning("tool call %s: its try was taken by no runner; asked again", key)
+                    await self._queue(key, name, arguments)
         return found
+
+    async def _lost(self, try_id: str) -> bool:
+        """Whether the queued try ``try_id`` was lost: arq has marked it taken at two looks
+        :attr:`start_grace_s` apart and no runner began it in between (see
+        ``START_GRACE_S``; one look could fall between a runner's taking and its beginning).
+        A try waiting its turn in the queue is not lost."""
+        now = time.monotonic()
+        first, look, marked_before = self._unbegun.setdefault(
+            try_id, (now, now + self.start_grace_s, False)
+        )
+        if now < look:
+            return False
+        async with redis_errors(self.settings.redis_url):
+            marked = bool(await self.pool.exists(in_progress_key_prefix + try_id))
+        self._unbegun[try_id] = (first, now + self.start_grace_s, marked)
+        return marked and marked_before
+
+    def _forget_unbegun(self) -> None:
+        """Forget the tries looked at longer ago than a claim lasts (answered or gone)."""
+        old = time.monotonic() - self.claim_s
+        for try_id in [t for t, (first, _, _) in self._unbegun.items() if first < old]:
+            del self._unbegun[try_id]

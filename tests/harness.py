@@ -38,6 +38,7 @@ __all__ = [
     "Fleet",
     "FleetFactory",
     "RedisClusterProcs",
+    "agents_unfinished",
     "check_output",
     "collect",
     "command",
@@ -140,6 +141,48 @@ def collect(
         so.seek(0)
         se.seek(0)
         return subprocess.CompletedProcess(proc.args, proc.returncode, so.read(), se.read())
+
+
+def agents_unfinished(env: Mapping[str, str], job: str, total: int, show: int = 5) -> str:
+    """Where the first ``show`` unfinished agents of agent job ``job`` stand, read from Redis:
+    what a test whose agents stopped moving says of them (their state, the tool calls a
+    parked one waits on with each call's claim and answer, each turn's pending entries)."""
+    keys = Keys(env["SWARM_PREFIX"])
+    client = sync_client(env["SWARM_REDIS_URL"], cluster=bool(env.get("SWARM_REDIS_CLUSTER")))
+    try:
+        done = client.hmget(keys.outcomes(job), [str(i) for i in range(total)])
+        missing = [i for i, d in enumerate(done) if d is None]
+        lines = [f"{len(missing)} of {total} agents unfinished: {missing[:50]}"]
+        for i in missing[:show]:
+            parked = client.hget(keys.parked(job), str(i))
+            state = client.hget(keys.input_states(job), str(i))
+            counts = msgspec.msgpack.decode(state) if state else {}
+            counts.pop("prior", None)
+            lines.append(f"agent {i}: state {counts}")
+            if parked is None:
+                lines.append("  not parked")
+                continue
+            wait = msgspec.msgpack.decode(parked)
+            lines.append(f"  parked at turn {wait.get('turn')} since {wait.get('since_s')}")
+            for key, call in wait.get("calls", []):
+                claim = keys.tool_claim(key) if key else ""
+                lines.append(
+                    f"  call {call} key {key!r}: claim {client.get(claim) if key else '-'!r} "
+                    f"for {client.pttl(claim) if key else '-'} ms, answer "
+                    f"{bool(client.exists(keys.tool_answer(key))) if key else '-'}"
+                )
+        pattern = keys.job_pattern(job).replace("{", "\\{").replace("}", "\\}")
+        for k in client.scan_iter(match=pattern):
+            if client.type(k) == b"stream":
+                for group in client.xinfo_groups(k):
+                    pending = client.xpending(k, group["name"])
+                    lines.append(
+                        f"{k.decode()} group {group['name'].decode()}: "
+                        f"pending {pending['pending']} {pending.get('consumers')}"
+                    )
+        return "\n".join(lines)
+    finally:
+        client.close()
 
 
 def wait_port(port: int, proc: subprocess.Popen[bytes], timeout_s: float = 20.0) -> None:

@@ -20,6 +20,7 @@ import redis
 from swarm_queue.common.embedded import EmbeddedRedis
 from swarm_queue.common.keys import Keys, step_name
 from swarm_queue.common.models import decode_spec
+from swarm_queue.common.vocab import Meta
 from swarm_queue.flows.agents import agent_of
 from tests.harness import (
     AGENT_SCHEMA,
@@ -27,6 +28,7 @@ from tests.harness import (
     BIN,
     TOOL_PARSER_ARGS,
     FleetFactory,
+    agents_unfinished,
     collect,
     command,
     fleet_prompt,
@@ -40,8 +42,23 @@ SCHEMA, TASK = AGENT_SCHEMA, AGENT_TASK
 
 
 def _collect(env: dict[str, str], tmp: Path, job: str, rc: int = 0) -> list[dict[str, Any]]:
-    """``swarm-collect JOB --wait``'s lines, once it exits with ``rc``."""
-    got = collect(env, job, tmp / f"{job}.jsonl")
+    """``swarm-collect JOB --wait``'s lines, once it exits with ``rc``; if its agents stop
+    moving, where the unfinished ones stand, and the tool runner's and workers' last words."""
+    try:
+        got = collect(env, job, tmp / f"{job}.jsonl")
+    except AssertionError as exc:
+        total = redis.Redis.from_url(env["SWARM_REDIS_URL"]).hget(
+            Keys(env["SWARM_PREFIX"]).meta(job), Meta.ENQUEUED
+        )
+        logs = [
+            f"{p.name}: ...{p.read_text(errors='replace')[-3000:]}"
+            for p in sorted(tmp.glob("*.log"))
+        ]
+        try:
+            where = agents_unfinished(env, job, int(total or 0))
+        except Exception as read:  # what it could not read must not hide the stall
+            where = f"(where the agents stand could not be read: {read!r})"
+        raise AssertionError("\n".join([str(exc), where, *logs])) from None
     assert got.returncode == rc, got.stderr
     return [msgspec.json.decode(x) for x in (tmp / f"{job}.jsonl").read_bytes().splitlines()]
 

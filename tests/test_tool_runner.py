@@ -14,12 +14,13 @@ from pathlib import Path
 
 import pytest
 from arq import create_pool
+from arq.constants import in_progress_key_prefix
 
 from swarm_queue.common.arqconf import arq_redis_settings, job_deserializer, job_serializer
 from swarm_queue.common.errors import ConfigError, StoreUnavailable
 from swarm_queue.common.settings import Settings
 from swarm_queue.common.store import JobStore
-from swarm_queue.common.tools import CLAIM_UNQUEUED_S, HAND_OVER_S, ToolAnswer, tool_key
+from swarm_queue.common.tools import BEGUN, CLAIM_UNQUEUED_S, HAND_OVER_S, ToolAnswer, tool_key
 from swarm_queue.flows.toolcalls import ToolCaller
 from swarm_queue.worker.toollimits import check_limits
 from tests.harness import tool_runner
@@ -142,13 +143,13 @@ async def test_a_call_answered_between_two_reads_is_returned_and_not_counted_as_
     again, and counts no other asker's run (seen once in CI: 51 calls shared of 50)."""
     store = caller.store
     key = await caller.ask("slow_add", '{"a": 1, "b": 2}')
-    real_in_hand = store.in_hand
+    real_claims = store.claims
 
-    async def runner_finishes_first(keys: Sequence[str]) -> list[bool]:
+    async def runner_finishes_first(keys: Sequence[str]) -> list[bytes | None]:
         await store.put_tool_answer(key, ToolAnswer(content="3"), HAND_OVER_S)
-        return await real_in_hand(keys)
+        return await real_claims(keys)
 
-    store.in_hand = runner_finishes_first  # type: ignore[method-assign]
+    store.claims = runner_finishes_first  # type: ignore[method-assign]
     (answer,) = await caller.answers([(key, "slow_add", '{"a": 1, "b": 2}')])
     assert answer == ToolAnswer(content="3")
     assert (caller.queued, caller.shared) == (1, 0)
@@ -327,6 +328,50 @@ async def test_a_try_arq_did_not_queue_is_not_held_for_the_calls_whole_time(
         await caller.ask("fetch", '{"url": "doi:watch"}')
     assert 0 < await store.redis.pttl(store.keys.tool_claim(key)) <= CLAIM_UNQUEUED_S * 1000
     assert caller.queued == 0
+
+
+async def test_a_try_arq_marked_taken_and_no_runner_began_is_asked_again(
+    runner: tuple[Path, subprocess.Popen[bytes]], caller: ToolCaller
+) -> None:
+    """Seen after a Redis restart (an agent stalled minutes on a call queued, its claim held):
+    arq marks a job taken (its in-progress key, the job's timeout and more) before running
+    it; the mark's reply lost with its connection, arq took the job for another runner's and
+    left it, marked, to nobody. A try marked taken at two looks a grace apart and begun by no
+    runner is lost: its call is claimed again and a new try queued, which the runner runs."""
+    log, _ = runner
+    store, args = caller.store, '{"url": "doi:unbegun"}'
+    caller.start_grace_s = 0  # each look a grace after the one before
+    key = await caller.ask("fetch", args)
+    lost = (await store.claims([key]))[0]
+    assert lost is not None and lost.startswith(b"{arq:abort}")  # the try's arq job ID
+    # What arq's lost mark leaves: the job queued and marked taken, for minutes.
+    await caller.pool.psetex(in_progress_key_prefix + lost.decode(), 600_000, b"1")
+    assert await caller.answers([(key, "fetch", args)]) == [None]
+    assert caller.queued == 1  # one look: a runner may be about to begin it
+    answers = await _all_answered(caller, [(key, "fetch", args)])
+    assert answers[0] is not None and answers[0].ok
+    assert caller.queued == 2 and log.read_text().split() == ["fetch"]  # the new try, once
+    assert await store.tool_queued(["fetch"]) == {"fetch": 1}  # the lost one, left to arq
+
+
+async def test_a_try_waiting_its_turn_or_begun_is_not_asked_again(caller: ToolCaller) -> None:
+    """A try queued behind others (not marked taken), or begun by a runner (said on its
+    claim), is waited on however many graces pass: only a try taken and never begun is
+    lost."""
+    store, args = caller.store, '{"url": "doi:waits"}'
+    caller.start_grace_s = 0
+    key = await caller.ask("fetch", args)
+    for _ in range(3):
+        assert await caller.answers([(key, "fetch", args)]) == [None]
+    assert caller.queued == 1
+    try_id = (await store.claims([key]))[0]
+    assert try_id is not None
+    await caller.pool.psetex(in_progress_key_prefix + try_id.decode(), 600_000, b"1")
+    await store.begin_try(key)
+    for _ in range(3):
+        assert await caller.answers([(key, "fetch", args)]) == [None]
+    assert caller.queued == 1 and (await store.claims([key]))[0] == BEGUN
+    assert await store.redis.pttl(store.keys.tool_claim(key)) > (caller.claim_s - 5) * 1000
 
 
 async def test_a_call_whose_try_was_never_queued_is_claimed_only_for_moments(

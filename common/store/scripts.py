@@ -52,6 +52,7 @@ SCRIPT_NAMES = (
     "start",
     "tool_claim",
     "tool_rate",
+    "tool_retake",
     "tool_runners",
     "tool_serve",
 )
@@ -138,5 +139,6 @@ class Scripts:
     start: Script
     tool_claim: Script
     tool_rate: Script
+    tool_retake: Script
     tool_runners: Script
     tool_serve: Script

@@ -9,7 +9,13 @@ import msgspec
 
 from swarm_queue.common.store.base import StoreBase
 from swarm_queue.common.store.connection import redis_errors
-from swarm_queue.common.tools import HAND_OVER_S, ToolAnswer, decode_answer, encode_answer
+from swarm_queue.common.tools import (
+    BEGUN,
+    HAND_OVER_S,
+    ToolAnswer,
+    decode_answer,
+    encode_answer,
+)
 
 __all__ = ["Tools"]
 
@@ -29,11 +35,25 @@ class Tools(StoreBase):
             return _decoded(got)
         return bool(got)
 
-    async def hold_claim(self, key: str, ttl_s: float) -> None:
-        """Keep the claim on the call ``key`` for ``ttl_s`` from now (if it is still held):
-        its asker, once the call's try is queued."""
+    async def hold_claim(self, key: str, ttl_s: float, try_id: str) -> None:
+        """Keep the claim on the call ``key`` for ``ttl_s`` from now (if it is still held),
+        naming its try: its asker, once the try is queued as arq job ``try_id``."""
         async with redis_errors(self.url, ""):
-            await self.redis.pexpire(self.keys.tool_claim(key), int(ttl_s * 1000))
+            await self.redis.set(self.keys.tool_claim(key), try_id, px=int(ttl_s * 1000), xx=True)
+
+    async def retake_claim(self, key: str, try_id: str, ttl_s: float) -> bool:
+        """Claim the call ``key`` again for ``ttl_s`` if its claim still names the lost try
+        ``try_id`` (no runner began it, no other asker took it over): whether it did."""
+        async with redis_errors(self.url, ""):
+            got = await self.scripts.tool_retake(
+                keys=[self.keys.tool_claim(key)], args=[try_id, int(ttl_s * 1000)]
+            )
+        return bool(got)
+
+    async def begin_try(self, key: str) -> None:
+        """Say on the call's claim that a runner has begun a try of it (see ``BEGUN``)."""
+        async with redis_errors(self.url, ""):
+            await self.redis.set(self.keys.tool_claim(key), BEGUN, xx=True, keepttl=True)
 
     async def tool_turn(self, tool: str, rate_per_s: float, max_wait_s: float) -> float | None:
         """A turn for one run of ``tool``, limited to ``rate_per_s`` across every runner: how
@@ -77,13 +97,17 @@ class Tools(StoreBase):
             raws = await self.redis.mget([self.keys.tool_answer(k) for k in keys])
         return [None if raw is None else _decoded(raw) for raw in raws]
 
-    async def in_hand(self, keys: Sequence[str]) -> list[bool]:
-        """Whether each call is claimed (a runner has it, or it is queued for one)."""
+    async def claims(self, keys: Sequence[str]) -> list[bytes | None]:
+        """Each call's claim (None: in no one's hands): ``1`` while its try is queued, the
+        try's arq job ID once it is, ``BEGUN`` once a runner began it."""
         if not keys:
             return []
         async with redis_errors(self.url, ""):
-            raws = await self.redis.mget([self.keys.tool_claim(k) for k in keys])
-        return [raw is not None for raw in raws]
+            return list(await self.redis.mget([self.keys.tool_claim(k) for k in keys]))
+
+    async def in_hand(self, keys: Sequence[str]) -> list[bool]:
+        """Whether each call is claimed (a runner has it, or it is queued for one)."""
+        return [raw is not None for raw in await self.claims(keys)]
 
     async def count_run(self, key: str, keep_s: float) -> int:
         """Count one run of the call ``key`` (kept ``keep_s``); returns its runs so far."""

@@ -1,0 +1,11 @@
+-- tool_retake: a tool call claimed again by an asker whose queued try was lost (arq marked it
+-- taken and no runner began it), only if the claim still names that try: a runner that began
+-- it meanwhile, or another asker that took it over, keeps it.
+-- KEYS: [1] claim
+-- ARGV: [1] the lost try's arq job ID, [2] the new claim's time to live (ms)
+-- Returns 1 (claimed again) or 0.
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('SET', KEYS[1], '1', 'PX', ARGV[2])
+  return 1
+end
+return 0
