@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 import pytest
 import redis
+from arq.constants import in_progress_key_prefix
 
 from swarm_queue.common.keys import Keys
 from swarm_queue.common.models import Result, encode
@@ -65,6 +66,36 @@ async def test_an_unreadable_result_fails_its_own_line_only(store: JobStore) -> 
     assert [x["text"] for x in lines] == ["t", None, None]
     assert lines[1]["error"].startswith("unreadable result in Redis")
     assert lines[2]["error"] == "result in Redis under 2 is for index 0"
+
+
+@pytest.mark.slow
+def test_a_reduce_step_marked_running_by_nobody_still_gets_the_final_written(
+    fleet_factory: FleetFactory,
+) -> None:
+    """What a Redis restart can leave (arq's mark of a job taken, its reply lost with its
+    connection: arq took it for another worker's): the stage's advance job queued and
+    marked running for minutes, run by nobody. The worker advances the stage itself once it
+    has seen it so for ADVANCE_GRACE_S: the final is written, not after the mark's expiry."""
+    fleet = fleet_factory(1)
+    client = redis.Redis.from_url(fleet.redis_url)
+    mark = f"{in_progress_key_prefix}{Keys(fleet.prefix).advance_job_id('lost', 0)}"
+    try:
+        client.set(mark, b"1", px=600_000)
+        assert fleet.enqueue("lost", 200, set(), "--reduce", "concat").wait(timeout=60) == 0
+        worker = fleet.worker("w", [0])
+        assert worker.wait(timeout=60) == 0, fleet.logs[0].read_text()[-2000:]
+    finally:
+        client.delete(mark)
+        client.close()
+    final = subprocess.run(
+        [BIN / "swarm-collect", "lost", "--final"],
+        env=fleet.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert final.returncode == 0, final.stderr
+    assert len(final.stdout.strip()) > 0
 
 
 @pytest.mark.slow

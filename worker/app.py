@@ -25,6 +25,7 @@ import logging
 import os
 import signal
 import sys
+import time
 from typing import Any
 
 from arq import Retry
@@ -64,6 +65,55 @@ def _setup_logging() -> None:
         )
         logger.addHandler(handler)
         logger.setLevel(logging.INFO)
+
+
+# How long this worker sees a stage's arq advance job marked running before it advances the
+# stage itself: arq marks a job taken before running it, and a connection lost with that
+# mark's reply (a Redis restart) leaves it marked and run by nobody until the mark expires,
+# the reduce's whole timeout and more. Advancing is idempotent and locked: beside a run that
+# is real, the stage is busy and nothing is done twice.
+ADVANCE_GRACE_S = 10.0
+
+
+class _Advances:
+    """A finished stage's advance, handed to arq's queue (any worker may run it), or run here
+    when arq would never run it."""
+
+    def __init__(self, engine: Engine, arq_redis: ArqRedis, arq_loop: asyncio.Task[Any] | None):
+        self.engine, self.arq_redis, self.arq_loop = engine, arq_redis, arq_loop
+        # Each advance job this worker saw marked running: its ID -> since (monotonic).
+        self.running_since: dict[str, float] = {}
+
+    async def schedule(self, job: str, level: int) -> None:
+        engine, keys = self.engine, self.engine.settings.keys
+        if self.arq_loop is None or self.arq_loop.done():
+            # arq's loop has ended (its --burst found its queue empty): nobody here would
+            # run a queued arq job, so the step runs here (it is idempotent and locked).
+            await engine.advance_here(job, level)
+            return
+        # One arq job per (job, stage): its ID makes arq refuse a second while one is queued
+        # or running, however many workers notice the finished stage.
+        job_id = keys.advance_job_id(job, level)
+        queued = await self.arq_redis.enqueue_job(
+            "advance", job, level, _job_id=job_id, _queue_name=keys.arq_queue
+        )
+        if queued is not None:
+            return
+        state = await Job(job_id, self.arq_redis, _queue_name=keys.arq_queue).status()
+        if state != JobStatus.in_progress:
+            self.running_since.pop(job_id, None)
+        elif time.monotonic() - self.running_since.setdefault(job_id, time.monotonic()) >= (
+            ADVANCE_GRACE_S
+        ):
+            await engine.advance_here(job, level)  # its run may be lost: see ADVANCE_GRACE_S
+            return
+        if state in (JobStatus.not_found, JobStatus.complete):
+            # Refused, yet nothing is queued or running under that ID: a stray record squats
+            # it. The step is idempotent and locked, so it is run here instead of never.
+            log.warning(
+                "job %s: arq job ID %s is taken by a stray record; advancing here", job, job_id
+            )
+            await engine.advance_here(job, level)
 
 
 @dataclasses.dataclass
@@ -106,30 +156,6 @@ async def startup(ctx: dict[str, Any]) -> None:
     # arq runs its startup hook inside its main loop's task: ending that task is how its own
     # signal handler stops it, and how this worker stops it when the engine is done.
     arq_loop = asyncio.current_task()
-
-    async def schedule_advance(job: str, level: int) -> None:
-        if arq_loop is None or arq_loop.done():
-            # arq's loop has ended (its --burst found its queue empty): nobody here would
-            # run a queued arq job, so the step runs here (it is idempotent and locked).
-            await engine.advance_here(job, level)
-            return
-        # One arq job per (job, stage): its ID makes arq refuse a second while one is queued
-        # or running, however many workers notice the finished stage.
-        job_id = settings.keys.advance_job_id(job, level)
-        queued = await arq_redis.enqueue_job(
-            "advance", job, level, _job_id=job_id, _queue_name=settings.keys.arq_queue
-        )
-        if queued is not None:
-            return
-        state = await Job(job_id, arq_redis, _queue_name=settings.keys.arq_queue).status()
-        if state in (JobStatus.not_found, JobStatus.complete):
-            # Refused, yet nothing is queued or running under that ID: a stray record squats
-            # it. The step is idempotent and locked, so it is run here instead of never.
-            log.warning(
-                "job %s: arq job ID %s is taken by a stray record; advancing here", job, job_id
-            )
-            await engine.advance_here(job, level)
-
     loop = asyncio.get_running_loop()
 
     def on_signal(sig: signal.Signals) -> None:
@@ -155,7 +181,7 @@ async def startup(ctx: dict[str, Any]) -> None:
         if arq_loop is not None:
             arq_loop.cancel()
 
-    engine.on_stage_done = schedule_advance
+    engine.on_stage_done = _Advances(engine, arq_redis, arq_loop).schedule
     task = asyncio.create_task(engine.run(burst=burst), name="swarm-engine")
     task.add_done_callback(engine_done)
     ctx["swarm"] = _Running(engine, task, store, arq_loop)
