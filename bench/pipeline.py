@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib
+import statistics
 import subprocess
 import sys
 import time
@@ -38,7 +39,7 @@ from bench.harness import (
     wait_workers_ready,
 )
 from bench.rows import Row
-from bench.versus import publish
+from bench.versus import publish, worktree
 from swarm_queue.common.jobspec import JobOptions, build_spec
 from swarm_queue.common.settings import Settings
 from swarm_queue.common.store import JobStore
@@ -79,9 +80,13 @@ async def _redis_s(store: JobStore) -> float:
     return await store.server_time()
 
 
-async def swarm_pipeline(url: str, urls: list[str], questions: list[str]) -> dict[str, Any]:
+async def swarm_pipeline(
+    url: str, urls: list[str], questions: list[str], code: Path | None = None
+) -> dict[str, Any]:
+    """swarm-queue's pipeline over ``questions``; its workers run ``code``'s checkout (another
+    revision's, to compare), this one's by default."""
     store = JobStore.from_settings(Settings(redis_url=url, prefix="pipe"))
-    workers = Workers(url, "pipe", [[u] for u in urls]).start()
+    workers = Workers(url, "pipe", [[u] for u in urls], code=code).start()
     try:
         await wait_workers_ready(store, len(urls))
         t0, r0 = time.monotonic(), await _redis_s(store)
@@ -222,21 +227,58 @@ def section(rows: list[Row], n: int, command: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-async def _pipeline_alone(n: int) -> None:
-    """swarm-queue's pipeline of ``n`` inputs alone: wall, first final answer, of capacity."""
+async def _pipeline_once(n: int, code: Path | None = None) -> dict[str, Any]:
+    """swarm-queue's pipeline of ``n`` inputs alone on a fresh fleet: its figures, and the
+    fraction of capacity (``of_capacity``)."""
     questions = inputs(n)
     fleet = new_fleet(len(SPEEDS), REAL, SPEEDS)
     ideal = ideal_makespan(every_step_prompt(questions), MAX_TOKENS, fleet.configs())
     with Bench() as bench:
         fleet.start()
         try:
-            got = await swarm_pipeline(bench.url, fleet.urls, questions)
+            got = await swarm_pipeline(bench.url, fleet.urls, questions, code)
         finally:
             fleet.stop()
+    assert got["answered"] == n, f"{got['answered']} of {n} inputs through"
+    return {**got, "of_capacity": ideal / got["wall_s"]}
+
+
+async def _pipeline_alone(n: int) -> None:
+    """swarm-queue's pipeline of ``n`` inputs alone: wall, first final answer, of capacity."""
+    got = await _pipeline_once(n)
     print(
         f"{n:,} inputs x 3 steps: wall {got['wall_s']:.2f} s, first final answer "
-        f"{got['first_s']:.2f} s, {got['answered']:,} through, {ideal / got['wall_s']:.1%} of "
+        f"{got['first_s']:.2f} s, {got['answered']:,} through, {got['of_capacity']:.1%} of "
         "capacity"
+    )
+
+
+async def _pipeline_versus(n: int, before: Path, rev: str, rounds: int) -> None:
+    """The pipeline alone, this checkout's workers against ``before``'s, in alternating
+    rounds (each side first in turn): each figure's median and the ratio, as a table."""
+    runs: dict[str, list[dict[str, Any]]] = {"before": [], "after": []}
+    for k in range(rounds):
+        for side in ("before", "after") if k % 2 == 0 else ("after", "before"):
+            got = await _pipeline_once(n, before if side == "before" else None)
+            runs[side].append(got)
+            print(
+                f"round {k + 1} {side}: wall {got['wall_s']:.2f} s, first final answer "
+                f"{got['first_s']:.2f} s",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    def med(side: str, key: str) -> float:
+        return statistics.median(r[key] for r in runs[side])
+
+    print(f"| figure ({n:,} inputs x 3 steps, {rounds} rounds) | {rev} | this | this / {rev} |")
+    print("| --- | ---: | ---: | ---: |")
+    for key, name in (("wall_s", "wall (s)"), ("first_s", "first final answer (s)")):
+        b, a = med("before", key), med("after", key)
+        print(f"| {name} | {b:.2f} | {a:.2f} | {a / b:.3f} |")
+    print(
+        f"| of capacity | {med('before', 'of_capacity'):.3f} | "
+        f"{med('after', 'of_capacity'):.3f} | |"
     )
 
 
@@ -250,7 +292,17 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="run swarm-queue's pipeline alone and print its figures (no Aurora-Swarm, no docs)",
     )
+    p.add_argument(
+        "--before",
+        metavar="REV",
+        help="with --only-pipeline: this checkout's workers against REV's, alternately",
+    )
+    p.add_argument("--rounds", type=int, default=5, help="with --before: rounds of each side")
     args = p.parse_args(argv)
+    if args.only_pipeline and args.before:
+        with worktree(args.before) as before:
+            asyncio.run(_pipeline_versus(args.n, before, args.before, args.rounds))
+        return
     if args.only_pipeline:
         asyncio.run(_pipeline_alone(args.n))
         return
