@@ -55,15 +55,17 @@ def runner_hold_s(tool_timeout_s: float) -> float:
 CLAIM_UNQUEUED_S = 10.0
 
 
-# A call's claim holds "1" until its try is queued, then the try's arq job ID, then BEGUN once
-# a runner has begun that try: what tells an asker a try queued and never begun.
-BEGUN = b"begun"
+# A call's claim holds "1" until its try is queued, then the try's arq job ID, then BEGUN and
+# the runner's label once a runner has begun that try: what tells an asker a try queued and
+# never begun, or begun by a runner that is gone.
+BEGUN = b"begun:"
 
 # A try that arq marks taken (its in-progress key) at two looks this far apart while no runner
-# has begun it is lost, and asked again. arq marks a job taken before running it, and a
-# connection lost with that mark's reply leaves it marked and run by nobody until the mark
+# has begun it is lost, and asked again; so is a try begun by a runner that no longer says it
+# serves the tool at two such looks (killed: its label lapses from the tool's runners). arq
+# marks a job taken before running it and gives it to another runner only once that mark
 # expires, the tool's whole timeout and more (seen: agents stalled minutes after a Redis
-# restart).
+# restart lost a mark's reply, and 130 s at the defaults after a runner was killed).
 START_GRACE_S = 5.0
 
 

@@ -39,8 +39,8 @@ class ToolCaller:
         self.queued = 0  # calls this caller handed to the runners
         self.shared = 0  # calls answered by a run another asker (or an earlier one) started
         self.start_grace_s = START_GRACE_S
-        # Tries seen queued and not begun: arq job ID -> (first seen, next look (monotonic),
-        # whether arq had marked it taken at the last look).
+        # Tries looked at for loss: call key and claim -> (first seen, next look (monotonic),
+        # whether the last look found it lost).
         self._unbegun: dict[str, tuple[float, float, bool]] = {}
 
     async def ask(self, name: str, arguments: str) -> str:
@@ -115,8 +115,9 @@ class ToolCaller:
     async def answers(self, calls: Sequence[tuple[str, str, str]]) -> list[ToolAnswer | None]:
         """The answers of ``calls`` (``(key, name, arguments)``), None where none is in yet. A
         call neither answered nor in a runner's hands (its runner died, its claim expired, or
-        its answer was kept no longer) is asked for again, and so is one whose try arq
-        marked taken and no runner began (:meth:`_lost`)."""
+        its answer was kept no longer) is asked for again, and so is one whose try was lost:
+        marked taken by arq and begun by no runner, or begun by a runner that is gone
+        (:meth:`_lost`)."""
         found = await self.store.tool_answers([k for k, _, _ in calls])
         missing = [i for i, a in enumerate(found) if a is None]
         claims = await self.store.claims([calls[i][0] for i in missing])
@@ -124,28 +125,36 @@ class ToolCaller:
         for i, claim in zip(missing, claims, strict=True):
             if claim is None:  # its runner finished between the two reads, or died
                 found[i] = await self._start(*calls[i], again=True)
-            elif claim not in (b"1", BEGUN) and await self._lost(claim.decode()):
+            elif claim != b"1" and await self._lost(calls[i], claim):
                 key, name, arguments = calls[i]
-                if await self.store.retake_claim(key, claim.decode(), CLAIM_UNQUEUED_S):
-                    log.warning("tool call %s: its try was taken by no runner; asked again", key)
+                if await self.store.retake_claim(key, claim, CLAIM_UNQUEUED_S):
+                    why = "its runner is gone" if claim.startswith(BEGUN) else "no runner took it"
+                    log.warning("tool call %s: %s; asked again", key, why)
                     await self._queue(key, name, arguments)
         return found
 
-    async def _lost(self, try_id: str) -> bool:
-        """Whether the queued try ``try_id`` was lost: arq has marked it taken at two looks
-        :attr:`start_grace_s` apart and no runner began it in between (see
-        ``START_GRACE_S``; one look could fall between a runner's taking and its beginning).
-        A try waiting its turn in the queue is not lost."""
+    async def _lost(self, call: tuple[str, str, str], claim: bytes) -> bool:
+        """Whether the try ``claim`` names was lost, seen so at two looks
+        :attr:`start_grace_s` apart (one could fall between a runner's taking a try and its
+        beginning it): queued and marked taken by arq yet begun by no runner, or begun by a
+        runner that no longer serves the tool (see ``START_GRACE_S``). A try waiting its turn
+        in the queue, or running on a live runner, is not lost."""
+        key, name, _ = call
         now = time.monotonic()
-        first, look, marked_before = self._unbegun.setdefault(
-            try_id, (now, now + self.start_grace_s, False)
+        seen = key + "\0" + claim.decode()
+        first, look, lost_before = self._unbegun.setdefault(
+            seen, (now, now + self.start_grace_s, False)
         )
         if now < look:
             return False
-        async with redis_errors(self.settings.redis_url):
-            marked = bool(await self.pool.exists(in_progress_key_prefix + try_id))
-        self._unbegun[try_id] = (first, now + self.start_grace_s, marked)
-        return marked and marked_before
+        if claim.startswith(BEGUN):
+            label = claim[len(BEGUN) :].decode()
+            lost = not await self.store.runner_serves(name, label)
+        else:
+            async with redis_errors(self.settings.redis_url):
+                lost = bool(await self.pool.exists(in_progress_key_prefix + claim.decode()))
+        self._unbegun[seen] = (first, now + self.start_grace_s, lost)
+        return lost and lost_before
 
     def _forget_unbegun(self) -> None:
         """Forget the tries looked at longer ago than a claim lasts (answered or gone)."""

@@ -31,6 +31,14 @@ def forever() -> str:
     return "late"
 
 
+def hold(flag: str) -> str:
+    """Runs while the file ``flag`` exists (a test kills its runner meanwhile)."""
+    _ran("hold")
+    while os.path.exists(flag):  # another process removes it
+        time.sleep(0.05)
+    return "released"
+
+
 def fetch(url: str) -> str:
     _ran("fetch")
     return f"<page {url}>"

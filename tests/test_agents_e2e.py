@@ -82,9 +82,9 @@ def test_agents_survive_a_killed_worker_and_tool_runner_beside_other_jobs(
     requeued = ["--job", "rq", "--task", tmp / "task.txt", "--tools", "slow_add,fetch",
                 "--max-turns", "3", "--max-tokens", "64"]  # fmt: skip
     # A tool no runner serves (rm_rf) waits this long, then fails its agents saying so.
-    # A killed runner's call in hand runs again once arq's hold on that try lapses (2 x
-    # SWARM_TOOL_TIMEOUT_S + 10 s): 130 s at the default, longer than the collector's
-    # no-progress limit when the call is the one every agent shares (seen: 140 agents waiting).
+    # A killed runner's call in hand is asked again once its label lapses (about 15 s), or
+    # run again once arq's hold on that try lapses (2 x SWARM_TOOL_TIMEOUT_S + 20 s: 140 s at
+    # the default, longer than the collector's no-progress limit: seen, 140 agents waiting).
     env = {**fleet.env, "SWARM_CLAIM_IDLE_MS": "2000", "SWARM_TOOL_WAIT_S": "5",
            "SWARM_TOOL_TIMEOUT_S": "10"}  # fmt: skip
     log = tmp / "runs.log"

@@ -355,9 +355,9 @@ async def test_a_try_arq_marked_taken_and_no_runner_began_is_asked_again(
 
 
 async def test_a_try_waiting_its_turn_or_begun_is_not_asked_again(caller: ToolCaller) -> None:
-    """A try queued behind others (not marked taken), or begun by a runner (said on its
-    claim), is waited on however many graces pass: only a try taken and never begun is
-    lost."""
+    """A try queued behind others (not marked taken), or begun by a runner that still serves
+    the tool (said on its claim), is waited on however many graces pass: only a try taken and
+    never begun, or begun by a runner that is gone, is lost."""
     store, args = caller.store, '{"url": "doi:waits"}'
     caller.start_grace_s = 0
     key = await caller.ask("fetch", args)
@@ -367,11 +367,47 @@ async def test_a_try_waiting_its_turn_or_begun_is_not_asked_again(caller: ToolCa
     try_id = (await store.claims([key]))[0]
     assert try_id is not None
     await caller.pool.psetex(in_progress_key_prefix + try_id.decode(), 600_000, b"1")
-    await store.begin_try(key)
+    await store.serve_tools("node:7", ["fetch"], 60_000)  # a live runner, which began it
+    await store.begin_try(key, "node:7")
     for _ in range(3):
         assert await caller.answers([(key, "fetch", args)]) == [None]
-    assert caller.queued == 1 and (await store.claims([key]))[0] == BEGUN
+    assert caller.queued == 1 and (await store.claims([key]))[0] == BEGUN + b"node:7"
     assert await store.redis.pttl(store.keys.tool_claim(key)) > (caller.claim_s - 5) * 1000
+
+
+async def test_a_try_whose_runner_was_killed_is_asked_again_once_it_no_longer_serves(
+    tmp_path: Path, redis_url: str, prefix: str, caller: ToolCaller
+) -> None:
+    """A runner killed mid-call (a node preempted) leaves its try marked taken by arq for the
+    tool's timeout and more (here 130 s), every agent waiting on the call meanwhile (seen:
+    140 agents). Its label lapses from the tool's runners within seconds: the asker then
+    takes the try for lost, and another runner answers the call."""
+    log, flag = tmp_path / "runs.log", tmp_path / "hold.flag"
+    log.touch()
+    flag.touch()
+    env = {"SWARM_REDIS_URL": redis_url, "SWARM_PREFIX": prefix, "SWARM_TOOL_TIMEOUT_S": "60"}
+    store, args = caller.store, json.dumps({"flag": str(flag)})
+    caller.start_grace_s = 0
+    first = tool_runner(env, log, tmp_path / "runner-1.log")
+    second = None
+    try:
+        key = await caller.ask("hold", args)
+
+        async with asyncio.timeout(60):  # the first runner begins the call (another process)
+            while not ((await store.claims([key]))[0] or b"").startswith(BEGUN):  # noqa: ASYNC110 - another process says it, in Redis
+                await asyncio.sleep(0.02)
+        first.kill()
+        first.wait()
+        second = tool_runner(env, log, tmp_path / "runner-2.log")
+        flag.unlink()  # the next run of it ends at once
+        answers = await _all_answered(caller, [(key, "hold", args)], timeout_s=60)
+    finally:
+        for proc in (first, second):
+            if proc is not None and proc.poll() is None:
+                proc.terminate()
+                proc.wait(timeout=30)
+    assert answers[0] is not None and answers[0].content == "released"
+    assert caller.queued == 2 and log.read_text().split() == ["hold", "hold"]
 
 
 async def test_a_call_whose_try_was_never_queued_is_claimed_only_for_moments(

@@ -68,7 +68,7 @@ class ToolRunner:
             runs = 0
             # Said on its claim before any wait for the tool's limits: a try taken and not
             # begun is what its asker takes for lost (see common.tools.START_GRACE_S).
-            await self.store.begin_try(key)
+            await self.store.begin_try(key, self.label)
             try:
                 async with self.limits[name].turn():
                     self.runs += 1

@@ -50,6 +50,7 @@ SCRIPT_NAMES = (
     "seal",
     "stage",
     "start",
+    "tool_alive",
     "tool_claim",
     "tool_rate",
     "tool_retake",
@@ -137,6 +138,7 @@ class Scripts:
     seal: Script
     stage: Script
     start: Script
+    tool_alive: Script
     tool_claim: Script
     tool_rate: Script
     tool_retake: Script

@@ -41,19 +41,28 @@ class Tools(StoreBase):
         async with redis_errors(self.url, ""):
             await self.redis.set(self.keys.tool_claim(key), try_id, px=int(ttl_s * 1000), xx=True)
 
-    async def retake_claim(self, key: str, try_id: str, ttl_s: float) -> bool:
-        """Claim the call ``key`` again for ``ttl_s`` if its claim still names the lost try
-        ``try_id`` (no runner began it, no other asker took it over): whether it did."""
+    async def retake_claim(self, key: str, lost: bytes, ttl_s: float) -> bool:
+        """Claim the call ``key`` again for ``ttl_s`` if its claim still says ``lost`` (the
+        lost try's: no runner began it since, no other asker took it over): whether it did."""
         async with redis_errors(self.url, ""):
             got = await self.scripts.tool_retake(
-                keys=[self.keys.tool_claim(key)], args=[try_id, int(ttl_s * 1000)]
+                keys=[self.keys.tool_claim(key)], args=[lost, int(ttl_s * 1000)]
             )
         return bool(got)
 
-    async def begin_try(self, key: str) -> None:
-        """Say on the call's claim that a runner has begun a try of it (see ``BEGUN``)."""
+    async def begin_try(self, key: str, label: str) -> None:
+        """Say on the call's claim that runner ``label`` has begun a try of it (see
+        ``BEGUN``)."""
+        claim = BEGUN + label.encode()
         async with redis_errors(self.url, ""):
-            await self.redis.set(self.keys.tool_claim(key), BEGUN, xx=True, keepttl=True)
+            await self.redis.set(self.keys.tool_claim(key), claim, xx=True, keepttl=True)
+
+    async def runner_serves(self, tool: str, label: str) -> bool:
+        """Whether runner ``label`` still says it serves ``tool`` (its time not run out by
+        Redis's clock)."""
+        async with redis_errors(self.url, ""):
+            got = await self.scripts.tool_alive(keys=[self.keys.tool_runners(tool)], args=[label])
+        return bool(got)
 
     async def tool_turn(self, tool: str, rate_per_s: float, max_wait_s: float) -> float | None:
         """A turn for one run of ``tool``, limited to ``rate_per_s`` across every runner: how
@@ -99,7 +108,7 @@ class Tools(StoreBase):
 
     async def claims(self, keys: Sequence[str]) -> list[bytes | None]:
         """Each call's claim (None: in no one's hands): ``1`` while its try is queued, the
-        try's arq job ID once it is, ``BEGUN`` once a runner began it."""
+        try's arq job ID once it is, ``BEGUN`` and the runner's label once one began it."""
         if not keys:
             return []
         async with redis_errors(self.url, ""):
