@@ -393,9 +393,10 @@ async def test_a_try_whose_runner_was_killed_is_asked_again_once_it_no_longer_se
     try:
         key = await caller.ask("hold", args)
 
-        async with asyncio.timeout(60):  # the first runner begins the call (another process)
-            while not ((await store.claims([key]))[0] or b"").startswith(BEGUN):  # noqa: ASYNC110 - another process says it, in Redis
+        async with asyncio.timeout(60):  # the first runner runs the tool (another process)
+            while log.read_text().split() != ["hold"]:  # noqa: ASYNC110 - another process writes it
                 await asyncio.sleep(0.02)
+        assert ((await store.claims([key]))[0] or b"").startswith(BEGUN)
         first.kill()
         first.wait()
         second = tool_runner(env, log, tmp_path / "runner-2.log")
