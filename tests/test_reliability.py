@@ -27,6 +27,7 @@ from swarm_queue.sim.server import FaultConfig, SimFleet
 from swarm_queue.sim.text import completion_for
 from swarm_queue.worker.endpoint import EndpointClient
 from swarm_queue.worker.engine import Engine
+from swarm_queue.worker.intake import Intake, Taken
 from tests.helpers import collect_lines, gen_of, prompts, run_engine, serve, spec, until
 
 
@@ -54,6 +55,39 @@ async def _hand_back(store: JobStore, n_times: int, ids: list[bytes]) -> None:
     await store.release(
         "j", "failing", ids, gen=await gen_of(store, "j")
     )  # last of all, handed back for anyone to take
+
+
+async def test_a_look_for_leftovers_and_a_sibling_slots_read_never_both_take_an_entry(
+    store: JobStore, make_settings: Callable[..., Settings]
+) -> None:
+    """An endpoint's slots share one consumer. A look for its own leftovers (after a lost
+    connection) sees the entries a sibling slot's read has just delivered, before that
+    sibling hears its reply; whichever hears its reply first keeps them and the other leaves
+    them (before, both ran them: every prompt of the batch twice)."""
+    await enqueue_prompts(store, spec(), prompts(8))
+    job = await store.load_spec("j")
+
+    async def no_sleep(_: float) -> bool:
+        return False
+
+    intake = Intake(store, "w|http://a", make_settings(batch_size=8), "http://a", no_sleep)
+    read_new = store.read_new
+    sibling: list[Taken | None] = []
+
+    async def read_heard_after_a_siblings_look(
+        job_name: str, consumer: str, count: int, block_ms: int | None = None
+    ) -> list[tuple[bytes, bytes | None]]:
+        got = await read_new(job_name, consumer, count, block_ms)
+        intake.look_again()  # a connection was lost: the sibling slot looks meanwhile
+        sibling.append(await intake.next([job], None))
+        return got
+
+    store.read_new = read_heard_after_a_siblings_look  # type: ignore[method-assign,assignment]
+    first = await intake.next([job], None)
+    (looked,) = sibling
+    assert looked is not None and len(looked.deliveries) == 8  # heard first: the sibling's
+    assert first is None  # the same entries, left to the sibling
+    assert len(intake.in_hand) == 8
 
 
 async def test_the_largest_batch_the_settings_allow_goes_through_every_script(

@@ -402,6 +402,9 @@ class BatchPath:
                 handed = self.store.release(job, self.consumer, ids, gen=gen)
             with contextlib.suppress(StoreUnavailable, JobGoneError):
                 await asyncio.shield(handed)
+            # No longer this slot's: a sibling that takes them back (the open lane, a
+            # reclaim) must not find them still in hand.
+            self.intake.in_hand.difference_update(ids)
             if why is None:
                 raise
             if why is Cancelled.PREEMPTED:

@@ -187,9 +187,18 @@ class Intake:
             first = jobs[0]
             batch = self.settings.batch_size
             entries = await self.store.read_new(first.job, self.consumer, batch, block_ms=block_ms)
-            if entries:
-                return Taken(first, [(eid, payload, 0) for eid, payload in entries])
+            return self._held(first, [(eid, payload, 0) for eid, payload in entries])
         return got
+
+    def _held(self, spec: JobSpec, deliveries: list[Delivery]) -> Taken | None:
+        """``deliveries`` of ``spec``'s job as this slot takes them, marked in hand at once
+        (None: none left). The endpoint's slots share one consumer, so a look for its own
+        leftovers sees what a sibling's read has just delivered before that sibling hears
+        its reply: whichever hears its reply first keeps the entries, the other leaves them
+        (before, both ran them)."""
+        mine = [d for d in deliveries if d[0] not in self.in_hand]
+        self.in_hand.update(eid for eid, _, _ in mine)
+        return Taken(spec, mine) if mine else None
 
     async def _own(self, jobs: list[JobSpec]) -> Taken | None:
         """Per job, in order: its orphaned or released entries, those in this endpoint's
@@ -201,11 +210,11 @@ class Intake:
                 return Taken(spec, claimed)
             if spec.laned:
                 mine = await self.store.take_lane(spec.job, self.lane, self.consumer, batch)
-                if mine:
-                    return Taken(spec, mine)
+                if (taken := self._held(spec, mine)) is not None:
+                    return taken
             entries = await self.store.read_new(spec.job, self.consumer, batch)
-            if entries:
-                return Taken(spec, [(eid, payload, 0) for eid, payload in entries])
+            if (taken := self._held(spec, [(eid, p, 0) for eid, p in entries])) is not None:
+                return taken
         return None
 
     async def _others(self, jobs: list[JobSpec], idle: bool) -> Taken | None:
@@ -217,8 +226,8 @@ class Intake:
         for spec in jobs:
             if spec.laned and not self.engine_busy():
                 stolen = await self._steal(spec.job)
-                if stolen:
-                    return Taken(spec, stolen)
+                if (taken := self._held(spec, stolen)) is not None:
+                    return taken
                 if self.settings.hand_on:
                     await self._hungry(spec.job)
         if idle and self.settings.speculate:
@@ -242,9 +251,9 @@ class Intake:
                 entries, after = await self.store.claim_own_pending(
                     job, self.consumer, self.settings.batch_size, after, exclude=self.in_hand
                 )
-                if entries:
-                    self.in_hand.update(eid for eid, _, _ in entries)
-                    self._recovered.append((spec, entries))
+                taken = self._held(spec, entries)
+                if taken is not None:
+                    self._recovered.append((spec, taken.deliveries))
             if self._recovered:
                 log.info(
                     "%s: resuming %d own unfinished batches of job %s",
