@@ -87,7 +87,33 @@ async def test_a_look_for_leftovers_and_a_sibling_slots_read_never_both_take_an_
     (looked,) = sibling
     assert looked is not None and len(looked.deliveries) == 8  # heard first: the sibling's
     assert first is None  # the same entries, left to the sibling
-    assert len(intake.in_hand) == 8
+    assert len(intake.hand("j")) == 8
+
+
+async def test_entries_in_hand_of_one_job_hide_no_entry_of_another_with_the_same_ids(
+    store: JobStore, make_settings: Callable[..., Settings]
+) -> None:
+    """Jobs' streams number their entries alike (0-1, 0-2...). What an endpoint holds of one
+    job hides nothing of another: its leftovers of job b are taken back while it runs job
+    a's entries of the same IDs (before: one set of IDs for all jobs, so b's entries were
+    left pending to it, waiting the claim idle time; and a read of b's new entries was
+    dropped as held, its job never ending)."""
+    for job in ("a", "b"):
+        await enqueue_prompts(store, spec(job), prompts(8))
+    a, b = await store.load_spec("a"), await store.load_spec("b")
+
+    async def no_sleep(_: float) -> bool:
+        return False
+
+    intake = Intake(store, "w|http://a", make_settings(batch_size=8), "http://a", no_sleep)
+    running = await intake.next([a], None)
+    assert running is not None and len(running.deliveries) == 8  # a's, in hand
+    left = await store.read_new("b", "w|http://a", 8)  # b's, delivered and never heard
+    intake.look_again()
+    taken = await intake.next([b], None)
+    assert taken is not None and taken.spec.job == "b"
+    assert sorted(eid for eid, _, _ in taken.deliveries) == sorted(eid for eid, _ in left)
+    assert intake.hand("a") == intake.hand("b") == {eid for eid, _ in left}
 
 
 async def test_the_largest_batch_the_settings_allow_goes_through_every_script(

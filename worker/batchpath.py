@@ -125,7 +125,7 @@ class BatchPath:
         # Everything taken stays ours until done: refreshed claims, and never restarted by a
         # sibling slot's reclaim while it waits for its turn here.
         heartbeat = asyncio.create_task(self._keep_claimed(spec, ids))
-        self.intake.in_hand.update(ids)
+        self.intake.hand(job).update(ids)
         self.figures.job(job, time.monotonic())  # its rate counts from its first batch
         try:
             if sorted_.dead:
@@ -150,7 +150,7 @@ class BatchPath:
                 self.intake.look_again()
         finally:
             heartbeat.cancel()
-            self.intake.in_hand.difference_update(ids)
+            self.intake.hand(job).difference_update(ids)
 
     async def _dead_letter(self, spec: JobSpec, dead: list[Delivery]) -> None:
         results = dead_letters(dead, self.client.label)
@@ -404,7 +404,7 @@ class BatchPath:
                 await asyncio.shield(handed)
             # No longer this slot's: a sibling that takes them back (the open lane, a
             # reclaim) must not find them still in hand.
-            self.intake.in_hand.difference_update(ids)
+            self.intake.hand(job).difference_update(ids)
             if why is None:
                 raise
             if why is Cancelled.PREEMPTED:

@@ -114,9 +114,10 @@ class Intake:
         self.label = label
         self.lane = lane_name(label)
         self.sleep = sleep
-        # Entries this drain loop is working on: a reclaim that returns them (their idle time
-        # outran the heartbeat) must not start them twice.
-        self.in_hand: set[bytes] = set()
+        # The entries this endpoint's slots are working on or have just taken, by job (entry
+        # IDs repeat across jobs' streams): a reclaim or a look for leftovers that returns
+        # them must not start them twice (see :meth:`hand`).
+        self.in_hand: dict[str, set[bytes]] = {}
         # Whether this endpoint's engine has sequences of ours waiting: then it takes nothing
         # from other lanes (the turns it handed on among them), as it could not start them.
         self.engine_busy: Callable[[], bool] = lambda: False
@@ -140,6 +141,10 @@ class Intake:
         # batch in another's hands for less than that is not late, and a copy of it would
         # most likely finish second, its decoding thrown away.
         self._batch_s: dict[str, float] = {}
+
+    def hand(self, job: str) -> set[bytes]:
+        """The entries of ``job`` this endpoint's slots hold: being run, or just taken."""
+        return self.in_hand.setdefault(job, set())
 
     def took(self, job: str, seconds: float) -> None:
         """One of this endpoint's batches of ``job`` was answered in ``seconds``."""
@@ -196,8 +201,9 @@ class Intake:
         leftovers sees what a sibling's read has just delivered before that sibling hears
         its reply: whichever hears its reply first keeps the entries, the other leaves them
         (before, both ran them)."""
-        mine = [d for d in deliveries if d[0] not in self.in_hand]
-        self.in_hand.update(eid for eid, _, _ in mine)
+        held = self.hand(spec.job)
+        mine = [d for d in deliveries if d[0] not in held]
+        held.update(eid for eid, _, _ in mine)
         return Taken(spec, mine) if mine else None
 
     async def _own(self, jobs: list[JobSpec]) -> Taken | None:
@@ -249,7 +255,7 @@ class Intake:
             after: bytes | None = b"-"
             while after is not None:
                 entries, after = await self.store.claim_own_pending(
-                    job, self.consumer, self.settings.batch_size, after, exclude=self.in_hand
+                    job, self.consumer, self.settings.batch_size, after, exclude=self.hand(job)
                 )
                 taken = self._held(spec, entries)
                 if taken is not None:
@@ -319,8 +325,9 @@ class Intake:
             )
             # A full batch may mean more orphans wait: look again next step.
             self._reclaim_at[job] = _after(len(claimed) == batch, self._reclaim_every_s)
-            claimed = [d for d in claimed if d[0] not in self.in_hand]
-            self.in_hand.update(eid for eid, _, _ in claimed)
+            held = self.hand(job)
+            claimed = [d for d in claimed if d[0] not in held]
+            held.update(eid for eid, _, _ in claimed)
         if claimed:
             log.info(
                 "%s: took over %d entries of job %s from other workers",
