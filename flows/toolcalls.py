@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 import uuid
 from collections.abc import Sequence
@@ -42,6 +43,8 @@ class ToolCaller:
         # Tries looked at for loss: call key and claim -> (first seen, next look (monotonic),
         # whether the last look found it lost).
         self._unbegun: dict[str, tuple[float, float, bool]] = {}
+        # Calls asked again for a try taken and never begun: key -> when (monotonic).
+        self._asked_again: dict[str, float] = {}
 
     async def ask(self, name: str, arguments: str) -> str:
         """Ask for a call; returns its key, to look its answer up with :meth:`answers`."""
@@ -130,6 +133,7 @@ class ToolCaller:
                 if await self.store.retake_claim(key, claim, CLAIM_UNQUEUED_S):
                     why = "its runner is gone" if claim.startswith(BEGUN) else "no runner took it"
                     log.warning("tool call %s: %s; asked again", key, why)
+                    self._asked_again[key] = time.monotonic()
                     await self._queue(key, name, arguments)
         return found
 
@@ -141,6 +145,12 @@ class ToolCaller:
         in the queue, or running on a live runner, is not lost."""
         key, name, _ = call
         now = time.monotonic()
+        if not claim.startswith(BEGUN) and now - self._asked_again.get(key, -math.inf) < (
+            self.claim_s
+        ):
+            # Asked again once for an unbegun try: a runner of an earlier version, which
+            # never says it began, may hold this one too; its claim's time is the bound.
+            return False
         seen = key + "\0" + claim.decode()
         first, look, lost_before = self._unbegun.setdefault(
             seen, (now, now + self.start_grace_s, False)
@@ -161,3 +171,5 @@ class ToolCaller:
         old = time.monotonic() - self.claim_s
         for try_id in [t for t, (first, _, _) in self._unbegun.items() if first < old]:
             del self._unbegun[try_id]
+        for key in [k for k, at in self._asked_again.items() if at < old]:
+            del self._asked_again[key]

@@ -354,6 +354,22 @@ async def test_a_try_arq_marked_taken_and_no_runner_began_is_asked_again(
     assert await store.tool_queued(["fetch"]) == {"fetch": 1}  # the lost one, left to arq
 
 
+async def test_a_call_is_asked_again_once_for_a_try_no_runner_began(caller: ToolCaller) -> None:
+    """A runner of an earlier version never says on the claim that it began a try: its
+    tries look unbegun while it runs them. A call is asked again once for that within its
+    claim's time, so such a runner's long call is run at most twice, not every grace."""
+    store, args = caller.store, '{"url": "doi:older"}'
+    caller.start_grace_s = 0
+    key = await caller.ask("fetch", args)
+    for _ in range(2):  # two tries, each marked taken and never said begun
+        try_id = (await store.claims([key]))[0]
+        assert try_id is not None and try_id.startswith(b"{arq:abort}")
+        await caller.pool.psetex(in_progress_key_prefix + try_id.decode(), 600_000, b"1")
+        for _ in range(3):
+            assert await caller.answers([(key, "fetch", args)]) == [None]
+    assert caller.queued == 2
+
+
 async def test_a_try_waiting_its_turn_or_begun_is_not_asked_again(caller: ToolCaller) -> None:
     """A try queued behind others (not marked taken), or begun by a runner that still serves
     the tool (said on its claim), is waited on however many graces pass: only a try taken and
