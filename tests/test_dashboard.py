@@ -194,6 +194,10 @@ async def test_the_page_shows_agents_by_state_and_the_tool_calls(
     await _agents_under_way(store)
     dash = Dashboard(store, "redis://127.0.0.1:6379/0", 1.0)
     assert await dash.step()
+    # Sampling as the command does: a board one read old is stale after 5 s, and a loaded
+    # machine's browser took longer than that to ask for it (the page then showed no job).
+    stop = asyncio.Event()
+    sampling = asyncio.create_task(dash.run(stop))
     server = TestServer(dash.app(local_only=True), host="127.0.0.1")
     await server.start_server()
     try:
@@ -205,6 +209,8 @@ async def test_the_page_shows_agents_by_state_and_the_tool_calls(
             )
             tools = await browser.evaluate("document.getElementById('tools').textContent")
     finally:
+        stop.set()
+        await sampling
         await server.close()
     assert agents == "2 thinking, 2 waiting for a tool, 1 done"
     assert tools == "tool calls (all jobs): 3 run, 7 answered by a run already made or under way"
