@@ -295,6 +295,25 @@ async def test_an_answer_with_repeated_or_shifted_indices_is_never_committed(
     assert "malformed answer: choice index" in liar_drainer.circuit.last_error
 
 
+async def test_entries_an_endpoint_ended_unsent_leave_its_hands(
+    make_settings: Callable[..., Settings], store: JobStore, sim_fleet: Callable[..., SimFleet]
+) -> None:
+    """The only endpoint of a job answers unusably: its entries are taken and failed, never
+    sent. They leave the endpoint's hands too: a job queued again under the name numbers its
+    entries alike, and one still held would be dropped from every read of the new job."""
+    await enqueue_prompts(store, spec(), prompts(60))
+    settings = make_settings(batch_size=10, max_attempts=2, circuit_failures=3)
+    async with sim_fleet(1) as fleet:
+        engine = Engine(settings, store, [_RewritingClient(fleet.urls[0], _duplicated)])
+        try:
+            await engine.run(burst=True)
+        finally:
+            await engine.close()
+    lines = await collect_lines(store, "j")
+    assert len(lines) == 60 and all(x["error_kind"] == "malformed" for x in lines)
+    assert engine.drainers[0].intake.hand("j") == set()
+
+
 async def test_a_failing_endpoint_releases_its_batch_to_another_worker(
     make_settings: Callable[..., Settings], store: JobStore, sim_fleet: Callable[..., SimFleet]
 ) -> None:

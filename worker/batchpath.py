@@ -285,9 +285,12 @@ class BatchPath:
         another endpoint if one can take it now, or fails with ``cause``."""
         items, results = decode_deliveries(deliveries, self.client.label)
         unanswered = [Unanswered(d, str(cause), FailureKind.MALFORMED) for d in items]
-        results = await self._given_back(spec, results, unanswered)
-        if results:
-            self._count(spec.job, await self._commit(spec, results))
+        try:
+            results = await self._given_back(spec, results, unanswered)
+            if results:
+                self._count(spec.job, await self._commit(spec, results))
+        finally:  # taken in hand by the intake; a job queued again reuses their IDs
+            self.intake.hand(spec.job).difference_update(eid for eid, _, _ in deliveries)
 
     async def _given_back(
         self, spec: JobSpec, results: list[Finished], unanswered: list[Unanswered]
