@@ -265,6 +265,7 @@ async def startup_scenario(bench: Bench, repeats: int) -> Scenario:
 async def _versus(before: Path, rounds: int) -> dict[str, dict[str, list[float]]]:
     """First requests of one worker and of eight at once, by this checkout and by the one at
     ``before``, in alternating rounds."""
+    OUT.mkdir(parents=True, exist_ok=True)
     _compile(ROOT)
     _compile(before)
     sides = {"before": before, "after": ROOT}
