@@ -21,7 +21,7 @@ from bench.versus import publish
 
 __all__ = ["TITLE", "cold_versus_warm"]
 
-TITLE = "## 10. Cold start: --burst workers started with the job against warm workers"
+TITLE = "## 10. Start-up: --burst workers started with the job against warm workers"
 SPEEDS = [1.0, 1.0, 1.0, 0.5]
 TARGET = 1.1  # issue 34: cold within 1.1x of warm
 
