@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+import uuid
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar, NamedTuple, TypeVar
 
@@ -76,7 +77,9 @@ class Flow(ABC):
         # The functions this worker may import by name (the operator's SWARM_REDUCE_FUNCTIONS;
         # a Swarm adds its own session's): a flow that runs one asks here.
         self.allowed = set(settings.reduce_functions)
-        self.token = f"{token or producer_token()}/{self.name}"
+        # Its own lock holder: the process's name alone (host:pid) let two pumps of one
+        # process (two engines, two Swarm sessions) both hold a job's lock.
+        self.token = f"{token or f'{producer_token()}/{uuid.uuid4().hex[:12]}'}/{self.name}"
         # The units of work found at the last refresh, each by its name (a pipeline's next
         # step, an agent job), with the spec of the job whose answers it moves on.
         self.work: dict[str, JobSpec] = {}

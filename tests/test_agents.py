@@ -35,7 +35,7 @@ from swarm_queue.sim.engine import EngineConfig, SimEngine
 from swarm_queue.sim.server import SimEndpoint, SimFleet
 from swarm_queue.sim.tools import AUTO_REFUSED
 from tests.harness import AGENT_SCHEMA, AGENT_TASK, command, tool_runner
-from tests.helpers import run_engine
+from tests.helpers import run_engine, until
 
 pytestmark = pytest.mark.slow
 
@@ -218,6 +218,41 @@ async def test_a_pump_that_dies_before_acknowledging_a_turn_counts_it_once(
     ] * 2
 
 
+async def test_two_pumps_in_one_process_count_each_turn_once(
+    make_settings: Callable[..., Settings],
+    store: JobStore,
+) -> None:
+    """Two engines in one process (two Swarm sessions on one Redis, say) each run an agent
+    pump. Their lock token was the process's (host:pid), so both held an agent job's lock at
+    once, and each took the answers the other was moving: agents' lines said 3 tool runs
+    where 2 ran (the hand-on test below, its two endpoints' workers started one after the
+    other). One pump holds a job's lock; a turn is counted once."""
+    await _queue_agents(store, "tp", 2)
+    settings = make_settings()
+    got = await store.read_new("tp", "c", 2)
+    gen = (await store.load_spec("tp")).generation
+    call = ToolCall("call_1", "fetch", '{"url": "doc1"}')
+    usage = Usage(prompt_tokens=20, completion_tokens=7)
+    answers = [Result(index=i, tool_calls=[call], usage=usage) for i in range(2)]
+    batch = [(eid, r, payload) for (eid, payload), r in zip(got, answers, strict=True)]
+    await store.commit("tp", batch, gen=gen, moves_on=True)
+    one, two = AgentFlow(store, settings), AgentFlow(store, settings)
+    try:
+        await asyncio.gather(one.step(), two.step())
+        assert [await one.lock(step_name("tp", 3)), await two.lock(step_name("tp", 3))].count(
+            True
+        ) == 1
+    finally:
+        await one.close()
+        await two.close()
+    states = [
+        msgspec.msgpack.decode(b, type=AgentState) for b in await store.input_states("tp", [0, 1])
+    ]
+    assert [(s.turns, s.tool_calls, s.prompt_tokens, s.completion_tokens) for s in states] == [
+        (1, 1, 20, 7)
+    ] * 2
+
+
 async def test_an_agent_whose_turn_fails_for_good_ends_with_it_and_its_job_finishes(
     make_settings: Callable[..., Settings],
     store: JobStore,
@@ -368,25 +403,30 @@ async def test_turns_waiting_in_a_busy_engine_are_handed_to_an_idle_one_each_run
     a turn's cached prefix), and turns are served there though their turn before was the slow
     one's and the lane wait (a minute) moved none. Every agent still takes each turn once,
     each tool call runs once."""
-    n = 48  # a first turn long enough for the slow endpoint to take some (its probe is slow)
+    n = 48
     tools = [tool_definition("slow_add"), tool_definition("fetch")]
     specs, _ = build_agents(
         "ho", JobOptions(max_tokens=12), AgentSpec(max_turns=3), tools, source="test"
     )
     await enqueue_agents(store, specs, agent_prompts(TASK, [{"n": i} for i in range(n)]))
     # Both engines small enough to queue what their windows send (two batches of 1 on the
-    # slow engine's one sequence: the newest is always waiting whole), so the slow one takes
-    # first turns too, whose later turns its lane then holds.
+    # slow engine's one sequence: the newest is always waiting whole). The slow one's worker
+    # starts first and the fast one's once the slow engine has answered a first turn, so the
+    # slow lane holds later turns (started together, a loaded machine let the fast one take
+    # every first turn before the slow one's first read, or have them all handed on).
     slow = EngineConfig(max_num_seqs=1, speed=0.05, step_base_ms=10.0, step_per_seq_ms=0.0)
     fast = EngineConfig(max_num_seqs=4, step_base_ms=10.0, step_per_seq_ms=0.0)
     fleet = SimFleet(
         [SimEndpoint(free_port(), config, tool_parser="hermes") for config in (slow, fast)]
     )
+    settings = make_settings(batch_size=1, lane_wait_ms=60_000, hand_on=True)
     async with fleet:
-        await run_engine(
-            make_settings(batch_size=1, lane_wait_ms=60_000, hand_on=True), store, fleet.urls
-        )
-        slow_url, fast_url = (e.url for e in fleet.endpoints)
+        slow_ep, fast_ep = fleet.endpoints
+        slow_side = asyncio.create_task(run_engine(settings, store, [slow_ep.url]))
+        await until("a first turn answered by the slow engine", lambda: slow_ep.requests_total, 60)
+        await run_engine(settings, store, [fast_ep.url])
+        await slow_side
+        slow_url, fast_url = slow_ep.url, fast_ep.url
     served = await _served(store, "ho", n, 3)
     assert {e for row in served for e in row} <= {slow_url, fast_url}
     moved = {(served[k - 1][i], served[k][i]) for k in (1, 2) for i in range(n)}
@@ -396,7 +436,8 @@ async def test_turns_waiting_in_a_busy_engine_are_handed_to_an_idle_one_each_run
     results = [msgspec.msgpack.decode(r, type=AgentResult) for r in raws if r is not None]
     assert [r.index for r in results] == list(range(n))
     # (each agent's last answer cut at max_tokens: short turns keep the slow engine quick)
-    assert all((r.turns, r.tool_calls, r.tool_runs) == (3, 2, 2) for r in results), results
+    counts = [(r.index, r.turns, r.tool_calls, r.tool_runs) for r in results]
+    assert counts == [(i, 3, 2, 2) for i in range(n)]
     runs = (await asyncio.to_thread(runs_log.read_text)).split()
     assert (runs.count("slow_add"), runs.count("fetch")) == (1, n)
 
