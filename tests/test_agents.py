@@ -176,6 +176,27 @@ async def _queue_agents(store: JobStore, job: str, n: int) -> None:
     await enqueue_agents(store, specs, agent_prompts(TASK, [{"n": i} for i in range(n)]))
 
 
+async def _first_turns_calling_a_tool(store: JobStore, job: str) -> None:
+    """Two agents of ``job`` whose first turns are answered, each with a call of ``fetch``
+    (20 prompt and 7 completion tokens), and committed for the pump to take."""
+    await _queue_agents(store, job, 2)
+    got = await store.read_new(job, "c", 2)
+    gen = (await store.load_spec(job)).generation
+    call = ToolCall("call_1", "fetch", '{"url": "doc1"}')
+    usage = Usage(prompt_tokens=20, completion_tokens=7)
+    answers = [Result(index=i, tool_calls=[call], usage=usage) for i in range(2)]
+    batch = [(eid, r, payload) for (eid, payload), r in zip(got, answers, strict=True)]
+    await store.commit(job, batch, gen=gen, moves_on=True)
+
+
+async def _assert_first_turns_counted_once(store: JobStore, job: str) -> None:
+    blobs = await store.input_states(job, [0, 1])
+    states = [msgspec.msgpack.decode(b, type=AgentState) for b in blobs]
+    assert [(s.turns, s.tool_calls, s.prompt_tokens, s.completion_tokens) for s in states] == [
+        (1, 1, 20, 7)
+    ] * 2
+
+
 async def test_a_pump_that_dies_before_acknowledging_a_turn_counts_it_once(
     make_settings: Callable[..., Settings],
     store: JobStore,
@@ -186,15 +207,8 @@ async def test_a_pump_that_dies_before_acknowledging_a_turn_counts_it_once(
     their waits) and died before acknowledging them leaves them to the next pump, which took
     them again and counted the turn again. A turn is counted once, however often it is
     taken."""
-    await _queue_agents(store, "dp", 2)
+    await _first_turns_calling_a_tool(store, "dp")
     settings = make_settings()
-    got = await store.read_new("dp", "c", 2)
-    gen = (await store.load_spec("dp")).generation
-    call = ToolCall("call_1", "fetch", '{"url": "doc1"}')
-    usage = Usage(prompt_tokens=20, completion_tokens=7)
-    answers = [Result(index=i, tool_calls=[call], usage=usage) for i in range(2)]
-    batch = [(eid, r, payload) for (eid, payload), r in zip(got, answers, strict=True)]
-    await store.commit("dp", batch, gen=gen, moves_on=True)
     dead = AgentFlow(store, settings, token="dead")
 
     async def killed(*_: object, **__: object) -> None:
@@ -210,12 +224,7 @@ async def test_a_pump_that_dies_before_acknowledging_a_turn_counts_it_once(
         assert await pump.step()
     finally:
         await pump.close()
-    states = [
-        msgspec.msgpack.decode(b, type=AgentState) for b in await store.input_states("dp", [0, 1])
-    ]
-    assert [(s.turns, s.tool_calls, s.prompt_tokens, s.completion_tokens) for s in states] == [
-        (1, 1, 20, 7)
-    ] * 2
+    await _assert_first_turns_counted_once(store, "dp")
 
 
 async def test_two_pumps_in_one_process_count_each_turn_once(
@@ -227,15 +236,8 @@ async def test_two_pumps_in_one_process_count_each_turn_once(
     once, and each took the answers the other was moving: agents' lines said 3 tool runs
     where 2 ran (the hand-on test below, its two endpoints' workers started one after the
     other). One pump holds a job's lock; a turn is counted once."""
-    await _queue_agents(store, "tp", 2)
+    await _first_turns_calling_a_tool(store, "tp")
     settings = make_settings()
-    got = await store.read_new("tp", "c", 2)
-    gen = (await store.load_spec("tp")).generation
-    call = ToolCall("call_1", "fetch", '{"url": "doc1"}')
-    usage = Usage(prompt_tokens=20, completion_tokens=7)
-    answers = [Result(index=i, tool_calls=[call], usage=usage) for i in range(2)]
-    batch = [(eid, r, payload) for (eid, payload), r in zip(got, answers, strict=True)]
-    await store.commit("tp", batch, gen=gen, moves_on=True)
     one, two = AgentFlow(store, settings), AgentFlow(store, settings)
     try:
         await asyncio.gather(one.step(), two.step())
@@ -245,12 +247,7 @@ async def test_two_pumps_in_one_process_count_each_turn_once(
     finally:
         await one.close()
         await two.close()
-    states = [
-        msgspec.msgpack.decode(b, type=AgentState) for b in await store.input_states("tp", [0, 1])
-    ]
-    assert [(s.turns, s.tool_calls, s.prompt_tokens, s.completion_tokens) for s in states] == [
-        (1, 1, 20, 7)
-    ] * 2
+    await _assert_first_turns_counted_once(store, "tp")
 
 
 async def test_an_agent_whose_turn_fails_for_good_ends_with_it_and_its_job_finishes(
