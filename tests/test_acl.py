@@ -17,10 +17,11 @@ from pathlib import Path
 import pytest
 import redis
 
-from swarm_queue.common.embedded import EmbeddedRedis, free_port
+from swarm_queue.common.embedded import free_port
 from swarm_queue.common.keys import Keys
 from swarm_queue.common.store.base import acl_rules
 from tests.harness import BIN, Fleet, check_output, collect, command, doc_acl_user
+from tests.servers import redis_server
 
 pytestmark = pytest.mark.slow
 
@@ -37,7 +38,7 @@ def _acl_fleet(tmp_path: Path, user: tuple[str, ...]) -> Iterator[Fleet]:
     """A Redis whose project user has the ACL ``user``, its default user behind a password,
     and a swarm-sim with the project's environment around it. At the end, Redis's ACL LOG
     holds no refusal but those ``allowed``."""
-    with EmbeddedRedis(extra_args=("--requirepass", ADMIN, *user)) as server:
+    with redis_server(extra_args=("--requirepass", ADMIN, *user)) as server:
         url = f"redis://{USER}:{PASSWORD}@127.0.0.1:{server.port}/0"
         fleet = Fleet(tmp_path, url, PROJECT, 1)
         try:

@@ -17,7 +17,6 @@ import msgspec
 import pytest
 import redis
 
-from swarm_queue.common.embedded import EmbeddedRedis
 from swarm_queue.common.keys import Keys, step_name
 from swarm_queue.common.models import decode_spec
 from swarm_queue.common.vocab import Meta
@@ -35,6 +34,7 @@ from tests.harness import (
     tool_runner,
 )
 from tests.helpers import wait_count, wait_until
+from tests.servers import redis_server
 
 pytestmark = pytest.mark.slow
 
@@ -287,7 +287,7 @@ def test_agents_survive_a_redis_restart(fleet_factory: FleetFactory, tmp_path: P
     n = 300
     workdir = tmp_path / "redis"
     workdir.mkdir()
-    server = EmbeddedRedis(appendonly=True, workdir=str(workdir)).start()
+    server = redis_server(appendonly=True, workdir=str(workdir)).start()
     try:
         fleet = fleet_factory(2, *TOOL_PARSER_ARGS, url=server.url)
         tmp = fleet.tmp

@@ -21,9 +21,10 @@ import pytest
 import redis
 import yaml
 
-from swarm_queue.common.embedded import find_redis_server, free_port
+from swarm_queue.common.embedded import free_port
 from swarm_queue.sim.text import completion_for
 from tests.harness import BIN, wait_port
+from tests.servers import REDIS_SERVER
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -137,7 +138,7 @@ def local(tmp_path: Path) -> Iterator[_Local]:
 
 @pytest.mark.slow
 def test_every_compose_service_runs_and_the_demo_job_finishes_in_order(local: _Local) -> None:
-    server = find_redis_server()
+    server = REDIS_SERVER
     if server is None:
         pytest.skip("no redis-server binary")
     services = _compose()

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from swarm_queue.common.embedded import EmbeddedRedis, free_port
+from swarm_queue.common.embedded import free_port
 from swarm_queue.common.feed import enqueue_prompts
 from swarm_queue.common.fleet import EndpointInfo, EndpointStats
 from swarm_queue.common.jobspec import JobOptions
@@ -38,6 +38,7 @@ from tests.harness import (
     wrong_key_endpoint,
 )
 from tests.helpers import gen_of, prompts, spec
+from tests.servers import redis_server
 
 
 def _board(t: float, jobs: dict[str, int], rates: dict[str, float]) -> Board:
@@ -407,7 +408,7 @@ async def test_redis_out_of_reach_is_shown_on_the_page_not_a_crash(
 async def test_a_redis_lost_shows_no_figure_it_cannot_vouch_for(
     make_settings: Callable[..., Settings],
 ) -> None:
-    with EmbeddedRedis() as server:
+    with redis_server() as server:
         settings = make_settings(redis_url=server.url)
         store = JobStore.from_settings(settings, patient=False)
         try:
@@ -432,7 +433,7 @@ async def test_a_read_hung_on_a_redis_gone_away_shows_no_figure_either(
 ) -> None:
     """Seen: the JSON kept the last figures with ``error: null`` 6 s after Redis was killed:
     the dashboard's client waits minutes for a Redis to come back, and its read hung."""
-    with EmbeddedRedis() as server:
+    with redis_server() as server:
         settings = make_settings(redis_url=server.url)
         store = JobStore.from_settings(settings)  # patient, as swarm-status --serve's is
         try:

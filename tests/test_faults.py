@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 import redis
 
-from swarm_queue.common.embedded import EmbeddedRedis
 from tests.harness import FleetFactory, check_output, collect
 from tests.helpers import wait_count, wait_until
+from tests.servers import redis_server
 
 pytestmark = pytest.mark.slow
 
@@ -151,7 +151,7 @@ def test_redis_restarted_mid_job_everyone_reconnects_and_nothing_is_lost(
     poison = {3, 9_999}
     workdir = tmp_path / "redis"
     workdir.mkdir()
-    server = EmbeddedRedis(appendonly=True, workdir=str(workdir)).start()
+    server = redis_server(appendonly=True, workdir=str(workdir)).start()
     try:
         fleet = fleet_factory(2, url=server.url)
         producer = fleet.enqueue("restart", n, poison)
@@ -192,7 +192,7 @@ def test_entries_a_restart_delivered_with_a_lost_reply_are_taken_back_at_once(
     n = 400
     workdir = tmp_path / "redis"
     workdir.mkdir()
-    server = EmbeddedRedis(appendonly=True, workdir=str(workdir)).start()
+    server = redis_server(appendonly=True, workdir=str(workdir)).start()
     worker = None
     try:
         fleet = fleet_factory(1, "--step-ms", "20", url=server.url)
@@ -300,7 +300,7 @@ def test_a_worker_whose_redis_went_away_stops_within_its_grace_on_sigterm(
     """Seen: burst arq workers whose Redis went away were still alive 85 s after SIGTERM
     (each write of their shutdown waited minutes for Redis). Their work stays queued in
     Redis; a stop must not wait on a Redis that is not there past the grace period."""
-    with EmbeddedRedis() as server:
+    with redis_server() as server:
         fleet = fleet_factory(1, "--step-ms", "50", url=server.url)
         assert fleet.enqueue("j", 3000, set()).wait(timeout=60) == 0
         worker = fleet.worker("w", [0], arq_cli=arq_cli, SWARM_SHUTDOWN_GRACE_S="3")

@@ -61,6 +61,25 @@ def _gateway(
         proc.wait()
 
 
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (read from /proc)."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            fields = stat.read_text().rpartition(")")[2].split()
+            if int(fields[1]) == pid:
+                out.append(int(stat.parent.name))
+    return out
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, ended and not yet reaped, does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def _client(port: int, key: str = "no-key") -> openai.OpenAI:
     return openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=key, max_retries=0)
 
@@ -513,8 +532,14 @@ def test_a_gateway_killed_mid_batch_is_carried_on_by_the_next_one(
         batch = _completions_batch(client, tmp_path, n)
         seen = _wait_until(client, batch.id, 64)
         assert seen.status == "in_progress"
+        helpers = _children(first.pid)
+        assert len(helpers) >= 2  # its helpers (and the resource tracker) are running
         first.send_signal(signal.SIGKILL)
         first.wait()
+        deadline = time.monotonic() + 15
+        while (left := [h for h in helpers if _alive(h)]) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert left == [], "the gateway's helper processes outlived it"
     with _gateway(fleet.env, tmp_path) as (_, port, _log):
         client = _client(port)
         done = _wait(client, batch.id)

@@ -13,7 +13,6 @@ import msgspec
 import pytest
 import redis
 
-from swarm_queue.common.embedded import EmbeddedRedis
 from swarm_queue.common.errors import JobGoneError
 from swarm_queue.common.models import PromptItem, Result
 from swarm_queue.common.settings import Settings
@@ -21,6 +20,7 @@ from swarm_queue.common.store import JobStore
 from swarm_queue.sim.text import completion_for
 from tests.harness import BIN, MAX_TOKENS, FleetFactory
 from tests.helpers import gen_of, prompts, spec, wait_count, wait_until
+from tests.servers import redis_server
 
 
 def _other_prompt(i: int) -> str:
@@ -180,7 +180,7 @@ async def test_work_of_another_generation_is_refused_by_the_embedded_redis_too(
     workers retrying a batch of a deleted job forever)."""
     from swarm_queue.producer.enqueue import enqueue_prompts
 
-    with EmbeddedRedis() as server:
+    with redis_server() as server:
         store = JobStore.from_settings(make_settings(redis_url=server.url))
         try:
             await enqueue_prompts(store, spec(), prompts(3))

@@ -17,13 +17,14 @@ import pytest
 import redis
 from prometheus_client.parser import text_string_to_metric_families
 
-from swarm_queue.common.embedded import EmbeddedRedis, free_port
+from swarm_queue.common.embedded import free_port
 from swarm_queue.common.errors import ConfigError
 from swarm_queue.common.settings import Settings
 from swarm_queue.common.store import Commit, JobStatus
 from swarm_queue.worker.prometheus import EndpointGauges, PrometheusMetrics
 from tests.harness import FleetFactory
 from tests.helpers import wait_until
+from tests.servers import redis_server
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -222,7 +223,7 @@ def test_a_worker_whose_metrics_port_is_taken_stops_at_once_saying_so(
 def test_while_redis_is_out_of_reach_the_metrics_say_so_and_show_no_stale_figure(
     fleet_factory: FleetFactory,
 ) -> None:
-    with EmbeddedRedis() as server:
+    with redis_server() as server:
         fleet = fleet_factory(1, url=server.url)
         port = free_port()
         worker = fleet.worker(

@@ -12,11 +12,11 @@ import msgspec
 import pytest
 import redis
 
-from swarm_queue.common.embedded import EmbeddedRedis
 from swarm_queue.common.keys import Keys
 from swarm_queue.sim.text import completion_for
 from tests.harness import BIN, MAX_TOKENS, FleetFactory
 from tests.helpers import wait_until
+from tests.servers import redis_server
 
 MAXMEMORY = 8 * 2**20
 N = 20_000
@@ -32,7 +32,7 @@ def test_a_job_larger_than_maxmemory_streams_through_once_its_answers_are_collec
     fleet_factory: FleetFactory, tmp_path: Path
 ) -> None:
     limits = ("--maxmemory", str(MAXMEMORY), "--maxmemory-policy", "noeviction")
-    with EmbeddedRedis(extra_args=limits) as server:
+    with redis_server(extra_args=limits) as server:
         fleet = fleet_factory(2, url=server.url)
         src = tmp_path / "big.txt"
         src.write_text("".join(_prompt(i) + "\n" for i in range(N)))

@@ -16,7 +16,6 @@ from aiohttp import web
 from redis.asyncio.client import Pipeline as RedisPipeline
 from redis.exceptions import BusyLoadingError
 
-from swarm_queue.common.embedded import EmbeddedRedis
 from swarm_queue.common.errors import StoreFull, StoreUnavailable
 from swarm_queue.common.models import Result
 from swarm_queue.common.settings import Settings
@@ -29,6 +28,7 @@ from swarm_queue.worker.endpoint import EndpointClient
 from swarm_queue.worker.engine import Engine
 from swarm_queue.worker.intake import Intake, Taken
 from tests.helpers import collect_lines, gen_of, prompts, run_engine, serve, spec, until
+from tests.servers import redis_server
 
 
 async def _die_running(store: JobStore, n_times: int, ids: list[bytes]) -> None:
@@ -329,7 +329,7 @@ async def test_a_full_redis_still_takes_every_answer_computed(
     """Redis over its maxmemory refuses every write that may grow memory: prompts cannot be
     queued, yet batches start and their answers land, each commit freeing its prompts (on the
     code before, no commit landed: the job waited for room that only its commits could make)."""
-    with EmbeddedRedis() as server:
+    with redis_server() as server:
         settings = make_settings(redis_url=server.url, batch_size=10)
         store = JobStore.from_settings(settings)
         try:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from swarm_queue.common.embedded import EmbeddedRedis, find_redis_server, free_port
+from swarm_queue.common.embedded import find_redis_server, free_port
 from swarm_queue.common.errors import StoreAccessDenied, StoreUnavailable
 from swarm_queue.common.settings import Settings
 from swarm_queue.common.store import JobStore
@@ -22,6 +22,7 @@ from swarm_queue.sim.server import SimFleet
 from swarm_queue.sim.text import completion_for
 from tests.harness import FleetFactory, doc_acl_user
 from tests.helpers import collect_lines, prompts, run_engine, spec
+from tests.servers import redis_server
 
 SECRET = "alice-s3cret-pw"
 
@@ -165,7 +166,7 @@ async def test_a_consumer_group_the_acl_denies_surfaces_instead_of_being_taken_f
     None
 ):
     user = ("--user", "bob", "on", ">bob-pw", "~p:*", "+@all", "-xgroup")
-    with EmbeddedRedis(extra_args=user) as server:
+    with redis_server(extra_args=user) as server:
         url = server.url.replace("redis://", "redis://bob:bob-pw@")
         store = JobStore.from_settings(Settings(redis_url=url, prefix="p"), patient=False)
         try:
@@ -182,7 +183,7 @@ def test_a_password_given_as_a_url_parameter_reaches_the_worker_too(
 ) -> None:
     """``redis://host:port/0?password=...`` works for every command, and now for the worker
     too (arq's own URL parser dropped it: the worker could not start)."""
-    with EmbeddedRedis(extra_args=("--requirepass", "q-pw")) as server:
+    with redis_server(extra_args=("--requirepass", "q-pw")) as server:
         fleet = fleet_factory(1, url=f"{server.url}?password=q-pw")
         assert fleet.enqueue("pw", 100, set()).wait(timeout=60) == 0
         for arq_cli in (False, True):

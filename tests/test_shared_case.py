@@ -15,11 +15,11 @@ import msgspec
 import pytest
 import redis
 
-from swarm_queue.common.embedded import EmbeddedRedis
 from swarm_queue.common.keys import Keys
 from swarm_queue.sim.text import completion_for
 from tests.harness import MAX_TOKENS, Fleet, FleetFactory, command, wrong_key_endpoint
 from tests.helpers import wait_count
+from tests.servers import redis_server
 
 
 def _questions(job: str, n: int) -> list[str]:
@@ -47,7 +47,7 @@ def test_jobs_of_two_models_a_broken_endpoint_a_requeued_job_and_a_redis_restart
 ) -> None:
     workdir = tmp_path / "redis"
     workdir.mkdir()
-    server = EmbeddedRedis(appendonly=True, workdir=str(workdir)).start()
+    server = redis_server(appendonly=True, workdir=str(workdir)).start()
     stack = contextlib.ExitStack()
     try:
         # Ports 0 and 1 serve model m, port 2 model n; and a wrong-key endpoint beside port 0.

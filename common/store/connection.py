@@ -482,6 +482,9 @@ def _raised_in_redis_py(exc: BaseException) -> bool:
 
 # redis-py prefixes the reply of a pipeline's failed command with this (then the command).
 _PIPELINE_PREFIX = re.compile(r"Command # \d+ \(.*\) of pipeline caused error: ", re.DOTALL)
+# Redis before 7.0 words an error raised inside a script "Error running script (call to
+# f_<sha>): @user_script:1: WRONGTYPE ..." (7.0 puts the code first and the script after).
+_SCRIPT_PREFIX = re.compile(r"(?:ERR )?Error running script \(call to [^)]*\): (?:@\w+:\d+: )+-?")
 
 
 def replies(results: list[Any]) -> list[Any]:
@@ -505,6 +508,9 @@ def redis_code(exc: ResponseError) -> str:
     match = _PIPELINE_PREFIX.match(text)
     if match:
         text = text[match.end() :].lstrip("('\"")
+    match = _SCRIPT_PREFIX.match(text)
+    if match:
+        text = text[match.end() :]
     return text.split(" ", 1)[0]
 
 

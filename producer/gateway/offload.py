@@ -14,6 +14,9 @@ from __future__ import annotations
 import asyncio
 import itertools
 import multiprocessing
+import os
+import threading
+import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Literal
@@ -45,6 +48,8 @@ HELPERS = 2
 # takes about a fifth of the rules' time.
 SPLIT_BYTES = 1 << 20
 SPLIT_AT = 0.6
+# How often a helper checks that its gateway is still alive.
+PARENT_CHECK_S = 1.0
 
 Queued = tuple[Literal["queued", "busy", "cancelled", "gone", "error"], int, str]
 
@@ -79,6 +84,19 @@ def _ranges(path: Path) -> list[tuple[int, int]]:
     return list(itertools.pairwise(cuts))
 
 
+def _follow(parent: int) -> None:
+    """Run in each helper as it starts: end it once its gateway is gone, however the gateway
+    ended (a SIGKILL runs no shutdown, and a helper left waiting on its queue for ever
+    would hold its memory and, through the resource tracker, a third process)."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_CHECK_S)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="follow-gateway", daemon=True).start()
+
+
 def _ready() -> None:
     """Nothing: run once in each helper as the gateway starts, so that its spawning and its
     imports (a second of CPU) are paid before the first batch, not by it."""
@@ -93,7 +111,10 @@ class Helpers:
     def _executor(self) -> ProcessPoolExecutor:
         if self._pool is None:
             self._pool = ProcessPoolExecutor(
-                HELPERS, mp_context=multiprocessing.get_context("spawn")
+                HELPERS,
+                mp_context=multiprocessing.get_context("spawn"),
+                initializer=_follow,
+                initargs=(os.getpid(),),
             )
         return self._pool
 
