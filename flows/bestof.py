@@ -10,9 +10,11 @@ pipeline's moves: exactly once, see :mod:`flows.pipelineflow`), and the lines ar
 the judgements come in (:class:`BestOfOutput`): every collector makes the same choice, since
 the scores are parsed from what Redis holds.
 
-A score is the number in ``[[...]]`` when the judge's answer has one (MT-Bench's convention:
-ask for it), else the first number in the answer; the highest wins, the first candidate of
-equal ones. A candidate whose judgement failed or holds no number is unscored, and said why.
+A score is the number in the judge's last ``[[...]]`` when its answer has one (MT-Bench's
+convention: ask for it; the last, since a judge may quote the candidate's own ``[[10]]`` before
+its verdict), else the first number in the answer; a number of over 15 digits is none. The
+highest wins, the first candidate of equal ones. A candidate whose judgement failed or holds
+no number is unscored, and said why.
 """
 
 from __future__ import annotations
@@ -121,15 +123,21 @@ def build_best_of(
     return [first, judge_spec], warnings + [f"the judge: {w}" for w in said]
 
 
-_BRACKETED = re.compile(r"\[\[\s*(-?\d+(?:\.\d+)?)\s*\]\]")
+_BRACKETED = re.compile(r"\[\[(.*?)\]\]", re.DOTALL)
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+# More digits than a float holds: no judge's score, only a way to win every comparison.
+_MAX_DIGITS = 15
 
 
 def score_of(answer: str) -> float | None:
-    """The score in a judge's ``answer``: the number in ``[[...]]`` if it has one, else its
-    first number; None if it has none."""
-    found = _BRACKETED.search(answer) or _NUMBER.search(answer)
-    return float(found.group(1) if found.re is _BRACKETED else found.group(0)) if found else None
+    """The score in a judge's ``answer``: the number in its last ``[[...]]`` if it has one
+    (None if that holds no plain number: ``[[1e308]]``, ``[[inf]]``), else its first number;
+    None if it has none, or one of over 15 digits."""
+    verdicts = _BRACKETED.findall(answer)
+    found = _NUMBER.fullmatch(verdicts[-1].strip()) if verdicts else _NUMBER.search(answer)
+    if found is None or sum(c.isdigit() for c in found.group(0)) > _MAX_DIGITS:
+        return None
+    return float(found.group(0))
 
 
 def _settings(spec: JobSpec) -> BestOf:
