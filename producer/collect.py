@@ -41,7 +41,13 @@ from swarm_queue.producer.chains import (
 from swarm_queue.producer.flowout import collect_lines, follow_lines, json_line, output_for
 from swarm_queue.producer.formats import FORMATS, format_named
 from swarm_queue.producer.outfile import Mark, Sink, collect_durably
-from swarm_queue.producer.stream import collect, collect_into, wait_final, wait_for_spec
+from swarm_queue.producer.stream import (
+    JOB_APPEAR_S,
+    collect,
+    collect_into,
+    wait_final,
+    wait_for_spec,
+)
 
 __all__ = ["EXIT_FAILED", "EXIT_INCOMPLETE", "main"]
 
@@ -56,6 +62,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("job")
     p.add_argument("--out", help="output file, or - for stdout (required, but for --final: stdout)")
     p.add_argument("--wait", action="store_true", help="follow the job until every prompt is done")
+    p.add_argument(
+        "--appear-timeout",
+        type=float,
+        default=JOB_APPEAR_S,
+        metavar="S",
+        help="with --wait: how long to wait for a job not queued yet before taking its name "
+        f"for a mistake (default {JOB_APPEAR_S:g} s)",
+    )
     p.add_argument(
         "--format",
         choices=list(FORMATS),
@@ -125,7 +139,7 @@ async def _main(args: argparse.Namespace) -> int:
     if args.out is None:
         raise ConfigError("--out FILE (or - for stdout) is required")
     async with open_job_store(args) as (job, store):
-        spec = await wait_for_spec(store, job, wait=args.wait)
+        spec = await wait_for_spec(store, job, wait=args.wait, appear_s=args.appear_timeout)
         written = await _workflow(args, job, store, spec)
         if written is not None:
             return written

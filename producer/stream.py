@@ -8,7 +8,9 @@ finished indices is handed on, so output starts long before the job ends.
 from __future__ import annotations
 
 import asyncio
+import difflib
 import sys
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import BinaryIO, Protocol, TypeVar
 
@@ -21,6 +23,7 @@ from swarm_queue.common.errors import (
     JobNotFoundError,
     ResultsEvictedError,
     StoreUnavailable,
+    SwarmError,
 )
 from swarm_queue.common.models import (
     JobSpec,
@@ -80,21 +83,51 @@ class CollectReport(msgspec.Struct, frozen=True):
         return self.total is not None and self.start + self.written >= self.total
 
 
+# How long a collector following a job (--wait) waits for a job that is not queued yet (it
+# may start before its producer) before it takes the name for a mistake.
+JOB_APPEAR_S = 300.0
+
+
+async def _unknown(store: CollectorStore, job: str, error: JobNotFoundError) -> str:
+    """``error`` with the names of this Redis's jobs most like ``job``: a misspelt name."""
+    try:
+        names = await store.list_jobs()
+    except SwarmError:
+        return str(error)
+    close = difflib.get_close_matches(job, names, n=3)
+    if close:
+        return f"{error} (did you mean {' or '.join(map(repr, close))}?)"
+    return f"{error} (its jobs: {', '.join(names[:10]) or 'none'})"
+
+
 async def wait_for_spec(
-    store: CollectorStore, job: str, *, wait: bool, poll_s: float = 0.5
+    store: CollectorStore,
+    job: str,
+    *,
+    wait: bool,
+    poll_s: float = 0.5,
+    appear_s: float = JOB_APPEAR_S,
 ) -> JobSpec:
     """The job's spec; raise JobNotFoundError for an unknown job, unless following it
-    (``--wait``): then the collector may start before the producer, and says what it waits
-    for."""
+    (``--wait``): then the collector may start before the producer, says what it waits for,
+    and waits up to ``appear_s`` for the job to be queued."""
     told = False
+    deadline = time.monotonic() + appear_s
     while True:
         try:
             return await store.load_spec(job)
-        except JobNotFoundError:
+        except JobNotFoundError as exc:
             if not wait:
-                raise
+                raise JobNotFoundError(await _unknown(store, job, exc)) from None
+            if time.monotonic() >= deadline:
+                why = await _unknown(store, job, exc)
+                raise JobNotFoundError(f"{why}: none was queued in {appear_s:g} s") from None
             if not told:
-                print(f"swarm-collect: waiting for job {job!r} to be enqueued", file=sys.stderr)
+                print(
+                    f"swarm-collect: waiting for job {job!r} to be enqueued (up to "
+                    f"{appear_s:g} s): {await _unknown(store, job, exc)}",
+                    file=sys.stderr,
+                )
                 told = True
         except StoreUnavailable as exc:
             if not wait:
