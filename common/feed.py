@@ -22,6 +22,7 @@ import msgspec
 
 from swarm_queue.common.errors import (
     ConfigError,
+    InputError,
     JobCancelledError,
     JobConflictError,
     ProducerBusyError,
@@ -196,23 +197,28 @@ class _Feeder:
         digest = _InputDigest()
         count, added = 0, 0
         buf: list[PromptItem] = []
-        for index, entry in enumerate(prompts):
-            item = self._item(index, entry, sealed_total)
-            count = index + 1
-            digest.add(item)
-            if index < start:
-                if index == start - 1 and stored_digest not in (None, digest.value):
-                    raise JobConflictError(
-                        f"job {job!r} already holds {start} prompts queued from another input "
-                        "(they differ from this input's first ones): use another job name, or "
-                        "the input the job was queued from"
-                    )
-                continue
-            buf.append(item)
-            if len(buf) >= chunk:
+        try:
+            for index, entry in enumerate(prompts):
+                item = self._item(index, entry, sealed_total)
+                count = index + 1
+                digest.add(item)
+                if index < start:
+                    if index == start - 1 and stored_digest not in (None, digest.value):
+                        raise JobConflictError(
+                            f"job {job!r} already holds {start} prompts queued from another "
+                            "input (they differ from this input's first ones): use another job "
+                            "name, or the input the job was queued from"
+                        )
+                    continue
+                buf.append(item)
+                if len(buf) >= chunk:
+                    await self._flush(buf, digest.value, count)
+                    added += len(buf)
+                    buf.clear()
+        except InputError:
+            if buf and (added or start):  # a job under way: it ends with the lines before
                 await self._flush(buf, digest.value, count)
-                added += len(buf)
-                buf.clear()
+            raise
         gen = await self.ensure_created()
         if buf:
             await self._flush(buf, digest.value, count)

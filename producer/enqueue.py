@@ -17,7 +17,7 @@ from typing import BinaryIO
 import msgspec
 
 from swarm_queue.common.cli import add_redis_arg, run, settings_from_args
-from swarm_queue.common.errors import BadRecordError, ConfigError, InputError
+from swarm_queue.common.errors import BadRecordError, ConfigError, InputError, JobNotFoundError
 from swarm_queue.common.feed import EnqueueReport, PromptInput, enqueue_prompts
 from swarm_queue.common.fleet import live_models, waiting_reason
 from swarm_queue.common.jobspec import build_spec
@@ -124,23 +124,57 @@ async def enqueue(
     later: Sequence[JobSpec] = (),
     column: str = "prompt",
     id_column: str | None = None,
+    checked: bool = False,
 ) -> EnqueueReport:
     """Queue every prompt of ``stream`` (a binary line iterator) for ``spec.job``; ``later``:
     the pipeline steps after it (see :mod:`flows.pipeline`), created first. A Parquet input
-    is read from the file ``source`` names, its ``column`` (``id_column``: custom ids)."""
+    is read from the file ``source`` names, its ``column`` (``id_column``: custom ids).
+
+    A file is checked whole before any of it is queued: a bad line half-way must not leave a
+    job running half its input, waiting for the rest for ever. A stream that cannot be read
+    twice (stdin) is queued as it comes, and a bad line ends the job where it stands: sealed
+    with the prompts queued before it, so that its workers and collectors end. ``checked``:
+    the caller checked every line already (the gateway)."""
     store = JobStore.from_settings(settings)
+    line_input = not is_parquet(source, fmt)
     try:
+        if line_input and not checked and stream.seekable():
+            lines = iter_prompts(stream, source, fmt, max_prompt_bytes=max_prompt_bytes)
+            for _ in prompts_for(spec, source, lines)[1]:
+                pass  # raises the first bad line's InputError
+            stream.seek(0)
         parsed = (
-            parquet_prompts(source, column, id_column)
-            if is_parquet(source, fmt)
-            else iter_prompts(stream, source, fmt, max_prompt_bytes=max_prompt_bytes)
+            iter_prompts(stream, source, fmt, max_prompt_bytes=max_prompt_bytes)
+            if line_input
+            else parquet_prompts(source, column, id_column)
         )
         spec, prompts = prompts_for(spec, source, parsed)
-        return await enqueue_pipeline(
-            store, [spec, *later], prompts, progress=progress, window=window
-        )
+        try:
+            return await enqueue_pipeline(
+                store, [spec, *later], prompts, progress=progress, window=window
+            )
+        except InputError as exc:
+            await _stop_at(store, spec.job, exc)
+            raise
     finally:
         await store.close()
+
+
+async def _stop_at(store: JobStore, job: str, exc: InputError) -> None:
+    """End ``job`` at the bad line ``exc`` names of a stream read once: sealed with what was
+    queued before it (nothing to do if the job was never created)."""
+    try:
+        gen = (await store.load_spec(job)).generation
+    except JobNotFoundError:
+        return
+    queued = await store.enqueued_count(job)
+    await store.seal(job, queued, gen=gen)
+    print(
+        f"swarm-enqueue: job {job} ends at {exc.source}:{exc.line} with the {queued} prompts "
+        "queued before it (sealed: its workers and collectors end); queue the rest of the "
+        "input as another job",
+        file=sys.stderr,
+    )
 
 
 def prompts_for(

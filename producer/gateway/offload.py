@@ -63,7 +63,9 @@ def _queue(settings: Settings, spec: JobSpec, path: str) -> Queued:
     async def run() -> Queued:
         try:
             with open(path, "rb") as fh:  # noqa: ASYNC230 - this process's only work
-                report = await enqueue(settings, spec, Path(path).name, fh, fmt="jsonl")
+                report = await enqueue(
+                    settings, spec, Path(path).name, fh, fmt="jsonl", checked=True
+                )
         except ProducerBusyError:
             return "busy", 0, ""
         except JobCancelledError:
