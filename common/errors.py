@@ -15,6 +15,7 @@ __all__ = [
     "EndpointMalformed",
     "EndpointRejected",
     "EndpointRetryable",
+    "EndpointServerError",
     "EndpointUnusable",
     "InputError",
     "JobCancelledError",
@@ -174,18 +175,34 @@ class EndpointRetryable(EndpointError):
     """Transient: connection refused or reset, timeout, 429 or 5xx. Worth retrying."""
 
 
+class EndpointServerError(EndpointRetryable):
+    """HTTP 500: the server failed on this request. Its content may be the cause (vLLM fails a
+    whole list with a 500 when its tokenizer or chat template raises on one odd input), or the
+    server fails everything: a list is bisected as a rejected one is, a prompt alone is asked
+    again, then the endpoint's probe tells which (see :mod:`worker.batch`). Counted against
+    the endpoint's circuit only when its probe fails."""
+
+
 class EndpointMalformed(EndpointRetryable):
     """The server answered, but its answer cannot be used (choice indices repeated, shifted or
     missing, too few choices, vectors of another dimension or not finite, an unreadable body):
     a failure of the endpoint like a 5xx, retried here, then elsewhere; a prompt no other
     endpoint can take fails with it (kind ``malformed``). ``route``: ``embeddings`` when it
-    was a vectors' answer (what a probe then checks too)."""
+    was a vectors' answer; ``samples``: the samples a prompt it asked for (vLLM's ``n``): what
+    a probe then asks for too, since a server may answer n = 1 well and n = 7 wrongly."""
 
     def __init__(
-        self, endpoint: str, message: str, status: int | None = None, *, route: str = ""
+        self,
+        endpoint: str,
+        message: str,
+        status: int | None = None,
+        *,
+        route: str = "",
+        samples: int = 1,
     ) -> None:
         super().__init__(endpoint, message, status)
         self.route = route
+        self.samples = samples
 
 
 class EndpointRejected(EndpointError):

@@ -15,6 +15,8 @@ class FailureKind(StrEnum):
 
     REJECTED = "rejected"  # the server refused it (HTTP 400: over the context, bad values)
     NO_CHOICE = "no_choice"  # the server never returned a choice for it
+    # Every endpoint that tried it failed with HTTP 500 on it alone, and answered its probe
+    SERVER_ERROR = "server_error"
     # The endpoint's answers could not be used (see EndpointMalformed), and no other took it
     MALFORMED = "malformed"
     SCHEMA = "schema"  # answered, but not matching the job's --schema (its text kept)

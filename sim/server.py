@@ -60,6 +60,10 @@ __all__ = ["FaultConfig", "SimEndpoint", "SimFleet", "main"]
 _json = msgspec.json.Encoder()
 
 
+# A value no embedding holds, written as NaN (see SimEndpoint._answer).
+_NAN_MARK = 7.0e300
+
+
 class FaultConfig(msgspec.Struct, kw_only=True):
     """Failure behaviour of one endpoint; ``None`` times mean never."""
 
@@ -77,6 +81,11 @@ class FaultConfig(msgspec.Struct, kw_only=True):
     drop_choices: int = 0
     embed_dims: int | None = None
     nan_vectors: bool = False
+    # Asked for n > 1 samples a prompt, this many fewer for each (right with n = 1).
+    short_samples: int = 0
+    # A request holding this text anywhere in its prompts fails whole with HTTP 500, as vLLM
+    # fails a list when its tokenizer or chat template raises on one odd input.
+    fail_on: str | None = None
 
 
 class _CompletionRequest(msgspec.Struct, kw_only=True):
@@ -263,21 +272,28 @@ class SimEndpoint:
     def _ok(self, payload: Any) -> web.Response:
         return web.Response(body=_json.encode(payload), content_type="application/json")
 
-    def _answer(self, payload: dict[str, Any], key: str) -> web.Response:
-        """A generation answer (its ``key``: ``choices`` or ``data``), as a lying server
-        would send it when the fault switches say so (see :class:`FaultConfig`)."""
+    def _answer(self, payload: dict[str, Any], key: str, n: int = 1) -> web.Response:
+        """A generation answer (its ``key``: ``choices`` or ``data``) of ``n`` samples a
+        prompt, as a lying server would send it when the fault switches say so (see
+        :class:`FaultConfig`)."""
         f = self.faults
-        if not (f.shift_index or f.drop_choices or f.nan_vectors):
+        if not (f.shift_index or f.drop_choices or f.nan_vectors or f.short_samples):
             return self._ok(payload)
         items = payload[key]
         if f.drop_choices:
             items = items[: max(0, len(items) - f.drop_choices)]
+        if f.short_samples and n > 1:
+            items = [c for c in items if c["index"] % n < n - f.short_samples]
         for item in items:
             item["index"] += f.shift_index
             if f.nan_vectors and "embedding" in item:
-                item["embedding"][0] = float("nan")
+                item["embedding"][0] = _NAN_MARK
         payload[key] = items
-        return self._ok(payload)  # (msgspec writes NaN as null)
+        if not f.nan_vectors:
+            return self._ok(payload)
+        # NaN as vLLM's Python json writes it (a literal NaN, no JSON): msgspec would write null.
+        body = _json.encode(payload).replace(_json.encode(_NAN_MARK), b"NaN")
+        return web.Response(body=body, content_type="application/json")
 
     def _stalled_now(self) -> bool:
         after = self.faults.stall_after_s
@@ -355,6 +371,11 @@ class SimEndpoint:
             except msgspec.DecodeError as exc:
                 return self._error(400, f"invalid request: {exc}", "BadRequestError")
             self.received.append(msgspec.json.decode(raw))
+            if self.faults.fail_on and self.faults.fail_on.encode() in raw:
+                why = (
+                    f"EngineCore encountered an issue: tokenizer failed on {self.faults.fail_on!r}"
+                )
+                return self._error(500, why, "InternalServerError")
             if (err := self._check_model(req.model)) is not None:
                 return err
             if req.stream:
@@ -427,6 +448,7 @@ class SimEndpoint:
                 },
             },
             "choices",
+            req.n,
         )
 
     async def _embeddings(self, request: web.Request) -> web.StreamResponse:
@@ -547,6 +569,7 @@ class SimEndpoint:
                 },
             },
             "choices",
+            req.n,
         )
 
     async def _tool_call(
@@ -783,6 +806,13 @@ def build_fleet(argv: Sequence[str] | None = None) -> SimFleet:
     )
     p.add_argument("--error-rate", default="0", help="fraction of requests answered with HTTP 500")
     p.add_argument("--reset-rate", default="0", help="fraction of connections reset")
+    p.add_argument(
+        "--fail-on",
+        default=None,
+        metavar="TEXT",
+        help="fail with HTTP 500 every request whose prompts hold TEXT (a poison input, as a "
+        "tokenizer error is on vLLM)",
+    )
     p.add_argument("--die-after", default="", help="seconds until a port dies (per port)")
     p.add_argument("--stall-after", default="", help="seconds until a port stalls (per port)")
     p.add_argument(
@@ -847,6 +877,7 @@ def build_fleet(argv: Sequence[str] | None = None) -> SimFleet:
             reset_rate=resets[i] or 0.0,
             die_after_s=dies[i],
             stall_after_s=stalls[i],
+            fail_on=a.fail_on,
         )
         endpoints.append(
             SimEndpoint(

@@ -104,6 +104,6 @@ async def test_an_answer_under_another_prompts_index_is_never_returned() -> None
         )
 
     runner, circuit = _runner(FakeEndpoint(answer), max_attempts=2)
-    with pytest.raises(GiveUp, match="malformed answer: choice index 8 for 8 prompts"):
+    with pytest.raises(GiveUp, match="malformed answer: choice index 8 for 8 choices"):
         await runner.run(SPEC, ITEMS, "m", Tally())
     assert circuit.errors == 2

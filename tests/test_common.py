@@ -285,6 +285,7 @@ def test_swarm_retry_kinds_are_the_failure_kinds_that_keep_their_entry(
     assert [str(k) for k in RETRYABLE_KINDS] == [
         "rejected",
         "no_choice",
+        "server_error",
         "malformed",
         "schema",
         "no_content",

@@ -9,6 +9,7 @@ from typing import NamedTuple
 
 from swarm_queue.common.models import Result
 from swarm_queue.common.vocab import FailureKind
+from swarm_queue.worker.batch import GIVEN_BACK
 from swarm_queue.worker.deliveries import Decoded
 from swarm_queue.worker.early import EarlyCommits
 
@@ -28,12 +29,12 @@ class Unanswered(NamedTuple):
 def left_out(
     items: list[Decoded], sent: list[Result]
 ) -> tuple[list[Decoded], list[Result], list[Unanswered]]:
-    """``items`` and their results without those the endpoint kept leaving out (kind
-    ``no_choice``), and those apart."""
+    """``items`` and their results without those the endpoint could not answer and another
+    may (kinds ``no_choice``, ``server_error``), and those apart."""
     kept, left = [], []
     for d, r in zip(items, sent, strict=True):
-        if r.error_kind == FailureKind.NO_CHOICE:
-            left.append(Unanswered(d, r.error or "", FailureKind.NO_CHOICE, r.attempts))
+        if r.error_kind in GIVEN_BACK:
+            left.append(Unanswered(d, r.error or "", FailureKind(r.error_kind), r.attempts))
         else:
             kept.append((d, r))
     return [d for d, _ in kept], [r for _, r in kept], left
@@ -49,12 +50,16 @@ def settled(
     """``(rest, left, keys, answers)``: the items still to commit with their shaped results
     (none of those ``early`` committed), the prompts the endpoint kept leaving out, and the
     cache's keys (those of ``keys``, in the order of ``items``) with the answers they keep."""
-    if early is not None and early.shaped:  # chat: none left out, those come early shaped
+    if early is not None and early.shaped:  # chat: those answered came early, shaped
         answers = [early.shaped.get(d[0]) or shape(r) for d, r in zip(items, sent, strict=True)]
-        rest = [(d, a) for d, a in zip(items, answers, strict=True) if d[0] not in early.ids]
-        return rest, [], keys, answers
+        mine = zip(items, sent, answers, strict=True)
+        rest = [
+            (d, a) for d, r, a in mine if d[0] not in early.ids and r.error_kind not in GIVEN_BACK
+        ]
+        _, _, left = left_out(items, sent)
+        return rest, left, keys, answers
     if keys:  # matched to the answers kept, not to every item
-        keys = [k for k, r in zip(keys, sent, strict=True) if r.error_kind != FailureKind.NO_CHOICE]
+        keys = [k for k, r in zip(keys, sent, strict=True) if r.error_kind not in GIVEN_BACK]
     kept, sent, left = left_out(items, sent)
     answers = [shape(r) for r in sent]
     return list(zip(kept, answers, strict=True)), left, keys, answers

@@ -26,6 +26,7 @@ from swarm_queue.common.errors import (
     EndpointMalformed,
     EndpointRejected,
     EndpointRetryable,
+    EndpointServerError,
 )
 from swarm_queue.common.models import (
     JobSpec,
@@ -48,6 +49,7 @@ from swarm_queue.worker.replies import ChatBody, CompletionBody, CompletionUsage
 
 __all__ = [
     "EMBEDDINGS",
+    "GIVEN_BACK",
     "BatchRunner",
     "Tally",
     "check_choice_indices",
@@ -63,6 +65,28 @@ T = TypeVar("T")
 EMBEDDINGS = "embeddings"
 
 
+# The failures of a prompt on one endpoint that another endpoint may answer: given back to the
+# fleet (each endpoint's a strike: see worker/batchpath.py), never committed here at once.
+GIVEN_BACK = frozenset({FailureKind.NO_CHOICE, FailureKind.SERVER_ERROR})
+
+
+# A list failed with HTTP 500 twice in a row is bisected (once may be a passing fault); a part
+# of a bisected list, at its first. A prompt alone failed with it three times in a row is
+# blamed for it if the endpoint answers its probe.
+SPLIT_AFTER = 2
+BLAME_AFTER = 3
+
+
+def _split_after(items: int, prior: int) -> int:
+    """After how many HTTP 500s in a row a list of ``items`` is bisected (0: a prompt alone
+    is not); ``prior``: the requests that carried it before (a bisected part's)."""
+    return 0 if items == 1 else 1 if prior else SPLIT_AFTER
+
+
+def _never(part: list[PromptItem], attempts: int) -> Awaitable[list[Result]]:
+    raise AssertionError("a single prompt is never split")
+
+
 class _Billed(Protocol):
     """An answer that may say what it cost."""
 
@@ -73,29 +97,35 @@ class _Billed(Protocol):
 B = TypeVar("B", bound=_Billed)
 
 
-def check_choice_indices(endpoint: str, indices: list[int], n: int, route: str = "") -> None:
-    """Refuse (:class:`EndpointMalformed`: another try, or another endpoint) an answer to
-    ``n`` prompts whose choice indices are not distinct values in ``0..n-1``: a server that
-    repeats or shifts them would put one prompt's answer under another's index. Fewer is
-    allowed here (the ones left out are asked again; see :func:`missing_choices`)."""
+def check_choice_indices(
+    endpoint: str, indices: list[int], n: int, route: str = "", samples: int = 1
+) -> None:
+    """Refuse (:class:`EndpointMalformed`: another try, or another endpoint) an answer of
+    ``n`` choices (``samples`` a prompt) whose indices are not distinct values in
+    ``0..n-1``: a server that repeats or shifts them would put one prompt's answer under
+    another's index. Fewer is allowed here (the ones left out are asked again; see
+    :func:`missing_choices`)."""
     seen: set[int] = set()
     for i in indices:
         if not 0 <= i < n or i in seen:
             raise EndpointMalformed(
                 endpoint,
-                f"malformed answer: choice index {i} for {n} prompts (each of 0..{n - 1} "
+                f"malformed answer: choice index {i} for {n} choices (each of 0..{n - 1} "
                 "expected at most once)",
                 route=route,
+                samples=samples,
             )
         seen.add(i)
 
 
-def missing_choices(endpoint: str, got: int, n: int) -> EndpointMalformed | None:
-    """The endpoint's failure when an answer to ``n`` prompts held ``got`` choices: its
-    answers are used, the ones left out asked again, but it counts against the endpoint."""
+def missing_choices(endpoint: str, got: int, n: int, samples: int = 1) -> EndpointMalformed | None:
+    """The endpoint's failure when an answer of ``n`` choices (``samples`` a prompt) held
+    ``got``: its answers are used, the ones left out asked again, but it counts against the
+    endpoint."""
     if got >= n:
         return None
-    return EndpointMalformed(endpoint, f"malformed answer: {n - got} of {n} choices missing")
+    why = f"malformed answer: {n - got} of {n} choices missing"
+    return EndpointMalformed(endpoint, why, samples=samples)
 
 
 def check_vectors(
@@ -153,12 +183,16 @@ class BatchRunner:
         circuit: Circuit,
         backoff: Callable[[int], float],
         metrics: Metrics = NO_METRICS,
+        check: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.client = client
         self.settings = settings
         self.circuit = circuit
         self.backoff = backoff
         self.metrics = metrics
+        # The endpoint's probe (raises an EndpointError while it cannot work): what tells a
+        # prompt's HTTP 500 from the server's. None: every 500 is the server's.
+        self.check = check
         self.retries = 0
 
     async def run(
@@ -208,10 +242,12 @@ class BatchRunner:
         tally: Tally,
         prior: int,
         flaw: Callable[[B], EndpointMalformed | None] | None = None,
+        *,
+        split: int = 0,
     ) -> tuple[B, int]:
         """``call`` through :meth:`_retrying`, its usage tallied; the attempts it took counted
         on from ``prior`` (a bisected half's). A refusal is the caller's to handle."""
-        body, attempts = await self._retrying(job, call, flaw)
+        body, attempts = await self._retrying(job, call, flaw, split=split)
         if body.usage is not None:
             tally.add(body.usage)
         return body, attempts + prior
@@ -221,11 +257,20 @@ class BatchRunner:
         job: str,
         call: Callable[[], Awaitable[T]],
         flaw: Callable[[T], EndpointMalformed | None] | None = None,
+        *,
+        split: int = 0,
     ) -> tuple[T, int]:
         """Run ``call`` (a request of ``job``) with the one retry policy of the worker; returns
         its value and the attempts it took. Gives up when the attempts run out or the circuit
         opens meanwhile. An answer with a ``flaw`` (choices left out) is used, but counts as
-        the endpoint's failure: one that keeps leaving some out opens its circuit."""
+        the endpoint's failure: one that keeps leaving some out opens its circuit.
+
+        An HTTP 500 may be one prompt's fault, so it does not count against the circuit: a
+        list raises its ``split``-th in a row (0: it cannot be split; the caller bisects); a
+        prompt alone is asked again, and at its BLAME_AFTER-th the endpoint's probe tells
+        whose fault it is: the server's (the probe fails: :class:`GiveUp`, its circuit open)
+        or the prompt's (it passes: the :class:`EndpointServerError` is raised, the prompt's
+        to fail, or to try elsewhere)."""
         circuit, metrics, label = self.circuit, self.metrics, self.client.label
         attempt = 0
         while True:
@@ -237,7 +282,16 @@ class BatchRunner:
                 value = await circuit.unless_open(call())
             except EndpointRetryable as exc:
                 metrics.request(job, label, time.monotonic() - sent, "retryable")
-                circuit.failed(exc)
+                server = exc if isinstance(exc, EndpointServerError) and self.check else None
+                if server is not None:
+                    circuit.noted(server)
+                else:
+                    circuit.failed(exc)
+                if split and server is not None and attempt >= split:
+                    raise
+                blame = min(BLAME_AFTER, self.settings.max_attempts)
+                if server and not split and attempt >= blame and not circuit.is_open:
+                    await self._blame(server)
                 if attempt >= self.settings.max_attempts or circuit.is_open:
                     raise GiveUp(exc) from None
                 self.retries += 1
@@ -259,6 +313,17 @@ class BatchRunner:
             else:
                 circuit.failed(flawed)
             return value, attempt
+
+    async def _blame(self, exc: EndpointServerError) -> None:
+        """A prompt alone kept failing with ``exc``: raise it if the endpoint answers its
+        probe (the prompt's fault), else open the circuit (the server's)."""
+        assert self.check is not None
+        try:
+            await self.check()
+        except EndpointError as probe:
+            self.circuit.trip(probe)
+            return
+        raise exc
 
     async def _complete(
         self,
@@ -291,7 +356,7 @@ class BatchRunner:
             )
             # Several samples a prompt: choice i * n + j is prompt i's sample j.
             check_choice_indices(
-                self.client.label, [c.index for c in body.choices], len(prompts) * n
+                self.client.label, [c.index for c in body.choices], len(prompts) * n, samples=n
             )
             return body
 
@@ -299,11 +364,13 @@ class BatchRunner:
             return self._complete(spec, model, part, params, attempts, tally, dim)
 
         def flaw(body: CompletionBody) -> EndpointMalformed | None:
-            return missing_choices(self.client.label, len(body.choices), len(prompts) * n)
+            return missing_choices(self.client.label, len(body.choices), len(prompts) * n, n)
 
         try:
-            body, attempts = await self._sent(spec.job, call, tally, prior, flaw)
-        except EndpointRejected as exc:
+            body, attempts = await self._sent(
+                spec.job, call, tally, prior, flaw, split=_split_after(len(items), prior)
+            )
+        except (EndpointRejected, EndpointServerError) as exc:
             return await self._bisect(items, exc, prior, again, model)
         mapped = self._map_choices(items, body, attempts, n)
         return await self._fill_missing(items, mapped, attempts, again, model)
@@ -311,17 +378,24 @@ class BatchRunner:
     async def _bisect(
         self,
         items: list[PromptItem],
-        exc: EndpointRejected,
+        exc: EndpointRejected | EndpointServerError,
         prior: int,
         again: Callable[[list[PromptItem], int], Awaitable[list[Result]]],
         model: str,
     ) -> list[Result]:
-        """A list the server refused (one item over the context fails it whole): each half
-        asked ``again``, down to the items that fail alone, with the server's message."""
+        """A list the server refused or failed on (one item over the context, or one its
+        tokenizer cannot take, fails it whole): each half asked ``again``, down to the items
+        that fail alone, with the server's message. A prompt the server failed on alone
+        (kind ``server_error``) is another endpoint's to try (see :mod:`worker.answers`)."""
         attempts = prior + 1
         if len(items) == 1:
-            why = exc.message
-            return [self._failed(items[0], why, FailureKind.REJECTED, attempts, exc.status, model)]
+            why, status = exc.message, exc.status
+            if isinstance(exc, EndpointServerError):
+                why = f"HTTP {status} on this prompt alone: {why}"
+                return [
+                    self._failed(items[0], why, FailureKind.SERVER_ERROR, attempts, status, model)
+                ]
+            return [self._failed(items[0], why, FailureKind.REJECTED, attempts, status, model)]
         mid = len(items) // 2
         left, right = await asyncio.gather(
             again(items[:mid], attempts), again(items[mid:], attempts)
@@ -382,8 +456,10 @@ class BatchRunner:
             return missing_choices(self.client.label, got, len(flat))
 
         try:
-            body, attempts = await self._sent(spec.job, call, tally, prior, flaw)
-        except EndpointRejected as exc:
+            body, attempts = await self._sent(
+                spec.job, call, tally, prior, flaw, split=_split_after(len(items), prior)
+            )
+        except (EndpointRejected, EndpointServerError) as exc:
             return await self._bisect(items, exc, prior, again, model)
         # (Each value a float: check_vectors refused any answer holding a null.)
         by_index = {d.index: cast(list[float], d.embedding) for d in body.data if d.embedding}
@@ -447,19 +523,22 @@ class BatchRunner:
                 body = await self.client.chat(
                     model, messages, params, timeout_s=timeout, tools=tools, tool_choice=choose
                 )
-                check_choice_indices(self.client.label, [c.index for c in body.choices], n)
+                check_choice_indices(
+                    self.client.label, [c.index for c in body.choices], n, samples=n
+                )
                 if len(body.choices) < n:
                     raise EndpointMalformed(
-                        self.client.label, f"malformed answer: {len(body.choices)} of {n} choices"
+                        self.client.label,
+                        f"malformed answer: {len(body.choices)} of {n} choices",
+                        samples=n,
                     )
                 body.choices.sort(key=lambda c: c.index)
                 return body
 
             try:
                 body, attempts = await self._sent(spec.job, call, tally, prior)
-            except EndpointRejected as exc:
-                why = exc.message
-                return self._failed(item, why, FailureKind.REJECTED, prior + 1, exc.status, model)
+            except (EndpointRejected, EndpointServerError) as exc:
+                return (await self._bisect([item], exc, prior, _never, model))[0]
             usage = None
             if body.usage is not None:
                 usage = Usage(body.usage.prompt_tokens, body.usage.completion_tokens)
@@ -506,7 +585,7 @@ class BatchRunner:
 
         async def told(item: PromptItem, request: Request) -> Result:
             result = await one(item, request)
-            if early is not None:
+            if early is not None and result.error_kind not in GIVEN_BACK:
                 early(result)
             return result
 

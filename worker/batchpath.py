@@ -49,8 +49,10 @@ log = logging.getLogger("swarm.worker")
 said = Throttled(log)
 
 # An entry given back by this many endpoints because their answers to it could not be used
-# fails then, rather than going round the fleet again.
+# fails then, rather than going round the fleet again; and so does one given back this many
+# times in all (an endpoint may take back what it gave back, while no other takes it).
 MAX_STRIKES = 3
+MAX_GIVE_BACKS = 2 * MAX_STRIKES
 
 
 class _Dropped(Exception):
@@ -303,15 +305,17 @@ class BatchPath:
         others = await self._takers(spec)
         back: list[bytes] = []
         out = list(results)
-        for u, n in zip(unanswered, strikes, strict=True):
+        for u, (n, times) in zip(unanswered, strikes, strict=True):
             eid, payload, item = u.decoded
-            if others and n + 1 < MAX_STRIKES:
+            if others and n + 1 < MAX_STRIKES and times + 1 < MAX_GIVE_BACKS:
                 back.append(eid)
                 continue
             where = (
                 "no other endpoint serves the job's model"
                 if not others
                 else f"given back by {n + 1} endpoints"
+                if n + 1 >= MAX_STRIKES
+                else f"given back {times + 1} times"
             )
             failed = Result(
                 index=item.index,
@@ -323,6 +327,7 @@ class BatchPath:
             )
             out.append((eid, failed, payload))
         if back:
+            self._let_go(spec.job, back)
             with contextlib.suppress(StoreUnavailable):
                 await self.store.release(
                     spec.job, self.consumer, back, gen=spec.generation, strike=True
@@ -487,6 +492,13 @@ class BatchPath:
                 )
                 await asyncio.sleep(self._backoff(attempt))
 
+    def _let_go(self, job: str, ids: list[bytes]) -> None:
+        """``ids`` leave this endpoint's hands before they are released: a sibling slot's
+        reclaim that takes them at once must not drop them as held (it would own them, idle
+        reset, and nobody would run them for the claim idle time: seen, 6 prompts of 600
+        waiting so after an endpoint gave them back)."""
+        self.intake.hand(job).difference_update(ids)
+
     async def _keep_claimed(self, spec: JobSpec, ids: list[bytes]) -> None:
         """Refresh our claim on a long batch so no other worker takes it as orphaned (a job
         gone meanwhile has nothing left to claim: its batch learns so at its commit)."""
@@ -502,6 +514,7 @@ class BatchPath:
         """Give up a batch: hand back the entries still ours, and record what the failure
         says about the endpoint or the job's model."""
         job = spec.job
+        self._let_go(job, ids)
         with contextlib.suppress(StoreUnavailable):
             await self.store.release(job, self.consumer, ids, gen=spec.generation)
         self.engine.reclaim_soon(job)  # this worker's other endpoints take them at once

@@ -89,6 +89,12 @@ class Circuit:
         if self._failures >= self.threshold:
             self.trip(exc)
 
+    def noted(self, exc: EndpointError) -> None:
+        """A request failed in a way that may be its content's fault (an HTTP 500): shown,
+        but not counted towards opening the circuit (the probe decides, see worker.batch)."""
+        self.errors += 1
+        self.last_error = str(exc)
+
     def succeeded(self) -> None:
         self._failures = 0
         self.malformed = None

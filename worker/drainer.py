@@ -75,7 +75,7 @@ class EndpointDrainer:
         self.served = ServedModels(client, self.settings)
         self.circuit = Circuit(client.label, self.settings.circuit_failures)
         self.runner = BatchRunner(
-            client, self.settings, self.circuit, self._backoff, engine.metrics
+            client, self.settings, self.circuit, self._backoff, engine.metrics, self._check
         )
         self.intake = Intake(self.store, self.consumer, self.settings, client.label, engine.sleep)
         # Sequences waiting in the engine at the last look at its gauges, while it had ours.
@@ -354,6 +354,13 @@ class EndpointDrainer:
             timeout_s=self.settings.probe_timeout_s,
             generate=self.circuit.was_ready,
             embeddings=bool(self.circuit.malformed and self.circuit.malformed.route == EMBEDDINGS),
+            samples=self.circuit.malformed.samples if self.circuit.malformed else 1,
+        )
+
+    async def _check(self) -> None:
+        """The probe that tells a prompt's HTTP 500 from the server's: it always generates."""
+        await probe_endpoint(
+            self.client, self.served, timeout_s=self.settings.probe_timeout_s, generate=True
         )
 
     async def _nothing_left(self) -> bool:

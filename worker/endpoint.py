@@ -14,6 +14,7 @@ connection pool, one auth header, one error boundary.
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import urllib.request
 from typing import Any, TypeVar
@@ -26,6 +27,7 @@ from swarm_queue.common.errors import (
     EndpointError,
     EndpointRejected,
     EndpointRetryable,
+    EndpointServerError,
     EndpointUnusable,
     ModelNotServed,
     RouteMissing,
@@ -113,6 +115,20 @@ def _error_object(body: object) -> bool:
     return isinstance(body, dict) and ("type" in body or "code" in body) and "message" in body
 
 
+def _with_nan(raw: bytes, decoder: msgspec.json.Decoder[T]) -> T | None:
+    """A body that is no JSON only for its ``NaN`` or ``Infinity`` (as Python's json writes a
+    float that is not finite: vLLM's embeddings of a model gone wrong), read as Python reads
+    it, so that its vectors are judged as vectors (not finite: the endpoint's malformed
+    answer) rather than taken for a garbled body and asked for again for ever. None: no
+    such body."""
+    if b"NaN" not in raw and b"Infinity" not in raw:
+        return None
+    try:
+        return msgspec.convert(json.loads(raw), decoder.type)
+    except (ValueError, msgspec.ValidationError):
+        return None
+
+
 def _status_error(
     endpoint: str, status: int, raw: bytes, *, generation: bool = True, route: str = ""
 ) -> EndpointError:
@@ -122,7 +138,9 @@ def _status_error(
     have. A 404 on ``/v1/models`` (``generation`` False) means no OpenAI server at that URL."""
     body = _error_body(raw)
     message = _server_message(body, raw)
-    if status >= 500 or status in _RETRYABLE_4XX:
+    if status == 500:
+        return EndpointServerError(endpoint, message, status)
+    if status > 500 or status in _RETRYABLE_4XX:
         return EndpointRetryable(endpoint, message, status)
     if status in _UNUSABLE or (status == 404 and not generation):
         return EndpointUnusable(endpoint, message, status)
@@ -323,5 +341,7 @@ class EndpointClient:
         try:
             return decoder.decode(raw)
         except msgspec.DecodeError as exc:
+            if (read := _with_nan(raw, decoder)) is not None:
+                return read
             # A body cut short or garbled on its way: transient, like a dropped connection.
             raise EndpointRetryable(self.label, f"unreadable {what} answer: {exc}") from None

@@ -26,6 +26,7 @@ async def probe_endpoint(
     timeout_s: float,
     generate: bool,
     embeddings: bool = False,
+    samples: int = 1,
 ) -> None:
     """``/health``, then the models served (read again: a restarted server may serve others),
     and with ``generate`` one token of each of two prompts in one list: after failures, since
@@ -33,17 +34,24 @@ async def probe_endpoint(
     not look well because a token came back. With ``embeddings`` (the endpoint's vectors were
     what failed), two texts embedded too. Raises an EndpointError while the endpoint cannot
     work (:class:`EndpointMalformed` while it answers unusably); a refusal is an answer too
-    (the server is alive), a timeout or a 5xx is not."""
+    (the server is alive), a timeout or a 5xx is not. ``samples``: the samples a prompt to ask
+    for (vLLM's ``n``, sampled): what failed, where a server answered n > 1 wrongly."""
     if not await client.ready(timeout_s):
         raise EndpointRetryable(client.label, "/health not ready")
     await served.read()
     if not (generate and served.names):
         return
     model, pair = served.names[0], ["ping", "pong"]
+    params = (
+        SamplingParams(max_tokens=1, n=samples, temperature=1.0)
+        if samples > 1
+        else SamplingParams(max_tokens=1)
+    )
     with contextlib.suppress(EndpointRejected, ModelNotServed):
-        body = await client.complete(model, pair, SamplingParams(max_tokens=1), timeout_s=timeout_s)
-        check_choice_indices(client.label, [c.index for c in body.choices], len(pair))
-        if (flaw := missing_choices(client.label, len(body.choices), len(pair))) is not None:
+        body = await client.complete(model, pair, params, timeout_s=timeout_s)
+        want = len(pair) * samples
+        check_choice_indices(client.label, [c.index for c in body.choices], want, "", samples)
+        if (flaw := missing_choices(client.label, len(body.choices), want, samples)) is not None:
             raise flaw
     if embeddings:
         with contextlib.suppress(EndpointRejected, ModelNotServed):

@@ -156,14 +156,16 @@ class Delivery(StoreBase):
         async with redis_errors(self.url, job):
             return int(await self.scripts.dim(keys=[self.keys.meta(job)], args=[gen, dim]))
 
-    async def strikes(self, job: str, entry_ids: Sequence[bytes]) -> list[int]:
-        """How many endpoints (consumers) gave each entry back for answers that could not be
-        used, each counted once."""
+    async def strikes(self, job: str, entry_ids: Sequence[bytes]) -> list[tuple[int, int]]:
+        """For each entry, how many endpoints (consumers) gave it back for answers that could
+        not be used, each counted once, and how many times it was given back in all."""
         if not entry_ids:
             return []
+        fields = [f for eid in entry_ids for f in (eid, eid + b"|n")]
         async with redis_errors(self.url, job):
-            raw = await self.redis.hmget(self.keys.strikes(job), list(entry_ids))
-        return [int(x or 0) for x in raw]
+            raw = await self.redis.hmget(self.keys.strikes(job), fields)
+        counts = [int(x or 0) for x in raw]
+        return list(zip(counts[::2], counts[1::2], strict=True))
 
     async def _claim_own(
         self,

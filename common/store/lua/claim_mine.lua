@@ -8,7 +8,8 @@
 -- each one (KEYS[4]): what tells, later, that an entry has been round enough endpoints. A
 -- consumer strikes an entry once however often it gives it back (field `ID|consumer` marks
 -- it): one endpoint that answers unusably and takes back what it gave back cannot fail an
--- entry alone.
+-- entry alone. Every give-back is counted too (field `ID|n`): however the fleet hands it
+-- round, an entry's tries are bounded.
 -- KEYS: [1] stream, [2] running, [3] meta, [4] (a release's strikes, if any) strikes
 -- ARGV: [1] group, [2] consumer, [3] idle_ms ('' for a heartbeat), [4] generation, then the
 --       entry IDs, sorted
@@ -31,8 +32,11 @@ end
 if idle ~= '' then
   for _, id in ipairs(ids) do
     if redis.call('HINCRBY', running, id, -1) <= 0 then redis.call('HDEL', running, id) end
-    if KEYS[4] and redis.call('HSETNX', KEYS[4], id .. '|' .. consumer, 1) == 1 then
-      redis.call('HINCRBY', KEYS[4], id, 1)
+    if KEYS[4] then
+      redis.call('HINCRBY', KEYS[4], id .. '|n', 1)
+      if redis.call('HSETNX', KEYS[4], id .. '|' .. consumer, 1) == 1 then
+        redis.call('HINCRBY', KEYS[4], id, 1)
+      end
     end
   end
 end
