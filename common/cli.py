@@ -9,11 +9,12 @@ import faulthandler
 import io
 import ipaddress
 import os
+import re
 import signal
 import sys
 from collections.abc import AsyncIterator, Coroutine
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from swarm_queue.common.errors import (
     ConfigError,
@@ -23,12 +24,13 @@ from swarm_queue.common.errors import (
     SwarmError,
 )
 from swarm_queue.common.keys import parse_stage
-from swarm_queue.common.settings import DEFAULT_REDIS_URL, Settings
+from swarm_queue.common.settings import DEFAULT_REDIS_URL, Settings, mask_url
 from swarm_queue.common.store import JobStore
 
 __all__ = [
     "EXIT_ERROR",
     "EXIT_USAGE",
+    "Parser",
     "add_redis_arg",
     "default_redis_note",
     "is_loopback",
@@ -40,6 +42,17 @@ __all__ = [
 
 EXIT_ERROR = 1
 EXIT_USAGE = 2
+
+
+_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"]+")
+
+
+class Parser(argparse.ArgumentParser):
+    """Every command's argument parser: argparse echoes the values it refuses (an unknown
+    ``--redis redis://:pw@host`` among them), so any URL in its message is masked first."""
+
+    def error(self, message: str) -> NoReturn:
+        super().error(_URL.sub(lambda m: mask_url(m.group(0)), message))
 
 
 def add_redis_arg(parser: argparse.ArgumentParser) -> None:

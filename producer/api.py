@@ -24,9 +24,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from typing import Any, Unpack
 
 import msgspec
@@ -175,20 +176,36 @@ class Swarm:
         url: str | None = None,
         *,
         endpoints: Sequence[str] = (),
+        hostfile: str | None = None,
         prefix: str | None = None,
         api_key: str | None = None,
+        env: Mapping[str, str] | None = None,
         **settings: Any,
     ) -> None:
-        """``url``: Redis (None: a private in-memory one, which needs ``endpoints``).
-        ``endpoints``: vLLM base URLs to drain jobs from, in this process. ``settings``: any
+        """Settings as every command reads them: the ``SWARM_*`` variables of ``env`` (None:
+        this process's environment), then these arguments. ``url``: Redis (None:
+        ``SWARM_REDIS_URL``, else a private in-memory one, which needs endpoints).
+        ``endpoints`` (or a ``hostfile``, or ``SWARM_ENDPOINTS``/``SWARM_HOSTFILE``): vLLM
+        base URLs to drain jobs from, in this process. ``settings``: any
         :class:`common.settings.Settings` field (``batch_size=16``...)."""
-        if url is None and not endpoints:
+        source = os.environ if env is None else env
+        self._env = {k: v for k, v in source.items() if k.startswith("SWARM_")}
+        if endpoints or hostfile:
+            self._env.pop("SWARM_ENDPOINTS", None)
+            self._env.pop("SWARM_HOSTFILE", None)
+        if endpoints:
+            self._env["SWARM_ENDPOINTS"] = ",".join(endpoints)
+        if hostfile:
+            self._env["SWARM_HOSTFILE"] = hostfile
+        url = url or self._env.get("SWARM_REDIS_URL", "").strip() or None
+        drains = any(self._env.get(k, "").strip() for k in ("SWARM_ENDPOINTS", "SWARM_HOSTFILE"))
+        if url is None and not drains:
             raise ConfigError(
                 "no Redis URL and no endpoints: nothing would answer the prompts. Give the URL "
-                "of the Redis your workers use, or endpoints to run them here."
+                "of the Redis your workers use (or set SWARM_REDIS_URL), or endpoints to run "
+                "them here."
             )
         self._url = url
-        self._env = {"SWARM_ENDPOINTS": ",".join(endpoints)} if endpoints else {}
         self._overrides: dict[str, Any] = {"prefix": prefix, "api_key": api_key, **settings}
         self._redis: EmbeddedRedis | None = None
         self._store: JobStore | None = None

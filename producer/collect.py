@@ -20,7 +20,7 @@ from typing import Any, cast
 
 import msgspec
 
-from swarm_queue.common.cli import add_redis_arg, open_job_store, run
+from swarm_queue.common.cli import Parser, add_redis_arg, open_job_store, run
 from swarm_queue.common.errors import ConfigError
 from swarm_queue.common.models import JobSpec, Result, encode_final
 from swarm_queue.common.store import JobStore
@@ -56,7 +56,7 @@ EXIT_INCOMPLETE = 3
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="swarm-collect", description="Write a job's results as JSON Lines in input order."
     )
     p.add_argument("job")

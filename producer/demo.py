@@ -21,7 +21,7 @@ from pathlib import Path
 
 import msgspec
 
-from swarm_queue.common.cli import run
+from swarm_queue.common.cli import Parser, run
 from swarm_queue.common.embedded import EmbeddedRedis, free_port
 from swarm_queue.common.models import JobSpec, SamplingParams
 from swarm_queue.common.settings import Settings
@@ -149,7 +149,7 @@ async def _demo(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="swarm-demo", description=__doc__.split("\n\n")[0])
+    p = Parser(prog="swarm-demo", description=__doc__.split("\n\n")[0])
     p.add_argument("--prompts", type=int, default=5000)
     p.add_argument("--out", default="demo-out", help="folder for results and logs")
     args = p.parse_args(argv)

@@ -16,7 +16,7 @@ from typing import BinaryIO
 
 import msgspec
 
-from swarm_queue.common.cli import add_redis_arg, run, settings_from_args
+from swarm_queue.common.cli import Parser, add_redis_arg, run, settings_from_args
 from swarm_queue.common.errors import BadRecordError, ConfigError, InputError, JobNotFoundError
 from swarm_queue.common.feed import EnqueueReport, PromptInput, enqueue_prompts
 from swarm_queue.common.fleet import live_models, waiting_reason
@@ -256,7 +256,7 @@ def prompt_of(p: Parsed, source: str, spec: JobSpec, memo: ParamsMemo | None = N
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="swarm-enqueue",
         description="Queue prompts for a job. Safe to run again after a crash: it resumes.",
     )

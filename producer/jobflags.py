@@ -10,6 +10,7 @@ from typing import Any
 
 import msgspec
 
+from swarm_queue.common.cli import Parser
 from swarm_queue.common.errors import ConfigError
 from swarm_queue.common.jobspec import JobOptions
 from swarm_queue.common.models import ReduceSpec
@@ -197,7 +198,7 @@ def best_of_from_args(args: argparse.Namespace) -> tuple[int, str, str | None] |
 
 def step_parser() -> argparse.ArgumentParser:
     """The flags of one ``--then TEMPLATE ...`` step of a pipeline."""
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="swarm-enqueue ... --then",
         description="One step of a pipeline: its template and its own settings.",
     )

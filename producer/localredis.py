@@ -12,7 +12,6 @@ file of mode 0600, never on a command line that ``ps`` shows.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
 import secrets
@@ -28,6 +27,7 @@ from urllib.parse import urlsplit
 
 import redis
 
+from swarm_queue.common.cli import Parser
 from swarm_queue.common.embedded import find_redis_server
 from swarm_queue.common.settings import mask_url
 
@@ -226,7 +226,7 @@ def _export_line(url: str, directory: Path) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="swarm-redis",
         description="A Redis of your own (AOF on), for a machine without a shared one.",
     )

@@ -11,7 +11,7 @@ import sys
 from collections import Counter
 from collections.abc import Sequence
 
-from swarm_queue.common.cli import add_redis_arg, open_job_store, run
+from swarm_queue.common.cli import Parser, add_redis_arg, open_job_store, run
 from swarm_queue.common.errors import JobConflictError
 from swarm_queue.common.keys import stage_name
 from swarm_queue.common.models import ReduceOutput
@@ -141,7 +141,7 @@ async def _cancel(args: argparse.Namespace) -> int:
 
 
 def retry_main(argv: Sequence[str] | None = None) -> None:
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="swarm-retry",
         description="Queue a job's failed prompts again, or the ones answered from the "
         "response cache (asked of an endpoint, their new answers replacing the cache's).",
@@ -169,7 +169,7 @@ def retry_main(argv: Sequence[str] | None = None) -> None:
 
 
 def cancel_main(argv: Sequence[str] | None = None) -> None:
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="swarm-cancel",
         description="Stop a job: unanswered prompts are recorded as failed (kind 'cancelled').",
     )

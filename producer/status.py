@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 
 from swarm_queue.common.abilities import Need, needs, unmet
-from swarm_queue.common.cli import add_redis_arg, open_job_store, run, settings_from_args
+from swarm_queue.common.cli import Parser, add_redis_arg, open_job_store, run, settings_from_args
 from swarm_queue.common.errors import (
     BadRecordError,
     ConfigError,
@@ -411,7 +411,7 @@ def _when(at: float) -> str:
 
 
 def jobs_main(argv: Sequence[str] | None = None) -> None:
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="swarm-jobs",
         description="List the jobs in Redis with their state and age, and the response "
         "cache's size; delete finished jobs; clear the cache.",
@@ -467,7 +467,7 @@ async def _serve(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="swarm-status", description=__doc__)
+    p = Parser(prog="swarm-status", description=__doc__)
     p.add_argument("job", nargs="?", help="the job to show (not with --serve: it shows them all)")
     p.add_argument(
         "--watch",

@@ -10,12 +10,11 @@ is done.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from collections.abc import Sequence
 
-from swarm_queue.common.cli import default_redis_note, run
+from swarm_queue.common.cli import Parser, add_redis_arg, default_redis_note, run
 from swarm_queue.common.errors import ConfigError
 from swarm_queue.common.settings import Settings
 from swarm_queue.common.store import JobStore
@@ -34,14 +33,15 @@ async def _reach_redis(settings: Settings) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="swarm-worker",
         description="Drain every job from the endpoints in SWARM_ENDPOINTS (or SWARM_HOSTFILE).",
     )
     p.add_argument("--burst", action="store_true", help="exit once no work it can do is left")
+    add_redis_arg(p)
     args = p.parse_args(argv)
     try:
-        settings = Settings.from_env(os.environ)
+        settings = Settings.from_env(os.environ, redis_url=args.redis)
     except ConfigError as exc:
         print(f"swarm-worker: error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None

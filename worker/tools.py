@@ -11,7 +11,6 @@ declares any, are kept as :mod:`worker.toollimits` says.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import importlib
@@ -29,6 +28,7 @@ from arq.worker import Worker, func
 from redis.exceptions import RedisError
 
 from swarm_queue.common.arqconf import arq_connection, job_deserializer, job_serializer
+from swarm_queue.common.cli import Parser, add_redis_arg, run
 from swarm_queue.common.errors import ConfigError, StoreUnavailable
 from swarm_queue.common.keys import validate_tool_name
 from swarm_queue.common.settings import Settings
@@ -286,10 +286,21 @@ def tool_settings(settings: Settings) -> dict[str, Any]:
     }
 
 
-def load_tool_settings() -> dict[str, Any]:
-    """``worker.ToolSettings`` as arq's CLI reads it, from the environment of that moment."""
+async def _reach_redis(redis_url: str | None) -> int:
+    """0 once Redis answers (an unreachable one is one clear line within seconds)."""
+    store = JobStore.from_settings(Settings.from_env(os.environ, redis_url=redis_url))
     try:
-        return tool_settings(Settings.from_env(os.environ))
+        await store.ping()
+    finally:
+        await store.close()
+    return 0
+
+
+def load_tool_settings(redis_url: str | None = None) -> dict[str, Any]:
+    """``worker.ToolSettings`` as arq's CLI reads it, from the environment of that moment
+    (``redis_url``: the command line's ``--redis``, over ``SWARM_REDIS_URL``)."""
+    try:
+        return tool_settings(Settings.from_env(os.environ, redis_url=redis_url))
     except ConfigError as exc:
         print(f"swarm-tools: error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
@@ -297,15 +308,22 @@ def load_tool_settings() -> dict[str, Any]:
 
 def main(argv: Sequence[str] | None = None) -> None:
     """``swarm-tools``: a tool runner, Redis and the tools checked first."""
-    argparse.ArgumentParser(
+    p = Parser(
         prog="swarm-tools",
         description="A tool runner: runs the tool calls that its SWARM_TOOLS allows "
         "(package.module:function or package.module:*, comma-separated; the modules importable "
         "here), taken from the Redis of SWARM_REDIS_URL (and SWARM_PREFIX). Each call runs at "
         "most SWARM_TOOL_TIMEOUT_S, SWARM_TOOL_CONCURRENCY at a time. Ctrl-C or SIGTERM stops "
         "it; a call it was running is run again elsewhere.",
-    ).parse_args(argv)
-    settings_map = load_tool_settings()
+    )
+    add_redis_arg(p)
+    args = p.parse_args(argv)
+    settings_map = load_tool_settings(args.redis)
+    # Redis reached first, with swarm-queue's client: arq's own connection loop waits on an
+    # unreachable one in silence.
+    status = run("swarm-tools", _reach_redis(args.redis))
+    if status:
+        raise SystemExit(status)
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )

@@ -20,6 +20,7 @@ from pathlib import Path
 from aiohttp import web
 
 from swarm_queue.common.cli import (
+    Parser,
     add_redis_arg,
     is_loopback,
     run,
@@ -43,7 +44,7 @@ SHUTDOWN_S = 5.0
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="swarm-gateway", description=__doc__.split("\n\n")[0])
+    p = Parser(prog="swarm-gateway", description=__doc__.split("\n\n")[0])
     p.add_argument("--bind", default="127.0.0.1", metavar="ADDR", help="default 127.0.0.1")
     p.add_argument("--port", type=int, default=8080, help="default 8080")
     p.add_argument(
