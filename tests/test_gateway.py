@@ -553,6 +553,32 @@ def test_a_gateway_killed_mid_batch_is_carried_on_by_the_next_one(
     }
 
 
+def test_a_batch_whose_input_is_deleted_completes_from_what_it_holds_through_a_restart(
+    fleet_factory: FleetFactory, tmp_path: Path
+) -> None:
+    """Seen: 20,000 of 20,000 answered, the batch ``in_progress`` for good and
+    ``No such file ... (tried again in 5 s)`` every 5 s: its input deleted (OpenAI allows it
+    for a running batch), then its gateway killed and started again. A job queued whole needs
+    its input no more."""
+    fleet = fleet_factory(2, "--step-ms", "20", "--max-num-seqs", "32")
+    fleet.worker("w", [0, 1], burst=False, SWARM_BATCH_SIZE="16")
+    n = 400
+    with _gateway(fleet.env, tmp_path) as (first, port, _log):
+        client = _client(port)
+        batch = _completions_batch(client, tmp_path, n)
+        assert _wait_until(client, batch.id, 32).status == "in_progress"
+        assert client.files.delete(batch.input_file_id).deleted
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+    with _gateway(fleet.env, tmp_path) as (_, port, log):
+        client = _client(port)
+        done = _wait(client, batch.id, stall_s=60)
+        assert done.status == "completed", (done, log.read_text()[-3000:])
+        assert (done.request_counts.completed, done.request_counts.failed) == (n, 0)
+        out = _lines(client, done.output_file_id)
+    assert sorted(x["custom_id"] for x in out) == sorted(f"req-{i}" for i in range(n))
+
+
 def test_the_batch_objects_decode_as_the_sdk_types_them() -> None:
     """What the gateway serves is what openai's own types read, field for field."""
     from swarm_queue.common.batchapi import BatchObject, BatchStatus, json_body

@@ -210,11 +210,16 @@ class Driver:
         requests while the rest are queued, and the collector follows them."""
         if await self._job_deleted(project, batch, jobs):
             return await self._deleted(project, batch)
-        queue = asyncio.create_task(self._queue(project, batch, prefix))
+        queue = asyncio.create_task(self._queue(project, batch, prefix, jobs))
         try:
             batch = await self._collect(project, batch, jobs, queue)
         except (JobGoneError, JobNotFoundError):
             return await self._deleted(project, batch)
+        except _InputGone:
+            error = BatchError(code="file_not_found", message="The input file was deleted.")
+            return msgspec.structs.replace(
+                batch, status=BatchStatus.FAILED, failed_at=epoch_s(), errors=BatchErrors([error])
+            )
         finally:
             queue.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -247,12 +252,20 @@ class Driver:
             done, status=BatchStatus.FAILED, failed_at=epoch_s(), errors=BatchErrors([error])
         )
 
-    async def _queue(self, project: str, batch: BatchObject, prefix: str) -> None:
-        """Queue the batch's lines as its job (a rerun resumes where the last one stopped)."""
+    async def _queue(self, project: str, batch: BatchObject, prefix: str, jobs: JobStore) -> None:
+        """Queue the batch's lines as its job (a rerun resumes where the last one stopped).
+        A job queued whole needs its input no more: OpenAI lets a running batch's input be
+        deleted, and the batch completes from what it holds. An input deleted before it was
+        all queued ends the job with what was (none queued: the batch fails)."""
         path = self.files.path(project, batch.input_file_id)
         spec = msgspec.structs.replace(batch_spec(batch), model=batch.model)
         settings = msgspec.structs.replace(self.settings, prefix=prefix)
         while True:
+            if await _queued_whole(jobs, batch.id):
+                return
+            if not path.exists():
+                await _input_gone(jobs, batch.id)
+                return
             outcome, total, why = await self.helpers.queue(settings, spec, path)
             if outcome == "queued":
                 log.info("batch %s: %d requests queued", batch.id, total)
@@ -388,3 +401,34 @@ class Driver:
         return msgspec.structs.replace(
             batch, output_file_id=kept["output"], error_file_id=kept["error"]
         )
+
+
+class _InputGone(Exception):
+    """A batch's input file was deleted before any of it was queued."""
+
+
+async def _queued_whole(jobs: JobStore, job: str) -> bool:
+    """Whether ``job`` holds all of its input (sealed with its total)."""
+    try:
+        return (await jobs.status(job, rate=False)).total is not None
+    except JobNotFoundError:
+        return False
+
+
+async def _input_gone(jobs: JobStore, job: str) -> None:
+    """The input of ``job`` was deleted part-way: the job ends with what was queued (sealed
+    so), or :class:`_InputGone` if nothing was."""
+    try:
+        gen = (await jobs.load_spec(job)).generation
+    except JobNotFoundError:
+        raise _InputGone(job) from None
+    queued = await jobs.enqueued_count(job)
+    if not queued:
+        raise _InputGone(job)
+    await jobs.seal(job, queued, gen=gen)
+    log.warning(
+        "batch %s: its input file was deleted before all of it was queued; it ends with the "
+        "%d requests queued",
+        job,
+        queued,
+    )
