@@ -40,6 +40,7 @@ from swarm_queue.common.store import FlowStore
 from swarm_queue.common.store.steps import Landed, Move
 from swarm_queue.common.tools import ToolAnswer
 from swarm_queue.common.vocab import Meta
+from swarm_queue.flows.agentend import end_cancelled
 from swarm_queue.flows.agents import (
     KIND,
     AgentResult,
@@ -147,11 +148,9 @@ class AgentFlow(Flow):
         return agent
 
     async def _complete(self, spec: JobSpec) -> bool:
-        """Whether no agent of ``spec``'s job moves any more: all finished, or the job
-        cancelled (swarm-cancel stops its turns whole)."""
+        """Whether no agent of ``spec``'s job moves any more: all finished (a cancelled job's
+        once each has its outcome, see :mod:`flows.agentend`)."""
         status = await self.store.status(spec.job, rate=False)
-        if status.cancelled:
-            return True
         if status.total is None:
             return False
         return await self.store.outcomes_count(spec.job) >= status.total
@@ -206,6 +205,11 @@ class AgentFlow(Flow):
         agent = self._agent_job(spec)
         if not await self.lock(step_name(spec.job, agent.max_turns)):  # no job: its lock
             return False
+        if (await self.store.status(spec.job, rate=False)).cancelled:
+            # swarm-cancel stops its turns whole: no answer moves on, every agent ends.
+            waits = (await self.store.parked(spec.job)).items()
+            ids = {o: _waiting_decoder.decode(b).item.custom_id for o, b in waits}
+            return await end_cancelled(self.store, spec, ids) > 0
         did = False
         for k in range(agent.max_turns):
             turn = step_name(spec.job, k)

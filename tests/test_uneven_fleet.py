@@ -21,6 +21,7 @@ from swarm_queue.common.jobspec import JobOptions
 from swarm_queue.common.keys import Keys
 from swarm_queue.common.settings import Settings
 from swarm_queue.common.store import JobStore
+from swarm_queue.flows.agentend import CANCELLED
 from swarm_queue.flows.agents import (
     AgentResult,
     AgentSpec,
@@ -183,6 +184,46 @@ async def test_a_tool_no_runner_serves_waits_visibly_then_fails_with_that_reason
     assert {r.error for r in results} == {
         "no tool runner serves 'boom' (waited 3 s): start swarm-tools with SWARM_TOOLS allowing it"
     }
+
+
+async def test_a_cancelled_agent_job_ends_every_agent_wherever_it_waits(
+    runners: Callable[[str], Path],
+    make_settings: Callable[..., Settings],
+    store: JobStore,
+    sim_fleet: Callable[..., SimFleet],
+    cli_env: dict[str, str],
+    tmp_path: Path,
+) -> None:
+    """Seen: swarm-cancel of an agent job said "0 unanswered prompts recorded as failed",
+    its agents still waiting for a tool 22 minutes later, the collector never ending. A
+    cancel ends every agent: parked on a tool, thinking, or not begun."""
+    runners("tests.agent_tools:fetch")
+    await _served(store, ["fetch"])
+    task = tmp_path / "task.txt"
+    task.write_text('Look {n}. CALL boom({{"record": "r{n}"}})')
+    inputs = tmp_path / "in.jsonl"
+    inputs.write_text("".join(f'{{"n": {i}}}\n' for i in range(4)))
+    out = command(
+        cli_env, "swarm-enqueue", inputs, "--job", "cx", "--task", task, "--tools", "boom,fetch"
+    )
+    assert out.returncode == 0, out.stderr
+    async with sim_fleet(1, tool_parser="hermes") as fleet:
+        # No runner serves boom, and the agents would wait an hour for one.
+        engine = asyncio.create_task(
+            run_engine(make_settings(tool_wait_s=3600.0), store, fleet.urls)
+        )
+        async with asyncio.timeout(30):  # the agents park on boom's calls
+            while (await store.outcome_counts("cx")).parked < 4:  # noqa: ASYNC110 - the engine's tasks, in Redis
+                await asyncio.sleep(0.05)
+        cancel = await asyncio.to_thread(command, cli_env, "swarm-cancel", "cx")
+        assert cancel.returncode == 0, cancel.stderr
+        async with asyncio.timeout(30):  # the burst engine ends with the job
+            await engine
+    results = await _results(store, "cx", 4)
+    assert [(r.index, r.failure) for r in results] == [(i, "cancelled") for i in range(4)]
+    assert {r.error for r in results} == {CANCELLED}
+    counts = await store.outcome_counts("cx")
+    assert (counts.active, counts.parked, counts.done) == (0, 0, 4)
 
 
 def _filtered(i: int) -> bool:
