@@ -158,8 +158,12 @@ class SimEndpoint:
         chat_template_bos: bool = False,
         tool_parser: str | None = None,
         auto_tool_choice: bool | None = None,
+        runner: str = "auto",
     ) -> None:
         self.host, self.port = host, port
+        # vLLM's --runner: a generating server has no /v1/embeddings, a pooling one no
+        # generation routes (a web framework's 404 for them); "auto" serves every route.
+        self.runner = runner
         # vLLM's --tool-call-parser and --enable-auto-tool-choice (None: with the parser):
         # without a parser every tool choice but "none" is refused, without the second "auto"
         # (the default), as vLLM refuses them.
@@ -196,9 +200,11 @@ class SimEndpoint:
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=2**31)  # vLLM (uvicorn) sets no body limit
-        app.router.add_post("/v1/completions", self._completions)
-        app.router.add_post("/v1/chat/completions", self._chat)
-        app.router.add_post("/v1/embeddings", self._embeddings)
+        if self.runner != "pooling":
+            app.router.add_post("/v1/completions", self._completions)
+            app.router.add_post("/v1/chat/completions", self._chat)
+        if self.runner != "generate":
+            app.router.add_post("/v1/embeddings", self._embeddings)
         app.router.add_get("/v1/models", self._models)
         app.router.add_post("/tokenize", self._tokenize)
         app.router.add_get("/health", self._health)
@@ -840,6 +846,13 @@ def build_fleet(argv: Sequence[str] | None = None) -> SimFleet:
         "--tool-call-parser",
     )
     p.add_argument("--tool-call-parser", default=None, help="as vLLM's (any name: hermes...)")
+    p.add_argument(
+        "--runner",
+        choices=["auto", "generate", "pooling"],
+        default="auto",
+        help="as vLLM's: generate has no /v1/embeddings, pooling no generation routes "
+        "(default: every route)",
+    )
     a = p.parse_args(argv)
     if a.enable_auto_tool_choice and a.tool_call_parser is None:
         raise SystemExit(
@@ -892,6 +905,7 @@ def build_fleet(argv: Sequence[str] | None = None) -> SimFleet:
                 chat_template_bos=a.chat_template_bos,
                 tool_parser=a.tool_call_parser,
                 auto_tool_choice=a.enable_auto_tool_choice,
+                runner=a.runner,
             )
         )
     return SimFleet(endpoints)

@@ -12,12 +12,14 @@ import msgspec
 import pytest
 from aiohttp import web
 
+from swarm_queue.common.embedded import free_port
+from swarm_queue.common.jobspec import JobOptions, build_spec
 from swarm_queue.common.keys import GROUP
 from swarm_queue.common.settings import Settings
 from swarm_queue.common.store import RELEASED_IDLE_MS, JobStore
 from swarm_queue.producer.enqueue import enqueue_prompts
 from swarm_queue.sim.engine import EngineConfig
-from swarm_queue.sim.server import SimFleet
+from swarm_queue.sim.server import SimEndpoint, SimFleet
 from swarm_queue.sim.text import completion_for
 from swarm_queue.worker.endpoint import EndpointClient
 from swarm_queue.worker.engine import Engine
@@ -140,3 +142,35 @@ async def test_a_higher_priority_job_takes_every_free_slot_while_it_has_work(
             assert (await store.status("big")).done == 10
         finally:
             await engine.close()
+
+
+async def test_a_generating_and_a_pooling_server_of_one_model_name_each_get_their_own_jobs(
+    make_settings: Callable[..., Settings], store: JobStore
+) -> None:
+    """Seen: one worker over a generating and a pooling server serving the same model name:
+    --burst exited 0 with 32 of 300 of each job done (each endpoint's 404 for the route it
+    lacks dropped the model, the next re-read of /v1/models brought it back, and a long-
+    running worker sent each the wrong job again every 5 s). A route a server lacks is
+    learnt from its 404 once and kept, per model."""
+    n = 300
+    embed, _ = build_spec("e", JobOptions(model="m", embed=True), source="t")
+    await enqueue_prompts(store, embed, prompts(n))
+    await enqueue_prompts(store, spec("g", model="m"), prompts(n))
+    fast = EngineConfig(step_base_ms=1.0, step_per_seq_ms=0.0)
+    fleet = SimFleet(
+        [
+            SimEndpoint(free_port(), fast, model="m", runner="generate"),
+            SimEndpoint(free_port(), fast, model="m", runner="pooling"),
+        ]
+    )
+    async with fleet:
+        await asyncio.wait_for(
+            run_engine(make_settings(batch_size=16, models_refresh_s=0.2), store, fleet.urls),
+            timeout=60,
+        )
+    generate, pooling = fleet.endpoints
+    g, e = await collect_lines(store, "g"), await collect_lines(store, "e")
+    assert [x["text"] for x in g] == [completion_for(p, 16)[0] for p, _ in prompts(n)]
+    assert {x["endpoint"] for x in g} == {generate.url}
+    assert len(e) == n and all(x["error"] is None and x["embedding"] for x in e)
+    assert {x["endpoint"] for x in e} == {pooling.url}

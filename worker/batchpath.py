@@ -26,6 +26,7 @@ from swarm_queue.common.errors import (
 from swarm_queue.common.fleet import takers
 from swarm_queue.common.models import JobSpec, Result
 from swarm_queue.common.perprompt import answered
+from swarm_queue.common.request import route_of
 from swarm_queue.common.schema import validator_of
 from swarm_queue.common.store import Commit
 from swarm_queue.common.throttle import Throttled
@@ -521,7 +522,8 @@ class BatchPath:
         if isinstance(cause, ModelNotServed):
             # The job's trouble, not the endpoint's: stop taking the job until the served
             # models, re-read soon, say otherwise.
-            if self.served.refused(model):
+            route = route_of(spec) if isinstance(cause, RouteMissing) else None
+            if self.served.refused(model, route):
                 what = (
                     "has" if isinstance(cause, RouteMissing) else f"does not serve model {model!r}:"
                 )

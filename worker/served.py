@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 
 from swarm_queue.common.errors import EndpointError, EndpointRetryable
 from swarm_queue.common.models import JobSpec
+from swarm_queue.common.request import route_of
 from swarm_queue.common.settings import Settings
 from swarm_queue.worker.backend import Backend
 
@@ -34,6 +35,10 @@ class ServedModels:
         self.client = client
         self.settings = settings
         self.names: tuple[str, ...] | None = None
+        # (model, route) the server has no route for (a generating server's /v1/embeddings,
+        # a pooling server's generation routes): learnt from its 404 once and kept, as a
+        # server's runner does not change while it runs; forgotten when its models change.
+        self.missing: set[tuple[str, str]] = set()
         self._stale = asyncio.Event()
 
     def serves(self, spec: JobSpec) -> bool:
@@ -41,7 +46,9 @@ class ServedModels:
         job without one takes the endpoint's own)."""
         if not self.names:
             return False
-        return spec.model is None or spec.model in self.names
+        if spec.model is not None and spec.model not in self.names:
+            return False
+        return (self.model_for(spec) or "", route_of(spec)) not in self.missing
 
     def may_serve(self, spec: JobSpec) -> bool:
         """Like :meth:`serves`, but True while the served models are not yet known."""
@@ -59,11 +66,18 @@ class ServedModels:
             raise EndpointRetryable(self.client.label, "serves no model (/v1/models is empty)")
         if names != self.names:
             log.info("%s: serves %s", self.client.label, ", ".join(names))
+            if self.names is not None:
+                self.missing.clear()  # restarted with other models: its routes anew
             self.names = names
 
-    def refused(self, model: str | None) -> bool:
+    def refused(self, model: str | None, route: str | None = None) -> bool:
         """The endpoint answered 404 for ``model``: it takes no work for it until the models,
-        re-read soon, say otherwise. True when the model was listed (the news is new)."""
+        re-read soon, say otherwise; for its ``route`` only (a route it lacks), for good.
+        True when the news is new."""
+        if route is not None:
+            new = (model or "", route) not in self.missing
+            self.missing.add((model or "", route))
+            return new
         self._stale.set()
         if self.names is None or model not in self.names:
             return False
