@@ -187,6 +187,18 @@ async def test_a_tool_runs_within_the_limits_it_declares(
     assert len(starts) == 2 and starts[1] - starts[0] >= 0.75
 
 
+async def test_a_calls_runs_are_counted_from_its_last_answer(store: JobStore) -> None:
+    """Seen: a second job's agents asking a call the first job's had asked minutes before
+    said 2 runs where 1 ran (the runs were counted for the claim's 420 s, across answers).
+    A run is counted for the answer it makes: another asker's later run is its first."""
+    key = tool_key("fetch", '{"url": "doc1"}')
+    assert await store.count_run(key, 420) == 1
+    assert await store.count_run(key, 420) == 2  # its runner died mid-call: run again
+    await store.put_tool_answer(key, ToolAnswer(content="d", runs=2), HAND_OVER_S)
+    await store.redis.delete(store.keys.tool_answer(key))  # the answer's time is over
+    assert await store.count_run(key, 420) == 1  # another job asks the same call
+
+
 async def test_a_call_is_claimed_only_while_no_answer_is_kept(store: JobStore) -> None:
     """The check and the claim are one step: an asker who comes once the answer is kept and
     the claim let go gets that answer and claims nothing (two steps let it claim the call,

@@ -137,10 +137,11 @@ class Tools(StoreBase):
         return {k.decode(): int(v) for k, v in raw.items()}
 
     async def put_tool_answer(self, key: str, answer: ToolAnswer, keep_s: float) -> None:
-        """Keep ``answer`` of the call ``key`` for ``keep_s`` and let go of its claim."""
+        """Keep ``answer`` of the call ``key`` for ``keep_s`` and let go of its claim; its
+        runs are counted anew from here (the next asker's run, another job's, is its own)."""
         async with redis_errors(self.url, ""), self.redis.pipeline(transaction=False) as pipe:
             pipe.set(self.keys.tool_answer(key), encode_answer(answer), px=int(keep_s * 1000))
-            pipe.delete(self.keys.tool_claim(key))
+            pipe.delete(self.keys.tool_claim(key), self.keys.tool_runs(key))
             await pipe.execute()
 
 
