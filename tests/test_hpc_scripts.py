@@ -166,20 +166,24 @@ def test_pbs_workers_take_their_own_hosts_endpoints_with_the_tag_asked_for(
         nodefile = tmp_path / "nodefile"
         nodefile.write_text("localhost\nlocalhost\n")  # one node, two slots: one worker
         _enqueue(hpc_env, tmp_path, "tagged", 500, 8)
+        # The URL from a file only its owner reads, never from qsub -v (qstat -f shows those).
+        secrets = tmp_path / "swarm.env"
+        secrets.write_text(f"export SWARM_REDIS_URL='{hpc_env['SWARM_REDIS_URL']}'\n")
+        secrets.chmod(0o644)
         env = {
-            **hpc_env,
+            **{k: v for k, v in hpc_env.items() if k != "SWARM_REDIS_URL"},
+            "SWARM_ENV_FILE": str(secrets),
             "PBS_O_WORKDIR": str(tmp_path),
             "PBS_NODEFILE": str(nodefile),
             "SWARM_HOSTFILE": str(hostfile),
             "SWARM_ENDPOINT_TAG": "model=8b",
         }
-        run = subprocess.run(
-            ["bash", REPO / "examples" / "pbs" / "swarm-workers.pbs"],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        script = ["bash", REPO / "examples" / "pbs" / "swarm-workers.pbs"]
+        loose = subprocess.run(script, env=env, capture_output=True, text=True, timeout=60)
+        assert loose.returncode == 2
+        assert "holds a password and others may read it: chmod 600 it" in loose.stderr
+        secrets.chmod(0o600)
+        run = subprocess.run(script, env=env, capture_output=True, text=True, timeout=120)
         assert run.returncode == 0, run.stderr[-3000:]
         lines = _collect(hpc_env, tmp_path, "tagged")
         assert len(lines) == 500 and all(x["error"] is None for x in lines)
