@@ -481,7 +481,7 @@ class Result(msgspec.Struct, frozen=True, omit_defaults=True):
         return np.frombuffer(self.embedding, dtype="<f4").copy()
 
 
-class OutputLine(msgspec.Struct, frozen=True):
+class OutputLine(msgspec.Struct, frozen=True, repr_omit_defaults=True):
     """One line of ``swarm-collect`` output; ``custom_id`` appears only when the input had one,
     ``cached`` only on an answer from the response cache; ``model``: which model answered."""
 

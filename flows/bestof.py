@@ -161,7 +161,7 @@ class Candidate(msgspec.Struct, frozen=True, omit_defaults=True):
     error: str | None = None
 
 
-class BestLine(msgspec.Struct, frozen=True):
+class BestLine(msgspec.Struct, frozen=True, repr_omit_defaults=True):
     """One input of a best-of job: ``text`` the best candidate (``best`` its number, from 0,
     ``score`` its score), every candidate beside it; else ``error`` says why none is."""
 

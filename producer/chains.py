@@ -58,7 +58,7 @@ class StepAnswer(msgspec.Struct, frozen=True, omit_defaults=True):
         )
 
 
-class ChainLine(msgspec.Struct, frozen=True):
+class ChainLine(msgspec.Struct, frozen=True, repr_omit_defaults=True):
     """One input through a pipeline: ``text`` is its last step's answer when every step
     answered; else ``stopped_at`` is the step it did not pass, ``error`` why (failed there,
     or its answer before was filtered out)."""
