@@ -502,12 +502,17 @@ class BatchPath:
 
     async def _keep_claimed(self, spec: JobSpec, ids: list[bytes]) -> None:
         """Refresh our claim on a long batch so no other worker takes it as orphaned (a job
-        gone meanwhile has nothing left to claim: its batch learns so at its commit)."""
+        gone meanwhile has nothing left to claim: its batch learns so at its commit). Only
+        what is still in hand: a refresh of entries the batch gave back would take them back
+        from the fleet (their release undone, nobody to run them for the claim idle time:
+        seen, 21 prompts of 600 so)."""
         period = self.settings.claim_idle_ms / 3000
         while True:
             await asyncio.sleep(period)
+            held = self.intake.hand(spec.job)
+            mine = [i for i in ids if i in held]
             with contextlib.suppress(StoreUnavailable, JobGoneError):
-                await self.store.touch(spec.job, self.consumer, ids, gen=spec.generation)
+                await self.store.touch(spec.job, self.consumer, mine, gen=spec.generation)
 
     async def _release(
         self, spec: JobSpec, ids: list[bytes], cause: EndpointError, model: str | None

@@ -211,7 +211,7 @@ class Intake:
         lane, then new ones."""
         batch = self.settings.batch_size
         for spec in jobs:
-            claimed = await self._reclaim(spec.job)
+            claimed = await self._reclaim(spec)
             if claimed:
                 return Taken(spec, claimed)
             if spec.laned:
@@ -313,9 +313,10 @@ class Intake:
             )
         return stolen
 
-    async def _reclaim(self, job: str) -> list[Delivery]:
-        """Entries of ``job`` orphaned by workers that died or released by failing ones, when
-        it is time to look again for them."""
+    async def _reclaim(self, spec: JobSpec) -> list[Delivery]:
+        """Entries of ``spec``'s job orphaned by workers that died or released by failing
+        ones, when it is time to look again for them."""
+        job = spec.job
         if not _due(self._reclaim_at, job):
             return []
         batch = self.settings.batch_size
@@ -326,8 +327,15 @@ class Intake:
             # A full batch may mean more orphans wait: look again next step.
             self._reclaim_at[job] = _after(len(claimed) == batch, self._reclaim_every_s)
             held = self.hand(job)
+            copied = [eid for eid, _, _ in claimed if eid in held]
             claimed = [d for d in claimed if d[0] not in held]
             held.update(eid for eid, _, _ in claimed)
+        if copied:
+            # Released by their holder while a speculative copy of them runs here: the claim
+            # made them this consumer's, idle reset, and the copy neither commits nor hands
+            # back what it could not answer. Handed straight back to the fleet, or they
+            # would wait the claim idle time for nobody (seen: 21 prompts of 600).
+            await self.store.release(job, self.consumer, copied, gen=spec.generation)
         if claimed:
             log.info(
                 "%s: took over %d entries of job %s from other workers",
