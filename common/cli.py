@@ -35,6 +35,7 @@ __all__ = [
     "default_redis_note",
     "is_loopback",
     "open_job_store",
+    "plain",
     "run",
     "settings_from_args",
     "stop_on_signals",
@@ -47,9 +48,21 @@ EXIT_USAGE = 2
 _URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"]+")
 
 
+_MARKUP = re.compile(r":[a-z]+:`~?([^`]+)`|``([^`]+)``")
+
+
+def plain(text: str | None) -> str | None:
+    """A docstring as ``--help`` shows it: without its Sphinx markup."""
+    return None if text is None else _MARKUP.sub(lambda m: m.group(1) or m.group(2), text)
+
+
 class Parser(argparse.ArgumentParser):
-    """Every command's argument parser: argparse echoes the values it refuses (an unknown
-    ``--redis redis://:pw@host`` among them), so any URL in its message is masked first."""
+    """Every command's argument parser: its description shown without the docstring's
+    markup; argparse echoes the values it refuses (an unknown ``--redis redis://:pw@host``
+    among them), so any URL in its message is masked first."""
+
+    def __init__(self, prog: str, description: str | None = None, **kwargs: Any) -> None:
+        super().__init__(prog=prog, description=plain(description), **kwargs)
 
     def error(self, message: str) -> NoReturn:
         super().error(_URL.sub(lambda m: mask_url(m.group(0)), message))

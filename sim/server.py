@@ -39,6 +39,7 @@ import asyncio
 import contextlib
 import os
 import random
+import re
 import signal
 import sys
 import time
@@ -785,7 +786,8 @@ def _float_list(text: str, n: int, name: str) -> list[float | None]:
 
 
 def build_fleet(argv: Sequence[str] | None = None) -> SimFleet:
-    p = argparse.ArgumentParser(prog="swarm-sim", description=__doc__.split("\n\n")[0])
+    about = re.sub(r"``([^`]+)``", r"\1", __doc__.split("\n\n")[0])  # without its markup
+    p = argparse.ArgumentParser(prog="swarm-sim", description=about)
     p.add_argument("--ports", required=True, help="comma-separated ports, one engine each")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument(

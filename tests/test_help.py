@@ -4,6 +4,7 @@ endpoint (seen: swarm-tools --help printed an error)."""
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from pathlib import Path
 
@@ -29,3 +30,5 @@ def test_every_command_answers_help(script: str) -> None:
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith(f"usage: {script}"), done.stdout[:200]
     assert done.stderr == ""
+    # Read by people, not Sphinx (seen: ``swarm-status JOB`` and :mod:`producer.dashboard`).
+    assert not re.search(r"``|:[a-z]+:`", done.stdout), done.stdout
