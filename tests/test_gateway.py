@@ -5,6 +5,7 @@ projects that cannot see each other, a cancel, and a gateway killed mid-batch.""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import signal
@@ -14,6 +15,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import msgspec
 import openai
 import pytest
@@ -430,6 +432,53 @@ def test_without_keys_the_gateway_serves_this_host_only(
     )
     assert out.returncode == 2
     assert "with no API keys (SWARM_GATEWAY_KEYS) the gateway serves this host only" in out.stderr
+
+
+def _form(*files: tuple[str, bytes]) -> tuple[bytes, str]:
+    """A multipart upload of ``files`` (name, bytes) written out by hand, any name as is (a
+    client library refuses a NUL in one), and its content type."""
+    parts = [b'Content-Disposition: form-data; name="purpose"\r\n\r\nbatch']
+    parts += [
+        b'Content-Disposition: form-data; name="file"; filename="' + name.encode() + b'"\r\n'
+        b"Content-Type: application/octet-stream\r\n\r\n" + data
+        for name, data in files
+    ]
+    body = b"".join(b"--sq\r\n" + p + b"\r\n" for p in parts) + b"--sq--\r\n"
+    return body, "multipart/form-data; boundary=sq"
+
+
+async def test_every_refusal_is_in_openais_error_shape_and_leaves_no_bytes_behind(
+    cli_env: dict[str, str], tmp_path: Path
+) -> None:
+    """Seen: a non-multipart upload, a NUL or 8 KB filename answered HTTP 500 "Server got
+    itself in trouble"; an unknown route, 405 and 413 in plain text; two file parts in one
+    upload left the first's bytes on disk, listed nowhere."""
+    with _gateway(cli_env, tmp_path) as (_, port, _log):
+        base = f"http://127.0.0.1:{port}/v1"
+        asks: list[tuple[str, str, tuple[bytes, str] | None]] = [
+            ("GET", "/nothing-here", None),
+            ("DELETE", "/batches", None),
+            ("POST", "/files", (b'{"purpose": "batch"}', "application/json")),
+            ("POST", "/files", _form(("a\x00b.jsonl", b"{}\n"))),
+            ("POST", "/files", _form(("x" * 8192 + ".jsonl", b"{}\n"))),
+            ("POST", "/files", _form(("a.jsonl", b"{}\n"), ("b.jsonl", b"{}\n"))),
+        ]
+        answers = []
+        async with aiohttp.ClientSession() as http:
+            for method, path, sent in asks:
+                body, kind = sent or (None, "")
+                headers = {"Content-Type": kind} if kind else {}
+                async with http.request(method, base + path, data=body, headers=headers) as resp:
+                    answers.append((resp.status, await resp.json(content_type=None)))
+        assert [status for status, _ in answers] == [404, 405, 400, 400, 400, 400]
+        for _, body in answers:
+            error = body["error"]
+            assert set(error) == {"message", "type", "param", "code"} and error["message"]
+        assert answers[5][1]["error"]["message"] == "one file per upload"
+        listed = await asyncio.to_thread(lambda: _client(port).files.list().data)
+        assert listed == []
+    kept = [p for p in (tmp_path / "files").rglob("*") if p.is_file()]
+    assert kept == []
 
 
 def test_a_cancelled_batch_keeps_what_was_answered_and_fails_the_rest(

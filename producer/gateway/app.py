@@ -14,6 +14,7 @@ from typing import Any
 
 import msgspec
 from aiohttp import BodyPartReader, web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from swarm_queue.common.batchapi import (
     ENDPOINTS,
@@ -68,6 +69,10 @@ class ApiError(Exception):
         self.body = api_error(message, type=type, code=code, param=param)
 
 
+# A file's name as OpenAI's files keep it: bytes of it, at most.
+MAX_FILENAME_BYTES = 255
+
+
 def _json(obj: Any, status: int = 200) -> web.Response:
     return web.Response(body=json_body(obj), status=status, content_type="application/json")
 
@@ -98,21 +103,33 @@ class Gateway:
 
     async def upload(self, request: web.Request) -> web.Response:
         project = _project(request)
+        if not request.content_type.startswith("multipart/"):
+            raise ApiError(400, "expected a multipart/form-data upload of file and purpose")
         reader = await request.multipart()
         purpose: str | None = None
         got: FileObject | None = None
-        async for part in reader:
-            if not isinstance(part, BodyPartReader):
-                continue
-            if part.name == "purpose":
-                purpose = (await part.text()).strip()
-            elif part.name == "file":
-                file_id = new_id("file")
-                size = await self.files.receive(project.name, file_id, _chunks(part))
-                name = part.filename or "upload"
-                got = FileObject(
-                    id=file_id, bytes=size, created_at=epoch_s(), filename=name, purpose="batch"
-                )
+        try:
+            async for part in reader:
+                if not isinstance(part, BodyPartReader):
+                    continue
+                if part.name == "purpose":
+                    purpose = (await part.text()).strip()
+                elif part.name == "file":
+                    if got is not None:
+                        raise ApiError(400, "one file per upload", param="file")
+                    name = part.filename or "upload"
+                    if "\x00" in name or len(name.encode()) > MAX_FILENAME_BYTES:
+                        why = f"a filename of at most {MAX_FILENAME_BYTES} bytes, without NUL"
+                        raise ApiError(400, why, param="file")
+                    file_id = new_id("file")
+                    size = await self.files.receive(project.name, file_id, _chunks(part))
+                    got = FileObject(
+                        id=file_id, bytes=size, created_at=epoch_s(), filename=name, purpose="batch"
+                    )
+        except BaseException:
+            if got is not None:  # refused, or failed (a full disk): no bytes left that nobody lists
+                self.files.remove(project.name, got.id)
+            raise
         if got is None:
             raise ApiError(400, "no file in the request", param="file")
         if purpose != "batch":
@@ -310,6 +327,20 @@ def make_app(gateway: Gateway) -> web.Application:
             log.warning("%s %s: %s", request.method, request.path, exc)
             body = api_error("the gateway's Redis is unavailable; try again", type="server_error")
             return web.Response(body=body, status=503, content_type="application/json")
+        except HttpProcessingError as exc:  # a body aiohttp cannot read (a NUL in a header)
+            why = (exc.message or type(exc).__name__).strip().splitlines()[0][:200]
+            body = api_error(f"unreadable request: {why}", type="invalid_request_error")
+            return web.Response(body=body, status=400, content_type="application/json")
+        except web.HTTPException as exc:  # aiohttp's own: no such route, method, too large
+            if exc.status < 400:
+                raise
+            body = api_error(exc.reason, type="invalid_request_error")
+            return web.Response(body=body, status=exc.status, content_type="application/json")
+        except Exception as exc:  # a full disk, a body no handler foresaw: still OpenAI's shape
+            log.exception("%s %s failed", request.method, request.path)
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
+            body = api_error(f"the gateway failed on this request: {why}", type="server_error")
+            return web.Response(body=body, status=500, content_type="application/json")
 
     app = web.Application(middlewares=[openai_errors])
     g = gateway
