@@ -452,7 +452,8 @@ async def test_every_refusal_is_in_openais_error_shape_and_leaves_no_bytes_behin
 ) -> None:
     """Seen: a non-multipart upload, a NUL or 8 KB filename answered HTTP 500 "Server got
     itself in trouble"; an unknown route, 405 and 413 in plain text; two file parts in one
-    upload left the first's bytes on disk, listed nowhere."""
+    upload left the first's bytes on disk, listed nowhere; metadata over OpenAI's 64/512
+    characters taken."""
     with _gateway(cli_env, tmp_path) as (_, port, _log):
         base = f"http://127.0.0.1:{port}/v1"
         asks: list[tuple[str, str, tuple[bytes, str] | None]] = [
@@ -475,10 +476,18 @@ async def test_every_refusal_is_in_openais_error_shape_and_leaves_no_bytes_behin
             error = body["error"]
             assert set(error) == {"message", "type", "param", "code"} and error["message"]
         assert answers[5][1]["error"]["message"] == "one file per upload"
-        listed = await asyncio.to_thread(lambda: _client(port).files.list().data)
-        assert listed == []
-    kept = [p for p in (tmp_path / "files").rglob("*") if p.is_file()]
-    assert kept == []
+        client = _client(port)
+        file_id = _upload(client, tmp_path, "in.jsonl", [_completion(0, set())])
+        for metadata in ({"k" * 65: "v"}, {"k": "v" * 513}):
+            with pytest.raises(openai.BadRequestError, match="at most 64 characters"):
+                await asyncio.to_thread(
+                    client.batches.create, input_file_id=file_id, endpoint="/v1/completions",
+                    completion_window="24h", metadata=metadata,
+                )  # fmt: skip
+        listed = await asyncio.to_thread(lambda: client.files.list().data)
+        assert [f.id for f in listed] == [file_id]
+    kept = [p.name for p in (tmp_path / "files").rglob("*") if p.is_file()]
+    assert kept == [file_id]
 
 
 def test_a_cancelled_batch_keeps_what_was_answered_and_fails_the_rest(

@@ -49,6 +49,8 @@ log = logging.getLogger("swarm.gateway")
 CHUNK = 1 << 16
 # OpenAI's bounds on a batch's metadata and a list page.
 MAX_METADATA = 16
+MAX_METADATA_KEY = 64  # characters
+MAX_METADATA_VALUE = 512  # characters
 MAX_LIMIT = 100
 
 
@@ -195,10 +197,19 @@ class Gateway:
         if metadata is not None and (
             not isinstance(metadata, dict)
             or len(metadata) > MAX_METADATA
-            or not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items())
+            or not all(
+                isinstance(k, str)
+                and isinstance(v, str)
+                and len(k) <= MAX_METADATA_KEY
+                and len(v) <= MAX_METADATA_VALUE
+                for k, v in metadata.items()
+            )
         ):
             raise ApiError(
-                400, f"metadata: at most {MAX_METADATA} string keys and values", param="metadata"
+                400,
+                f"metadata: at most {MAX_METADATA} string keys of at most {MAX_METADATA_KEY} "
+                f"characters and values of at most {MAX_METADATA_VALUE}",
+                param="metadata",
             )
         file_id = body.get("input_file_id")
         found = (
