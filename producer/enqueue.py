@@ -135,20 +135,21 @@ async def enqueue(
     twice (stdin) is queued as it comes, and a bad line ends the job where it stands: sealed
     with the prompts queued before it, so that its workers and collectors end. ``checked``:
     the caller checked every line already (the gateway)."""
-    store = JobStore.from_settings(settings)
     line_input = not is_parquet(source, fmt)
+
+    def parsed() -> Iterator[Parsed]:
+        if not line_input:
+            return parquet_prompts(source, column, id_column)
+        return iter_prompts(stream, source, fmt, max_prompt_bytes=max_prompt_bytes)
+
+    store = JobStore.from_settings(settings)
     try:
-        if line_input and not checked and stream.seekable():
-            lines = iter_prompts(stream, source, fmt, max_prompt_bytes=max_prompt_bytes)
-            for _ in prompts_for(spec, source, lines)[1]:
+        if not checked and (not line_input or stream.seekable()):
+            for _ in prompts_for(spec, source, parsed())[1]:
                 pass  # raises the first bad line's InputError
-            stream.seek(0)
-        parsed = (
-            iter_prompts(stream, source, fmt, max_prompt_bytes=max_prompt_bytes)
-            if line_input
-            else parquet_prompts(source, column, id_column)
-        )
-        spec, prompts = prompts_for(spec, source, parsed)
+            if line_input:
+                stream.seek(0)
+        spec, prompts = prompts_for(spec, source, parsed())
         try:
             return await enqueue_pipeline(
                 store, [spec, *later], prompts, progress=progress, window=window

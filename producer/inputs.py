@@ -17,6 +17,7 @@ Blank lines are skipped. Every other line must yield one non-empty prompt, or th
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable, Iterator
 from typing import Any, Literal, NamedTuple
 
@@ -215,7 +216,8 @@ _PARQUET_BATCH = 10_000
 
 def parquet_prompts(path: str, column: str, id_column: str | None = None) -> Iterator[Parsed]:
     """The prompts of the Parquet file ``path``'s ``column`` (``id_column``: their custom
-    ids), read a batch of rows at a time; an error names the row (1-based, as ``line``)."""
+    ids, each given and none twice, as a batch file's), read a batch of rows at a time; an
+    error names the row (1-based, as ``line``)."""
     try:
         import pyarrow.parquet as pq
     except ImportError:
@@ -235,6 +237,7 @@ def parquet_prompts(path: str, column: str, id_column: str | None = None) -> Ite
                 "name the prompt column with --column"
             )
     row = 0
+    seen: dict[bytes, int] = {}  # 12-byte digests of the ids met, and their rows
     for batch in file.iter_batches(batch_size=_PARQUET_BATCH, columns=wanted):
         prompts = batch.column(0).to_pylist()
         ids = batch.column(1).to_pylist() if id_column else [None] * len(prompts)
@@ -243,7 +246,16 @@ def parquet_prompts(path: str, column: str, id_column: str | None = None) -> Ite
             if not isinstance(prompt, str):
                 raise InputError(path, row, f"column {column!r} holds a "
                                  f"{type(prompt).__name__}, not text")  # fmt: skip
-            yield Parsed(row, prompt, None if custom is None else str(custom))
+            if id_column is not None:
+                if custom is None:
+                    raise InputError(path, row, f"column {id_column!r} is null: each prompt "
+                                     "needs its custom id")  # fmt: skip
+                custom = str(custom)
+                key = hashlib.blake2b(custom.encode(), digest_size=12).digest()
+                if (first := seen.setdefault(key, row)) != row:
+                    raise InputError(path, row, f"custom id {custom!r} repeats row {first}'s "
+                                     f"(column {id_column!r}): each must be unique")  # fmt: skip
+            yield Parsed(row, prompt, custom)
 
 
 def iter_prompts(

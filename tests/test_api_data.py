@@ -82,6 +82,19 @@ def test_swarm_enqueue_reads_a_parquet_column(fleet_factory: FleetFactory, tmp_p
     wrong = command(env, "swarm-enqueue", src, "--job", "pq2")
     assert wrong.returncode == 2
     assert f"{src} has no column 'prompt' (it has 'qid', 'question')" in wrong.stderr
+    # Custom ids as a batch file's: each given, none twice (seen: both taken silently); the
+    # file refused whole, nothing queued.
+    for ids, why in (
+        ([f"q{i}" for i in range(29)] + ["q3"], "30: custom id 'q3' repeats row 4's"),
+        ([f"q{i}" for i in range(29)] + [None], "30: column 'qid' is null"),
+    ):
+        bad = tmp_path / "bad.parquet"
+        pq.write_table(pa.table({"qid": ids, "question": qs}), bad)
+        refused = command(env, "swarm-enqueue", bad, "--job", "pq3", "--column", "question",
+                          "--id-column", "qid")  # fmt: skip
+        assert refused.returncode == 2 and f"{bad}:{why}" in refused.stderr, refused.stderr
+    listed = command(env, "swarm-jobs")
+    assert "pq3" not in listed.stdout
     assert fleet.worker("w", [0]).wait(timeout=120) == 0
     out = tmp_path / "pq.jsonl"
     assert collect(env, "pq", out).returncode == 0
