@@ -145,6 +145,35 @@ async def test_a_tool_the_job_did_not_offer_is_never_run_and_the_model_is_told(
     assert told == ["error: tool 'boom' was not offered to this job (its tools: 'fetch')"] * n
 
 
+async def _agents_calling_boom(
+    runners: Callable[[str], Path],
+    store: JobStore,
+    cli_env: dict[str, str],
+    tmp_path: Path,
+    job: str,
+) -> subprocess.CompletedProcess[str]:
+    """A runner of ``fetch`` alone, and ``job``: 4 agents each calling ``boom``, which no
+    runner serves; swarm-enqueue's run."""
+    runners("tests.agent_tools:fetch")
+    await _served(store, ["fetch"])
+    task = tmp_path / "task.txt"
+    task.write_text('Look {n}. CALL boom({{"record": "r{n}"}})')
+    inputs = tmp_path / "in.jsonl"
+    inputs.write_text("".join(f'{{"n": {i}}}\n' for i in range(4)))
+    out = command(
+        cli_env, "swarm-enqueue", inputs, "--job", job, "--task", task, "--tools", "boom,fetch"
+    )
+    assert out.returncode == 0, out.stderr
+    return out
+
+
+async def _parked(store: JobStore, job: str, n: int) -> None:
+    """Until ``n`` agents of ``job`` wait on their tools (the engine's tasks, in Redis)."""
+    async with asyncio.timeout(30):
+        while (await store.outcome_counts(job)).parked < n:  # noqa: ASYNC110
+            await asyncio.sleep(0.05)
+
+
 async def test_a_tool_no_runner_serves_waits_visibly_then_fails_with_that_reason(
     runners: Callable[[str], Path],
     make_settings: Callable[..., Settings],
@@ -156,23 +185,12 @@ async def test_a_tool_no_runner_serves_waits_visibly_then_fails_with_that_reason
     """A call whose tool no live runner allows is not refused by a runner: it waits in its
     tool's queue, swarm-enqueue warns at once, swarm-status names the tool, and the agent
     fails only once SWARM_TOOL_WAIT_S has passed, saying why."""
-    runners("tests.agent_tools:fetch")
-    await _served(store, ["fetch"])
-    task = tmp_path / "task.txt"
-    task.write_text('Look {n}. CALL boom({{"record": "r{n}"}})')
-    inputs = tmp_path / "in.jsonl"
-    inputs.write_text("".join(f'{{"n": {i}}}\n' for i in range(4)))
-    out = command(
-        cli_env, "swarm-enqueue", inputs, "--job", "nb", "--task", task, "--tools", "boom,fetch"
-    )
-    assert out.returncode == 0, out.stderr
+    out = await _agents_calling_boom(runners, store, cli_env, tmp_path, "nb")
     assert "warning: no tool runner serves 'boom' now" in out.stderr
     assert "'fetch'" not in out.stderr
     async with sim_fleet(1, tool_parser="hermes") as fleet:
         engine = asyncio.create_task(run_engine(make_settings(tool_wait_s=3.0), store, fleet.urls))
-        async with asyncio.timeout(30):  # the agents park on boom's calls
-            while (await store.outcome_counts("nb")).parked < 4:  # noqa: ASYNC110 - the engine's tasks, in Redis
-                await asyncio.sleep(0.05)
+        await _parked(store, "nb", 4)
         status = await asyncio.to_thread(command, cli_env, "swarm-status", "nb")
         assert "tool boom: no runner serves it (SWARM_TOOLS of swarm-tools), 4 calls queued" in (
             status.stdout
@@ -197,24 +215,13 @@ async def test_a_cancelled_agent_job_ends_every_agent_wherever_it_waits(
     """Seen: swarm-cancel of an agent job said "0 unanswered prompts recorded as failed",
     its agents still waiting for a tool 22 minutes later, the collector never ending. A
     cancel ends every agent: parked on a tool, thinking, or not begun."""
-    runners("tests.agent_tools:fetch")
-    await _served(store, ["fetch"])
-    task = tmp_path / "task.txt"
-    task.write_text('Look {n}. CALL boom({{"record": "r{n}"}})')
-    inputs = tmp_path / "in.jsonl"
-    inputs.write_text("".join(f'{{"n": {i}}}\n' for i in range(4)))
-    out = command(
-        cli_env, "swarm-enqueue", inputs, "--job", "cx", "--task", task, "--tools", "boom,fetch"
-    )
-    assert out.returncode == 0, out.stderr
+    await _agents_calling_boom(runners, store, cli_env, tmp_path, "cx")
     async with sim_fleet(1, tool_parser="hermes") as fleet:
         # No runner serves boom, and the agents would wait an hour for one.
         engine = asyncio.create_task(
             run_engine(make_settings(tool_wait_s=3600.0), store, fleet.urls)
         )
-        async with asyncio.timeout(30):  # the agents park on boom's calls
-            while (await store.outcome_counts("cx")).parked < 4:  # noqa: ASYNC110 - the engine's tasks, in Redis
-                await asyncio.sleep(0.05)
+        await _parked(store, "cx", 4)
         cancel = await asyncio.to_thread(command, cli_env, "swarm-cancel", "cx")
         assert cancel.returncode == 0, cancel.stderr
         async with asyncio.timeout(30):  # the burst engine ends with the job
