@@ -303,7 +303,9 @@ async def test_vllm_routes_go_through_the_same_client_with_its_key() -> None:
         client = EndpointClient(url, "sk-test")
         try:
             assert await client.ready() is False  # 503: the model is still loading
+            assert client.unready == "/health: HTTP 503 (not ready: a model loading?)"
             assert await client.ready() is True
+            assert client.unready == ""
             load = await client.load()
             assert load is not None and (load.running, load.waiting) == (3.0, 1.0)
             assert await client.tokenize("one two three", "m") == 3
@@ -325,6 +327,8 @@ async def test_vllm_routes_missing_or_unreachable_are_answers_not_errors() -> No
     gone = EndpointClient(f"http://127.0.0.1:{free_port()}")
     try:
         assert await gone.ready(timeout_s=2) is False
+        # What a failed probe says: the cause (seen: "/health not ready" for a refused one).
+        assert gone.unready.startswith("/health: connection failed: ClientConnectorError")
         assert await gone.load(timeout_s=2) is None
         assert await gone.tokenize("x", "m", timeout_s=2) is None
     finally:

@@ -33,6 +33,8 @@ class Backend(Protocol):
     label: str
     # Generation requests really sent, whatever their outcome.
     requests: int
+    # Why the last :meth:`ready` was False ("" after a True): what a failed probe says.
+    unready: str
 
     async def ready(self, timeout_s: float = 10.0) -> bool:
         """Whether the server is up and its model loaded."""

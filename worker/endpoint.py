@@ -179,6 +179,7 @@ class EndpointClient:
         self._timeout_s = timeout_s
         # Generation requests really sent (completion and chat), whatever their outcome.
         self.requests = 0
+        self.unready = ""  # why the last ready() was False
         self._root = _without_credentials(url.rstrip("/"))
         self._headers = {
             "Authorization": f"Bearer {api_key or 'EMPTY'}",
@@ -232,9 +233,15 @@ class EndpointClient:
         server without that route (404) counts as ready: its other routes will tell."""
         try:
             status, _ = await self._call("/health", timeout_s)
-        except (aiohttp.ClientError, TimeoutError):
+        except TimeoutError:
+            self.unready = f"/health: no answer within {timeout_s:g} s"
             return False
-        return 200 <= status < 300 or status == 404
+        except aiohttp.ClientError as exc:
+            self.unready = f"/health: connection failed: {type(exc).__name__}: {exc}"
+            return False
+        ok = 200 <= status < 300 or status == 404
+        self.unready = "" if ok else f"/health: HTTP {status} (not ready: a model loading?)"
+        return ok
 
     async def tokenize(self, prompt: str, model: str, timeout_s: float = 30.0) -> int | None:
         """The exact prompt token count from vLLM's ``/tokenize``; None when the server has no

@@ -32,6 +32,7 @@ class InMemoryBackend:
 
     def __init__(self) -> None:
         self.requests = 0
+        self.unready = ""
 
     async def ready(self, timeout_s: float = 10.0) -> bool:
         return True

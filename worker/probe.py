@@ -37,7 +37,7 @@ async def probe_endpoint(
     (the server is alive), a timeout or a 5xx is not. ``samples``: the samples a prompt to ask
     for (vLLM's ``n``, sampled): what failed, where a server answered n > 1 wrongly."""
     if not await client.ready(timeout_s):
-        raise EndpointRetryable(client.label, "/health not ready")
+        raise EndpointRetryable(client.label, client.unready or "/health not ready")
     await served.read()
     if not (generate and served.names):
         return
