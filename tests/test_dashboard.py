@@ -313,6 +313,10 @@ async def test_the_dashboard_in_chromium_shows_the_figures_redis_holds_during_a_
             worker.send_signal(signal.SIGSTOP)
             stopped = time.time()
             await browser.wait_for(f"Number(document.body.dataset.updated) > {stopped + 0.5}")
+            # Seen: the tables overflowed the page at 1,400 px; a wide one scrolls in its box.
+            assert await browser.evaluate(
+                "document.documentElement.scrollWidth <= document.documentElement.clientWidth"
+            )
             jobs = _figures(json.loads(await browser.evaluate(_READ_JOBS)), "job")
             endpoints = _figures(json.loads(await browser.evaluate(_READ_ENDPOINTS)), "endpoint")
             shot = tmp_path / "dashboard.png"
