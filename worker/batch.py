@@ -83,10 +83,6 @@ def _split_after(items: int, prior: int) -> int:
     return 0 if items == 1 else 1 if prior else SPLIT_AFTER
 
 
-def _never(part: list[PromptItem], attempts: int) -> Awaitable[list[Result]]:
-    raise AssertionError("a single prompt is never split")
-
-
 class _Billed(Protocol):
     """An answer that may say what it cost."""
 
@@ -389,18 +385,26 @@ class BatchRunner:
         (kind ``server_error``) is another endpoint's to try (see :mod:`worker.answers`)."""
         attempts = prior + 1
         if len(items) == 1:
-            why, status = exc.message, exc.status
-            if isinstance(exc, EndpointServerError):
-                why = f"HTTP {status} on this prompt alone: {why}"
-                return [
-                    self._failed(items[0], why, FailureKind.SERVER_ERROR, attempts, status, model)
-                ]
-            return [self._failed(items[0], why, FailureKind.REJECTED, attempts, status, model)]
+            return [self._alone(items[0], exc, attempts, model)]
         mid = len(items) // 2
         left, right = await asyncio.gather(
             again(items[:mid], attempts), again(items[mid:], attempts)
         )
         return left + right
+
+    def _alone(
+        self,
+        item: PromptItem,
+        exc: EndpointRejected | EndpointServerError,
+        attempts: int,
+        model: str,
+    ) -> Result:
+        """``item``, sent alone, refused (kind ``rejected``) or failed on by the server (kind
+        ``server_error``: another endpoint's to try), with the server's message."""
+        if isinstance(exc, EndpointServerError):
+            why = f"HTTP {exc.status} on this prompt alone: {exc.message}"
+            return self._failed(item, why, FailureKind.SERVER_ERROR, attempts, exc.status, model)
+        return self._failed(item, exc.message, FailureKind.REJECTED, attempts, exc.status, model)
 
     async def _fill_missing(
         self,
@@ -538,7 +542,7 @@ class BatchRunner:
             try:
                 body, attempts = await self._sent(spec.job, call, tally, prior)
             except (EndpointRejected, EndpointServerError) as exc:
-                return (await self._bisect([item], exc, prior, _never, model))[0]
+                return self._alone(item, exc, prior + 1, model)
             usage = None
             if body.usage is not None:
                 usage = Usage(body.usage.prompt_tokens, body.usage.completion_tokens)
