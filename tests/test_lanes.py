@@ -140,12 +140,15 @@ async def test_turns_handed_on_by_a_busy_engine_go_at_once_to_an_endpoint_with_n
     turn = await _turn_job(store)
     await _move(store, turn, [lane_name(A)] * 3)
     a, b, c = (_intake(store, settings, e) for e in (A, B, C))
-    assert await store.hungry(turn.job) is None
+    assert await store.hungry(turn.job, lane_name(A)) is None
     paced = Pace()
     paced.s_per_token, paced.decode_s_per_token = 0.025, 0.02
     b.pace = lambda: paced
     assert await b.next([turn], None, idle=True) is None  # A's lane: not B's, not yet
-    assert await store.hungry(turn.job) == Hungry(0.025, 0.02)  # B said so, with its paces
+    # B said so, with its paces, to the others: never to itself once busy again (a busy
+    # engine's slower pace against its own idle one's would hand its turns on to nobody).
+    assert await store.hungry(turn.job, lane_name(A)) == Hungry(0.025, 0.02, lane_name(B))
+    assert await store.hungry(turn.job, lane_name(B)) is None
     taken = await a.next([turn], None)
     assert taken is not None
     ids = [eid for eid, _, _ in taken.deliveries]

@@ -211,7 +211,7 @@ class EndpointDrainer:
         if mine is None:
             return
         with contextlib.suppress(StoreUnavailable, JobGoneError):
-            said = await self.store.hungry(job)
+            said = await self.store.hungry(job, self.intake.lane)
             theirs = None if said is None else said.decode_s if begun else said.pace_s
             if theirs and mine >= HAND_ON_PACE * theirs:
                 self.inflight.hand_on(request)

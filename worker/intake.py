@@ -294,7 +294,7 @@ class Intake:
             return
         self._hungry_at[job] = _after(False, HUNGRY_EVERY_S)
         pace = self.pace()
-        said = Hungry(pace.s_per_token or 0.0, pace.decode_s_per_token or 0.0)
+        said = Hungry(pace.s_per_token or 0.0, pace.decode_s_per_token or 0.0, self.lane)
         await self.store.note_hungry(job, HUNGRY_TTL_MS, said)
 
     async def _steal(self, job: str) -> list[Delivery]:

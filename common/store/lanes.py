@@ -27,10 +27,12 @@ class Hungry(msgspec.Struct, frozen=True):
     """What an endpoint with nothing to do says of its pace (seconds a completion token;
     0.0: not known): from a request's start to its answer, its engine's queue counted
     (``pace_s``), and its decoding alone (``decode_s``, from the gaps between the answers
-    of one batch of requests)."""
+    of one batch of requests); and its lane, so that an endpoint never takes its own word
+    for another's."""
 
     pace_s: float = 0.0
     decode_s: float = 0.0
+    lane: str = ""
 
 
 _encode_hungry = msgspec.msgpack.Encoder().encode
@@ -78,9 +80,10 @@ class Lanes(StoreBase):
         async with redis_errors(self.url, job):
             await self.redis.set(self.keys.hungry(job), _encode_hungry(said), px=ttl_ms)
 
-    async def hungry(self, job: str) -> Hungry | None:
+    async def hungry(self, job: str, asker: str) -> Hungry | None:
         """The paces of an endpoint that said lately it has nothing to do but ``job``'s
-        turns held elsewhere, or None: nobody did."""
+        turns held elsewhere, or None: nobody did, or the last to say so was the asking
+        endpoint (lane ``asker``) itself, since busy again."""
         async with redis_errors(self.url, job):
             raw = await self.redis.get(self.keys.hungry(job))
         if raw is None:
@@ -89,7 +92,9 @@ class Lanes(StoreBase):
             said = _decode_hungry(raw)
         except msgspec.DecodeError:
             return Hungry()  # another tool's value (or an older worker's): paces not known
-        return Hungry(max(0.0, said.pace_s), max(0.0, said.decode_s))
+        if said.lane == asker:
+            return None
+        return Hungry(max(0.0, said.pace_s), max(0.0, said.decode_s), said.lane)
 
     async def _marked(self, job: str, flat: list[bytes]) -> list[Taken]:
         """Claimed entries (ID, payload...) with their death marks (inside redis_errors)."""
