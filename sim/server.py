@@ -53,7 +53,7 @@ from aiohttp import web
 
 from swarm_queue.sim.engine import EngineConfig, EngineStopped, SimEngine
 from swarm_queue.sim.prefix import PrefixCache
-from swarm_queue.sim.text import count_tokens, embedding_for, sample_for
+from swarm_queue.sim.text import count_tokens, embedding_for, sample_for, token_ids
 from swarm_queue.sim.tools import call_id, choice_error, schema_answer, tool_call
 
 __all__ = ["FaultConfig", "SimEndpoint", "SimFleet", "main"]
@@ -99,6 +99,8 @@ class _CompletionRequest(msgspec.Struct, kw_only=True):
     add_special_tokens: bool = True
     ignore_eos: bool = False  # vLLM's: generate exactly max_tokens
     n: int = 1  # samples per prompt: choice i * n + j is prompt i's sample j, as in vLLM
+    # vLLM's: each choice carries its prompt's token ids and its own (exact usage per prompt).
+    return_token_ids: bool | None = None
 
 
 class _TokenizeRequest(msgspec.Struct, kw_only=True):
@@ -446,7 +448,15 @@ class SimEndpoint:
                         "stop_reason": None,
                         "prompt_logprobs": None,
                     }
-                    for i, (text, _, reason) in enumerate(outs)
+                    | (
+                        {
+                            "prompt_token_ids": token_ids(seen[i // req.n]),
+                            "token_ids": token_ids(text, n),
+                        }
+                        if req.return_token_ids
+                        else {}
+                    )
+                    for i, (text, n, reason) in enumerate(outs)
                 ],
                 "usage": {
                     "prompt_tokens": sum(ptoks),

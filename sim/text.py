@@ -20,6 +20,7 @@ __all__ = [
     "embedding_for",
     "natural_length",
     "sample_for",
+    "token_ids",
 ]
 
 # The simulator's embedding size (small real models have 384 to 1024).
@@ -59,6 +60,15 @@ MAX_LEN = 32
 def count_tokens(text: str) -> int:
     """Prompt tokens as the simulator counts them."""
     return max(1, -(-len(text) // 4))
+
+
+def token_ids(text: str, count: int | None = None) -> list[int]:
+    """Stand-in token ids of ``text`` (what vLLM's ``return_token_ids`` answers): a prompt's
+    :func:`count_tokens` of them, or ``count`` (an answer's tokens); only their number means
+    anything."""
+    n = count_tokens(text) if count is None else count
+    seed = _digest(text)
+    return [(seed + 7919 * i) % 32000 for i in range(n)]
 
 
 def _digest(prompt: str) -> int:

@@ -45,7 +45,13 @@ from swarm_queue.common.vocab import FailureKind
 from swarm_queue.worker.backend import Backend
 from swarm_queue.worker.circuit import Circuit, GiveUp
 from swarm_queue.worker.metrics import NO_METRICS, Metrics
-from swarm_queue.worker.replies import ChatBody, CompletionBody, CompletionUsage, EmbeddingBody
+from swarm_queue.worker.replies import (
+    ChatBody,
+    Choice,
+    CompletionBody,
+    CompletionUsage,
+    EmbeddingBody,
+)
 
 __all__ = [
     "EMBEDDINGS",
@@ -75,6 +81,15 @@ GIVEN_BACK = frozenset({FailureKind.NO_CHOICE, FailureKind.SERVER_ERROR})
 # is blamed for it if the endpoint then answers its probe: fewer would blame prompts for an
 # endpoint's passing 500s (seen: 2 of 400 failed at a 30% error rate, blamed after 3).
 SPLIT_AFTER = 2
+
+
+def _own_usage(choices: list[Choice]) -> Usage | None:
+    """A prompt's usage from its choices' token ids (its prompt's once, every sample's
+    answer), where the server gave them; else None (unknown, never a guessed 0)."""
+    prompt = next((c.prompt_token_ids for c in choices if c.prompt_token_ids is not None), None)
+    if prompt is None or any(c.token_ids is None for c in choices):
+        return None
+    return Usage(len(prompt), sum(len(c.token_ids or ()) for c in choices))
 
 
 def _split_after(items: int, prior: int) -> int:
@@ -616,6 +631,8 @@ class BatchRunner:
             usage = None
             if exact_usage and body.usage is not None:
                 usage = Usage(body.usage.prompt_tokens, body.usage.completion_tokens)
+            elif not exact_usage:
+                usage = _own_usage([c for c in picked if c is not None])
             out.append(
                 Result(
                     index=item.index,

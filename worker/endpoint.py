@@ -288,6 +288,10 @@ class EndpointClient:
         body |= params.extra()
         if add_special_tokens is not None:
             body["add_special_tokens"] = add_special_tokens
+        if len(prompts) > 1:
+            # The usage of a list is its total: each prompt's is counted from its choices'
+            # token ids (vLLM 0.10.2 and later; an older one ignores the field).
+            body["return_token_ids"] = True
         return await self._answer("completion", body, _completion_decoder, timeout)
 
     async def chat(

@@ -27,6 +27,9 @@ class Choice(msgspec.Struct):
     index: int
     text: str = ""
     finish_reason: str | None = None
+    # vLLM's answer to ``return_token_ids``: what a choice's own usage is counted from.
+    token_ids: list[int] | None = None
+    prompt_token_ids: list[int] | None = None
 
 
 class CompletionUsage(msgspec.Struct):
