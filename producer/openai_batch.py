@@ -55,12 +55,13 @@ _encoder = msgspec.json.Encoder()
 
 
 def _embedding_body(r: Result) -> dict[str, Any]:
-    tokens = r.usage.prompt_tokens if r.usage is not None else 0
+    tokens = r.usage.prompt_tokens if r.usage is not None else None
     return {
         "object": "list",
         "data": [{"object": "embedding", "index": 0, "embedding": r.vector}],
         "model": r.model,
-        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+        # Unknown (a list counted by a server without /tokenize): null, never a 0 count.
+        "usage": None if tokens is None else {"prompt_tokens": tokens, "total_tokens": tokens},
     }
 
 

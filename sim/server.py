@@ -479,7 +479,7 @@ class SimEndpoint:
             return self._error(
                 400, "swarm-sim answers encoding_format float only", "BadRequestError"
             )
-        ptoks = [count_tokens(t) for t in texts]
+        ptoks = [count_tokens(self.bos_token + t) for t in texts]  # its tokenizer's BOS added
         limit = self.config.max_model_len
         for n in ptoks:  # one over-long input fails the whole list, as in vLLM
             if n > limit:
@@ -653,7 +653,7 @@ class SimEndpoint:
             req = msgspec.json.decode(await request.read(), type=_TokenizeRequest)
         except msgspec.DecodeError as exc:
             return self._error(400, f"invalid request: {exc}", "BadRequestError")
-        n = count_tokens(req.prompt)
+        n = count_tokens((self.bos_token if req.add_special_tokens else "") + req.prompt)
         return self._ok(
             {"count": n, "max_model_len": self.config.max_model_len, "tokens": list(range(n))}
         )

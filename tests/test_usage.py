@@ -3,15 +3,27 @@ were batched; unknown is null, never a 0 that reads as a count; a job's status s
 
 from __future__ import annotations
 
+import io
 from collections.abc import Callable
+from functools import partial
 
+import msgspec
+from aiohttp import web
+
+from swarm_queue.common.embedded import free_port
+from swarm_queue.common.jobspec import JobOptions, build_spec
 from swarm_queue.common.models import JobSpec, SamplingParams
 from swarm_queue.common.settings import Settings
 from swarm_queue.common.store import JobStore
 from swarm_queue.producer.enqueue import enqueue_prompts
-from swarm_queue.sim.server import SimFleet
+from swarm_queue.producer.openai_batch import openai_line
+from swarm_queue.producer.stream import collect
+from swarm_queue.sim.engine import EngineConfig
+from swarm_queue.sim.server import SimEndpoint, SimFleet
 from swarm_queue.sim.text import count_tokens, sample_for
 from tests.helpers import collect_lines, prompts, run_engine
+
+FAST = EngineConfig(step_base_ms=1.0, step_per_seq_ms=0.0)
 
 
 async def test_each_list_batched_completion_line_says_its_own_prompts_usage(
@@ -40,3 +52,54 @@ async def test_each_list_batched_completion_line_says_its_own_prompts_usage(
         served,
         sum(w["completion_tokens"] for w in want),
     )
+
+
+async def test_each_embedding_line_says_its_own_inputs_tokens(
+    make_settings: Callable[..., Settings], store: JobStore
+) -> None:
+    """vLLM reports a list of inputs' total only: each input is counted by the server's
+    /tokenize, and the counts add up to what the server charged."""
+    texts = [f"{'word ' * (i % 9)}text {i}" for i in range(50)]
+    embed, _ = build_spec("e", JobOptions(model="embedder", embed=True), source="t")
+    await enqueue_prompts(store, embed, [(t, None) for t in texts])
+    fleet = SimFleet([SimEndpoint(free_port(), FAST, model="embedder", bos_token="<s>")])
+    async with fleet:
+        await run_engine(make_settings(batch_size=16), store, fleet.urls)
+    (endpoint,) = fleet.endpoints
+    lines = await collect_lines(store, "e")
+    usage = [{"prompt_tokens": count_tokens("<s>" + t), "completion_tokens": 0} for t in texts]
+    assert [x["usage"] for x in lines] == usage
+    assert sum(u["prompt_tokens"] for u in usage) == endpoint.prompt_tokens_total
+    assert max(len(body["input"]) for body in endpoint.received if "input" in body) > 1
+
+
+class _NotVllm(SimEndpoint):
+    """A server without vLLM's /tokenize (404)."""
+
+    async def _tokenize(self, request: web.Request) -> web.StreamResponse:
+        return web.Response(status=404, text="Not Found")
+
+
+async def test_an_embedding_line_whose_count_is_unknown_says_null_never_zero(
+    make_settings: Callable[..., Settings], store: JobStore
+) -> None:
+    """A server without /tokenize (not a vLLM): a list's lines cannot be counted one by one,
+    and their usage is null, here and in OpenAI's batch lines, never a 0 that reads as a
+    count; a request of one input is counted exactly."""
+    texts = [f"text {i}" for i in range(17)]
+    embed, _ = build_spec("e", JobOptions(model="embedder", embed=True), source="t")
+    await enqueue_prompts(store, embed, [(t, None) for t in texts])
+    endpoint = _NotVllm(free_port(), FAST, model="embedder")
+    async with SimFleet([endpoint]):
+        await run_engine(make_settings(batch_size=16, speculate=False), store, [endpoint.url])
+    lines = await collect_lines(store, "e")
+    assert [x["usage"] for x in lines[:16]] == [None] * 16
+    assert lines[16]["usage"] == {"prompt_tokens": count_tokens(texts[16]), "completion_tokens": 0}
+    out = io.BytesIO()
+    await collect(store, "e", out, line=partial(openai_line, "e", embed=True))
+    bodies = [msgspec.json.decode(x)["response"]["body"] for x in out.getvalue().splitlines()]
+    assert bodies[0]["usage"] is None
+    assert bodies[16]["usage"] == {
+        "prompt_tokens": count_tokens(texts[16]),
+        "total_tokens": count_tokens(texts[16]),
+    }

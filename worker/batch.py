@@ -45,13 +45,8 @@ from swarm_queue.common.vocab import FailureKind
 from swarm_queue.worker.backend import Backend
 from swarm_queue.worker.circuit import Circuit, GiveUp
 from swarm_queue.worker.metrics import NO_METRICS, Metrics
-from swarm_queue.worker.replies import (
-    ChatBody,
-    Choice,
-    CompletionBody,
-    CompletionUsage,
-    EmbeddingBody,
-)
+from swarm_queue.worker.replies import ChatBody, CompletionBody, CompletionUsage, EmbeddingBody
+from swarm_queue.worker.usage import EmbeddingCounts, choices_usage
 
 __all__ = [
     "EMBEDDINGS",
@@ -81,15 +76,6 @@ GIVEN_BACK = frozenset({FailureKind.NO_CHOICE, FailureKind.SERVER_ERROR})
 # is blamed for it if the endpoint then answers its probe: fewer would blame prompts for an
 # endpoint's passing 500s (seen: 2 of 400 failed at a 30% error rate, blamed after 3).
 SPLIT_AFTER = 2
-
-
-def _own_usage(choices: list[Choice]) -> Usage | None:
-    """A prompt's usage from its choices' token ids (its prompt's once, every sample's
-    answer), where the server gave them; else None (unknown, never a guessed 0)."""
-    prompt = next((c.prompt_token_ids for c in choices if c.prompt_token_ids is not None), None)
-    if prompt is None or any(c.token_ids is None for c in choices):
-        return None
-    return Usage(len(prompt), sum(len(c.token_ids or ()) for c in choices))
 
 
 def _split_after(items: int, prior: int) -> int:
@@ -205,6 +191,7 @@ class BatchRunner:
         # prompt's HTTP 500 from the server's. None: every 500 is the server's.
         self.check = check
         self.retries = 0
+        self.counts = EmbeddingCounts(client)  # each embedding input's tokens, where a list
 
     async def run(
         self,
@@ -482,10 +469,10 @@ class BatchRunner:
             return await self._bisect(items, exc, prior, again, model)
         # (Each value a float: check_vectors refused any answer holding a null.)
         by_index = {d.index: cast(list[float], d.embedding) for d in body.data if d.embedding}
-        usage = body.usage if len(items) == 1 else None
+        usages = await self.counts.usage(model, texts, body.usage, timeout)
         mapped: list[Result | None] = []
         at = 0
-        for item, group in zip(items, texts, strict=True):
+        for item, group, usage in zip(items, texts, usages, strict=True):
             vectors = [by_index.get(at + j) for j in range(len(group))]
             at += len(group)
             if any(v is None for v in vectors):
@@ -493,7 +480,7 @@ class BatchRunner:
                 continue
             found = Result(
                 index=item.index,
-                usage=Usage(usage.prompt_tokens, 0) if usage is not None else None,
+                usage=usage,
                 endpoint=self.client.label,
                 attempts=attempts,
                 custom_id=item.custom_id,
@@ -632,7 +619,7 @@ class BatchRunner:
             if exact_usage and body.usage is not None:
                 usage = Usage(body.usage.prompt_tokens, body.usage.completion_tokens)
             elif not exact_usage:
-                usage = _own_usage([c for c in picked if c is not None])
+                usage = choices_usage([c for c in picked if c is not None])
             out.append(
                 Result(
                     index=item.index,
