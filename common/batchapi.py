@@ -26,6 +26,7 @@ __all__ = [
     "BatchErrors",
     "BatchObject",
     "BatchStatus",
+    "BatchUsage",
     "FileObject",
     "RequestCounts",
     "api_error",
@@ -70,6 +71,14 @@ class RequestCounts(msgspec.Struct, frozen=True):
     total: int = 0
     completed: int = 0
     failed: int = 0
+
+
+class BatchUsage(msgspec.Struct, frozen=True):
+    """The tokens a batch's answered requests used, as its engines counted them."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    total_tokens: int = 0
 
 
 class BatchError(msgspec.Struct, frozen=True):
@@ -118,6 +127,7 @@ class BatchObject(msgspec.Struct, frozen=True):
     cancelling_at: int | None = None
     cancelled_at: int | None = None
     request_counts: RequestCounts = RequestCounts()
+    usage: BatchUsage | None = None
     metadata: dict[str, str] | None = None
     model: str | None = None
 

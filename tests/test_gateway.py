@@ -23,7 +23,7 @@ import pytest
 from swarm_queue.common.embedded import free_port
 from swarm_queue.common.keys import Keys
 from swarm_queue.common.models import pack_vector, unpack_vector
-from swarm_queue.sim.text import completion_for, embedding_for
+from swarm_queue.sim.text import completion_for, count_tokens, embedding_for
 from tests.harness import (
     BIN,
     MAX_TOKENS,
@@ -259,6 +259,14 @@ def test_batches_of_each_endpoint_through_the_sdk_are_answered_line_by_line(
             assert (
                 body["choices"][0]["text"] == completion_for(fleet_prompt(i, poison), MAX_TOKENS)[0]
             )
+        # The batch's usage is its lines' (each its own prompt's, lists as they were sent).
+        used = [x["response"]["body"]["usage"] for x in out]
+        assert done.usage is not None
+        assert (done.usage.input_tokens, done.usage.output_tokens) == (
+            sum(u["prompt_tokens"] for u in used),
+            sum(u["completion_tokens"] for u in used),
+        )
+        assert done.usage.total_tokens == sum(u["total_tokens"] for u in used) > 0
         errors = _lines(client, done.error_file_id)
         assert sorted(x["custom_id"] for x in errors) == ["req-3", "req-77"]
         for x in errors:
@@ -281,6 +289,12 @@ def test_batches_of_each_endpoint_through_the_sdk_are_answered_line_by_line(
             for x in _lines(client, embed_done.output_file_id)
         }
         assert vectors == {f"e{i}": _float32(embedding_for(t)) for i, t in enumerate(texts)}
+        embed_used = [
+            x["response"]["body"]["usage"]["prompt_tokens"]
+            for x in _lines(client, embed_done.output_file_id)
+        ]
+        assert embed_done.usage is not None
+        assert embed_done.usage.input_tokens == sum(embed_used) == sum(map(count_tokens, texts))
 
         # Newest first, a page at a time, as the SDK pages them.
         page = client.batches.list(limit=2)

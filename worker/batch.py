@@ -16,7 +16,7 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Protocol, TypeVar, cast
 
 import msgspec
@@ -166,6 +166,14 @@ class Tally:
     def add(self, usage: CompletionUsage) -> None:
         self.prompt_tokens += usage.prompt_tokens
         self.completion_tokens += usage.completion_tokens
+
+    def take(self, results: Iterable[Result]) -> None:
+        """Take off what the results carry as their own usage (counted with them): the rest,
+        a list answered with its total only, is what no result says."""
+        for r in results:
+            if r.usage is not None and not r.cached:
+                self.prompt_tokens = max(0, self.prompt_tokens - r.usage.prompt_tokens)
+                self.completion_tokens = max(0, self.completion_tokens - r.usage.completion_tokens)
 
 
 class BatchRunner:

@@ -206,12 +206,12 @@ class BatchPath:
                 return
             if early is not None:
                 await early.settle()
-                tally.prompt_tokens -= early.prompt_tokens
-                tally.completion_tokens -= early.completion_tokens
+                tally.take(early.shaped.values())
             rest, left_out, keys, answers = settled(items, sent, keys, shape, early)
             if left_out and not copy:  # choices it kept leaving out: another endpoint's to try
                 results = await self._given_back(spec, results, left_out)
             results += [(eid, r, payload) for (eid, payload, _), r in rest]
+            tally.take(r for _, r, _ in results)  # what each carries counts with it
         if results or early is None:
             # Shielded: once results exist, finishing the (atomic) commit beats redoing them.
             commit = await self._commit(spec, results, tally.prompt_tokens, tally.completion_tokens)
@@ -230,8 +230,8 @@ class BatchPath:
         if not items or spec.flow is None:
             return None
 
-        async def commit_part(part: list[Finished], prompt: int, completion: int) -> Commit:
-            return await self._commit(spec, part, prompt, completion)
+        async def commit_part(part: list[Finished]) -> Commit:
+            return await self._commit(spec, part)
 
         return EarlyCommits(items, commit_part, shape, committed)
 

@@ -17,7 +17,7 @@ __all__ = ["EarlyCommits"]
 
 # (entry ID, result, the entry's payload), as a commit takes them.
 Written = tuple[bytes, Result, bytes | None]
-CommitFn = Callable[[list[Written], int, int], Awaitable[Commit]]
+CommitFn = Callable[[list[Written]], Awaitable[Commit]]
 
 
 class EarlyCommits:
@@ -40,8 +40,6 @@ class EarlyCommits:
         self._error: BaseException | None = None
         self.ids: set[bytes] = set()  # entries whose answers are committed
         self.shaped: dict[bytes, Result] = {}  # each answer as shaped, by entry
-        self.prompt_tokens = 0
-        self.completion_tokens = 0
 
     def add(self, result: Result) -> None:
         """One prompt's answer (or its failure alone), committed soon."""
@@ -57,16 +55,12 @@ class EarlyCommits:
     async def _flush(self) -> None:
         while self._waiting and self._error is None:
             part, self._waiting = self._waiting, []
-            prompt = sum(r.usage.prompt_tokens for _, r, _ in part if r.usage is not None)
-            completion = sum(r.usage.completion_tokens for _, r, _ in part if r.usage is not None)
             try:
-                commit = await self._commit(part, prompt, completion)
+                commit = await self._commit(part)  # (each result carries its usage)
             except Exception as exc:  # the job gone, a bad record: the batch's end says so
                 self._error = exc
                 return
             self.ids.update(eid for eid, _, _ in part)
-            self.prompt_tokens += prompt
-            self.completion_tokens += completion
             self._committed(commit)
 
     async def settle(self) -> None:

@@ -207,18 +207,25 @@ class Delivery(StoreBase):
         ``landed`` stream with its entry, in the same step. Work of another generation of the
         job than ``gen`` is refused whole with :class:`JobGoneError`. ``failures_move`` (an
         agent's turn): each new failure is appended too, for its pump to end the agent with.
+        Tokens count as results do: each result's own usage once it is written (so a copy
+        that lost counts nothing), and ``prompt_tokens``/``completion_tokens``, those of the
+        batch's requests that no result carries.
         """
         land = "1" if failures_move else ""
         args: list[Any] = [GROUP, prompt_tokens, completion_tokens, gen, land]
         for entry_id, result, payload in entries:
             kind = ("+" if result.cached else "") if result.ok else (result.error_kind or "error")
             keep = moves_on or not result.ok or result.cached
+            # Its own tokens count once, when it is written (a cached answer cost nothing).
+            used = result.usage if result.usage is not None and not result.cached else None
             args += [
                 entry_id,
                 str(result.index),
                 encode(result),
                 kind,
                 payload or b"" if keep else b"",
+                0 if used is None else used.prompt_tokens,
+                0 if used is None else used.completion_tokens,
             ]
         keys = self.script_keys(job)
         if moves_on:

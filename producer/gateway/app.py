@@ -37,7 +37,7 @@ from swarm_queue.common.errors import (
 from swarm_queue.common.fleet import live_models
 from swarm_queue.common.store import JobStore
 from swarm_queue.common.store.batches import StoredBatch
-from swarm_queue.producer.gateway.driver import counts_of
+from swarm_queue.producer.gateway.driver import counts_of, usage_of
 from swarm_queue.producer.gateway.files import FileStore
 from swarm_queue.producer.gateway.projects import Project, Projects
 
@@ -255,7 +255,7 @@ class Gateway:
             except JobNotFoundError:
                 return batch
             counts = counts_of(s.done, s.failed, s.total or s.enqueued)
-            batch = msgspec.structs.replace(batch, request_counts=counts)
+            batch = msgspec.structs.replace(batch, request_counts=counts, usage=usage_of(s))
         return batch
 
     async def get_batch(self, request: web.Request) -> web.Response:

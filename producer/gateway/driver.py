@@ -30,6 +30,7 @@ from swarm_queue.common.batchapi import (
     BatchErrors,
     BatchObject,
     BatchStatus,
+    BatchUsage,
     FileObject,
     RequestCounts,
     epoch_s,
@@ -38,7 +39,7 @@ from swarm_queue.common.errors import JobGoneError, JobNotFoundError, SwarmError
 from swarm_queue.common.jobspec import JobOptions, build_spec
 from swarm_queue.common.models import JobSpec
 from swarm_queue.common.settings import Settings
-from swarm_queue.common.store import JobStore
+from swarm_queue.common.store import JobStatus, JobStore
 from swarm_queue.producer.formats import format_named
 from swarm_queue.producer.gateway import workfile
 from swarm_queue.producer.gateway.files import FileStore
@@ -46,7 +47,7 @@ from swarm_queue.producer.gateway.offload import Helpers
 from swarm_queue.producer.inputs import DEFAULT_MAX_PROMPT_BYTES
 from swarm_queue.producer.outfile import CursorFile, collect_durably
 
-__all__ = ["LEASE_MS", "Driver", "batch_spec", "counts_of"]
+__all__ = ["LEASE_MS", "Driver", "batch_spec", "counts_of", "usage_of"]
 
 log = logging.getLogger("swarm.gateway")
 
@@ -71,6 +72,12 @@ def batch_spec(batch: BatchObject) -> JobSpec:
 
 def counts_of(done: int, failed: int, total: int) -> RequestCounts:
     return RequestCounts(total=total, completed=done, failed=failed)
+
+
+def usage_of(status: JobStatus) -> BatchUsage:
+    """The batch's usage: its job's tokens, every request's as its engine counted them."""
+    tokens = status.prompt_tokens, status.completion_tokens
+    return BatchUsage(input_tokens=tokens[0], output_tokens=tokens[1], total_tokens=sum(tokens))
 
 
 class Driver:
@@ -352,9 +359,8 @@ class Driver:
             else {"status": BatchStatus.COMPLETED, "completed_at": now}
         )
         log.info("batch %s: %s", batch.id, end["status"])
-        return msgspec.structs.replace(
-            batch, request_counts=counts_of(status.done, status.failed, status.total or 0), **end
-        )
+        counts = counts_of(status.done, status.failed, status.total or 0)
+        return msgspec.structs.replace(batch, request_counts=counts, usage=usage_of(status), **end)
 
     async def _split_files(
         self,

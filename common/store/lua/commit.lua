@@ -13,10 +13,13 @@
 -- may write it, once: its answer is for the collector to bring the file up to date.
 -- KEYS: [1] results, [2] meta, [3] stream, [4] failed, [5] cached, [6] running, [7] reopened,
 --       [8] landed (only for a pipeline step; then successes carry their entry payload too)
+-- Tokens count as results do: each entry's own usage only when its result is new (a copy's
+-- answer, already written by the other copy, adds nothing), plus the request's tokens that no
+-- result of it carries (ARGV[2], ARGV[3]: a list whose server gave no usage per prompt).
 -- ARGV: [1] group, [2] prompt_tokens, [3] completion_tokens, [4] generation, [5] '1' if
---       failures land too, then per entry five: entry_id, index, result blob, failure kind
+--       failures land too, then per entry seven: entry_id, index, result blob, failure kind
 --       ('' on success, '+' on a success answered from the response cache), original entry
---       payload
+--       payload, its own prompt tokens, its own completion tokens
 -- Returns {new results done, new results failed, new of them from the cache, then kind,
 -- count for each kind failed}.
 local results, meta, stream, failed_h, cached_h = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
@@ -25,27 +28,30 @@ local group, now = ARGV[1], now_s()
 local gone, evicted = generation_error(meta, ARGV[4])
 if gone then return gone end
 local failures_land = ARGV[5] == '1'
--- Entry e's five arguments are ARGV[5 * e + 1] .. ARGV[5 * e + 5].
-local n = (#ARGV - 5) / 5
+-- Entry e's seven arguments are ARGV[7 * e - 1] .. ARGV[7 * e + 5].
+local n = (#ARGV - 5) / 7
 local done, failed, hits, kinds, seen = 0, 0, 0, {}, {}
+local prompt_tokens, completion_tokens = tonumber(ARGV[2]), tonumber(ARGV[3])
 -- One HMGET and one HSET per chunk rather than an HSETNX per entry: Redis's cost per command
 -- called from Lua is several times its cost per field.
 for lo = 1, n, 500 do
   local hi = math.min(lo + 499, n)
   local ids, indices = {}, {}
   for e = lo, hi do
-    ids[#ids + 1] = ARGV[5 * e + 1]
-    indices[#indices + 1] = ARGV[5 * e + 2]
+    ids[#ids + 1] = ARGV[7 * e - 1]
+    indices[#indices + 1] = ARGV[7 * e]
   end
   local have = redis.call('HMGET', results, unpack(indices))
   local again = evicted > 0 and redis.call('HMGET', reopened, unpack(indices)) or {}
   local fresh, lost, hit, moved, reclosed = {}, {}, {}, {}, {}
   for e = lo, hi do
-    local b, index = 5 * e + 1, ARGV[5 * e + 2]
+    local b, index = 7 * e - 1, ARGV[7 * e]
     local open = tonumber(index) >= evicted or again[e - lo + 1] == ARGV[b]
     if not have[e - lo + 1] and not seen[index] and open then
       if tonumber(index) < evicted then reclosed[#reclosed + 1] = index end
       seen[index] = true
+      prompt_tokens = prompt_tokens + tonumber(ARGV[b + 5])
+      completion_tokens = completion_tokens + tonumber(ARGV[b + 6])
       fresh[#fresh + 1] = index
       fresh[#fresh + 1] = ARGV[b + 2]
       local kind = ARGV[b + 3]
@@ -85,8 +91,10 @@ for kind, count in pairs(kinds) do
   redis.call('HINCRBY', meta, FAILED_KIND_PREFIX .. kind, count)
 end
 trim_acked(stream, group)
-if tonumber(ARGV[2]) > 0 then redis.call('HINCRBY', meta, META.PROMPT_TOKENS, ARGV[2]) end
-if tonumber(ARGV[3]) > 0 then redis.call('HINCRBY', meta, META.COMPLETION_TOKENS, ARGV[3]) end
+if prompt_tokens > 0 then redis.call('HINCRBY', meta, META.PROMPT_TOKENS, prompt_tokens) end
+if completion_tokens > 0 then
+  redis.call('HINCRBY', meta, META.COMPLETION_TOKENS, completion_tokens)
+end
 if done + failed > 0 then
   if done > 0 then redis.call('HINCRBY', meta, META.DONE, done) end
   if hits > 0 then redis.call('HINCRBY', meta, META.CACHE_HITS, hits) end
