@@ -14,7 +14,7 @@ from swarm_queue.flows.agents import agent_of
 from swarm_queue.flows.pipeline import link_of
 from swarm_queue.flows.registry import output_of
 
-__all__ = ["later_steps", "over", "step_statuses"]
+__all__ = ["later_steps", "over", "step_statuses", "tokens_of"]
 
 
 async def later_steps(store: JobStore, spec: JobSpec) -> list[JobSpec]:
@@ -54,3 +54,10 @@ def over(status: JobStatus, steps: list[tuple[JobSpec, JobStatus]]) -> tuple[boo
     finished or cancelled; cancelled when the first was."""
     ended = all(s.finished or s.cancelled for _, s in steps)
     return (status.finished and ended, status.cancelled and ended)
+
+
+def tokens_of(status: JobStatus, steps: list[tuple[JobSpec, JobStatus]]) -> tuple[int, int]:
+    """(prompt, completion) tokens of a job with its later ``steps``: an agent job's every
+    turn, a pipeline's every step, not the first alone."""
+    every = [status, *(s for _, s in steps)]
+    return sum(s.prompt_tokens for s in every), sum(s.completion_tokens for s in every)

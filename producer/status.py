@@ -29,7 +29,7 @@ from swarm_queue.common.store import JobStatus, JobStore
 from swarm_queue.common.vocab import Meta
 from swarm_queue.flows.agents import agent_of, offered_tools
 from swarm_queue.flows.pipeline import link_of
-from swarm_queue.flows.steps import over, step_statuses
+from swarm_queue.flows.steps import over, step_statuses, tokens_of
 from swarm_queue.producer.board import (
     job_list,
     job_state,
@@ -95,11 +95,13 @@ def format_status(
     now: float | None = None,
     waiting: str | None = None,
     state: str | None = None,
+    tokens: tuple[int, int] | None = None,
 ) -> str:
     """The job's progress; ``stage``: its tree-reduce level running now, if any;
     ``endpoints``: the per-endpoint figures, shown while the job runs; ``waiting``: why no
     live endpoint can serve it; ``state``: the job's as a whole, its later steps included
-    (see :func:`producer.board.whole_state`), if not the state of ``s`` alone."""
+    (see :func:`producer.board.whole_state`), if not the state of ``s`` alone; ``tokens``:
+    the whole job's (see :func:`flows.steps.tokens_of`), if not those of ``s`` alone."""
     total = f"{s.total}" if s.total is not None else f"{s.enqueued}+ (still being enqueued)"
     state = state or job_state(s, waiting)
     kinds = ", ".join(f"{k} {n}" for k, n in s.failed_by_kind.items())
@@ -111,6 +113,7 @@ def format_status(
     elif not s.finished and s.total is not None and s.rate_per_s > 0:
         left = s.total - s.done - s.failed
         rate += f"   eta {left / s.rate_per_s:,.0f} s"
+    used = tokens or (s.prompt_tokens, s.completion_tokens)
     lines = [
         f"job {s.job}: {state}",
         *([f"  waiting    {waiting}"] if waiting and state == "waiting" else []),
@@ -120,7 +123,8 @@ def format_status(
         f"  in flight  {s.in_flight}",
         f"  pending    {s.pending}",
         f"  rate       {rate}",
-        f"  tokens     {s.prompt_tokens} prompt, {s.completion_tokens} completion",
+        f"  tokens     {used[0]} prompt, {used[1]} completion"
+        + (" (every step)" if tokens is not None else ""),
         *(
             [f"  cached     {s.cache_hits} answered from the response cache"]
             if s.cache_hits
@@ -183,7 +187,15 @@ async def _show(store: JobStore, job: str) -> tuple[bool, bool]:
         waiting = waiting_step(spec, status, steps, fleet or [], now)
     state = whole_state(finished, cancelled, waiting)
     print(
-        format_status(status, stage, endpoints, now=now, waiting=waiting, state=state),
+        format_status(
+            status,
+            stage,
+            endpoints,
+            now=now,
+            waiting=waiting,
+            state=state,
+            tokens=tokens_of(status, steps) if steps else None,
+        ),
         flush=True,
     )
     if agent_of(spec) is not None and spec.step == 0:  # an agent job, not one of its turns

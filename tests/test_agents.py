@@ -31,6 +31,7 @@ from swarm_queue.flows.agents import (
     enqueue_agents,
     tool_definition,
 )
+from swarm_queue.flows.steps import step_statuses, tokens_of
 from swarm_queue.sim.engine import EngineConfig, SimEngine
 from swarm_queue.sim.server import SimEndpoint, SimFleet
 from swarm_queue.sim.tools import AUTO_REFUSED
@@ -91,6 +92,14 @@ async def test_agents_take_their_turns_share_a_tool_call_and_answer_as_data(
         assert (r.turns, r.tool_calls, r.custom_id) == (3, 2, f"paper-{r.index}")
         assert (r.tool_runs, r.tools_cut) == (2, 0)  # each answer from one run, whole
         assert json.loads(r.text or "") == r.output
+    # The job's tokens are its agents' every turn's, not the first turn's alone.
+    spec = await store.load_spec("ag")
+    used = tokens_of(await store.status("ag"), await step_statuses(store, spec))
+    assert used == (
+        sum(r.prompt_tokens for r in results),
+        sum(r.completion_tokens for r in results),
+    )
+    assert used[0] > (await store.status("ag")).prompt_tokens
     runs = (await asyncio.to_thread(runs_log.read_text)).split()
     assert runs.count("slow_add") == 1  # shared by all 60 agents: run once
     assert runs.count("fetch") == n  # each agent's own: once each

@@ -126,6 +126,9 @@ def test_agents_survive_a_killed_worker_and_tool_runner_beside_other_jobs(
         status = command(env, "swarm-status", "ag")
         assert f"agents: {n} done, 0 waiting for a tool, 0 thinking (of {n})" in status.stdout
         assert "tool calls (all jobs): " in status.stdout
+        # Its tokens are its agents' every turn's (each line's own sum), once each.
+        used = [sum(x[k] for x in lines) for k in ("prompt_tokens", "completion_tokens")]
+        assert f"tokens     {used[0]} prompt, {used[1]} completion (every step)" in status.stdout
         runs = log.read_text().split()
         # The shared call ran once (again at most once per runner that died holding it).
         assert 1 <= runs.count("slow_add") <= 2
