@@ -30,7 +30,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.interop_agents import AGENTS, TOOL_TASK, agents, tool
-from bench.vllm_checks import WORK, Checks, alone, job, lines_of, run, same, worker
+from bench.vllm_checks import WORK, Checks, alone, job, lines_of, run, same, same_usage, worker
 from bench.vllm_cpu import (
     VLLM_VERSION,
     Server,
@@ -93,6 +93,7 @@ def _generation(checks: Checks, env: dict[str, str], url: str, n: int) -> None:
     own = [alone(url, "completions", {"prompt": x, "max_tokens": 16, "temperature": 0})
              for x in prompts]  # fmt: skip
     same(checks, "list completions", lines, lambda i: own[i]["choices"][0]["text"])
+    same_usage(checks, "list completions", lines, own)
     template = WORK / "template.txt"
     template.write_text("<s>[INST] {prompt} [/INST]")
     lines = job(env, url, "templ", src, "--max-tokens", "16", "--temperature", "0",
@@ -111,6 +112,7 @@ def _generation(checks: Checks, env: dict[str, str], url: str, n: int) -> None:
         for x in prompts
     ]  # fmt: skip
     same(checks, "--chat", lines, lambda i: own[i]["choices"][0]["message"]["content"])
+    same_usage(checks, "--chat", lines, own)
 
 
 def _batch_lines(
@@ -268,7 +270,9 @@ def _embeddings(checks: Checks, env: dict[str, str], url: str, n: int) -> None:
     src = WORK / "embed.txt"
     src.write_text("".join(x + "\n" for x in texts))
     lines = job(env, url, "embed", src, "--embed")
-    own = [alone(url, "embeddings", {"input": x})["data"][0]["embedding"] for x in texts]
+    alone_ = [alone(url, "embeddings", {"input": x}) for x in texts]
+    own = [a["data"][0]["embedding"] for a in alone_]
+    same_usage(checks, "embeddings", lines, alone_)
     bad = [
         x["index"] for x in lines
         if x.get("error") or len(x["embedding"]) != len(own[x["index"]])

@@ -16,7 +16,10 @@ import msgspec
 
 from bench.vllm_cpu import OUT
 
-__all__ = ["BIN", "REPO", "WORK", "Checks", "alone", "job", "lines_of", "run", "same", "worker"]
+__all__ = [
+    "BIN", "REPO", "WORK", "Checks", "alone", "job", "lines_of", "run", "same", "same_usage",
+    "worker",
+]  # fmt: skip
 
 BIN = Path(sys.executable).parent
 WORK = OUT / "interop-vllm"
@@ -87,6 +90,23 @@ def job(
     if got.returncode not in (0, 1):
         raise RuntimeError(f"swarm-collect {name}: {got.stderr}")
     return lines_of(out)
+
+
+def same_usage(
+    checks: Checks, what: str, lines: list[dict[str, Any]], own: list[dict[str, Any]]
+) -> None:
+    """Each line's usage equal to vLLM's for its request sent alone (``own``, by index)."""
+
+    def theirs(i: int) -> dict[str, int]:
+        u = own[i]["usage"]
+        return {
+            "prompt_tokens": u["prompt_tokens"],
+            "completion_tokens": u.get("completion_tokens") or 0,
+        }
+
+    bad = [x["index"] for x in lines if x.get("usage") != theirs(x["index"])]
+    checks.check(not bad, f"{what}: {len(lines) - len(bad)}/{len(lines)} lines' usage equal to "
+                 "vLLM's for the prompt alone", f"differ at {bad[:5]}")  # fmt: skip
 
 
 def same(
