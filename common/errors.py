@@ -172,7 +172,14 @@ class EndpointError(SwarmError):
 
 
 class EndpointRetryable(EndpointError):
-    """Transient: connection refused or reset, timeout, 429 or 5xx. Worth retrying."""
+    """Transient: connection refused or reset, timeout, 429 or 5xx. Worth retrying.
+
+    ``lost``: the request was in the server when it failed without an answer (no answer in
+    time, the connection cut mid-request): a server that hung or died under its prompts, which
+    count it as a worker's death (see ``SWARM_MAX_DELIVERIES``); a refused connection or an
+    error status is not."""
+
+    lost = False
 
 
 class EndpointServerError(EndpointRetryable):

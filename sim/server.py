@@ -87,6 +87,9 @@ class FaultConfig(msgspec.Struct, kw_only=True):
     # A request holding this text anywhere in its prompts fails whole with HTTP 500, as vLLM
     # fails a list when its tokenizer or chat template raises on one odd input.
     fail_on: str | None = None
+    # A request holding this text is never answered (an engine stuck on one input): the
+    # client's timeout ends it.
+    hang_on: str | None = None
 
 
 class _CompletionRequest(msgspec.Struct, kw_only=True):
@@ -385,6 +388,8 @@ class SimEndpoint:
                     f"EngineCore encountered an issue: tokenizer failed on {self.faults.fail_on!r}"
                 )
                 return self._error(500, why, "InternalServerError")
+            if self.faults.hang_on and self.faults.hang_on.encode() in raw:
+                await asyncio.Event().wait()  # until the client hangs up
             if (err := self._check_model(req.model)) is not None:
                 return err
             if req.stream:
@@ -831,6 +836,12 @@ def build_fleet(argv: Sequence[str] | None = None) -> SimFleet:
         help="fail with HTTP 500 every request whose prompts hold TEXT (a poison input, as a "
         "tokenizer error is on vLLM)",
     )
+    p.add_argument(
+        "--hang-on",
+        default=None,
+        metavar="TEXT",
+        help="never answer a request whose prompts hold TEXT (an engine stuck on one input)",
+    )
     p.add_argument("--die-after", default="", help="seconds until a port dies (per port)")
     p.add_argument("--stall-after", default="", help="seconds until a port stalls (per port)")
     p.add_argument(
@@ -903,6 +914,7 @@ def build_fleet(argv: Sequence[str] | None = None) -> SimFleet:
             die_after_s=dies[i],
             stall_after_s=stalls[i],
             fail_on=a.fail_on,
+            hang_on=a.hang_on,
         )
         endpoints.append(
             SimEndpoint(

@@ -72,6 +72,45 @@ def test_a_prompt_every_endpoint_fails_with_a_500_fails_alone_and_its_batch_is_a
     assert fleet.requests(0) + fleet.requests(1) < 3000
 
 
+@pytest.mark.slow
+def test_a_prompt_the_server_hangs_on_is_dead_lettered_and_its_batch_answered(
+    fleet_factory: FleetFactory, tmp_path: Path
+) -> None:
+    """A prompt an engine gets stuck on (no answer, ever): each run ends in the request's
+    timeout, and such a run is that prompt's death, as a worker's is: from the second it runs
+    alone, past SWARM_MAX_DELIVERIES it is dead-lettered, and the job ends. Before, a batch
+    given up on a timeout was released uncounted, taken again, and the job never ended.
+    Every line's attempts count its runs that never ended."""
+    fleet = fleet_factory(2, "--hang-on", POISON)
+    n, poison = 40, 5
+    src = tmp_path / "h.txt"
+    text = [f"Explain observation #{i}{POISON if i == poison else ''}." for i in range(n)]
+    src.write_text("".join(x + "\n" for x in text))
+    queued = subprocess.run(
+        [BIN / "swarm-enqueue", src, "--job", "h", "--max-tokens", str(MAX_TOKENS)],
+        env=fleet.env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert queued.returncode == 0, queued.stderr
+    worker = fleet.worker(
+        "w", [0, 1], SWARM_REQUEST_TIMEOUT_S="0.5", SWARM_MAX_ATTEMPTS="2",
+        SWARM_MAX_DELIVERIES="3", SWARM_BATCH_SIZE="8", SWARM_SPECULATE="0",
+    )  # fmt: skip
+    out = tmp_path / "h.jsonl"
+    done = collect(fleet.env, "h", out, stall_s=60)
+    assert done.returncode == 1, done.stderr  # one failed
+    lines = _lines(out)
+    assert [x["index"] for x in lines] == list(range(n))
+    assert [x["index"] for x in lines if x["error"] is not None] == [poison]
+    assert lines[poison]["error_kind"] == "dead_letter"
+    assert lines[poison]["error"].startswith("dead-lettered: run 4 times")
+    for x in lines:
+        if x["index"] != poison:
+            assert x["text"] == completion_for(text[x["index"]], MAX_TOKENS)[0]
+    # Its first batch's other prompts ran with it once, lost with it.
+    assert any(x["attempts"] >= 2 for x in lines if x["index"] != poison)
+    assert worker.wait(timeout=60) == 0
+
+
 async def test_a_collector_following_a_misspelt_job_ends_naming_the_jobs_it_may_mean(
     store: JobStore, cli_env: dict[str, str], tmp_path: Path
 ) -> None:

@@ -152,12 +152,14 @@ async def test_entries_that_keep_killing_workers_are_dead_lettered_and_suspects_
         requests = fleet.endpoints[0].requests_total
     lines = await collect_lines(store, "j")
     assert [x["error"] is not None for x in lines] == [True] * 2 + [False] * 18
-    assert (
-        lines[0]["error"]
-        == "dead-lettered: 9 workers died running it (a prompt that kills workers?)"
+    assert lines[0]["error"] == (
+        "dead-lettered: run 9 times, and each time its worker died or its server hung or "
+        "dropped it (a prompt that kills workers or servers?)"
     )
     for x, (p, _) in zip(lines[2:], list(prompts(20))[2:], strict=True):
         assert x["text"] == completion_for(p, 16)[0]
+    # Each line's attempts count its runs that never ended; a hand-back is no try.
+    assert [x["attempts"] for x in lines[2:]] == [3] * 3 + [2] * 5 + [1] * 10
     status = await store.status("j")
     assert status.failed_by_kind == {"dead_letter": 2} and status.finished
     assert engine.drainers[0].figures.dead_lettered == 2

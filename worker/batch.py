@@ -278,16 +278,17 @@ class BatchRunner:
         or the prompt's (it passes: the :class:`EndpointServerError` is raised, the prompt's
         to fail, or to try elsewhere)."""
         circuit, metrics, label = self.circuit, self.metrics, self.client.label
-        attempt = 0
+        attempt, lost = 0, False
         while True:
             if circuit.is_open:
-                raise GiveUp(EndpointRetryable(label, "circuit open"))
+                raise GiveUp(EndpointRetryable(label, "circuit open"), lost=lost)
             attempt += 1
             sent = time.monotonic()
             try:
                 value = await circuit.unless_open(call())
             except EndpointRetryable as exc:
                 metrics.request(job, label, time.monotonic() - sent, "retryable")
+                lost = lost or exc.lost
                 server = exc if isinstance(exc, EndpointServerError) and self.check else None
                 if server is not None:
                     circuit.noted(server)
@@ -299,7 +300,7 @@ class BatchRunner:
                 if server and not split and last and not circuit.is_open:
                     await self._blame(server)
                 if attempt >= self.settings.max_attempts or circuit.is_open:
-                    raise GiveUp(exc) from None
+                    raise GiveUp(exc, lost=lost) from None
                 self.retries += 1
                 metrics.retry(job, label)
                 delay = self.backoff(attempt - 1)

@@ -13,6 +13,8 @@ import logging
 import time
 from collections.abc import Callable
 
+import msgspec
+
 from swarm_queue.common.errors import (
     BadRecordError,
     EndpointError,
@@ -28,7 +30,7 @@ from swarm_queue.common.models import JobSpec, Result
 from swarm_queue.common.perprompt import answered
 from swarm_queue.common.request import route_of
 from swarm_queue.common.schema import validator_of
-from swarm_queue.common.store import Commit
+from swarm_queue.common.store import Commit, index_of
 from swarm_queue.common.throttle import Throttled
 from swarm_queue.common.vocab import FailureKind
 from swarm_queue.worker.answers import Unanswered, settled
@@ -180,8 +182,14 @@ class BatchPath:
             hits, items, keys = await self.cache.answered(spec, items)
             results += [(e, validator.checked(r) if validator else r, p) for e, r, p in hits]
 
+        # Its runs before this one that never ended (a worker died, a server hung or dropped
+        # it): each a try of the prompt's, counted in its line's attempts.
+        before = {index_of(eid): n for eid, _, n in deliveries if n}
+
         def shape(r: Result) -> Result:
             r = answered(spec, r) if spec.per_prompt is not None else r
+            if before:
+                r = msgspec.structs.replace(r, attempts=r.attempts + before.get(r.index, 0))
             return validator.checked(r) if validator is not None else r
 
         def committed(commit: Commit) -> None:
@@ -268,7 +276,8 @@ class BatchPath:
                 self._count(spec.job, await self._commit(spec, results))
             self.circuit.trip(cause)
             return
-        await self._release(spec, ids, cause, self.served.model_for(spec))
+        lost = isinstance(exc, GiveUp) and exc.lost and not copy  # (a copy's are its holder's)
+        await self._release(spec, ids, cause, self.served.model_for(spec), lost=lost)
 
     async def _takers(self, spec: JobSpec) -> int:
         """How many other endpoints may take work of ``spec``'s job now: this worker's own,
@@ -515,14 +524,21 @@ class BatchPath:
                 await self.store.touch(spec.job, self.consumer, mine, gen=spec.generation)
 
     async def _release(
-        self, spec: JobSpec, ids: list[bytes], cause: EndpointError, model: str | None
+        self,
+        spec: JobSpec,
+        ids: list[bytes],
+        cause: EndpointError,
+        model: str | None,
+        *,
+        lost: bool = False,
     ) -> None:
         """Give up a batch: hand back the entries still ours, and record what the failure
-        says about the endpoint or the job's model."""
+        says about the endpoint or the job's model. ``lost``: its request was lost in the
+        server (it hung or died under it), a death of each of its prompts, as a worker's."""
         job = spec.job
         self._let_go(job, ids)
         with contextlib.suppress(StoreUnavailable):
-            await self.store.release(job, self.consumer, ids, gen=spec.generation)
+            await self.store.release(job, self.consumer, ids, gen=spec.generation, lost=lost)
         self.engine.reclaim_soon(job)  # this worker's other endpoints take them at once
         if isinstance(cause, ModelNotServed):
             # The job's trouble, not the endpoint's: stop taking the job until the served

@@ -33,11 +33,13 @@ T = TypeVar("T")
 
 class GiveUp(Exception):
     """This endpoint will not finish the request (attempts spent, or its circuit opened):
-    hand the batch to another."""
+    hand the batch to another. ``lost``: one of its attempts was lost in the server (see
+    :class:`~common.errors.EndpointRetryable`): a death of its prompts."""
 
-    def __init__(self, cause: EndpointError) -> None:
+    def __init__(self, cause: EndpointError, *, lost: bool = False) -> None:
         super().__init__(str(cause))
         self.cause = cause
+        self.lost = lost
 
 
 class Circuit:
@@ -62,6 +64,9 @@ class Circuit:
         # The endpoint's last failure, if it was an answer that could not be used (it is up,
         # and lies): what its probes check again, and what ends work no other endpoint takes.
         self.malformed: EndpointMalformed | None = None
+        # The circuit was opened by a request lost in the server (it hung or died under it):
+        # the requests it then cancels were lost there too (see EndpointRetryable.lost).
+        self.lost = False
 
     @property
     def is_open(self) -> bool:
@@ -102,6 +107,7 @@ class Circuit:
     def trip(self, cause: EndpointError) -> None:
         """Open the circuit: requests in flight give up, no work is taken, probing starts."""
         if not self._open.is_set():
+            self.lost = isinstance(cause, EndpointRetryable) and cause.lost
             log.warning(
                 "%s: circuit open after repeated failures (%s); probing the endpoint",
                 self.label,
@@ -129,7 +135,7 @@ class Circuit:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
         if task.cancelled():
-            raise GiveUp(EndpointRetryable(self.label, "circuit open"))
+            raise GiveUp(EndpointRetryable(self.label, "circuit open"), lost=self.lost)
         return task.result()
 
     async def until_closed(

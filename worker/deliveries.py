@@ -42,7 +42,10 @@ def dead_letters(dead: list[Delivery], endpoint: str) -> list[Finished]:
             Result(
                 index=index_of(eid),
                 endpoint=endpoint,
-                error=f"dead-lettered: {n} workers died running it (a prompt that kills workers?)",
+                error=(
+                    f"dead-lettered: run {n} times, and each time its worker died or its server "
+                    "hung or dropped it (a prompt that kills workers or servers?)"
+                ),
                 error_kind=FailureKind.DEAD_LETTER,
             ),
             payload,

@@ -331,11 +331,14 @@ class EndpointClient:
         try:
             return await self._call(path, timeout_s, body)
         except TimeoutError:
-            raise EndpointRetryable(self.label, f"no answer within {timeout_s:g} s") from None
+            late = EndpointRetryable(self.label, f"no answer within {timeout_s:g} s")
+            late.lost = True
+            raise late from None
         except aiohttp.ClientError as exc:
-            raise EndpointRetryable(
-                self.label, f"connection failed: {type(exc).__name__}: {exc}"
-            ) from None
+            cut = EndpointRetryable(self.label, f"connection failed: {type(exc).__name__}: {exc}")
+            # Refused (nothing listens) never reached the server; a cut one did.
+            cut.lost = not isinstance(exc, aiohttp.ClientConnectorError)
+            raise cut from None
 
     async def _answer(
         self, what: str, body: dict[str, Any], decoder: msgspec.json.Decoder[T], timeout_s: float

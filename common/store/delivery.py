@@ -137,12 +137,15 @@ class Delivery(StoreBase):
         *,
         gen: str,
         strike: bool = False,
+        lost: bool = False,
     ) -> int:
         """Hand entries back at once: mark the ones still ours long idle, so any worker's
         reclaim takes them without waiting for the claim idle time. ``strike``: given back
-        because this endpoint's answers could not be used (see :meth:`strikes`)."""
+        because this endpoint's answers could not be used (see :meth:`strikes`). ``lost``:
+        their request was lost in the server (it hung or died under it): their running marks
+        stay, counted as a death (see :meth:`start`)."""
         idle = str(RELEASED_IDLE_MS)
-        return await self._claim_own(job, consumer, entry_ids, idle, gen, strike=strike)
+        return await self._claim_own(job, consumer, entry_ids, idle, gen, strike=strike, lost=lost)
 
     async def job_dim(self, job: str) -> int | None:
         """An embeddings job's dimension, once its first answer has fixed it."""
@@ -176,6 +179,7 @@ class Delivery(StoreBase):
         gen: str,
         *,
         strike: bool = False,
+        lost: bool = False,
     ) -> int:
         if not entry_ids:
             return 0
@@ -185,7 +189,9 @@ class Delivery(StoreBase):
             keys.append(self.keys.strikes(job))
         async with redis_errors(self.url, job):
             return int(
-                await self.scripts.claim_mine(keys=keys, args=[GROUP, consumer, idle, gen, *ids])
+                await self.scripts.claim_mine(
+                    keys=keys, args=[GROUP, consumer, idle, gen, "1" if lost else "", *ids]
+                )
             )
 
     async def commit(

@@ -1,7 +1,8 @@
 -- claim_mine: re-claim, for the calling consumer, those of the given entries it still owns.
 -- Without an idle time this resets their idle time (a heartbeat); with one it marks them long
 -- idle (a release: any worker's reclaim takes them at once) and takes back their `running`
--- marks, since handing work back is no death. Entries another worker took over meanwhile are
+-- marks, since handing work back is no death; unless its request was lost in the server (it
+-- hung or died under it, ARGV[5] '1'): then the marks stay, a death as a worker's is. Entries another worker took over meanwhile are
 -- left alone, so a slow worker never steals them back. Entries of another generation of the
 -- job (deleted and queued again under its name, same entry IDs) are refused with GONE.
 -- A release that gives entries back because the endpoint's answers could not be used strikes
@@ -11,13 +12,14 @@
 -- entry alone. Every give-back is counted too (field `ID|n`): however the fleet hands it
 -- round, an entry's tries are bounded.
 -- KEYS: [1] stream, [2] running, [3] meta, [4] (a release's strikes, if any) strikes
--- ARGV: [1] group, [2] consumer, [3] idle_ms ('' for a heartbeat), [4] generation, then the
---       entry IDs, sorted
+-- ARGV: [1] group, [2] consumer, [3] idle_ms ('' for a heartbeat), [4] generation, [5] '1' if
+--       the marks stay (a lost request), then the entry IDs, sorted
 -- Returns how many entries the consumer still owned.
 local stream, running, group, consumer, idle = KEYS[1], KEYS[2], ARGV[1], ARGV[2], ARGV[3]
 local gone = generation_error(KEYS[3], ARGV[4])
 if gone then return gone end
-local ids = still_held(stream, group, consumer, 5)
+local ids = still_held(stream, group, consumer, 6)
+local lost = ARGV[5] == '1'
 for i = 1, #ids, 500 do
   -- unpack() only expands as the last argument, so build the whole argument list first.
   local args = {'XCLAIM', stream, group, consumer, 0}
@@ -31,7 +33,9 @@ for i = 1, #ids, 500 do
 end
 if idle ~= '' then
   for _, id in ipairs(ids) do
-    if redis.call('HINCRBY', running, id, -1) <= 0 then redis.call('HDEL', running, id) end
+    if not lost and redis.call('HINCRBY', running, id, -1) <= 0 then
+      redis.call('HDEL', running, id)
+    end
     if KEYS[4] then
       redis.call('HINCRBY', KEYS[4], id .. '|n', 1)
       if redis.call('HSETNX', KEYS[4], id .. '|' .. consumer, 1) == 1 then
