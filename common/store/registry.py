@@ -158,7 +158,7 @@ class Registry(StoreBase):
             (total, finished, cancelled), feeding = await pipe.execute()
             if finished is not None or cancelled is not None:
                 return False
-            pending, undelivered, _ = await self.scripts.backlog(
+            pending, undelivered, *_ = await self.scripts.backlog(
                 keys=[self.keys.stream(job)], args=[GROUP]
             )
         return int(pending) > 0 or bool(undelivered) or (total is None and bool(feeding))

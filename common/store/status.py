@@ -18,6 +18,7 @@ from swarm_queue.common.keys import GROUP
 from swarm_queue.common.models import encode
 from swarm_queue.common.store.base import StoreBase
 from swarm_queue.common.store.connection import redis_errors
+from swarm_queue.common.store.delivery import RELEASED_IDLE_MS
 from swarm_queue.common.vocab import FAILED_KIND_PREFIX, FailureKind, Meta
 
 __all__ = ["JobStatus", "Status"]
@@ -103,7 +104,7 @@ class Status(StoreBase):
         meta_key, stream = self.keys.meta(job), self.keys.stream(job)
         async with redis_errors(self.url, job):
             raw = await self.redis.hgetall(meta_key)
-            backlog = await self.scripts.backlog(keys=[stream], args=[GROUP, 1])
+            backlog = await self.scripts.backlog(keys=[stream], args=[GROUP, 1, RELEASED_IDLE_MS])
         if not raw or Meta.SPEC.encode() not in raw:
             raise JobNotFoundError(
                 f"no job named {job!r} in this Redis (prefix {self.keys.prefix!r})"
@@ -111,8 +112,10 @@ class Status(StoreBase):
         meta = {k.decode(): v.decode() for k, v in raw.items() if k != Meta.SPEC.encode()}
         running = Meta.FIRST_RESULT_S in meta and Meta.FINISHED_S not in meta
         now = await self.server_time() if rate and running else 0.0
-        # An entry waiting in an endpoint's lane is queued, in no worker's hands yet.
-        return _job_status(job, meta, int(backlog[0]) - int(backlog[2]), now)
+        # An entry waiting in an endpoint's lane is queued, in no worker's hands yet; so is
+        # one an endpoint gave up and released, until another takes it.
+        held = int(backlog[0]) - int(backlog[2]) - int(backlog[3])
+        return _job_status(job, meta, held, now)
 
     async def bad_keys(self, job: str) -> list[str]:
         """Which of ``job``'s keys hold another type than swarm-queue keeps there (another

@@ -121,7 +121,7 @@ class Steps(StepMap):
     async def landed_backlog(self, job: str) -> bool:
         """True while step ``job`` has answers not yet moved on (taken or not)."""
         async with redis_errors(self.url, job):
-            pending, undelivered, _ = await self.scripts.backlog(
+            pending, undelivered, *_ = await self.scripts.backlog(
                 keys=[self.keys.landed(job)], args=[PUMP_GROUP]
             )
         return int(pending) > 0 or bool(undelivered)
