@@ -130,6 +130,9 @@ class BatchObject(msgspec.Struct, frozen=True):
     usage: BatchUsage | None = None
     metadata: dict[str, str] | None = None
     model: str | None = None
+    # swarm-queue's own: why its requests wait while it runs (no live worker serves its
+    # project's prefix, or its model), said live by the gateway; None when nothing is missing.
+    waiting: str | None = None
 
 
 _msgpack = msgspec.msgpack.Encoder()

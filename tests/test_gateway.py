@@ -426,6 +426,14 @@ def test_two_projects_on_one_gateway_see_nothing_of_each_other(
                 assert not r.exists(Keys(other).meta(batch_id))
         finally:
             r.close()
+        # No worker runs under beta's prefix: its batch says so while it runs, never silent.
+        since = time.monotonic()
+        while (running := beta.batches.retrieve(theirs.id)).status != "in_progress":
+            assert time.monotonic() - since < 60, running.status
+            time.sleep(0.05)
+        assert running.waiting == (  # type: ignore[attr-defined]
+            f"no live worker serves this project's prefix {beta_prefix!r} (SWARM_PREFIX)"
+        )
         # A file deleted is gone for its owner too.
         assert alpha.files.delete(file_id).deleted
         with pytest.raises(openai.NotFoundError):

@@ -29,12 +29,13 @@ from swarm_queue.common.batchapi import (
     window_s,
 )
 from swarm_queue.common.errors import (
+    BadRecordError,
     ConfigError,
     JobNotFoundError,
     StoreUnavailable,
     StoreUnreached,
 )
-from swarm_queue.common.fleet import live_models
+from swarm_queue.common.fleet import live_models, waiting_reason
 from swarm_queue.common.store import JobStore
 from swarm_queue.common.store.batches import StoredBatch
 from swarm_queue.producer.gateway.driver import counts_of, usage_of
@@ -250,12 +251,15 @@ class Gateway:
                 batch, status=BatchStatus.CANCELLING, cancelling_at=stored.cancel_at
             )
         if stored.batch.status in (BatchStatus.IN_PROGRESS, BatchStatus.FINALIZING):
+            jobs = self.jobs_of(stored.prefix)
             try:
-                s = await self.jobs_of(stored.prefix).status(batch.id, rate=False)
+                s = await jobs.status(batch.id, rate=False)
             except JobNotFoundError:
                 return batch
             counts = counts_of(s.done, s.failed, s.total or s.enqueued)
-            batch = msgspec.structs.replace(batch, request_counts=counts, usage=usage_of(s))
+            batch = msgspec.structs.replace(
+                batch, request_counts=counts, usage=usage_of(s), waiting=await _waiting(jobs, batch)
+            )
         return batch
 
     async def get_batch(self, request: web.Request) -> web.Response:
@@ -296,6 +300,18 @@ class Gateway:
             {"id": m, "object": "model", "created": 0, "owned_by": "swarm-queue"} for m in names
         ]
         return _json({"object": "list", "data": data})
+
+
+async def _waiting(jobs: JobStore, batch: BatchObject) -> str | None:
+    """Why ``batch``'s requests wait (see :func:`common.fleet.waiting_reason`), naming the
+    project's prefix when no worker serves it at all; None when a live endpoint serves it."""
+    try:
+        fleet, now = await jobs.read_fleet(), await jobs.server_time()
+    except BadRecordError:
+        return None
+    if not live_models(fleet, now):
+        return f"no live worker serves this project's prefix {jobs.keys.prefix!r} (SWARM_PREFIX)"
+    return waiting_reason(batch.model, fleet, now)
 
 
 def _project(request: web.Request) -> Project:
