@@ -6,12 +6,9 @@ projects that cannot see each other, a cancel, and a gateway killed mid-batch.""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
 import signal
 import subprocess
 import time
-from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +21,7 @@ from swarm_queue.common.embedded import free_port
 from swarm_queue.common.keys import Keys
 from swarm_queue.common.models import pack_vector, unpack_vector
 from swarm_queue.sim.text import completion_for, count_tokens, embedding_for
+from tests import gatewayproc as gw
 from tests.harness import (
     BIN,
     MAX_TOKENS,
@@ -33,90 +31,8 @@ from tests.harness import (
     collect,
     fleet_prompt,
     sync_client,
-    wait_port,
     wrong_key_endpoint,
 )
-
-OVER = {"completed", "failed", "expired", "cancelled"}
-
-
-@contextlib.contextmanager
-def _gateway(
-    env: Mapping[str, str], tmp: Path, *args: str, port: int | None = None
-) -> Iterator[tuple[subprocess.Popen[bytes], int, Path]]:
-    """A swarm-gateway process on a port of its own, its files under ``tmp``; its log."""
-    port = port or free_port()
-    log = tmp / f"gateway-{port}-{time.monotonic_ns()}.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [BIN / "swarm-gateway", "--port", str(port), "--dir", tmp / "files", *args],
-            env=dict(env),
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    try:
-        wait_port(port, proc)
-        yield proc, port, log
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait()
-
-
-def _children(pid: int) -> list[int]:
-    """The processes whose parent is ``pid`` (read from /proc)."""
-    out = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError):
-            fields = stat.read_text().rpartition(")")[2].split()
-            if int(fields[1]) == pid:
-                out.append(int(stat.parent.name))
-    return out
-
-
-def _alive(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie, ended and not yet reaped, does not)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def _client(port: int, key: str = "no-key") -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=key, max_retries=0)
-
-
-def _upload(client: openai.OpenAI, tmp: Path, name: str, lines: list[Any]) -> str:
-    path = tmp / name
-    path.write_text("".join((x if isinstance(x, str) else json.dumps(x)) + "\n" for x in lines))
-    with path.open("rb") as fh:
-        return client.files.create(file=fh, purpose="batch").id
-
-
-def _wait(client: openai.OpenAI, batch_id: str, stall_s: float = 120.0) -> Any:
-    """The batch once it is over; fails only after ``stall_s`` without progress (a loaded
-    machine is slow, not stuck)."""
-    last, since = None, time.monotonic()
-    while True:
-        batch = client.batches.retrieve(batch_id)
-        if batch.status in OVER:
-            return batch
-        mark = (batch.status, batch.request_counts.completed, batch.request_counts.failed)
-        if mark != last:
-            last, since = mark, time.monotonic()
-        assert time.monotonic() - since < stall_s, f"batch {batch_id} stuck at {mark}"
-        time.sleep(0.1)
-
-
-def _wait_until(client: openai.OpenAI, batch_id: str, done: int, stall_s: float = 120.0) -> Any:
-    """The batch once ``done`` of its requests are answered (or it is over)."""
-    since = time.monotonic()
-    while True:
-        batch = client.batches.retrieve(batch_id)
-        if batch.status in OVER or batch.request_counts.completed >= done:
-            return batch
-        assert time.monotonic() - since < stall_s, f"batch {batch_id}: {batch}"
-        time.sleep(0.05)
 
 
 def _wait_collected(files: Path, lines: int, stall_s: float = 120.0) -> None:
@@ -139,21 +55,6 @@ def _served(client: openai.OpenAI, stall_s: float = 120.0) -> list[str]:
     return models
 
 
-def _lines(client: openai.OpenAI, file_id: str | None) -> list[dict[str, Any]]:
-    if file_id is None:
-        return []
-    return [json.loads(x) for x in client.files.content(file_id).text.splitlines()]
-
-
-def _completion(i: int, poison: set[int]) -> dict[str, Any]:
-    return {
-        "custom_id": f"req-{i}",
-        "method": "POST",
-        "url": "/v1/completions",
-        "body": {"prompt": fleet_prompt(i, poison), "max_tokens": MAX_TOKENS},
-    }
-
-
 def _slow_fleet(fleet_factory: FleetFactory, *, step_ms: int, seqs: int, batch: int) -> Fleet:
     """One slow endpoint and its worker, two small batches in flight: a batch of hundreds of
     requests runs for seconds, long enough to act on it midway."""
@@ -165,21 +66,14 @@ def _slow_fleet(fleet_factory: FleetFactory, *, step_ms: int, seqs: int, batch: 
     return fleet
 
 
-def _completions_batch(client: openai.OpenAI, tmp: Path, n: int, window: str = "24h") -> Any:
-    """A batch of ``n`` completions requests, created."""
-    lines = [_completion(i, set()) for i in range(n)]
-    return client.batches.create(
-        input_file_id=_upload(client, tmp, "c.jsonl", lines),
-        endpoint="/v1/completions",
-        completion_window=window,
-    )
-
-
 def _split_whole(client: openai.OpenAI, over: Any, n: int) -> list[dict[str, Any]]:
     """The error lines of a batch ended early, once its output and error files are checked
     to hold its counts and every request once."""
     counts = over.request_counts
-    out, errors = _lines(client, over.output_file_id), _lines(client, over.error_file_id)
+    out, errors = (
+        gw.file_lines(client, over.output_file_id),
+        gw.file_lines(client, over.error_file_id),
+    )
     assert (len(out), len(errors)) == (counts.completed, counts.failed)
     assert sorted(x["custom_id"] for x in out + errors) == sorted(f"req-{i}" for i in range(n))
     return errors
@@ -214,18 +108,18 @@ def test_batches_of_each_endpoint_through_the_sdk_are_answered_line_by_line(
     fleet.worker("w", [0, 1], burst=False)
     poison = {3, 77}
     n = 200
-    with _gateway(fleet.env, tmp_path) as (_, port, log):
-        client = _client(port)
-        lines = [_completion(i, poison) for i in range(n)]
+    with gw.gateway(fleet.env, tmp_path) as (_, port, log):
+        client = gw.client(port)
+        lines = [gw.completion_line(i, poison) for i in range(n)]
         completions = client.batches.create(
-            input_file_id=_upload(client, tmp_path, "c.jsonl", lines),
+            input_file_id=gw.upload(client, tmp_path, "c.jsonl", lines),
             endpoint="/v1/completions",
             completion_window="24h",
             metadata={"study": "survey"},
         )
         assert completions.status == "validating"
         chat = client.batches.create(
-            input_file_id=_upload(client, tmp_path, "chat.jsonl", [_chat(i) for i in range(30)]),
+            input_file_id=gw.upload(client, tmp_path, "chat.jsonl", [_chat(i) for i in range(30)]),
             endpoint="/v1/chat/completions",
             completion_window="24h",
         )
@@ -235,18 +129,18 @@ def test_batches_of_each_endpoint_through_the_sdk_are_answered_line_by_line(
             for i, t in enumerate(texts)
         ]
         embeddings = client.batches.create(
-            input_file_id=_upload(client, tmp_path, "e.jsonl", embed_lines),
+            input_file_id=gw.upload(client, tmp_path, "e.jsonl", embed_lines),
             endpoint="/v1/embeddings",
             completion_window="24h",
         )
 
-        done = _wait(client, completions.id)
+        done = gw.wait_over(client, completions.id)
         assert done.status == "completed"
         assert done.metadata == {"study": "survey"}
         assert (done.request_counts.total, done.request_counts.completed) == (n, n - 2)
         assert done.request_counts.failed == 2
         assert done.in_progress_at and done.finalizing_at and done.completed_at
-        out = _lines(client, done.output_file_id)
+        out = gw.file_lines(client, done.output_file_id)
         assert sorted(x["custom_id"] for x in out) == sorted(
             f"req-{i}" for i in range(n) if i not in poison
         )
@@ -267,31 +161,31 @@ def test_batches_of_each_endpoint_through_the_sdk_are_answered_line_by_line(
             sum(u["completion_tokens"] for u in used),
         )
         assert done.usage.total_tokens == sum(u["total_tokens"] for u in used) > 0
-        errors = _lines(client, done.error_file_id)
+        errors = gw.file_lines(client, done.error_file_id)
         assert sorted(x["custom_id"] for x in errors) == ["req-3", "req-77"]
         for x in errors:
             assert x["response"]["status_code"] == 400
             assert x["error"]["message"].startswith("You passed 750 input tokens")
 
-        chat_done = _wait(client, chat.id)
+        chat_done = gw.wait_over(client, chat.id)
         assert chat_done.status == "completed" and chat_done.error_file_id is None
-        chat_out = _lines(client, chat_done.output_file_id)
+        chat_out = gw.file_lines(client, chat_done.output_file_id)
         assert len(chat_out) == 30
         for x in chat_out:
             i = int(x["custom_id"].split("-")[1])
             message = x["response"]["body"]["choices"][0]["message"]
             assert message == {"role": "assistant", "content": _chat_answer(i)}
 
-        embed_done = _wait(client, embeddings.id)
+        embed_done = gw.wait_over(client, embeddings.id)
         assert embed_done.status == "completed"
         vectors = {
             x["custom_id"]: x["response"]["body"]["data"][0]["embedding"]
-            for x in _lines(client, embed_done.output_file_id)
+            for x in gw.file_lines(client, embed_done.output_file_id)
         }
         assert vectors == {f"e{i}": _float32(embedding_for(t)) for i, t in enumerate(texts)}
         embed_used = [
             x["response"]["body"]["usage"]["prompt_tokens"]
-            for x in _lines(client, embed_done.output_file_id)
+            for x in gw.file_lines(client, embed_done.output_file_id)
         ]
         assert embed_done.usage is not None
         assert embed_done.usage.input_tokens == sum(embed_used) == sum(map(count_tokens, texts))
@@ -317,21 +211,21 @@ def test_batches_of_each_endpoint_through_the_sdk_are_answered_line_by_line(
 def test_an_input_that_fails_validation_fails_the_batch_naming_each_line(
     cli_env: dict[str, str], tmp_path: Path
 ) -> None:
-    with _gateway(cli_env, tmp_path) as (_, port, _log):
-        client = _client(port)
-        good = _completion(0, set())
+    with gw.gateway(cli_env, tmp_path) as (_, port, _log):
+        client = gw.client(port)
+        good = gw.completion_line(0, set())
         good["body"]["model"] = "m1"
-        dup = _completion(1, set()) | {"custom_id": "req-0"}
-        other_url = _completion(2, set()) | {"url": "/v1/chat/completions"}
-        other_model = _completion(3, set())
+        dup = gw.completion_line(1, set()) | {"custom_id": "req-0"}
+        other_url = gw.completion_line(2, set()) | {"url": "/v1/chat/completions"}
+        other_model = gw.completion_line(3, set())
         other_model["body"]["model"] = "m2"
-        lines = [good, "{not json", other_url, dup, other_model, _completion(5, set())]
+        lines = [good, "{not json", other_url, dup, other_model, gw.completion_line(5, set())]
         batch = client.batches.create(
-            input_file_id=_upload(client, tmp_path, "bad.jsonl", lines),
+            input_file_id=gw.upload(client, tmp_path, "bad.jsonl", lines),
             endpoint="/v1/completions",
             completion_window="24h",
         )
-        failed = _wait(client, batch.id)
+        failed = gw.wait_over(client, batch.id)
         assert failed.status == "failed" and failed.failed_at
         assert failed.errors is not None
         assert [(e.line, e.code, e.param) for e in failed.errors.data] == [
@@ -343,13 +237,13 @@ def test_an_input_that_fails_validation_fails_the_batch_naming_each_line(
         assert failed.output_file_id is None and failed.request_counts.total == 0
 
         empty = client.batches.create(
-            input_file_id=_upload(client, tmp_path, "empty.jsonl", []),
+            input_file_id=gw.upload(client, tmp_path, "empty.jsonl", []),
             endpoint="/v1/completions",
             completion_window="24h",
         )
-        assert [e.code for e in _wait(client, empty.id).errors.data] == ["empty_file"]
+        assert [e.code for e in gw.wait_over(client, empty.id).errors.data] == ["empty_file"]
 
-        file_id = _upload(client, tmp_path, "ok.jsonl", [good])
+        file_id = gw.upload(client, tmp_path, "ok.jsonl", [good])
         with pytest.raises(openai.BadRequestError) as bad:
             client.batches.create(
                 input_file_id=file_id,
@@ -382,9 +276,9 @@ def test_two_projects_on_one_gateway_see_nothing_of_each_other(
     beta_prefix = cli_env["SWARM_PREFIX"] + "-beta"  # beta's jobs under a prefix of its own
     keys = tmp_path / "keys"
     keys.write_text(f"# key project\n{alpha_key} alpha\n{beta_key} beta {beta_prefix}\n")
-    with _gateway(cli_env, tmp_path, "--keys", str(keys)) as (_, port, log):
-        alpha, beta = _client(port, alpha_key), _client(port, beta_key)
-        file_id = _upload(alpha, tmp_path, "a.jsonl", [_completion(0, set())])
+    with gw.gateway(cli_env, tmp_path, "--keys", str(keys)) as (_, port, log):
+        alpha, beta = gw.client(port, alpha_key), gw.client(port, beta_key)
+        file_id = gw.upload(alpha, tmp_path, "a.jsonl", [gw.completion_line(0, set())])
         batch = alpha.batches.create(
             input_file_id=file_id, endpoint="/v1/completions", completion_window="24h"
         )
@@ -405,10 +299,10 @@ def test_two_projects_on_one_gateway_see_nothing_of_each_other(
         assert alpha.files.retrieve(file_id).id == file_id  # still there for its owner
         for wrong in ("no-key", beta_key + "x"):
             with pytest.raises(openai.AuthenticationError):
-                _client(port, wrong).batches.list()
+                gw.client(port, wrong).batches.list()
         # Each project's job under its own prefix, once queued (no worker runs them here).
         theirs = beta.batches.create(
-            input_file_id=_upload(beta, tmp_path, "b.jsonl", [_completion(0, set())]),
+            input_file_id=gw.upload(beta, tmp_path, "b.jsonl", [gw.completion_line(0, set())]),
             endpoint="/v1/completions",
             completion_window="24h",
         )
@@ -476,7 +370,7 @@ async def test_every_refusal_is_in_openais_error_shape_and_leaves_no_bytes_behin
     itself in trouble"; an unknown route, 405 and 413 in plain text; two file parts in one
     upload left the first's bytes on disk, listed nowhere; metadata over OpenAI's 64/512
     characters taken."""
-    with _gateway(cli_env, tmp_path) as (_, port, _log):
+    with gw.gateway(cli_env, tmp_path) as (_, port, _log):
         base = f"http://127.0.0.1:{port}/v1"
         asks: list[tuple[str, str, tuple[bytes, str] | None]] = [
             ("GET", "/nothing-here", None),
@@ -498,8 +392,8 @@ async def test_every_refusal_is_in_openais_error_shape_and_leaves_no_bytes_behin
             error = body["error"]
             assert set(error) == {"message", "type", "param", "code"} and error["message"]
         assert answers[5][1]["error"]["message"] == "one file per upload"
-        client = _client(port)
-        file_id = _upload(client, tmp_path, "in.jsonl", [_completion(0, set())])
+        client = gw.client(port)
+        file_id = gw.upload(client, tmp_path, "in.jsonl", [gw.completion_line(0, set())])
         for metadata in ({"k" * 65: "v"}, {"k": "v" * 513}):
             with pytest.raises(openai.BadRequestError, match="at most 64 characters"):
                 await asyncio.to_thread(
@@ -517,13 +411,13 @@ def test_a_cancelled_batch_keeps_what_was_answered_and_fails_the_rest(
 ) -> None:
     fleet = _slow_fleet(fleet_factory, step_ms=30, seqs=16, batch=8)
     n = 300
-    with _gateway(fleet.env, tmp_path) as (_, port, _log):
-        client = _client(port)
-        batch = _completions_batch(client, tmp_path, n)
-        _wait_until(client, batch.id, 16)
+    with gw.gateway(fleet.env, tmp_path) as (_, port, _log):
+        client = gw.client(port)
+        batch = gw.completions_batch(client, tmp_path, n)
+        gw.wait_answered(client, batch.id, 16)
         asked = client.batches.cancel(batch.id)
         assert asked.status == "cancelling" and asked.cancelling_at
-        over = _wait(client, batch.id)
+        over = gw.wait_over(client, batch.id)
         assert over.status == "cancelled" and over.cancelled_at
         counts = over.request_counts
         assert counts.total == n and counts.completed + counts.failed == n
@@ -545,12 +439,12 @@ def test_a_batch_still_running_at_the_end_of_its_window_expires_with_what_it_has
 ) -> None:
     fleet = _slow_fleet(fleet_factory, step_ms=40, seqs=8, batch=4)
     n = 400
-    with _gateway(fleet.env, tmp_path) as (_, port, _log):
-        client = _client(port)
+    with gw.gateway(fleet.env, tmp_path) as (_, port, _log):
+        client = gw.client(port)
         _served(client)  # the worker is up: the window is the batch's, not its start's
-        batch = _completions_batch(client, tmp_path, n, window="3s")
+        batch = gw.completions_batch(client, tmp_path, n, window="3s")
         assert batch.expires_at == batch.created_at + 3
-        over = _wait(client, batch.id)
+        over = gw.wait_over(client, batch.id)
         assert over.status == "expired" and over.expired_at and over.expired_at >= batch.expires_at
         counts = over.request_counts
         assert 0 < counts.completed < n and counts.completed + counts.failed == n
@@ -568,10 +462,10 @@ def test_a_batch_whose_job_is_deleted_under_it_fails_saying_so_and_is_not_queued
 ) -> None:
     fleet = _slow_fleet(fleet_factory, step_ms=30, seqs=16, batch=8)
     n = 300
-    with _gateway(fleet.env, tmp_path) as (_, port, _log):
-        client = _client(port)
-        batch = _completions_batch(client, tmp_path, n)
-        _wait_until(client, batch.id, 16)
+    with gw.gateway(fleet.env, tmp_path) as (_, port, _log):
+        client = gw.client(port)
+        batch = gw.completions_batch(client, tmp_path, n)
+        gw.wait_answered(client, batch.id, 16)
         # Answered is not yet collected (the collector writes in input order): wait for
         # 16 lines in the batch's work file, the answers its deletion must not lose.
         _wait_collected(tmp_path / "files", 16)
@@ -583,10 +477,10 @@ def test_a_batch_whose_job_is_deleted_under_it_fails_saying_so_and_is_not_queued
             timeout=60,
         )
         assert gone.returncode == 0, gone.stderr
-        over = _wait(client, batch.id)
+        over = gw.wait_over(client, batch.id)
         assert over.status == "failed" and over.errors is not None
         assert [e.code for e in over.errors.data] == ["job_deleted"]
-        answered = _lines(client, over.output_file_id)
+        answered = gw.file_lines(client, over.output_file_id)
         assert len(answered) >= 16 and all(x["error"] is None for x in answered)
         # What it says it answered is what its output file holds (it said 0 before).
         assert over.request_counts.completed == len(answered)
@@ -607,25 +501,25 @@ def test_a_gateway_killed_mid_batch_is_carried_on_by_the_next_one(
     fleet = fleet_factory(2, "--step-ms", "20", "--max-num-seqs", "32")
     fleet.worker("w", [0, 1], burst=False, SWARM_BATCH_SIZE="16")
     n = 600
-    with _gateway(fleet.env, tmp_path) as (first, port, _log):
-        client = _client(port)
-        batch = _completions_batch(client, tmp_path, n)
-        seen = _wait_until(client, batch.id, 64)
+    with gw.gateway(fleet.env, tmp_path) as (first, port, _log):
+        client = gw.client(port)
+        batch = gw.completions_batch(client, tmp_path, n)
+        seen = gw.wait_answered(client, batch.id, 64)
         assert seen.status == "in_progress"
-        helpers = _children(first.pid)
+        helpers = gw.children(first.pid)
         assert len(helpers) >= 2  # its helpers (and the resource tracker) are running
         first.send_signal(signal.SIGKILL)
         first.wait()
         deadline = time.monotonic() + 15
-        while (left := [h for h in helpers if _alive(h)]) and time.monotonic() < deadline:
+        while (left := [h for h in helpers if gw.alive(h)]) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert left == [], "the gateway's helper processes outlived it"
-    with _gateway(fleet.env, tmp_path) as (_, port, _log):
-        client = _client(port)
-        done = _wait(client, batch.id)
+    with gw.gateway(fleet.env, tmp_path) as (_, port, _log):
+        client = gw.client(port)
+        done = gw.wait_over(client, batch.id)
         assert done.status == "completed", done
         assert (done.request_counts.completed, done.request_counts.failed) == (n, 0)
-        out = _lines(client, done.output_file_id)
+        out = gw.file_lines(client, done.output_file_id)
     got = {x["custom_id"]: x["response"]["body"]["choices"][0]["text"] for x in out}
     assert len(out) == n  # each line once
     assert got == {
@@ -643,19 +537,19 @@ def test_a_batch_whose_input_is_deleted_completes_from_what_it_holds_through_a_r
     fleet = fleet_factory(2, "--step-ms", "20", "--max-num-seqs", "32")
     fleet.worker("w", [0, 1], burst=False, SWARM_BATCH_SIZE="16")
     n = 400
-    with _gateway(fleet.env, tmp_path) as (first, port, _log):
-        client = _client(port)
-        batch = _completions_batch(client, tmp_path, n)
-        assert _wait_until(client, batch.id, 32).status == "in_progress"
+    with gw.gateway(fleet.env, tmp_path) as (first, port, _log):
+        client = gw.client(port)
+        batch = gw.completions_batch(client, tmp_path, n)
+        assert gw.wait_answered(client, batch.id, 32).status == "in_progress"
         assert client.files.delete(batch.input_file_id).deleted
         first.send_signal(signal.SIGKILL)
         first.wait()
-    with _gateway(fleet.env, tmp_path) as (_, port, log):
-        client = _client(port)
-        done = _wait(client, batch.id, stall_s=60)
+    with gw.gateway(fleet.env, tmp_path) as (_, port, log):
+        client = gw.client(port)
+        done = gw.wait_over(client, batch.id, stall_s=60)
         assert done.status == "completed", (done, log.read_text()[-3000:])
         assert (done.request_counts.completed, done.request_counts.failed) == (n, 0)
-        out = _lines(client, done.output_file_id)
+        out = gw.file_lines(client, done.output_file_id)
     assert sorted(x["custom_id"] for x in out) == sorted(f"req-{i}" for i in range(n))
 
 
@@ -691,23 +585,23 @@ def test_batches_of_two_models_beside_a_command_line_job_and_a_broken_endpoint(
             env=fleet.env, capture_output=True, text=True, timeout=120,
         )  # fmt: skip
         assert cli.returncode == 0, cli.stderr
-        with _gateway(fleet.env, tmp_path) as (_, port, _log):
-            client = _client(port)
+        with gw.gateway(fleet.env, tmp_path) as (_, port, _log):
+            client = gw.client(port)
             batches = {}
             for model in ("writer", "coder"):
-                lines = [_completion(i, set()) for i in range(n)]
+                lines = [gw.completion_line(i, set()) for i in range(n)]
                 for line in lines:
                     line["body"]["model"] = model
                 batches[model] = client.batches.create(
-                    input_file_id=_upload(client, tmp_path, f"{model}.jsonl", lines),
+                    input_file_id=gw.upload(client, tmp_path, f"{model}.jsonl", lines),
                     endpoint="/v1/completions",
                     completion_window="24h",
                 ).id
             for model, batch_id in batches.items():
-                done = _wait(client, batch_id)
+                done = gw.wait_over(client, batch_id)
                 assert done.status == "completed" and done.model == model
                 assert done.error_file_id is None
-                out = _lines(client, done.output_file_id)
+                out = gw.file_lines(client, done.output_file_id)
                 assert sorted(x["custom_id"] for x in out) == sorted(f"req-{i}" for i in range(n))
                 for x in out:
                     i = int(x["custom_id"].split("-")[1])
