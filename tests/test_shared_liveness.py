@@ -90,7 +90,7 @@ def test_the_jobs_that_once_never_ended_all_end_beside_a_healthy_one_left_untouc
     # The healthy job: every answer the simulator's, each at its first try.
     lines = _collect(env, tmp, "healthy", 0)
     assert [x["text"] for x in lines] == [completion_for(p, MAX_TOKENS)[0] for p in healthy]
-    assert {x["attempts"] for x in lines} == {1} and {x["model"] for x in lines} == {"swarm-sim"}
+    assert {x["attempts"] for x in lines} == {1} and {x["model"] for x in lines} == {"m"}
     # The poison prompts failed alone, with the server's words; the others answered.
     lines = _collect(env, tmp, "poisoned", 1)
     bad = {i for i in range(300) if i % 12 == 5}
