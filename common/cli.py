@@ -155,6 +155,9 @@ def run(prog: str, coro: Coroutine[Any, Any, int]) -> int:
     try:
         return asyncio.run(coro)
     except KeyboardInterrupt:
+        # An interrupt before the loop ran it leaves the coroutine unstarted: closed here, it
+        # says nothing more ("never awaited"); closing one that ran is a no-op.
+        coro.close()
         print(f"{prog}: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:

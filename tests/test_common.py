@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import gc
+import warnings
 from pathlib import Path
 from typing import Any
 
 import msgspec
 import pytest
 
+from swarm_queue.common import cli
 from swarm_queue.common.backoff import backoff_s
 from swarm_queue.common.errors import ConfigError, JobNameError
 from swarm_queue.common.hostfile import normalize_url, parse_endpoints, parse_hostfile
@@ -309,3 +312,24 @@ def test_a_line_printed_in_python_shows_no_unset_field() -> None:
 
     for line in (ChainLine(0, text="a"), BestLine(0, text="a"), OutputLine(0, text="a")):
         assert "UNSET" not in repr(line) and "text='a'" in repr(line)
+
+
+def test_an_interrupt_before_a_command_starts_says_interrupted_and_nothing_more(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Seen: Ctrl-C on a collector printed "coroutine ... was never awaited": the interrupt
+    came before the event loop ran the command's coroutine. It says it was interrupted, once."""
+
+    async def command_main() -> int:
+        return 0
+
+    def interrupted(coro: object) -> int:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli.asyncio, "run", interrupted)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert cli.run("swarm-collect", command_main()) == 130
+        gc.collect()
+    assert [str(w.message) for w in caught] == []
+    assert capsys.readouterr().err == "swarm-collect: interrupted\n"
