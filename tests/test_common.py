@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import warnings
 from pathlib import Path
@@ -326,7 +327,7 @@ def test_an_interrupt_before_a_command_starts_says_interrupted_and_nothing_more(
     def interrupted(coro: object) -> int:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cli.asyncio, "run", interrupted)
+    monkeypatch.setattr(asyncio, "run", interrupted)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         assert cli.run("swarm-collect", command_main()) == 130
