@@ -110,7 +110,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # for this long (its engine died): its work is left to others; with every endpoint of it
     # so, the worker exits 1 naming them (not burning an allocation). 0: never.
     endpoint_dead_s: float = 300.0
-    # An entry whose workers died running it more often than this is dead-lettered.
+    # An entry whose runs never ended more often than this (its worker died, its server hung
+    # or dropped the request) is dead-lettered.
     max_deliveries: int = 8
     backoff_base_s: float = 0.5
     backoff_cap_s: float = 30.0
