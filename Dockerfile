@@ -2,12 +2,7 @@
 FROM python:3.11-slim
 WORKDIR /app
 COPY pyproject.toml README.md ./
-COPY common common
-COPY producer producer
-COPY worker worker
-COPY sim sim
-COPY flows flows
-# The one import name: swarm_queue/ links each folder above under it.
+# The one import name: every package of the product is a folder of swarm_queue/.
 COPY swarm_queue swarm_queue
 RUN pip install --no-cache-dir ".[uq]"
 # Never run as root inside the container.

@@ -2,7 +2,8 @@
 a fleet of self-hosted inference servers, durably and in order.
 
 The Python API is here (``from swarm_queue import Swarm``), imported lazily so that the
-command-line tools start without loading the drain engine. The rooms below it: ``common``
+command-line tools start without loading the drain engine (typed: ``py.typed``, and a type
+checker reads the names where they are defined). The rooms below it: ``common``
 (wire structs, settings, keys, every Redis operation), ``flows`` (the workflows above the
 queue), ``worker`` (the drain path: ``swarm-worker``, ``arq swarm_queue.worker.WorkerSettings``),
 ``producer`` (the commands and the API), ``sim`` (swarm-sim, a stand-in for vLLM).
@@ -10,7 +11,21 @@ queue), ``worker`` (the drain path: ``swarm-worker``, ``arq swarm_queue.worker.W
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # what a type checker and an editor see; loaded on first use (below)
+    from swarm_queue.producer.api import (
+        Concat,
+        JsonMerge,
+        Stats,
+        Step,
+        Swarm,
+        TreeReduce,
+        UserReduce,
+        Vote,
+        scatter_gather,
+    )
+    from swarm_queue.producer.sync import SyncSwarm, gather_prompts
 
 __all__ = [
     "Concat",

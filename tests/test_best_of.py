@@ -1,8 +1,8 @@
-"""Best-of-N with a judge (flows/bestof.py): each prompt sampled N times, every candidate judged,
-the best kept. Its settings refused where they cannot work, its score rule, and the workflow
-end to end with real processes on one fleet beside a pipeline and an agent job, a worker
-SIGKILLed mid-judging: every candidate judged exactly once, every line the simulator's
-answers say it must be."""
+"""Best-of-N with a judge (swarm_queue/flows/bestof.py): each prompt sampled N times, every
+candidate judged, the best kept. Its settings refused where they cannot work, its score rule,
+and the workflow end to end with real processes on one fleet beside a pipeline and an agent
+job, a worker SIGKILLed mid-judging: every candidate judged exactly once, every line the
+simulator's answers say it must be."""
 
 from __future__ import annotations
 

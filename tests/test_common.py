@@ -1,4 +1,4 @@
-"""Unit tests of common/: key schema, backoff, hostfile, settings, wire structs."""
+"""Unit tests of swarm_queue/common/: key schema, backoff, hostfile, settings, wire structs."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""An endpoint's requests in flight (worker/inflight.py): which one a more urgent batch
+"""An endpoint's requests in flight (swarm_queue/worker/inflight.py): which one a more urgent batch
 preempts. Never a batch of its own workflow: an agent's next turn, a pipeline's next step,
 outranks the turn or step before only in which work is taken first; aborting that earlier
 batch would throw its decoded tokens away and put its prompts behind the later ones (seen in

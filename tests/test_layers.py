@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "swarm_queue"
 # Each package with the packages it may import (its own included).
 MAY_IMPORT = {
     "common": {"common"},
@@ -34,7 +35,7 @@ REDIS_PIPELINE = re.compile(r"\.pipeline\(|_PIPELINE_PREFIX|of pipeline caused e
 
 
 def _sources(*folders: str) -> list[Path]:
-    return sorted(p for f in folders for p in (ROOT / f).rglob("*.py"))
+    return sorted(p for f in folders for p in (PACKAGE / f).rglob("*.py"))
 
 
 @pytest.mark.parametrize("package", sorted(MAY_IMPORT))
@@ -61,7 +62,7 @@ def test_each_package_imports_only_those_below_it(package: str) -> None:
 
 
 def _module_of(path: Path) -> str:
-    parts = path.relative_to(ROOT).with_suffix("").parts
+    parts = path.relative_to(PACKAGE).with_suffix("").parts
     return ".".join(("swarm_queue", *parts[: -1 if parts[-1] == "__init__" else None]))
 
 
@@ -178,3 +179,55 @@ def test_a_wheel_puts_one_import_name_in_site_packages(tmp_path: Path) -> None:
     )
     assert ran.returncode == 0, ran.stderr
     assert "swarm_queue.producer.api.Swarm" in ran.stdout and str(site) in ran.stdout
+
+
+def test_the_repository_holds_no_symlink() -> None:
+    """One path per file: a checkout without symlinks (Windows' default) is whole, and editors,
+    debuggers and coverage see each module once."""
+    listed = subprocess.run(
+        ["git", "ls-files", "-s"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout
+    links = [line.split("\t", 1)[1] for line in listed.splitlines() if line.startswith("120000")]
+    assert links == []
+
+
+@pytest.mark.slow
+def test_an_sdist_installs_the_whole_package(tmp_path: Path) -> None:
+    """The source distribution pip builds from holds every module and data file: installed
+    from it, the store's Lua scripts and the dashboard's page are there, and py.typed."""
+    made = subprocess.run(  # (in an isolated environment, with the backend pyproject names)
+        [sys.executable, "-m", "build", "--sdist", "--outdir", tmp_path / "d", ROOT],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    (sdist,) = (tmp_path / "d").glob("swarm_queue-*.tar.gz")
+    site = tmp_path / "site"
+    installed = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", site, sdist],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert installed.returncode == 0, installed.stderr
+    package = site / "swarm_queue"
+    assert (package / "py.typed").is_file()
+    assert (package / "common" / "store" / "lua" / "commit.lua").is_file()
+    assert (package / "common" / "store" / "lua" / "lib" / "jobs.lua").is_file()
+    assert (package / "producer" / "dashboard.html").is_file()
+    ours = {p.relative_to(PACKAGE) for p in PACKAGE.rglob("*.py")}
+    theirs = {p.relative_to(package) for p in package.rglob("*.py")}
+    assert ours <= theirs, sorted(map(str, ours - theirs))[:10]
+
+
+def test_the_public_api_is_typed_for_users() -> None:
+    """Every name of ``swarm_queue.__all__`` is imported where a type checker reads it, so a
+    user's ``swarm_queue.Swarm`` is the class, not ``Any``; and the package says it is typed."""
+    tree = ast.parse((PACKAGE / "__init__.py").read_text())
+    checked = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and getattr(node.test, "id", "") == "TYPE_CHECKING":
+            for sub in ast.walk(node):
+                if isinstance(sub, ast.ImportFrom):
+                    checked |= {a.asname or a.name for a in sub.names}
+    import swarm_queue
+
+    assert set(swarm_queue.__all__) <= checked
+    assert (PACKAGE / "py.typed").is_file()
