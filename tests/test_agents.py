@@ -417,9 +417,11 @@ async def test_turns_waiting_in_a_busy_engine_are_handed_to_an_idle_one_each_run
     await enqueue_agents(store, specs, agent_prompts(TASK, [{"n": i} for i in range(n)]))
     # Both engines small enough to queue what their windows send (two batches of 1 on the
     # slow engine's one sequence: the newest is always waiting whole). The slow one's worker
-    # starts first and the fast one's once the slow engine has answered a first turn, so the
-    # slow lane holds later turns (started together, a loaded machine let the fast one take
-    # every first turn before the slow one's first read, or have them all handed on).
+    # starts first and the fast one's once the slow engine has taken four first turns, so the
+    # slow lane holds four agents' later turns (started together, a loaded machine let the
+    # fast one take every first turn before the slow one's first read, or have them all handed
+    # on; with two agents in it, nothing was handed on in two suite runs under --cpu-stress:
+    # a turn is handed on only while it waits behind another in the slow engine).
     slow = EngineConfig(max_num_seqs=1, speed=0.05, step_base_ms=10.0, step_per_seq_ms=0.0)
     fast = EngineConfig(max_num_seqs=4, step_base_ms=10.0, step_per_seq_ms=0.0)
     fleet = SimFleet(
@@ -429,7 +431,9 @@ async def test_turns_waiting_in_a_busy_engine_are_handed_to_an_idle_one_each_run
     async with fleet:
         slow_ep, fast_ep = fleet.endpoints
         slow_side = asyncio.create_task(run_engine(settings, store, [slow_ep.url]))
-        await until("a first turn answered by the slow engine", lambda: slow_ep.requests_total, 60)
+        await until(
+            "four first turns sent to the slow engine", lambda: slow_ep.requests_total >= 4, 60
+        )
         await run_engine(settings, store, [fast_ep.url])
         await slow_side
         slow_url, fast_url = slow_ep.url, fast_ep.url
