@@ -93,7 +93,9 @@ def _generation(checks: Checks, env: dict[str, str], url: str, n: int) -> None:
     own = [alone(url, "completions", {"prompt": x, "max_tokens": 16, "temperature": 0})
              for x in prompts]  # fmt: skip
     same(checks, "list completions", lines, lambda i: own[i]["choices"][0]["text"])
-    same_usage(checks, "list completions", lines, own)
+    unknown = [x["index"] for x in lines if x.get("usage") is not None]
+    checks.check(not unknown, "list completions: every line's usage null (a list's total only)",
+                 f"set at {unknown[:5]}")  # fmt: skip
     template = WORK / "template.txt"
     template.write_text("<s>[INST] {prompt} [/INST]")
     lines = job(env, url, "templ", src, "--max-tokens", "16", "--temperature", "0",

@@ -7,12 +7,13 @@ import io
 from collections.abc import Callable
 from functools import partial
 
+import aiohttp
 import msgspec
 from aiohttp import web
 
 from swarm_queue.common.embedded import free_port
 from swarm_queue.common.jobspec import JobOptions, build_spec
-from swarm_queue.common.models import JobSpec, SamplingParams
+from swarm_queue.common.models import JobSpec, SamplingParams, Usage
 from swarm_queue.common.settings import Settings
 from swarm_queue.common.store import JobStore
 from swarm_queue.producer.enqueue import enqueue_prompts
@@ -21,37 +22,42 @@ from swarm_queue.producer.stream import collect
 from swarm_queue.sim.engine import EngineConfig
 from swarm_queue.sim.server import SimEndpoint, SimFleet
 from swarm_queue.sim.text import count_tokens, sample_for
+from swarm_queue.worker.replies import Choice
+from swarm_queue.worker.usage import choices_usage
 from tests.helpers import collect_lines, prompts, run_engine
 
 FAST = EngineConfig(step_base_ms=1.0, step_per_seq_ms=0.0)
 
 
-async def test_each_list_batched_completion_line_says_its_own_prompts_usage(
+async def test_a_list_batched_line_says_null_usage_and_the_job_the_exact_total(
     make_settings: Callable[..., Settings], store: JobStore, sim_fleet: Callable[..., SimFleet]
 ) -> None:
-    """Sixteen prompts to a request, three samples each: every line's usage is its prompt's
-    tokens once and its three answers' tokens, as the server counts that prompt alone; the
-    lines add up to what the servers counted, and the job's status says the same sums."""
+    """Sixteen prompts to a request, three samples each: vLLM reports a list's total only, so
+    a line's usage is null (asking for every prompt's token ids cost a third of the throughput
+    at large batches), never a guess; the job's status says the servers' exact sums."""
     n, params = 60, SamplingParams(max_tokens=12, temperature=1.0, n=3)
     await enqueue_prompts(store, JobSpec(job="u", params=params), prompts(n))
     async with sim_fleet(2) as fleet:
         await run_engine(make_settings(batch_size=16, speculate=False), store, fleet.urls)
         served = sum(e.prompt_tokens_total for e in fleet.endpoints)
     lines = await collect_lines(store, "u")
-    want = [
-        {
-            "prompt_tokens": count_tokens(p),
-            "completion_tokens": sum(sample_for(p, 12, j)[1] for j in range(3)),
-        }
-        for p, _ in prompts(n)
-    ]
-    assert [x["usage"] for x in lines] == want
-    assert sum(x["usage"]["prompt_tokens"] for x in lines) == served
+    assert [x["usage"] for x in lines] == [None] * n
     status = await store.status("u")
-    assert (status.prompt_tokens, status.completion_tokens) == (
-        served,
-        sum(w["completion_tokens"] for w in want),
-    )
+    completion = sum(sample_for(p, 12, j)[1] for p, _ in prompts(n) for j in range(3))
+    assert (status.prompt_tokens, status.completion_tokens) == (served, completion)
+    assert served == sum(count_tokens(p) for p, _ in prompts(n))
+
+
+def test_a_prompts_usage_is_read_from_its_choices_token_ids_where_a_server_gives_them() -> None:
+    """vLLM's return_token_ids (swarm-sim answers it too): a prompt's usage is its prompt's
+    ids once and every sample's answer ids; without them it is unknown."""
+    three = [
+        Choice(index=j, text="x", prompt_token_ids=[1, 2, 3, 4], token_ids=[7] * (j + 2))
+        for j in range(3)
+    ]
+    assert choices_usage(three) == Usage(4, 2 + 3 + 4)
+    assert choices_usage([Choice(index=0, text="x")]) is None
+    assert choices_usage([Choice(index=0, text="x", token_ids=[1])]) is None
 
 
 async def test_each_embedding_line_says_its_own_inputs_tokens(
@@ -103,3 +109,25 @@ async def test_an_embedding_line_whose_count_is_unknown_says_null_never_zero(
         "prompt_tokens": count_tokens(texts[16]),
         "total_tokens": count_tokens(texts[16]),
     }
+
+
+async def test_swarm_sim_answers_return_token_ids_as_vllm_does() -> None:
+    """Each choice carries its prompt's token ids and its own, their numbers what the
+    request's usage adds up (a prompt's counted once however many samples)."""
+    endpoint = SimEndpoint(free_port(), FAST)
+    texts = ["a short prompt", "a somewhat longer prompt than the first one"]
+    body = {"model": "swarm-sim", "prompt": texts, "max_tokens": 8, "n": 2, "temperature": 1.0,
+            "return_token_ids": True}  # fmt: skip
+    url = f"{endpoint.url}/v1/completions"
+    async with (
+        SimFleet([endpoint]),
+        aiohttp.ClientSession() as http,
+        http.post(url, json=body) as r,
+    ):
+        answer = await r.json()
+    choices = answer["choices"]
+    assert [len(c["prompt_token_ids"]) for c in choices] == [
+        count_tokens(t) for t in texts for _ in range(2)
+    ]
+    assert answer["usage"]["prompt_tokens"] == sum(map(count_tokens, texts))
+    assert answer["usage"]["completion_tokens"] == sum(len(c["token_ids"]) for c in choices)
