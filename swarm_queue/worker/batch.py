@@ -616,6 +616,8 @@ class BatchRunner:
         already checked by :func:`check_choice_indices`)."""
         by_index = {c.index: c for c in body.choices}
         exact_usage = len(items) == 1 and body.usage is not None
+        # (token ids only where a server sent them: the per-prompt work is skipped otherwise)
+        with_ids = not exact_usage and bool(body.choices) and body.choices[0].token_ids is not None
         out: list[Result | None] = []
         for i, item in enumerate(items):
             picked = [by_index.get(i * n + j) for j in range(n)]
@@ -627,7 +629,7 @@ class BatchRunner:
             usage = None
             if exact_usage and body.usage is not None:
                 usage = Usage(body.usage.prompt_tokens, body.usage.completion_tokens)
-            elif not exact_usage:
+            elif with_ids:
                 usage = choices_usage([c for c in picked if c is not None])
             out.append(
                 Result(
