@@ -5,6 +5,7 @@ Redis, real worker processes and a swarm-sim that misbehaves as servers were see
 from __future__ import annotations
 
 import asyncio
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -63,6 +64,10 @@ def test_a_prompt_every_endpoint_fails_with_a_500_fails_alone_and_its_batch_is_a
         if x["index"] in poison:
             assert x["error_kind"] == "server_error", x
             assert "HTTP 500 on this prompt alone: EngineCore encountered an issue" in x["error"]
+            # Its tries on every endpoint that gave it back count too: blamed on each only
+            # after 3 tries alone at least.
+            given = int(re.search(r"given back (?:by )?(\d+)", x["error"])[1])
+            assert x["attempts"] >= 3 * given, x
         else:
             assert x["text"] == completion_for(_poisoned(x["index"]), MAX_TOKENS)[0]
     assert worker.wait(timeout=60) == 0

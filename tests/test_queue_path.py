@@ -533,7 +533,7 @@ async def test_a_burst_worker_does_not_wait_for_an_unsealed_job_whose_producer_i
     assert (status.done, status.total, status.finished) == (300, None, False)
 
 
-async def test_strikes_count_the_endpoints_that_gave_an_entry_back_and_the_times_apart(
+async def test_strikes_count_the_endpoints_that_gave_an_entry_back_the_times_and_tries_apart(
     store: JobStore,
 ) -> None:
     """One endpoint that answers unusably and takes back what it gave back (its probes pass:
@@ -541,15 +541,16 @@ async def test_strikes_count_the_endpoints_that_gave_an_entry_back_and_the_times
     alone, failing it while a good endpoint could answer it (seen under CPU pressure:
     test_uneven_fleet's wrong-dimension endpoint failed 32 prompts by itself); the times are
     counted apart, so that one retaking what it gave back for ever is bounded too (seen: a
-    prompt failing with HTTP 500 given back about 200 times by one endpoint)."""
+    prompt failing with HTTP 500 given back about 200 times by one endpoint). The requests
+    that carried it to the endpoints that gave it back add up, for the line that says them."""
     await enqueue_prompts(store, spec(), prompts(2))
     gen = await gen_of(store, "j")
     ids = [eid for eid, _ in await store.read_new("j", "bad", 2)]
     for _ in range(3):  # given back, taken back, given back...
-        assert await store.release("j", "bad", ids, gen=gen, strike=True) == 2
+        assert await store.release("j", "bad", ids, gen=gen, strike=True, tries=2) == 2
         assert [e for e, _, _ in await store.autoclaim("j", "bad", 60_000, 10)] == ids
-    assert await store.strikes("j", ids) == [(1, 3), (1, 3)]
-    await store.release("j", "bad", ids, gen=gen, strike=True)
+    assert await store.strikes("j", ids) == [(1, 3, 6), (1, 3, 6)]
+    await store.release("j", "bad", ids, gen=gen, strike=True)  # never sent: no try
     assert [e for e, _, _ in await store.autoclaim("j", "other", 60_000, 10)] == ids
-    await store.release("j", "other", ids[:1], gen=gen, strike=True)
-    assert await store.strikes("j", ids) == [(2, 5), (1, 4)]
+    await store.release("j", "other", ids[:1], gen=gen, strike=True, tries=1)
+    assert await store.strikes("j", ids) == [(2, 5, 7), (1, 4, 6)]

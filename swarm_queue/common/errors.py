@@ -159,7 +159,8 @@ class StoreCommandDenied(StoreAccessDenied):
 class EndpointError(SwarmError):
     """An inference endpoint call failed.
 
-    ``status`` is the HTTP status when the server answered, else ``None``.
+    ``status`` is the HTTP status when the server answered, else ``None``; ``tries``: the
+    requests that ended in it (the retry loop counts them).
     """
 
     def __init__(self, endpoint: str, message: str, status: int | None = None) -> None:
@@ -169,6 +170,7 @@ class EndpointError(SwarmError):
         self.endpoint = endpoint
         self.message = message
         self.status = status
+        self.tries = 1
 
 
 class EndpointRetryable(EndpointError):

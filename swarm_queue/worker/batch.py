@@ -293,6 +293,7 @@ class BatchRunner:
                     circuit.noted(server)
                 else:
                     circuit.failed(exc)
+                exc.tries = attempt
                 if split and server is not None and attempt >= split:
                     raise
                 last = attempt >= self.settings.max_attempts
@@ -393,7 +394,7 @@ class BatchRunner:
         tokenizer cannot take, fails it whole): each half asked ``again``, down to the items
         that fail alone, with the server's message. A prompt the server failed on alone
         (kind ``server_error``) is another endpoint's to try (see :mod:`worker.answers`)."""
-        attempts = prior + 1
+        attempts = prior + exc.tries
         if len(items) == 1:
             return [self._alone(items[0], exc, attempts, model)]
         mid = len(items) // 2
@@ -556,7 +557,7 @@ class BatchRunner:
             try:
                 body, attempts = await self._sent(spec.job, call, tally, prior)
             except (EndpointRejected, EndpointServerError) as exc:
-                return self._alone(item, exc, prior + 1, model)
+                return self._alone(item, exc, prior + exc.tries, model)
             usage = None
             if body.usage is not None:
                 usage = Usage(body.usage.prompt_tokens, body.usage.completion_tokens)

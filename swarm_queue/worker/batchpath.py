@@ -266,8 +266,8 @@ class BatchPath:
         if isinstance(cause, EndpointMalformed):
             # It answers, but unusably: its prompts go elsewhere, or fail if none can.
             why = str(cause)
-            unanswered = [
-                Unanswered(d, why, FailureKind.MALFORMED)
+            unanswered = [  # each carried by the one request its unusable answer came to
+                Unanswered(d, why, FailureKind.MALFORMED, 1)
                 for d in items
                 if early is None or d[0] not in early.ids
             ]
@@ -313,12 +313,12 @@ class BatchPath:
         prompt one endpoint failed to answer is tried elsewhere before it fails."""
         strikes = await self.store.strikes(spec.job, [u.decoded[0] for u in unanswered])
         others = await self._takers(spec)
-        back: list[bytes] = []
+        back: dict[int, list[bytes]] = {}  # by the requests that carried them here
         out = list(results)
-        for u, (n, times) in zip(unanswered, strikes, strict=True):
+        for u, (n, times, tries) in zip(unanswered, strikes, strict=True):
             eid, payload, item = u.decoded
             if others and n + 1 < MAX_STRIKES and times + 1 < MAX_GIVE_BACKS:
-                back.append(eid)
+                back.setdefault(u.attempts, []).append(eid)
                 continue
             where = (
                 "no other endpoint serves the job's model"
@@ -332,16 +332,17 @@ class BatchPath:
                 endpoint=self.client.label,
                 error=f"{u.why}; {where}",
                 error_kind=u.kind,
-                attempts=u.attempts,
+                attempts=u.attempts + tries,  # its tries on the endpoints that gave it back too
                 custom_id=item.custom_id,
             )
             out.append((eid, failed, payload))
         if back:
-            self._let_go(spec.job, back)
+            self._let_go(spec.job, [eid for ids in back.values() for eid in ids])
             with contextlib.suppress(StoreUnavailable):
-                await self.store.release(
-                    spec.job, self.consumer, back, gen=spec.generation, strike=True
-                )
+                for tried, ids in back.items():
+                    await self.store.release(
+                        spec.job, self.consumer, ids, gen=spec.generation, strike=True, tries=tried
+                    )
             self.engine.reclaim_soon(spec.job)
         said.say(
             logging.WARNING,

@@ -7,7 +7,7 @@ a job deleted, or lost, and queued again under its name refuses it with :class:`
 from __future__ import annotations
 
 from collections.abc import Container, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 
@@ -22,6 +22,15 @@ __all__ = ["RELEASED_IDLE_MS", "Commit", "Delivery"]
 
 # What "released" entries are marked idle for: longer than any sane claim_idle_ms.
 RELEASED_IDLE_MS = 10**10
+
+class Strikes(NamedTuple):
+    """An entry's give-backs so far: by how many endpoints (consumers, each counted once),
+    how many times in all, and the requests that carried it to them."""
+
+    endpoints: int
+    times: int
+    tries: int
+
 
 # (entry_id, payload, deaths): an entry taken by a worker, with how often workers died running it.
 Taken = tuple[bytes, bytes | None, int]
@@ -138,14 +147,18 @@ class Delivery(StoreBase):
         gen: str,
         strike: bool = False,
         lost: bool = False,
+        tries: int = 0,
     ) -> int:
         """Hand entries back at once: mark the ones still ours long idle, so any worker's
         reclaim takes them without waiting for the claim idle time. ``strike``: given back
-        because this endpoint's answers could not be used (see :meth:`strikes`). ``lost``:
+        because this endpoint's answers could not be used (see :meth:`strikes`), after
+        ``tries`` requests that carried each of them. ``lost``:
         their request was lost in the server (it hung or died under it): their running marks
         stay, counted as a death (see :meth:`start`)."""
         idle = str(RELEASED_IDLE_MS)
-        return await self._claim_own(job, consumer, entry_ids, idle, gen, strike=strike, lost=lost)
+        return await self._claim_own(
+            job, consumer, entry_ids, idle, gen, strike=strike, lost=lost, tries=tries
+        )
 
     async def job_dim(self, job: str) -> int | None:
         """An embeddings job's dimension, once its first answer has fixed it."""
@@ -159,16 +172,15 @@ class Delivery(StoreBase):
         async with redis_errors(self.url, job):
             return int(await self.scripts.dim(keys=[self.keys.meta(job)], args=[gen, dim]))
 
-    async def strikes(self, job: str, entry_ids: Sequence[bytes]) -> list[tuple[int, int]]:
-        """For each entry, how many endpoints (consumers) gave it back for answers that could
-        not be used, each counted once, and how many times it was given back in all."""
+    async def strikes(self, job: str, entry_ids: Sequence[bytes]) -> list[Strikes]:
+        """What each entry's give-backs so far add up to (see :class:`Strikes`)."""
         if not entry_ids:
             return []
-        fields = [f for eid in entry_ids for f in (eid, eid + b"|n")]
+        fields = [f for eid in entry_ids for f in (eid, eid + b"|n", eid + b"|t")]
         async with redis_errors(self.url, job):
             raw = await self.redis.hmget(self.keys.strikes(job), fields)
         counts = [int(x or 0) for x in raw]
-        return list(zip(counts[::2], counts[1::2], strict=True))
+        return [Strikes(*counts[i : i + 3]) for i in range(0, len(counts), 3)]
 
     async def _claim_own(
         self,
@@ -180,6 +192,7 @@ class Delivery(StoreBase):
         *,
         strike: bool = False,
         lost: bool = False,
+        tries: int = 0,
     ) -> int:
         if not entry_ids:
             return 0
@@ -190,7 +203,7 @@ class Delivery(StoreBase):
         async with redis_errors(self.url, job):
             return int(
                 await self.scripts.claim_mine(
-                    keys=keys, args=[GROUP, consumer, idle, gen, "1" if lost else "", *ids]
+                    keys=keys, args=[GROUP, consumer, idle, gen, "1" if lost else "", tries, *ids]
                 )
             )
 
@@ -218,21 +231,23 @@ class Delivery(StoreBase):
         batch's requests that no result carries.
         """
         land = "1" if failures_move else ""
-        args: list[Any] = [GROUP, prompt_tokens, completion_tokens, gen, land]
-        for entry_id, result, payload in entries:
+        args: list[Any] = [GROUP, prompt_tokens, completion_tokens, gen, land, 0]
+        usage: list[int] = []
+        for n, (entry_id, result, payload) in enumerate(entries, 1):
             kind = ("+" if result.cached else "") if result.ok else (result.error_kind or "error")
             keep = moves_on or not result.ok or result.cached
-            # Its own tokens count once, when it is written (a cached answer cost nothing).
-            used = result.usage if result.usage is not None and not result.cached else None
             args += [
                 entry_id,
                 str(result.index),
                 encode(result),
                 kind,
                 payload or b"" if keep else b"",
-                0 if used is None else used.prompt_tokens,
-                0 if used is None else used.completion_tokens,
             ]
+            # Its own tokens count once, when it is written (a cached answer cost nothing).
+            if result.usage is not None and not result.cached:
+                usage += [n, result.usage.prompt_tokens, result.usage.completion_tokens]
+        args[5] = (len(args) - 6) // 5
+        args += usage
         keys = self.script_keys(job)
         if moves_on:
             keys.append(self.keys.landed(job))

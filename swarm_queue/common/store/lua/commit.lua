@@ -17,9 +17,12 @@
 -- answer, already written by the other copy, adds nothing), plus the request's tokens that no
 -- result of it carries (ARGV[2], ARGV[3]: a list whose server gave no usage per prompt).
 -- ARGV: [1] group, [2] prompt_tokens, [3] completion_tokens, [4] generation, [5] '1' if
---       failures land too, then per entry seven: entry_id, index, result blob, failure kind
---       ('' on success, '+' on a success answered from the response cache), original entry
---       payload, its own prompt tokens, its own completion tokens
+--       failures land too, [6] n, then per entry five: entry_id, index, result blob, failure
+--       kind ('' on success, '+' on a success answered from the response cache), original
+--       entry payload; then, only for the entries that carry usage of their own, three: the
+--       entry's number (1..n), its prompt tokens, its completion tokens (sparse: a list whose
+--       server gave no per-prompt usage sends none, and two arguments per prompt measured
+--       0.93x the throughput at batch 32)
 -- Returns {new results done, new results failed, new of them from the cache, then kind,
 -- count for each kind failed}.
 local results, meta, stream, failed_h, cached_h = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
@@ -28,30 +31,35 @@ local group, now = ARGV[1], now_s()
 local gone, evicted = generation_error(meta, ARGV[4])
 if gone then return gone end
 local failures_land = ARGV[5] == '1'
--- Entry e's seven arguments are ARGV[7 * e - 1] .. ARGV[7 * e + 5].
-local n = (#ARGV - 5) / 7
+-- Entry e's five arguments are ARGV[5 * e + 2] .. ARGV[5 * e + 6].
+local n = tonumber(ARGV[6])
 local done, failed, hits, kinds, seen = 0, 0, 0, {}, {}
 local prompt_tokens, completion_tokens = tonumber(ARGV[2]), tonumber(ARGV[3])
+local own = {}
+for u = 5 * n + 7, #ARGV, 3 do own[tonumber(ARGV[u])] = u end
 -- One HMGET and one HSET per chunk rather than an HSETNX per entry: Redis's cost per command
 -- called from Lua is several times its cost per field.
 for lo = 1, n, 500 do
   local hi = math.min(lo + 499, n)
   local ids, indices = {}, {}
   for e = lo, hi do
-    ids[#ids + 1] = ARGV[7 * e - 1]
-    indices[#indices + 1] = ARGV[7 * e]
+    ids[#ids + 1] = ARGV[5 * e + 2]
+    indices[#indices + 1] = ARGV[5 * e + 3]
   end
   local have = redis.call('HMGET', results, unpack(indices))
   local again = evicted > 0 and redis.call('HMGET', reopened, unpack(indices)) or {}
   local fresh, lost, hit, moved, reclosed = {}, {}, {}, {}, {}
   for e = lo, hi do
-    local b, index = 7 * e - 1, ARGV[7 * e]
+    local b, index = 5 * e + 2, ARGV[5 * e + 3]
     local open = tonumber(index) >= evicted or again[e - lo + 1] == ARGV[b]
     if not have[e - lo + 1] and not seen[index] and open then
       if tonumber(index) < evicted then reclosed[#reclosed + 1] = index end
       seen[index] = true
-      prompt_tokens = prompt_tokens + tonumber(ARGV[b + 5])
-      completion_tokens = completion_tokens + tonumber(ARGV[b + 6])
+      local u = own[e]
+      if u then
+        prompt_tokens = prompt_tokens + tonumber(ARGV[u + 1])
+        completion_tokens = completion_tokens + tonumber(ARGV[u + 2])
+      end
       fresh[#fresh + 1] = index
       fresh[#fresh + 1] = ARGV[b + 2]
       local kind = ARGV[b + 3]
