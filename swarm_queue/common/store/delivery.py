@@ -23,6 +23,7 @@ __all__ = ["RELEASED_IDLE_MS", "Commit", "Delivery"]
 # What "released" entries are marked idle for: longer than any sane claim_idle_ms.
 RELEASED_IDLE_MS = 10**10
 
+
 class Strikes(NamedTuple):
     """An entry's give-backs so far: by how many endpoints (consumers, each counted once),
     how many times in all, and the requests that carried it to them."""
