@@ -70,6 +70,23 @@ async def test_job_settings_conflicts_are_refused(store: JobStore) -> None:
         await enqueue_prompts(store, spec(), prompts(9))
 
 
+async def test_a_copy_that_lost_counts_none_of_its_requests_tokens(store: JobStore) -> None:
+    """Seen under CPU pressure (test_gateway's embeddings batch): a job's usage twice what
+    its server counted, 400 of 200 tokens. A list answered with its total only (its lines
+    carry no usage of their own) was counted by each copy that committed it, the losing one
+    too. A commit counts a request's total by the share of its results that are new."""
+    await enqueue_prompts(store, spec(), prompts(4))
+    got = await store.read_new("j", "c1", 4)
+    gen = await gen_of(store, "j")
+    answers = [(eid, Result(index=i, text=f"t{i}"), None) for i, (eid, _) in enumerate(got)]
+    await store.commit("j", answers[:2], prompt_tokens=20, completion_tokens=8, gen=gen)
+    await store.commit("j", answers[:2], prompt_tokens=20, completion_tokens=8, gen=gen)
+    # Half new (the other copy wrote the first two): half the request's total.
+    await store.commit("j", answers, prompt_tokens=40, completion_tokens=16, gen=gen)
+    status = await store.status("j")
+    assert (status.done, status.prompt_tokens, status.completion_tokens) == (4, 40, 16)
+
+
 async def test_commit_is_first_write_wins_and_counts_only_new_results(store: JobStore) -> None:
     await enqueue_prompts(store, spec(), prompts(3))
     got = await store.read_new("j", "c1", 3)

@@ -15,7 +15,8 @@
 --       [8] landed (only for a pipeline step; then successes carry their entry payload too)
 -- Tokens count as results do: each entry's own usage only when its result is new (a copy's
 -- answer, already written by the other copy, adds nothing), plus the request's tokens that no
--- result of it carries (ARGV[2], ARGV[3]: a list whose server gave no usage per prompt).
+-- result of it carries (ARGV[2], ARGV[3]: a list whose server gave no usage per prompt) by the
+-- share of its results that are new (all: all of it; a copy that lost: none).
 -- ARGV: [1] group, [2] prompt_tokens, [3] completion_tokens, [4] generation, [5] '1' if
 --       failures land too, [6] n, then per entry five: entry_id, index, result blob, failure
 --       kind ('' on success, '+' on a success answered from the response cache), original
@@ -34,7 +35,7 @@ local failures_land = ARGV[5] == '1'
 -- Entry e's five arguments are ARGV[5 * e + 2] .. ARGV[5 * e + 6].
 local n = tonumber(ARGV[6])
 local done, failed, hits, kinds, seen = 0, 0, 0, {}, {}
-local prompt_tokens, completion_tokens = tonumber(ARGV[2]), tonumber(ARGV[3])
+local prompt_tokens, completion_tokens = 0, 0
 local own = {}
 for u = 5 * n + 7, #ARGV, 3 do own[tonumber(ARGV[u])] = u end
 -- One HMGET and one HSET per chunk rather than an HSETNX per entry: Redis's cost per command
@@ -99,6 +100,11 @@ for kind, count in pairs(kinds) do
   redis.call('HINCRBY', meta, FAILED_KIND_PREFIX .. kind, count)
 end
 trim_acked(stream, group)
+-- (A commit of no results, a flow's batch whose answers were committed as they came, counts
+-- its request's tokens whole.)
+local share = n > 0 and (done + failed) / n or 1
+prompt_tokens = prompt_tokens + math.floor(tonumber(ARGV[2]) * share + 0.5)
+completion_tokens = completion_tokens + math.floor(tonumber(ARGV[3]) * share + 0.5)
 if prompt_tokens > 0 then redis.call('HINCRBY', meta, META.PROMPT_TOKENS, prompt_tokens) end
 if completion_tokens > 0 then
   redis.call('HINCRBY', meta, META.COMPLETION_TOKENS, completion_tokens)
