@@ -54,7 +54,7 @@ from swarm_queue.common.keys import step_name
 from swarm_queue.common.models import decode_result
 from swarm_queue.common.settings import Settings
 from swarm_queue.common.store import JobStore
-from swarm_queue.producer.agentout import follow_agents
+from swarm_queue.producer.output import follow_output, output_for
 from swarm_queue.sim.engine import EngineConfig
 
 TITLE = "## 14. Agents against the fleet's capacity"
@@ -247,7 +247,8 @@ async def run(n: int, turns: int, code: Path | None = None) -> dict[str, Any]:
             timeline.start()
             await producer.go()
             ok = 0
-            async for chunk in follow_agents(store, "ag", wait=True, poll_s=0.02):
+            rows = follow_output(await output_for(store, await store.load_spec("ag")))
+            async for chunk in rows(store, "ag", wait=True, poll_s=0.02):
                 ok += sum(1 for r in chunk if r.ok)
             wall = time.monotonic() - t0
             await timeline.stop()

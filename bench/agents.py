@@ -35,7 +35,7 @@ from swarm_queue.flows.agents import (
     enqueue_agents,
     tool_definition,
 )
-from swarm_queue.producer.agentout import follow_agents
+from swarm_queue.producer.output import follow_output, output_for
 from swarm_queue.sim.engine import EngineConfig
 
 TITLE = "## 12. Agents"
@@ -105,7 +105,8 @@ async def swarm_agents(url: str, urls: list[str], n: int) -> dict[str, Any]:
         )
         await enqueue_agents(store, specs, agent_prompts(TASK, agent_inputs(n), SYSTEM))
         ok = 0
-        async for chunk in follow_agents(store, "ag", wait=True, poll_s=0.05):
+        rows = follow_output(await output_for(store, await store.load_spec("ag")))
+        async for chunk in rows(store, "ag", wait=True, poll_s=0.05):
             ok += sum(1 for r in chunk if r.ok)
         wall = time.monotonic() - t0
         return {

@@ -29,7 +29,7 @@ from swarm_queue.common.models import JobSpec, SamplingParams
 from swarm_queue.common.settings import Settings
 from swarm_queue.common.store import JobStore
 from swarm_queue.producer.enqueue import enqueue_prompts
-from swarm_queue.producer.stream import collect
+from swarm_queue.producer.output import write_output
 
 __all__ = ["FleetCost", "fleet_scale_scenario"]
 
@@ -109,7 +109,7 @@ async def run_fleet(
         async with redis_cost(bench.url, n) as cost:
             await enqueue_prompts(store, spec, ((p, None) for p in prompt_set(n)))
             with open(os.devnull, "wb") as sink:
-                report = await collect(store, "fleet", sink, wait=True, poll_s=0.1)
+                report = await write_output(store, "fleet", sink, wait=True, poll_s=0.1)
         wall = time.monotonic() - t0
         busy = (_cpu_s(pids) - c0) / wall
         sampler.cancel()

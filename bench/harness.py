@@ -31,8 +31,7 @@ from swarm_queue.common.settings import Settings
 from swarm_queue.common.store import JobStore
 from swarm_queue.common.vocab import Meta
 from swarm_queue.producer.enqueue import enqueue_prompts
-from swarm_queue.producer.lines import collect_to_file
-from swarm_queue.producer.stream import collect
+from swarm_queue.producer.output import collect_output, write_output
 from swarm_queue.sim.engine import EngineConfig, SimEngine
 from swarm_queue.sim.launch import SimExited, launch
 from swarm_queue.sim.text import completion_for
@@ -460,7 +459,9 @@ async def run_swarm(
 
         extra = asyncio.create_task(during(store, t0)) if callable(during) else None
         with open(os.devnull, "wb") as sink:
-            report = await collect(store, "bench", sink, wait=True, poll_s=0.02, on_commit=mark)
+            report = await write_output(
+                store, "bench", sink, wait=True, poll_s=0.02, on_commit=mark
+            )
         wall = time.monotonic() - t0
         cpu = sum(cpu_s(p.pid) for p in workers.procs) - cpu0
         if extra is not None:
@@ -514,7 +515,7 @@ async def run_scale(
             return time.monotonic() - t0
 
         enq = asyncio.create_task(produce())
-        report = await collect_to_file(
+        report = await collect_output(
             store, "bench", str(out), wait=True, progress=False, evict=window is not None
         )
         wall = time.monotonic() - t0

@@ -45,8 +45,8 @@ from swarm_queue.common.settings import Settings
 from swarm_queue.common.store import JobStore
 from swarm_queue.common.vocab import Meta
 from swarm_queue.flows.pipeline import StepOptions, build_pipeline, enqueue_pipeline, fill
-from swarm_queue.producer.chains import follow_chains
 from swarm_queue.producer.enqueue import enqueue_prompts
+from swarm_queue.producer.output import follow_output, output_for
 from swarm_queue.producer.stream import follow
 from swarm_queue.sim.engine import EngineConfig
 from swarm_queue.sim.text import completion_for
@@ -96,10 +96,10 @@ async def swarm_pipeline(
         ]
         specs, _ = build_pipeline("p", JobOptions(max_tokens=MAX_TOKENS), steps, source="bench")
         await enqueue_pipeline(store, specs, ((q, None) for q in questions))
-        rows = follow_chains(3)
+        output = await output_for(store, await store.load_spec("p"))
         ok = 0
-        async for chunk in rows(store, "p", wait=True, poll_s=0.05):
-            ok += sum(1 for c in chunk if c.ok)
+        async for chunk in follow_output(output)(store, "p", wait=True, poll_s=0.05):
+            ok += sum(1 for c in chunk if output.ok(c))
         wall = time.monotonic() - t0
         first = float((await store.meta(specs[-1].job))[Meta.FIRST_RESULT_S]) - r0
         return {"wall_s": wall, "first_s": first, "answered": ok}

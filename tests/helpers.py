@@ -16,7 +16,7 @@ from aiohttp import web
 from swarm_queue.common.models import JobSpec, SamplingParams
 from swarm_queue.common.settings import Settings
 from swarm_queue.common.store import JobStore
-from swarm_queue.producer.stream import collect
+from swarm_queue.producer.output import follow_output, output_for, write_output
 from swarm_queue.worker.endpoint import EndpointClient
 from swarm_queue.worker.engine import Engine
 
@@ -99,11 +99,17 @@ async def gen_of(store: JobStore, job: str = "j") -> str:
     return (await store.load_spec(job)).generation
 
 
-async def collect_lines(store: JobStore, job: str) -> list[dict[str, Any]]:
-    """The job's output lines as ``swarm-collect`` writes them, decoded."""
+async def collect_lines(store: JobStore, job: str, fmt: str = "jsonl") -> list[dict[str, Any]]:
+    """The job's output lines as ``swarm-collect`` writes them (in format ``fmt``), decoded."""
     buf = io.BytesIO()
-    await collect(store, job, buf)
+    await write_output(store, job, buf, fmt)
     return [msgspec.json.decode(line) for line in buf.getvalue().splitlines()]
+
+
+async def output_lines(store: JobStore, job: str) -> list[Any]:
+    """The job's lines as its kind makes them (a pipeline's chains...), as far as they are in."""
+    output = await output_for(store, await store.load_spec(job))
+    return [output.line(r) async for chunk in follow_output(output)(store, job) for r in chunk]
 
 
 async def run_engine(settings: Settings, store: JobStore, urls: list[str]) -> Engine:

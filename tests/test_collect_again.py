@@ -97,14 +97,14 @@ async def test_output_no_collection_of_this_job_wrote_is_never_overwritten(
 async def test_a_late_commit_into_an_evicted_index_is_neither_stored_nor_counted(
     store: JobStore, tmp_path: Path
 ) -> None:
-    from swarm_queue.producer.lines import collect_to_file
+    from swarm_queue.producer.output import collect_output
 
     got = await _answered(store, 10)
     gen = await gen_of(store)
     # One prompt failed, and a copy of prompt 3 is still running somewhere.
     late = [(got[3][0], Result(index=3, text=" a late copy"), None)]
     out = str(tmp_path / "out.jsonl")
-    report = await collect_to_file(store, "j", out, wait=False, progress=False, evict=True)
+    report = await collect_output(store, "j", out, wait=False, progress=False, evict=True)
     assert report.complete and report.written == 10
     assert await store.commit("j", late, gen=gen) == Commit(0, 0)
     status = await store.status("j")

@@ -9,10 +9,9 @@ from typing import Any
 
 from swarm_queue.common.models import Result, Usage
 from swarm_queue.common.store import JobStore
-from swarm_queue.producer.csvout import COLUMNS
 from swarm_queue.producer.enqueue import enqueue_prompts
-from swarm_queue.producer.formats import FORMATS
-from swarm_queue.producer.outfile import collect_durably
+from swarm_queue.producer.output import collect_output
+from swarm_queue.producer.plain import COLUMNS as PLAIN
 from tests.harness import command
 from tests.helpers import collect_lines, gen_of, prompts, spec
 
@@ -32,6 +31,9 @@ def _result(i: int) -> Result:
         model="m",
         cached=i % 2 == 1,
     )
+
+
+COLUMNS = [c.name for c in PLAIN]
 
 
 def _expected(line: dict[str, Any]) -> dict[str, str]:
@@ -56,10 +58,10 @@ async def test_csv_rows_hold_what_the_json_lines_hold_and_a_rerun_resumes(
     await store.commit("j", [(got[i][0], _result(i), None) for i in range(25)], gen=gen)
     out = str(tmp_path / "j.csv")
 
-    first = await collect_durably(store, "j", out, FORMATS["csv"].sink, wait=False, progress=False)
+    first = await collect_output(store, "j", out, "csv", wait=False, progress=False)
     assert (first.written, first.complete) == (25, False)
     await store.commit("j", [(got[i][0], _result(i), None) for i in range(25, n)], gen=gen)
-    second = await collect_durably(store, "j", out, FORMATS["csv"].sink, wait=False, progress=False)
+    second = await collect_output(store, "j", out, "csv", wait=False, progress=False)
     assert (second.start, second.written, second.complete) == (25, 15, True)
 
     rows = _rows(out)

@@ -21,7 +21,7 @@ from swarm_queue.common.perprompt import cluster
 from swarm_queue.common.settings import Settings
 from swarm_queue.common.store import JobStore
 from swarm_queue.producer.enqueue import enqueue_prompts
-from swarm_queue.producer.parquet import collect_to_parquet
+from swarm_queue.producer.output import collect_output
 from swarm_queue.sim.engine import EngineConfig
 from swarm_queue.sim.server import SimEndpoint, SimFleet
 from swarm_queue.sim.text import embedding_for
@@ -86,7 +86,7 @@ async def test_an_embeddings_job_goes_to_its_models_endpoints_and_fails_one_inpu
     assert all(x["text"] for x in await collect_lines(store, "g"))
 
     out = tmp_path / "e.parquet"
-    report = await collect_to_parquet(store, "e", str(out), wait=False, progress=False)
+    report = await collect_output(store, "e", str(out), "parquet", wait=False, progress=False)
     assert report.complete
     table = pq.read_table(out)
     kind = table.schema.field("embedding").type

@@ -155,20 +155,20 @@ async def test_an_output_collected_from_an_earlier_job_of_the_name_is_left_alone
 ) -> None:
     from swarm_queue.common.errors import ConfigError
     from swarm_queue.producer.enqueue import enqueue_prompts
-    from swarm_queue.producer.lines import collect_to_file
+    from swarm_queue.producer.output import collect_output
 
     await enqueue_prompts(store, spec(), prompts(10))
     got = await store.read_new("j", "w", 10)
     half = [(eid, Result(index=i, text="old"), None) for i, (eid, _) in enumerate(got[:5])]
     await store.commit("j", half, gen=await gen_of(store))
     out = tmp_path / "out.jsonl"
-    first = await collect_to_file(store, "j", str(out), wait=False, progress=False)
+    first = await collect_output(store, "j", str(out), wait=False, progress=False)
     assert (first.written, first.complete) == (5, False)
     written = out.read_bytes()
     await store.delete_job("j")
     await enqueue_prompts(store, spec(), prompts(10))  # another job, the same name
     with pytest.raises(ConfigError, match="was collected from an earlier job named 'j'"):
-        await collect_to_file(store, "j", str(out), wait=False, progress=False)
+        await collect_output(store, "j", str(out), wait=False, progress=False)
     assert out.read_bytes() == written
 
 

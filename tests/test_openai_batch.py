@@ -9,9 +9,8 @@ import msgspec
 from swarm_queue.common.models import Result, Usage
 from swarm_queue.common.store import JobStore
 from swarm_queue.producer.enqueue import enqueue_prompts
-from swarm_queue.producer.formats import FORMATS
 from swarm_queue.producer.openai_batch import openai_line
-from swarm_queue.producer.stream import collect
+from swarm_queue.producer.output import write_output
 from tests.helpers import gen_of, spec
 
 
@@ -123,9 +122,7 @@ async def test_collect_writes_openai_lines_in_input_order(store: JobStore) -> No
         gen=await gen_of(store, "oa"),
     )
     buf = io.BytesIO()
-    line = FORMATS["openai"].line
-    assert line is not None
-    report = await collect(store, "oa", buf, line=line(await store.load_spec("oa")))
+    report = await write_output(store, "oa", buf, "openai")
     assert report.written == 3
     lines = [msgspec.json.decode(x) for x in buf.getvalue().splitlines()]
     assert [x["custom_id"] for x in lines] == ["id-a", "1", "id-c"]

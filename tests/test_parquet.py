@@ -20,7 +20,9 @@ from swarm_queue.common.models import JobSpec, Result, Usage, encode
 from swarm_queue.common.store import JobStore
 from swarm_queue.producer import parquet
 from swarm_queue.producer.enqueue import enqueue_prompts
-from swarm_queue.producer.parquet import collect_to_parquet, part_name
+from swarm_queue.producer.output import collect_output
+from swarm_queue.producer.parquet import part_name
+from swarm_queue.producer.plain import COLUMNS, PlainOutput
 from tests.harness import BIN
 from tests.helpers import collect_lines, gen_of, prompts, spec
 
@@ -49,13 +51,18 @@ async def _answer(store: JobStore, got: list[tuple[bytes, Any]], indices: range)
     )
 
 
+_USAGE = ("prompt_tokens", "completion_tokens")
+
+
 def _rows(frame: Any) -> list[dict[str, Any]]:
     """The frame's rows as JSON Lines would show them (no ``custom_id`` where there is none)."""
     rows = []
     for row in frame.to_dict("records"):
         row = {k: (None if v is None or v != v else v) for k, v in row.items()}  # NaN: null
-        if row["usage"] is not None:
-            row["usage"] = {k: int(v) for k, v in row["usage"].items()}
+        tokens = row.pop("prompt_tokens"), row.pop("completion_tokens")  # a column each
+        row["usage"] = (
+            None if tokens[0] is None else dict(zip(_USAGE, map(int, tokens), strict=True))
+        )
         if row["custom_id"] is None:
             del row["custom_id"]
         if row["error_kind"] is None:  # a JSON line says it only on a failure
@@ -80,7 +87,9 @@ async def test_parquet_rows_match_the_jsonl_lines_across_parts_and_a_resumed_run
     await _answer(store, got, range(2600))
     out = tmp_path / "out.parquet"
 
-    first = await collect_to_parquet(store, "j", str(out), wait=False, progress=False, evict=True)
+    first = await collect_output(
+        store, "j", str(out), "parquet", wait=False, progress=False, evict=True
+    )
     assert (first.start, first.written, first.complete) == (0, 2600, False)
     # 2 full parts and a third closed at the end of the run; every written result left Redis
     # but the failures (kept for swarm-retry).
@@ -90,7 +99,7 @@ async def test_parquet_rows_match_the_jsonl_lines_across_parts_and_a_resumed_run
     assert len(await asyncio.to_thread(pd.read_parquet, out)) == 2600
 
     await _answer(store, got, range(2600, n))
-    second = await collect_to_parquet(store, "j", str(out), wait=False, progress=False)
+    second = await collect_output(store, "j", str(out), "parquet", wait=False, progress=False)
     assert (second.start, second.written, second.complete) == (2600, 900, True)
     # The same rows as the JSON Lines output of the same results, in input order.
     await store.redis.hset(  # the first run evicted them (and marked them evicted)
@@ -99,8 +108,9 @@ async def test_parquet_rows_match_the_jsonl_lines_across_parts_and_a_resumed_run
     await store.redis.hdel(store.keys.meta("j"), "evicted")
     expected = await collect_lines(store, "j")
     frame = await asyncio.to_thread(pd.read_parquet, out)
-    # The first has a custom_id; every row has the columns a line may leave out.
-    assert list(frame.columns) == [*expected[0], "cached", "embedding", "samples", "value"]
+    # The CSV's columns (the usage as two), every one in every row, where a line may leave
+    # some out.
+    assert list(frame.columns) == [c.name for c in COLUMNS]
     assert _rows(frame) == expected
     assert frame["error"].notna().sum() == len([i for i in range(n) if i % 7 == 0])
 
@@ -119,13 +129,13 @@ async def test_parts_no_collection_of_this_job_wrote_are_left_alone_and_a_file_r
     for name in stale:
         (out / name).write_bytes(b"not parquet")
     with pytest.raises(ConfigError, match="no unfinished swarm-collect of job 'j' wrote it"):
-        await collect_to_parquet(store, "j", str(out), wait=False, progress=False)
+        await collect_output(store, "j", str(out), "parquet", wait=False, progress=False)
     assert sorted(os.listdir(out)) == sorted(stale)  # nothing deleted
 
     mine = tmp_path / "mine"
     mine.mkdir()
     (mine / "README.txt").write_text("mine")  # no parts: a directory to collect into
-    report = await collect_to_parquet(store, "j", str(mine), wait=False, progress=False)
+    report = await collect_output(store, "j", str(mine), "parquet", wait=False, progress=False)
     assert report.complete
     assert sorted(os.listdir(mine)) == ["README.txt", part_name(0)]
     frame = await asyncio.to_thread(pd.read_parquet, mine / part_name(0))
@@ -134,7 +144,7 @@ async def test_parts_no_collection_of_this_job_wrote_are_left_alone_and_a_file_r
     plain = tmp_path / "plain.parquet"
     plain.write_bytes(b"x")
     with pytest.raises(ConfigError, match="exists and is not a directory"):
-        await collect_to_parquet(store, "j", str(plain), wait=False, progress=False)
+        await collect_output(store, "j", str(plain), "parquet", wait=False, progress=False)
 
 
 def test_hugging_face_datasets_loads_the_parts_in_input_order(tmp_path: Path) -> None:
@@ -142,7 +152,8 @@ def test_hugging_face_datasets_loads_the_parts_in_input_order(tmp_path: Path) ->
     out = tmp_path / "out.parquet"
     out.mkdir()
     for part, start in enumerate(range(0, 30, 10)):
-        table = parquet.results_table([_result(i) for i in range(start, start + 10)])
+        rows = [_result(i) for i in range(start, start + 10)]
+        table = parquet.output_table(PlainOutput([spec("j")]), rows)
         import pyarrow.parquet as pq
 
         pq.write_table(table, out / part_name(part))
@@ -155,7 +166,7 @@ def test_hugging_face_datasets_loads_the_parts_in_input_order(tmp_path: Path) ->
     assert ds.num_rows == 30
     assert ds["index"] == list(range(30))
     assert ds[7]["error"] == "prompt too long" and ds[7]["text"] is None
-    assert ds[8]["usage"] == {"prompt_tokens": 5, "completion_tokens": 3}
+    assert (ds[8]["prompt_tokens"], ds[8]["completion_tokens"]) == (5, 3)
     assert ds[9]["custom_id"] == "c9" and ds[8]["custom_id"] is None
 
 

@@ -18,7 +18,7 @@ from swarm_queue.common.models import PromptItem, Result, SamplingParams, decode
 from swarm_queue.common.settings import Settings
 from swarm_queue.common.store import JobStore
 from swarm_queue.producer.enqueue import enqueue_prompts
-from swarm_queue.producer.stream import collect
+from swarm_queue.producer.output import write_output
 from swarm_queue.sim.engine import EngineConfig
 from swarm_queue.sim.server import FaultConfig, SimFleet
 from swarm_queue.sim.text import completion_for
@@ -130,7 +130,7 @@ async def test_collector_writes_only_the_contiguous_prefix(store: JobStore) -> N
         gen=await gen_of(store, "j"),
     )
     buf = io.BytesIO()
-    report = await collect(store, "j", buf)
+    report = await write_output(store, "j", buf)
     assert [msgspec.json.decode(x)["index"] for x in buf.getvalue().splitlines()] == [0, 1]
     assert (report.written, report.total, report.complete) == (2, 4, False)
 
@@ -462,8 +462,8 @@ async def test_enqueue_window_keeps_at_most_n_unfinished_prompts_in_redis(
 async def test_collect_evict_leaves_only_unwritten_results_in_redis(
     store: JobStore, tmp_path: pytest.TempPathFactory
 ) -> None:
-    from swarm_queue.producer.lines import collect_to_file
     from swarm_queue.producer.outfile import CursorFile
+    from swarm_queue.producer.output import collect_output
 
     n = 5000
     await enqueue_prompts(store, spec(), prompts(n))
@@ -474,7 +474,7 @@ async def test_collect_evict_leaves_only_unwritten_results_in_redis(
         gen=await gen_of(store, "j"),
     )
     out = str(tmp_path / "out.jsonl")
-    first = await collect_to_file(store, "j", out, wait=False, progress=False, evict=True)
+    first = await collect_output(store, "j", out, wait=False, progress=False, evict=True)
     assert (first.written, first.complete) == (4500, False)
     assert await store.redis.hlen(store.keys.results("j")) == 0  # all written lines evicted
     assert CursorFile(out).load("j") is not None
@@ -483,7 +483,7 @@ async def test_collect_evict_leaves_only_unwritten_results_in_redis(
         [(eid, Result(index=i, text=f"t{i}"), None) for i, (eid, _) in enumerate(got) if i >= 4500],
         gen=await gen_of(store, "j"),
     )
-    second = await collect_to_file(store, "j", out, wait=False, progress=False, evict=True)
+    second = await collect_output(store, "j", out, wait=False, progress=False, evict=True)
     assert (second.start, second.written, second.complete) == (4500, 500, True)
     assert await store.redis.hlen(store.keys.results("j")) == 0
     from pathlib import Path

@@ -23,12 +23,11 @@ from swarm_queue.common.perprompt import (
 from swarm_queue.common.settings import Settings
 from swarm_queue.common.store import JobStore
 from swarm_queue.flows.pipeline import build_pipeline, enqueue_pipeline
-from swarm_queue.producer.chains import follow_chains
 from swarm_queue.producer.enqueue import enqueue_prompts
 from swarm_queue.sim.engine import EngineConfig
 from swarm_queue.sim.server import SimEndpoint, SimFleet
 from swarm_queue.sim.text import embedding_for, sample_for
-from tests.helpers import collect_lines, prompts, run_engine
+from tests.helpers import collect_lines, output_lines, prompts, run_engine
 
 FAST = EngineConfig(step_base_ms=1.0, step_per_seq_ms=0.0)
 
@@ -136,8 +135,7 @@ async def test_an_uncertainty_measure_embeds_each_prompts_samples_on_the_fleet(
     )
     async with fleet:
         await run_engine(settings, store, fleet.urls)
-    rows = follow_chains(2)
-    chains = [c async for chunk in rows(store, "u") for c in chunk]
+    chains = await output_lines(store, "u")
     assert [c.index for c in chains] == list(range(n))
     entropies = set()
     for c, (prompt, _) in zip(chains, prompts(n), strict=True):
@@ -172,7 +170,7 @@ async def test_a_measure_the_workers_cannot_compute_fails_its_prompts_saying_why
     await enqueue_pipeline(store, specs, prompts(20))
     async with SimFleet([SimEndpoint(free_port(), FAST)]) as fleet:
         await run_engine(settings, store, fleet.urls)
-    chains = [c async for chunk in follow_chains(2)(store, "m") for c in chunk]
+    chains = await output_lines(store, "m")
     assert len(chains) == 20
     for c in chains:
         assert c.stopped_at == 1 and c.steps[1].error_kind == "measure"

@@ -3,12 +3,9 @@ were batched; unknown is null, never a 0 that reads as a count; a job's status s
 
 from __future__ import annotations
 
-import io
 from collections.abc import Callable
-from functools import partial
 
 import aiohttp
-import msgspec
 
 from swarm_queue.common.embedded import free_port
 from swarm_queue.common.jobspec import JobOptions, build_spec
@@ -16,8 +13,6 @@ from swarm_queue.common.models import JobSpec, SamplingParams, Usage
 from swarm_queue.common.settings import Settings
 from swarm_queue.common.store import JobStore
 from swarm_queue.producer.enqueue import enqueue_prompts
-from swarm_queue.producer.openai_batch import openai_line
-from swarm_queue.producer.stream import collect
 from swarm_queue.sim.engine import EngineConfig
 from swarm_queue.sim.server import SimEndpoint, SimFleet
 from swarm_queue.sim.text import count_tokens, sample_for
@@ -74,9 +69,7 @@ async def test_an_embedding_line_whose_count_is_unknown_says_null_never_zero(
     lines = await collect_lines(store, "e")
     assert [x["usage"] for x in lines[:16]] == [None] * 16
     assert lines[16]["usage"] == {"prompt_tokens": count_tokens(texts[16]), "completion_tokens": 0}
-    out = io.BytesIO()
-    await collect(store, "e", out, line=partial(openai_line, "e", embed=True))
-    bodies = [msgspec.json.decode(x)["response"]["body"] for x in out.getvalue().splitlines()]
+    bodies = [x["response"]["body"] for x in await collect_lines(store, "e", "openai")]
     assert bodies[0]["usage"] is None
     assert bodies[16]["usage"] == {
         "prompt_tokens": count_tokens(texts[16]),

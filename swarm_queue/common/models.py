@@ -45,7 +45,6 @@ __all__ = [
     "decode_spec",
     "encode",
     "encode_final",
-    "encode_json_line",
     "pack_vector",
     "result_or_failure",
     "timestamp_s",
@@ -504,6 +503,10 @@ class OutputLine(msgspec.Struct, frozen=True, repr_omit_defaults=True):
     samples: list[str] | msgspec.UnsetType = msgspec.UNSET
     value: dict[str, Any] | msgspec.UnsetType = msgspec.UNSET
 
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
     @classmethod
     def of(cls, r: Result) -> OutputLine:
         return cls(
@@ -627,8 +630,3 @@ def decode_final(data: bytes) -> ReduceOutput:
 def encode_final(output: ReduceOutput) -> bytes:
     """The JSON of a reduce output, as the ``final`` key holds it."""
     return _json_encoder.encode(output)
-
-
-def encode_json_line(line: OutputLine) -> bytes:
-    """One JSON line, newline included."""
-    return _json_encoder.encode(line) + b"\n"

@@ -38,6 +38,7 @@ __all__ = [
     "cluster",
     "kernel_entropy",
     "semantic_entropy",
+    "value_fields",
     "vote",
 ]
 
@@ -167,3 +168,19 @@ def answered(spec: JobSpec, result: Result) -> Result:
         return result
     value = kind.fn(result.samples, similarity=per.similarity)
     return msgspec.structs.replace(result, text=value["answer"], value=value)
+
+
+# The scalar fields each measure's value has, and their types: a value's typed columns
+# (``value.answer``, ``value.share``...) in CSV and Parquet output, beside its JSON.
+VALUE_FIELDS: dict[str, tuple[tuple[str, type], ...]] = {
+    VOTE: (("answer", str), ("votes", int), ("share", float), ("distinct", int)),
+    SEMANTIC_ENTROPY: (("answer", str), ("entropy", float), ("share", float)),
+    KERNEL_ENTROPY: (("answer", str), ("entropy", float)),
+}
+
+
+def value_fields(spec: JobSpec | None) -> tuple[tuple[str, type], ...]:
+    """The typed value fields of ``spec``'s per-prompt measure (none without one)."""
+    if spec is None or spec.per_prompt is None:
+        return ()
+    return VALUE_FIELDS.get(spec.per_prompt.kind, ())

@@ -3,11 +3,11 @@
 store's jobs and the drain engine stay what they are.
 
 * :mod:`flows.flow`: the seam every flow is built on; :mod:`flows.registry`: the flows every
-  worker runs; :mod:`flows.output`: how a flow's jobs are written, one line per input;
-* :mod:`flows.pipeline` and :mod:`flows.pipelineflow`: steps, each step's answers queued into
-  the next as each is committed;
-* :mod:`flows.agents` and :mod:`flows.agentflow`: agents, a turn a job, their tools asked of
-  the tool runners (:mod:`flows.toolcalls`);
+  worker runs, and each one's output (a :class:`common.output.JobOutput`);
+* :mod:`flows.pipeline`, :mod:`flows.pipelineflow` and :mod:`flows.pipelineout`: steps, each
+  step's answers queued into the next as each is committed, a chain per input written;
+* :mod:`flows.agents`, :mod:`flows.agentflow` and :mod:`flows.agentout`: agents, a turn a job,
+  their tools asked of the tool runners (:mod:`flows.toolcalls`), an agent's end written;
 * :mod:`flows.bestof`: best-of-N with a judge, every candidate judged as it is answered;
 * :mod:`flows.rounds`: rounds of roles on a shared board;
 * :mod:`flows.steps`: a workflow's later steps, as the commands speak of them.

@@ -41,6 +41,7 @@ from swarm_queue.common.store.steps import Landed, Move
 from swarm_queue.common.tools import ToolAnswer
 from swarm_queue.common.vocab import Meta
 from swarm_queue.flows.agentend import end_cancelled
+from swarm_queue.flows.agentout import AgentOutput
 from swarm_queue.flows.agents import (
     KIND,
     AgentResult,
@@ -127,6 +128,7 @@ class AgentFlow(Flow):
     agents still running."""
 
     name = KIND
+    output = AgentOutput
 
     def __init__(self, store: FlowStore, settings: Settings, *, token: str = "") -> None:
         super().__init__(store, settings, token=token)

@@ -29,9 +29,9 @@ from swarm_queue.common.errors import ConfigError
 from swarm_queue.common.jobspec import JobOptions, build_spec
 from swarm_queue.common.keys import step_name
 from swarm_queue.common.models import FlowRef, JobSpec, PromptItem, Result, result_or_failure
+from swarm_queue.common.output import Column, JobOutput
 from swarm_queue.common.store import CollectorStore
 from swarm_queue.common.store.steps import Move
-from swarm_queue.flows.output import Column, FlowOutput
 from swarm_queue.flows.pipeline import fill
 from swarm_queue.flows.pipelineflow import PipelineFlow
 
@@ -233,7 +233,7 @@ class _Input:
         return Candidate(text, score=score, judge=answer)
 
 
-class BestOfOutput(FlowOutput[_Input]):
+class BestOfOutput(JobOutput[_Input]):
     """A best-of job's lines: one per input, once every candidate is judged."""
 
     what = "best-of"

@@ -36,10 +36,10 @@ from swarm_queue.common.errors import (
 )
 from swarm_queue.common.keys import step_of
 from swarm_queue.common.models import JobSpec
+from swarm_queue.common.output import JobOutput
 from swarm_queue.common.settings import Settings
 from swarm_queue.common.store import FlowStore, producer_token
 from swarm_queue.common.store.steps import Landed
-from swarm_queue.flows.output import FlowOutput
 
 __all__ = ["BATCH", "LOCK_TTL_MS", "Flow", "Gauge"]
 
@@ -68,9 +68,8 @@ class Flow(ABC):
 
     # Said in logs, and part of the pump's lock token; a job's ``FlowRef.kind``.
     name: ClassVar[str]
-    # How the commands write this flow's jobs (None: the commands know them of old: a
-    # pipeline's chains, an agent job's agents).
-    output: ClassVar[type[FlowOutput[Any]] | None] = None
+    # How this flow's jobs are written out (see common/output.py; None: as a plain job).
+    output: ClassVar[type[JobOutput[Any]] | None] = None
 
     def __init__(self, store: FlowStore, settings: Settings, *, token: str = "") -> None:
         self.store, self.settings = store, settings

@@ -9,17 +9,20 @@ the next step with its count.
 from __future__ import annotations
 
 import logging
+from typing import Any, ClassVar
 
 import msgspec
 
 from swarm_queue.common.keys import step_name, step_of
 from swarm_queue.common.models import JobSpec, PromptItem, Result, decode_item, result_or_failure
+from swarm_queue.common.output import JobOutput
 from swarm_queue.common.settings import Settings
 from swarm_queue.common.store import FlowStore
 from swarm_queue.common.store.steps import Landed, Move
 from swarm_queue.common.vocab import Meta
 from swarm_queue.flows.flow import Flow
 from swarm_queue.flows.pipeline import KIND, Keep, Link, link_of, next_item
+from swarm_queue.flows.pipelineout import PipelineOutput
 
 __all__ = ["PipelineFlow"]
 
@@ -31,6 +34,7 @@ class PipelineFlow(Flow):
     sealed, with the spec of the step before."""
 
     name = KIND
+    output: ClassVar[type[JobOutput[Any]] | None] = PipelineOutput
 
     def __init__(self, store: FlowStore, settings: Settings, *, token: str = "") -> None:
         super().__init__(store, settings, token=token)

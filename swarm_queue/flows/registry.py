@@ -7,10 +7,10 @@ from __future__ import annotations
 from typing import Any
 
 from swarm_queue.common.models import JobSpec
+from swarm_queue.common.output import JobOutput
 from swarm_queue.flows.agentflow import AgentFlow
 from swarm_queue.flows.bestof import BestOfFlow
 from swarm_queue.flows.flow import Flow
-from swarm_queue.flows.output import FlowOutput
 from swarm_queue.flows.pipelineflow import PipelineFlow
 
 __all__ = ["FLOWS", "output_of"]
@@ -18,9 +18,9 @@ __all__ = ["FLOWS", "output_of"]
 FLOWS: tuple[type[Flow], ...] = (PipelineFlow, AgentFlow, BestOfFlow)
 
 
-def output_of(spec: JobSpec) -> type[FlowOutput[Any]] | None:
+def output_of(spec: JobSpec) -> type[JobOutput[Any]] | None:
     """How the job of ``spec`` (a workflow's first step) is written, when its flow writes its
-    own lines (see :mod:`flows.output`); None for any other job."""
+    own lines (see :mod:`common.output`); None for any other job (a plain job's)."""
     if spec.flow is None or spec.step:
         return None
     return next((f.output for f in FLOWS if f.name == spec.flow.kind), None)

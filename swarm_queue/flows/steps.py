@@ -1,16 +1,14 @@
-"""The later steps of a workflow's job: a pipeline's steps (``job:s1``..., each named by the
-link of the step before), an agent job's turns, and those a flow's output names
-(:meth:`flows.output.FlowOutput.later`). What ``swarm-status``, ``swarm-cancel``
-and ``swarm-jobs`` speak for when they are given the job's name: a workflow is finished when
-its last step is, never when its first is."""
+"""The later steps of a workflow's job: those its output names
+(:meth:`common.output.JobOutput.later`: an agent job's turns, a best-of job's judge), and a
+pipeline's steps (``job:s1``..., each named by the link of the step before). What
+``swarm-status``, ``swarm-cancel`` and ``swarm-jobs`` speak for when they are given the job's
+name: a workflow is finished when its last step is, never when its first is."""
 
 from __future__ import annotations
 
 from swarm_queue.common.errors import BadRecordError, JobNotFoundError
-from swarm_queue.common.keys import step_name
 from swarm_queue.common.models import JobSpec
 from swarm_queue.common.store import JobStatus, JobStore
-from swarm_queue.flows.agents import agent_of
 from swarm_queue.flows.pipeline import link_of
 from swarm_queue.flows.registry import output_of
 
@@ -19,19 +17,16 @@ __all__ = ["later_steps", "over", "step_statuses", "tokens_of"]
 
 async def later_steps(store: JobStore, spec: JobSpec) -> list[JobSpec]:
     """The specs of the later steps of ``spec``'s job, in order (none for a plain job, or for
-    a step itself); a step that cannot be read ends the list."""
-    names: list[str] = []
-    agent = agent_of(spec)
-    if agent is not None and spec.step == 0:  # an agent job: its turns
-        names = [step_name(spec.job, k) for k in range(1, agent.max_turns)]
-    elif (output := output_of(spec)) is not None:  # a workflow that names its steps
-        names = output.later(spec)
+    a step itself): those its output names (an agent job's turns, a best-of job's judge), then
+    each step's link to the next (a pipeline's); a step that cannot be read ends the list."""
+    output = output_of(spec)
+    names = output.later(spec) if output is not None else []
     out: list[JobSpec] = []
     current: JobSpec | None = spec
     while True:
         if names:
             name = names.pop(0)
-        elif agent is None and current is not None and (link := link_of(current)) is not None:
+        elif current is not None and (link := link_of(current)) is not None:
             name = link.job
         else:
             return out

@@ -43,6 +43,7 @@ from swarm_queue.common.models import ReduceOutput, ReduceSpec, Result
 from swarm_queue.common.progress import Progress
 from swarm_queue.common.settings import Settings
 from swarm_queue.common.store import JobStatus, JobStore
+from swarm_queue.flows.agentout import AgentOutput
 from swarm_queue.flows.agents import (
     AgentResult,
     AgentSpec,
@@ -59,14 +60,13 @@ from swarm_queue.flows.pipeline import (
     link_of,
     needs_steps,
 )
+from swarm_queue.flows.pipelineout import ChainLine
 from swarm_queue.flows.registry import output_of
 from swarm_queue.flows.rounds import Blackboard, BoardState
-from swarm_queue.producer.agentout import agents_as_finished, follow_agents
-from swarm_queue.producer.chains import ChainLine, follow_chains, steps_of
 from swarm_queue.producer.enqueue import enqueue_prompts
-from swarm_queue.producer.flowout import follow_lines, output_for
 from swarm_queue.producer.frames import prompts_from, results_dataset, results_frame
 from swarm_queue.producer.ops import cancel_job
+from swarm_queue.producer.output import follow_output, output_for
 from swarm_queue.producer.stream import follow, wait_final
 from swarm_queue.worker.engine import Engine
 from swarm_queue.worker.tools import tool_settings
@@ -347,29 +347,19 @@ class Swarm:
 
     async def chains(self, job: str, *, poll_s: float = 0.2) -> AsyncIterator[ChainLine]:
         """Every input of pipeline ``job``, in input order, once its way through the steps
-        has ended: each step's answer, or where and why it stopped."""
-        rows = follow_chains(len(await steps_of(self.store, job)))
-        async for chunk in rows(self.store, job, wait=True, poll_s=poll_s):
-            self._check_feed(job)
-            for chain in chunk:
-                yield chain
-        self._check_feed(job)
+        has ended: each step's answer, or where and why it stopped (its :meth:`lines`)."""
+        async for line in self.lines(job, poll_s=poll_s):
+            yield line
 
     async def lines(self, job: str, *, poll_s: float = 0.2) -> AsyncIterator[Any]:
-        """Every input of workflow ``job`` whose flow writes its own lines (see
-        :mod:`flows.output`), in input order, each once it has ended."""
-        spec = await self.store.load_spec(job)
-        kind = output_of(spec)
-        if kind is None:
-            raise ConfigError(
-                f"job {job} writes no lines of a workflow: follow it with results() (a pipeline "
-                "with chains(), an agent job with agents())"
-            )
-        output = await output_for(self.store, spec, kind)
-        async for chunk in follow_lines(output)(self.store, job, wait=True, poll_s=poll_s):
+        """Every input of ``job``, in input order, each once it has ended, as its kind of job
+        writes it (see :mod:`common.output`): a pipeline's chain, a best-of input's
+        candidates, an agent's end, a plain job's output line."""
+        output = await output_for(self.store, await self.store.load_spec(job))
+        async for chunk in follow_output(output)(self.store, job, wait=True, poll_s=poll_s):
             self._check_feed(job)
-            for line in chunk:
-                yield line
+            for row in chunk:
+                yield output.line(row)
         self._check_feed(job)
 
     async def broadcast(self, prompt: str, n: int, **settings: Any) -> list[Result]:
@@ -464,10 +454,11 @@ class Swarm:
         for warning in warnings:
             log.warning("agents %s: %s", name, warning)
         await enqueue_agents(self.store, specs, agent_prompts(task, inputs, system))
+        output = AgentOutput([await self.store.load_spec(name)])
         chunks = (
-            follow_agents(self.store, name, wait=True, poll_s=0.1)
+            follow_output(output)(self.store, name, wait=True, poll_s=0.1)
             if in_order
-            else agents_as_finished(self.store, name)
+            else output.in_finish_order(self.store)
         )
         async for chunk in chunks:
             for result in chunk:
@@ -547,12 +538,12 @@ class Swarm:
     async def frame(self, job: str) -> Any:
         """Every result of ``job`` as a pandas DataFrame, once all are in: one row per prompt
         in input order, the columns of ``swarm-collect --format parquet``."""
-        return results_frame(await self.gather(job))
+        return results_frame(await self.gather(job), await self.store.load_spec(job))
 
     async def dataset(self, job: str) -> Any:
         """Every result of ``job`` as a Hugging Face ``datasets.Dataset``, once all are in:
         the columns of :meth:`frame`."""
-        return results_dataset(await self.gather(job))
+        return results_dataset(await self.gather(job), await self.store.load_spec(job))
 
     async def final(self, job: str, *, wait: bool = True) -> ReduceOutput | None:
         """The reduce output of ``job`` (None if not finished and not ``wait``)."""

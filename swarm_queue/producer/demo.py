@@ -28,7 +28,7 @@ from swarm_queue.common.settings import Settings
 from swarm_queue.common.store import JobStore
 from swarm_queue.common.vocab import Meta
 from swarm_queue.producer.enqueue import enqueue_prompts
-from swarm_queue.producer.stream import collect
+from swarm_queue.producer.output import write_output
 from swarm_queue.sim.launch import launch
 from swarm_queue.sim.text import completion_for
 
@@ -95,7 +95,7 @@ async def _demo(args: argparse.Namespace) -> int:
                     )
             results_path = out_dir / "results.jsonl"
             with open(results_path, "wb") as fh:
-                creport = await collect(store, job, fh, wait=True, progress=True)
+                creport = await write_output(store, job, fh, wait=True, progress=True)
             t_done = time.monotonic()
             for proc in workers:
                 await asyncio.to_thread(proc.wait, 60)

@@ -10,7 +10,8 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from swarm_queue.common.errors import ConfigError
-from swarm_queue.common.models import Result
+from swarm_queue.common.models import JobSpec, Result
+from swarm_queue.producer.plain import PlainOutput
 
 __all__ = ["prompts_from", "results_dataset", "results_frame"]
 
@@ -67,29 +68,38 @@ def _pairs_of(
     return out
 
 
-def results_frame(results: Sequence[Result]) -> Any:
-    """``results`` as a pandas DataFrame, one row per prompt in the given order, with the
-    columns of the Parquet output (needs pandas and pyarrow: the ``parquet`` extra)."""
+def _table(results: Sequence[Result], spec: JobSpec) -> Any:
+    """``results`` of the job of ``spec`` as one Arrow table, with the columns of its Parquet
+    output (see :class:`producer.plain.PlainOutput`)."""
+    from swarm_queue.producer.parquet import output_table
+
+    return output_table(PlainOutput([spec]), results)
+
+
+def results_frame(results: Sequence[Result], spec: JobSpec) -> Any:
+    """``results`` of the job of ``spec`` as a pandas DataFrame, one row per prompt in the
+    given order, with the columns of the Parquet output (needs pandas and pyarrow: the
+    ``parquet`` extra)."""
     try:
-        from swarm_queue.producer.parquet import results_table
+        import pandas  # noqa: F401 - said here, before the table is made
+        import pyarrow  # noqa: F401
     except ImportError:
         raise ConfigError(
             "results as a DataFrame need pyarrow and pandas: pip install 'swarm-queue[parquet]' "
             "pandas"
         ) from None
-    return results_table(results).to_pandas(types_mapper=None)
+    return _table(results, spec).to_pandas(types_mapper=None)
 
 
-def results_dataset(results: Sequence[Result]) -> Any:
-    """``results`` as a Hugging Face ``datasets.Dataset`` with the columns of the Parquet
-    output (needs ``datasets``)."""
+def results_dataset(results: Sequence[Result], spec: JobSpec) -> Any:
+    """``results`` of the job of ``spec`` as a Hugging Face ``datasets.Dataset`` with the
+    columns of the Parquet output (needs ``datasets``)."""
     try:
         import datasets
-
-        from swarm_queue.producer.parquet import results_table
+        import pyarrow  # noqa: F401
     except ImportError:
         raise ConfigError(
             "results as a Dataset need pyarrow and datasets: pip install "
             "'swarm-queue[parquet]' datasets"
         ) from None
-    return datasets.Dataset(results_table(results))
+    return datasets.Dataset(_table(results, spec))

@@ -1,6 +1,6 @@
-"""Output as a file of lines, one per prompt in input order: swarm-queue's JSON lines, or
-OpenAI batch output lines (a line format). Its durable mark is a byte offset: a rerun cuts the
-file back to it and continues, byte for byte as an uninterrupted run would have written."""
+"""Output as a file of lines, one per input in input order: swarm-queue's JSON lines, OpenAI
+batch output lines, or CSV rows under a header. Its durable mark is a byte offset: a rerun cuts
+the file back to it and continues, byte for byte as an uninterrupted run would have written."""
 
 from __future__ import annotations
 
@@ -9,21 +9,17 @@ from collections.abc import Awaitable, Callable, Iterator
 from typing import BinaryIO, Generic, TypeVar
 
 from swarm_queue.common.errors import ConfigError
-from swarm_queue.common.models import Result
-from swarm_queue.common.store import CollectorStore
-from swarm_queue.producer.outfile import Mark, collect_durably
-from swarm_queue.producer.stream import CollectReport, Row, own_line
+from swarm_queue.producer.outfile import Mark
 
-__all__ = ["LineSink", "collect_to_file", "fsync_dir"]
+__all__ = ["LineSink", "fsync_dir"]
 
 
-R = TypeVar("R", bound=Row)
+R = TypeVar("R")
 
 
 class LineSink(Generic[R]):
-    """A :class:`~producer.outfile.RowSink` writing each row as one line (``line``: how; for
-    results, :func:`producer.stream.own_line` is swarm-queue's JSON line), after a ``header``
-    line if it has one."""
+    """A :class:`~producer.outfile.RowSink` writing each row as one line (``line``: how, a
+    format's: see :mod:`producer.formats`), after a ``header`` line if it has one."""
 
     def __init__(
         self,
@@ -148,26 +144,3 @@ def fsync_dir(path: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-async def collect_to_file(
-    store: CollectorStore,
-    job: str,
-    path: str,
-    *,
-    wait: bool,
-    progress: bool,
-    evict: bool = False,
-    line: Callable[[Result], bytes] | None = None,
-) -> CollectReport:
-    """Collect ``job`` into the lines file ``path`` (swarm-queue's JSON lines, or ``line``'s),
-    durably: see :func:`producer.outfile.collect_durably`."""
-    return await collect_durably(
-        store,
-        job,
-        path,
-        lambda path, _spec: LineSink(path, line or own_line),
-        wait=wait,
-        progress=progress,
-        evict=evict,
-    )

@@ -1,8 +1,8 @@
 """Output that survives a crash, whatever its format: one collector per output (a lock), a
 durable cursor moved only once what it counts is durable, and (with ``--evict``) results
-leaving Redis only once the output holds them. :func:`collect_durably` owns all of that; a
-format is a :class:`Sink` (JSON Lines and OpenAI batch lines in :mod:`producer.lines`, CSV in
-:mod:`producer.csvout`, Parquet in :mod:`producer.parquet`), chosen by name in
+leaving Redis only once the output holds them. :func:`collect_rows_durably` owns all of that;
+a format is a :class:`RowSink` (a file of lines in :mod:`producer.lines`: JSON Lines, OpenAI
+batch lines, CSV; a Parquet directory in :mod:`producer.parquet`), chosen by name in
 :mod:`producer.formats`.
 
 A collector never truncates or deletes output it did not write: it resumes only output whose
@@ -28,10 +28,8 @@ from swarm_queue.common.models import JobSpec, Result, result_or_failure
 from swarm_queue.common.store import CollectorStore, JobStatus
 from swarm_queue.producer.stream import (
     CollectReport,
-    Row,
     check_kept,
     collect_into,
-    follow,
     wait_for_spec,
 )
 
@@ -40,11 +38,9 @@ __all__ = [
     "CursorFile",
     "Mark",
     "RowSink",
-    "Sink",
     "already_complete",
     "bring_up_to_date",
     "claim_output",
-    "collect_durably",
     "collect_rows_durably",
     "output_lock",
 ]
@@ -287,11 +283,11 @@ class Mark(msgspec.Struct, frozen=True):
     parts: int = 0
 
 
-R = TypeVar("R", bound=Row)
+R = TypeVar("R")
 
 
 class RowSink(Protocol[R]):
-    """One output format, written durably by :func:`collect_durably`: it says whether its
+    """One output format, written durably by :func:`collect_rows_durably`: it says whether its
     output holds anything, prepares it to start anew or to resume after a mark (cutting back
     what was written after it), takes rows (a job's results, a pipeline's chains) in order and
     says how far they are durable."""
@@ -317,37 +313,6 @@ class RowSink(Protocol[R]):
         ...
 
 
-# A sink of a job's results: what every output format of swarm-collect is.
-Sink = RowSink[Result]
-
-
-async def collect_durably(
-    store: CollectorStore,
-    job: str,
-    path: str,
-    make_sink: Callable[[str, JobSpec], Sink],
-    *,
-    wait: bool,
-    progress: bool,
-    evict: bool = False,
-) -> CollectReport:
-    """Collect ``job``'s results into the output at ``path`` that ``make_sink(path, spec)``
-    writes, resuming from its durable cursor after an interrupted run. ``evict`` deletes
-    results from Redis once the output holds them durably: the output becomes the only copy,
-    and Redis memory stays bounded on a huge job."""
-    return await collect_rows_durably(
-        store,
-        job,
-        path,
-        make_sink,
-        rows=follow,
-        wait=wait,
-        progress=progress,
-        evict=evict,
-        results=True,
-    )
-
-
 async def collect_rows_durably(
     store: CollectorStore,
     job: str,
@@ -355,13 +320,19 @@ async def collect_rows_durably(
     make_sink: Callable[[str, JobSpec], RowSink[R]],
     *,
     rows: Callable[..., AsyncIterator[list[R]]],
+    ok: Callable[[R], bool] | None = None,
+    model_of: Callable[[R], str] | None = None,
     wait: bool,
     progress: bool,
     evict: bool = False,
     results: bool = False,
 ) -> CollectReport:
-    """:func:`collect_durably` for any rows of a job, one per input index in order, as
-    ``rows`` yields them (:func:`producer.stream.follow`'s signature: a pipeline's chains).
+    """Collect the rows of ``job`` (one per input index, in order, as ``rows`` yields them:
+    :func:`producer.stream.follow`'s signature; ``ok``, ``model_of``: see
+    :func:`producer.stream.collect_into`) into the
+    output at ``path`` that ``make_sink(path, spec)`` writes, resuming from its durable cursor
+    after an interrupted run. ``evict`` deletes results from Redis once the output holds them
+    durably: the output becomes the only copy, and Redis memory stays bounded on a huge job.
     ``results``: the rows are the job's results, so a complete output can be brought up to
     date after a swarm-retry."""
     with output_lock(path):
@@ -411,7 +382,15 @@ async def collect_rows_durably(
 
         try:
             report = await collect_into(
-                store, job, put, rows=rows, wait=wait, progress=progress, start=start.index
+                store,
+                job,
+                put,
+                rows=rows,
+                ok=ok,
+                model_of=model_of,
+                wait=wait,
+                progress=progress,
+                start=start.index,
             )
         except BaseException:
             sink.abandon()

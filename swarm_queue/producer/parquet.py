@@ -1,13 +1,14 @@
-"""``swarm-collect --format parquet``: a job's results as a Parquet dataset, in input order.
+"""``swarm-collect --format parquet``: a job's output as a Parquet dataset, in input order.
 
 A Parquet file is only readable once its footer is written, so the output is a directory of
-parts, ``part-00000.parquet``, ``part-00001.parquet``... in input order, one row per prompt with
-the fields of the JSON Lines output. A part is written under a hidden name and renamed once
-closed and fsynced, then the durable cursor beside the directory (``DIR.cursor``) counts it:
-readers (pandas, pyarrow, Hugging Face ``datasets``) only ever see whole parts, a crashed run
-resumes after the last counted part, and ``--evict`` removes results from Redis only once a
-closed part holds them. A part closes at ``PART_ROWS`` rows, when it has been open
-``PART_S`` seconds (so a long job's results show up as it runs), and at the end of a run.
+parts, ``part-00000.parquet``, ``part-00001.parquet``... in input order, one row per input with
+its kind's columns (see :mod:`common.output`), typed. A part is written under a hidden name
+and renamed once closed and fsynced, then the durable cursor beside the directory
+(``DIR.cursor``) counts it: readers (pandas, pyarrow, Hugging Face ``datasets``) only ever see
+whole parts, a crashed run resumes after the last counted part, and ``--evict`` removes
+results from Redis only once a closed part holds them. A part closes at ``PART_ROWS`` rows,
+when it has been open ``PART_S`` seconds (so a long job's results show up as it runs), and at
+the end of a run.
 """
 
 from __future__ import annotations
@@ -16,35 +17,39 @@ import os
 import re
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import msgspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from swarm_queue.common.errors import ConfigError
-from swarm_queue.common.models import JobSpec, OutputLine, Result
-from swarm_queue.common.store import CollectorStore
-from swarm_queue.producer.outfile import Mark, collect_durably
-from swarm_queue.producer.stream import CollectReport
-from swarm_queue.producer.valuecols import value_cells, value_fields
+from swarm_queue.common.models import Result
+from swarm_queue.common.output import Column, JobOutput, Json, Vector
+from swarm_queue.producer.outfile import Mark
 
 __all__ = [
-    "ARROW_OF",
+    "ARROW",
     "PART_ROWS",
     "PART_S",
-    "SCHEMA",
     "ParquetSink",
-    "collect_to_parquet",
+    "output_table",
+    "parquet_sink",
     "part_name",
-    "results_table",
-    "valued_sink",
 ]
 
 R = TypeVar("R")
 
-# The Arrow type of a value's Python type, for typed columns made outside the output struct.
-ARROW_OF: dict[type, pa.DataType] = {str: pa.string(), int: pa.int64(), float: pa.float64()}
+# The Arrow type of each column type (see common/output.py): a JSON value is its JSON text.
+ARROW: dict[type, pa.DataType] = {
+    int: pa.int64(),
+    float: pa.float64(),
+    str: pa.string(),
+    bool: pa.bool_(),
+    list: pa.list_(pa.string()),
+    Vector: pa.list_(pa.float32()),  # an embedding: float32, as the server computed it
+    Json: pa.string(),
+}
 
 PART_ROWS = 100_000
 PART_S = 60.0
@@ -52,41 +57,42 @@ PART_S = 60.0
 # of a few KB each stay well within a collector's memory.
 ROW_GROUP_ROWS = 20_000
 
-
-def _arrow_type(t: msgspec.inspect.Type) -> pa.DataType:
-    """The Arrow type of one field of :class:`OutputLine` (an optional one: nullable)."""
-    if isinstance(t, msgspec.inspect.UnionType):
-        kinds = [x for x in t.types if not isinstance(x, msgspec.inspect.NoneType)]
-        return _arrow_type(kinds[0])
-    if isinstance(t, msgspec.inspect.IntType):
-        return pa.int64()
-    if isinstance(t, msgspec.inspect.BoolType):
-        return pa.bool_()
-    if isinstance(t, msgspec.inspect.StrType):
-        return pa.string()
-    if isinstance(t, msgspec.inspect.StructType):
-        return pa.struct([(f.name, _arrow_type(f.type)) for f in t.fields])
-    if isinstance(t, msgspec.inspect.ListType) and isinstance(
-        t.item_type, msgspec.inspect.FloatType
-    ):
-        return pa.list_(pa.float32())  # an embedding: float32, as the server computed it
-    if isinstance(t, msgspec.inspect.ListType):
-        return pa.list_(_arrow_type(t.item_type))
-    if isinstance(t, msgspec.inspect.DictType):
-        return pa.string()  # a free-form object (a per-prompt value): its JSON
-    raise TypeError(f"no Parquet column type for {t!r}")
+_encoder = msgspec.json.Encoder()
 
 
-# The columns are the fields of the JSON Lines output, in its order: one struct says both.
-_FIELDS = msgspec.inspect.type_info(OutputLine).fields  # type: ignore[attr-defined]
-SCHEMA = pa.schema([(f.name, _arrow_type(f.type)) for f in _FIELDS])
-# A field a JSON line leaves out when unset (``custom_id``, ``cached``): null in its column,
-# or false for a flag.
-_UNSET_AS = {
-    f.name: False if isinstance(f.type, msgspec.inspect.BoolType) else None
-    for f in _FIELDS
-    if f.default is msgspec.UNSET
-}
+def _schema(columns: Sequence[Column]) -> pa.Schema:
+    return pa.schema([(c.name, ARROW[c.type]) for c in columns])
+
+
+def _table(output: JobOutput[Any], schema: pa.Schema) -> Callable[[Sequence[Any]], pa.Table]:
+    """What makes a table of ``schema`` of ``output``'s rows: each row's cells, a JSON value
+    as its text."""
+    as_json = [c.type is Json for c in output.columns()]
+    line, cells = output.line, output.cells
+
+    def table(rows: Sequence[Any]) -> pa.Table:
+        by_row = [cells(line(r)) for r in rows]
+        columns = {}
+        for i, name in enumerate(schema.names):
+            column = [c[i] for c in by_row]
+            if as_json[i]:
+                column = [None if v is None else _encoder.encode(v).decode() for v in column]
+            columns[name] = column
+        return pa.table(columns, schema=schema)
+
+    return table
+
+
+def output_table(output: JobOutput[Any], rows: Sequence[Any]) -> pa.Table:
+    """``rows`` of ``output``'s job as one table, with the columns of its Parquet output."""
+    schema = _schema(output.columns())
+    return _table(output, schema)(rows)
+
+
+def parquet_sink(path: str, output: JobOutput[Any]) -> ParquetSink[Any]:
+    """The Parquet directory ``path`` of ``output``'s job: its kind's columns, typed."""
+    schema = _schema(output.columns())
+    return ParquetSink(path, _table(output, schema), schema)
 
 
 _PART = re.compile(r"^\.?part-(\d{5,})\.parquet(\.inprogress)?$")
@@ -97,59 +103,13 @@ def part_name(n: int) -> str:
     return f"part-{n:05d}.parquet"
 
 
-def results_table(results: Sequence[Result]) -> pa.Table:
-    """The rows of ``results``, one per prompt, with the fields of the JSON Lines output."""
-    lines = [OutputLine.of(r) for r in results]
-    columns = {
-        f.name: [_value(getattr(line, f.name), _UNSET_AS.get(f.name)) for line in lines]
-        for f in _FIELDS
-    }
-    return pa.table(columns, schema=SCHEMA)
-
-
-def valued_sink(path: str, spec: JobSpec | None) -> ParquetSink[Result]:
-    """The Parquet sink of a job's results; with a per-prompt measure, its value's fields as
-    typed columns of their own after :data:`SCHEMA`'s (see :mod:`producer.valuecols`)."""
-    fields = value_fields(spec)
-    if not fields:
-        return ParquetSink[Result](path)
-    arrow = ARROW_OF
-    schema = pa.schema([*SCHEMA, *((f"value.{n}", arrow[t]) for n, t in fields)])
-
-    def table(results: Sequence[Result]) -> pa.Table:
-        base = results_table(results)
-        cells = [value_cells(r, fields) for r in results]
-        for i, (name, kind) in enumerate(fields):
-            base = base.append_column(
-                pa.field(f"value.{name}", arrow[kind]), pa.array([c[i] for c in cells], arrow[kind])
-            )
-        return base
-
-    return ParquetSink[Result](path, table, schema)
-
-
-def _value(v: object, default: object) -> object:
-    """A field's value as Arrow takes it: unset is its default, a struct its dict."""
-    if v is msgspec.UNSET:
-        return default
-    if isinstance(v, msgspec.Struct):
-        return msgspec.structs.asdict(v)
-    if isinstance(v, dict):
-        return msgspec.json.encode(v).decode()
-    return v
-
-
 class ParquetSink(Generic[R]):
     """A :class:`~producer.outfile.RowSink` writing the directory ``path`` of parts: its
-    durable mark counts the closed parts and the rows they hold. Rows are a job's results
-    (the default), or any rows ``table`` makes a table of ``schema`` from (a pipeline's
-    chains)."""
+    durable mark counts the closed parts and the rows they hold, which ``table`` makes a
+    table of ``schema`` from."""
 
     def __init__(
-        self,
-        path: str,
-        table: Callable[[Sequence[R]], pa.Table] = results_table,  # type: ignore[assignment]
-        schema: pa.Schema = SCHEMA,
+        self, path: str, table: Callable[[Sequence[R]], pa.Table], schema: pa.Schema
     ) -> None:
         self.path = path
         self.table, self.schema = table, schema
@@ -282,25 +242,3 @@ def _prepare(path: str, mark: Mark | None) -> None:
         m = _PART.match(name)
         if m and (m.group(2) or int(m.group(1)) >= keep):
             os.remove(os.path.join(path, name))
-
-
-async def collect_to_parquet(
-    store: CollectorStore,
-    job: str,
-    path: str,
-    *,
-    wait: bool,
-    progress: bool,
-    evict: bool = False,
-) -> CollectReport:
-    """Collect ``job`` into the Parquet directory ``path``, durably (see
-    :func:`producer.outfile.collect_durably`)."""
-    return await collect_durably(
-        store,
-        job,
-        path,
-        lambda path, _spec: ParquetSink[Result](path),
-        wait=wait,
-        progress=progress,
-        evict=evict,
-    )

@@ -11,10 +11,9 @@ import asyncio
 import difflib
 import sys
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import BinaryIO, Protocol, TypeVar
-
-import msgspec
+from typing import Any, TypeVar
 
 from swarm_queue.common.backoff import backoff_s
 from swarm_queue.common.errors import (
@@ -27,25 +26,21 @@ from swarm_queue.common.errors import (
 )
 from swarm_queue.common.models import (
     JobSpec,
-    OutputLine,
     ReduceOutput,
     Result,
-    encode_json_line,
     result_or_failure,
 )
+from swarm_queue.common.output import CollectReport
 from swarm_queue.common.progress import Progress
 from swarm_queue.common.store import CollectorStore, JobStatus
 from swarm_queue.flows.pipeline import link_of
 
 __all__ = [
     "CollectReport",
-    "Row",
     "check_kept",
-    "collect",
     "collect_into",
     "follow",
     "follow_rows",
-    "own_line",
     "wait_final",
     "wait_for_job",
     "wait_for_spec",
@@ -55,32 +50,7 @@ CHUNK = 2000
 MIN_ASK = 256
 
 
-class Row(Protocol):
-    """What a collector writes, one per input index: a result, or a pipeline's chain."""
-
-    @property
-    def ok(self) -> bool: ...
-
-
-R = TypeVar("R", bound=Row)
-
-
-class CollectReport(msgspec.Struct, frozen=True):
-    """What one run wrote: ``written`` lines from index ``start`` on (``ok``/``failed`` count
-    this run's lines only)."""
-
-    job: str
-    written: int
-    ok: int
-    failed: int
-    total: int | None
-    start: int = 0
-    # The output was complete already and left alone: this run wrote nothing.
-    untouched: bool = False
-
-    @property
-    def complete(self) -> bool:
-        return self.total is not None and self.start + self.written >= self.total
+R = TypeVar("R")
 
 
 # How long a collector following a job (--wait) waits for a job that is not queued yet (it
@@ -233,43 +203,14 @@ def follow(
     )
 
 
-async def collect(
-    store: CollectorStore,
-    job: str,
-    out: BinaryIO,
-    *,
-    wait: bool = False,
-    poll_s: float = 0.2,
-    progress: bool = False,
-    start: int = 0,
-    on_commit: Callable[[int], Awaitable[None]] | None = None,
-    line: Callable[[Result], bytes] | None = None,
-) -> CollectReport:
-    """Write results of ``job`` to ``out`` from index ``start`` on, in order; see module doc.
-
-    ``on_commit(index)`` is called after each chunk is written and flushed, with the number of
-    lines now complete: the collector's durable cursor hangs off it. ``line`` formats a
-    result as one output line (default: swarm-queue's own JSON line).
-    """
-    fmt = line or own_line
-
-    async def put(chunk: list[Result], cursor: int) -> None:
-        out.write(b"".join(fmt(r) for r in chunk))
-        out.flush()
-        if on_commit is not None:
-            await on_commit(cursor)
-
-    return await collect_into(
-        store, job, put, rows=follow, wait=wait, poll_s=poll_s, progress=progress, start=start
-    )
-
-
 async def collect_into(
     store: CollectorStore,
     job: str,
     put: Callable[[list[R], int], Awaitable[None]],
     *,
     rows: Callable[..., AsyncIterator[list[R]]],
+    ok: Callable[[R], bool] | None = None,
+    model_of: Callable[[R], str] | None = None,
     wait: bool = False,
     poll_s: float = 0.2,
     progress: bool = False,
@@ -277,9 +218,13 @@ async def collect_into(
 ) -> CollectReport:
     """Hand the ``rows`` of ``job`` (:func:`follow` for its results) from index ``start`` on to
     ``put(chunk, cursor)``, in order, ``cursor`` being the index after the chunk; with
-    ``progress``, a bar on stderr. Every output format (JSON Lines, Parquet) is a ``put``."""
+    ``progress``, a bar on stderr. Every output format (JSON Lines, Parquet) is a ``put``.
+    ``ok(row)``: whether a row counts as answered (default: its ``ok``); ``model_of(row)``: the
+    model that answered it, counted in the report ("": none)."""
+    is_ok: Callable[[Any], bool] = ok or (lambda r: r.ok)
+    models: Counter[str] = Counter()
     cursor = start
-    ok = failed = 0
+    answered = failed = 0
     total: int | None = None
     bar = Progress("swarm-collect", f"job {job}", "answered", enabled=progress)
 
@@ -295,18 +240,16 @@ async def collect_into(
 
     try:
         async for chunk in rows(store, job, start=start, wait=wait, poll_s=poll_s, on_status=show):
-            n_ok = sum(1 for r in chunk if r.ok)
-            ok += n_ok
+            n_ok = sum(1 for r in chunk if is_ok(r))
+            if model_of is not None:
+                models.update(m for r in chunk if (m := model_of(r)))
+            answered += n_ok
             failed += len(chunk) - n_ok
             cursor += len(chunk)
             await put(chunk, cursor)
     finally:
         bar.close()
-    return CollectReport(job, cursor - start, ok, failed, total, start)
-
-
-def own_line(r: Result) -> bytes:
-    return encode_json_line(OutputLine.of(r))
+    return CollectReport(job, cursor - start, answered, failed, total, start, models=dict(models))
 
 
 async def wait_final(

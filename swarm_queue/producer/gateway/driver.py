@@ -40,12 +40,12 @@ from swarm_queue.common.jobspec import JobOptions, build_spec
 from swarm_queue.common.models import JobSpec
 from swarm_queue.common.settings import Settings
 from swarm_queue.common.store import JobStatus, JobStore
-from swarm_queue.producer.formats import format_named
 from swarm_queue.producer.gateway import workfile
 from swarm_queue.producer.gateway.files import FileStore
 from swarm_queue.producer.gateway.offload import Helpers
 from swarm_queue.producer.inputs import DEFAULT_MAX_PROMPT_BYTES
-from swarm_queue.producer.outfile import CursorFile, collect_durably
+from swarm_queue.producer.outfile import CursorFile
+from swarm_queue.producer.output import collect_output
 
 __all__ = ["LEASE_MS", "Driver", "batch_spec", "counts_of", "usage_of"]
 
@@ -296,11 +296,10 @@ class Driver:
         """Collect the job's answers in input order, as they come, into the work file; a
         cancel asked, or the completion window passed, cancels what is left of the job. A
         fault of the ``queue`` task (the job's producer) ends it too."""
-        sink = format_named("openai").sink
         watch = asyncio.create_task(self._watch(project, batch, jobs))
         work = str(self._work_path(project, batch.id))
         collect = asyncio.create_task(
-            collect_durably(jobs, batch.id, work, sink, wait=True, progress=False, evict=True)
+            collect_output(jobs, batch.id, work, "openai", wait=True, progress=False, evict=True)
         )
         try:
             await asyncio.wait({collect, queue}, return_when=asyncio.FIRST_COMPLETED)

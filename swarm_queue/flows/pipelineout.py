@@ -2,28 +2,27 @@
 far as the input went (its chain), and where and why it stopped if it did not reach the end.
 
 An input's answer at step k is found through step k's ``fed`` hash (input index -> its index
-there) or, if its answer before was filtered out, in step k's ``dropped`` hash. Lines are
-written in input order, as soon as every chain up to them has ended, durably (the same lock,
-cursor and resume as any output: :func:`producer.outfile.collect_rows_durably`).
+there) or, if its answer before was filtered out, in step k's ``dropped`` hash. As columns
+(CSV, Parquet): the whole chain's fields (``index``, ``custom_id``, ``text``: the last step's
+answer, ``stopped_at``, ``error``), then each step's own, prefixed by its number
+(``s0_text``, ``s0_error``..., ``s1_text``...); a step an input did not reach has empty cells,
+and a step with a per-prompt measure has its value's fields as typed columns too
+(``s1_value.entropy``).
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import msgspec
 
 from swarm_queue.common.keys import step_name
-from swarm_queue.common.models import JobSpec, Result, Usage, result_or_failure
+from swarm_queue.common.models import Result, Usage, result_or_failure
+from swarm_queue.common.output import CollectReport, Column, JobOutput, Json
+from swarm_queue.common.perprompt import value_fields
 from swarm_queue.common.store import CollectorStore
-from swarm_queue.flows.pipeline import link_of
-from swarm_queue.producer.flowout import follow_assembled, json_line
-from swarm_queue.producer.lines import LineSink
-from swarm_queue.producer.outfile import collect_rows_durably
-from swarm_queue.producer.stream import CollectReport
 
-__all__ = ["ChainLine", "StepAnswer", "chain_line", "collect_chains", "follow_chains", "steps_of"]
+__all__ = ["ChainLine", "PipelineOutput", "StepAnswer"]
 
 
 class StepAnswer(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -75,19 +74,6 @@ class ChainLine(msgspec.Struct, frozen=True, repr_omit_defaults=True):
         return self.error is None
 
 
-def chain_line(line: ChainLine) -> bytes:
-    """One JSON line, newline included."""
-    return json_line(line)
-
-
-async def steps_of(store: CollectorStore, job: str) -> list[JobSpec]:
-    """The specs of pipeline ``job``'s steps, in order (one: a plain job)."""
-    specs = [await store.load_spec(job)]
-    while (link := link_of(specs[-1])) is not None:
-        specs.append(await store.load_spec(link.job))
-    return specs
-
-
 class _Chain:
     """One input's chain while it is being followed."""
 
@@ -113,6 +99,106 @@ class _Chain:
 
     def ended(self, steps: int) -> bool:
         return self.error is not None or len(self.answers) == steps
+
+
+# The chain's own columns, then each step's (their name after ``sK_``).
+_CHAIN = (
+    Column("index", int),
+    Column("custom_id", str),
+    Column("text", str),
+    Column("stopped_at", int),
+    Column("error", str),
+)
+_STEP = (
+    Column("text", str),
+    Column("finish_reason", str),
+    Column("error", str),
+    Column("error_kind", str),
+    Column("model", str),
+    Column("endpoint", str),
+    Column("prompt_tokens", int),
+    Column("completion_tokens", int),
+    Column("cached", bool),
+    Column("samples", list),
+    Column("value", Json),
+)
+
+
+def _step_values(answer: StepAnswer | None) -> list[Any]:
+    if answer is None:
+        return [None] * len(_STEP)
+    usage = answer.usage
+    return [
+        answer.text,
+        answer.finish_reason,
+        answer.error,
+        answer.error_kind,
+        answer.model or None,
+        answer.endpoint or None,
+        usage.prompt_tokens if usage is not None else None,
+        usage.completion_tokens if usage is not None else None,
+        answer.cached,
+        answer.samples,
+        answer.value,
+    ]
+
+
+class PipelineOutput(JobOutput[_Chain]):
+    """A pipeline's lines: one chain per input, once it has ended (answered by the last step,
+    or stopped on the way)."""
+
+    what = "pipeline"
+
+    async def tally(self, store: CollectorStore, report: CollectReport) -> tuple[str, int]:
+        """The whole pipeline's figures: an input is through when its last step answered it;
+        one that stopped failed at a step (each at most once), or was kept out by a step's
+        filter, which is what the filter is for: no failure."""
+        statuses = [await store.status(step.job) for step in self.steps]
+        through = statuses[-1].done
+        stopped = (report.total or 0) - through
+        failed = sum(s.failed for s in statuses)
+        kept_out = stopped - failed
+        said = f"{through} through every step, {stopped} stopped on the way: {failed} failed, "
+        return said + f"{kept_out} kept out by a filter", failed
+
+    def start(self, first: Result) -> _Chain:
+        return _Chain(first)
+
+    async def advance(self, store: CollectorStore, items: list[_Chain]) -> None:
+        await _advance(store, self.steps[0].job, items, len(self.steps))
+
+    def ended(self, row: _Chain) -> bool:
+        return row.ended(len(self.steps))
+
+    def line(self, row: _Chain) -> ChainLine:
+        return row.line(len(self.steps))
+
+    def columns(self) -> list[Column]:
+        return [
+            *_CHAIN,
+            *(
+                Column(f"s{k}_{c.name}", c.type)
+                for k, spec in enumerate(self.steps)
+                for c in [*_STEP, *(Column(f"value.{n}", t) for n, t in value_fields(spec))]
+            ),
+        ]
+
+    def cells(self, line: Any) -> list[Any]:
+        assert isinstance(line, ChainLine)
+        by_step = {a.step: a for a in line.steps}
+        cells: list[Any] = [
+            line.index,
+            line.custom_id if line.custom_id is not msgspec.UNSET else None,
+            line.text,
+            line.stopped_at if line.stopped_at is not msgspec.UNSET else None,
+            line.error,
+        ]
+        for k, spec in enumerate(self.steps):
+            answer = by_step.get(k)
+            cells += _step_values(answer)
+            value = answer.value if answer is not None and answer.value is not None else {}
+            cells += [value.get(name) for name, _ in value_fields(spec)]
+        return cells
 
 
 async def _advance(store: CollectorStore, job: str, chains: list[_Chain], steps: int) -> None:
@@ -143,39 +229,3 @@ async def _advance(store: CollectorStore, job: str, chains: list[_Chain], steps:
             c.at = None
             if not r.ok:
                 c.error, c.stopped_at = f"step {k} failed: {r.error}", k
-
-
-def follow_chains(steps: int) -> Callable[..., AsyncIterator[list[ChainLine]]]:
-    """The rows of a pipeline of ``steps`` steps, as :func:`producer.stream.follow`'s are a
-    job's: every input's chain, in input order, a chunk at a time as they end."""
-    return follow_assembled(
-        _Chain,
-        lambda store, job, chains: _advance(store, job, chains, steps),
-        lambda chain: chain.ended(steps),
-        lambda chain: chain.line(steps),
-    )
-
-
-async def collect_chains(
-    store: CollectorStore,
-    job: str,
-    path: str,
-    *,
-    wait: bool,
-    progress: bool,
-    sink: Callable[[str, list[JobSpec]], Any] | None = None,
-    **kw: Any,
-) -> CollectReport:
-    """Collect pipeline ``job`` into ``path``, one chain per input: JSON Lines, or what
-    ``sink(path, its steps' specs)`` writes (see :mod:`producer.chaincols`)."""
-    steps = await steps_of(store, job)
-    return await collect_rows_durably(
-        store,
-        job,
-        path,
-        lambda p, _spec: LineSink(p, chain_line) if sink is None else sink(p, steps),
-        rows=follow_chains(len(steps)),
-        wait=wait,
-        progress=progress,
-        **kw,
-    )
