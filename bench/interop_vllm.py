@@ -96,6 +96,9 @@ def _generation(checks: Checks, env: dict[str, str], url: str, n: int) -> None:
     unknown = [x["index"] for x in lines if x.get("usage") is not None]
     checks.check(not unknown, "list completions: every line's usage null (a list's total only)",
                  f"set at {unknown[:5]}")  # fmt: skip
+    lines = job(env, url, "exact", src, "--max-tokens", "16", "--temperature", "0",
+                 "--line-usage")  # fmt: skip
+    same_usage(checks, "list completions --line-usage", lines, own)
     template = WORK / "template.txt"
     template.write_text("<s>[INST] {prompt} [/INST]")
     lines = job(env, url, "templ", src, "--max-tokens", "16", "--temperature", "0",
@@ -277,6 +280,8 @@ def _embeddings(checks: Checks, env: dict[str, str], url: str, n: int) -> None:
     listed = [x["index"] for x in lines if x.get("usage") is not None]
     checks.check(not listed, "embeddings: every line's usage null (a list's total only)",
                  f"set at {listed[:5]}")  # fmt: skip
+    same_usage(checks, "embeddings --line-usage", job(env, url, "embed-exact", src, "--embed",
+                                                      "--line-usage"), alone_)  # fmt: skip
     bad = [
         x["index"] for x in lines
         if x.get("error") or len(x["embedding"]) != len(own[x["index"]])

@@ -150,11 +150,16 @@ def test_batches_of_each_endpoint_through_the_sdk_are_answered_line_by_line(
             assert x["response"]["status_code"] == 200
             body = x["response"]["body"]
             assert body["object"] == "text_completion"
-            assert (
-                body["choices"][0]["text"] == completion_for(fleet_prompt(i, poison), MAX_TOKENS)[0]
-            )
-        # The batch's usage is what the server counted for its answered requests, exactly
-        # (their lines say null: a list's usage is its total only).
+            prompt = fleet_prompt(i, poison)
+            assert body["choices"][0]["text"] == completion_for(prompt, MAX_TOKENS)[0]
+            # Each line its own request's usage, as OpenAI writes it, though prompts shared
+            # list requests (vLLM counts a list's total only: a batch asks for token ids).
+            answer_tokens = completion_for(prompt, MAX_TOKENS)[1]
+            assert body["usage"] == {
+                "prompt_tokens": count_tokens(prompt), "completion_tokens": answer_tokens,
+                "total_tokens": count_tokens(prompt) + answer_tokens,
+            }  # fmt: skip
+        # The batch's usage is what the server counted for its answered requests, exactly.
         answered = [fleet_prompt(i, poison) for i in range(n) if i not in poison]
         assert done.usage is not None
         assert (done.usage.input_tokens, done.usage.output_tokens) == (
@@ -179,11 +184,11 @@ def test_batches_of_each_endpoint_through_the_sdk_are_answered_line_by_line(
 
         embed_done = gw.wait_over(client, embeddings.id)
         assert embed_done.status == "completed"
-        vectors = {
-            x["custom_id"]: x["response"]["body"]["data"][0]["embedding"]
-            for x in gw.file_lines(client, embed_done.output_file_id)
-        }
+        embedded = gw.file_lines(client, embed_done.output_file_id)
+        vectors = {x["custom_id"]: x["response"]["body"]["data"][0]["embedding"] for x in embedded}
         assert vectors == {f"e{i}": _float32(embedding_for(t)) for i, t in enumerate(texts)}
+        tokens = {x["custom_id"]: x["response"]["body"]["usage"]["prompt_tokens"] for x in embedded}
+        assert tokens == {f"e{i}": count_tokens(t) for i, t in enumerate(texts)}
         assert embed_done.usage is not None
         assert embed_done.usage.input_tokens == sum(map(count_tokens, texts))
 

@@ -208,6 +208,7 @@ class _RewritingClient(EndpointClient):
         *,
         timeout_s: float | None = None,
         add_special_tokens: bool | None = None,
+        token_ids: bool = False,
     ) -> CompletionBody:
         body = await super().complete(
             model, prompts, params, timeout_s=timeout_s, add_special_tokens=add_special_tokens

@@ -42,6 +42,49 @@ async def test_a_list_batched_line_says_null_usage_and_the_job_the_exact_total(
     assert served == sum(count_tokens(p) for p, _ in prompts(n))
 
 
+async def test_a_line_usage_job_says_each_prompts_own_usage_however_it_was_batched(
+    make_settings: Callable[..., Settings], store: JobStore, sim_fleet: Callable[..., SimFleet]
+) -> None:
+    """Asked for (--line-usage; every gateway batch): list completions ask the server for
+    token ids, so each line's usage is what the server counts for that prompt alone (its
+    prompt's tokens once, every sample's answer), and the lines add up to the job's total."""
+    n, params = 60, SamplingParams(max_tokens=12, temperature=1.0, n=3)
+    job = JobSpec(job="u", params=params, line_usage=True)
+    await enqueue_prompts(store, job, prompts(n))
+    async with sim_fleet(2) as fleet:
+        await run_engine(make_settings(batch_size=16, speculate=False), store, fleet.urls)
+    lines = await collect_lines(store, "u")
+    assert [x["usage"] for x in lines] == [
+        {"prompt_tokens": count_tokens(p), "completion_tokens": sum(sample_for(p, 12, j)[1]
+                                                                    for j in range(3))}
+        for p, _ in prompts(n)
+    ]  # fmt: skip
+    status = await store.status("u")
+    assert status.prompt_tokens == sum(x["usage"]["prompt_tokens"] for x in lines)
+    assert status.completion_tokens == sum(x["usage"]["completion_tokens"] for x in lines)
+
+
+async def test_a_line_usage_embeddings_job_counts_each_input_alone(
+    make_settings: Callable[..., Settings], store: JobStore
+) -> None:
+    """Embeddings: vLLM counts a list's total only, so a line_usage job sends each input
+    alone; every line says its input's count, in JSON Lines and OpenAI's batch lines."""
+    texts = [f"text number {i} " * (1 + i % 3) for i in range(20)]
+    options = JobOptions(model="embedder", embed=True, line_usage=True)
+    embed, _ = build_spec("e", options, source="t")
+    await enqueue_prompts(store, embed, [(t, None) for t in texts])
+    endpoint = SimEndpoint(free_port(), FAST, model="embedder")
+    async with SimFleet([endpoint]):
+        await run_engine(make_settings(batch_size=16, speculate=False), store, [endpoint.url])
+    lines = await collect_lines(store, "e")
+    assert [x["usage"] for x in lines] == [
+        {"prompt_tokens": count_tokens(t), "completion_tokens": 0} for t in texts
+    ]
+    bodies = [x["response"]["body"] for x in await collect_lines(store, "e", "openai")]
+    assert [b["usage"]["prompt_tokens"] for b in bodies] == [count_tokens(t) for t in texts]
+    assert (await store.status("e")).prompt_tokens == sum(map(count_tokens, texts))
+
+
 def test_a_prompts_usage_is_read_from_its_choices_token_ids_where_a_server_gives_them() -> None:
     """vLLM's return_token_ids (swarm-sim answers it too): a prompt's usage is its prompt's
     ids once and every sample's answer ids; without them it is unknown."""

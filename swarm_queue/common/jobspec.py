@@ -59,6 +59,7 @@ class JobOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     cache: bool = False
     cache_sampled: bool = False
     cache_refresh: bool = False
+    line_usage: bool = False
     reduce: ReduceSpec | None = None
 
 
@@ -87,6 +88,7 @@ class JobSettings(TypedDict, total=False):
     cache: bool
     cache_sampled: bool
     cache_refresh: bool
+    line_usage: bool
     reduce: ReduceSpec | None
 
 
@@ -201,6 +203,7 @@ def build_spec(
         cache=options.cache or options.cache_sampled or options.cache_refresh,
         cache_sampled=options.cache_sampled,
         cache_refresh=options.cache_refresh,
+        line_usage=options.line_usage,
     )
     if options.samples != 1 and spec.cache:
         raise ConfigError("the response cache keeps one answer a prompt: not with --samples")

@@ -241,6 +241,10 @@ class JobSpec(msgspec.Struct, frozen=True, omit_defaults=True):
     cache_refresh: bool = False
     # With several samples a prompt (params.n): what is made of them, per prompt.
     per_prompt: PerPrompt | None = None
+    # Each output line says its prompt's own token counts even where prompts shared a request
+    # (vLLM counts a list's total only): list completions ask for token ids, embeddings go one
+    # input a request. It costs throughput; the job's total is exact either way.
+    line_usage: bool = False
     # A later step of a workflow: its first job (whose name its own extends) and which step
     # it is ("" and 0: a job of its own, or a workflow's first step).
     parent: str = ""

@@ -114,6 +114,13 @@ def add_job_settings(p: argparse.ArgumentParser) -> None:
         "equal priority share them in turn (default 0)",
     )
     j.add_argument(
+        "--line-usage",
+        action="store_true",
+        help="each output line says its prompt's own token counts, even where prompts shared a "
+        "request (vLLM counts a list's total only): costs throughput (list completions ask "
+        "for token ids, embeddings go one a request); the job's total is exact either way",
+    )
+    j.add_argument(
         "--cache",
         action="store_true",
         help="answer prompts from the response cache shared by every job of this Redis, and "

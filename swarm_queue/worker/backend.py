@@ -52,8 +52,10 @@ class Backend(Protocol):
         *,
         timeout_s: float | None = None,
         add_special_tokens: bool | None = None,
+        token_ids: bool = False,
     ) -> CompletionBody:
-        """One completion request holding every prompt of ``prompts``."""
+        """One completion request holding every prompt of ``prompts``; ``token_ids``: each
+        choice carries its prompt's token ids and its own (vLLM's ``return_token_ids``)."""
         ...
 
     async def chat(

@@ -279,19 +279,22 @@ class EndpointClient:
         *,
         timeout_s: float | None = None,
         add_special_tokens: bool | None = None,
+        token_ids: bool = False,
     ) -> CompletionBody:
         """One ``/v1/completions`` request holding every prompt of ``prompts``.
         ``add_special_tokens`` False: the prompts carry their special tokens already (a chat
-        template written out), so the server must not add its BOS again."""
+        template written out), so the server must not add its BOS again. ``token_ids``: each
+        choice carries its prompt's token ids and its own, its prompt's usage in a list (vLLM's
+        ``return_token_ids``, for a job with ``line_usage``)."""
         timeout = timeout_s or self._timeout_s
         body = {"model": model, "prompt": prompts, "max_tokens": params.max_tokens}
         body |= params.extra()
         if add_special_tokens is not None:
             body["add_special_tokens"] = add_special_tokens
-        # (Not asked: vLLM's return_token_ids, which gives each prompt's usage in a list, makes
-        # every answer carry its prompt's token ids: measured, 0.67x the throughput at batches
-        # of 256 in the overhead scenario of docs/BENCHMARKS.md. A list's lines say null, the
-        # job its exact total; token ids a server sends anyway are read: see worker.usage.)
+        if token_ids:
+            # (Asked only for a job that wants it: every answer then carries its prompt's token
+            # ids, measured at 0.67x the throughput at batches of 256 in the overhead scenario.)
+            body["return_token_ids"] = True
         return await self._answer("completion", body, _completion_decoder, timeout)
 
     async def chat(

@@ -48,6 +48,7 @@ class InMemoryBackend:
         *,
         timeout_s: float | None = None,
         add_special_tokens: bool | None = None,
+        token_ids: bool = False,
     ) -> CompletionBody:
         self.requests += 1
         # Answered in reverse order: the worker maps choices by index, never by position.

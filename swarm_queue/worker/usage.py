@@ -1,7 +1,7 @@
 """A prompt's own usage when several shared a request: vLLM reports a list's total only,
-unless a choice carries its token ids (``return_token_ids``, not asked: it costs a third of the
-throughput at large batches). Where a count cannot be had it is None, written as null: never a
-guessed 0 that reads as a count.
+unless a choice carries its token ids (``return_token_ids``, asked only for a job with
+``line_usage``: it costs a third of the throughput at large batches). Where a count cannot be
+had it is None, written as null: never a guessed 0 that reads as a count.
 """
 
 from __future__ import annotations

@@ -62,9 +62,12 @@ RETRY_S = 5.0
 
 
 def batch_spec(batch: BatchObject) -> JobSpec:
-    """The job a batch is queued as (its model comes from its lines)."""
+    """The job a batch is queued as (its model comes from its lines): each output line with
+    its request's usage, as OpenAI writes them (``line_usage``)."""
     options = JobOptions(
-        chat=batch.endpoint == "/v1/chat/completions", embed=batch.endpoint == "/v1/embeddings"
+        chat=batch.endpoint == "/v1/chat/completions",
+        embed=batch.endpoint == "/v1/embeddings",
+        line_usage=True,
     )
     spec, _ = build_spec(batch.id, options, source="swarm-gateway")
     return spec
