@@ -1,10 +1,8 @@
-"""A job's spec as its parts (a core, the request kind, the flow, the place in a workflow),
-and specs stored by the version before, which had a field per feature: they still decode, to
-exactly what today's builders make of the same settings."""
+"""A job's spec as its parts (a core, the request kind, the flow, the place in a workflow):
+what each part says, read as the flows and the drain path read it, and one layout on the
+wire."""
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import msgspec
 import pytest
@@ -24,8 +22,6 @@ from swarm_queue.common.vocab import Meta
 from swarm_queue.flows.agents import AgentSpec, agent_of, build_agents, tool_definition
 from swarm_queue.flows.pipeline import Link, StepOptions, build_pipeline, link_of
 
-STORED = Path(__file__).parent / "data" / "specs-flat.txt"
-
 
 def _today() -> dict[str, JobSpec]:
     """What today's builders make of the settings the stored specs were made with."""
@@ -40,9 +36,6 @@ def _today() -> dict[str, JobSpec]:
     agents, _ = build_agents(
         "a", JobOptions(max_tokens=8, model="m"), agent, [tool_definition("fetch")], source="t"
     )
-    # Stored when each turn was one priority above the one before (today all are the job's):
-    # such a job runs on as it was queued.
-    agents = [msgspec.structs.replace(s, priority=s.step) for s in agents]
     specs = [
         JobSpec(job="plain", model="m", request=Completion(template="<s>{prompt}")),
         JobSpec(job="c", request=Chat(template="Q: {prompt}")),
@@ -55,19 +48,12 @@ def _today() -> dict[str, JobSpec]:
     }
 
 
-def _stored() -> dict[str, bytes]:
-    lines = [ln.split() for ln in STORED.read_text().splitlines() if not ln.startswith("#")]
-    return {job: bytes.fromhex(raw) for job, raw in lines}
-
-
-async def test_specs_stored_by_the_version_before_load_as_todays(store: JobStore) -> None:
+async def test_each_part_of_a_stored_spec_says_what_the_builders_made(store: JobStore) -> None:
     today = _today()
-    stored = _stored()
-    assert stored.keys() == today.keys()
-    for job, raw in stored.items():
-        await store.redis.hset(store.keys.meta(job), Meta.SPEC, raw)
-        assert await store.load_spec(job) == today[job], job
-    loaded = {job: await store.load_spec(job) for job in stored}
+    for job, spec in today.items():
+        await store.redis.hset(store.keys.meta(job), Meta.SPEC, encode(spec))
+    loaded = {job: await store.load_spec(job) for job in today}
+    assert loaded == today
     # What each part says, read as the flows and the drain path read it.
     link = link_of(loaded["p"])
     assert link == Link(job="p:s1", template="Summarise: {answer}", keep_if="yes")
@@ -97,10 +83,10 @@ async def test_specs_stored_by_the_version_before_load_as_todays(store: JobStore
 
 
 @pytest.mark.parametrize("job", ["plain", "c", "e", "p", "p:s1", "p:s2", "a", "a:s1", "a:s2"])
-def test_todays_specs_round_trip_and_write_no_field_of_the_flat_layout(job: str) -> None:
+def test_a_spec_round_trips_in_one_layout_whose_version_is_written_only_when_it_changes(
+    job: str,
+) -> None:
     spec = _today()[job]
     raw = encode(spec)
-    assert decode_spec(raw) == spec
-    written = msgspec.msgpack.decode(raw)
-    flat = {"chat", "template", "embed", "tools", "tool_choice", "agent", "then"}
-    assert not flat & written.keys()
+    assert decode_spec(raw) == spec and spec.version == 1
+    assert "version" not in msgspec.msgpack.decode(raw)

@@ -256,8 +256,11 @@ class JobSpec(msgspec.Struct, frozen=True, omit_defaults=True):
     laned: bool = False
     # Which life of the name this is: set when the job is created (a random token), so that
     # work taken from a job deleted and queued again under its name is never written into the
-    # new one. Not a setting: a spec asked for has none. '' for jobs created before it was kept.
+    # new one. Not a setting: a spec asked for has none.
     generation: str = ""
+    # The layout this spec was written in: a later layout says a higher one, so that a reader
+    # knows what it reads (none has come yet).
+    version: int = 1
 
     @property
     def family(self) -> str:
@@ -302,55 +305,6 @@ class JobSpec(msgspec.Struct, frozen=True, omit_defaults=True):
         """What is sent for ``prompt``: the template filled in, or the prompt itself."""
         template = self.template
         return prompt if template is None else template.replace("{prompt}", prompt)
-
-
-class _Flat(msgspec.Struct):
-    """The fields of a spec stored before the request kind and the flow were parts of their
-    own (an option per feature): read to bring such a spec up to today's layout."""
-
-    chat: bool = False
-    template: str | None = None
-    embed: bool = False
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: str | dict[str, Any] | None = None
-    agent: dict[str, Any] | None = None
-    then: dict[str, Any] | None = None
-
-
-_FLAT = _Flat()
-
-
-def _place(job: str) -> dict[str, Any] | None:
-    """The parent and step a later step's name says (``job:s2``), as stored before they were
-    fields of their own; None for any other name."""
-    parent, _, step = job.rpartition(":s")
-    return {"parent": parent, "step": int(step)} if parent and step.isdigit() else None
-
-
-def _upgraded(spec: JobSpec, flat: _Flat) -> JobSpec:
-    """``spec`` as stored by an earlier version (``flat``'s fields set) in today's layout: the
-    request kind from its flags; its flow from its link or agent (the names the pipeline's
-    and the agents' flows are registered under); its place from its name (``job:sN``)."""
-    request: RequestKind = (
-        Embedding()
-        if flat.embed
-        else Chat(template=flat.template, tools=flat.tools, tool_choice=flat.tool_choice)
-        if flat.chat
-        else Completion(flat.template)
-    )
-    flow = None
-    if flat.agent is not None:
-        flow = FlowRef(kind="agents", failures=True, settings=flat.agent)
-    elif flat.then is not None:
-        flow = FlowRef(kind="pipeline", settings=flat.then)
-    place = _place(spec.job) or {}
-    return msgspec.structs.replace(
-        spec,
-        request=request,
-        flow=flow,
-        laned=flat.agent is not None and bool(place),
-        **place,
-    )
 
 
 class ToolCall(msgspec.Struct, frozen=True, array_like=True):
@@ -577,7 +531,6 @@ class ReduceOutput(msgspec.Struct, frozen=True, omit_defaults=True):
 _msgpack_encoder = msgspec.msgpack.Encoder()
 _json_encoder = msgspec.json.Encoder()
 _spec_decoder = msgspec.msgpack.Decoder(JobSpec)
-_flat_decoder = msgspec.msgpack.Decoder(_Flat)
 _item_decoder = msgspec.msgpack.Decoder(PromptItem)
 _result_decoder = msgspec.msgpack.Decoder(Result)
 
@@ -588,12 +541,8 @@ def encode(obj: msgspec.Struct) -> bytes:
 
 
 def decode_spec(data: bytes) -> JobSpec:
-    """A stored spec, one an earlier version stored brought up to today's layout."""
-    spec = _spec_decoder.decode(data)
-    flat = _flat_decoder.decode(data)
-    if flat == _FLAT and (spec.parent or _place(spec.job) is None):
-        return spec  # today's layout, or one no earlier version stored otherwise
-    return _upgraded(spec, flat)
+    """A stored spec."""
+    return _spec_decoder.decode(data)
 
 
 def decode_item(data: bytes) -> PromptItem:

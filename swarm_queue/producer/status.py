@@ -313,7 +313,7 @@ async def _delete(store: JobStore, args: argparse.Namespace) -> None:
         try:
             status = await store.status(job)
         except JobNotFoundError:
-            # Steps left without their job (an earlier version's refused enqueue):
+            # Steps left without their job (a refused enqueue, its meta deleted by hand):
             # nothing runs them, so they go.
             listed = await store.list_jobs()
             if not any(":" in m and parse_stage(m)[0] == job for m in listed):

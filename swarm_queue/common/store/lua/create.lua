@@ -1,6 +1,5 @@
 -- create: register a job, or find the one registered under its name. The spec and the job's
 -- generation are written together, so no reader ever sees a spec without its generation.
--- A job created before generations were kept adopts none: its spec says generation ''.
 -- KEYS: [1] meta
 -- ARGV: [1] the encoded spec (its generation inside), [2] generation, [3] reduce kind ('': none)
 -- Returns {1, the spec} when created, {0, the stored spec} when the job existed.

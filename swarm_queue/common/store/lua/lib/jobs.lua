@@ -5,16 +5,11 @@
 
 -- The error reply GONE (translated by the store into JobGoneError) to return at once, before
 -- anything is written, unless `meta` is the meta of a live job of generation `gen` (then nil);
--- and the job's eviction mark (0: none). A job created before generations were kept has none:
--- it matches the empty generation while its spec exists. Returned, not raised: Redis 6.2 (the
--- embedded default's) cannot carry a raised error table, and its reply would lose the code.
+-- and the job's eviction mark (0: none). Returned, not raised: Redis 6.2 (the embedded
+-- default's) cannot carry a raised error table, and its reply would lose the code.
 local function generation_error(meta, gen)
   local have = redis.call('HMGET', meta, META.GENERATION, META.EVICTED)
   local evicted = tonumber(have[2] or '0')
-  if have[1] then
-    if have[1] == gen then return nil, evicted end
-  elseif gen == '' and redis.call('HEXISTS', meta, META.SPEC) == 1 then
-    return nil, evicted
-  end
+  if have[1] == gen then return nil, evicted end
   return redis.error_reply('GONE ' .. meta .. ' is not of generation ' .. gen), evicted
 end
