@@ -26,7 +26,8 @@ from swarm_queue.common.models import (
     decode_result,
     encode,
 )
-from swarm_queue.common.settings import Settings, mask_url
+from swarm_queue.common.redisurl import mask_url
+from swarm_queue.common.settings import Settings
 
 # -- keys -------------------------------------------------------------------------------
 
@@ -186,9 +187,9 @@ def test_hostfile_endpoints_filtered_by_tag_and_host(tmp_path: pytest.TempPathFa
     ("env", "message"),
     [
         ({"SWARM_BATCH_SIZE": "lots"}, "SWARM_BATCH_SIZE='lots' is not a valid int"),
-        ({"SWARM_BATCH_SIZE": "0"}, "batch_size must be >= 1"),
+        ({"SWARM_BATCH_SIZE": "0"}, "SWARM_BATCH_SIZE must be >= 1, got 0"),
         # Before, accepted: every commit of a batch of 5000 failed in Redis's Lua.
-        ({"SWARM_BATCH_SIZE": "5000"}, "batch_size must be <= 2048"),
+        ({"SWARM_BATCH_SIZE": "5000"}, "SWARM_BATCH_SIZE must be <= 2048, got 5000"),
         ({"SWARM_REDIS_URL": "http://x"}, "invalid Redis URL"),
         ({"SWARM_ENDPOINTS": "a:1", "SWARM_HOSTFILE": "/x"}, "not both"),
         ({"SWARM_HOSTFILE": "/nonexistent/hosts"}, "cannot read SWARM_HOSTFILE"),

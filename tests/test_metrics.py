@@ -92,7 +92,7 @@ def test_the_hooks_become_prometheus_samples() -> None:
 
 
 def test_a_bad_metrics_port_is_refused_with_the_variable_named() -> None:
-    with pytest.raises(ConfigError, match="SWARM_METRICS_PORT must be a port"):
+    with pytest.raises(ConfigError, match="SWARM_METRICS_PORT must be <= 65535, got 70000"):
         Settings.from_env({"SWARM_METRICS_PORT": "70000"})
     with pytest.raises(ConfigError, match="SWARM_METRICS_PORT='nine' is not a valid int"):
         Settings.from_env({"SWARM_METRICS_PORT": "nine"})

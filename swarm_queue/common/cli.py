@@ -24,7 +24,8 @@ from swarm_queue.common.errors import (
     SwarmError,
 )
 from swarm_queue.common.keys import parse_stage
-from swarm_queue.common.settings import DEFAULT_REDIS_URL, Settings, mask_url
+from swarm_queue.common.redisurl import mask_url
+from swarm_queue.common.settings import DEFAULT_REDIS_URL, Settings
 from swarm_queue.common.store import JobStore
 
 __all__ = [

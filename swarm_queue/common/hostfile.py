@@ -8,13 +8,23 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from collections.abc import Mapping
+from pathlib import Path
 from urllib.parse import urlsplit
 
 import msgspec
 
 from swarm_queue.common.errors import ConfigError
 
-__all__ = ["DEFAULT_PORT", "Endpoint", "normalize_url", "parse_endpoints", "parse_hostfile"]
+__all__ = [
+    "DEFAULT_PORT",
+    "Endpoint",
+    "endpoints_from_env",
+    "normalize_url",
+    "parse_endpoints",
+    "parse_hostfile",
+    "select_endpoints",
+]
 
 DEFAULT_PORT = 8000
 
@@ -112,4 +122,58 @@ def parse_hostfile(text: str, source: str = "<hostfile>") -> list[Endpoint]:
                 f"{source}:{lineno}: invalid host {host!r} (columns are tab-separated)"
             )
         endpoints.append(Endpoint(normalize_url(f"{host}:{port}"), tags))
+    return endpoints
+
+
+def endpoints_from_env(env: Mapping[str, str]) -> list[Endpoint]:
+    """The endpoints ``SWARM_ENDPOINTS`` or ``SWARM_HOSTFILE`` names (with its filters
+    ``SWARM_ENDPOINT_TAG`` and ``SWARM_ENDPOINT_HOST``); none if neither is set."""
+    csv = env.get("SWARM_ENDPOINTS", "").strip()
+    hostfile = env.get("SWARM_HOSTFILE", "").strip()
+    if csv and hostfile:
+        raise ConfigError("set SWARM_ENDPOINTS or SWARM_HOSTFILE, not both")
+    filters = env.get("SWARM_ENDPOINT_TAG", "").strip() or env.get("SWARM_ENDPOINT_HOST", "")
+    if filters.strip() and not hostfile:
+        raise ConfigError("SWARM_ENDPOINT_TAG and SWARM_ENDPOINT_HOST filter SWARM_HOSTFILE")
+    if csv:
+        return parse_endpoints(csv)
+    if hostfile:
+        path = Path(hostfile)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(f"cannot read SWARM_HOSTFILE {hostfile}: {exc.strerror}") from None
+        except UnicodeDecodeError as exc:
+            raise ConfigError(
+                f"SWARM_HOSTFILE {hostfile}: not UTF-8 text (byte {exc.start}: {exc.reason})"
+            ) from None
+        return select_endpoints(
+            parse_hostfile(text, source=hostfile),
+            tag=env.get("SWARM_ENDPOINT_TAG", "").strip(),
+            host=env.get("SWARM_ENDPOINT_HOST", "").strip(),
+            source=hostfile,
+        )
+    return []
+
+
+def select_endpoints(
+    endpoints: list[Endpoint], *, tag: str = "", host: str = "", source: str = "hostfile"
+) -> list[Endpoint]:
+    """The hostfile endpoints with tag ``key=value`` and on ``host`` (short or full name);
+    an empty filter keeps all. ConfigError when nothing is left."""
+    if tag:
+        key, sep, value = tag.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"SWARM_ENDPOINT_TAG={tag!r}: expected key=value")
+        endpoints = [e for e in endpoints if e.tags.get(key) == value]
+    if host:
+        short = host.split(".")[0]
+        endpoints = [
+            e for e in endpoints if (urlsplit(e.url).hostname or "").split(".")[0] == short
+        ]
+    if not endpoints:
+        wanted = " and ".join(
+            x for x in (f"tag {tag}" if tag else "", f"host {host}" if host else "") if x
+        )
+        raise ConfigError(f"{source}: no endpoint with {wanted}")
     return endpoints

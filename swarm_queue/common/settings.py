@@ -8,16 +8,17 @@ from __future__ import annotations
 
 import re
 import socket
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from typing import Annotated, Any
 
 import msgspec
 
+from swarm_queue.common.declare import declared, say, table
 from swarm_queue.common.errors import ConfigError
-from swarm_queue.common.hostfile import Endpoint, parse_endpoints, parse_hostfile
+from swarm_queue.common.hostfile import Endpoint, endpoints_from_env
 from swarm_queue.common.keys import DEFAULT_PREFIX, Keys
+from swarm_queue.common.redisurl import mask_url, validate_redis_url
 
 __all__ = ["DEFAULT_REDIS_URL", "Settings", "mask_url"]
 
@@ -30,156 +31,319 @@ MAX_BATCH_SIZE = 2048
 _FUNCTION_RE = re.compile(r"[A-Za-z_][\w.]*:(?:[A-Za-z_]\w*|\*)")
 
 
-def mask_url(url: str) -> str:
-    """``url`` with any password replaced by ``***``, in the user part or in a ``password=``
-    query parameter: the only form a URL is ever printed in. A URL that cannot be parsed is
-    not printed at all."""
-    try:
-        parts = urlsplit(url)
-        parts.port  # noqa: B018 - raises ValueError on a bad port
-    except ValueError:
-        return "<invalid url>"
-    netloc = parts.netloc
-    if parts.password is not None:
-        netloc = f"{parts.username or ''}:***@{netloc.rpartition('@')[2]}"
-    query = "&".join(
-        f"{field.partition('=')[0]}=***"
-        if field.partition("=")[0].lower() in _SECRET_PARAMS
-        else field
-        for field in parts.query.split("&")
-    )
-    masked = urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
-    if not netloc and url.startswith(f"{parts.scheme}://"):  # unix:///path keeps its form
-        masked = masked.replace(f"{parts.scheme}:", f"{parts.scheme}://", 1)
-    return masked
-
-
-# Query parameters whose values are secrets (redis-py takes the password as one).
-_SECRET_PARAMS = frozenset({"password", "pass", "pwd", "api_key", "token"})
-
-
-def _validate_redis_url(url: str) -> str:
-    try:
-        parts = urlsplit(url)
-        parts.port  # noqa: B018 - raises ValueError on a bad port
-    except ValueError as exc:
-        raise ConfigError(f"invalid Redis URL {mask_url(url)}: {exc}") from None
-    if parts.scheme not in ("redis", "rediss", "unix"):
-        raise ConfigError(
-            f"invalid Redis URL {mask_url(url)!r}: expected redis://, rediss:// or unix://"
-        )
-    return url
-
-
 class Settings(msgspec.Struct, frozen=True, kw_only=True):
-    """Every tunable of swarm-queue, with units in the names."""
+    """Every tunable of swarm-queue, with units in the names. Each is declared once, here:
+    its type, default and bounds, one line of doc and who reads it; its variable
+    (``SWARM_`` and its name in capitals), its parsing, its checks and docs/SETTINGS.md are
+    derived from that declaration."""
 
-    redis_url: str = DEFAULT_REDIS_URL
-    # Whether redis_url is the default because none was given (what commands then say).
-    redis_defaulted: bool = False
-    # With rediss://: the CA certificate file to verify the server with ("" : the system's).
-    redis_ca_file: str = ""
-    # The URL names one node of a Redis Cluster: the client follows the cluster's slot map.
-    redis_cluster: bool = False
-    prefix: str = DEFAULT_PREFIX
+    redis_url: Annotated[
+        str,
+        say(
+            "`redis://`, `rediss://` (TLS), `unix://` (a socket, as `swarm-redis` gives), password "
+            "in the URL; never printed unmasked. A Redis never reached fails within 5 s; one that "
+            "was reached is waited for",
+            default="`redis://127.0.0.1:6379/0` (said by every command that uses it)",
+            read_by="every command",
+        ),
+    ] = DEFAULT_REDIS_URL
+    redis_ca_file: Annotated[
+        str,
+        say(
+            "with `rediss://`: the CA certificate file to verify the server with (default: the "
+            "system's; docs/SECURITY.md)",
+            read_by="every command",
+        ),
+    ] = ""
+    redis_cluster: Annotated[
+        bool,
+        say(
+            "`on`: `SWARM_REDIS_URL` names one node of a Redis Cluster, whose slot map the client "
+            "follows; every command needs it (docs/SCALE.md)",
+            read_by="every command",
+        ),
+    ] = False
+    prefix: Annotated[
+        str, say("key prefix, e.g. one per project on a shared Redis", read_by="every command")
+    ] = DEFAULT_PREFIX
+    batch_size: Annotated[
+        int,
+        say(
+            "prompts per `/v1/completions` request (at most 2048: a batch goes through one Redis "
+            "script call)",
+            ge=1,
+            le=MAX_BATCH_SIZE,
+        ),
+    ] = 32
+    inflight_max: Annotated[
+        int,
+        say(
+            "requests in flight per endpoint follow vLLM's `/metrics` gauges, from 2 up to this: "
+            "engines full, queues short, first results at once (docs/BENCHMARKS.md); 0 turns "
+            "this off",
+            ge=0,
+        ),
+    ] = 32
+    inflight: Annotated[
+        int,
+        say(
+            "requests in flight when the endpoint has no vLLM gauges (another server, a proxy) or "
+            "adaptation is off; batch x in-flight must exceed `max_num_seqs` (256) by the ratio of "
+            "longest to mean output, since a list request holds its slots until its longest "
+            "sequence ends",
+            ge=1,
+        ),
+    ] = 16
+    adapt_period_s: Annotated[
+        float,
+        say("how often the window of requests in flight is adapted to the engine's gauges", gt=0),
+    ] = 0.25
+    max_attempts: Annotated[
+        int,
+        say(
+            "tries on connection errors, timeouts, 429, 502-504 and unusable answers before "
+            "handing the batch to other workers; an HTTP 500 bisects a list and is blamed on a "
+            "prompt alone that failed all its tries if the endpoint then passes its probe "
+            "(docs/RELIABILITY.md, the liveness rule)",
+            ge=1,
+        ),
+    ] = 6
+    circuit_failures: Annotated[
+        int,
+        say(
+            "consecutive failed requests (all slots together) that open an endpoint's circuit: "
+            "its batches released, the endpoint probed until it answers",
+            ge=1,
+        ),
+    ] = 5
+    probe_timeout_s: Annotated[float, say("how long a probe of an endpoint may take", gt=0)] = 10.0
+    endpoint_dead_s: Annotated[
+        float,
+        say(
+            "a `--burst` worker gives up on an endpoint that answered before and has not answered "
+            "since for this long (its engine died), leaving its work to others; when every "
+            "endpoint of the worker died it exits 1 naming them. An endpoint that never answered "
+            "(a model still loading) is waited for. 0: never",
+            ge=0,
+        ),
+    ] = 300.0
+    request_timeout_s: Annotated[
+        float,
+        say(
+            "per request; 0 (auto): 120 s + 0.5 s per `max_tokens`, per wave of 256 prompts (a "
+            "stalled endpoint is noticed in minutes, a slow one is not cut off)",
+            default="auto",
+            ge=0,
+        ),
+    ] = 0.0
+    max_deliveries: Annotated[
+        int,
+        say(
+            "a prompt whose runs never ended more often than this (its worker died, or its server "
+            "hung or dropped the request: no answer within the timeout, the connection cut) is "
+            "dead-lettered; from the second such run it runs alone (a refused connection, an "
+            "error status, a restart do not count)",
+            ge=1,
+        ),
+    ] = 8
+    claim_idle_ms: Annotated[
+        int,
+        say(
+            "an unacknowledged batch idle this long is taken over (its worker died); live workers "
+            "refresh their claims every third of it",
+            ge=1,
+        ),
+    ] = 60_000
+    backoff_base_s: Annotated[float, say("the first retry's delay (doubling, jittered)", gt=0)] = (
+        0.5
+    )
+    backoff_cap_s: Annotated[float, say("the longest delay between retries", gt=0)] = 30.0
+    poll_ms: Annotated[
+        int,
+        say("how long an idle drain loop blocks on a stream before looking at other jobs", ge=1),
+    ] = 200
+    speculate: Annotated[
+        bool,
+        say(
+            "at a job's tail, once every prompt is out, an endpoint with nothing in flight runs "
+            "copies of the batches other endpoints have held longer than its own take (each "
+            "prompt copied once; the first answer wins, nothing is counted twice): a slow or "
+            "stuck node no longer sets the job's end. `off` turns it off",
+        ),
+    ] = True
+    lane_wait_ms: Annotated[
+        int,
+        say(
+            "an agent's next turn waits in the lane of the endpoint that served its turn before "
+            "(its prefix is in that engine's cache) up to this long; then any endpoint with "
+            "nothing else to do takes it. 0 takes it at once",
+            ge=0,
+        ),
+    ] = 3_000
+    hand_on: Annotated[
+        bool,
+        say(
+            "an agent's turns waiting in a busy engine's queue (sent, not started) are handed to "
+            "the open lane while another endpoint has nothing else to do and answers at least 1.5 "
+            "times as fast; the prefix is computed again there (docs/BENCHMARKS.md, sections 12 "
+            "and 14). `off` keeps every turn in its lane until `SWARM_LANE_WAIT_MS`",
+        ),
+    ] = True
+    hand_on_young_ms: Annotated[
+        int,
+        say(
+            "with `SWARM_HAND_ON`, also the newest batch of turns sent to the busy engine this "
+            "recently, none of it answered though begun, to an endpoint with nothing to do that "
+            "decodes at least 1.5 times as fast (what it decoded is thrown away). 0: only turns "
+            "still waiting",
+            ge=0,
+        ),
+    ] = 800
+    shutdown_grace_s: Annotated[
+        float,
+        say(
+            "on SIGTERM/SIGINT: stop taking work, let batches in flight finish this long, then "
+            "cancel",
+            ge=0,
+        ),
+    ] = 30.0
+    api_key: Annotated[str, say("sent to the endpoints as the bearer token")] = "EMPTY"
+    worker_name: Annotated[
+        str,
+        say(
+            "names the worker's consumers; a restarted worker with the same name finishes its own "
+            "leftovers first",
+            default="host name",
+        ),
+    ] = ""
+    jobs_refresh_s: Annotated[
+        float,
+        say("how often the worker re-reads the job registry for new and finished jobs", gt=0),
+    ] = 1.0
+    models_refresh_s: Annotated[
+        float,
+        say(
+            "how often each endpoint's served models are re-read from `/v1/models` (sooner after "
+            "a 404 for a model)",
+            gt=0,
+        ),
+    ] = 30.0
+    stats_period_s: Annotated[
+        float,
+        say(
+            "how often each worker publishes its per-endpoint figures for `swarm-status` and the "
+            "models each endpoint serves",
+            gt=0,
+        ),
+    ] = 2.0
+    reduce_functions: Annotated[
+        tuple[str, ...],
+        say(
+            "the user aggregators this worker may import, comma-separated "
+            "`package.module:function` or `package.module:*`; none by default",
+        ),
+    ] = ()
+    reduce_timeout_s: Annotated[
+        float,
+        say(
+            "the longest one reduce step may take; a worker killed inside one hands it to another "
+            "after this + 10 s",
+            gt=0,
+        ),
+    ] = 600.0
+    metrics_port: Annotated[
+        int,
+        say(
+            "serve the worker's Prometheus metrics at `/metrics` on this port, one page for all "
+            "its endpoints (docs/METRICS.md); 0: off",
+            default="off",
+            ge=0,
+            le=65535,
+        ),
+    ] = 0
+    metrics_addr: Annotated[
+        str, say("the address that page listens on (`127.0.0.1`: this host only)")
+    ] = "0.0.0.0"
+    cache_ttl_s: Annotated[
+        float,
+        say(
+            "the response cache drops an answer unused (not written or read) for this long",
+            default="2592000 (30 days)",
+            gt=0,
+        ),
+    ] = 30 * 86400.0
+    cache_max_answers: Annotated[
+        int,
+        say(
+            "beyond this many answers the cache evicts the least recently used first; give every "
+            "worker of one Redis the same value",
+            ge=1,
+        ),
+    ] = 1_000_000
+    tools: Annotated[
+        tuple[str, ...],
+        say(
+            "the tools it may run for agents, `package.module:function` or `package.module:*`, "
+            "comma-separated; none by default",
+            read_by="`swarm-tools`",
+        ),
+    ] = ()
+    tool_timeout_s: Annotated[
+        float,
+        say(
+            "the longest a call runs (the runner: its error then the tool's answer), and how long "
+            "a call's claim is held before it is asked again (the workers)",
+            gt=0,
+            read_by="`swarm-tools` and workers",
+        ),
+    ] = 60.0
+    tool_concurrency: Annotated[
+        int,
+        say(
+            "calls one runner process runs at once, for each tool it serves",
+            ge=1,
+            read_by="`swarm-tools`",
+        ),
+    ] = 64
+    tool_max_bytes: Annotated[
+        int,
+        say(
+            "an answer longer than this (UTF-8 bytes) is cut, with a note to the model (a 10 MB "
+            "answer once took Redis to 38 MB)",
+            ge=1,
+            read_by="`swarm-tools`",
+        ),
+    ] = 1_048_576
+    tool_wait_s: Annotated[
+        float,
+        say(
+            "an agent waiting on a tool no live runner serves fails after this, naming the tool; "
+            "a call a runner serves waits for its answer however long its queue is",
+            gt=0,
+        ),
+    ] = 600.0
+    gateway_dir: Annotated[
+        str,
+        say(
+            "where uploaded and output files' bytes live, a directory every gateway process "
+            "reaches",
+            default="`~/.local/share/swarm-queue/gateway`",
+            read_by="`swarm-gateway`",
+        ),
+    ] = ""
+    gateway_keys: Annotated[
+        str,
+        say(
+            "the file of API keys, one `KEY PROJECT` a line (docs/GATEWAY.md); none: localhost "
+            "only, no keys",
+            read_by="`swarm-gateway`",
+        ),
+    ] = ""
+    # Not from a variable of its own: the endpoints (SWARM_ENDPOINTS or SWARM_HOSTFILE, see
+    # common/hostfile.py), and whether redis_url is the default because none was given (what
+    # commands then say).
     endpoints: tuple[Endpoint, ...] = ()
-    # Prompts per /v1/completions request, and requests in flight per endpoint. A list request
-    # answers when its LONGEST sequence ends, so its short ones have freed their slots long
-    # before: batch x inflight must exceed vLLM's max_num_seqs (default 256) by the ratio of
-    # the longest to the mean output length to keep the engine full (docs/BENCHMARKS.md).
-    batch_size: int = 32
-    inflight: int = 16
-    # With vLLM's /metrics readable, the window of requests in flight starts at 2 and adapts
-    # up to max(inflight, inflight_max) so the engine stays full without queuing far ahead:
-    # full GPUs, short queues, first results at once. Without gauges (another server, a
-    # proxy) the window is inflight. 0 turns adaptation off: always inflight.
-    inflight_max: int = 32
-    adapt_period_s: float = 0.25
-    # The longest one step of a reduce may take (grouping and queuing a tree level, or running
-    # an aggregator); a worker killed inside one hands it over after this plus 10 s.
-    reduce_timeout_s: float = 600.0
-    # 0 sizes each request's timeout from the batch: 120 s + 0.5 s per max_token, per wave of
-    # 256 sequences (a stalled endpoint is then noticed in minutes, a slow one is not cut off).
-    request_timeout_s: float = 0.0
-    max_attempts: int = 6
-    # Consecutive failed requests (all slots together) that open an endpoint's circuit: its
-    # batches in flight are released to other workers and it is probed until it answers.
-    circuit_failures: int = 5
-    probe_timeout_s: float = 10.0
-    # A burst worker gives up on an endpoint that answered once and has not answered since
-    # for this long (its engine died): its work is left to others; with every endpoint of it
-    # so, the worker exits 1 naming them (not burning an allocation). 0: never.
-    endpoint_dead_s: float = 300.0
-    # An entry whose runs never ended more often than this (its worker died, its server hung
-    # or dropped the request) is dead-lettered.
-    max_deliveries: int = 8
-    backoff_base_s: float = 0.5
-    backoff_cap_s: float = 30.0
-    # How long an idle drain loop blocks on a stream before looking at other jobs.
-    poll_ms: int = 200
-    api_key: str = "EMPTY"
-    worker_name: str = ""
-    # Grace period for in-flight batches on SIGTERM/SIGINT before they are cancelled.
-    shutdown_grace_s: float = 30.0
-    # An entry unacknowledged this long is presumed orphaned (its worker died) and reclaimed.
-    # Live workers refresh their claims every claim_idle_ms / 3, so slow batches are never stolen.
-    claim_idle_ms: int = 60_000
-    # How often (s) the worker re-reads the job registry for new and finished jobs.
-    jobs_refresh_s: float = 1.0
-    # How often (s) each endpoint's served models (/v1/models) are re-read; a 404 for a model
-    # re-reads them sooner.
-    models_refresh_s: float = 30.0
-    # The user aggregators (``package.module:function``, or ``package.module:*``) this
-    # worker may import for a job's ``--reduce package.module:function``; none by default.
-    reduce_functions: tuple[str, ...] = ()
-    # The tools (``package.module:function``, or ``package.module:*``) a tool runner
-    # (``swarm-tools``) may run for agents; none by default. Each call is cut at
-    # ``tool_timeout_s``, its error then the tool's answer.
-    tools: tuple[str, ...] = ()
-    tool_timeout_s: float = 60.0
-    # Tool calls one runner process runs at once, for each tool it serves.
-    tool_concurrency: int = 64
-    # How long an agent waits for a tool call that no live runner serves (no runner's
-    # SWARM_TOOLS allows its tool) before it fails with that reason; a call a runner serves
-    # waits for its answer however long its queue is.
-    tool_wait_s: float = 600.0
-    # The most of a tool's answer (UTF-8 bytes) kept and handed to the model: beyond it the
-    # model gets the head and a note saying so (a 10 MB answer once took Redis to 38 MB).
-    tool_max_bytes: int = 1_048_576
-    # How often (s) each worker publishes its per-endpoint figures for swarm-status.
-    stats_period_s: float = 2.0
-    # At a job's tail (every entry delivered), an endpoint with nothing else to do runs copies
-    # of the batches other endpoints still hold, each entry once; the first commit wins.
-    speculate: bool = True
-    # An agent's next turn waits this long in the lane of the endpoint that served its turn
-    # before (whose engine holds its prefix) before an endpoint with nothing else to do takes
-    # it; 0 takes it at once.
-    lane_wait_ms: int = 3_000
-    # An agent's turns that wait in a busy engine's queue (not started: vLLM serves requests
-    # of one priority first come, first served) are handed on to an endpoint that has nothing
-    # else to do and answers at least 1.5 times as fast, which starts them at once (their
-    # prefix computed again there).
-    hand_on: bool = True
-    # Handed on too, to an endpoint with nothing to do that decodes at least 1.5 times as
-    # fast: a batch of turns sent to this engine this recently, none of it answered yet,
-    # though it has begun (at a job's tail nothing waits in a slow engine while the fast ones
-    # idle); what it decoded is thrown away, a few tokens a turn. Its decoding, not its
-    # queue, is compared: between equal engines an idle one is not worth a turn's prefix.
-    # 0: only turns still waiting.
-    hand_on_young_ms: int = 800
-    # Prometheus metrics of the worker on http://metrics_addr:metrics_port/metrics (0: off).
-    metrics_port: int = 0
-    metrics_addr: str = "0.0.0.0"
-    # The response cache (jobs enqueued with --cache): an answer unused this long is dropped,
-    # and beyond this many answers the least recently used go first. Every worker of one
-    # Redis should share them.
-    cache_ttl_s: float = 30 * 86400.0
-    cache_max_answers: int = 1_000_000
-    # swarm-gateway (the OpenAI Batch API): where uploaded and output files' bytes live (a
-    # directory every gateway process of the fleet reaches; "": ~/.local/share/swarm-queue/
-    # gateway), and the file of API keys, one "KEY PROJECT" a line ("": no keys, localhost only).
-    gateway_dir: str = ""
-    gateway_keys: str = ""
+    redis_defaulted: bool = False
 
     def request_timeout_for(self, n_prompts: int, max_tokens: int) -> float:
         """The timeout of one request of ``n_prompts`` prompts (see ``request_timeout_s``)."""
@@ -189,13 +353,14 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
         return (120.0 + 0.5 * max_tokens) * waves
 
     def __post_init__(self) -> None:
-        _validate_redis_url(self.redis_url)
+        validate_redis_url(self.redis_url)
         if self.redis_cluster and self.redis_url.startswith("unix:"):
             raise ConfigError("SWARM_REDIS_CLUSTER needs a redis:// or rediss:// URL of a node")
         if self.redis_ca_file and not Path(self.redis_ca_file).is_file():
             raise ConfigError(f"SWARM_REDIS_CA_FILE {self.redis_ca_file}: no such file")
         Keys(self.prefix)  # validates the prefix
-        self._check_bounds()
+        for setting in _SETTINGS:
+            setting.check(getattr(self, setting.name))
         for var, names in (
             ("SWARM_REDUCE_FUNCTIONS", self.reduce_functions),
             ("SWARM_TOOLS", self.tools),
@@ -205,60 +370,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
                     raise ConfigError(
                         f"{var}: {name!r} is not package.module:function (or package.module:*)"
                     )
-        if self.tool_concurrency < 1:
-            raise ConfigError(f"SWARM_TOOL_CONCURRENCY must be >= 1, got {self.tool_concurrency}")
         if self.backoff_cap_s < self.backoff_base_s:
             raise ConfigError("backoff_cap_s must be >= backoff_base_s")
-        if not 0 <= self.metrics_port <= 65535:
-            raise ConfigError(
-                f"SWARM_METRICS_PORT must be a port (1-65535; 0 or unset: off), "
-                f"got {self.metrics_port}"
-            )
-
-    def _check_bounds(self) -> None:
-        """Every count at least 1, every period above 0, the rest at least 0."""
-        at_least_1 = (
-            "batch_size",
-            "inflight",
-            "max_attempts",
-            "poll_ms",
-            "claim_idle_ms",
-            "circuit_failures",
-            "max_deliveries",
-            "cache_max_answers",
-            "tool_max_bytes",
-        )
-        above_0 = (
-            "probe_timeout_s",
-            "backoff_base_s",
-            "backoff_cap_s",
-            "jobs_refresh_s",
-            "models_refresh_s",
-            "stats_period_s",
-            "adapt_period_s",
-            "reduce_timeout_s",
-            "cache_ttl_s",
-            "tool_timeout_s",
-            "tool_wait_s",
-        )
-        for name in at_least_1:
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.batch_size > MAX_BATCH_SIZE:
-            raise ConfigError(
-                f"batch_size must be <= {MAX_BATCH_SIZE} (one Redis script call takes a batch), "
-                f"got {self.batch_size}"
-            )
-        if self.inflight_max < 0:
-            raise ConfigError(
-                f"inflight_max must be >= 0 (0: no adaptation), got {self.inflight_max}"
-            )
-        for name in ("request_timeout_s", "lane_wait_ms", "endpoint_dead_s"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
-        for name in above_0:
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
 
     @property
     def keys(self) -> Keys:
@@ -281,63 +394,11 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     def from_env(cls, env: Mapping[str, str], **overrides: Any) -> Settings:
         """Build settings from ``SWARM_*`` variables, then apply non-None ``overrides``."""
         values: dict[str, Any] = {}
-        simple: dict[str, tuple[str, Callable[[str], Any]]] = {
-            "SWARM_REDIS_URL": ("redis_url", str),
-            "SWARM_REDIS_CA_FILE": ("redis_ca_file", str),
-            "SWARM_REDIS_CLUSTER": ("redis_cluster", boolean),
-            "SWARM_PREFIX": ("prefix", str),
-            "SWARM_BATCH_SIZE": ("batch_size", int),
-            "SWARM_INFLIGHT": ("inflight", int),
-            "SWARM_INFLIGHT_MAX": ("inflight_max", int),
-            "SWARM_ADAPT_PERIOD_S": ("adapt_period_s", float),
-            "SWARM_REDUCE_TIMEOUT_S": ("reduce_timeout_s", float),
-            "SWARM_REQUEST_TIMEOUT_S": ("request_timeout_s", float),
-            "SWARM_MAX_ATTEMPTS": ("max_attempts", int),
-            "SWARM_CIRCUIT_FAILURES": ("circuit_failures", int),
-            "SWARM_PROBE_TIMEOUT_S": ("probe_timeout_s", float),
-            "SWARM_ENDPOINT_DEAD_S": ("endpoint_dead_s", float),
-            "SWARM_MAX_DELIVERIES": ("max_deliveries", int),
-            "SWARM_POLL_MS": ("poll_ms", int),
-            "SWARM_API_KEY": ("api_key", str),
-            "SWARM_WORKER_NAME": ("worker_name", str),
-            "SWARM_SHUTDOWN_GRACE_S": ("shutdown_grace_s", float),
-            "SWARM_CLAIM_IDLE_MS": ("claim_idle_ms", int),
-            "SWARM_JOBS_REFRESH_S": ("jobs_refresh_s", float),
-            "SWARM_MODELS_REFRESH_S": ("models_refresh_s", float),
-            "SWARM_STATS_PERIOD_S": ("stats_period_s", float),
-            "SWARM_BACKOFF_BASE_S": ("backoff_base_s", float),
-            "SWARM_BACKOFF_CAP_S": ("backoff_cap_s", float),
-            "SWARM_SPECULATE": ("speculate", boolean),
-            "SWARM_HAND_ON": ("hand_on", boolean),
-            "SWARM_HAND_ON_YOUNG_MS": ("hand_on_young_ms", int),
-            "SWARM_LANE_WAIT_MS": ("lane_wait_ms", int),
-            "SWARM_METRICS_PORT": ("metrics_port", int),
-            "SWARM_METRICS_ADDR": ("metrics_addr", str),
-            "SWARM_CACHE_TTL_S": ("cache_ttl_s", float),
-            "SWARM_CACHE_MAX_ANSWERS": ("cache_max_answers", int),
-            "SWARM_TOOL_TIMEOUT_S": ("tool_timeout_s", float),
-            "SWARM_TOOL_CONCURRENCY": ("tool_concurrency", int),
-            "SWARM_TOOL_WAIT_S": ("tool_wait_s", float),
-            "SWARM_TOOL_MAX_BYTES": ("tool_max_bytes", int),
-            "SWARM_GATEWAY_DIR": ("gateway_dir", str),
-            "SWARM_GATEWAY_KEYS": ("gateway_keys", str),
-        }
-        for var, (field, typ) in simple.items():
-            raw = env.get(var, "").strip()
-            if not raw:
-                continue
-            try:
-                values[field] = typ(raw)
-            except ValueError:
-                raise ConfigError(f"{var}={raw!r} is not a valid {typ.__name__}") from None
-        for var, field in (
-            ("SWARM_REDUCE_FUNCTIONS", "reduce_functions"),
-            ("SWARM_TOOLS", "tools"),
-        ):
-            functions = [f.strip() for f in env.get(var, "").split(",")]
-            if any(functions):
-                values[field] = tuple(f for f in functions if f)
-        endpoints = _endpoints_from_env(env)
+        for setting in _SETTINGS:
+            raw = env.get(setting.var, "").strip()
+            if raw:
+                values[setting.name] = setting.parse(raw)
+        endpoints = endpoints_from_env(env)
         if endpoints:
             values["endpoints"] = tuple(endpoints)
         values.update({k: v for k, v in overrides.items() if v is not None})
@@ -350,63 +411,32 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             raise ConfigError(str(exc)) from None
 
 
-def boolean(text: str) -> bool:
-    """``1/true/yes/on`` or ``0/false/no/off`` (any case), as environment switches are written."""
-    word = text.strip().lower()
-    if word in ("1", "true", "yes", "on"):
-        return True
-    if word in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(text)
+_SETTINGS = declared(Settings)
 
 
-def _endpoints_from_env(env: Mapping[str, str]) -> list[Endpoint]:
-    csv = env.get("SWARM_ENDPOINTS", "").strip()
-    hostfile = env.get("SWARM_HOSTFILE", "").strip()
-    if csv and hostfile:
-        raise ConfigError("set SWARM_ENDPOINTS or SWARM_HOSTFILE, not both")
-    filters = env.get("SWARM_ENDPOINT_TAG", "").strip() or env.get("SWARM_ENDPOINT_HOST", "")
-    if filters.strip() and not hostfile:
-        raise ConfigError("SWARM_ENDPOINT_TAG and SWARM_ENDPOINT_HOST filter SWARM_HOSTFILE")
-    if csv:
-        return parse_endpoints(csv)
-    if hostfile:
-        path = Path(hostfile)
-        try:
-            text = path.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise ConfigError(f"cannot read SWARM_HOSTFILE {hostfile}: {exc.strerror}") from None
-        except UnicodeDecodeError as exc:
-            raise ConfigError(
-                f"SWARM_HOSTFILE {hostfile}: not UTF-8 text (byte {exc.start}: {exc.reason})"
-            ) from None
-        return select_endpoints(
-            parse_hostfile(text, source=hostfile),
-            tag=env.get("SWARM_ENDPOINT_TAG", "").strip(),
-            host=env.get("SWARM_ENDPOINT_HOST", "").strip(),
-            source=hostfile,
-        )
-    return []
+# The endpoint variables, read together (common/hostfile.py), and swarm-redis's own directory.
+_ENDPOINT_ROWS = """\
+| `SWARM_ENDPOINTS` | | workers | comma-separated base URLs, e.g. `http://127.0.0.1:8000` |
+| `SWARM_HOSTFILE` | | workers | instead: the Aurora-Swarm hostfile \
+(`host<TAB>port<TAB>key=value...`, port optional, default 8000) |
+| `SWARM_ENDPOINT_TAG` / `SWARM_ENDPOINT_HOST` | | workers | keep only the hostfile's endpoints \
+with tag `key=value` / on this host (docs/HPC.md) |
+| `SWARM_REDIS_DIR` | `~/.local/share/swarm-queue/redis` | `swarm-redis` | where `swarm-redis` \
+keeps its Redis (its `--dir` wins) |"""
 
 
-def select_endpoints(
-    endpoints: list[Endpoint], *, tag: str = "", host: str = "", source: str = "hostfile"
-) -> list[Endpoint]:
-    """The hostfile endpoints with tag ``key=value`` and on ``host`` (short or full name);
-    an empty filter keeps all. ConfigError when nothing is left."""
-    if tag:
-        key, sep, value = tag.partition("=")
-        if not sep or not key:
-            raise ConfigError(f"SWARM_ENDPOINT_TAG={tag!r}: expected key=value")
-        endpoints = [e for e in endpoints if e.tags.get(key) == value]
-    if host:
-        short = host.split(".")[0]
-        endpoints = [
-            e for e in endpoints if (urlsplit(e.url).hostname or "").split(".")[0] == short
-        ]
-    if not endpoints:
-        wanted = " and ".join(
-            x for x in (f"tag {tag}" if tag else "", f"host {host}" if host else "") if x
-        )
-        raise ConfigError(f"{source}: no endpoint with {wanted}")
-    return endpoints
+def settings_page() -> str:
+    """docs/SETTINGS.md, derived from the declarations (``python -m
+    swarm_queue.common.settings`` prints it; a test holds the file to it)."""
+    return (
+        "# Settings\n\nEvery setting of swarm-queue, read from the environment by each "
+        "process that uses it (a command's flag, where it has one, wins). Generated from the "
+        "declarations in `swarm_queue/common/settings.py` by `python -m "
+        "swarm_queue.common.settings`: edit those, not this page.\n\n"
+        "| variable | default | read by | meaning |\n| --- | --- | --- | --- |\n"
+        f"{_ENDPOINT_ROWS}\n{table(_SETTINGS)}\n"
+    )
+
+
+if __name__ == "__main__":
+    print(settings_page(), end="")

@@ -15,7 +15,8 @@ from arq.connections import ArqRedis
 from arq.constants import in_progress_key_prefix
 
 from swarm_queue.common.errors import StoreUnavailable
-from swarm_queue.common.settings import Settings, mask_url
+from swarm_queue.common.redisurl import mask_url
+from swarm_queue.common.settings import Settings
 from swarm_queue.common.store import FlowStore, redis_errors
 from swarm_queue.common.tools import (
     BEGUN,

@@ -22,7 +22,7 @@ from aiohttp.typedefs import Handler
 
 from swarm_queue.common.cli import is_loopback, stop_on_signals
 from swarm_queue.common.errors import ConfigError, SwarmError
-from swarm_queue.common.settings import mask_url
+from swarm_queue.common.redisurl import mask_url
 from swarm_queue.common.store import JobStore
 from swarm_queue.producer.board import Board, History, read_board
 

@@ -29,7 +29,7 @@ import redis
 
 from swarm_queue.common.cli import Parser
 from swarm_queue.common.embedded import find_redis_server
-from swarm_queue.common.settings import mask_url
+from swarm_queue.common.redisurl import mask_url
 
 __all__ = ["LocalRedis", "main"]
 

@@ -24,7 +24,7 @@ from swarm_queue.common.fleet import SILENT_PERIODS, EndpointInfo, EndpointStats
 from swarm_queue.common.hostfile import normalize_url
 from swarm_queue.common.keys import parse_stage, stage_name, validate_job_name
 from swarm_queue.common.models import JobSpec
-from swarm_queue.common.settings import mask_url
+from swarm_queue.common.redisurl import mask_url
 from swarm_queue.common.store import JobStatus, JobStore
 from swarm_queue.common.vocab import Meta
 from swarm_queue.flows.agents import agent_of, offered_tools

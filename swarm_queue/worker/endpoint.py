@@ -33,7 +33,7 @@ from swarm_queue.common.errors import (
     RouteMissing,
 )
 from swarm_queue.common.models import SamplingParams
-from swarm_queue.common.settings import mask_url
+from swarm_queue.common.redisurl import mask_url
 from swarm_queue.worker.replies import ChatBody, CompletionBody, EmbeddingBody, Load, ModelInfo
 
 T = TypeVar("T")

@@ -43,7 +43,7 @@ from swarm_queue.common.errors import (
     StoreUnavailable,
     StoreUnreached,
 )
-from swarm_queue.common.settings import mask_url
+from swarm_queue.common.redisurl import mask_url
 
 __all__ = [
     "NO_CLIENT_SETINFO",
