@@ -469,7 +469,7 @@ async def test_the_dashboard_shows_a_pipeline_an_agent_job_and_a_failing_endpoin
 ) -> None:
     """The workflows as a user watches them in a browser: a pipeline's steps, an agent job's
     agents by state, and an endpoint that refuses the worker's key, with its error. The
-    README's second screenshot is this page (``SWARM_DASHBOARD_WORKFLOWS_PNG=PATH``)."""
+    docs/OPERATIONS.md's second screenshot is this page (``SWARM_DASHBOARD_WORKFLOWS_PNG=PATH``)."""
     fleet = fleet_factory(2, *TOOL_PARSER_ARGS, "--step-ms", "30")
     env = fleet.env
     (tmp_path / "check.txt").write_text("Check this answer: {answer}")

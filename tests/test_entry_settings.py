@@ -45,7 +45,7 @@ async def test_the_api_reads_its_settings_as_every_command_does(
 def test_the_worker_and_the_tool_runner_take_redis_and_never_echo_a_password(
     command: str,
 ) -> None:
-    """Seen: ``swarm-worker --redis URL`` refused (the README says any command takes it),
+    """Seen: ``swarm-worker --redis URL`` refused (the README said any command takes it),
     and argparse echoed the URL, password and all."""
     url = "redis://alice:s3cret-pw@127.0.0.1:1/0"
     usage = subprocess.run(

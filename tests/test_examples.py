@@ -1,4 +1,4 @@
-"""The README's runnable example of every Aurora-Swarm pattern on the embedded setup."""
+"""docs/MIGRATING.md's runnable example of every Aurora-Swarm pattern on the embedded setup."""
 
 from __future__ import annotations
 
