@@ -29,7 +29,8 @@ from swarm_queue.common.keys import ARQ_TAG
 from swarm_queue.common.settings import Settings
 from swarm_queue.common.store import JobStore
 from swarm_queue.sim.engine import EngineConfig
-from swarm_queue.sim.server import FaultConfig, SimEndpoint, SimFleet
+from swarm_queue.sim.faults import FaultConfig
+from swarm_queue.sim.server import SimEndpoint, SimFleet
 from tests.servers import redis_server
 
 if TYPE_CHECKING:

@@ -20,7 +20,8 @@ from swarm_queue.common.store import JobStore
 from swarm_queue.producer.enqueue import enqueue_prompts
 from swarm_queue.producer.output import write_output
 from swarm_queue.sim.engine import EngineConfig
-from swarm_queue.sim.server import FaultConfig, SimFleet
+from swarm_queue.sim.faults import FaultConfig
+from swarm_queue.sim.server import SimFleet
 from swarm_queue.sim.text import completion_for
 from swarm_queue.worker.endpoint import EndpointClient
 from swarm_queue.worker.engine import Engine

@@ -26,7 +26,8 @@ from swarm_queue.common.errors import (
 )
 from swarm_queue.common.models import SamplingParams
 from swarm_queue.sim.engine import EngineConfig, SimEngine
-from swarm_queue.sim.server import FaultConfig, SimFleet
+from swarm_queue.sim.faults import FaultConfig
+from swarm_queue.sim.server import SimFleet
 from swarm_queue.sim.text import completion_for, count_tokens
 from swarm_queue.worker.endpoint import EndpointClient
 from tests.helpers import serve

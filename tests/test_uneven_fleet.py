@@ -30,7 +30,8 @@ from swarm_queue.flows.agents import (
     enqueue_agents,
     tool_definition,
 )
-from swarm_queue.sim.server import FaultConfig, SimFleet
+from swarm_queue.sim.faults import FaultConfig
+from swarm_queue.sim.server import SimFleet
 from swarm_queue.sim.text import completion_for, embedding_for
 from tests.harness import (
     MAX_TOKENS,

@@ -1,5 +1,5 @@
 """python -m swarm_queue.sim: run swarm-sim."""
 
-from swarm_queue.sim.server import main
+from swarm_queue.sim.cli import main
 
 main()

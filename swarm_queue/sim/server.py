@@ -34,14 +34,9 @@ adapters (``--model base+adapter``), all listed by ``/v1/models``; any other nam
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import contextlib
 import os
 import random
-import re
-import signal
-import sys
 import time
 import uuid
 from collections import deque
@@ -52,99 +47,31 @@ import msgspec
 from aiohttp import web
 
 from swarm_queue.sim.engine import EngineConfig, EngineStopped, SimEngine
+from swarm_queue.sim.faults import FaultConfig
 from swarm_queue.sim.prefix import PrefixCache
-from swarm_queue.sim.text import count_tokens, embedding_for, sample_for, token_ids
+from swarm_queue.sim.requests import (
+    ChatRequest,
+    CompletionRequest,
+    EmbeddingRequest,
+    TokenizeRequest,
+    abort,
+    chat_decoder,
+    completion_decoder,
+    cut,
+    embedding_decoder,
+    said,
+    sample,
+)
+from swarm_queue.sim.text import count_tokens, embedding_for, token_ids
 from swarm_queue.sim.tools import call_id, choice_error, schema_answer, tool_call
 
-__all__ = ["FaultConfig", "SimEndpoint", "SimFleet", "main"]
+__all__ = ["SimEndpoint", "SimFleet"]
 
 _json = msgspec.json.Encoder()
 
 
 # A value no embedding holds, written as NaN (see SimEndpoint._answer).
 _NAN_MARK = 7.0e300
-
-
-class FaultConfig(msgspec.Struct, kw_only=True):
-    """Failure behaviour of one endpoint; ``None`` times mean never."""
-
-    error_rate: float = 0.0
-    reset_rate: float = 0.0
-    die_after_s: float | None = None
-    stall_after_s: float | None = None
-    # The model calls tools it was not offered, as a real one may (vLLM's tool parsers pass
-    # on whatever name it writes): every CALL directive is answered, offered or not.
-    calls_unoffered: bool = False
-    # A server that lies in its answers: every choice's (and vector's) index shifted by this
-    # much; this many choices (or vectors) left out of each answer; vectors of this many
-    # dimensions; vectors holding NaN.
-    shift_index: int = 0
-    drop_choices: int = 0
-    embed_dims: int | None = None
-    nan_vectors: bool = False
-    # Asked for n > 1 samples a prompt, this many fewer for each (right with n = 1).
-    short_samples: int = 0
-    # A request holding this text anywhere in its prompts fails whole with HTTP 500, as vLLM
-    # fails a list when its tokenizer or chat template raises on one odd input.
-    fail_on: str | None = None
-    # A request holding this text is never answered (an engine stuck on one input): the
-    # client's timeout ends it.
-    hang_on: str | None = None
-
-
-class _CompletionRequest(msgspec.Struct, kw_only=True):
-    model: str
-    prompt: str | list[str]
-    max_tokens: int | None = 16
-    temperature: float | None = None
-    stream: bool = False
-    # vLLM's default on /v1/completions: the tokenizer adds its special tokens (the BOS).
-    add_special_tokens: bool = True
-    ignore_eos: bool = False  # vLLM's: generate exactly max_tokens
-    n: int = 1  # samples per prompt: choice i * n + j is prompt i's sample j, as in vLLM
-    # vLLM's: each choice carries its prompt's token ids and its own (exact usage per prompt).
-    return_token_ids: bool | None = None
-
-
-class _TokenizeRequest(msgspec.Struct, kw_only=True):
-    prompt: str
-    model: str | None = None
-    add_special_tokens: bool = True
-
-
-class _Message(msgspec.Struct):
-    role: str
-    content: str | None = None
-    tool_calls: list[Any] | None = None
-    tool_call_id: str | None = None
-
-
-class _ChatRequest(msgspec.Struct, kw_only=True):
-    model: str
-    messages: list[_Message]
-    max_tokens: int | None = None
-    max_completion_tokens: int | None = None
-    temperature: float | None = None
-    stream: bool = False
-    # vLLM's default on chat: the chat template carries the special tokens it needs.
-    add_special_tokens: bool = False
-    ignore_eos: bool = False
-    n: int = 1
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: Any = None
-    response_format: dict[str, Any] | None = None
-
-
-class _EmbeddingRequest(msgspec.Struct, kw_only=True):
-    model: str
-    input: str | list[str]
-    encoding_format: str = "float"
-    stream: bool = False  # never set: what the shared route checks
-
-
-_completion_decoder = msgspec.json.Decoder(_CompletionRequest)
-_embedding_decoder = msgspec.json.Decoder(_EmbeddingRequest)
-_chat_decoder = msgspec.json.Decoder(_ChatRequest)
 
 
 class SimEndpoint:
@@ -319,18 +246,18 @@ class SimEndpoint:
     async def _faults_gate(self, request: web.Request) -> web.Response | None:
         """Applies the fault switches; returns an error response, or None to go on."""
         if self.dead:
-            _abort(request)
+            abort(request)
             raise EngineStopped()
         if self._stalled_now():
             await self._stall()
         if self.faults.reset_rate and self.rng.random() < self.faults.reset_rate:
-            _abort(request)
+            abort(request)
             raise EngineStopped()
         if self.faults.error_rate and self.rng.random() < self.faults.error_rate:
             return self._error(500, "simulated internal server error", "InternalServerError")
         return None
 
-    def _n_error(self, req: _CompletionRequest | _ChatRequest) -> web.Response | None:
+    def _n_error(self, req: CompletionRequest | ChatRequest) -> web.Response | None:
         """vLLM's refusal of ``n`` samples: fewer than one, or more than one with greedy
         decoding (temperature 0: they would all be the same answer)."""
         if req.n < 1:
@@ -396,7 +323,7 @@ class SimEndpoint:
                 return self._error(400, "swarm-sim does not stream", "BadRequestError", "stream")
             return await respond(req)
         except (EngineStopped, ConnectionResetError):  # we died, or the client hung up
-            _abort(request)
+            abort(request)
             return web.Response(status=503)
 
     async def _generate(self, lengths: list[int], prompt_tokens: int, prefill: int = 0) -> None:
@@ -411,9 +338,9 @@ class SimEndpoint:
         self.prompt_tokens_total += prompt_tokens
 
     async def _completions(self, request: web.Request) -> web.StreamResponse:
-        return await self._serve(request, _completion_decoder, self._complete)
+        return await self._serve(request, completion_decoder, self._complete)
 
-    async def _complete(self, req: _CompletionRequest) -> web.Response:
+    async def _complete(self, req: CompletionRequest) -> web.Response:
         prompts = [req.prompt] if isinstance(req.prompt, str) else req.prompt
         max_tokens = 16 if req.max_tokens is None else req.max_tokens
         if not prompts:
@@ -434,7 +361,7 @@ class SimEndpoint:
         ignore_eos = req.ignore_eos or self.config.ignore_eos
         if (err := self._n_error(req)) is not None:
             return err
-        outs = [_sample(p, max_tokens, j, req, ignore_eos) for p in seen for j in range(req.n)]
+        outs = [sample(p, max_tokens, j, req, ignore_eos) for p in seen for j in range(req.n)]
         prefill = sum(self.prefix.lookup(p) for p in seen)
         await self._generate([n for _, n, _ in outs], sum(ptoks), prefill)
         ctoks = sum(n for _, n, _ in outs)
@@ -474,9 +401,9 @@ class SimEndpoint:
         )
 
     async def _embeddings(self, request: web.Request) -> web.StreamResponse:
-        return await self._serve(request, _embedding_decoder, self._embed)
+        return await self._serve(request, embedding_decoder, self._embed)
 
-    async def _embed(self, req: _EmbeddingRequest) -> web.Response:
+    async def _embed(self, req: EmbeddingRequest) -> web.Response:
         texts = [req.input] if isinstance(req.input, str) else req.input
         if not texts:
             return self._error(400, "input must not be empty", "BadRequestError", "input")
@@ -513,9 +440,9 @@ class SimEndpoint:
         )
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
-        return await self._serve(request, _chat_decoder, self._chat_complete)
+        return await self._serve(request, chat_decoder, self._chat_complete)
 
-    async def _chat_complete(self, req: _ChatRequest) -> web.Response:
+    async def _chat_complete(self, req: ChatRequest) -> web.Response:
         why = choice_error(
             req.tools, req.tool_choice, self.tool_parser is not None, self.auto_tool_choice
         )
@@ -523,7 +450,7 @@ class SimEndpoint:
             return self._error(400, why, "BadRequestError")
         # A stand-in chat template: what the model sees is a pure function of the messages.
         prompt = self.bos_token if self.chat_template_bos else ""
-        prompt += "".join(f"<|{m.role}|>\n{_said(m)}\n" for m in req.messages)
+        prompt += "".join(f"<|{m.role}|>\n{said(m)}\n" for m in req.messages)
         prompt += "<|assistant|>\n"
         if req.add_special_tokens:
             prompt = self.bos_token + prompt
@@ -549,9 +476,9 @@ class SimEndpoint:
             return await self._tool_call(req, call, ptoks, prefill)
         if isinstance(schema, dict):
             text = _json.encode(schema_answer(schema, prompt)).decode()
-            outs = [_cut(text, max_tokens)] * req.n
+            outs = [cut(text, max_tokens)] * req.n
         else:
-            outs = [_sample(prompt, max_tokens, j, req, ignore_eos) for j in range(req.n)]
+            outs = [sample(prompt, max_tokens, j, req, ignore_eos) for j in range(req.n)]
         await self._generate([n for _, n, _ in outs], ptoks, prefill)
         messages = [
             {"role": "assistant", "content": t.lstrip(), "tool_calls": []} for t, _, _ in outs
@@ -561,7 +488,7 @@ class SimEndpoint:
 
     def _chat_answer(
         self,
-        req: _ChatRequest,
+        req: ChatRequest,
         messages: list[dict[str, Any]],
         reasons: list[str],
         ptoks: int,
@@ -595,7 +522,7 @@ class SimEndpoint:
         )
 
     async def _tool_call(
-        self, req: _ChatRequest, call: tuple[str, str], ptoks: int, prefill: int
+        self, req: ChatRequest, call: tuple[str, str], ptoks: int, prefill: int
     ) -> web.Response:
         """The answer asking for tool ``call``: a ``tool_calls`` message, as vLLM's parsers
         give it."""
@@ -625,7 +552,7 @@ class SimEndpoint:
             if self._stalled_now():
                 await self._stall()
         except EngineStopped:
-            _abort(request)
+            abort(request)
             return web.Response(status=503)
         return None
 
@@ -655,7 +582,7 @@ class SimEndpoint:
         if (gone := await self._alive(request)) is not None:
             return gone
         try:
-            req = msgspec.json.decode(await request.read(), type=_TokenizeRequest)
+            req = msgspec.json.decode(await request.read(), type=TokenizeRequest)
         except msgspec.DecodeError as exc:
             return self._error(400, f"invalid request: {exc}", "BadRequestError")
         n = count_tokens((self.bos_token if req.add_special_tokens else "") + req.prompt)
@@ -733,40 +660,6 @@ class SimEndpoint:
         return self._ok(msgspec.to_builtins(self.faults))
 
 
-def _said(m: _Message) -> str:
-    """What a message contributes to the stand-in chat template: its text, its tool calls."""
-    calls = _json.encode(m.tool_calls).decode() if m.tool_calls else ""
-    return (m.content or "") + calls
-
-
-def _sample(
-    prompt: str,
-    max_tokens: int,
-    j: int,
-    req: _CompletionRequest | _ChatRequest,
-    ignore_eos: bool,
-) -> tuple[str, int, str]:
-    """Sample ``j`` of ``prompt``: greedy decoding (temperature 0, one sample) gives one
-    answer, as an engine does; sampling spreads them (see :func:`sim.text.sample_for`)."""
-    greedy = req.temperature is not None and req.temperature == 0
-    return sample_for(prompt, max_tokens, 0 if greedy else j, ignore_eos=ignore_eos)
-
-
-def _cut(text: str, max_tokens: int) -> tuple[str, int, str]:
-    """``text`` as an engine writes it under ``max_tokens``: whole, or cut off there
-    (``finish_reason`` "length", a guided answer's JSON left unclosed)."""
-    n = count_tokens(text)
-    if n <= max_tokens:
-        return text, n, "stop"
-    return text[: 4 * max_tokens], max_tokens, "length"  # 4 characters a token, as counted
-
-
-def _abort(request: web.Request) -> None:
-    """Drop the connection without an answer, as a crashed or reset server does."""
-    if request.transport is not None:
-        request.transport.abort()
-
-
 class SimFleet:
     """Several :class:`SimEndpoint` in one event loop; an async context manager for tests."""
 
@@ -785,171 +678,3 @@ class SimFleet:
     async def __aexit__(self, *exc: object) -> None:
         for e in self.endpoints:
             await e.stop()
-
-
-def _float_list(text: str, n: int, name: str) -> list[float | None]:
-    """``"1,,0.5"`` -> per-port values; one value applies to every port; empty means None."""
-    parts = text.split(",")
-    if len(parts) == 1:
-        parts = parts * n
-    if len(parts) != n:
-        raise SystemExit(f"swarm-sim: --{name} has {len(parts)} values for {n} ports")
-    try:
-        return [float(p) if p.strip() else None for p in parts]
-    except ValueError:
-        raise SystemExit(f"swarm-sim: --{name} must be numbers, got {text!r}") from None
-
-
-def build_fleet(argv: Sequence[str] | None = None) -> SimFleet:
-    about = re.sub(r"``([^`]+)``", r"\1", __doc__.split("\n\n")[0])  # without its markup
-    p = argparse.ArgumentParser(prog="swarm-sim", description=about)
-    p.add_argument("--ports", required=True, help="comma-separated ports, one engine each")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument(
-        "--model",
-        default="swarm-sim",
-        help="served model name, or one per port (a,b,c); base+adapter serves both names",
-    )
-    p.add_argument("--max-num-seqs", type=int, default=256)
-    p.add_argument("--max-model-len", type=int, default=4096)
-    p.add_argument("--speed", default="1.0", help="per-port speed factors, e.g. 1,1,1,0.5")
-    p.add_argument("--step-ms", type=float, default=10.0, help="decode step base cost (ms)")
-    p.add_argument("--step-per-seq-ms", type=float, default=0.05, help="added cost per running seq")
-    p.add_argument(
-        "--prefill-ms-per-token",
-        type=float,
-        default=0.0,
-        help="prefill cost of each prompt token not in the engine's prefix cache (default 0)",
-    )
-    p.add_argument("--instant", action="store_true", help="answer at once (overhead benchmarks)")
-    p.add_argument(
-        "--ignore-eos",
-        action="store_true",
-        help="answer every request as if it set vLLM's ignore_eos: exactly max_tokens tokens",
-    )
-    p.add_argument("--error-rate", default="0", help="fraction of requests answered with HTTP 500")
-    p.add_argument("--reset-rate", default="0", help="fraction of connections reset")
-    p.add_argument(
-        "--fail-on",
-        default=None,
-        metavar="TEXT",
-        help="fail with HTTP 500 every request whose prompts hold TEXT (a poison input, as a "
-        "tokenizer error is on vLLM)",
-    )
-    p.add_argument(
-        "--hang-on",
-        default=None,
-        metavar="TEXT",
-        help="never answer a request whose prompts hold TEXT (an engine stuck on one input)",
-    )
-    p.add_argument("--die-after", default="", help="seconds until a port dies (per port)")
-    p.add_argument("--stall-after", default="", help="seconds until a port stalls (per port)")
-    p.add_argument(
-        "--error-format",
-        choices=["nested", "flat"],
-        default="nested",
-        help="vLLM's current {'error': {...}} body, or the older flat one",
-    )
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument(
-        "--bos-token",
-        default="",
-        help="the tokenizer's BOS text (default none); /v1/completions adds it unless the "
-        "request sends add_special_tokens false, as vLLM does",
-    )
-    p.add_argument(
-        "--chat-template-bos",
-        action="store_true",
-        help="the model's chat template starts with the BOS (as {{ bos_token }} templates do)",
-    )
-    p.add_argument(
-        "--enable-auto-tool-choice",
-        action="store_true",
-        help="as vLLM's: let the model decide to call tools (tool_choice auto); needs "
-        "--tool-call-parser",
-    )
-    p.add_argument("--tool-call-parser", default=None, help="as vLLM's (any name: hermes...)")
-    p.add_argument(
-        "--runner",
-        choices=["auto", "generate", "pooling"],
-        default="auto",
-        help="as vLLM's: generate has no /v1/embeddings, pooling no generation routes "
-        "(default: every route)",
-    )
-    a = p.parse_args(argv)
-    if a.enable_auto_tool_choice and a.tool_call_parser is None:
-        raise SystemExit(
-            "swarm-sim: --enable-auto-tool-choice needs --tool-call-parser, as in vLLM"
-        )
-    try:
-        ports = [int(x) for x in a.ports.split(",") if x.strip()]
-    except ValueError:
-        raise SystemExit(f"swarm-sim: --ports must be integers, got {a.ports!r}") from None
-    n = len(ports)
-    speeds = _float_list(a.speed, n, "speed")
-    errors = _float_list(a.error_rate, n, "error-rate")
-    resets = _float_list(a.reset_rate, n, "reset-rate")
-    dies = _float_list(a.die_after, n, "die-after")
-    stalls = _float_list(a.stall_after, n, "stall-after")
-    models = a.model.split(",")
-    if len(models) == 1:
-        models *= n
-    if len(models) != n or not all(m.strip() for m in models):
-        raise SystemExit(f"swarm-sim: --model has {len(models)} names for {n} ports")
-    endpoints = []
-    for i, port in enumerate(ports):
-        config = EngineConfig(
-            max_num_seqs=a.max_num_seqs,
-            max_model_len=a.max_model_len,
-            speed=speeds[i] or 1.0,
-            step_base_ms=a.step_ms,
-            step_per_seq_ms=a.step_per_seq_ms,
-            prefill_ms_per_token=a.prefill_ms_per_token,
-            instant=a.instant,
-            ignore_eos=a.ignore_eos,
-        )
-        faults = FaultConfig(
-            error_rate=errors[i] or 0.0,
-            reset_rate=resets[i] or 0.0,
-            die_after_s=dies[i],
-            stall_after_s=stalls[i],
-            fail_on=a.fail_on,
-            hang_on=a.hang_on,
-        )
-        endpoints.append(
-            SimEndpoint(
-                port,
-                config,
-                faults,
-                host=a.host,
-                model=models[i].strip(),
-                error_format=a.error_format,
-                seed=a.seed,
-                bos_token=a.bos_token,
-                chat_template_bos=a.chat_template_bos,
-                tool_parser=a.tool_call_parser,
-                auto_tool_choice=a.enable_auto_tool_choice,
-                runner=a.runner,
-            )
-        )
-    return SimFleet(endpoints)
-
-
-async def _serve(fleet: SimFleet) -> None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    async with fleet:
-        print(f"swarm-sim: serving {', '.join(fleet.urls)}", flush=True)
-        await stop.wait()
-
-
-def main(argv: Sequence[str] | None = None) -> None:
-    fleet = build_fleet(argv)
-    with contextlib.suppress(KeyboardInterrupt):
-        try:
-            asyncio.run(_serve(fleet))
-        except OSError as exc:
-            print(f"swarm-sim: {exc}", file=sys.stderr)
-            raise SystemExit(1) from None
