@@ -47,7 +47,7 @@ from swarm_queue.common.vocab import Meta
 from swarm_queue.flows.pipeline import StepOptions, build_pipeline, enqueue_pipeline, fill
 from swarm_queue.producer.enqueue import enqueue_prompts
 from swarm_queue.producer.output import follow_output, output_for
-from swarm_queue.producer.stream import follow
+from swarm_queue.producer.plain import PlainOutput
 from swarm_queue.sim.engine import EngineConfig
 from swarm_queue.sim.text import completion_for
 
@@ -121,7 +121,8 @@ async def swarm_three_jobs(url: str, urls: list[str], questions: list[str]) -> d
             prompts = [(fill(template, answers[i] or "", questions[i]), str(i)) for i in alive]
             await enqueue_prompts(store, spec, prompts)
             got: list[str | None] = [None] * len(questions)
-            async for chunk in follow(store, spec.job, wait=True, poll_s=0.05):
+            rows = follow_output(PlainOutput([spec]))
+            async for chunk in rows(store, spec.job, wait=True, poll_s=0.05):
                 for r in chunk:
                     if r.ok:
                         got[int(r.custom_id or 0)] = r.text

@@ -67,7 +67,8 @@ from swarm_queue.producer.enqueue import enqueue_prompts
 from swarm_queue.producer.frames import prompts_from, results_dataset, results_frame
 from swarm_queue.producer.ops import cancel_job
 from swarm_queue.producer.output import follow_output, output_for
-from swarm_queue.producer.stream import follow, wait_final
+from swarm_queue.producer.plain import PlainOutput
+from swarm_queue.producer.stream import wait_final
 from swarm_queue.worker.engine import Engine
 from swarm_queue.worker.tools import tool_settings
 
@@ -523,7 +524,8 @@ class Swarm:
             bar.update(done, status.total or status.enqueued, failed=status.failed)
 
         try:
-            async for chunk in follow(self.store, job, wait=True, poll_s=poll_s, on_status=show):
+            rows = follow_output(PlainOutput([spec]))
+            async for chunk in rows(self.store, job, wait=True, poll_s=poll_s, on_status=show):
                 self._check_feed(job)
                 for result in chunk:
                     yield result

@@ -25,9 +25,9 @@ import msgspec
 
 from swarm_queue.common.errors import ConfigError, ResultsEvictedError
 from swarm_queue.common.models import JobSpec, Result, result_or_failure
+from swarm_queue.common.output import CollectReport
 from swarm_queue.common.store import CollectorStore, JobStatus
 from swarm_queue.producer.stream import (
-    CollectReport,
     check_kept,
     collect_into,
     wait_for_spec,

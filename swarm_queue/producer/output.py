@@ -12,7 +12,7 @@ from typing import Any, BinaryIO
 
 from swarm_queue.common.errors import ConfigError
 from swarm_queue.common.models import JobSpec
-from swarm_queue.common.output import JobOutput
+from swarm_queue.common.output import CollectReport, JobOutput
 from swarm_queue.common.store import CollectorStore, JobStatus
 from swarm_queue.flows.registry import output_of
 from swarm_queue.flows.steps import later_steps
@@ -21,7 +21,6 @@ from swarm_queue.producer.outfile import collect_rows_durably
 from swarm_queue.producer.plain import PlainOutput
 from swarm_queue.producer.stream import (
     JOB_APPEAR_S,
-    CollectReport,
     collect_into,
     follow_rows,
     wait_for_spec,

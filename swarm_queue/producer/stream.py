@@ -27,8 +27,6 @@ from swarm_queue.common.errors import (
 from swarm_queue.common.models import (
     JobSpec,
     ReduceOutput,
-    Result,
-    result_or_failure,
 )
 from swarm_queue.common.output import CollectReport
 from swarm_queue.common.progress import Progress
@@ -36,10 +34,8 @@ from swarm_queue.common.store import CollectorStore, JobStatus
 from swarm_queue.flows.pipeline import link_of
 
 __all__ = [
-    "CollectReport",
     "check_kept",
     "collect_into",
-    "follow",
     "follow_rows",
     "wait_final",
     "wait_for_job",
@@ -178,31 +174,6 @@ async def follow_rows(
         await asyncio.sleep(poll_s)
 
 
-async def _results(store: CollectorStore, job: str, start: int, count: int) -> list[Result]:
-    """The results of ``job`` from ``start`` on, up to the first not in yet."""
-    chunk = []
-    for i, blob in enumerate(await store.fetch_results(job, start, count), start):
-        if blob is None:
-            break
-        chunk.append(result_or_failure(i, blob))
-    return chunk
-
-
-def follow(
-    store: CollectorStore,
-    job: str,
-    *,
-    start: int = 0,
-    wait: bool = False,
-    poll_s: float = 0.2,
-    on_status: Callable[[JobStatus, int], None] | None = None,
-) -> AsyncIterator[list[Result]]:
-    """A job's results, as :func:`follow_rows` gives rows: the row source of a plain job."""
-    return follow_rows(
-        store, job, _results, start=start, wait=wait, poll_s=poll_s, on_status=on_status
-    )
-
-
 async def collect_into(
     store: CollectorStore,
     job: str,
@@ -216,7 +187,7 @@ async def collect_into(
     progress: bool = False,
     start: int = 0,
 ) -> CollectReport:
-    """Hand the ``rows`` of ``job`` (:func:`follow` for its results) from index ``start`` on to
+    """Hand the ``rows`` of ``job`` (see :func:`producer.output.follow_output`) from ``start`` on to
     ``put(chunk, cursor)``, in order, ``cursor`` being the index after the chunk; with
     ``progress``, a bar on stderr. Every output format (JSON Lines, Parquet) is a ``put``.
     ``ok(row)``: whether a row counts as answered (default: its ``ok``); ``model_of(row)``: the
