@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import subprocess
 import time
 from collections.abc import Iterator, Mapping
@@ -28,23 +29,52 @@ OVER = {"completed", "failed", "expired", "cancelled"}
 def gateway(
     env: Mapping[str, str], tmp: Path, *args: str, port: int | None = None
 ) -> Iterator[tuple[subprocess.Popen[bytes], int, Path]]:
-    """A swarm-gateway process on a port of its own, its files under ``tmp``; its log."""
-    port = port or free_port()
-    log = tmp / f"gateway-{port}-{time.monotonic_ns()}.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [BIN / "swarm-gateway", "--port", str(port), "--dir", tmp / "files", *args],
-            env=dict(env),
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    try:
-        wait_port(port, proc)
-        yield proc, port, log
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait()
+    """A swarm-gateway process on a port of its own, its files under ``tmp``; its log. A port
+    chosen free may be taken by another test's server before the gateway binds it (seen under
+    CPU pressure: the client then talked to a swarm-sim, 404): the listener is checked to be
+    this gateway, else it starts again on another port (a port given is kept)."""
+    for attempt in range(3):
+        at = port or free_port()
+        log = tmp / f"gateway-{at}-{time.monotonic_ns()}.log"
+        with open(log, "wb") as out:
+            proc = subprocess.Popen(
+                [BIN / "swarm-gateway", "--port", str(at), "--dir", tmp / "files", *args],
+                env=dict(env),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        try:
+            wait_port(at, proc)
+            ours = _listens(proc.pid, at)
+            if ours or port is not None or attempt == 2:
+                assert ours, f"port {at} is another process's"
+                yield proc, at, log
+                return
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+
+
+def _listens(pid: int, port: int, timeout_s: float = 20.0) -> bool:
+    """Whether ``pid`` (or a child of it) holds the socket listening on ``port``, waiting
+    until it does or the process ends (read from /proc)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and alive(pid):
+        inodes = {
+            f[9]
+            for table in ("/proc/net/tcp", "/proc/net/tcp6")
+            for f in (line.split() for line in Path(table).read_text().splitlines()[1:])
+            if f[3] == "0A" and int(f[1].rpartition(":")[2], 16) == port
+        }
+        for owner in (pid, *children(pid)):
+            with contextlib.suppress(OSError):
+                for fd in Path(f"/proc/{owner}/fd").iterdir():
+                    with contextlib.suppress(OSError):
+                        if os.readlink(fd) in {f"socket:[{i}]" for i in inodes}:
+                            return True
+        time.sleep(0.05)
+    return False
 
 
 def children(pid: int) -> list[int]:
