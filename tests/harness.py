@@ -276,6 +276,24 @@ class RedisClusterProcs:
             node = client.get_node_from_key(key)
         return next(x for x in self.nodes if x.port == int(node.port))
 
+    def fail_over(self, key: str, *, takeover: bool = False, timeout_s: float = 60.0) -> None:
+        """Move ``key``'s slot to the replica of its primary (``CLUSTER FAILOVER``, or without
+        the primary's agreement with ``takeover``), asked again every 5 s until that replica
+        serves it: under load the first ask was seen to leave the slot where it was for a
+        minute."""
+        replica = self.nodes[self.primaries + self.node_of(key)]
+        args = ("CLUSTER FAILOVER", "TAKEOVER") if takeover else ("CLUSTER FAILOVER",)
+        deadline = time.monotonic() + timeout_s
+        with redis.Redis(port=replica.port) as client:
+            while True:
+                client.execute_command(*args)
+                again = time.monotonic() + 5.0
+                while time.monotonic() < again:
+                    if self.primary_of(key) is replica:
+                        return
+                    time.sleep(0.05)
+                assert time.monotonic() < deadline, f"{key}'s slot never moved to its replica"
+
     def node_of(self, key: str) -> int:
         """Which of the primaries, as started, serves ``key``."""
         with redis.Redis(port=self.nodes[0].port) as client:

@@ -72,12 +72,8 @@ async def test_scripts_and_a_delete_follow_the_slot_to_a_primary_without_the_scr
         assert await store.acquire_producer_lock(job, "a", 60_000) is None
         node = cluster.node_of(keys.meta(job))
         doomed, replica = cluster.nodes[node], cluster.nodes[cluster.primaries + node]
+        cluster.fail_over(keys.meta(job), takeover=True)
         with redis.Redis(port=replica.port) as client:
-            client.execute_command("CLUSTER FAILOVER", "TAKEOVER")
-            wait_until(
-                "the replica serving the slot",
-                lambda: cluster.primary_of(keys.meta(job)) is replica,
-            )
             client.script_flush()
         assert doomed is not replica
         # Three reads in flight to the old primary: three MOVED answers.
@@ -134,9 +130,7 @@ def test_every_process_rides_through_a_failover(
             assert doomed.proc is not None
             doomed.proc.send_signal(signal.SIGKILL)
         else:
-            replica = cluster.nodes[cluster.primaries + arq_node]
-            with redis.Redis(port=replica.port) as client:
-                client.execute_command("CLUSTER FAILOVER")
+            cluster.fail_over(keys.meta(plain))
         wait_until(
             "the replica serving the slots",
             lambda: cluster.primary_of(keys.meta(plain)) is not doomed,
