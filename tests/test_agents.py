@@ -15,11 +15,12 @@ import msgspec
 import pytest
 from pydantic import BaseModel
 
+from swarm_queue.common.chat import ToolCall
 from swarm_queue.common.embedded import free_port
 from swarm_queue.common.errors import ConfigError
 from swarm_queue.common.jobspec import JobOptions
 from swarm_queue.common.keys import step_name
-from swarm_queue.common.models import Chat, JobSpec, Result, ToolCall, Usage, decode_result
+from swarm_queue.common.models import Chat, JobSpec, Result, Usage, decode_result
 from swarm_queue.common.settings import Settings
 from swarm_queue.common.store import JobStore
 from swarm_queue.flows.agentflow import AgentFlow, AgentState

@@ -17,17 +17,10 @@ import redis
 from prometheus_client.parser import text_string_to_metric_families
 
 from swarm_queue.common.cache import CachedAnswer, answer_key, check_cache_spec, decode_answer
+from swarm_queue.common.chat import Message
 from swarm_queue.common.embedded import free_port
 from swarm_queue.common.errors import ConfigError
-from swarm_queue.common.models import (
-    Chat,
-    Completion,
-    JobSpec,
-    Message,
-    PromptItem,
-    Result,
-    SamplingParams,
-)
+from swarm_queue.common.models import Chat, Completion, JobSpec, PromptItem, Result, SamplingParams
 from swarm_queue.common.settings import Settings
 from swarm_queue.common.store import JobStore
 from swarm_queue.common.store.cache import CacheSize

@@ -14,8 +14,9 @@ import msgspec
 import pytest
 from aiohttp import web
 
+from swarm_queue.common.chat import Message
 from swarm_queue.common.errors import ConfigError, InputError
-from swarm_queue.common.models import Chat, Completion, JobSpec, Message, SamplingParams
+from swarm_queue.common.models import Chat, Completion, JobSpec, SamplingParams
 from swarm_queue.common.schema import AnswerValidator
 from swarm_queue.common.settings import Settings
 from swarm_queue.common.store import JobStore

@@ -17,7 +17,6 @@ from swarm_queue.common.errors import ConfigError, JobNameError
 from swarm_queue.common.hostfile import normalize_url, parse_endpoints, parse_hostfile
 from swarm_queue.common.keys import Keys, validate_job_name
 from swarm_queue.common.models import (
-    OutputLine,
     PromptItem,
     Result,
     SamplingParams,
@@ -26,6 +25,7 @@ from swarm_queue.common.models import (
     decode_result,
     encode,
 )
+from swarm_queue.common.output import OutputLine
 from swarm_queue.common.redisurl import mask_url
 from swarm_queue.common.settings import Settings
 
@@ -308,7 +308,7 @@ def test_swarm_retry_kinds_are_the_failure_kinds_that_keep_their_entry(
 
 def test_a_line_printed_in_python_shows_no_unset_field() -> None:
     """Seen: ``custom_id=UNSET`` in every pipeline and best-of line a script printed."""
-    from swarm_queue.common.models import OutputLine
+    from swarm_queue.common.output import OutputLine
     from swarm_queue.flows.bestof import BestLine
     from swarm_queue.flows.pipelineout import ChainLine
 

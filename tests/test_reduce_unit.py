@@ -10,7 +10,8 @@ import msgspec
 import pytest
 
 from swarm_queue.common.errors import ConfigError
-from swarm_queue.common.models import FailedPrompt, ReduceSpec, Result
+from swarm_queue.common.final import FailedPrompt
+from swarm_queue.common.models import ReduceSpec, Result
 from swarm_queue.common.reduce import (
     aggregate,
     function_allowed,

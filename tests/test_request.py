@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from swarm_queue.common.cache import answer_key
-from swarm_queue.common.models import Chat, Completion, JobSpec, Message, PromptItem, SamplingParams
+from swarm_queue.common.chat import Message
+from swarm_queue.common.models import Chat, Completion, JobSpec, PromptItem, SamplingParams
 from swarm_queue.common.request import Route, render, request_key
 
 

@@ -20,6 +20,7 @@ from collections.abc import Iterable
 
 import msgspec
 
+from swarm_queue.common.chat import Message
 from swarm_queue.common.errors import (
     ConfigError,
     InputError,
@@ -29,7 +30,7 @@ from swarm_queue.common.errors import (
     StoreFull,
     SwarmError,
 )
-from swarm_queue.common.models import JobSpec, Message, PromptItem, SamplingParams, encode
+from swarm_queue.common.models import JobSpec, PromptItem, SamplingParams, encode
 from swarm_queue.common.progress import Progress
 from swarm_queue.common.room import Room
 from swarm_queue.common.store import ProducerStore, producer_token

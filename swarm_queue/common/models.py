@@ -16,6 +16,7 @@ from typing import Any
 
 import msgspec
 
+from swarm_queue.common.chat import Message, ToolCall
 from swarm_queue.common.errors import ConfigError
 from swarm_queue.common.reducekinds import reduce_problem
 from swarm_queue.common.vocab import FailureKind
@@ -24,27 +25,19 @@ __all__ = [
     "Chat",
     "Completion",
     "Embedding",
-    "FailedPrompt",
     "FlowRef",
     "JobSpec",
-    "LevelInfo",
-    "Message",
-    "OutputLine",
     "PerPrompt",
     "PromptItem",
-    "ReduceOutput",
     "ReduceSpec",
     "RequestKind",
     "Result",
     "SamplingParams",
-    "ToolCall",
     "Usage",
-    "decode_final",
     "decode_item",
     "decode_result",
     "decode_spec",
     "encode",
-    "encode_final",
     "pack_vector",
     "result_or_failure",
     "timestamp_s",
@@ -307,42 +300,6 @@ class JobSpec(msgspec.Struct, frozen=True, omit_defaults=True):
         return prompt if template is None else template.replace("{prompt}", prompt)
 
 
-class ToolCall(msgspec.Struct, frozen=True, array_like=True):
-    """One tool call an answer asks for: its id, the tool's name and its arguments (JSON
-    text, as the model wrote them)."""
-
-    id: str
-    name: str
-    arguments: str
-
-
-class Message(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):
-    """One message of a chat conversation, as OpenAI's chat API takes it: an assistant's may
-    hold the tool calls it asked for, a ``tool`` message answers the call ``tool_call_id``."""
-
-    role: str
-    content: str
-    tool_calls: tuple[ToolCall, ...] | None = None
-    tool_call_id: str | None = None
-
-    def as_openai(self) -> dict[str, Any]:
-        """The message as the chat API takes it (keys only for what it has)."""
-        out: dict[str, Any] = {"role": self.role, "content": self.content}
-        if self.tool_calls:
-            out["content"] = self.content or None
-            out["tool_calls"] = [
-                {
-                    "id": c.id,
-                    "type": "function",
-                    "function": {"name": c.name, "arguments": c.arguments},
-                }
-                for c in self.tool_calls
-            ]
-        if self.tool_call_id is not None:
-            out["tool_call_id"] = self.tool_call_id
-        return out
-
-
 class PromptItem(msgspec.Struct, frozen=True, array_like=True):
     """One queued prompt: the body of a stream entry (field ``d``).
 
@@ -438,96 +395,6 @@ class Result(msgspec.Struct, frozen=True, omit_defaults=True):
         return np.frombuffer(self.embedding, dtype="<f4").copy()
 
 
-class OutputLine(msgspec.Struct, frozen=True, repr_omit_defaults=True):
-    """One line of ``swarm-collect`` output; ``custom_id`` appears only when the input had one,
-    ``cached`` only on an answer from the response cache; ``model``: which model answered."""
-
-    index: int
-    custom_id: str | msgspec.UnsetType = msgspec.UNSET
-    text: str | None = None
-    finish_reason: str | None = None
-    usage: Usage | None = None
-    endpoint: str = ""
-    attempts: int = 0
-    error: str | None = None
-    # Why a failed prompt failed, as ``swarm-retry --kind`` takes it (only on a failure).
-    error_kind: str | msgspec.UnsetType = msgspec.UNSET
-    # The model that answered, as its endpoint named it ("" when none did).
-    model: str = ""
-    cached: bool | msgspec.UnsetType = msgspec.UNSET
-    # An embeddings job's vector (float32 values).
-    embedding: list[float] | msgspec.UnsetType = msgspec.UNSET
-    # A sampled job's samples, and what its per-prompt reduce made of them.
-    samples: list[str] | msgspec.UnsetType = msgspec.UNSET
-    value: dict[str, Any] | msgspec.UnsetType = msgspec.UNSET
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None
-
-    @classmethod
-    def of(cls, r: Result) -> OutputLine:
-        return cls(
-            index=r.index,
-            custom_id=r.custom_id if r.custom_id is not None else msgspec.UNSET,
-            text=r.text,
-            finish_reason=r.finish_reason,
-            usage=r.usage,
-            endpoint=r.endpoint,
-            attempts=r.attempts,
-            error=r.error,
-            model=r.model,
-            cached=True if r.cached else msgspec.UNSET,
-            embedding=unpack_vector(r.embedding) if r.embedding is not None else msgspec.UNSET,
-            samples=r.samples if r.samples is not None else msgspec.UNSET,
-            value=r.value if r.value is not None else msgspec.UNSET,
-            error_kind=r.error_kind if r.error is not None and r.error_kind else msgspec.UNSET,
-        )
-
-
-class FailedPrompt(msgspec.Struct, frozen=True, omit_defaults=True):
-    """A prompt a reduce could not use: its index (in its stage), why, and its stage level
-    (0: the job's own prompts)."""
-
-    index: int
-    error: str
-    kind: str | None = None
-    level: int = 0
-
-
-class LevelInfo(msgspec.Struct, frozen=True):
-    """One stage of a tree reduce: how many supervisor prompts it ran and how many failed."""
-
-    level: int
-    prompts: int
-    failed: int = 0
-    split_groups: int = 0
-    truncated: int = 0
-
-
-class ReduceOutput(msgspec.Struct, frozen=True, omit_defaults=True):
-    """What a job's reduce stage produced, written once, as JSON, to the job's ``final`` key.
-
-    ``value`` is the aggregate (a string for ``concat`` and ``tree``, an object for the others);
-    ``error`` is set, and ``value`` None, when the reduce itself could not finish. Every input
-    it could not use is in ``failed``: nothing is dropped silently.
-    """
-
-    job: str
-    kind: str
-    value: object = None
-    used: int = 0
-    failed: list[FailedPrompt] = msgspec.field(default_factory=list)
-    levels: list[LevelInfo] = msgspec.field(default_factory=list)
-    error: str | None = None
-    finished_s: float = 0.0
-
-    @classmethod
-    def failure(cls, job: str, kind: str, error: str) -> ReduceOutput:
-        """The output of a reduce that could not finish (or was cancelled): ``error`` says why."""
-        return cls(job=job, kind=kind, error=error, finished_s=timestamp_s())
-
-
 _msgpack_encoder = msgspec.msgpack.Encoder()
 _json_encoder = msgspec.json.Encoder()
 _spec_decoder = msgspec.msgpack.Decoder(JobSpec)
@@ -571,15 +438,3 @@ def result_or_failure(index: int, data: bytes) -> Result:
             error_kind=FailureKind.BAD_ENTRY,
         )
     return result
-
-
-_final_decoder = msgspec.json.Decoder(ReduceOutput)
-
-
-def decode_final(data: bytes) -> ReduceOutput:
-    return _final_decoder.decode(data)
-
-
-def encode_final(output: ReduceOutput) -> bytes:
-    """The JSON of a reduce output, as the ``final`` key holds it."""
-    return _json_encoder.encode(output)

@@ -19,10 +19,10 @@ from typing import Any, ClassVar, Generic, NamedTuple, TypeVar
 
 import msgspec
 
-from swarm_queue.common.models import JobSpec, Result, result_or_failure
+from swarm_queue.common.models import JobSpec, Result, Usage, result_or_failure, unpack_vector
 from swarm_queue.common.store import CollectorStore
 
-__all__ = ["COLUMN_TYPES", "CollectReport", "Column", "JobOutput", "Json", "Vector"]
+__all__ = ["COLUMN_TYPES", "CollectReport", "Column", "JobOutput", "Json", "OutputLine", "Vector"]
 
 
 class Vector(list[float]):
@@ -65,6 +65,53 @@ class CollectReport(msgspec.Struct, frozen=True):
     @property
     def complete(self) -> bool:
         return self.total is not None and self.start + self.written >= self.total
+
+
+class OutputLine(msgspec.Struct, frozen=True, repr_omit_defaults=True):
+    """One line of ``swarm-collect`` output; ``custom_id`` appears only when the input had one,
+    ``cached`` only on an answer from the response cache; ``model``: which model answered."""
+
+    index: int
+    custom_id: str | msgspec.UnsetType = msgspec.UNSET
+    text: str | None = None
+    finish_reason: str | None = None
+    usage: Usage | None = None
+    endpoint: str = ""
+    attempts: int = 0
+    error: str | None = None
+    # Why a failed prompt failed, as ``swarm-retry --kind`` takes it (only on a failure).
+    error_kind: str | msgspec.UnsetType = msgspec.UNSET
+    # The model that answered, as its endpoint named it ("" when none did).
+    model: str = ""
+    cached: bool | msgspec.UnsetType = msgspec.UNSET
+    # An embeddings job's vector (float32 values).
+    embedding: list[float] | msgspec.UnsetType = msgspec.UNSET
+    # A sampled job's samples, and what its per-prompt reduce made of them.
+    samples: list[str] | msgspec.UnsetType = msgspec.UNSET
+    value: dict[str, Any] | msgspec.UnsetType = msgspec.UNSET
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    @classmethod
+    def of(cls, r: Result) -> OutputLine:
+        return cls(
+            index=r.index,
+            custom_id=r.custom_id if r.custom_id is not None else msgspec.UNSET,
+            text=r.text,
+            finish_reason=r.finish_reason,
+            usage=r.usage,
+            endpoint=r.endpoint,
+            attempts=r.attempts,
+            error=r.error,
+            model=r.model,
+            cached=True if r.cached else msgspec.UNSET,
+            embedding=unpack_vector(r.embedding) if r.embedding is not None else msgspec.UNSET,
+            samples=r.samples if r.samples is not None else msgspec.UNSET,
+            value=r.value if r.value is not None else msgspec.UNSET,
+            error_kind=r.error_kind if r.error is not None and r.error_kind else msgspec.UNSET,
+        )
 
 
 Row = TypeVar("Row")

@@ -19,7 +19,8 @@ from typing import Any
 import msgspec
 
 from swarm_queue.common.errors import ConfigError
-from swarm_queue.common.models import FailedPrompt, ReduceOutput, ReduceSpec, Result, timestamp_s
+from swarm_queue.common.final import FailedPrompt, ReduceOutput
+from swarm_queue.common.models import ReduceSpec, Result, timestamp_s
 from swarm_queue.common.reducekinds import FUNCTION
 
 __all__ = [

@@ -24,16 +24,9 @@ import msgspec
 from arq.connections import ArqRedis
 
 from swarm_queue.common.arqconf import arq_pool
+from swarm_queue.common.chat import Message, ToolCall
 from swarm_queue.common.keys import lane_name, step_name
-from swarm_queue.common.models import (
-    JobSpec,
-    Message,
-    PromptItem,
-    Result,
-    ToolCall,
-    decode_item,
-    result_or_failure,
-)
+from swarm_queue.common.models import JobSpec, PromptItem, Result, decode_item, result_or_failure
 from swarm_queue.common.schema import validator_of
 from swarm_queue.common.settings import Settings
 from swarm_queue.common.store import FlowStore

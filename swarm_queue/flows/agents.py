@@ -27,6 +27,7 @@ from typing import Any
 
 import msgspec
 
+from swarm_queue.common.chat import Message
 from swarm_queue.common.errors import (
     ConfigError,
     JobNotFoundError,
@@ -34,7 +35,7 @@ from swarm_queue.common.errors import (
 from swarm_queue.common.feed import EnqueueReport, enqueue_prompts
 from swarm_queue.common.jobspec import JobOptions, build_spec
 from swarm_queue.common.keys import step_name, validate_tool_name
-from swarm_queue.common.models import Chat, FlowRef, JobSpec, Message
+from swarm_queue.common.models import Chat, FlowRef, JobSpec
 from swarm_queue.common.schema import AnswerValidator
 from swarm_queue.common.store import ProducerStore
 from swarm_queue.common.tools import ToolAnswer

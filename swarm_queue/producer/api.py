@@ -37,9 +37,10 @@ from arq.worker import Worker
 from swarm_queue import __all__ as __all__
 from swarm_queue.common.embedded import EmbeddedRedis
 from swarm_queue.common.errors import ConfigError
+from swarm_queue.common.final import ReduceOutput
 from swarm_queue.common.jobspec import JobSettings, build_spec, options_from
 from swarm_queue.common.keys import validate_job_name
-from swarm_queue.common.models import ReduceOutput, ReduceSpec, Result
+from swarm_queue.common.models import ReduceSpec, Result
 from swarm_queue.common.progress import Progress
 from swarm_queue.common.settings import Settings
 from swarm_queue.common.store import JobStatus, JobStore

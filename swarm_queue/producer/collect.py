@@ -22,7 +22,8 @@ import msgspec
 
 from swarm_queue.common.cli import Parser, add_redis_arg, open_job_store, run
 from swarm_queue.common.errors import ConfigError
-from swarm_queue.common.models import JobSpec, encode_final
+from swarm_queue.common.final import encode_final
+from swarm_queue.common.models import JobSpec
 from swarm_queue.common.output import JobOutput
 from swarm_queue.common.store import JobStore
 from swarm_queue.flows.agents import agent_of

@@ -23,8 +23,8 @@ from typing import Any, Literal, NamedTuple
 
 import msgspec
 
+from swarm_queue.common.chat import Message
 from swarm_queue.common.errors import ConfigError, InputError
-from swarm_queue.common.models import Message
 
 __all__ = [
     "CHAT_ROLES",

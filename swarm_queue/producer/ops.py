@@ -13,8 +13,8 @@ from collections.abc import Sequence
 
 from swarm_queue.common.cli import Parser, add_redis_arg, open_job_store, run
 from swarm_queue.common.errors import JobConflictError
+from swarm_queue.common.final import ReduceOutput
 from swarm_queue.common.keys import stage_name
-from swarm_queue.common.models import ReduceOutput
 from swarm_queue.common.store import JobStore
 from swarm_queue.common.vocab import RETRYABLE_KINDS
 from swarm_queue.flows.agents import agent_of

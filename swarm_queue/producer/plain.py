@@ -11,8 +11,8 @@ from typing import Any
 
 import msgspec
 
-from swarm_queue.common.models import JobSpec, OutputLine, Result
-from swarm_queue.common.output import CollectReport, Column, JobOutput, Json, Vector
+from swarm_queue.common.models import JobSpec, Result
+from swarm_queue.common.output import CollectReport, Column, JobOutput, Json, OutputLine, Vector
 from swarm_queue.common.perprompt import value_fields
 from swarm_queue.common.store import CollectorStore
 

@@ -24,10 +24,8 @@ from swarm_queue.common.errors import (
     StoreUnavailable,
     SwarmError,
 )
-from swarm_queue.common.models import (
-    JobSpec,
-    ReduceOutput,
-)
+from swarm_queue.common.final import ReduceOutput
+from swarm_queue.common.models import JobSpec
 from swarm_queue.common.output import CollectReport
 from swarm_queue.common.progress import Progress
 from swarm_queue.common.store import CollectorStore, JobStatus

@@ -10,7 +10,8 @@ import threading
 from collections.abc import AsyncGenerator, Coroutine, Iterator, Sequence
 from typing import Any, TypeVar, cast
 
-from swarm_queue.common.models import ReduceOutput, Result
+from swarm_queue.common.final import ReduceOutput
+from swarm_queue.common.models import Result
 from swarm_queue.common.store import JobStatus
 from swarm_queue.producer.api import Swarm
 

@@ -21,6 +21,7 @@ from typing import Protocol, TypeVar, cast
 
 import msgspec
 
+from swarm_queue.common.chat import ToolCall
 from swarm_queue.common.errors import (
     EndpointError,
     EndpointMalformed,
@@ -33,7 +34,6 @@ from swarm_queue.common.models import (
     PromptItem,
     Result,
     SamplingParams,
-    ToolCall,
     Usage,
     encode,
     pack_vector,

@@ -31,15 +31,9 @@ from swarm_queue.common.errors import (
     SwarmError,
 )
 from swarm_queue.common.feed import enqueue_prompts
+from swarm_queue.common.final import LevelInfo, ReduceOutput
 from swarm_queue.common.keys import stage_name
-from swarm_queue.common.models import (
-    JobSpec,
-    LevelInfo,
-    ReduceOutput,
-    ReduceSpec,
-    Result,
-    timestamp_s,
-)
+from swarm_queue.common.models import JobSpec, ReduceSpec, Result, timestamp_s
 from swarm_queue.common.reduce import aggregate, failures, load_function, render
 from swarm_queue.common.reducekinds import FUNCTION, REDUCE_KINDS, TREE
 from swarm_queue.common.store import JobStore, producer_token

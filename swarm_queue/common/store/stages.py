@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from swarm_queue.common.final import ReduceOutput, decode_final, encode_final
 from swarm_queue.common.keys import stage_name, step_of
-from swarm_queue.common.models import ReduceOutput, decode_final, encode_final
 from swarm_queue.common.store.base import StoreBase
 from swarm_queue.common.store.connection import redis_errors, replies
 from swarm_queue.common.vocab import Meta
