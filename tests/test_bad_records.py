@@ -4,22 +4,16 @@ damage) are skipped, logged and shown; they never block another job."""
 from __future__ import annotations
 
 import asyncio
-import subprocess
 from asyncio.subprocess import PIPE
 from collections.abc import Callable
 
-import pytest
-import redis
-from arq.constants import in_progress_key_prefix
-
-from swarm_queue.common.keys import Keys
 from swarm_queue.common.models import Result, encode
 from swarm_queue.common.settings import Settings
 from swarm_queue.common.store import JobStore
 from swarm_queue.producer.enqueue import enqueue_prompts
 from swarm_queue.sim.server import SimFleet
 from swarm_queue.sim.text import completion_for
-from tests.harness import BIN, FleetFactory
+from tests.harness import BIN
 from tests.helpers import collect_lines, gen_of, prompts, run_engine, spec
 
 
@@ -66,54 +60,3 @@ async def test_an_unreadable_result_fails_its_own_line_only(store: JobStore) -> 
     assert [x["text"] for x in lines] == ["t", None, None]
     assert lines[1]["error"].startswith("unreadable result in Redis")
     assert lines[2]["error"] == "result in Redis under 2 is for index 0"
-
-
-def _reduced_beside(
-    fleet_factory: FleetFactory, job: str, key: str, value: bytes, ttl_ms: int | None = None
-) -> tuple[subprocess.CompletedProcess[str], str]:
-    """Job ``job`` with a reduce, queued and run by a burst worker while Redis holds
-    ``value`` (for ``ttl_ms``) under one of arq's names for its reduce step's job (``{}``
-    there stands for its ID): ``swarm-collect JOB --final`` and the worker's log."""
-    fleet = fleet_factory(1)
-    client = redis.Redis.from_url(fleet.redis_url)
-    key = key.format(Keys(fleet.prefix).advance_job_id(job, 0))
-    try:
-        client.set(key, value, px=ttl_ms)
-        assert fleet.enqueue(job, 200, set(), "--reduce", "concat").wait(timeout=60) == 0
-        worker = fleet.worker("w", [0])
-        assert worker.wait(timeout=60) == 0, fleet.logs[0].read_text()[-2000:]
-    finally:
-        client.delete(key)
-        client.close()
-    final = subprocess.run(
-        [BIN / "swarm-collect", job, "--final"],
-        env=fleet.env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    return final, fleet.logs[0].read_text()
-
-
-@pytest.mark.slow
-def test_a_reduce_step_marked_running_by_nobody_still_gets_the_final_written(
-    fleet_factory: FleetFactory,
-) -> None:
-    """What a Redis restart can leave (arq's mark of a job taken, its reply lost with its
-    connection: arq took it for another worker's): the stage's advance job queued and
-    marked running for minutes, run by nobody. The worker advances the stage itself once it
-    has seen it so for ADVANCE_GRACE_S: the final is written, not after the mark's expiry."""
-    mark = in_progress_key_prefix + "{}"
-    final, log = _reduced_beside(fleet_factory, "lost", mark, b"1", ttl_ms=600_000)
-    assert final.returncode == 0, final.stderr
-    assert final.stdout.strip() and "stray record" not in log
-
-
-@pytest.mark.slow
-def test_a_squatted_reduce_step_id_still_gets_the_final_written(
-    fleet_factory: FleetFactory,
-) -> None:
-    # Before the job exists, a stray record takes the arq job ID of its reduce step.
-    final, log = _reduced_beside(fleet_factory, "sq", "arq:job:{}", b"not an arq job")
-    assert final.returncode == 0, final.stderr
-    assert "taken by a stray record; advancing here" in log

@@ -1,6 +1,7 @@
 """The reduce stage against a real Redis and swarm-sim, with the drain engine in-process: a tree
-reduce over three levels, context-sized groups, aggregators with failures, idempotent stages.
-(The arq path, with real worker processes killed between stages, is in test_reduce_e2e.py.)"""
+reduce over three levels, context-sized groups, aggregators with failures, idempotent stages,
+a step that outlasts its time. (Real worker processes killed between stages are in
+test_reduce_e2e.py.)"""
 
 from __future__ import annotations
 
@@ -22,7 +23,9 @@ from swarm_queue.sim.server import SimFleet
 from swarm_queue.sim.text import completion_for
 from swarm_queue.worker.endpoint import EndpointClient
 from swarm_queue.worker.engine import Engine
+from swarm_queue.worker.inmemory import InMemoryBackend
 from swarm_queue.worker.reduce import StageBusy
+from swarm_queue.worker.replies import ModelInfo
 from tests.helpers import gen_of, prompts, run_engine
 
 TEMPLATE = "Level {level}. Summarise these answers in one line:\n{responses}\nSummary:"
@@ -156,10 +159,10 @@ async def test_advancing_a_stage_twice_or_concurrently_queues_it_once(
         engine = Engine(make_settings(), store, [EndpointClient(u) for u in fleet.urls])
         advanced: list[tuple[str, int]] = []
 
-        async def record(job: str, level: int) -> None:  # the map stage only; no advancing
+        def record(job: str, level: int) -> None:  # the map stage only; no advancing
             advanced.append((job, level))
 
-        engine.on_stage_done = record
+        engine.advance_here = record  # type: ignore[method-assign]
         try:
             worked = 0
             while not (await store.status("t")).finished:
@@ -185,6 +188,33 @@ async def test_advancing_a_stage_twice_or_concurrently_queues_it_once(
             assert (await store.status(stage_name("t", 1))).total == 20
         finally:
             await engine.close()
+
+
+class _TokenizerStuck(InMemoryBackend):
+    """A server that answers prompts and states its context, but whose ``/tokenize`` never
+    answers (the client's own timeout is minutes)."""
+
+    async def models(self, timeout_s: float = 30.0) -> list[ModelInfo]:
+        return [ModelInfo("shout", max_model_len=4096)]
+
+    async def tokenize(self, prompt: str, model: str, timeout_s: float = 30.0) -> int | None:
+        await asyncio.Event().wait()
+        return None
+
+
+async def test_a_reduce_step_that_outlasts_its_time_ends_the_job_with_the_reason(
+    make_settings: Callable[..., Settings], store: JobStore
+) -> None:
+    await enqueue_prompts(store, tree_spec(), ((p, None) for p, _ in prompts(40)))
+    engine = Engine(make_settings(reduce_timeout_s=0.5), store, [_TokenizerStuck()])
+    try:  # burst: returns once the job has ended
+        await asyncio.wait_for(engine.run(burst=True), timeout=60)
+    finally:
+        await engine.close()
+    final = await store.read_final("t")
+    assert final is not None and final.value is None
+    assert final.error == "reduce step at stage 0 took over 0.5 s (SWARM_REDUCE_TIMEOUT_S)"
+    assert (await store.status("t")).done == 40
 
 
 async def test_swarm_api_submits_follows_results_in_order_and_reads_the_reduce(

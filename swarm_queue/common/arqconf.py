@@ -1,5 +1,5 @@
-"""What every arq queue of swarm-queue shares (the workers' reduce steps, the tool runners'
-calls): its connection to the Redis of the settings, and its payloads as msgpack through
+"""What every arq queue of swarm-queue shares (the workers' own, the tool runners' calls): its
+connection to the Redis of the settings, and its payloads as msgpack through
 msgspec (arq's default is pickle: nothing read from Redis is ever unpickled)."""
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ from swarm_queue.common.room import Room
 from swarm_queue.common.store import ProducerStore, producer_token
 from swarm_queue.common.vocab import Meta
 
-__all__ = ["CHUNK", "LOCK_TTL_MS", "EnqueueReport", "PromptInput", "enqueue_prompts"]
+__all__ = ["CHUNK", "LOCK_TTL_MS", "EnqueueReport", "PromptInput", "enqueue_prompts", "take_lock"]
 
 CHUNK = 1000
 LOCK_TTL_MS = 30_000
@@ -81,7 +81,9 @@ class _InputDigest:
         self.value = h.hexdigest()
 
 
-async def _take_lock(store: ProducerStore, job: str, token: str) -> None:
+async def take_lock(store: ProducerStore, job: str, token: str) -> None:
+    """Take (or keep) ``job``'s producer lock for writer ``token``: :class:`ProducerBusyError`
+    while another writer that is alive holds it."""
     holder = await store.acquire_producer_lock(job, token, LOCK_TTL_MS)
     if holder is not None and _holder_is_dead(holder):
         await store.release_producer_lock(job, holder)
@@ -101,7 +103,7 @@ async def _wait_for_room(
         status = await store.status(job)
         if upto - status.done - status.failed <= window or status.cancelled:
             return
-        await _take_lock(store, job, token)  # still alive: keep the lock while waiting
+        await take_lock(store, job, token)  # still alive: keep the lock while waiting
         await asyncio.sleep(0.05)
 
 
@@ -181,7 +183,7 @@ class _Feeder:
         return self.stored.generation
 
     async def keep_lock(self) -> None:
-        await _take_lock(self.store, self.job, self.token)
+        await take_lock(self.store, self.job, self.token)
 
     async def run(self, prompts: Iterable[PromptInput], chunk: int) -> EnqueueReport:
         """Queue ``prompts`` after what the job holds, checking that the input is the one it

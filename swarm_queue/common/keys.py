@@ -292,12 +292,12 @@ class Keys:
 
     @property
     def arq_queue(self) -> str:
-        """arq's own queue (sorted set) for the worker-side arq functions.
+        """arq's own queue (sorted set) of the worker's arq functions (only ``ping``).
 
         arq's keys must share one Redis Cluster slot (its transactions span them): its fixed
-        ``arq:abort`` set, and keys named after its job IDs (``arq:job:<id>``...). So the
-        queue and every job ID (see :meth:`advance_job_id`) carry the hash tag
-        ``{arq:abort}``, which hashes exactly as the key ``arq:abort`` does."""
+        ``arq:abort`` set, and keys named after its job IDs (``arq:job:<id>``...). So every
+        queue carries the hash tag ``{arq:abort}``, which hashes exactly as the key
+        ``arq:abort`` does."""
         return f"{ARQ_TAG}:{self.prefix}:arq:queue"
 
     def tool_claim(self, key: str) -> str:
@@ -381,12 +381,6 @@ class Keys:
     def arq_health_check(self) -> str:
         """String: what a live arq worker of this prefix writes every few seconds."""
         return f"{self.arq_queue}:health-check"
-
-    def advance_job_id(self, job: str, level: int) -> str:
-        """The arq job ID of advancing ``job``'s reduce past stage ``level``: one per stage,
-        so arq refuses a second while one is queued or running."""
-        parse_stage(job)
-        return f"{ARQ_TAG}:{self.prefix}:{job}:advance:{level}"
 
     def job_pattern(self, job: str) -> str:
         """A SCAN pattern matching every key of ``job``, its reduce stages' included."""

@@ -246,8 +246,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     reduce_timeout_s: Annotated[
         float,
         say(
-            "the longest one reduce step may take; a worker killed inside one hands it to another "
-            "after this + 10 s",
+            "the longest one reduce step may take (a tree's level grouped and queued, an "
+            "aggregator run); past it the reduce ends with that error",
             gt=0,
         ),
     ] = 600.0

@@ -1,10 +1,12 @@
 """arq's part of the worker: ``arq swarm_queue.worker.WorkerSettings [--burst]``, and
 ``swarm-worker``.
 
-arq runs the process, its own job queue (the reduce steps) and the startup and shutdown hooks;
-the drain engine runs beside arq's loop. Only arq's documented surface is used: the worker's
-arguments as a mapping (:func:`worker_settings`, parsed when arq's CLI reads
-``worker.WorkerSettings``, never at import), the ``ctx`` its hooks receive, and
+arq runs the process and the startup and shutdown hooks; the drain engine runs beside arq's
+loop. No work goes through arq's queue: prompts are on the job's streams, and a reduce's next
+step is taken by whichever worker's sweep finds its stage finished (worker/reduce.py).
+Only arq's documented surface is used: the worker's arguments as a mapping
+(:func:`worker_settings`, parsed when arq's CLI reads ``worker.WorkerSettings``, never at
+import), the ``ctx`` its hooks receive, and
 ``handle_signals=False`` so that the worker's own handlers stop the engine first:
 
 * startup starts the engine; a signal stops it taking work and ends arq's loop, and shutdown
@@ -25,20 +27,13 @@ import logging
 import os
 import signal
 import sys
-import time
 from typing import Any
 
-from arq import Retry
-from arq.connections import ArqRedis
-from arq.jobs import Job, JobStatus
-from arq.worker import func
-
 from swarm_queue.common.arqconf import arq_connection, job_deserializer, job_serializer
-from swarm_queue.common.errors import ConfigError, EndpointRetryable, StoreUnavailable, SwarmError
+from swarm_queue.common.errors import ConfigError, SwarmError
 from swarm_queue.common.settings import Settings
 from swarm_queue.common.store import JobStore
 from swarm_queue.worker.engine import Engine
-from swarm_queue.worker.reduce import StageBusy
 
 __all__ = ["job_deserializer", "job_serializer", "load_worker_settings", "worker_settings"]
 
@@ -67,58 +62,9 @@ def _setup_logging() -> None:
         logger.setLevel(logging.INFO)
 
 
-# How long this worker sees a stage's arq advance job marked running before it advances the
-# stage itself: arq marks a job taken before running it, and a connection lost with that
-# mark's reply (a Redis restart) leaves it marked and run by nobody until the mark expires,
-# the reduce's whole timeout and more. Advancing is idempotent and locked: beside a run that
-# is real, the stage is busy and nothing is done twice.
-ADVANCE_GRACE_S = 10.0
-
-
-class _Advances:
-    """A finished stage's advance, handed to arq's queue (any worker may run it), or run here
-    when arq would never run it."""
-
-    def __init__(self, engine: Engine, arq_redis: ArqRedis, arq_loop: asyncio.Task[Any] | None):
-        self.engine, self.arq_redis, self.arq_loop = engine, arq_redis, arq_loop
-        # Each advance job this worker saw marked running: its ID -> since (monotonic).
-        self.running_since: dict[str, float] = {}
-
-    async def schedule(self, job: str, level: int) -> None:
-        engine, keys = self.engine, self.engine.settings.keys
-        if self.arq_loop is None or self.arq_loop.done():
-            # arq's loop has ended (its --burst found its queue empty): nobody here would
-            # run a queued arq job, so the step runs here (it is idempotent and locked).
-            await engine.advance_here(job, level)
-            return
-        # One arq job per (job, stage): its ID makes arq refuse a second while one is queued
-        # or running, however many workers notice the finished stage.
-        job_id = keys.advance_job_id(job, level)
-        queued = await self.arq_redis.enqueue_job(
-            "advance", job, level, _job_id=job_id, _queue_name=keys.arq_queue
-        )
-        if queued is not None:
-            return
-        state = await Job(job_id, self.arq_redis, _queue_name=keys.arq_queue).status()
-        if state != JobStatus.in_progress:
-            self.running_since.pop(job_id, None)
-        elif time.monotonic() - self.running_since.setdefault(job_id, time.monotonic()) >= (
-            ADVANCE_GRACE_S
-        ):
-            await engine.advance_here(job, level)  # its run may be lost: see ADVANCE_GRACE_S
-            return
-        if state in (JobStatus.not_found, JobStatus.complete):
-            # Refused, yet nothing is queued or running under that ID: a stray record squats
-            # it. The step is idempotent and locked, so it is run here instead of never.
-            log.warning(
-                "job %s: arq job ID %s is taken by a stray record; advancing here", job, job_id
-            )
-            await engine.advance_here(job, level)
-
-
 @dataclasses.dataclass
 class _Running:
-    """What startup leaves in arq's ctx for shutdown and the arq functions."""
+    """What startup leaves in arq's ctx for shutdown."""
 
     engine: Engine
     task: asyncio.Task[None]  # the engine's run
@@ -152,7 +98,6 @@ async def startup(ctx: dict[str, Any]) -> None:
         + (" (the default: SWARM_REDIS_URL is not set)" if settings.redis_defaulted else ""),
         ", burst" if burst else "",
     )
-    arq_redis: ArqRedis = ctx["redis"]
     # arq runs its startup hook inside its main loop's task: ending that task is how its own
     # signal handler stops it, and how this worker stops it when the engine is done.
     arq_loop = asyncio.current_task()
@@ -181,7 +126,6 @@ async def startup(ctx: dict[str, Any]) -> None:
         if arq_loop is not None:
             arq_loop.cancel()
 
-    engine.on_stage_done = _Advances(engine, arq_redis, arq_loop).schedule
     task = asyncio.create_task(engine.run(burst=burst), name="swarm-engine")
     task.add_done_callback(engine_done)
     ctx["swarm"] = _Running(engine, task, store, arq_loop)
@@ -284,30 +228,9 @@ def _left_work(engine: Engine, failed: bool) -> bool:
     return bool(engine.broken) or all_dead or failed
 
 
-async def advance(ctx: dict[str, Any], job: str, level: int) -> str:
-    """arq job: move ``job`` on from its finished stage ``level`` (see :mod:`worker.reduce`).
-
-    Transient trouble (Redis or the endpoints unreachable, another worker on the same stage)
-    is retried by arq; the last try ends the reduce with the error instead of leaving the job
-    waiting forever.
-    """
-    engine: Engine = ctx["swarm"].engine
-    try:
-        return await engine.reducer.advance(job, level)
-    except (StoreUnavailable, EndpointRetryable, StageBusy) as exc:
-        if ctx.get("job_try", 1) >= ADVANCE_TRIES:
-            spec = await engine.store.load_spec(job)
-            return await engine.reducer.fail(spec, f"stage {level} could not advance: {exc}")
-        log.info("job %s: stage %d not advanced yet (%s); retrying", job, level, exc)
-        raise Retry(defer=ctx.get("job_try", 1) * 5) from None
-
-
-# A busy stage's lock expires in 30 s; Redis or an endpoint gets a few minutes to come back.
-ADVANCE_TRIES = 20
-
-
 async def ping(ctx: dict[str, Any]) -> str:
-    """A trivial arq function: arq needs one, and it lets an operator check a worker answers."""
+    """arq's one function: arq needs one, and it lets an operator check a worker answers.
+    Nothing of the work goes through arq's queue (see the module's docstring)."""
     return "pong"
 
 
@@ -316,17 +239,10 @@ def worker_settings(settings: Settings, *, burst: bool = False) -> dict[str, Any
 
     arq installs no signal handlers (``handle_signals=False``): startup installs the worker's
     own, which stop the engine first. ``burst`` is the engine's (``swarm-worker --burst``):
-    arq's loop keeps serving the reduce steps until the engine is done, then is ended.
+    arq's loop runs until the engine is done, then is ended.
     """
     return {
-        "functions": [
-            ping,
-            # keep_result=0: the job ID blocks a duplicate only while queued or running; once
-            # done, the stage it advanced is recorded and no worker schedules it again.
-            func(
-                advance, keep_result=0, max_tries=ADVANCE_TRIES, timeout=settings.reduce_timeout_s
-            ),
-        ],
+        "functions": [ping],
         "on_startup": startup,
         "on_shutdown": shutdown,
         **arq_connection(settings),
@@ -334,8 +250,6 @@ def worker_settings(settings: Settings, *, burst: bool = False) -> dict[str, Any
         "health_check_key": settings.keys.arq_health_check,
         "job_serializer": job_serializer,
         "job_deserializer": job_deserializer,
-        # arq hands a killed worker's job to another after the longest function timeout + 10 s.
-        "job_timeout": settings.reduce_timeout_s,
         "poll_delay": 0.5,
         "handle_signals": False,
         "ctx": {"settings": settings, "burst": burst},

@@ -2,7 +2,7 @@
 (or, in burst mode, until nothing it can do is left).
 
 The engine runs one :class:`~worker.drainer.EndpointDrainer` per endpoint over the jobs it
-serves (:mod:`worker.jobtable`), schedules the reduce of every finished stage, has each urgent
+serves (:mod:`worker.jobtable`), advances the reduce of every finished stage, has each urgent
 job's fair share of preemptions computed (:mod:`worker.shares`), runs the flows
 (:mod:`worker.pumps`: whatever the registry lists), and has its figures and metrics published
 (:mod:`worker.publisher`); it decides when a burst worker is done.
@@ -14,8 +14,7 @@ import asyncio
 import contextlib
 import logging
 import random
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 from swarm_queue.common.abilities import NUMPY, Abilities, has_numpy, lacking, needs
 from swarm_queue.common.errors import (
@@ -37,9 +36,6 @@ from swarm_queue.worker.publisher import Publisher
 from swarm_queue.worker.pumps import Pumps
 from swarm_queue.worker.reduce import Reducer, StageBusy
 from swarm_queue.worker.shares import fair_shares
-
-if TYPE_CHECKING:
-    pass
 
 __all__ = ["Engine"]
 
@@ -83,10 +79,6 @@ class Engine:
         self.reducer = Reducer(store, clients, settings.reduce_functions)
         self.numpy = has_numpy()
         self.reducer.numpy = self.numpy
-        # Called with (job, level) whenever a job's stage ``level`` is seen finished with its
-        # reduce not yet advanced; by default advances it here, in the background. The arq
-        # worker replaces it with queuing one arq job per (job, level).
-        self.on_stage_done: Callable[[str, int], Awaitable[None]] = self.advance_here
         self._advancing: dict[tuple[str, int], asyncio.Task[str]] = {}
         self._reduces_pending = False
         self.table = JobTable(store, settings, lacks=self._lacks, on_over=self._over)
@@ -172,13 +164,10 @@ class Engine:
             if not finished:
                 continue
             try:
-                here = await self.reducer.runs_here(job)
-                if here is None:
+                if not await self.reducer.can_run(job):
                     continue  # left to a worker that has its function (said once)
                 self._reduces_pending = True
-                # A reduce a function of this worker runs goes no way through arq's queue,
-                # where a worker without the function might take it.
-                await (self.advance_here if here else self.on_stage_done)(job, level)
+                self.advance_here(job, level)
             except SwarmError as exc:
                 log.warning("job %s: cannot advance stage %d yet: %s", job, level, exc)
 
@@ -190,12 +179,16 @@ class Engine:
         """A key of a job cannot be used: skip the job until the next sweep."""
         self.table.unreadable(exc)
 
-    async def advance_here(self, job: str, level: int) -> None:
-        """Advance ``job``'s finished stage ``level`` in this process, in the background."""
+    def advance_here(self, job: str, level: int) -> None:
+        """Advance ``job``'s finished stage ``level`` in this process, in the background (one
+        task a stage; another worker's advance of it meets the stage's lock)."""
         key = (job, level)
         if key in self._advancing and not self._advancing[key].done():
             return
-        task = asyncio.create_task(self.reducer.advance(job, level), name=f"advance {job}")
+        task = asyncio.create_task(
+            self.reducer.advance(job, level, self.settings.reduce_timeout_s),
+            name=f"advance {job}",
+        )
         self._advancing[key] = task
 
         def done(t: asyncio.Task[str]) -> None:

@@ -4,8 +4,7 @@
 Redis with swarm-queue's own client, so a wrong password or an unreachable Redis is one clear
 line at once (arq's connection loop retries an authentication failure for half a minute, then
 ends in a traceback), and then hands over to arq's documented ``run_worker`` with the settings
-parsed once, here. ``--burst`` is the engine's: arq keeps serving reduce steps until the engine
-is done.
+parsed once, here. ``--burst`` is the engine's: arq's loop runs until the engine is done.
 """
 
 from __future__ import annotations

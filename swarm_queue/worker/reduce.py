@@ -1,14 +1,16 @@
 """The reduce stage of a job, advanced on the workers.
 
-When a job's current stage has finished, some worker's job sweep notices and schedules
-:meth:`Reducer.advance` (an arq job with a deterministic ID, so it is queued once however many
-workers notice). ``advance`` either writes the final output or, for a tree reduce, queues the
-next level of supervisor prompts as a new stage ``job:rN`` that the same workers drain.
+When a job's current stage has finished, every worker's job sweep that can run its reduce
+calls :meth:`Reducer.advance`, which either writes the final output or, for a tree reduce,
+queues the next level of supervisor prompts as a new stage ``job:rN`` that the same workers
+drain. The next stage's lock is taken first: one worker groups and queues a level, the others
+find it busy and look again at their next sweep.
 
 Each step is idempotent, so a worker dying anywhere in it costs nothing but a rerun: the next
 stage's prompts are a pure function of the finished stage's results (grouped in index order,
 token counts from the endpoint), queuing resumes after what is already queued, and the final
-output is written once. No client needs to be attached for a job to go from map to answer.
+output is written once. No client needs to be attached for a job to go from map to answer, and
+no step waits for ever: one that takes longer than its time ends the reduce with the reason.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from swarm_queue.common.errors import (
     StoreUnavailable,
     SwarmError,
 )
-from swarm_queue.common.feed import enqueue_prompts
+from swarm_queue.common.feed import enqueue_prompts, take_lock
 from swarm_queue.common.final import LevelInfo, ReduceOutput
 from swarm_queue.common.keys import stage_name
 from swarm_queue.common.models import JobSpec, ReduceSpec, Result, timestamp_s
@@ -101,29 +103,25 @@ class Reducer:
     def abilities(self) -> Abilities:
         return Abilities(frozenset(self.allowed), self.numpy)
 
-    async def runs_here(self, job: str) -> bool | None:
-        """Whether ``job``'s reduce is a function this worker imports (True), one any worker
-        runs (False), or one this worker lacks (None: left to another, said once)."""
-        spec = await self.store.load_spec(job)
-        if spec.reduce is None or spec.reduce.kind != FUNCTION:
-            return False
-        why = self.lacks(spec)
-        if why is None:
-            return True
-        self._left(job, why)
-        return None
+    async def can_run(self, job: str) -> bool:
+        """Whether this worker can run ``job``'s reduce (one it lacks is left to a worker that
+        has it, said once)."""
+        why = self.lacks(await self.store.load_spec(job))
+        if why is not None:
+            self._left(job, why)
+        return why is None
 
     def _left(self, job: str, why: str) -> None:
         """Say once that ``job``'s reduce is left to a worker that has what it needs."""
         self.store.warn_once(f"the reduce of job {job}", f"left to a worker that has {why}")
 
-    async def advance(self, job: str, level: int) -> str:
+    async def advance(self, job: str, level: int, timeout_s: float | None = None) -> str:
         """Move ``job`` on from its finished stage ``level``; returns what was done. Safe to
         run twice, or concurrently with itself.
 
-        Redis or the endpoints being unreachable, or another worker advancing the same stage,
-        raise (a later sweep or arq retry runs it again); any other failure is final and
-        becomes the output's ``error``, so a job never waits forever on a reduce that cannot
+        Redis being unreachable, or another worker advancing the same stage, raise (a later
+        sweep runs it again); a step past ``timeout_s`` and any other failure are final and
+        become the output's ``error``, so a job never waits forever on a reduce that cannot
         run. Every write carries the generation of the job as read first: a job deleted and
         queued again under its name meanwhile gets nothing of this one's reduce.
         """
@@ -132,10 +130,18 @@ class Reducer:
         if why is not None:  # another worker's to run: never a failure recorded for it
             self._left(job, why)
             return f"left to another worker: {why}"
+        limit = asyncio.timeout(timeout_s)
         try:
-            return await self._advance(spec, level)
+            async with limit:
+                return await self._advance(spec, level)
         except (StoreUnavailable, EndpointRetryable, StageBusy):
             raise
+        except TimeoutError:
+            if not limit.expired():
+                raise
+            log.error("job %s: the reduce step at stage %d took over %g s", job, level, timeout_s)
+            why = f"reduce step at stage {level} took over {timeout_s:g} s (SWARM_REDUCE_TIMEOUT_S)"
+            return await self.fail(spec, why)
         except JobGoneError:
             log.warning("job %s: gone while its reduce ran; nothing written", job)
             return "gone"
@@ -241,6 +247,14 @@ class Reducer:
         self, spec: JobSpec, reduce: ReduceSpec, level: int, answers: list[Result]
     ) -> str:
         job, nxt = spec.job, level + 1
+        # The next stage's lock, with a writer token of its own, before any prompt is sized:
+        # a second advance of the same stage, in this process or another, finds it busy
+        # instead of asking the endpoints to count every group again.
+        token = f"{producer_token()}/{uuid.uuid4().hex[:12]}"
+        try:
+            await take_lock(self.store, stage_name(job, nxt), token)
+        except ProducerBusyError as exc:
+            raise StageBusy(str(exc)) from None
         max_tokens = supervisor_max_tokens(spec, reduce)
         template = reduce.prompt or "{responses}"
         model, budget = await self._budget(spec, max_tokens)
@@ -257,13 +271,7 @@ class Reducer:
             source=f"tree reduce of {job}, level {nxt}",
             priority=spec.priority,  # a job's reduce is as urgent as the job
         )
-        # A writer token of its own: a second advance of the same stage, in this process or
-        # another, waits for this one instead of writing beside it.
-        token = f"{producer_token()}/{uuid.uuid4().hex[:12]}"
-        try:
-            report = await enqueue_prompts(self.store, stage, prompts, token=token)
-        except ProducerBusyError as exc:
-            raise StageBusy(str(exc)) from None
+        report = await enqueue_prompts(self.store, stage, prompts, token=token)
         await self.store.set_stage(
             job,
             nxt,
