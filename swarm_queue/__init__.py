@@ -14,16 +14,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # what a type checker and an editor see; loaded on first use (below)
-    from swarm_queue.producer.api import (
+    from swarm_queue.producer.api import Swarm, scatter_gather
+    from swarm_queue.producer.specs import (
         Concat,
         JsonMerge,
         Stats,
         Step,
-        Swarm,
         TreeReduce,
         UserReduce,
         Vote,
-        scatter_gather,
     )
     from swarm_queue.producer.sync import SyncSwarm, gather_prompts
 
@@ -41,17 +40,21 @@ __all__ = [
     "scatter_gather",
 ]
 
-# Where each public name lives (the rest: swarm_queue.producer.api).
-_SYNC = frozenset({"SyncSwarm", "gather_prompts"})
+# Where each public name lives.
+_HOMES = {
+    "Swarm": "api",
+    "scatter_gather": "api",
+    "SyncSwarm": "sync",
+    "gather_prompts": "sync",
+    **dict.fromkeys(
+        ("Concat", "JsonMerge", "Stats", "Step", "TreeReduce", "UserReduce", "Vote"), "specs"
+    ),
+}
 
 
 def __getattr__(name: str) -> Any:
-    if name in _SYNC:
-        from swarm_queue.producer import sync
+    if name in _HOMES:
+        import importlib
 
-        return getattr(sync, name)
-    if name in __all__:
-        from swarm_queue.producer import api
-
-        return getattr(api, name)
+        return getattr(importlib.import_module(f"swarm_queue.producer.{_HOMES[name]}"), name)
     raise AttributeError(f"module 'swarm_queue' has no attribute {name!r}")

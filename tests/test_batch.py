@@ -10,10 +10,11 @@ import pytest
 from swarm_queue.common.errors import EndpointRejected, EndpointRetryable
 from swarm_queue.common.models import JobSpec, PromptItem, SamplingParams
 from swarm_queue.common.settings import Settings
-from swarm_queue.worker.batch import BatchRunner, Tally
+from swarm_queue.worker.batch import BatchRunner
 from swarm_queue.worker.circuit import Circuit, GiveUp
 from swarm_queue.worker.endpoint import EndpointClient
 from swarm_queue.worker.replies import Choice, CompletionBody, CompletionUsage
+from swarm_queue.worker.usage import Tally
 
 
 class FakeEndpoint(EndpointClient):

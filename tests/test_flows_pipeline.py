@@ -24,8 +24,9 @@ from swarm_queue.flows.pipeline import (
     fill,
 )
 from swarm_queue.flows.pipelineflow import PipelineFlow
-from swarm_queue.producer.api import Concat, Step, Swarm, TreeReduce
+from swarm_queue.producer.api import Swarm
 from swarm_queue.producer.enqueue import split_steps
+from swarm_queue.producer.specs import Concat, Step, TreeReduce
 from swarm_queue.sim.engine import EngineConfig
 from swarm_queue.sim.server import SimFleet
 from swarm_queue.sim.text import completion_for

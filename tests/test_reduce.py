@@ -16,8 +16,9 @@ from swarm_queue.common.models import JobSpec, PromptItem, ReduceSpec, Result, S
 from swarm_queue.common.reduce import render
 from swarm_queue.common.settings import Settings
 from swarm_queue.common.store import JobStore, index_of
-from swarm_queue.producer.api import Concat, Swarm, scatter_gather
+from swarm_queue.producer.api import Swarm, scatter_gather
 from swarm_queue.producer.enqueue import enqueue_prompts
+from swarm_queue.producer.specs import Concat
 from swarm_queue.sim.engine import EngineConfig
 from swarm_queue.sim.server import SimFleet
 from swarm_queue.sim.text import completion_for

@@ -136,7 +136,7 @@ async def test_redis_pys_own_failure_inside_the_client_is_an_outage_and_ours_a_b
     import redis.asyncio.cluster as redis_cluster
 
     from swarm_queue.common.errors import StoreUnavailable
-    from swarm_queue.common.store.connection import redis_errors
+    from swarm_queue.common.store.boundary import redis_errors
 
     class Reinitialising:  # what the cluster client is for a moment: no layout yet
         pass

@@ -188,7 +188,7 @@ class EndpointServerError(EndpointRetryable):
     """HTTP 500: the server failed on this request. Its content may be the cause (vLLM fails a
     whole list with a 500 when its tokenizer or chat template raises on one odd input), or the
     server fails everything: a list is bisected as a rejected one is, a prompt alone is asked
-    again, then the endpoint's probe tells which (see :mod:`worker.batch`). Counted against
+    again, then the endpoint's probe tells which (see :mod:`worker.retry`). Counted against
     the endpoint's circuit only when its probe fails."""
 
 

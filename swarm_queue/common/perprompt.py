@@ -25,8 +25,9 @@ from typing import Any
 
 import msgspec
 
-from swarm_queue.common.models import JobSpec, Result
+from swarm_queue.common.models import JobSpec, Result, pack_vector
 from swarm_queue.common.reduce import normalise
+from swarm_queue.common.vocab import FailureKind
 
 __all__ = [
     "KERNEL_ENTROPY",
@@ -36,6 +37,7 @@ __all__ = [
     "PerPromptKind",
     "answered",
     "cluster",
+    "embedded",
     "kernel_entropy",
     "semantic_entropy",
     "value_fields",
@@ -168,6 +170,20 @@ def answered(spec: JobSpec, result: Result) -> Result:
         return result
     value = kind.fn(result.samples, similarity=per.similarity)
     return msgspec.structs.replace(result, text=value["answer"], value=value)
+
+
+def embedded(spec: JobSpec, found: Result, texts: list[str], vectors: list[list[float]]) -> Result:
+    """An embeddings answer: its vector; or, in an uncertainty measure's step, what the
+    measure makes of a prompt's samples and their vectors (the vectors are not kept)."""
+    per = spec.per_prompt
+    if per is None:
+        return msgspec.structs.replace(found, embedding=pack_vector(vectors[0]))
+    try:
+        value = PER_PROMPT_KINDS[per.kind].fn(texts, vectors, similarity=per.similarity)
+    except ImportError as exc:
+        why = f"{per.kind} needs numpy on the workers (pip install 'swarm-queue[uq]'): {exc}"
+        return msgspec.structs.replace(found, error=why, error_kind=FailureKind.MEASURE)
+    return msgspec.structs.replace(found, text=value["answer"], value=value, samples=texts)
 
 
 # The scalar fields each measure's value has, and their types: a value's typed columns

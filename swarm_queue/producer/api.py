@@ -31,16 +31,13 @@ from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from typing import Any, Unpack
 
 import msgspec
-from arq.worker import Worker
 
-# The names are declared once, in the package, which exports them from here lazily.
-from swarm_queue import __all__ as __all__
 from swarm_queue.common.embedded import EmbeddedRedis
 from swarm_queue.common.errors import ConfigError
 from swarm_queue.common.final import ReduceOutput
 from swarm_queue.common.jobspec import JobSettings, build_spec, options_from
 from swarm_queue.common.keys import validate_job_name
-from swarm_queue.common.models import ReduceSpec, Result
+from swarm_queue.common.models import Result
 from swarm_queue.common.progress import Progress
 from swarm_queue.common.settings import Settings
 from swarm_queue.common.store import JobStatus, JobStore
@@ -51,7 +48,6 @@ from swarm_queue.flows.agents import (
     agent_prompts,
     build_agents,
     enqueue_agents,
-    tool_definition,
 )
 from swarm_queue.flows.bestof import build_best_of
 from swarm_queue.flows.pipeline import (
@@ -69,105 +65,14 @@ from swarm_queue.producer.frames import prompts_from, results_dataset, results_f
 from swarm_queue.producer.ops import cancel_job
 from swarm_queue.producer.output import follow_output, output_for
 from swarm_queue.producer.plain import PlainOutput
+from swarm_queue.producer.specs import Prompts, pairs, schema_of, tools_of
 from swarm_queue.producer.stream import wait_final
 from swarm_queue.worker.engine import Engine
-from swarm_queue.worker.tools import tool_settings
+from swarm_queue.worker.tools import SessionTools
 
-# Prompts, each a text or a (text, custom_id) pair: a list may mix the two.
-Prompts = Iterable[str | tuple[str, str | None]]
+__all__ = ["Swarm", "scatter_gather"]
 
 log = logging.getLogger("swarm.producer")
-
-
-# Reduce specs by name, capitalised like the types they stand for: a call reads as a spec.
-def Concat(separator: str = "\n") -> ReduceSpec:
-    """Join the answers in input order."""
-    return ReduceSpec(kind="concat", separator=separator)
-
-
-def Vote() -> ReduceSpec:
-    """Majority vote over normalised answers, with the winning share."""
-    return ReduceSpec(kind="vote")
-
-
-def JsonMerge() -> ReduceSpec:
-    """Parse each answer as JSON; merge objects, flatten lists."""
-    return ReduceSpec(kind="json")
-
-
-def Stats() -> ReduceSpec:
-    """Mean, std, median, min, max and count of the number in each answer."""
-    return ReduceSpec(kind="stats")
-
-
-def TreeReduce(prompt: str, fanin: int = 10, max_tokens: int = 0) -> ReduceSpec:
-    """Summarise hierarchically: ``fanin`` answers per supervisor prompt (a template with
-    ``{responses}`` and ``{level}``), level after level, until one answer remains."""
-    return ReduceSpec(kind="tree", prompt=prompt, fanin=fanin, max_tokens=max_tokens)
-
-
-def UserReduce(function: str) -> ReduceSpec:
-    """Your own aggregator, ``package.module:function``, called on the workers with the
-    successful results in order. The workers must allow it (``SWARM_REDUCE_FUNCTIONS``);
-    a Swarm that drains its jobs itself allows those it submits."""
-    return ReduceSpec(kind="function", function=function)
-
-
-def Step(
-    template: str,
-    *,
-    keep_if: str | None = None,
-    keep: Callable[[str], object] | str | None = None,
-    **settings: Any,
-) -> StepOptions:
-    """A pipeline step after the first: ``template`` with ``{answer}`` (the answer before)
-    and ``{prompt}`` (the input's); ``keep_if`` and ``keep`` are the gate into this step: only
-    answers of the step before that ``keep_if`` (a regular expression) matches, and that
-    ``keep`` (a module-level function, or ``package.module:function``) is true for, reach
-    it; ``settings``: the step's own, as :meth:`Swarm.submit` takes them (``model`` and
-    ``priority`` default to the first step's)."""
-    fn = keep
-    if callable(keep):
-        fn = f"{keep.__module__}:{keep.__qualname__}"
-        if "." in keep.__qualname__ or keep.__module__ == "__main__":
-            raise ConfigError(
-                f"keep={keep.__qualname__}: the workers import it by name, so it must be a "
-                "module-level function of an importable module (not a lambda or __main__)"
-            )
-    return StepOptions(
-        template=template,
-        keep_if=keep_if,
-        keep_fn=fn if isinstance(fn, str) else None,
-        options=options_from(settings),
-    )
-
-
-def _pairs(prompts: Prompts) -> Iterable[tuple[str, str | None]]:
-    for i, p in enumerate(prompts):
-        if isinstance(p, str):
-            yield p, None
-        elif isinstance(p, tuple) and len(p) == 2 and isinstance(p[0], str):
-            yield p[0], p[1]
-        else:
-            raise ConfigError(
-                f"prompt {i} is a {type(p).__name__}: give strings, or (prompt, custom_id) pairs"
-            )
-
-
-def _schema_of(
-    schema: dict[str, Any] | type | None,
-) -> tuple[dict[str, Any] | None, Callable[[Any], Any] | None]:
-    """An output schema as JSON Schema, and what makes an output an instance of it: a
-    Pydantic model class gives both (batch-agent's and Curator's users pass one)."""
-    if schema is None or isinstance(schema, dict):
-        return schema, None
-    to_schema = getattr(schema, "model_json_schema", None)
-    validate = getattr(schema, "model_validate", None)
-    if isinstance(schema, type) and callable(to_schema) and callable(validate):
-        return to_schema(), validate
-    raise ConfigError(
-        f"output_schema is a JSON Schema (a dict) or a Pydantic model class, not {schema!r}"
-    )
 
 
 class Swarm:
@@ -214,9 +119,7 @@ class Swarm:
         self._engine: Engine | None = None
         self._engine_task: asyncio.Task[None] | None = None
         self._feeding: dict[str, asyncio.Task[Any]] = {}
-        self._tool_entries: list[str] = []
-        self._tool_worker: Worker | None = None
-        self._tool_task: asyncio.Task[Any] | None = None
+        self._tools = SessionTools()
         self.settings: Settings | None = None
 
     async def __aenter__(self) -> Swarm:
@@ -234,7 +137,7 @@ class Swarm:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        await self._stop_tools()
+        await self._tools.stop()
         for task in self._feeding.values():
             task.cancel()
         await asyncio.gather(*self._feeding.values(), return_exceptions=True)
@@ -289,8 +192,8 @@ class Swarm:
         reduce = spec.reduce
         if reduce is not None and reduce.function and self._engine is not None:
             self._engine.reducer.allowed.add(reduce.function)  # this session's own code
-        pairs = _pairs(prompts_from(prompts, column=column, id_column=id_column))
-        feed = enqueue_prompts(self.store, spec, pairs, window=window)
+        given = pairs(prompts_from(prompts, column=column, id_column=id_column))
+        feed = enqueue_prompts(self.store, spec, given, window=window)
         if window is None:
             await feed
         else:
@@ -317,7 +220,7 @@ class Swarm:
             log.warning("pipeline %s: %s", name, warning)
         if self._engine is not None:  # this session's own keep functions
             self._engine.pumps.allow(s.keep_fn for s in steps if s.keep_fn)
-        feed = enqueue_pipeline(self.store, specs, _pairs(prompts), window=window)
+        feed = enqueue_pipeline(self.store, specs, pairs(prompts), window=window)
         if window is None:
             await feed
         else:
@@ -344,7 +247,7 @@ class Swarm:
         )
         for warning in warnings:
             log.warning("best-of %s: %s", name, warning)
-        await enqueue_pipeline(self.store, specs, _pairs(prompts))
+        await enqueue_pipeline(self.store, specs, pairs(prompts))
         return name
 
     async def chains(self, job: str, *, poll_s: float = 0.2) -> AsyncIterator[ChainLine]:
@@ -428,22 +331,15 @@ class Swarm:
         results' ``output`` then are.
         """
         name = validate_job_name(job) if job else f"agents-{uuid.uuid4().hex[:12]}"
-        output_schema, parse = _schema_of(output_schema)
-        entries, definitions = [], []
-        for t in tools:
-            if callable(t):
-                if "." in t.__qualname__ or t.__module__ == "__main__":
-                    raise ConfigError(
-                        f"tool {t.__qualname__}: runners import it by name, so it must be a "
-                        "module-level function of an importable module"
-                    )
-                entries.append(f"{t.__module__}:{t.__name__}")
-                doc = (t.__doc__ or "").strip().splitlines()
-                definitions.append(tool_definition(t.__name__, doc[0] if doc else ""))
-            else:
-                definitions.append(tool_definition(t))
+        output_schema, parse = schema_of(output_schema)
+        entries, definitions = tools_of(tools)
         if entries:
-            await self._run_tools(entries)
+            if self._engine is None or self.settings is None:
+                raise ConfigError(
+                    "tools given as functions run in this process, which needs endpoints= (to "
+                    "drain here); with remote workers, name the tools their runners run"
+                )
+            await self._tools.run(self.settings, entries)
         agent = AgentSpec(
             max_turns=max_turns,
             max_repairs=max_repairs,
@@ -467,34 +363,6 @@ class Swarm:
                 if parse is not None and result.ok:
                     result = msgspec.structs.replace(result, output=parse(result.output))
                 yield result
-
-    async def _run_tools(self, entries: list[str]) -> None:
-        """A tool runner in this process for this session's own tool functions."""
-        if self._engine is None:
-            raise ConfigError(
-                "tools given as functions run in this process, which needs endpoints= (to "
-                "drain here); with remote workers, name the tools their runners run"
-            )
-        wanted = sorted(set(entries) | set(self._tool_entries))
-        if wanted == self._tool_entries:
-            return
-        await self._stop_tools()
-        self._tool_entries = wanted
-        assert self.settings is not None
-        settings = msgspec.structs.replace(self.settings, tools=tuple(wanted))
-        self._tool_worker = Worker(**tool_settings(settings), handle_signals=False)
-        self._tool_task = asyncio.create_task(self._tool_worker.async_run(), name="swarm-tools")
-
-    async def _stop_tools(self) -> None:
-        if self._tool_worker is not None and self._tool_task is not None:
-            self._tool_task.cancel()
-            await asyncio.gather(self._tool_task, return_exceptions=True)
-            worker = self._tool_worker
-            # (Not arq's Worker.close(): it calls redis-py's deprecated close().)
-            if worker.on_shutdown is not None:
-                await worker.on_shutdown(worker.ctx)
-            await worker.pool.aclose()
-        self._tool_worker = self._tool_task = None
 
     def _check_feed(self, job: str) -> None:
         task = self._feeding.get(job)

@@ -4,8 +4,9 @@ Faithful where swarm-queue depends on it: ``/v1/completions`` with a string or a
 (choices carry ``index``; ``usage`` is the request's total), ``/v1/chat/completions``,
 ``/v1/embeddings`` with a string or a list of inputs (a deterministic vector per text, see
 :func:`sim.text.embedding_for`; one over-long input fails the whole list, as in vLLM),
-``/v1/models`` with ``max_model_len``, ``/health``, ``/metrics`` with vLLM's gauge names, and
-vLLM's 400 for a prompt that does not fit the context, which fails the WHOLE list request.
+``/v1/models`` with ``max_model_len``, ``/health``, ``/metrics`` with vLLM's gauge names
+(:mod:`sim.info`), and vLLM's 400 for a prompt that does not fit the context, which fails the
+WHOLE list request (each refusal with vLLM's message: :mod:`sim.refusals`).
 
 As strict as vLLM 0.32.0 (the version ``bench/interop_vllm.py`` checks) where swarm-queue was
 seen to rely on leniency: ``n`` > 1 with temperature 0 refused (``n must be 1 when using greedy
@@ -35,10 +36,8 @@ adapters (``--model base+adapter``), all listed by ``/v1/models``; any other nam
 from __future__ import annotations
 
 import asyncio
-import os
 import random
 import time
-import uuid
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
@@ -46,14 +45,17 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
+from swarm_queue.sim import refusals as refused
+from swarm_queue.sim.bodies import chat_body, completion_body, embedding_body
 from swarm_queue.sim.engine import EngineConfig, EngineStopped, SimEngine
-from swarm_queue.sim.faults import FaultConfig
+from swarm_queue.sim.faults import FaultConfig, told
+from swarm_queue.sim.info import info_routes
 from swarm_queue.sim.prefix import PrefixCache
+from swarm_queue.sim.refusals import Refusal
 from swarm_queue.sim.requests import (
     ChatRequest,
     CompletionRequest,
     EmbeddingRequest,
-    TokenizeRequest,
     abort,
     chat_decoder,
     completion_decoder,
@@ -62,16 +64,12 @@ from swarm_queue.sim.requests import (
     said,
     sample,
 )
-from swarm_queue.sim.text import count_tokens, embedding_for, token_ids
+from swarm_queue.sim.text import count_tokens, embedding_for
 from swarm_queue.sim.tools import call_id, choice_error, schema_answer, tool_call
 
 __all__ = ["SimEndpoint", "SimFleet"]
 
 _json = msgspec.json.Encoder()
-
-
-# A value no embedding holds, written as NaN (see SimEndpoint._answer).
-_NAN_MARK = 7.0e300
 
 
 class SimEndpoint:
@@ -138,13 +136,7 @@ class SimEndpoint:
             app.router.add_post("/v1/chat/completions", self._chat)
         if self.runner != "generate":
             app.router.add_post("/v1/embeddings", self._embeddings)
-        app.router.add_get("/v1/models", self._models)
-        app.router.add_post("/tokenize", self._tokenize)
-        app.router.add_get("/health", self._health)
-        app.router.add_get("/metrics", self._metrics)
-        app.router.add_post("/sim/faults", self._set_faults)
-        app.router.add_get("/sim/pid", self._pid)
-        app.router.add_post("/sim/models", self._set_models)
+        app.router.add_routes(info_routes(self))
         return app
 
     @property
@@ -192,9 +184,7 @@ class SimEndpoint:
             runner, self._runner = self._runner, None
             await runner.cleanup()
 
-    # -- helpers --------------------------------------------------------------------------
-
-    def _error(
+    def error_reply(
         self, status: int, message: str, err_type: str, param: str | None = None
     ) -> web.Response:
         body: dict[str, Any] = {
@@ -208,30 +198,13 @@ class SimEndpoint:
             status=status, body=_json.encode(payload), content_type="application/json"
         )
 
-    def _ok(self, payload: Any) -> web.Response:
+    def ok_reply(self, payload: Any) -> web.Response:
         return web.Response(body=_json.encode(payload), content_type="application/json")
 
     def _answer(self, payload: dict[str, Any], key: str, n: int = 1) -> web.Response:
         """A generation answer (its ``key``: ``choices`` or ``data``) of ``n`` samples a
-        prompt, as a lying server would send it when the fault switches say so (see
-        :class:`FaultConfig`)."""
-        f = self.faults
-        if not (f.shift_index or f.drop_choices or f.nan_vectors or f.short_samples):
-            return self._ok(payload)
-        items = payload[key]
-        if f.drop_choices:
-            items = items[: max(0, len(items) - f.drop_choices)]
-        if f.short_samples and n > 1:
-            items = [c for c in items if c["index"] % n < n - f.short_samples]
-        for item in items:
-            item["index"] += f.shift_index
-            if f.nan_vectors and "embedding" in item:
-                item["embedding"][0] = _NAN_MARK
-        payload[key] = items
-        if not f.nan_vectors:
-            return self._ok(payload)
-        # NaN as vLLM's Python json writes it (a literal NaN, no JSON): msgspec would write null.
-        body = _json.encode(payload).replace(_json.encode(_NAN_MARK), b"NaN")
+        prompt, as the fault switches have it told (see :func:`sim.faults.told`)."""
+        body = told(self.faults, payload, key, n)
         return web.Response(body=body, content_type="application/json")
 
     def _stalled_now(self) -> bool:
@@ -254,42 +227,12 @@ class SimEndpoint:
             abort(request)
             raise EngineStopped()
         if self.faults.error_rate and self.rng.random() < self.faults.error_rate:
-            return self._error(500, "simulated internal server error", "InternalServerError")
+            return self.error_reply(500, "simulated internal server error", "InternalServerError")
         return None
 
-    def _n_error(self, req: CompletionRequest | ChatRequest) -> web.Response | None:
-        """vLLM's refusal of ``n`` samples: fewer than one, or more than one with greedy
-        decoding (temperature 0: they would all be the same answer)."""
-        if req.n < 1:
-            return self._error(400, f"n must be at least 1, got {req.n}.", "BadRequestError", "n")
-        if req.n > 1 and req.temperature == 0:
-            why = f"n must be 1 when using greedy sampling, got {req.n}."
-            return self._error(400, why, "BadRequestError", "n")
-        return None
-
-    def _check_model(self, model: str) -> web.Response | None:
-        if model not in self.models:
-            return self._error(
-                404, f"The model `{model}` does not exist.", "NotFoundError", "model"
-            )
-        return None
-
-    def _context_error(self, prompt_tokens: int, max_tokens: int) -> web.Response | None:
-        limit = self.config.max_model_len
-        if prompt_tokens + max_tokens <= limit:
-            return None
-        max_input = max(0, limit - max_tokens)
-        return self._error(
-            400,
-            f"You passed {prompt_tokens} input tokens and requested {max_tokens} output tokens. "
-            f"However, the model's context length is only {limit} tokens, resulting in a maximum "
-            f"input length of {max_input} tokens. Please reduce the length of the input prompt. "
-            f"(parameter=input_tokens, value={prompt_tokens})",
-            "BadRequestError",
-            "input_tokens",
-        )
-
-    # -- routes ---------------------------------------------------------------------------
+    def refuse(self, refusal: Refusal) -> web.Response:
+        """``refusal`` as this server writes its errors."""
+        return self.error_reply(*refusal)
 
     async def _serve(
         self,
@@ -308,19 +251,19 @@ class SimEndpoint:
             try:
                 req = decoder.decode(raw)
             except msgspec.DecodeError as exc:
-                return self._error(400, f"invalid request: {exc}", "BadRequestError")
+                return self.error_reply(400, f"invalid request: {exc}", "BadRequestError")
             self.received.append(msgspec.json.decode(raw))
             if self.faults.fail_on and self.faults.fail_on.encode() in raw:
                 why = (
                     f"EngineCore encountered an issue: tokenizer failed on {self.faults.fail_on!r}"
                 )
-                return self._error(500, why, "InternalServerError")
+                return self.error_reply(500, why, "InternalServerError")
             if self.faults.hang_on and self.faults.hang_on.encode() in raw:
                 await asyncio.Event().wait()  # until the client hangs up
-            if (err := self._check_model(req.model)) is not None:
-                return err
+            if (no := refused.model(req.model, self.models)) is not None:
+                return self.refuse(no)
             if req.stream:
-                return self._error(400, "swarm-sim does not stream", "BadRequestError", "stream")
+                return self.refuse(Refusal(400, "swarm-sim does not stream", param="stream"))
             return await respond(req)
         except (EngineStopped, ConnectionResetError):  # we died, or the client hung up
             abort(request)
@@ -344,61 +287,24 @@ class SimEndpoint:
         prompts = [req.prompt] if isinstance(req.prompt, str) else req.prompt
         max_tokens = 16 if req.max_tokens is None else req.max_tokens
         if not prompts:
-            return self._error(400, "prompt must not be empty", "BadRequestError", "prompt")
-        if max_tokens < 1:
-            return self._error(
-                400,
-                f"max_tokens must be at least 1, got {max_tokens}.",
-                "BadRequestError",
-                "max_tokens",
-            )
+            return self.error_reply(400, "prompt must not be empty", "BadRequestError", "prompt")
+        if (no := refused.max_tokens(max_tokens)) is not None:
+            return self.refuse(no)
         bos = self.bos_token if req.add_special_tokens else ""
         seen = [bos + p for p in prompts]  # what the model reads
         ptoks = [count_tokens(p) for p in seen]
+        limit = self.config.max_model_len
         for n in ptoks:  # one over-long prompt fails the whole list, as in vLLM
-            if (err := self._context_error(n, max_tokens)) is not None:
-                return err
+            if (no := refused.context(n, max_tokens, limit)) is not None:
+                return self.refuse(no)
         ignore_eos = req.ignore_eos or self.config.ignore_eos
-        if (err := self._n_error(req)) is not None:
-            return err
+        if (no := refused.samples(req.n, req.temperature)) is not None:
+            return self.refuse(no)
         outs = [sample(p, max_tokens, j, req, ignore_eos) for p in seen for j in range(req.n)]
         prefill = sum(self.prefix.lookup(p) for p in seen)
         await self._generate([n for _, n, _ in outs], sum(ptoks), prefill)
-        ctoks = sum(n for _, n, _ in outs)
-        return self._answer(
-            {
-                "id": f"cmpl-{uuid.uuid4().hex}",
-                "object": "text_completion",
-                "created": int(time.time()),
-                "model": req.model,
-                "choices": [
-                    {
-                        "index": i,
-                        "text": text,
-                        "logprobs": None,
-                        "finish_reason": reason,
-                        "stop_reason": None,
-                        "prompt_logprobs": None,
-                    }
-                    | (
-                        {
-                            "prompt_token_ids": token_ids(seen[i // req.n]),
-                            "token_ids": token_ids(text, n),
-                        }
-                        if req.return_token_ids
-                        else {}
-                    )
-                    for i, (text, n, reason) in enumerate(outs)
-                ],
-                "usage": {
-                    "prompt_tokens": sum(ptoks),
-                    "completion_tokens": ctoks,
-                    "total_tokens": sum(ptoks) + ctoks,
-                },
-            },
-            "choices",
-            req.n,
-        )
+        body = completion_body(req.model, outs, seen, req.n, sum(ptoks), bool(req.return_token_ids))
+        return self._answer(body, "choices", req.n)
 
     async def _embeddings(self, request: web.Request) -> web.StreamResponse:
         return await self._serve(request, embedding_decoder, self._embed)
@@ -406,38 +312,20 @@ class SimEndpoint:
     async def _embed(self, req: EmbeddingRequest) -> web.Response:
         texts = [req.input] if isinstance(req.input, str) else req.input
         if not texts:
-            return self._error(400, "input must not be empty", "BadRequestError", "input")
+            return self.error_reply(400, "input must not be empty", "BadRequestError", "input")
         if req.encoding_format != "float":
-            return self._error(
+            return self.error_reply(
                 400, "swarm-sim answers encoding_format float only", "BadRequestError"
             )
         ptoks = [count_tokens(self.bos_token + t) for t in texts]  # its tokenizer's BOS added
         limit = self.config.max_model_len
         for n in ptoks:  # one over-long input fails the whole list, as in vLLM
-            if n > limit:
-                return self._error(
-                    400,
-                    f"This model's maximum context length is {limit} tokens. However, you "
-                    f"requested {n} tokens in the input for embedding generation. Please "
-                    "reduce the length of the input.",
-                    "BadRequestError",
-                )
+            if (no := refused.embedding_context(n, limit)) is not None:
+                return self.refuse(no)
         await self._generate([1] * len(texts), sum(ptoks))  # a prefill, one step
         dims = () if self.faults.embed_dims is None else (self.faults.embed_dims,)
-        return self._answer(
-            {
-                "id": f"embd-{uuid.uuid4().hex}",
-                "object": "list",
-                "created": int(time.time()),
-                "model": req.model,
-                "data": [
-                    {"index": i, "object": "embedding", "embedding": embedding_for(t, *dims)}
-                    for i, t in enumerate(texts)
-                ],
-                "usage": {"prompt_tokens": sum(ptoks), "total_tokens": sum(ptoks)},
-            },
-            "data",
-        )
+        vectors = [embedding_for(t, *dims) for t in texts]
+        return self._answer(embedding_body(req.model, vectors, sum(ptoks)), "data")
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         return await self._serve(request, chat_decoder, self._chat_complete)
@@ -447,7 +335,7 @@ class SimEndpoint:
             req.tools, req.tool_choice, self.tool_parser is not None, self.auto_tool_choice
         )
         if why is not None:
-            return self._error(400, why, "BadRequestError")
+            return self.error_reply(400, why, "BadRequestError")
         # A stand-in chat template: what the model sees is a pure function of the messages.
         prompt = self.bos_token if self.chat_template_bos else ""
         prompt += "".join(f"<|{m.role}|>\n{said(m)}\n" for m in req.messages)
@@ -458,11 +346,11 @@ class SimEndpoint:
         max_tokens = req.max_completion_tokens or req.max_tokens
         if max_tokens is None:
             max_tokens = max(1, self.config.max_model_len - ptoks)
-        if (err := self._context_error(ptoks, max_tokens)) is not None:
-            return err
+        if (no := refused.context(ptoks, max_tokens, self.config.max_model_len)) is not None:
+            return self.refuse(no)
         ignore_eos = req.ignore_eos or self.config.ignore_eos
-        if (err := self._n_error(req)) is not None:
-            return err
+        if (no := refused.samples(req.n, req.temperature)) is not None:
+            return self.refuse(no)
         prefill = self.prefix.lookup(prompt)
         schema = ((req.response_format or {}).get("json_schema") or {}).get("schema")
         call = tool_call(
@@ -495,31 +383,7 @@ class SimEndpoint:
         ctoks: int,
     ) -> web.Response:
         """A chat completion holding ``messages`` as its choices, in vLLM's shape."""
-        return self._answer(
-            {
-                "id": f"chatcmpl-{uuid.uuid4().hex}",
-                "object": "chat.completion",
-                "created": int(time.time()),
-                "model": req.model,
-                "choices": [
-                    {
-                        "index": j,
-                        "message": message,
-                        "logprobs": None,
-                        "finish_reason": reason,
-                        "stop_reason": None,
-                    }
-                    for j, (message, reason) in enumerate(zip(messages, reasons, strict=True))
-                ],
-                "usage": {
-                    "prompt_tokens": ptoks,
-                    "completion_tokens": ctoks,
-                    "total_tokens": ptoks + ctoks,
-                },
-            },
-            "choices",
-            req.n,
-        )
+        return self._answer(chat_body(req.model, messages, reasons, ptoks, ctoks), "choices", req.n)
 
     async def _tool_call(
         self, req: ChatRequest, call: tuple[str, str], ptoks: int, prefill: int
@@ -544,8 +408,9 @@ class SimEndpoint:
         reason = "tool_calls" if req.tool_choice == "required" else "stop"
         return self._chat_answer(req, [message], [reason], ptoks, ctoks)
 
-    async def _alive(self, request: web.Request) -> web.Response | None:
-        """For /health and /v1/models: a dead endpoint drops the connection, a stalled one hangs."""
+    async def alive(self, request: web.Request) -> web.Response | None:
+        """For the routes beside generation: a dead endpoint drops the connection, a stalled
+        one hangs; None while it lives."""
         try:
             if self.dead:
                 raise EngineStopped()
@@ -556,108 +421,11 @@ class SimEndpoint:
             return web.Response(status=503)
         return None
 
-    async def _models(self, request: web.Request) -> web.StreamResponse:
-        if (gone := await self._alive(request)) is not None:
-            return gone
-        return self._ok(
-            {
-                "object": "list",
-                "data": [
-                    {
-                        "id": name,
-                        "object": "model",
-                        "created": int(self.started),
-                        "owned_by": "vllm",
-                        "root": self.model,
-                        "parent": None if name == self.model else self.model,
-                        "max_model_len": self.config.max_model_len,
-                    }
-                    for name in self.models
-                ],
-            }
-        )
-
-    async def _tokenize(self, request: web.Request) -> web.StreamResponse:
-        """vLLM's ``/tokenize`` for a prompt: the count the context check uses."""
-        if (gone := await self._alive(request)) is not None:
-            return gone
-        try:
-            req = msgspec.json.decode(await request.read(), type=TokenizeRequest)
-        except msgspec.DecodeError as exc:
-            return self._error(400, f"invalid request: {exc}", "BadRequestError")
-        n = count_tokens((self.bos_token if req.add_special_tokens else "") + req.prompt)
-        return self._ok(
-            {"count": n, "max_model_len": self.config.max_model_len, "tokens": list(range(n))}
-        )
-
-    async def _health(self, request: web.Request) -> web.StreamResponse:
-        if (gone := await self._alive(request)) is not None:
-            return gone
-        return web.Response(status=200)
-
-    async def _metrics(self, request: web.Request) -> web.StreamResponse:
-        label = f'{{model_name="{self.model}"}}'
-        lines = [
-            "# HELP vllm:num_requests_running Number of requests in model execution batches.",
-            "# TYPE vllm:num_requests_running gauge",
-            f"vllm:num_requests_running{label} {self.engine.num_running}",
-            "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.",
-            "# TYPE vllm:num_requests_waiting gauge",
-            f"vllm:num_requests_waiting{label} {self.engine.num_waiting}",
-            "# HELP swarm_sim:http_requests_total Generation requests received (swarm-sim's own).",
-            "# TYPE swarm_sim:http_requests_total counter",
-            f"swarm_sim:http_requests_total{label} {self.http_requests}",
-            "# TYPE vllm:request_success_total counter",
-            f"vllm:request_success_total{label} {self.engine.finished_seqs}",
-            "# HELP swarm_sim:aborted_seqs_total Sequences aborted inside the engine (their "
-            "client went away), their decoded tokens thrown away (swarm-sim's own).",
-            "# TYPE swarm_sim:aborted_seqs_total counter",
-            f"swarm_sim:aborted_seqs_total{label} {self.engine.aborted_seqs}",
-            "# TYPE vllm:generation_tokens_total counter",
-            f"vllm:generation_tokens_total{label} {self.engine.generated_tokens}",
-            "# TYPE vllm:prompt_tokens_total counter",
-            f"vllm:prompt_tokens_total{label} {self.prompt_tokens_total}",
-            "# HELP vllm:prefix_cache_queries_total Prefix cache queries, in tokens.",
-            "# TYPE vllm:prefix_cache_queries_total counter",
-            f"vllm:prefix_cache_queries_total{label} {self.prefix.queries}",
-            "# HELP vllm:prefix_cache_hits_total Prefix cache hits, in tokens.",
-            "# TYPE vllm:prefix_cache_hits_total counter",
-            f"vllm:prefix_cache_hits_total{label} {self.prefix.hits}",
-        ]
-        for name, hist in (
-            ("vllm:request_queue_time_seconds", self.engine.queue_time),
-            ("vllm:e2e_request_latency_seconds", self.engine.e2e_latency),
-        ):
-            lines.append(f"# TYPE {name} histogram")
-            lines += [
-                f'{name}_bucket{{le="{le}",model_name="{self.model}"}} {n}'
-                for le, n in hist.cumulative()
-            ]
-            lines += [f"{name}_sum{label} {hist.sum}", f"{name}_count{label} {hist.count}"]
-        return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
-
-    async def _set_models(self, request: web.Request) -> web.StreamResponse:
-        try:
-            models = msgspec.json.decode(await request.read(), type=list[str])
-        except msgspec.DecodeError as exc:
-            return self._error(400, f"invalid models: {exc}", "BadRequestError")
-        if not models:
-            return self._error(400, "at least one model name", "BadRequestError")
-        self.models = models
-        return self._ok(models)
-
-    async def _pid(self, request: web.Request) -> web.StreamResponse:
-        """The simulator's process: which process a port belongs to (see sim/launch.py)."""
-        return self._ok({"pid": os.getpid()})
-
-    async def _set_faults(self, request: web.Request) -> web.StreamResponse:
-        try:
-            self.faults = msgspec.json.decode(await request.read(), type=FaultConfig)
-        except msgspec.DecodeError as exc:
-            return self._error(400, f"invalid faults: {exc}", "BadRequestError")
-        self.started = time.monotonic()  # die/stall delays count from now
+    def set_faults(self, faults: FaultConfig) -> None:
+        """Switch to ``faults``; their delays (to die, to stall) count from now."""
+        self.faults = faults
+        self.started = time.monotonic()
         self._schedule_death()
-        return self._ok(msgspec.to_builtins(self.faults))
 
 
 class SimFleet:

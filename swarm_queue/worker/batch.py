@@ -1,179 +1,49 @@
-"""One batch of prompts through one endpoint: the worker's one retry loop, lists split by
-sampling settings, rejected lists bisected, chat fanned out, embeddings sent as lists too, and
-the answer checked and mapped by ``choice.index`` (an embedding's ``index``). Talks to the
-endpoint only; Redis is the drainer's.
+"""One batch of prompts through one endpoint (each request through the one retry loop,
+:mod:`worker.retry`): lists split by sampling settings, rejected lists bisected, chat fanned
+out, embeddings sent as lists too, and the answer checked and mapped by ``choice.index`` (an
+embedding's ``index``). Talks to the endpoint only; Redis is the drainer's.
 
 A list request carries one set of sampling fields, so prompts with settings of their own (an
 OpenAI batch line's) go in one request per distinct setting, side by side. vLLM fails a whole
 list for one prompt over the context (HTTP 400): the list is bisected until only the offending
 prompts fail, each with the server's message. An answer whose choice indices repeat or fall
-outside the list is a server that cannot be trusted with it: retried, never committed.
+outside the list is a server that cannot be trusted with it (:mod:`worker.verify`): retried,
+never committed.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
-import math
-import time
-from collections.abc import Awaitable, Callable, Iterable, Sequence
-from typing import Protocol, TypeVar, cast
+from collections.abc import Awaitable, Callable
+from typing import cast
 
 import msgspec
 
 from swarm_queue.common.chat import ToolCall
-from swarm_queue.common.errors import (
-    EndpointError,
-    EndpointMalformed,
-    EndpointRejected,
-    EndpointRetryable,
-    EndpointServerError,
-)
-from swarm_queue.common.models import (
-    JobSpec,
-    PromptItem,
-    Result,
-    SamplingParams,
-    Usage,
-    encode,
-    pack_vector,
-)
-from swarm_queue.common.perprompt import PER_PROMPT_KINDS
+from swarm_queue.common.errors import EndpointMalformed, EndpointRejected, EndpointServerError
+from swarm_queue.common.models import JobSpec, PromptItem, Result, SamplingParams, Usage, encode
+from swarm_queue.common.perprompt import embedded
 from swarm_queue.common.request import Request, Route, render
 from swarm_queue.common.settings import Settings
 from swarm_queue.common.vocab import FailureKind
 from swarm_queue.worker.backend import Backend
-from swarm_queue.worker.circuit import Circuit, GiveUp
+from swarm_queue.worker.circuit import Circuit
 from swarm_queue.worker.metrics import NO_METRICS, Metrics
-from swarm_queue.worker.replies import ChatBody, CompletionBody, CompletionUsage, EmbeddingBody
-from swarm_queue.worker.usage import choices_usage
+from swarm_queue.worker.replies import ChatBody, CompletionBody, EmbeddingBody
+from swarm_queue.worker.retry import RetryLoop, split_after
+from swarm_queue.worker.usage import Tally, choices_usage
+from swarm_queue.worker.verify import (
+    EMBEDDINGS,
+    check_choice_indices,
+    check_vectors,
+    missing_choices,
+)
 
-__all__ = [
-    "EMBEDDINGS",
-    "GIVEN_BACK",
-    "BatchRunner",
-    "Tally",
-    "check_choice_indices",
-    "check_vectors",
-    "missing_choices",
-]
-
-log = logging.getLogger("swarm.worker")
-
-T = TypeVar("T")
-
-# The route of a vectors' answer, as an EndpointMalformed names it.
-EMBEDDINGS = "embeddings"
-
+__all__ = ["GIVEN_BACK", "BatchRunner"]
 
 # The failures of a prompt on one endpoint that another endpoint may answer: given back to the
 # fleet (each endpoint's a strike: see worker/batchpath.py), never committed here at once.
 GIVEN_BACK = frozenset({FailureKind.NO_CHOICE, FailureKind.SERVER_ERROR})
-
-
-# A list failed with HTTP 500 twice in a row is bisected (once may be a passing fault); a part
-# of a bisected list, at its first. A prompt alone failed with it on every one of its attempts
-# is blamed for it if the endpoint then answers its probe: fewer would blame prompts for an
-# endpoint's passing 500s (seen: 2 of 400 failed at a 30% error rate, blamed after 3).
-SPLIT_AFTER = 2
-
-
-def _split_after(items: int, prior: int) -> int:
-    """After how many HTTP 500s in a row a list of ``items`` is bisected (0: a prompt alone
-    is not); ``prior``: the requests that carried it before (a bisected part's)."""
-    return 0 if items == 1 else 1 if prior else SPLIT_AFTER
-
-
-class _Billed(Protocol):
-    """An answer that may say what it cost."""
-
-    @property
-    def usage(self) -> CompletionUsage | None: ...
-
-
-B = TypeVar("B", bound=_Billed)
-
-
-def check_choice_indices(
-    endpoint: str, indices: list[int], n: int, route: str = "", samples: int = 1
-) -> None:
-    """Refuse (:class:`EndpointMalformed`: another try, or another endpoint) an answer of
-    ``n`` choices (``samples`` a prompt) whose indices are not distinct values in
-    ``0..n-1``: a server that repeats or shifts them would put one prompt's answer under
-    another's index. Fewer is allowed here (the ones left out are asked again; see
-    :func:`missing_choices`)."""
-    seen: set[int] = set()
-    for i in indices:
-        if not 0 <= i < n or i in seen:
-            raise EndpointMalformed(
-                endpoint,
-                f"malformed answer: choice index {i} for {n} choices (each of 0..{n - 1} "
-                "expected at most once)",
-                route=route,
-                samples=samples,
-            )
-        seen.add(i)
-
-
-def missing_choices(endpoint: str, got: int, n: int, samples: int = 1) -> EndpointMalformed | None:
-    """The endpoint's failure when an answer of ``n`` choices (``samples`` a prompt) held
-    ``got``: its answers are used, the ones left out asked again, but it counts against the
-    endpoint."""
-    if got >= n:
-        return None
-    why = f"malformed answer: {n - got} of {n} choices missing"
-    return EndpointMalformed(endpoint, why, samples=samples)
-
-
-def check_vectors(
-    endpoint: str, vectors: Sequence[Sequence[float | None]], dim: int | None
-) -> None:
-    """Refuse (:class:`EndpointMalformed`) vectors of different lengths, of another length
-    than the job's ``dim`` (fixed by its first answer), or with a value that is not finite."""
-    lengths = {len(v) for v in vectors}
-    if dim is not None:
-        lengths.add(dim)
-    if len(lengths) > 1:
-        want = f" (the job's vectors have {dim})" if dim is not None else ""
-        raise EndpointMalformed(
-            endpoint,
-            f"malformed answer: vectors of {', '.join(map(str, sorted(lengths)))} dimensions"
-            + want,
-            route=EMBEDDINGS,
-        )
-    for v in vectors:
-        # A sum of finite float32 values is finite; a NaN or an inf anywhere makes it not,
-        # and a null (NaN as some write it) makes it no number at all.
-        try:
-            total = math.fsum(v)  # type: ignore[arg-type]
-        except (TypeError, OverflowError, ValueError):
-            total = math.nan
-        if not math.isfinite(total):
-            raise EndpointMalformed(
-                endpoint, "malformed answer: a vector holds NaN or inf", route=EMBEDDINGS
-            )
-
-
-class Tally:
-    """Token totals of one batch, across retries and bisection."""
-
-    __slots__ = ("completion_tokens", "prompt_tokens")
-
-    def __init__(self) -> None:
-        self.prompt_tokens = 0
-        self.completion_tokens = 0
-
-    def add(self, usage: CompletionUsage) -> None:
-        self.prompt_tokens += usage.prompt_tokens
-        self.completion_tokens += usage.completion_tokens
-
-    def take(self, results: Iterable[Result]) -> None:
-        """Take off what the results carry as their own usage (counted with them): the rest,
-        a list answered with its total only, is what no result says."""
-        for r in results:
-            if r.usage is not None and not r.cached:
-                self.prompt_tokens = max(0, self.prompt_tokens - r.usage.prompt_tokens)
-                self.completion_tokens = max(0, self.completion_tokens - r.usage.completion_tokens)
 
 
 class BatchRunner:
@@ -190,15 +60,13 @@ class BatchRunner:
         metrics: Metrics = NO_METRICS,
         check: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
-        self.client = client
-        self.settings = settings
-        self.circuit = circuit
-        self.backoff = backoff
-        self.metrics = metrics
-        # The endpoint's probe (raises an EndpointError while it cannot work): what tells a
-        # prompt's HTTP 500 from the server's. None: every 500 is the server's.
-        self.check = check
-        self.retries = 0
+        self.client, self.settings, self.metrics = client, settings, metrics
+        self.loop = RetryLoop(client, settings, circuit, backoff, metrics, check)
+
+    @property
+    def retries(self) -> int:
+        """Requests this endpoint was asked again (see :class:`worker.retry.RetryLoop`)."""
+        return self.loop.retries
 
     async def run(
         self,
@@ -239,98 +107,6 @@ class BatchRunner:
         for idx, results in zip(groups.values(), parts, strict=True):
             out.update(zip(idx, results, strict=True))
         return [out[i] for i in range(len(items))]
-
-    async def _sent(
-        self,
-        job: str,
-        call: Callable[[], Awaitable[B]],
-        tally: Tally,
-        prior: int,
-        flaw: Callable[[B], EndpointMalformed | None] | None = None,
-        *,
-        split: int = 0,
-    ) -> tuple[B, int]:
-        """``call`` through :meth:`_retrying`, its usage tallied; the attempts it took counted
-        on from ``prior`` (a bisected half's). A refusal is the caller's to handle."""
-        body, attempts = await self._retrying(job, call, flaw, split=split)
-        if body.usage is not None:
-            tally.add(body.usage)
-        return body, attempts + prior
-
-    async def _retrying(
-        self,
-        job: str,
-        call: Callable[[], Awaitable[T]],
-        flaw: Callable[[T], EndpointMalformed | None] | None = None,
-        *,
-        split: int = 0,
-    ) -> tuple[T, int]:
-        """Run ``call`` (a request of ``job``) with the one retry policy of the worker; returns
-        its value and the attempts it took. Gives up when the attempts run out or the circuit
-        opens meanwhile. An answer with a ``flaw`` (choices left out) is used, but counts as
-        the endpoint's failure: one that keeps leaving some out opens its circuit.
-
-        An HTTP 500 may be one prompt's fault, so it does not count against the circuit: a
-        list raises its ``split``-th in a row (0: it cannot be split; the caller bisects); a
-        prompt alone is asked again, and when its attempts run out the endpoint's probe tells
-        whose fault it is: the server's (the probe fails: :class:`GiveUp`, its circuit open)
-        or the prompt's (it passes: the :class:`EndpointServerError` is raised, the prompt's
-        to fail, or to try elsewhere)."""
-        circuit, metrics, label = self.circuit, self.metrics, self.client.label
-        attempt, lost = 0, False
-        while True:
-            if circuit.is_open:
-                raise GiveUp(EndpointRetryable(label, "circuit open"), lost=lost)
-            attempt += 1
-            sent = time.monotonic()
-            try:
-                value = await circuit.unless_open(call())
-            except EndpointRetryable as exc:
-                metrics.request(job, label, time.monotonic() - sent, "retryable")
-                lost = lost or exc.lost
-                server = exc if isinstance(exc, EndpointServerError) and self.check else None
-                if server is not None:
-                    circuit.noted(server)
-                else:
-                    circuit.failed(exc)
-                exc.tries = attempt
-                if split and server is not None and attempt >= split:
-                    raise
-                last = attempt >= self.settings.max_attempts
-                if server and not split and last and not circuit.is_open:
-                    await self._blame(server)
-                if attempt >= self.settings.max_attempts or circuit.is_open:
-                    raise GiveUp(exc, lost=lost) from None
-                self.retries += 1
-                metrics.retry(job, label)
-                delay = self.backoff(attempt - 1)
-                log.debug("%s: %s; retry %d in %.2f s", self.client.label, exc, attempt, delay)
-                await circuit.opened_within(delay)  # wakes early if the circuit opens
-                continue
-            except EndpointRejected:
-                metrics.request(job, label, time.monotonic() - sent, "rejected")
-                raise
-            except EndpointError:  # unusable: a wrong key, a model not served
-                metrics.request(job, label, time.monotonic() - sent, "unusable")
-                raise
-            metrics.request(job, label, time.monotonic() - sent, "ok")
-            flawed = flaw(value) if flaw is not None else None
-            if flawed is None:
-                circuit.succeeded()
-            else:
-                circuit.failed(flawed)
-            return value, attempt
-
-    async def _blame(self, exc: EndpointServerError) -> None:
-        """A prompt alone kept failing with ``exc``: raise it if the endpoint answers its
-        probe (the prompt's fault), else open the circuit (the server's)."""
-        assert self.check is not None
-        try:
-            await self.check()
-        except EndpointError as probe:
-            self.circuit.trip(probe)
-            return
-        raise exc
 
     async def _complete(
         self,
@@ -375,8 +151,8 @@ class BatchRunner:
             return missing_choices(self.client.label, len(body.choices), len(prompts) * n, n)
 
         try:
-            body, attempts = await self._sent(
-                spec.job, call, tally, prior, flaw, split=_split_after(len(items), prior)
+            body, attempts = await self.loop.send(
+                spec.job, call, tally, prior, flaw, split=split_after(len(items), prior)
             )
         except (EndpointRejected, EndpointServerError) as exc:
             return await self._bisect(items, exc, prior, again, model)
@@ -477,8 +253,8 @@ class BatchRunner:
             return missing_choices(self.client.label, got, len(flat))
 
         try:
-            body, attempts = await self._sent(
-                spec.job, call, tally, prior, flaw, split=_split_after(len(items), prior)
+            body, attempts = await self.loop.send(
+                spec.job, call, tally, prior, flaw, split=split_after(len(items), prior)
             )
         except (EndpointRejected, EndpointServerError) as exc:
             return await self._bisect(items, exc, prior, again, model)
@@ -505,23 +281,8 @@ class BatchRunner:
                 custom_id=item.custom_id,
                 model=body.model,
             )
-            mapped.append(self._measured(spec, found, group, [v for v in vectors if v]))
+            mapped.append(embedded(spec, found, group, [v for v in vectors if v]))
         return await self._fill_missing(items, mapped, attempts, again, model)
-
-    def _measured(
-        self, spec: JobSpec, found: Result, texts: list[str], vectors: list[list[float]]
-    ) -> Result:
-        """An embeddings answer: the vector; or, in an uncertainty measure's step, what the
-        measure makes of a prompt's samples and their vectors (the vectors are not kept)."""
-        per = spec.per_prompt
-        if per is None:
-            return msgspec.structs.replace(found, embedding=pack_vector(vectors[0]))
-        try:
-            value = PER_PROMPT_KINDS[per.kind].fn(texts, vectors, similarity=per.similarity)
-        except ImportError as exc:
-            why = f"{per.kind} needs numpy on the workers (pip install 'swarm-queue[uq]'): {exc}"
-            return msgspec.structs.replace(found, error=why, error_kind=FailureKind.MEASURE)
-        return msgspec.structs.replace(found, text=value["answer"], value=value, samples=texts)
 
     async def _chat(
         self,
@@ -561,7 +322,7 @@ class BatchRunner:
                 return body
 
             try:
-                body, attempts = await self._sent(spec.job, call, tally, prior)
+                body, attempts = await self.loop.send(spec.job, call, tally, prior)
             except (EndpointRejected, EndpointServerError) as exc:
                 return self._alone(item, exc, prior + exc.tries, model)
             usage = None

@@ -35,7 +35,7 @@ from swarm_queue.common.throttle import Throttled
 from swarm_queue.common.vocab import FailureKind
 from swarm_queue.worker.answers import Unanswered, settled
 from swarm_queue.worker.backend import Backend
-from swarm_queue.worker.batch import EMBEDDINGS, BatchRunner, Tally
+from swarm_queue.worker.batch import BatchRunner
 from swarm_queue.worker.cache import AnswerCache
 from swarm_queue.worker.circuit import Circuit, GiveUp
 from swarm_queue.worker.context import DrainContext
@@ -45,6 +45,8 @@ from swarm_queue.worker.figures import EndpointFigures
 from swarm_queue.worker.inflight import Answers, Cancelled, InFlight, Pace, Request
 from swarm_queue.worker.intake import Delivery, Intake
 from swarm_queue.worker.served import ServedModels
+from swarm_queue.worker.usage import Tally
+from swarm_queue.worker.verify import EMBEDDINGS
 
 __all__ = ["BatchPath"]
 

@@ -96,7 +96,7 @@ class Circuit:
 
     def noted(self, exc: EndpointError) -> None:
         """A request failed in a way that may be its content's fault (an HTTP 500): shown,
-        but not counted towards opening the circuit (the probe decides, see worker.batch)."""
+        but not counted towards opening the circuit (the probe decides, see worker.retry)."""
         self.errors += 1
         self.last_error = str(exc)
 

@@ -28,7 +28,7 @@ from swarm_queue.common.fleet import EndpointInfo, EndpointStats, takers
 from swarm_queue.common.models import JobSpec
 from swarm_queue.common.throttle import Throttled
 from swarm_queue.worker.backend import Backend
-from swarm_queue.worker.batch import EMBEDDINGS, BatchRunner
+from swarm_queue.worker.batch import BatchRunner
 from swarm_queue.worker.batchpath import BatchPath
 from swarm_queue.worker.cache import AnswerCache
 from swarm_queue.worker.circuit import Circuit
@@ -40,6 +40,7 @@ from swarm_queue.worker.lookout import Lookout
 from swarm_queue.worker.probe import probe_endpoint
 from swarm_queue.worker.replies import Load
 from swarm_queue.worker.served import ServedModels
+from swarm_queue.worker.verify import EMBEDDINGS
 from swarm_queue.worker.window import ADAPT_START, Window, follow_load
 
 __all__ = ["HAND_ON_PACE", "EndpointDrainer"]

@@ -8,13 +8,13 @@ import contextlib
 from swarm_queue.common.errors import EndpointRejected, EndpointRetryable, ModelNotServed
 from swarm_queue.common.models import SamplingParams
 from swarm_queue.worker.backend import Backend
-from swarm_queue.worker.batch import (
+from swarm_queue.worker.served import ServedModels
+from swarm_queue.worker.verify import (
     EMBEDDINGS,
     check_choice_indices,
     check_vectors,
     missing_choices,
 )
-from swarm_queue.worker.served import ServedModels
 
 __all__ = ["probe_endpoint"]
 

@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import msgspec
 from arq.worker import Worker, func
 from redis.exceptions import RedisError
 
@@ -36,7 +37,7 @@ from swarm_queue.common.store import JobStore
 from swarm_queue.common.tools import HAND_OVER_S, ToolAnswer, claim_s, cut, runner_hold_s
 from swarm_queue.worker.toollimits import ToolBusy, ToolLimit, check_limits
 
-__all__ = ["ToolRunner", "load_tool_settings", "tool_settings"]
+__all__ = ["SessionTools", "ToolRunner", "load_tool_settings", "tool_settings"]
 
 log = logging.getLogger("swarm.tools")
 
@@ -284,6 +285,37 @@ def tool_settings(settings: Settings) -> dict[str, Any]:
         "on_shutdown": _shutdown,
         "ctx": {"settings": settings},
     }
+
+
+class SessionTools:
+    """A tool runner inside a Python session, for that session's own tool functions: one arq
+    worker over their queues, started again with the wider set when more are added."""
+
+    def __init__(self) -> None:
+        self.entries: list[str] = []
+        self.worker: Worker | None = None
+        self.task: asyncio.Task[Any] | None = None
+
+    async def run(self, settings: Settings, entries: Sequence[str]) -> None:
+        """Run ``entries`` (``module:function``) too, beside those already run."""
+        wanted = sorted(set(entries) | set(self.entries))
+        if wanted == self.entries:
+            return
+        await self.stop()
+        self.entries = wanted
+        runs = msgspec.structs.replace(settings, tools=tuple(wanted))
+        self.worker = Worker(**tool_settings(runs), handle_signals=False)
+        self.task = asyncio.create_task(self.worker.async_run(), name="swarm-tools")
+
+    async def stop(self) -> None:
+        if self.worker is not None and self.task is not None:
+            self.task.cancel()
+            await asyncio.gather(self.task, return_exceptions=True)
+            worker = self.worker
+            if worker.on_shutdown is not None:
+                await worker.on_shutdown(worker.ctx)
+            await _close_worker(worker)
+        self.worker = self.task = None
 
 
 async def _reach_redis(redis_url: str | None) -> int:

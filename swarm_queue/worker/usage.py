@@ -1,4 +1,5 @@
-"""A prompt's own usage when several shared a request: vLLM reports a list's total only,
+"""Token counts: a batch's totals across retries and bisection (:class:`Tally`), and a
+prompt's own usage when several shared a request: vLLM reports a list's total only,
 unless a choice carries its token ids (``return_token_ids``, asked only for a job with
 ``line_usage``: it costs a third of the throughput at large batches). Where a count cannot be
 had it is None, written as null: never a guessed 0 that reads as a count.
@@ -6,12 +7,34 @@ had it is None, written as null: never a guessed 0 that reads as a count.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
-from swarm_queue.common.models import Usage
-from swarm_queue.worker.replies import Choice
+from swarm_queue.common.models import Result, Usage
+from swarm_queue.worker.replies import Choice, CompletionUsage
 
-__all__ = ["choices_usage"]
+__all__ = ["Tally", "choices_usage"]
+
+
+class Tally:
+    """Token totals of one batch, across retries and bisection."""
+
+    __slots__ = ("completion_tokens", "prompt_tokens")
+
+    def __init__(self) -> None:
+        self.prompt_tokens = 0
+        self.completion_tokens = 0
+
+    def add(self, usage: CompletionUsage) -> None:
+        self.prompt_tokens += usage.prompt_tokens
+        self.completion_tokens += usage.completion_tokens
+
+    def take(self, results: Iterable[Result]) -> None:
+        """Take off what the results carry as their own usage (counted with them): the rest,
+        a list answered with its total only, is what no result says."""
+        for r in results:
+            if r.usage is not None and not r.cached:
+                self.prompt_tokens = max(0, self.prompt_tokens - r.usage.prompt_tokens)
+                self.completion_tokens = max(0, self.completion_tokens - r.usage.completion_tokens)
 
 
 def choices_usage(choices: Sequence[Choice]) -> Usage | None:

@@ -20,13 +20,13 @@ steps), ``entries`` (entry IDs and payloads), and the parts of :class:`JobStore`
 """
 
 from swarm_queue.common.store.base import Memory
+from swarm_queue.common.store.boundary import redis_errors
 from swarm_queue.common.store.connection import (
     NO_CLIENT_SETINFO,
     RETRY_ON,
     cluster_node_of,
     connect,
     primary_of_slot,
-    redis_errors,
     redis_retry,
 )
 from swarm_queue.common.store.delivery import RELEASED_IDLE_MS, Commit

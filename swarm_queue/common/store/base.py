@@ -12,12 +12,12 @@ from swarm_queue.common.errors import BadRecordError, ConfigError, StoreCommandD
 from swarm_queue.common.keys import ARQ_ABORT, Keys
 from swarm_queue.common.models import JobSpec, decode_spec
 from swarm_queue.common.settings import Settings
+from swarm_queue.common.store.boundary import redis_errors
 from swarm_queue.common.store.connection import (
     Client,
     connect,
     connection_losses,
     reachable,
-    redis_errors,
 )
 from swarm_queue.common.store.scripts import Scripts
 

@@ -16,7 +16,7 @@ from swarm_queue.common.batchapi import (
     encode,
 )
 from swarm_queue.common.store.base import StoreBase
-from swarm_queue.common.store.connection import redis_errors
+from swarm_queue.common.store.boundary import redis_errors
 
 __all__ = ["Batches", "StoredBatch"]
 

@@ -4,7 +4,7 @@ a driver that died resumes at its last finished round (see flows/rounds.py)."""
 from __future__ import annotations
 
 from swarm_queue.common.store.base import StoreBase
-from swarm_queue.common.store.connection import redis_errors
+from swarm_queue.common.store.boundary import redis_errors
 
 __all__ = ["Blackboards"]
 

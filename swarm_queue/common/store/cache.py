@@ -9,7 +9,7 @@ import msgspec
 
 from swarm_queue.common.cache import decode_answer
 from swarm_queue.common.store.base import StoreBase
-from swarm_queue.common.store.connection import redis_errors
+from swarm_queue.common.store.boundary import redis_errors
 
 __all__ = ["CacheSize", "ResponseCache"]
 

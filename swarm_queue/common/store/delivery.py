@@ -14,7 +14,7 @@ import msgspec
 from swarm_queue.common.keys import GROUP
 from swarm_queue.common.models import Result, encode
 from swarm_queue.common.store.base import StoreBase
-from swarm_queue.common.store.connection import redis_errors
+from swarm_queue.common.store.boundary import redis_errors
 from swarm_queue.common.store.entries import id_key
 from swarm_queue.common.vocab import Meta
 

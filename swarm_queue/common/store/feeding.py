@@ -10,7 +10,7 @@ from typing import Any
 from swarm_queue.common.errors import JobCancelledError, JobConflictError
 from swarm_queue.common.models import PromptItem, encode
 from swarm_queue.common.store.base import StoreBase
-from swarm_queue.common.store.connection import redis_errors
+from swarm_queue.common.store.boundary import redis_errors
 from swarm_queue.common.vocab import Meta
 
 __all__ = ["Feeding", "producer_token"]

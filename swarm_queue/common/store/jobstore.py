@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from swarm_queue.common.models import Result
 from swarm_queue.common.store.batches import Batches
-from swarm_queue.common.store.connection import redis_errors
+from swarm_queue.common.store.boundary import redis_errors
 from swarm_queue.common.store.entries import decode_entry, index_of
 from swarm_queue.common.store.roles import CollectorStore, FlowStore, ProducerStore, WorkerStore
 from swarm_queue.common.vocab import FailureKind, Meta

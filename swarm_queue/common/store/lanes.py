@@ -14,7 +14,7 @@ import msgspec
 
 from swarm_queue.common.keys import GROUP, OPEN_LANE
 from swarm_queue.common.store.base import StoreBase
-from swarm_queue.common.store.connection import redis_errors
+from swarm_queue.common.store.boundary import redis_errors
 from swarm_queue.common.store.entries import id_key
 
 __all__ = ["Hungry", "Lanes"]

@@ -12,7 +12,7 @@ from types import MappingProxyType
 import msgspec
 
 from swarm_queue.common.store.base import StoreBase
-from swarm_queue.common.store.connection import redis_errors
+from swarm_queue.common.store.boundary import redis_errors
 from swarm_queue.common.vocab import Meta
 
 __all__ = ["OutcomeCounts", "Outcomes"]

@@ -13,7 +13,7 @@ from swarm_queue.common.errors import JobConflictError, JobNameError, JobNotFoun
 from swarm_queue.common.keys import GROUP, parse_stage
 from swarm_queue.common.models import JobSpec, encode
 from swarm_queue.common.store.base import StoreBase, spec_of
-from swarm_queue.common.store.connection import redis_code, redis_errors, replies
+from swarm_queue.common.store.boundary import redis_code, redis_errors, replies
 from swarm_queue.common.vocab import Meta
 
 __all__ = ["Registry"]

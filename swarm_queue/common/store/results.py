@@ -7,7 +7,7 @@ from typing import Any
 
 from swarm_queue.common.models import Result, result_or_failure
 from swarm_queue.common.store.base import StoreBase
-from swarm_queue.common.store.connection import redis_errors
+from swarm_queue.common.store.boundary import redis_errors
 from swarm_queue.common.vocab import FailureKind, Meta
 
 __all__ = ["Results"]

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from swarm_queue.common.final import ReduceOutput, decode_final, encode_final
 from swarm_queue.common.keys import stage_name, step_of
 from swarm_queue.common.store.base import StoreBase
-from swarm_queue.common.store.connection import redis_errors, replies
+from swarm_queue.common.store.boundary import redis_errors, replies
 from swarm_queue.common.vocab import Meta
 
 __all__ = ["Stages"]

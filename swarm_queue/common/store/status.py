@@ -17,7 +17,7 @@ from swarm_queue.common.fleet import (
 from swarm_queue.common.keys import GROUP
 from swarm_queue.common.models import encode
 from swarm_queue.common.store.base import StoreBase
-from swarm_queue.common.store.connection import redis_errors
+from swarm_queue.common.store.boundary import redis_errors
 from swarm_queue.common.store.delivery import RELEASED_IDLE_MS
 from swarm_queue.common.vocab import FAILED_KIND_PREFIX, FailureKind, Meta
 

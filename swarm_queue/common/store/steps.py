@@ -12,7 +12,7 @@ from swarm_queue.common.errors import JobConflictError
 from swarm_queue.common.keys import GROUP, PUMP_GROUP
 from swarm_queue.common.models import PromptItem, encode
 from swarm_queue.common.store.base import StoreBase
-from swarm_queue.common.store.connection import redis_code, redis_errors
+from swarm_queue.common.store.boundary import redis_code, redis_errors
 
 __all__ = ["Landed", "Move", "Steps"]
 

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import msgspec
 
 from swarm_queue.common.store.base import StoreBase
-from swarm_queue.common.store.connection import redis_errors
+from swarm_queue.common.store.boundary import redis_errors
 from swarm_queue.common.tools import (
     BEGUN,
     HAND_OVER_S,

@@ -1,0 +1,94 @@
+"""The bodies of swarm-sim's answers, in vLLM's shape: a completion list, a chat completion,
+an embeddings list. Pure functions of what was generated; the fault switches may still make
+them lie (:func:`sim.faults.told`)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+from swarm_queue.sim.text import token_ids
+
+__all__ = ["chat_body", "completion_body", "embedding_body"]
+
+# One sample as the engine made it: its text, its tokens, its finish reason.
+Sample = tuple[str, int, str]
+
+
+def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+def completion_body(
+    model: str, outs: list[Sample], seen: list[str], n: int, prompt_tokens: int, ids: bool
+) -> dict[str, Any]:
+    """``/v1/completions``: choice ``i * n + j`` is prompt ``i``'s sample ``j`` (``seen``: each
+    prompt as the model read it); with ``ids``, each choice's token ids as vLLM's
+    ``return_token_ids`` gives them."""
+    choices = [
+        {
+            "index": i,
+            "text": text,
+            "logprobs": None,
+            "finish_reason": reason,
+            "stop_reason": None,
+            "prompt_logprobs": None,
+        }
+        | (
+            {"prompt_token_ids": token_ids(seen[i // n]), "token_ids": token_ids(text, k)}
+            if ids
+            else {}
+        )
+        for i, (text, k, reason) in enumerate(outs)
+    ]
+    return {
+        "id": f"cmpl-{uuid.uuid4().hex}",
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": choices,
+        "usage": _usage(prompt_tokens, sum(k for _, k, _ in outs)),
+    }
+
+
+def chat_body(
+    model: str, messages: list[dict[str, Any]], reasons: list[str], ptoks: int, ctoks: int
+) -> dict[str, Any]:
+    """``/v1/chat/completions`` holding ``messages`` as its choices."""
+    choices = [
+        {
+            "index": j,
+            "message": message,
+            "logprobs": None,
+            "finish_reason": reason,
+            "stop_reason": None,
+        }
+        for j, (message, reason) in enumerate(zip(messages, reasons, strict=True))
+    ]
+    return {
+        "id": f"chatcmpl-{uuid.uuid4().hex}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": choices,
+        "usage": _usage(ptoks, ctoks),
+    }
+
+
+def embedding_body(model: str, vectors: list[list[float]], prompt_tokens: int) -> dict[str, Any]:
+    """``/v1/embeddings``: each input's vector under its index."""
+    return {
+        "id": f"embd-{uuid.uuid4().hex}",
+        "object": "list",
+        "created": int(time.time()),
+        "model": model,
+        "data": [
+            {"index": i, "object": "embedding", "embedding": v} for i, v in enumerate(vectors)
+        ],
+        "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
+    }
