@@ -264,6 +264,28 @@ async def test_a_missing_choice_is_asked_again_then_fails_only_its_prompt(
             assert x["attempts"] == 1
 
 
+async def test_a_prompt_a_lone_endpoint_always_leaves_out_fails_alone_and_its_job_ends(
+    settings: Settings, store: JobStore, sim_fleet: Callable[..., SimFleet]
+) -> None:
+    """Seen under CPU pressure: the batch holding the prompt the server always left out
+    was taken, answered but for it, and given back for ever (29 minutes, 4,300 requests):
+    its retries alone opened the circuit (five flawed answers in a row), the probe (another
+    prompt) passed, and the batch was taken again. One batch of 20 makes that order certain.
+    The server answers every other prompt: the fault is the prompt's, which fails alone."""
+    await enqueue_prompts(store, spec(), prompts(20))
+    async with sim_fleet(1) as fleet:
+        client = _RewritingClient(fleet.urls[0], _drop_13)
+        await asyncio.wait_for(_drain_with(settings, store, client), timeout=60)
+    lines = await collect_lines(store, "j")
+    assert [x["index"] for x in lines if x["error"]] == [13]
+    assert lines[13]["error"] == (
+        "endpoint returned no choice for it in 6 attempts; no other endpoint serves the job's model"
+    )
+    assert [x["text"] for x in lines if not x["error"]] == [
+        completion_for(p, 16)[0] for i, (p, _) in enumerate(prompts(20)) if i != 13
+    ]
+
+
 async def test_choices_missing_once_are_answered_by_the_next_request(
     settings: Settings, store: JobStore, sim_fleet: Callable[..., SimFleet]
 ) -> None:

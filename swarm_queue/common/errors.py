@@ -198,7 +198,9 @@ class EndpointMalformed(EndpointRetryable):
     a failure of the endpoint like a 5xx, retried here, then elsewhere; a prompt no other
     endpoint can take fails with it (kind ``malformed``). ``route``: ``embeddings`` when it
     was a vectors' answer; ``samples``: the samples a prompt it asked for (vLLM's ``n``): what
-    a probe then asks for too, since a server may answer n = 1 well and n = 7 wrongly."""
+    a probe then asks for too, since a server may answer n = 1 well and n = 7 wrongly.
+    ``partial``: the answer left some prompts out but answered others whole, so the fault may
+    be the prompts': it does not count against the endpoint (see :mod:`worker.retry`)."""
 
     def __init__(
         self,
@@ -208,10 +210,12 @@ class EndpointMalformed(EndpointRetryable):
         *,
         route: str = "",
         samples: int = 1,
+        partial: bool = False,
     ) -> None:
         super().__init__(endpoint, message, status)
         self.route = route
         self.samples = samples
+        self.partial = partial
 
 
 class EndpointRejected(EndpointError):

@@ -20,22 +20,29 @@ from typing import cast
 import msgspec
 
 from swarm_queue.common.chat import ToolCall
-from swarm_queue.common.errors import EndpointMalformed, EndpointRejected, EndpointServerError
+from swarm_queue.common.errors import (
+    EndpointError,
+    EndpointMalformed,
+    EndpointRejected,
+    EndpointServerError,
+)
 from swarm_queue.common.models import JobSpec, PromptItem, Result, SamplingParams, Usage, encode
 from swarm_queue.common.perprompt import embedded
 from swarm_queue.common.request import Request, Route, render
 from swarm_queue.common.settings import Settings
 from swarm_queue.common.vocab import FailureKind
 from swarm_queue.worker.backend import Backend
-from swarm_queue.worker.circuit import Circuit
+from swarm_queue.worker.circuit import Circuit, GiveUp
 from swarm_queue.worker.metrics import NO_METRICS, Metrics
 from swarm_queue.worker.replies import ChatBody, CompletionBody, EmbeddingBody
 from swarm_queue.worker.retry import RetryLoop, split_after
-from swarm_queue.worker.usage import Tally, choices_usage
+from swarm_queue.worker.usage import Tally
 from swarm_queue.worker.verify import (
     EMBEDDINGS,
+    answered_whole,
     check_choice_indices,
     check_vectors,
+    map_choices,
     missing_choices,
 )
 
@@ -58,7 +65,7 @@ class BatchRunner:
         circuit: Circuit,
         backoff: Callable[[int], float],
         metrics: Metrics = NO_METRICS,
-        check: Callable[[], Awaitable[None]] | None = None,
+        check: Callable[[EndpointError], Awaitable[None]] | None = None,
     ) -> None:
         self.client, self.settings, self.metrics = client, settings, metrics
         self.loop = RetryLoop(client, settings, circuit, backoff, metrics, check)
@@ -148,7 +155,11 @@ class BatchRunner:
             return self._complete(spec, model, part, params, attempts, tally, dim)
 
         def flaw(body: CompletionBody) -> EndpointMalformed | None:
-            return missing_choices(self.client.label, len(body.choices), len(prompts) * n, n)
+            want = len(prompts) * n
+            if len(body.choices) >= want:  # (the answer's hot path: nothing counted)
+                return None
+            whole = answered_whole([c.index for c in body.choices], [n] * len(prompts))
+            return missing_choices(self.client.label, len(body.choices), want, n, answered=whole)
 
         try:
             body, attempts = await self.loop.send(
@@ -156,8 +167,8 @@ class BatchRunner:
             )
         except (EndpointRejected, EndpointServerError) as exc:
             return await self._bisect(items, exc, prior, again, model)
-        mapped = self._map_choices(items, body, attempts, n)
-        return await self._fill_missing(items, mapped, attempts, again, model)
+        mapped = map_choices(self.client.label, items, body, attempts, n)
+        return await self._fill_missing(items, mapped, attempts, again, model, lambda: flaw(body))
 
     async def _bisect(
         self,
@@ -201,15 +212,21 @@ class BatchRunner:
         attempts: int,
         again: Callable[[list[PromptItem], int], Awaitable[list[Result]]],
         model: str,
+        flawed: Callable[[], EndpointMalformed | None],
     ) -> list[Result]:
         """``mapped`` with the answers the server left out asked for ``again``, on their own,
-        until the attempts run out; only then does an item fail for want of an answer."""
+        until the attempts run out; only then does an item fail for want of an answer. A
+        prompt alone left out on its last attempt is the endpoint's fault if its probe, asking
+        what was left out (``flawed``: the last answer's flaw), fails too: :class:`GiveUp`."""
         missing = [it for it, r in zip(items, mapped, strict=True) if r is None]
         if not missing:
             return [r for r in mapped if r is not None]
         if attempts < self.settings.max_attempts:
             more = iter(await again(missing, attempts))
         else:
+            failure = flawed() if len(items) == 1 else None
+            if failure is not None and not await self.loop.prompts_fault(failure):
+                raise GiveUp(failure)
             reason = f"endpoint returned no choice for it in {attempts} attempts"
             more = iter(
                 self._failed(it, reason, FailureKind.NO_CHOICE, attempts, model=model)
@@ -249,8 +266,11 @@ class BatchRunner:
             return self._embed(spec, model, part, attempts, tally, dim)
 
         def flaw(body: EmbeddingBody) -> EndpointMalformed | None:
-            got = sum(1 for d in body.data if d.embedding)
-            return missing_choices(self.client.label, got, len(flat))
+            got = [d.index for d in body.data if d.embedding]
+            if len(got) >= len(flat):
+                return None
+            whole = answered_whole(got, [len(group) for group in texts])
+            return missing_choices(self.client.label, len(got), len(flat), answered=whole)
 
         try:
             body, attempts = await self.loop.send(
@@ -282,7 +302,7 @@ class BatchRunner:
                 model=body.model,
             )
             mapped.append(embedded(spec, found, group, [v for v in vectors if v]))
-        return await self._fill_missing(items, mapped, attempts, again, model)
+        return await self._fill_missing(items, mapped, attempts, again, model, lambda: flaw(body))
 
     async def _chat(
         self,
@@ -378,44 +398,6 @@ class BatchRunner:
         return list(
             await asyncio.gather(*(told(it, r) for it, r in zip(items, requests, strict=True)))
         )
-
-    def _map_choices(
-        self, items: list[PromptItem], body: CompletionBody, attempts: int, n: int
-    ) -> list[Result | None]:
-        """One result per item, matched by ``choice.index`` (never by position), its ``n``
-        samples at ``i * n .. i * n + n - 1``; None where the server left out any (indices
-        already checked by :func:`check_choice_indices`)."""
-        by_index = {c.index: c for c in body.choices}
-        exact_usage = len(items) == 1 and body.usage is not None
-        # (token ids only where a server sent them: the per-prompt work is skipped otherwise)
-        with_ids = not exact_usage and bool(body.choices) and body.choices[0].token_ids is not None
-        out: list[Result | None] = []
-        for i, item in enumerate(items):
-            picked = [by_index.get(i * n + j) for j in range(n)]
-            if any(c is None for c in picked):
-                out.append(None)
-                continue
-            choice = picked[0]
-            assert choice is not None
-            usage = None
-            if exact_usage and body.usage is not None:
-                usage = Usage(body.usage.prompt_tokens, body.usage.completion_tokens)
-            elif with_ids:
-                usage = choices_usage([c for c in picked if c is not None])
-            out.append(
-                Result(
-                    index=item.index,
-                    text=choice.text,
-                    finish_reason=choice.finish_reason,
-                    usage=usage,
-                    endpoint=self.client.label,
-                    attempts=attempts,
-                    custom_id=item.custom_id,
-                    model=body.model,
-                    samples=[c.text for c in picked if c is not None] if n > 1 else None,
-                )
-            )
-        return out
 
     def _failed(
         self,

@@ -358,10 +358,17 @@ class EndpointDrainer:
             samples=self.circuit.malformed.samples if self.circuit.malformed else 1,
         )
 
-    async def _check(self) -> None:
-        """The probe that tells a prompt's HTTP 500 from the server's: it always generates."""
+    async def _check(self, failure: EndpointError) -> None:
+        """The probe that tells a prompt's fault (an HTTP 500, its answer left out) from the
+        server's: it always generates, and asks for what failed."""
+        malformed = failure if isinstance(failure, EndpointMalformed) else None
         await probe_endpoint(
-            self.client, self.served, timeout_s=self.settings.probe_timeout_s, generate=True
+            self.client,
+            self.served,
+            timeout_s=self.settings.probe_timeout_s,
+            generate=True,
+            embeddings=malformed is not None and malformed.route == EMBEDDINGS,
+            samples=malformed.samples if malformed else 1,
         )
 
     async def _nothing_left(self) -> bool:

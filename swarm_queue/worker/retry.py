@@ -55,9 +55,9 @@ B = TypeVar("B", bound=_Billed)
 
 class RetryLoop:
     """Requests to the endpoint of ``client``, retried with ``backoff(attempt)`` under
-    ``circuit``; ``check`` is the endpoint's probe (raises an :class:`EndpointError` while it
-    cannot work): what tells a prompt's HTTP 500 from the server's (None: every 500 is the
-    server's)."""
+    ``circuit``; ``check`` is the endpoint's probe, asking for what failed (raises an
+    :class:`EndpointError` while it cannot work): what tells a prompt's HTTP 500, or its
+    answer left out, from the server's fault (None: every such failure is the server's)."""
 
     def __init__(
         self,
@@ -66,7 +66,7 @@ class RetryLoop:
         circuit: Circuit,
         backoff: Callable[[int], float],
         metrics: Metrics = NO_METRICS,
-        check: Callable[[], Awaitable[None]] | None = None,
+        check: Callable[[EndpointError], Awaitable[None]] | None = None,
     ) -> None:
         self.client, self.settings, self.circuit = client, settings, circuit
         self.backoff, self.metrics, self.check = backoff, metrics, check
@@ -149,6 +149,12 @@ class RetryLoop:
             flawed = flaw(value) if flaw is not None else None
             if flawed is None:
                 circuit.succeeded()
+            elif flawed.partial or (not split and self.check):
+                # The others answered whole, or a prompt alone: maybe the prompts' fault.
+                # Each left out is asked again alone; on its last attempt the probe decides.
+                if flawed.partial:
+                    circuit.succeeded()
+                circuit.noted(flawed)
             else:
                 circuit.failed(flawed)
             return value, attempt
@@ -156,10 +162,18 @@ class RetryLoop:
     async def _blame(self, exc: EndpointServerError) -> None:
         """A prompt alone kept failing with ``exc``: raise it if the endpoint answers its
         probe (the prompt's fault), else open the circuit (the server's)."""
-        assert self.check is not None
+        if await self.prompts_fault(exc):
+            raise exc
+
+    async def prompts_fault(self, failure: EndpointError) -> bool:
+        """Whether a prompt alone that kept failing with ``failure`` is at fault: the
+        endpoint answers its probe, which asks for what failed (a malformed answer's samples,
+        its route). If the probe fails, the endpoint is, and its circuit opens."""
+        if self.check is None:
+            return True
         try:
-            await self.check()
+            await self.check(failure)
         except EndpointError as probe:
             self.circuit.trip(probe)
-            return
-        raise exc
+            return False
+        return True

@@ -1,15 +1,26 @@
 """What an endpoint's answer must be to be used: choice indices each of the list's at most
 once, the choices a request asked for, vectors of one finite length. A server that breaks one
-is malformed (:class:`EndpointMalformed`): its answer is retried, never committed."""
+is malformed (:class:`EndpointMalformed`): its answer is retried, never committed. And how
+an answer is used: each choice mapped to its prompt by its index, never its position."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from swarm_queue.common.errors import EndpointMalformed
+from swarm_queue.common.models import PromptItem, Result, Usage
+from swarm_queue.worker.replies import CompletionBody
+from swarm_queue.worker.usage import choices_usage
 
-__all__ = ["EMBEDDINGS", "check_choice_indices", "check_vectors", "missing_choices"]
+__all__ = [
+    "EMBEDDINGS",
+    "answered_whole",
+    "check_choice_indices",
+    "check_vectors",
+    "map_choices",
+    "missing_choices",
+]
 
 # The route of a vectors' answer, as an EndpointMalformed names it.
 EMBEDDINGS = "embeddings"
@@ -36,14 +47,65 @@ def check_choice_indices(
         seen.add(i)
 
 
-def missing_choices(endpoint: str, got: int, n: int, samples: int = 1) -> EndpointMalformed | None:
+def missing_choices(
+    endpoint: str, got: int, n: int, samples: int = 1, *, answered: int = 0
+) -> EndpointMalformed | None:
     """The endpoint's failure when an answer of ``n`` choices (``samples`` a prompt) held
-    ``got``: its answers are used, the ones left out asked again, but it counts against the
-    endpoint."""
+    ``got``: its answers are used, the ones left out asked again. ``answered``: the prompts
+    it answered whole; with some, the fault may be the prompts left out (``partial``)."""
     if got >= n:
         return None
     why = f"malformed answer: {n - got} of {n} choices missing"
-    return EndpointMalformed(endpoint, why, samples=samples)
+    return EndpointMalformed(endpoint, why, samples=samples, partial=answered > 0)
+
+
+def answered_whole(indices: Iterable[int], sizes: Sequence[int]) -> int:
+    """How many prompts have all their choices among ``indices``, each prompt's choices (or
+    vectors) ``sizes[i]`` consecutive ones in order."""
+    present, at, whole = set(indices), 0, 0
+    for size in sizes:
+        whole += all(at + j in present for j in range(size))
+        at += size
+    return whole
+
+
+def map_choices(
+    endpoint: str, items: list[PromptItem], body: CompletionBody, attempts: int, n: int
+) -> list[Result | None]:
+    """One result per item, matched by ``choice.index`` (never by position), its ``n``
+    samples at ``i * n .. i * n + n - 1``; None where the server left out any (indices
+    already checked by :func:`check_choice_indices`)."""
+    by_index = {c.index: c for c in body.choices}
+    exact_usage = len(items) == 1 and body.usage is not None
+    # (token ids only where a server sent them: the per-prompt work is skipped otherwise)
+    with_ids = not exact_usage and bool(body.choices) and body.choices[0].token_ids is not None
+    out: list[Result | None] = []
+    for i, item in enumerate(items):
+        picked = [by_index.get(i * n + j) for j in range(n)]
+        if any(c is None for c in picked):
+            out.append(None)
+            continue
+        choice = picked[0]
+        assert choice is not None
+        usage = None
+        if exact_usage and body.usage is not None:
+            usage = Usage(body.usage.prompt_tokens, body.usage.completion_tokens)
+        elif with_ids:
+            usage = choices_usage([c for c in picked if c is not None])
+        out.append(
+            Result(
+                index=item.index,
+                text=choice.text,
+                finish_reason=choice.finish_reason,
+                usage=usage,
+                endpoint=endpoint,
+                attempts=attempts,
+                custom_id=item.custom_id,
+                model=body.model,
+                samples=[c.text for c in picked if c is not None] if n > 1 else None,
+            )
+        )
+    return out
 
 
 def check_vectors(
