@@ -46,7 +46,8 @@ async def test_jobs_are_listed_and_only_finished_ones_deleted(
     await enqueue_prompts(store, spec(job="typo", model="model-x"), prompts(3))
     # One live endpoint, serving model-a: "live" (any model) runs, "typo" waits for model-x.
     row = EndpointInfo(endpoint="http://n1:8000", worker="n1", models=("model-a",))
-    await store.publish_fleet([msgspec.structs.replace(row, updated_s=time.time(), period_s=2)])
+    # Live for the whole test (5 periods): under CPU pressure two commands took over 10 s.
+    await store.publish_fleet([msgspec.structs.replace(row, updated_s=time.time(), period_s=60)])
     listing = cli(env, "swarm-jobs")
     assert listing.returncode == 0, listing.stderr
     rows = {line.split()[0]: line.split() for line in listing.stdout.splitlines()[1:]}
@@ -80,7 +81,7 @@ async def test_enqueue_warns_or_refuses_a_model_no_live_endpoint_serves(
     src = tmp_path / "p.txt"
     src.write_text("one\ntwo\n")
     row = EndpointInfo(endpoint="http://n1:8000", worker="n1", models=("model-a", "lora-1"))
-    await store.publish_fleet([msgspec.structs.replace(row, updated_s=time.time(), period_s=2)])
+    await store.publish_fleet([msgspec.structs.replace(row, updated_s=time.time(), period_s=60)])
     reason = "no live endpoint serves model 'model-x'; live endpoints serve: lora-1, model-a"
 
     refused = cli(cli_env, "swarm-enqueue", str(src), "--job", "x", "--model", "model-x",
