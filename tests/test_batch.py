@@ -14,6 +14,7 @@ from swarm_queue.worker.batch import BatchRunner
 from swarm_queue.worker.circuit import Circuit, GiveUp
 from swarm_queue.worker.endpoint import EndpointClient
 from swarm_queue.worker.replies import Choice, CompletionBody, CompletionUsage
+from swarm_queue.worker.retry import RetryLoop
 from swarm_queue.worker.usage import Tally
 
 
@@ -43,7 +44,7 @@ def _echo(prompts: list[str], skip: frozenset[int] = frozenset()) -> CompletionB
 def _runner(client: EndpointClient, **settings: Any) -> tuple[BatchRunner, Circuit]:
     s = Settings(**{"max_attempts": 3, "circuit_failures": 100, **settings})
     circuit = Circuit(client.label, s.circuit_failures)
-    return BatchRunner(client, s, circuit, lambda attempt: 0.0), circuit
+    return BatchRunner(RetryLoop(client, s, circuit, lambda attempt: 0.0)), circuit
 
 
 ITEMS = [PromptItem(10 + i, f"p{i}") for i in range(8)]

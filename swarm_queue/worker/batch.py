@@ -21,7 +21,6 @@ import msgspec
 
 from swarm_queue.common.chat import ToolCall
 from swarm_queue.common.errors import (
-    EndpointError,
     EndpointMalformed,
     EndpointRejected,
     EndpointServerError,
@@ -29,11 +28,8 @@ from swarm_queue.common.errors import (
 from swarm_queue.common.models import JobSpec, PromptItem, Result, SamplingParams, Usage, encode
 from swarm_queue.common.perprompt import embedded
 from swarm_queue.common.request import Request, Route, render
-from swarm_queue.common.settings import Settings
 from swarm_queue.common.vocab import FailureKind
-from swarm_queue.worker.backend import Backend
-from swarm_queue.worker.circuit import Circuit, GiveUp
-from swarm_queue.worker.metrics import NO_METRICS, Metrics
+from swarm_queue.worker.circuit import GiveUp
 from swarm_queue.worker.replies import ChatBody, CompletionBody, EmbeddingBody
 from swarm_queue.worker.retry import RetryLoop, split_after
 from swarm_queue.worker.usage import Tally
@@ -54,21 +50,14 @@ GIVEN_BACK = frozenset({FailureKind.NO_CHOICE, FailureKind.SERVER_ERROR})
 
 
 class BatchRunner:
-    """Completes batches on the endpoint of ``client``, retrying with ``backoff(attempt)``
-    under ``circuit``. :meth:`run` raises :class:`~worker.circuit.GiveUp` when this endpoint
-    will not finish the batch (its caller hands it to another)."""
+    """Completes batches on the endpoint of ``loop``, each request through it (the one retry
+    loop: :class:`worker.retry.RetryLoop`). :meth:`run` raises
+    :class:`~worker.circuit.GiveUp` when this endpoint will not finish the batch (its caller
+    hands it to another)."""
 
-    def __init__(
-        self,
-        client: Backend,
-        settings: Settings,
-        circuit: Circuit,
-        backoff: Callable[[int], float],
-        metrics: Metrics = NO_METRICS,
-        check: Callable[[EndpointError], Awaitable[None]] | None = None,
-    ) -> None:
-        self.client, self.settings, self.metrics = client, settings, metrics
-        self.loop = RetryLoop(client, settings, circuit, backoff, metrics, check)
+    def __init__(self, loop: RetryLoop) -> None:
+        self.loop = loop
+        self.client, self.settings, self.metrics = loop.client, loop.settings, loop.metrics
 
     @property
     def retries(self) -> int:

@@ -39,6 +39,7 @@ from swarm_queue.worker.intake import Intake, Taken, queued, service_order
 from swarm_queue.worker.lookout import Lookout
 from swarm_queue.worker.probe import probe_endpoint
 from swarm_queue.worker.replies import Load
+from swarm_queue.worker.retry import RetryLoop
 from swarm_queue.worker.served import ServedModels
 from swarm_queue.worker.verify import EMBEDDINGS
 from swarm_queue.worker.window import ADAPT_START, Window, follow_load
@@ -76,7 +77,9 @@ class EndpointDrainer:
         self.served = ServedModels(client, self.settings)
         self.circuit = Circuit(client.label, self.settings.circuit_failures)
         self.runner = BatchRunner(
-            client, self.settings, self.circuit, self._backoff, engine.metrics, self._check
+            RetryLoop(
+                client, self.settings, self.circuit, self._backoff, engine.metrics, self._check
+            )
         )
         self.intake = Intake(self.store, self.consumer, self.settings, client.label, engine.sleep)
         # Sequences waiting in the engine at the last look at its gauges, while it had ours.
