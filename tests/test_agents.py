@@ -158,24 +158,33 @@ async def test_an_agent_goes_on_the_moment_its_turn_is_answered_not_with_its_bat
         source="test",
     )  # fmt: skip
     await enqueue_agents(store, specs, agent_prompts("Question {n}.", [{"n": i} for i in range(n)]))
-    seen: set[int] = set()
+    ended_before: list[int] = []
 
-    async def watch() -> None:
-        while True:
-            seen.add(len([r for r in await store.outcomes("ag", 0, n) if r is not None]))
-            await asyncio.sleep(0.005)
+    async def ended() -> int:
+        return len([r for r in await store.outcomes("ag", 0, n) if r is not None])
 
-    # 8 to 32 tokens an answer at 25 ms a step: the batch's answers spread over 0.6 s.
-    slow = EngineConfig(step_base_ms=25.0, step_per_seq_ms=0.0)
-    watcher = asyncio.create_task(watch())
-    try:
-        async with sim_fleet(1, slow, tool_parser="hermes") as fleet:
-            await run_engine(make_settings(batch_size=n), store, fleet.urls)
-    finally:
-        watcher.cancel()
+    async with sim_fleet(1, tool_parser="hermes") as fleet:
+        sim = fleet.endpoints[0]
+        answer = sim._chat_complete
+
+        async def held(req: Any) -> Any:
+            # The last agent's turn is answered only once another agent of its batch has
+            # ended (in order, not in time: a batch-wise commit never gets there).
+            if "Question 31." in str(req.messages):
+                try:
+                    async with asyncio.timeout(120):
+                        while (k := await ended()) == 0:  # noqa: ASYNC110 - Redis, not a task
+                            await asyncio.sleep(0.01)
+                except TimeoutError:
+                    k = 0
+                ended_before.append(k)
+            return await answer(req)
+
+        sim._chat_complete = held  # type: ignore[method-assign]
+        await run_engine(make_settings(batch_size=n), store, fleet.urls)
     assert (await store.status("ag", rate=False)).done == n
-    # Agents ended while others of their batch were still being answered.
-    assert [k for k in seen if 0 < k < n], sorted(seen)
+    # Agents of its batch ended while its last agent's turn was still being answered.
+    assert ended_before and 0 < ended_before[0] < n, ended_before
 
 
 async def _queue_agents(store: JobStore, job: str, n: int) -> None:
