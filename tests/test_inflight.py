@@ -34,16 +34,16 @@ async def test_an_urgent_batch_preempts_the_newest_lower_batch_of_another_workfl
 async def test_a_later_step_never_preempts_its_own_workflows_earlier_batches() -> None:
     inflight = InFlight()
     other = inflight.start(_forever(), 0, "plain")
-    turn0 = inflight.start(_forever(), 0, "ag", "ag")
-    turn1 = inflight.start(_forever(), 1, "ag:s1", "ag")
+    turn0 = inflight.start(_forever(), 0, "ag")
+    turn1 = inflight.start(_forever(), 1, "ag:s1")
     # The agents' third turn starts: their first and second turns' batches stay; another
     # workflow's lower batch gives way.
-    inflight.preempt_below(2, "ag:s2", share=8, family="ag")
+    inflight.preempt_below(2, "ag:s2", share=8)
     await asyncio.sleep(0)
     assert [inflight.why(r) for r in (other, turn0, turn1)] == [Cancelled.PREEMPTED, None, None]
     # With only its own workflow's batches below it, nothing is preempted.
     inflight.remove(other)
-    inflight.preempt_below(2, "ag:s2", share=8, family="ag")
+    inflight.preempt_below(2, "ag:s2", share=8)
     await asyncio.sleep(0)
     assert not turn0.done() and not turn1.done()
     for r in (turn0, turn1):
@@ -68,10 +68,10 @@ async def test_only_the_newest_unanswered_agent_batch_fitting_the_queue_is_hande
     nor anything older than it, nor a batch not counted for it (a plain job's)."""
     inflight = InFlight()
     older = Answers()
-    first = inflight.start(_forever(), 0, "ag:s1", "ag", size=8, answers=older)
-    plain = inflight.start(_forever(), 0, "plain")  # not a laned batch: never handed on
+    first = inflight.start(_forever(), 0, "ag:s1", size=8, answers=older)
+    plain = inflight.start(_forever(), 0, "plain")  # not a batch of an affinity: never handed on
     newest = Answers()
-    last = inflight.start(_forever(), 0, "ag:s1", "ag", size=16, answers=newest)
+    last = inflight.start(_forever(), 0, "ag:s1", size=16, answers=newest)
     assert inflight.to_hand_on(15) is None  # larger than the queue: some of it may run
     assert inflight.to_hand_on(16) == (last, "ag:s1", False)
     newest.add(Result(index=0, text="x"))
@@ -93,7 +93,7 @@ async def test_a_young_batch_begun_is_handed_on_only_within_its_age() -> None:
     on (a few tokens thrown away); older, or with an answer in, it stays."""
     inflight = InFlight()
     answers = Answers()
-    batch = inflight.start(_forever(), 0, "ag:s1", "ag", size=32, answers=answers)
+    batch = inflight.start(_forever(), 0, "ag:s1", size=32, answers=answers)
     answers.t0 = time.monotonic() - 0.5  # sent half a second ago
     assert inflight.to_hand_on(0) is None  # no young_s: only what waits
     assert inflight.to_hand_on(0, young_s=0.8) == (batch, "ag:s1", True)

@@ -33,7 +33,7 @@ async def _turn_job(store: JobStore) -> JobSpec:
     for spec in specs:
         await store.create_job(spec)
     turn = await store.load_spec("lj:s1")
-    assert turn.laned and not (await store.load_spec("lj")).laned
+    assert turn.affinity and not (await store.load_spec("lj")).affinity
     return turn
 
 

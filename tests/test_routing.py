@@ -109,7 +109,7 @@ def test_service_order_puts_every_higher_priority_job_first_and_rotates_equals()
 def test_service_order_puts_an_agent_jobs_earlier_turns_before_its_later_ones() -> None:
     """An agent job's turns share one turn of the rotation, earliest first (an agent whose
     first turn is left for the end ends last, the engines idle meanwhile); a pipeline's
-    steps (not laned) are units of their own, as any job."""
+    steps (of no affinity) are units of their own, as any job."""
     jobs = [
         Queued("ag:s2", 0, "ag", 2),
         Queued("pipe:s1", 0, "", 1),

@@ -8,6 +8,7 @@ import msgspec
 import pytest
 
 from swarm_queue.common.jobspec import JobOptions
+from swarm_queue.common.keys import group_of
 from swarm_queue.common.models import (
     Chat,
     Completion,
@@ -59,16 +60,12 @@ async def test_each_part_of_a_stored_spec_says_what_the_builders_made(store: Job
     assert link == Link(job="p:s1", template="Summarise: {answer}", keep_if="yes")
     assert loaded["p"].flow == FlowRef(kind="pipeline", settings=msgspec.to_builtins(link))
     assert link_of(loaded["p:s2"]) is None and loaded["p:s2"].flow is None
-    assert [(s.parent, s.step) for s in (loaded["p"], loaded["p:s1"], loaded["p:s2"])] == [
-        ("", 0),
-        ("p", 1),
-        ("p", 2),
-    ]
+    assert [group_of(n) for n in ("p", "p:s1", "p:s2")] == [("p", 0), ("p", 1), ("p", 2)]
     turns = [loaded[n] for n in ("a", "a:s1", "a:s2")]
     assert [agent_of(t) for t in turns] == [AgentSpec(
         max_turns=3, output_schema={"type": "object"}, tool_choice="required"
     )] * 3  # fmt: skip
-    assert [(t.laned, t.flow is not None and t.flow.failures) for t in turns] == [
+    assert [(t.affinity, t.flow is not None and t.flow.failures) for t in turns] == [
         (False, True),
         (True, True),
         (True, True),

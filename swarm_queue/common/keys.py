@@ -27,6 +27,7 @@ __all__ = [
     "OPEN_LANE",
     "PUMP_GROUP",
     "Keys",
+    "group_of",
     "lane_name",
     "parse_stage",
     "round_name",
@@ -130,6 +131,13 @@ def step_of(name: str) -> tuple[str, int] | None:
     if not sep or not stage.startswith("s") or not stage[1:].isdigit():
         return None
     return job, int(stage[1:])
+
+
+def group_of(name: str) -> tuple[str, int]:
+    """The group job ``name`` is served in, and its place there: a workflow's later step or
+    agent turn (``job:s2``) goes with its first job, after it; any other job is a group of
+    its own at place 0."""
+    return step_of(name) or (name, 0)
 
 
 def parse_stage(name: str) -> tuple[str, int]:

@@ -207,9 +207,9 @@ class JobSpec(msgspec.Struct, frozen=True, omit_defaults=True):
     """What a job is: written once by the first ``swarm-enqueue``, read by every worker.
 
     A core (model, sampling, priority, cache, schema, reduce), the kind of request its
-    prompts are sent as, and its place in a workflow: the workflow's first job and its step
-    there, and the flow its answers go on to. ``model`` None means "whatever model the
-    endpoint serves" (read from ``/v1/models``).
+    prompts are sent as, whether its entries have an affinity, and the flow its answers go
+    on to (its place in a workflow is its name's: :func:`common.keys.group_of`). ``model``
+    None means "whatever model the endpoint serves" (read from ``/v1/models``).
     """
 
     job: str
@@ -238,15 +238,12 @@ class JobSpec(msgspec.Struct, frozen=True, omit_defaults=True):
     # (vLLM counts a list's total only): list completions ask for token ids, embeddings go one
     # input a request. It costs throughput; the job's total is exact either way.
     line_usage: bool = False
-    # A later step of a workflow: its first job (whose name its own extends) and which step
-    # it is ("" and 0: a job of its own, or a workflow's first step).
-    parent: str = ""
-    step: int = 0
     # Where its committed answers go on (None: nowhere, they are only collected).
     flow: FlowRef | None = None
-    # Its entries are queued in lanes, each for the endpoint whose engine holds its prefix
-    # (see common/store/lanes.py): that endpoint takes them first, another only late.
-    laned: bool = False
+    # Its entries have an affinity: each may be queued in the lane of the endpoint whose
+    # engine holds its prefix (see common/store/lanes.py), which takes it first; another
+    # endpoint takes it only late. Its group (common.keys.group_of) shares one turn.
+    affinity: bool = False
     # Which life of the name this is: set when the job is created (a random token), so that
     # work taken from a job deleted and queued again under its name is never written into the
     # new one. Not a setting: a spec asked for has none.
@@ -254,12 +251,6 @@ class JobSpec(msgspec.Struct, frozen=True, omit_defaults=True):
     # The layout this spec was written in: a later layout says a higher one, so that a reader
     # knows what it reads (none has come yet).
     version: int = 1
-
-    @property
-    def family(self) -> str:
-        """The workflow job it belongs to: its ``parent``, or itself (a first step, a job of
-        its own)."""
-        return self.parent or self.job
 
     @property
     def chat(self) -> bool:

@@ -25,7 +25,7 @@ from arq.connections import ArqRedis
 
 from swarm_queue.common.arqconf import arq_pool
 from swarm_queue.common.chat import Message, ToolCall
-from swarm_queue.common.keys import lane_name, step_name
+from swarm_queue.common.keys import group_of, lane_name, step_name
 from swarm_queue.common.models import JobSpec, PromptItem, Result, decode_item, result_or_failure
 from swarm_queue.common.schema import validator_of
 from swarm_queue.common.settings import Settings
@@ -134,7 +134,9 @@ class AgentFlow(Flow):
         return {
             name: spec
             for name, spec in specs.items()
-            if spec.step == 0 and agent_of(spec) is not None and not await self._complete(spec)
+            if not group_of(name)[1]
+            and agent_of(spec) is not None
+            and not await self._complete(spec)
         }
 
     def _agent_job(self, spec: JobSpec) -> AgentSpec:

@@ -211,7 +211,7 @@ def build_agents(
     specs = []
     for k in range(agent.max_turns):
         turn = guided if k == last or not tools else spec
-        place = {"parent": job, "step": k, "laned": True} if k else {}
+        place = {"affinity": True} if k else {}
         specs.append(
             msgspec.structs.replace(
                 turn,

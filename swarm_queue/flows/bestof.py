@@ -115,7 +115,7 @@ def build_best_of(
         judge_spec, said = build_spec(job, judging, source=f"judge of {job}")
     except ConfigError as exc:
         raise ConfigError(f"the judge: {exc}") from None
-    judge_spec = msgspec.structs.replace(judge_spec, job=step_name(job, 1), parent=job, step=1)
+    judge_spec = msgspec.structs.replace(judge_spec, job=step_name(job, 1))
     settings = BestOf(judge=judge_spec.job, template=judge, n=n)
     first = msgspec.structs.replace(
         first, flow=FlowRef(kind=KIND, settings=msgspec.to_builtins(settings))

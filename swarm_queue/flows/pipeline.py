@@ -168,8 +168,7 @@ def build_pipeline(
                 samples=after is _SAMPLES,
             )
             flow = FlowRef(kind=KIND, settings=msgspec.to_builtins(link))
-        place = {"parent": job, "step": k} if k else {}
-        specs.append(msgspec.structs.replace(spec, job=step_name(job, k), flow=flow, **place))
+        specs.append(msgspec.structs.replace(spec, job=step_name(job, k), flow=flow))
     if reduce is not None:  # over the last step's answers, in input order
         specs[-1] = msgspec.structs.replace(specs[-1], reduce=reduce)
     if len(specs) > MAX_STEPS:

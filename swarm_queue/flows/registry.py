@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from swarm_queue.common.keys import group_of
 from swarm_queue.common.models import JobSpec
 from swarm_queue.common.output import JobOutput
 from swarm_queue.flows.agentflow import AgentFlow
@@ -21,6 +22,6 @@ FLOWS: tuple[type[Flow], ...] = (PipelineFlow, AgentFlow, BestOfFlow)
 def output_of(spec: JobSpec) -> type[JobOutput[Any]] | None:
     """How the job of ``spec`` (a workflow's first step) is written, when its flow writes its
     own lines (see :mod:`common.output`); None for any other job (a plain job's)."""
-    if spec.flow is None or spec.step:
+    if spec.flow is None or group_of(spec.job)[1]:
         return None
     return next((f.output for f in FLOWS if f.name == spec.flow.kind), None)

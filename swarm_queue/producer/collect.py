@@ -23,6 +23,7 @@ import msgspec
 from swarm_queue.common.cli import Parser, add_redis_arg, open_job_store, run
 from swarm_queue.common.errors import ConfigError
 from swarm_queue.common.final import encode_final
+from swarm_queue.common.keys import group_of
 from swarm_queue.common.models import JobSpec
 from swarm_queue.common.output import JobOutput
 from swarm_queue.common.store import JobStore
@@ -178,10 +179,10 @@ def _refuse_a_step(job: str, spec: JobSpec) -> None:
     """A workflow's later step is no job to collect alone: a pipeline step's rows are numbered
     as it was fed, not by input (seen: a step collected as if its rows were the inputs'). An
     agent job's later turns (job:s1...) are collected as the jobs they are."""
-    if spec.step and agent_of(spec) is None:
-        base = spec.parent
+    base, step = group_of(spec.job)
+    if step and agent_of(spec) is None:
         raise ConfigError(
-            f"{job} is step {spec.step} of pipeline {base}: its results are numbered in the "
+            f"{job} is step {step} of pipeline {base}: its results are numbered in the "
             f"order the step was fed, not by input. Collect {base}: one row per input with "
             "every step's answer (--format csv or parquet: a column each)"
         )

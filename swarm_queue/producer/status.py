@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from swarm_queue.common.abilities import Need, needs, unmet
 from swarm_queue.common.cli import Parser, add_redis_arg, open_job_store, run, settings_from_args
 from swarm_queue.common.fleet import SILENT_PERIODS, EndpointInfo, EndpointStats, waiting_reason
-from swarm_queue.common.keys import stage_name
+from swarm_queue.common.keys import group_of, stage_name
 from swarm_queue.common.models import JobSpec
 from swarm_queue.common.redisurl import mask_url
 from swarm_queue.common.store import JobStatus, JobStore
@@ -187,7 +187,7 @@ async def _show(store: JobStore, job: str) -> tuple[bool, bool]:
         ),
         flush=True,
     )
-    if agent_of(spec) is not None and spec.step == 0:  # an agent job, not one of its turns
+    if agent_of(spec) is not None and not group_of(job)[1]:  # an agent job, not its turns
         print(await agent_lines(store, spec), flush=True)
     if fleet is not None and (why := await lacking_workers(store, spec, fleet, now)):
         print(f"  waiting: {why}", flush=True)

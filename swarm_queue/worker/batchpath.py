@@ -380,14 +380,14 @@ class BatchPath:
                 deaths = {eid: n for eid, _, n in deliveries}
                 await self.store.start(job, {eid: deaths[eid] for eid, _, _ in items}, gen=gen)
                 share = self.engine.shares.get(job, 0)
-                self.inflight.preempt_below(spec.priority, job, share, spec.family)
+                self.inflight.preempt_below(spec.priority, job, share)
             model = self.served.model_for(spec)
             if model is None:
                 raise ModelNotServed(self.client.label, "serves no model")
             self.figures.job(job, time.monotonic()).model = model
             dim = await self._dim(spec)
-            # A flow's chat answers time the endpoint's pace; an agent's turns (laned) may be
-            # handed on while they wait in a busy engine.
+            # A flow's chat answers time the endpoint's pace; entries of an affinity (an
+            # agent's turns) may be handed on while they wait in a busy engine.
             answers = Answers(self.pace) if early is not None and not copy else None
             request = self.inflight.start(
                 self.runner.run(
@@ -400,8 +400,7 @@ class BatchPath:
                 ),
                 spec.priority,
                 job,
-                spec.family,
-                size=len(items) if spec.laned else 0,
+                size=len(items) if spec.affinity else 0,
                 answers=answers,
             )
             began = time.monotonic()

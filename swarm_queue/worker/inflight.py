@@ -13,6 +13,7 @@ from collections.abc import Coroutine
 from enum import StrEnum
 from typing import Any, NamedTuple
 
+from swarm_queue.common.keys import group_of
 from swarm_queue.common.models import Result
 
 __all__ = ["Answers", "Cancelled", "InFlight", "Pace", "Request"]
@@ -86,12 +87,12 @@ class Answers:
 
 
 class _Held(NamedTuple):
-    """What is kept of a request in flight: its priority, job and family, and, for a batch
-    that may be handed on, its size and its answers so far."""
+    """What is kept of a request in flight: its priority, job and the job's group, and, for
+    a batch that may be handed on, its size and its answers so far."""
 
     priority: int
     job: str
-    family: str
+    group: str
     size: int
     answers: Answers | None
 
@@ -100,7 +101,7 @@ class InFlight:
     """One endpoint's requests in flight."""
 
     def __init__(self) -> None:
-        # Each request's priority, job and family (its workflow job), oldest first.
+        # Each request's priority, job and group (see common.keys.group_of), oldest first.
         self._running: dict[Request, _Held] = {}
         self._why: dict[Request, Cancelled] = {}
 
@@ -112,16 +113,15 @@ class InFlight:
         request: Coroutine[Any, Any, list[Result]],
         priority: int,
         job: str,
-        family: str = "",
         *,
         size: int = 0,
         answers: Answers | None = None,
     ) -> Request:
-        """Run ``request`` (of ``job``, at ``priority``; of workflow ``family``, the job's
-        own name by default) as a task held here until removed. A batch of ``size`` prompts
-        whose ``answers`` are counted may be handed on (:meth:`hand_on`)."""
+        """Run ``request`` (of ``job``, at ``priority``) as a task held here until removed. A
+        batch of ``size`` prompts whose ``answers`` are counted may be handed on
+        (:meth:`hand_on`)."""
         task = asyncio.create_task(request)
-        self._running[task] = _Held(priority, job, family or job, size, answers)
+        self._running[task] = _Held(priority, job, group_of(job)[0], size, answers)
         return task
 
     def remove(self, request: Request) -> None:
@@ -136,7 +136,7 @@ class InFlight:
         """The highest priority in flight (None: nothing is)."""
         return max((h.priority for h in self._running.values()), default=None)
 
-    def preempt_below(self, priority: int, job: str, share: int, family: str = "") -> None:
+    def preempt_below(self, priority: int, job: str, share: int) -> None:
         """A batch of ``job`` at ``priority`` starts: cancel the newest request in flight of a
         lower priority, if any, so the engine gives its slots to the urgent prompts now rather
         than after the lower ones (as vLLM's own priority scheduling does). The newest has done
@@ -145,16 +145,17 @@ class InFlight:
         found free slots cannot be known, so the trade is always made; it costs at most one
         lower batch's progress per urgent batch.) Only up to ``share``, the job's fair share
         of batches on this endpoint: the rest are for the other endpoints. Never a batch of
-        the same workflow (``family``: an earlier step of it, say an agent's earlier turn):
-        that work is needed as much, its decoded tokens would be thrown away and its prompts
-        put back behind the later step's, which its continuous batch takes in beside it."""
+        the same group (common.keys.group_of: an earlier step of a workflow, say an agent's
+        earlier turn): that work is needed as much, its decoded tokens would be thrown away
+        and its prompts put back behind the later step's, which its continuous batch takes
+        in beside it."""
         if sum(1 for h in self._running.values() if h.job == job) >= share:
             return
-        family = family or job
+        group = group_of(job)[0]
         lower = [
             r
             for r, h in self._running.items()
-            if h.priority < priority and h.family != family and r not in self._why
+            if h.priority < priority and h.group != group and r not in self._why
         ]
         if lower:
             self._cancel(lower[-1], Cancelled.PREEMPTED)

@@ -20,7 +20,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import NamedTuple
 
-from swarm_queue.common.keys import lane_name
+from swarm_queue.common.keys import group_of, lane_name
 from swarm_queue.common.models import JobSpec
 from swarm_queue.common.settings import Settings
 from swarm_queue.common.store import Hungry, WorkerStore
@@ -69,9 +69,10 @@ class Queued(NamedTuple):
 
 
 def queued(spec: JobSpec) -> Queued:
-    """How the service order weighs ``spec``'s job: an agent's later turn (laned) goes in its
-    agent job's unit, each turn after the one before."""
-    return Queued(spec.job, spec.priority, spec.family if spec.laned else "", spec.step)
+    """How the service order weighs ``spec``'s job: one whose entries have an affinity (an
+    agent's later turn) goes in its group's unit, after the places before it."""
+    group, place = group_of(spec.job)
+    return Queued(spec.job, spec.priority, group if spec.affinity else "", place)
 
 
 def service_order(jobs: list[tuple[str, int]] | list[Queued], turn: int) -> list[str]:
@@ -214,7 +215,7 @@ class Intake:
             claimed = await self._reclaim(spec)
             if claimed:
                 return Taken(spec, claimed)
-            if spec.laned:
+            if spec.affinity:
                 mine = await self.store.take_lane(spec.job, self.lane, self.consumer, batch)
                 if (taken := self._held(spec, mine)) is not None:
                     return taken
@@ -230,7 +231,7 @@ class Intake:
         speculative copies of what other endpoints hold. While its own engine has our
         sequences waiting it takes no other lane's turns: it could not start them either."""
         for spec in jobs:
-            if spec.laned and not self.engine_busy():
+            if spec.affinity and not self.engine_busy():
                 stolen = await self._steal(spec.job)
                 if (taken := self._held(spec, stolen)) is not None:
                     return taken
@@ -239,7 +240,7 @@ class Intake:
         if idle and self.settings.speculate:
             # Not an agent's later turns: a copy on another engine would compute its whole
             # conversation again, and a stuck endpoint's turns come back by its circuit.
-            for spec in (s for s in jobs if not s.laned):
+            for spec in (s for s in jobs if not s.affinity):
                 copies = await self._copies(spec)
                 if copies:
                     return Taken(spec, copies, copy=True)

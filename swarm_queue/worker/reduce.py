@@ -34,7 +34,7 @@ from swarm_queue.common.errors import (
 )
 from swarm_queue.common.feed import enqueue_prompts, take_lock
 from swarm_queue.common.final import LevelInfo, ReduceOutput
-from swarm_queue.common.keys import stage_name
+from swarm_queue.common.keys import group_of, stage_name
 from swarm_queue.common.models import JobSpec, ReduceSpec, Result, timestamp_s
 from swarm_queue.common.reduce import aggregate, failures, load_function, render
 from swarm_queue.common.reducekinds import FUNCTION, REDUCE_KINDS, TREE
@@ -192,9 +192,10 @@ class Reducer:
         """A workflow's later step's results under their inputs' indices, in input order,
         with a failure for each input that stopped before it (a job of its own's: as they
         are)."""
-        if name != spec.job or not spec.parent:  # a tree's level, or a job of its own
+        first, place = group_of(spec.job)
+        if name != spec.job or not place:  # a tree's level, or a job of its own
             return results
-        inputs = (await self.store.status(spec.parent)).total or 0
+        inputs = (await self.store.status(first)).total or 0
         origins = await self.store.step_origins(name)
         by_input = {
             origins[r.index]: msgspec.structs.replace(r, index=origins[r.index])
