@@ -84,7 +84,7 @@ async def swarm_agents(url: str, urls: list[str], n: int) -> dict[str, Any]:
     }
     with open(OUT / "agents-runner.log", "wb") as out:
         runner = subprocess.Popen(
-            [sys.executable, "-m", "arq", "swarm_queue.worker.ToolSettings"],
+            [sys.executable, "-m", "swarm_queue.worker.tools"],
             cwd=ROOT,
             env=env,
             stdout=out,

@@ -61,6 +61,27 @@ def test_each_package_imports_only_those_below_it(package: str) -> None:
     assert not wrong, "\n".join(wrong)
 
 
+# arq is the worker's entry (``arq swarm_queue.worker.WorkerSettings``) and nothing more: no
+# work goes through arq's queue and no module reads a key of arq's.
+ARQ_ENTRY = {"common/arqconf.py", "worker/app.py", "worker/main.py"}
+
+
+def test_only_the_worker_entry_imports_arq() -> None:
+    wrong = []
+    for path in _sources("."):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            else:
+                continue
+            where = path.relative_to(PACKAGE).as_posix()
+            if any(n.split(".")[0] == "arq" for n in names) and where not in ARQ_ENTRY:
+                wrong.append(f"{where}:{node.lineno} imports {names[0]}")
+    assert not wrong, "\n".join(wrong)
+
+
 def _module_of(path: Path) -> str:
     parts = path.relative_to(PACKAGE).with_suffix("").parts
     return ".".join(("swarm_queue", *parts[: -1 if parts[-1] == "__init__" else None]))

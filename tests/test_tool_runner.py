@@ -1,30 +1,29 @@
-"""The tool runner as a real process (arq swarm_queue.worker.ToolSettings): a call asked by
-many at once runs once, an answer kept as a cache only where the tool asks, a tool that raises
-or takes too long answers with its error, a tool the runner does not list is never taken by it:
-its call waits in that tool's own queue, and the runner says which tools it serves."""
+"""The tool runner as a real process (``swarm-tools``): a call asked by many at once runs
+once, an answer kept as a cache only where the tool asks, a tool that raises or takes too long
+answers with its error, a tool the runner does not list is never taken by it: its call waits
+in that tool's own stream, and the runner says which tools it serves. A runner that dies has
+its calls taken over, at most MAX_RUNS runs in all."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import subprocess
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
-from arq import create_pool
-from arq.constants import in_progress_key_prefix
 
-from swarm_queue.common.arqconf import arq_redis_settings, job_deserializer, job_serializer
-from swarm_queue.common.errors import ConfigError, StoreUnavailable
+from swarm_queue.common.errors import ConfigError
+from swarm_queue.common.keys import GROUP
 from swarm_queue.common.settings import Settings
 from swarm_queue.common.store import JobStore
-from swarm_queue.common.tools import BEGUN, CLAIM_UNQUEUED_S, HAND_OVER_S, ToolAnswer, tool_key
+from swarm_queue.common.tools import HAND_OVER_S, MAX_RUNS, ToolAnswer, tool_key
 from swarm_queue.flows.toolcalls import ToolCaller
 from swarm_queue.worker.toollimits import check_limits
+from swarm_queue.worker.tools import ToolDrain, ToolRunner
 from tests.harness import tool_runner
-from tests.helpers import wait_until
+from tests.helpers import until, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -37,11 +36,21 @@ def runner(
 ) -> Iterator[tuple[Path, subprocess.Popen[bytes]]]:
     log = tmp_path / "runs.log"
     log.touch()
-    env = {"SWARM_REDIS_URL": redis_url, "SWARM_PREFIX": prefix, "SWARM_TOOL_TIMEOUT_S": "1"}
-    proc = tool_runner(env, log, tmp_path / "runner.log")
+    proc = tool_runner(_env(redis_url, prefix), log, tmp_path / "runner.log")
     yield log, proc
     proc.terminate()
     proc.wait(timeout=30)
+
+
+def _env(redis_url: str, prefix: str, timeout_s: str = "1") -> dict[str, str]:
+    """A runner's settings: this test's Redis, calls cut at ``timeout_s``, and a runner that
+    dies has its calls taken over after 2 s."""
+    return {
+        "SWARM_REDIS_URL": redis_url,
+        "SWARM_PREFIX": prefix,
+        "SWARM_TOOL_TIMEOUT_S": timeout_s,
+        "SWARM_CLAIM_IDLE_MS": "2000",
+    }
 
 
 @pytest.fixture
@@ -49,13 +58,7 @@ async def caller(make_settings: Callable[..., Settings]) -> AsyncIterator[ToolCa
     """Tool calls asked of this test's Redis (its store as ``caller.store``)."""
     settings: Settings = make_settings()
     store = JobStore.from_settings(settings)
-    pool = await create_pool(
-        arq_redis_settings(settings),
-        job_serializer=job_serializer,
-        job_deserializer=job_deserializer,
-    )
-    yield ToolCaller(store, pool, settings)
-    await pool.aclose()
+    yield ToolCaller(store, settings)
     await store.close()
 
 
@@ -70,7 +73,7 @@ async def _all_answered(
 
 
 async def test_calls_asked_together_claim_each_distinct_call_once(caller: ToolCaller) -> None:
-    """A round of agents asks its calls together: a call asked by many is claimed and queued
+    """A round of agents asks its calls together: a call asked by many is queued and claimed
     once, the repeats counted as sharing its run, the keys given back in the order asked."""
     add, other = '{"a": 1, "b": 2}', '{"url": "doi:1"}'
     calls = [("slow_add", add), ("fetch", other), ("slow_add", add), ("slow_add", add)]
@@ -112,7 +115,7 @@ async def test_tool_calls_run_once_and_fail_as_answers(
         while not all(a is not None for a in await caller.answers(served)):  # noqa: ASYNC110 - another process answers, in Redis
             await asyncio.sleep(0.05)
     answers = dict(zip([n for _, n, _ in calls], await caller.answers(calls), strict=True))
-    # rm_rf, which the runner does not allow, is not taken: it waits in its own queue.
+    # rm_rf, which the runner does not allow, is not taken: it waits in its own stream.
     assert answers["rm_rf"] is None
     store = caller.store
     assert await store.tool_queued(["rm_rf", "fetch"]) == {"rm_rf": 1, "fetch": 0}
@@ -143,13 +146,13 @@ async def test_a_call_answered_between_two_reads_is_returned_and_not_counted_as_
     again, and counts no other asker's run (seen once in CI: 51 calls shared of 50)."""
     store = caller.store
     key = await caller.ask("slow_add", '{"a": 1, "b": 2}')
-    real_claims = store.claims
+    real_in_hand = store.in_hand
 
-    async def runner_finishes_first(keys: Sequence[str]) -> list[bytes | None]:
+    async def runner_finishes_first(keys: Sequence[str]) -> list[bool]:
         await store.put_tool_answer(key, ToolAnswer(content="3"), HAND_OVER_S)
-        return await real_claims(keys)
+        return await real_in_hand(keys)
 
-    store.claims = runner_finishes_first  # type: ignore[method-assign]
+    store.in_hand = runner_finishes_first  # type: ignore[method-assign]
     (answer,) = await caller.answers([(key, "slow_add", '{"a": 1, "b": 2}')])
     assert answer == ToolAnswer(content="3")
     assert (caller.queued, caller.shared) == (1, 0)
@@ -203,12 +206,14 @@ async def test_a_call_is_claimed_only_while_no_answer_is_kept(store: JobStore) -
     """The check and the claim are one step: an asker who comes once the answer is kept and
     the claim let go gets that answer and claims nothing (two steps let it claim the call,
     and run it a second time, between the runner's answer and its letting go: seen in CI)."""
-    key = tool_key("slow_add", '{"a": 1, "b": 2}')
-    assert await store.claim_tool(key, 60) is True
-    assert await store.claim_tool(key, 60) is False  # in another's hands
+    args = '{"a": 1, "b": 2}'
+    key = tool_key("slow_add", args)
+    assert await store.ask_tool(key, "slow_add", args, 60) is True
+    assert await store.ask_tool(key, "slow_add", args, 60) is False  # queued already
     await store.put_tool_answer(key, ToolAnswer(content="3"), HAND_OVER_S)
-    assert await store.claim_tool(key, 60) == ToolAnswer(content="3")
+    assert await store.ask_tool(key, "slow_add", args, 60) == ToolAnswer(content="3")
     assert await store.in_hand([key]) == [False]
+    assert await store.redis.xlen(store.keys.tool_calls("slow_add")) == 1  # queued once
 
 
 @pytest.mark.parametrize(
@@ -255,15 +260,15 @@ async def test_a_call_run_again_after_its_runner_died_says_it_ran_twice(
     redis_url: str,
     prefix: str,
 ) -> None:
-    """A runner killed mid-call: arq runs the call again on another runner, and its answer
-    says it ran twice (what an agent's line shows as its tool_runs)."""
+    """A runner killed mid-call: another runner takes the call over once it has been idle the
+    claim idle time, and its answer says it ran twice (what an agent's line shows as its
+    tool_runs)."""
     log, first = runner
     key = await caller.ask("forever", "{}")
     wait_until("the call under way", lambda: "forever" in log.read_text())
     first.kill()
     first.wait()
-    env = {"SWARM_REDIS_URL": redis_url, "SWARM_PREFIX": prefix, "SWARM_TOOL_TIMEOUT_S": "1"}
-    second = tool_runner(env, log, tmp_path / "runner2.log")
+    second = tool_runner(_env(redis_url, prefix), log, tmp_path / "runner2.log")
     try:
         (answer,) = await _all_answered(caller, [(key, "forever", "{}")], timeout_s=60)
     finally:
@@ -282,151 +287,71 @@ async def test_an_answer_asked_for_again_is_kept_the_hand_over_time_from_then(
     store = caller.store
     key = tool_key("slow_add", '{"a": 1, "b": 2}')
     await store.put_tool_answer(key, ToolAnswer(content="3"), 1.0)  # about to expire
-    assert await store.claim_tool(key, 60) == ToolAnswer(content="3")
+    assert await store.ask_tool(key, "slow_add", '{"a": 1, "b": 2}', 60) == ToolAnswer(content="3")
     ttl_ms = await store.redis.pttl(store.keys.tool_answer(key))
     assert HAND_OVER_S * 1000 - 5000 < ttl_ms <= HAND_OVER_S * 1000
     cached = tool_key("fetch", '{"url": "doi:9"}')
     await store.put_tool_answer(cached, ToolAnswer(content="<page>"), 3 * HAND_OVER_S)
-    assert await store.claim_tool(cached, 60) == ToolAnswer(content="<page>")
+    assert await store.ask_tool(cached, "fetch", '{"url": "doi:9"}', 60) == ToolAnswer(
+        content="<page>"
+    )
     assert await store.redis.pttl(store.keys.tool_answer(cached)) > HAND_OVER_S * 1000
 
 
-async def test_a_sibling_queues_worker_that_loses_redis_is_started_again(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+async def test_a_call_waiting_its_turn_is_queued_once_and_its_claim_renewed_while_it_waits(
+    caller: ToolCaller,
 ) -> None:
-    """arq's poll loop dies of a connection lost mid-WATCH (a Redis Cluster primary killed):
-    the worker of a second tool's queue must come back, or that tool's calls wait for ever
-    (seen: an agent job stalled after a failover, its runner alive, its slow_add queue not)."""
-    from redis.exceptions import WatchError
-
-    from swarm_queue.worker import tools
-
-    monkeypatch.setattr(tools, "SIBLING_RESTART_S", 0.0)
-    made: list[object] = []
-
-    class _Fake:
-        def __init__(self) -> None:
-            self.tasks: dict[str, asyncio.Task[None]] = {}
-            self.pool = None
-            made.append(self)
-
-        async def main(self) -> None:
-            if len(made) < 3:
-                raise WatchError("A ConnectionError occurred on while watching one or more keys")
-
-    sibling = tools._Sibling("slow_add", _Fake)
-    with caplog.at_level(logging.WARNING, "swarm"):
-        await sibling.run()
-    assert len(made) == 3 and sibling.worker is made[-1]  # started twice more, then ran out
-    assert caplog.text.count("the slow_add queue's worker lost Redis (WatchError") == 2
-
-
-async def test_a_try_arq_did_not_queue_is_not_held_for_the_calls_whole_time(
-    caller: ToolCaller, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Seen after a Redis restart (an agent parked for good, its call claimed for 420 s and
-    no try queued): redis-py raises WatchError when a connection is lost inside a WATCHed
-    transaction, and arq's ``enqueue_job`` answers that with None, as for a job ID already
-    taken. A call's ID is new each time, so None means not queued: the asker hears Redis was
-    unavailable and the claim stays the seconds of an unqueued try."""
-    store = caller.store
-    key = tool_key("fetch", '{"url": "doi:watch"}')
-
-    async def watch_broken(*_: object, **__: object) -> None:
-        return None  # what arq returns on redis-py's WatchError
-
-    monkeypatch.setattr(caller.pool, "enqueue_job", watch_broken)
-    with pytest.raises(StoreUnavailable, match="'fetch' try was not queued"):
-        await caller.ask("fetch", '{"url": "doi:watch"}')
-    assert 0 < await store.redis.pttl(store.keys.tool_claim(key)) <= CLAIM_UNQUEUED_S * 1000
-    assert caller.queued == 0
-
-
-async def test_a_try_arq_marked_taken_and_no_runner_began_is_asked_again(
-    runner: tuple[Path, subprocess.Popen[bytes]], caller: ToolCaller
-) -> None:
-    """Seen after a Redis restart (an agent stalled minutes on a call queued, its claim held):
-    arq marks a job taken (its in-progress key, the job's timeout and more) before running
-    it; the mark's reply lost with its connection, arq took the job for another runner's and
-    left it, marked, to nobody. A try marked taken at two looks a grace apart and begun by no
-    runner is lost: its call is claimed again and a new try queued, which the runner runs."""
-    log, _ = runner
-    store, args = caller.store, '{"url": "doi:unbegun"}'
-    caller.start_grace_s = 0  # each look a grace after the one before
-    key = await caller.ask("fetch", args)
-    lost = (await store.claims([key]))[0]
-    assert lost is not None and lost.startswith(b"{arq:abort}")  # the try's arq job ID
-    # What arq's lost mark leaves: the job queued and marked taken, for minutes.
-    await caller.pool.psetex(in_progress_key_prefix + lost.decode(), 600_000, b"1")
-    assert await caller.answers([(key, "fetch", args)]) == [None]
-    assert caller.queued == 1  # one look: a runner may be about to begin it
-    answers = await _all_answered(caller, [(key, "fetch", args)])
-    assert answers[0] is not None and answers[0].ok
-    assert caller.queued == 2 and log.read_text().split() == ["fetch"]  # the new try, once
-    # The lost one, left to arq. (Counting the queue would race arq's own cleanup of the new
-    # try, which drops it from the queue only after its answer is written: seen, 2 under load.)
-    assert await store.redis.zscore(store.keys.tool_queue("fetch"), lost) is not None
-
-
-async def test_a_call_is_asked_again_once_for_a_try_no_runner_began(caller: ToolCaller) -> None:
-    """A runner of an earlier version never says on the claim that it began a try: its
-    tries look unbegun while it runs them. A call is asked again once for that within its
-    claim's time, so such a runner's long call is run at most twice, not every grace."""
-    store, args = caller.store, '{"url": "doi:older"}'
-    caller.start_grace_s = 0
-    key = await caller.ask("fetch", args)
-    for _ in range(2):  # two tries, each marked taken and never said begun
-        try_id = (await store.claims([key]))[0]
-        assert try_id is not None and try_id.startswith(b"{arq:abort}")
-        await caller.pool.psetex(in_progress_key_prefix + try_id.decode(), 600_000, b"1")
-        for _ in range(3):
-            assert await caller.answers([(key, "fetch", args)]) == [None]
-    assert caller.queued == 2
-
-
-async def test_a_try_waiting_its_turn_or_begun_is_not_asked_again(caller: ToolCaller) -> None:
-    """A try queued behind others (not marked taken), or begun by a runner that still serves
-    the tool (said on its claim), is waited on however many graces pass: only a try taken and
-    never begun, or begun by a runner that is gone, is lost."""
+    """A call no runner has taken yet (runners busy, or none serving its tool) is asked again
+    every quarter of its claim's time by who waits on it: that renews its claim (it would
+    otherwise lapse and the call be queued twice) and queues nothing."""
     store, args = caller.store, '{"url": "doi:waits"}'
-    caller.start_grace_s = 0
     key = await caller.ask("fetch", args)
+    await store.redis.pexpire(store.keys.tool_claim(key), 5_000)  # about to lapse
     for _ in range(3):
+        caller._asked_at[key] -= caller.claim_s / 4  # a quarter of its claim's time on
         assert await caller.answers([(key, "fetch", args)]) == [None]
-    assert caller.queued == 1
-    try_id = (await store.claims([key]))[0]
-    assert try_id is not None
-    await caller.pool.psetex(in_progress_key_prefix + try_id.decode(), 600_000, b"1")
-    await store.serve_tools("node:7", ["fetch"], 60_000)  # a live runner, which began it
-    await store.begin_try(key, "node:7")
-    for _ in range(3):
-        assert await caller.answers([(key, "fetch", args)]) == [None]
-    assert caller.queued == 1 and (await store.claims([key]))[0] == BEGUN + b"node:7"
+    assert caller.queued == 1 and await store.redis.xlen(store.keys.tool_calls("fetch")) == 1
     assert await store.redis.pttl(store.keys.tool_claim(key)) > (caller.claim_s - 5) * 1000
 
 
-async def test_a_try_whose_runner_was_killed_is_asked_again_once_it_no_longer_serves(
+async def test_a_call_whose_entry_is_gone_is_queued_again_by_who_waits_on_it(
+    caller: ToolCaller,
+) -> None:
+    """Seen with arq beside Redis: agents parked for good on a call claimed for minutes
+    whose try was lost to a Redis restart. Here a call and its claim are queued in one step;
+    if its entry goes anyway (its stream deleted, a Redis restarted without its data), who
+    waits on the call finds the claim naming no entry and queues it again."""
+    store, args = caller.store, '{"url": "doi:lost"}'
+    key = await caller.ask("fetch", args)
+    entry = await store.redis.get(store.keys.tool_claim(key))
+    assert [eid for eid, _ in await store.redis.xrange(store.keys.tool_calls("fetch"))] == [entry]
+    await store.redis.delete(store.keys.tool_calls("fetch"))
+    caller._asked_at[key] -= caller.claim_s / 4
+    assert await caller.answers([(key, "fetch", args)]) == [None]
+    assert caller.queued == 2
+    again = await store.redis.xrange(store.keys.tool_calls("fetch"))
+    assert [eid for eid, _ in again] == [await store.redis.get(store.keys.tool_claim(key))]
+
+
+async def test_a_call_whose_runner_was_killed_is_taken_over_by_another_runner(
     tmp_path: Path, redis_url: str, prefix: str, caller: ToolCaller
 ) -> None:
-    """A runner killed mid-call (a node preempted) leaves its try marked taken by arq for the
-    tool's timeout and more (here 130 s), every agent waiting on the call meanwhile (seen:
-    140 agents). Its label lapses from the tool's runners within seconds: the asker then
-    takes the try for lost, and another runner answers the call."""
+    """A runner killed mid-call (a node preempted): its call's entry stays in its hands,
+    unrenewed, and a live runner takes it over once idle the claim idle time (here 2 s),
+    without the call being queued again (before, with arq: 130 s at the defaults, every
+    agent waiting on the call meanwhile; seen: 140 agents)."""
     log, flag = tmp_path / "runs.log", tmp_path / "hold.flag"
     log.touch()
     flag.touch()
-    env = {"SWARM_REDIS_URL": redis_url, "SWARM_PREFIX": prefix, "SWARM_TOOL_TIMEOUT_S": "60"}
-    store, args = caller.store, json.dumps({"flag": str(flag)})
-    caller.start_grace_s = 0
+    env = _env(redis_url, prefix, timeout_s="60")
+    args = json.dumps({"flag": str(flag)})
     first = tool_runner(env, log, tmp_path / "runner-1.log")
     second = None
     try:
         key = await caller.ask("hold", args)
-
         async with asyncio.timeout(60):  # the first runner runs the tool (another process)
             while log.read_text().split() != ["hold"]:  # noqa: ASYNC110 - another process writes it
                 await asyncio.sleep(0.02)
-        assert ((await store.claims([key]))[0] or b"").startswith(BEGUN)
         first.kill()
         first.wait()
         second = tool_runner(env, log, tmp_path / "runner-2.log")
@@ -438,27 +363,46 @@ async def test_a_try_whose_runner_was_killed_is_asked_again_once_it_no_longer_se
                 proc.terminate()
                 proc.wait(timeout=30)
     assert answers[0] is not None and answers[0].content == "released"
-    assert caller.queued == 2 and log.read_text().split() == ["hold", "hold"]
+    assert answers[0].runs == 2
+    assert caller.queued == 1 and log.read_text().split() == ["hold", "hold"]
 
 
-async def test_a_call_whose_try_was_never_queued_is_claimed_only_for_moments(
-    caller: ToolCaller, monkeypatch: pytest.MonkeyPatch
+async def test_a_call_its_runners_died_running_is_not_run_again_after_max_runs(
+    make_settings: Callable[..., Settings], store: JobStore
 ) -> None:
-    """Seen after a Redis restart: agents parked for good on calls claimed for the call's
-    whole time (minutes) whose tries had never reached the runners' queue. A claim lasts that
-    long only once its try is queued; before, seconds: a lost try is asked again soon."""
-    store = caller.store
-    key = tool_key("fetch", '{"url": "doi:lost"}')
+    """A call that kills its runner (out of memory, say) would be taken over and kill the
+    next, for ever: past MAX_RUNS runs it is answered with that error, not run, and the
+    agents waiting on it go on."""
+    runner = ToolRunner(make_settings(tools=("tests.agent_tools:fetch",)), store)
+    key = tool_key("fetch", '{"url": "doi:oom"}')
+    for _ in range(MAX_RUNS):  # three runs, each runner dying in it
+        await store.count_run(key, 420)
+    answer, _ = await runner.run("fetch", '{"url": "doi:oom"}', key)
+    assert answer.error == "fetch was run 3 times by runners that died running it; not again"
+    assert answer.runs == MAX_RUNS and runner.runs == 0
 
-    async def lost(*_: object, **__: object) -> None:
-        raise ConnectionError("Redis went away before the try was queued")
 
-    monkeypatch.setattr(caller.pool, "enqueue_job", lost)
-    with pytest.raises(Exception, match="went away"):
-        await caller.ask("fetch", '{"url": "doi:lost"}')
-    assert 0 < await store.redis.pttl(store.keys.tool_claim(key)) <= CLAIM_UNQUEUED_S * 1000
-    monkeypatch.undo()
-    await store.redis.delete(store.keys.tool_claim(key))  # (as once those seconds are over)
-    assert await caller.ask("fetch", '{"url": "doi:lost"}') == key  # asked again, queued
-    ttl_ms = await store.redis.pttl(store.keys.tool_claim(key))
-    assert ttl_ms > (caller.claim_s - 5) * 1000
+async def test_a_runner_that_stops_lets_go_of_its_calls_for_another_at_once(
+    make_settings: Callable[..., Settings],
+    caller: ToolCaller,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A runner stopped (Ctrl-C, SIGTERM) while it runs a call cuts it short and lets it go:
+    another runner takes it over at once, not after the claim idle time."""
+    store, flag = caller.store, tmp_path / "hold.flag"
+    flag.touch()
+    monkeypatch.setenv("SWARM_TEST_TOOL_LOG", str(tmp_path / "runs.log"))
+    settings = make_settings(tools=("tests.agent_tools:hold",), claim_idle_ms=600_000)
+    drain = ToolDrain(settings, store)
+    args = json.dumps({"flag": str(flag)})
+    key = await caller.ask("hold", args)
+    running = asyncio.create_task(drain.run())
+    await until("the call taken", lambda: len(drain.running) == 1, timeout_s=30)
+    running.cancel()
+    await asyncio.gather(running, return_exceptions=True)
+    flag.unlink()  # the tool's thread, which a cancel cannot stop, ends
+    taken = await store.take_over_tool_calls("hold", "other", 600_000, 10)
+    assert [(tool, k) for tool, _, k, _ in taken] == [("hold", key)]
+    pending = await store.redis.xpending(store.keys.tool_calls("hold"), GROUP)
+    assert pending["pending"] == 1 and pending["consumers"][0]["name"] == b"other"

@@ -39,7 +39,8 @@ __all__ = [
 ]
 
 DEFAULT_PREFIX = "swarm"
-# The consumer group every worker of every job reads through.
+# The consumer group every worker of every job reads through (and the tool runners, their
+# tools' calls).
 GROUP = "workers"
 # The consumer group of a pipeline step's ``landed`` stream, read by the pumps that feed the
 # next step (see flows/pipeline).
@@ -309,8 +310,9 @@ class Keys:
         return f"{ARQ_TAG}:{self.prefix}:arq:queue"
 
     def tool_claim(self, key: str) -> str:
-        """String, with a TTL: held while one runner has the tool call ``key`` (a digest of
-        the tool and its arguments) in hand; who asks again meanwhile waits for its answer."""
+        """String, with a TTL: the stream entry of the tool call ``key`` (a digest of the tool
+        and its arguments) while it waits for a runner or runs; who asks again meanwhile
+        waits for its answer. Its runner renews it while the call runs."""
         return f"{self.prefix}:{TOOLS_TAG}:claim:{key}"
 
     def tool_answer(self, key: str) -> str:
@@ -335,24 +337,17 @@ class Keys:
         asker started, or kept), and ``runs`` (what the runners ran), since Redis started."""
         return f"{self.prefix}:{TOOLS_TAG}:stats"
 
-    def tool_queue(self, tool: str) -> str:
-        """arq's queue of calls to ``tool``, served only by the tool runners (``swarm-tools``)
-        whose ``SWARM_TOOLS`` allow it: a call is never taken by a runner that would refuse
-        it. Under arq's hash tag like :attr:`arq_queue`."""
-        return f"{ARQ_TAG}:{self.prefix}:tools:queue:{validate_tool_name(tool)}"
-
-    def tool_health_check(self, tool: str) -> str:
-        """String: what arq writes while a runner serves ``tool``'s queue."""
-        return f"{self.tool_queue(tool)}:health-check"
+    def tool_calls(self, tool: str) -> str:
+        """Stream of the calls of ``tool`` waiting for a runner or in one's hands (fields
+        ``k``: the call's key, ``a``: its arguments), read through :data:`GROUP`
+        only by the runners whose ``SWARM_TOOLS`` allow the tool, so that a call never
+        reaches a runner that would refuse it. An entry goes once its answer is kept."""
+        return f"{self.prefix}:{TOOLS_TAG}:calls:{validate_tool_name(tool)}"
 
     def tool_runners(self, tool: str) -> str:
         """Sorted set: runner label -> until when (Redis's clock, ms) it serves ``tool``,
         renewed every few seconds by each live runner that allows it."""
         return f"{self.prefix}:{TOOLS_TAG}:runners:{validate_tool_name(tool)}"
-
-    def tool_job_id(self, key: str, nonce: str) -> str:
-        """The arq job ID of one queued try of the tool call ``key``, under arq's hash tag."""
-        return f"{ARQ_TAG}:{self.prefix}:tool:{key}:{nonce}"
 
     def batch_files(self, project: str) -> str:
         """Hash of the Batch API: file id -> msgpack :class:`common.batchapi.FileObject`, the

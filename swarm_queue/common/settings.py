@@ -149,9 +149,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     claim_idle_ms: Annotated[
         int,
         say(
-            "an unacknowledged batch idle this long is taken over (its worker died); live workers "
-            "refresh their claims every third of it",
+            "an unacknowledged batch (or tool call) idle this long is taken over (its worker or "
+            "runner died); live ones refresh their claims every third of it",
             ge=1,
+            read_by="workers and `swarm-tools`",
         ),
     ] = 60_000
     backoff_base_s: Annotated[float, say("the first retry's delay (doubling, jittered)", gt=0)] = (
@@ -291,8 +292,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     tool_timeout_s: Annotated[
         float,
         say(
-            "the longest a call runs (the runner: its error then the tool's answer), and how long "
-            "a call's claim is held before it is asked again (the workers)",
+            "the longest a call runs (the runner: its error then the tool's answer), and from it "
+            "how long a call's claim lasts unrenewed (the workers)",
             gt=0,
             read_by="`swarm-tools` and workers",
         ),

@@ -1,11 +1,13 @@
 """Tool calls as agents share them: the key that names a call (the tool and its arguments,
 whatever their order), and the answer a tool runner keeps for it.
 
-A call is run once while it is in flight: the first asker claims it (a key with a TTL) and
-queues it for the tool runners; who asks again meanwhile waits for its answer. The answer is
-kept for the waiters, and as a cache for later callers when the tool asks for one (a
-function's ``swarm_cache_s`` attribute). A runner that dies holding a call lets its claim
-expire, and the next asker runs it again: at least once, deduplicated by its key.
+A call is run once while it is in flight: the first asker queues it on its tool's stream and
+claims it (a key with a TTL, holding the entry) in one step; who asks again meanwhile waits
+for its answer. The answer is kept for the waiters, and as a cache for later callers when the
+tool asks for one (a function's ``swarm_cache_s`` attribute). A runner renews the claim and
+its entry's idle time while the call runs; one that dies leaves the entry idle, and another
+runner takes it over after the claim idle time, as workers take over prompts: at least once,
+deduplicated by its key, and at most :data:`MAX_RUNS` runs.
 """
 
 from __future__ import annotations
@@ -16,10 +18,8 @@ import json
 import msgspec
 
 __all__ = [
-    "BEGUN",
-    "CLAIM_UNQUEUED_S",
     "HAND_OVER_S",
-    "START_GRACE_S",
+    "MAX_RUNS",
     "ToolAnswer",
     "claim_s",
     "cut",
@@ -46,32 +46,21 @@ def cut(content: str, max_bytes: int) -> tuple[str, int]:
 
 
 def runner_hold_s(tool_timeout_s: float) -> float:
-    """The longest a runner holds one try of a call: a wait for its tool's limits, then its
-    run, each at most ``tool_timeout_s`` (arq's timeout of a try)."""
+    """The longest a runner holds one run of a call: a wait for its tool's limits, then its
+    run, each at most ``tool_timeout_s``."""
     return 2 * tool_timeout_s + 10
 
 
-# How long a call's claim lasts until its try is queued; then it lasts :func:`claim_s`.
-CLAIM_UNQUEUED_S = 10.0
-
-
-# A call's claim holds "1" until its try is queued, then the try's arq job ID, then BEGUN and
-# the runner's label once a runner has begun that try: what tells an asker a try queued and
-# never begun, or begun by a runner that is gone.
-BEGUN = b"begun:"
-
-# A try that arq marks taken (its in-progress key) at two looks this far apart while no runner
-# has begun it is lost, and asked again; so is a try begun by a runner that no longer says it
-# serves the tool at two such looks (killed: its label lapses from the tool's runners). arq
-# marks a job taken before running it and gives it to another runner only once that mark
-# expires, the tool's whole timeout and more (seen: agents stalled minutes after a Redis
-# restart lost a mark's reply, and 130 s at the defaults after a runner was killed).
-START_GRACE_S = 5.0
+# A call taken over this many times from runners that died running it is answered with that
+# error, not run again: a call that kills its runner (out of memory, say) must not kill every
+# runner of the fleet in turn, and its agents must end.
+MAX_RUNS = 3
 
 
 def claim_s(tool_timeout_s: float) -> float:
-    """How long a call's claim lasts: longer than arq's three tries of it, so that no one
-    asks for it again while a runner may still answer."""
+    """How long a call's claim lasts unrenewed: longer than a call waits for a runner while
+    runners serve its tool, so that no one queues it again meanwhile. (A call whose entry was
+    lost, an operator deleting the stream, is queued again by its next asker after that.)"""
     return 3 * runner_hold_s(tool_timeout_s) + 30
 
 

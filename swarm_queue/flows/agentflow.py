@@ -21,9 +21,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 import msgspec
-from arq.connections import ArqRedis
 
-from swarm_queue.common.arqconf import arq_pool
 from swarm_queue.common.chat import Message, ToolCall
 from swarm_queue.common.keys import group_of, lane_name, step_name
 from swarm_queue.common.models import JobSpec, PromptItem, Result, decode_item, result_or_failure
@@ -126,7 +124,6 @@ class AgentFlow(Flow):
     def __init__(self, store: FlowStore, settings: Settings, *, token: str = "") -> None:
         super().__init__(store, settings, token=token)
         self._caller: ToolCaller | None = None
-        self._tool_queue: ArqRedis | None = None
         self._tool_stats: dict[str, int] = {}
 
     async def find(self) -> dict[str, JobSpec]:
@@ -158,14 +155,8 @@ class AgentFlow(Flow):
         return self._caller
 
     async def ready(self) -> None:
-        if self._caller is None:  # the tool runners' queue, once needed
-            self._tool_queue = await arq_pool(self.settings)
-            self._caller = ToolCaller(self.store, self._tool_queue, self.settings)
-
-    async def close(self) -> None:
-        if self._tool_queue is not None:
-            await self._tool_queue.aclose()
-            self._tool_queue, self._caller = None, None
+        if self._caller is None:
+            self._caller = ToolCaller(self.store, self.settings)
 
     async def gauges(self) -> list[Gauge]:
         """Each running agent job's agents by state, and the tool calls of this Redis."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["ToolSettings", "WorkerSettings"]
+__all__ = ["WorkerSettings"]
 
 
 def __getattr__(name: str) -> Any:
@@ -17,8 +17,4 @@ def __getattr__(name: str) -> Any:
         from swarm_queue.worker.app import load_worker_settings
 
         return load_worker_settings()
-    if name == "ToolSettings":  # a tool runner (swarm-tools)
-        from swarm_queue.worker.tools import load_tool_settings
-
-        return load_tool_settings()
     raise AttributeError(f"module 'swarm_queue.worker' has no attribute {name!r}")

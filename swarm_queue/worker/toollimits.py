@@ -35,8 +35,9 @@ class ToolLimit:
     async def turn(self) -> AsyncIterator[None]:
         """Hold one of the tool's runs for the block; :class:`ToolBusy` if none comes in
         time."""
-        t0 = time.monotonic()
+        waited_s = 0.0  # for a free run: the wait allowed left is what a turn may take
         if self._slots is not None:
+            t0 = time.monotonic()
             try:
                 async with asyncio.timeout(self.max_wait_s):
                     await self._slots.acquire()
@@ -45,9 +46,13 @@ class ToolLimit:
                     f"{self.name} had no free run within {self.max_wait_s:g} s "
                     f"(at most {self.max_concurrent} at once)"
                 ) from None
+            waited_s = time.monotonic() - t0
         try:
             if self.rate_per_s:
-                left = max(0.0, self.max_wait_s - (time.monotonic() - t0))
+                # (Not the time since this call began: calls taken together would each lose
+                # the moments the others took to ask, and a turn exactly the wait away, due,
+                # be refused: seen, of four calls at 1/s with 1 s allowed, one ran.)
+                left = max(0.0, self.max_wait_s - waited_s)
                 wait_s = await self.store.tool_turn(self.name, self.rate_per_s, left)
                 if wait_s is None:
                     raise ToolBusy(

@@ -1,12 +1,15 @@
-"""The tool runner: an arq worker (``swarm-tools``, or ``arq swarm_queue.worker.ToolSettings``)
-that runs agents' tool calls, on any machine. It runs only the functions its own
-``SWARM_TOOLS`` lists (``package.module:function`` or ``package.module:*``): a job names a
-tool, the runner decides
-what code that is. A call is cut at ``SWARM_TOOL_TIMEOUT_S``; a tool that raises or times out
-answers with its error, as OpenAI's API hands a tool's failure to the model, and the runner
-goes on. The answer is kept for the callers that wait on it (see :mod:`common.tools`), as a
-cache for ``swarm_cache_s`` seconds when the function has that attribute; its limits, if it
-declares any, are kept as :mod:`worker.toollimits` says.
+"""The tool runner (``swarm-tools``): runs agents' tool calls, on any machine. It runs only
+the functions its own ``SWARM_TOOLS`` lists (``package.module:function`` or
+``package.module:*``): a job names a tool, the runner decides what code that is.
+
+It drains its tools' call streams as a worker drains prompts: it takes calls through the
+workers' consumer group, says it still runs each (a third of ``SWARM_CLAIM_IDLE_MS``) so that
+no other runner takes it over, and takes over the calls of runners that died. A call is cut
+at ``SWARM_TOOL_TIMEOUT_S``; a tool that raises or times out answers with its error, as
+OpenAI's API hands a tool's failure to the model, and the runner goes on. The answer is kept
+for the callers that wait on it (see :mod:`common.tools`), as a cache for ``swarm_cache_s``
+seconds when the function has that attribute; its limits, if it declares any, are kept as
+:mod:`worker.toollimits` says.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import inspect
 import json
 import logging
 import os
+import signal
 import socket
 import sys
 import time
@@ -25,19 +29,16 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import msgspec
-from arq.worker import Worker, func
-from redis.exceptions import RedisError
 
-from swarm_queue.common.arqconf import arq_connection, job_deserializer, job_serializer
 from swarm_queue.common.cli import Parser, add_redis_arg, run
 from swarm_queue.common.errors import ConfigError, StoreUnavailable
 from swarm_queue.common.keys import validate_tool_name
 from swarm_queue.common.settings import Settings
-from swarm_queue.common.store import JobStore
-from swarm_queue.common.tools import HAND_OVER_S, ToolAnswer, claim_s, cut, runner_hold_s
+from swarm_queue.common.store import JobStore, ToolCall
+from swarm_queue.common.tools import HAND_OVER_S, MAX_RUNS, ToolAnswer, claim_s, cut
 from swarm_queue.worker.toollimits import ToolBusy, ToolLimit, check_limits
 
-__all__ = ["SessionTools", "ToolRunner", "load_tool_settings", "tool_settings"]
+__all__ = ["SessionTools", "ToolDrain", "ToolRunner", "allowed_tools"]
 
 log = logging.getLogger("swarm.tools")
 
@@ -55,8 +56,8 @@ class ToolRunner:
         }
         self.runs = 0
 
-    async def run(self, name: str, arguments: str, key: str) -> ToolAnswer:
-        """Run the call, keep its answer for its waiters, and return it."""
+    async def run(self, name: str, arguments: str, key: str) -> tuple[ToolAnswer, float]:
+        """Run the call; returns its answer and how long to keep it (s)."""
         t0 = time.monotonic()
         fn = self.tools.get(name)
         if fn is None:
@@ -65,32 +66,30 @@ class ToolRunner:
                 runner=self.label,
                 refused=True,
             )
-        else:
-            runs = 0
-            # Said on its claim before any wait for the tool's limits: a try taken and not
-            # begun is what its asker takes for lost (see common.tools.START_GRACE_S).
-            await self.store.begin_try(key, self.label)
-            try:
-                async with self.limits[name].turn():
-                    self.runs += 1
-                    await self.store.count_tools("runs")
-                    runs = await self.store.count_run(key, claim_s(self.settings.tool_timeout_s))
-                    answer = await self._call(fn, name, arguments)
-            except ToolBusy as exc:
-                answer = ToolAnswer(error=str(exc))
-            content, size = cut(answer.content, self.settings.tool_max_bytes)
-            answer = ToolAnswer(
-                content,
-                answer.error,
-                self.label,
-                round(time.monotonic() - t0, 3),
-                truncated_bytes=size,
-                runs=runs,
-            )
+            return answer, HAND_OVER_S
+        runs = await self.store.count_run(key, claim_s(self.settings.tool_timeout_s))
+        if runs > MAX_RUNS:
+            why = f"{name} was run {MAX_RUNS} times by runners that died running it; not again"
+            return ToolAnswer(error=why, runner=self.label, runs=MAX_RUNS), HAND_OVER_S
+        try:
+            async with self.limits[name].turn():
+                self.runs += 1
+                await self.store.count_tools("runs")
+                answer = await self._call(fn, name, arguments)
+        except ToolBusy as exc:
+            answer = ToolAnswer(error=str(exc))
+        content, size = cut(answer.content, self.settings.tool_max_bytes)
+        answer = ToolAnswer(
+            content,
+            answer.error,
+            self.label,
+            round(time.monotonic() - t0, 3),
+            truncated_bytes=size,
+            runs=runs,
+        )
         # Kept for its waiters at least (a slow pump reads it late), and as a cache if asked.
         keep = float(getattr(fn, "swarm_cache_s", 0) or 0) if answer.ok else 0.0
-        await self.store.put_tool_answer(key, answer, max(keep, HAND_OVER_S))
-        return answer
+        return answer, max(keep, HAND_OVER_S)
 
     async def _call(self, fn: Callable[..., Any], name: str, arguments: str) -> ToolAnswer:
         try:
@@ -138,163 +137,121 @@ def allowed_tools(entries: tuple[str, ...]) -> dict[str, Callable[..., Any]]:
     return out
 
 
-async def run_tool(ctx: dict[str, Any], name: str, arguments: str, key: str) -> str:
-    """arq's job: one tool call (its answer goes to Redis, where its callers look)."""
-    runner: ToolRunner = ctx["runner"]
-    answer = await runner.run(name, arguments, key)
-    return "ok" if answer.ok else "error"
-
-
 # How often a runner says again which tools it serves, and for how long each saying holds.
 SERVE_EVERY_S = 2.0
 SERVE_TTL_MS = 10_000
+# How long one read waits for new calls, and after Redis trouble before the next.
+TAKE_BLOCK_MS = 1000
+TROUBLE_REST_S = 1.0
 
 
-def _worker_args(settings: Settings, tool: str) -> dict[str, Any]:
-    """arq's worker arguments for the queue of ``tool``'s calls."""
-    hold_s = runner_hold_s(settings.tool_timeout_s)
-    return {
-        # keep_result=0: the answer lives in its own key (common/tools.py), not arq's.
-        "functions": [func(run_tool, keep_result=0, max_tries=3, timeout=hold_s)],
-        **arq_connection(settings),
-        "queue_name": settings.keys.tool_queue(tool),
-        "health_check_key": settings.keys.tool_health_check(tool),
-        "health_check_interval": 5,
-        "job_serializer": job_serializer,
-        "job_deserializer": job_deserializer,
-        "max_jobs": settings.tool_concurrency,
-        "poll_delay": 0.05,
-    }
+class ToolDrain:
+    """A runner's drain loop over its tools' call streams: at most ``SWARM_TOOL_CONCURRENCY``
+    calls of each tool at once; runs until cancelled, then lets go of the calls it holds."""
 
-
-async def _serve(store: JobStore, label: str, tools: list[str]) -> None:
-    """Say, every few seconds, which tools this runner serves (what agents' waits and
-    ``swarm-status`` read); Redis away only delays the next saying."""
-    while True:
-        try:
-            await store.serve_tools(label, tools, SERVE_TTL_MS)
-        except StoreUnavailable as exc:
-            log.warning("tool runner %s: cannot say what it serves: %s", label, exc)
-        await asyncio.sleep(SERVE_EVERY_S)
-
-
-async def _startup(ctx: dict[str, Any]) -> None:
-    """The runner, and beside the queue arq runs for its first tool, one arq worker for the
-    queue of each other tool it allows (each queue is one tool's, so that no call reaches a
-    runner that would refuse it)."""
-    settings: Settings = ctx["settings"]
-    store = JobStore.from_settings(settings)
-    runner = ToolRunner(settings, store)
-    ctx.update(store=store, runner=runner)
-    names = sorted(runner.tools)
-    shared = {"settings": settings, "store": store, "runner": runner}
-
-    def sibling(name: str) -> Callable[[], Worker]:
-        return lambda: Worker(**_worker_args(settings, name), handle_signals=False, ctx=shared)
-
-    siblings = [_Sibling(name, sibling(name)) for name in names[1:]]
-    ctx["siblings"] = siblings
-    ctx["sibling_tasks"] = [asyncio.create_task(w.run()) for w in siblings]
-    await store.serve_tools(runner.label, names, SERVE_TTL_MS)
-    ctx["serving"] = asyncio.create_task(_serve(store, runner.label, names))
-    log.info(
-        "tool runner %s: %s; Redis %s%s",
-        runner.label,
-        ", ".join(names),
-        settings.redis_url_masked,
-        " (the default: SWARM_REDIS_URL is not set)" if settings.redis_defaulted else "",
-    )
-
-
-# A sibling worker that lost Redis is started again after this long.
-SIBLING_RESTART_S = 1.0
-
-
-class _Sibling:
-    """The arq worker of one more tool's queue, beside the one arq's command runs: started
-    again when its polling dies of Redis trouble (a primary killed in a failover, a restart),
-    which arq's poll loop does not survive, and which would otherwise leave that tool's calls
-    unanswered, said by nothing (seen: an agent job stalled after a Redis Cluster failover)."""
-
-    def __init__(self, name: str, make: Callable[[], Worker]) -> None:
-        self.name, self.make = name, make
-        self.worker = make()
+    def __init__(self, settings: Settings, store: JobStore) -> None:
+        self.settings, self.store = settings, store
+        self.runner = ToolRunner(settings, store)
+        self.label = self.runner.label
+        self.names = sorted(self.runner.tools)
+        self.idle_ms = settings.claim_idle_ms
+        self.running: dict[asyncio.Task[None], ToolCall] = {}
+        self._take_over_at = 0.0
 
     async def run(self) -> None:
+        serving = asyncio.create_task(self._serve())
+        try:
+            await self.store.open_tool_calls(self.names)
+            while True:
+                try:
+                    await self._step()
+                except StoreUnavailable as exc:
+                    log.warning("tool runner %s: %s", self.label, exc)
+                    await asyncio.sleep(TROUBLE_REST_S)
+        finally:
+            serving.cancel()
+            await self._stop()
+
+    def _free(self) -> dict[str, int]:
+        """How many more calls of each tool may run now."""
+        busy = [call[0] for call in self.running.values()]
+        return {t: self.settings.tool_concurrency - busy.count(t) for t in self.names}
+
+    async def _step(self) -> None:
+        free = {t: n for t, n in self._free().items() if n > 0}
+        if not free:
+            await asyncio.wait(self.running, return_when=asyncio.FIRST_COMPLETED)
+            return
+        calls: list[ToolCall] = []
+        if time.monotonic() >= self._take_over_at:  # calls whose runner died
+            self._take_over_at = time.monotonic() + self.idle_ms / 4000
+            for tool, n in free.items():
+                calls += await self.store.take_over_tool_calls(tool, self.label, self.idle_ms, n)
+        if not calls:
+            count = min(free.values())
+            calls = await self.store.take_tool_calls(list(free), self.label, count, TAKE_BLOCK_MS)
+        for call in calls:
+            task = asyncio.create_task(self._one(call))
+            self.running[task] = call
+            task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self.running.pop(task, None)
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            log.warning("tool runner %s: a call failed: %s", self.label, exc)
+
+    async def _one(self, call: ToolCall) -> None:
+        """Run one call, saying it still runs it, and keep its answer."""
+        tool, entry_id, key, arguments = call
+        holding = asyncio.create_task(self._hold(call))
+        try:
+            answer, keep_s = await self.runner.run(tool, arguments, key)
+            await self.store.answer_tool_call(tool, entry_id, key, answer, keep_s)
+        finally:
+            holding.cancel()
+
+    async def _hold(self, call: ToolCall) -> None:
+        """Every third of the claim idle time, say the call is still this runner's."""
+        tool, entry_id, key, _ = call
+        ttl_s = claim_s(self.settings.tool_timeout_s)
+        while True:
+            await asyncio.sleep(self.idle_ms / 3000)
+            with contextlib.suppress(StoreUnavailable):  # the next saying may get through
+                if not await self.store.hold_tool_call(tool, entry_id, self.label, key, ttl_s):
+                    log.warning("tool call %s: taken over by another runner", key)
+                    return
+
+    async def _serve(self) -> None:
+        """Say, every few seconds, which tools this runner serves (what agents' waits and
+        ``swarm-status`` read); Redis away only delays the next saying."""
         while True:
             try:
-                await self.worker.main()
-                return
-            except (RedisError, OSError) as exc:
-                log.warning(
-                    "tool runner: the %s queue's worker lost Redis (%s: %s); starting it again",
-                    self.name,
-                    type(exc).__name__,
-                    exc,
-                )
-            await _close_worker(self.worker)
-            await asyncio.sleep(SIBLING_RESTART_S)
-            self.worker = self.make()
+                await self.store.serve_tools(self.label, self.names, SERVE_TTL_MS)
+            except StoreUnavailable as exc:
+                log.warning("tool runner %s: cannot say what it serves: %s", self.label, exc)
+            await asyncio.sleep(SERVE_EVERY_S)
 
-
-async def _shutdown(ctx: dict[str, Any]) -> None:
-    serving: asyncio.Task[None] | None = ctx.get("serving")
-    if serving is not None:
-        serving.cancel()
-    for sibling, task in zip(ctx.get("siblings", []), ctx.get("sibling_tasks", []), strict=True):
-        await _stop_worker(sibling, task)
-    store: JobStore | None = ctx.get("store")
-    if store is not None:
-        runner: ToolRunner = ctx["runner"]
+    async def _stop(self) -> None:
+        """Cut the calls it runs short and let them go to the other runners at once."""
+        held = dict(self.running)
+        for task in held:
+            task.cancel()
+        await asyncio.gather(*held, return_exceptions=True)
         with contextlib.suppress(StoreUnavailable):
-            await store.serve_tools(runner.label, sorted(runner.tools), 0)
-        await store.close()
-
-
-async def _stop_worker(sibling: _Sibling, task: asyncio.Task[None]) -> None:
-    """Stop a sibling worker as arq stops its own on a signal: its polling ended, the calls
-    it runs cancelled (arq runs each again later, elsewhere), its connections closed."""
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
-    await _close_worker(sibling.worker)
-
-
-async def _close_worker(worker: Worker) -> None:
-    """Cancel the calls ``worker`` runs and close its connections. (Not arq's
-    ``Worker.close()``: it calls redis-py's deprecated ``close()``.)"""
-    for running in worker.tasks.values():
-        running.cancel()
-    await asyncio.gather(*worker.tasks.values(), return_exceptions=True)
-    if worker.pool is not None:
-        with contextlib.suppress(RedisError, OSError):
-            await worker.pool.aclose()
-
-
-def tool_settings(settings: Settings) -> dict[str, Any]:
-    """arq's worker arguments for a tool runner of ``settings``: the queue of its first tool
-    (by name); its startup runs a worker for each other tool's queue beside it."""
-    if not settings.tools:
-        raise ConfigError("no tools to run: set SWARM_TOOLS=package.module:function,...")
-    # Fails here, naming the entry, rather than on a call.
-    tools = allowed_tools(settings.tools)
-    check_limits(tools)
-    return {
-        **_worker_args(settings, min(tools)),
-        "on_startup": _startup,
-        "on_shutdown": _shutdown,
-        "ctx": {"settings": settings},
-    }
+            for tool in self.names:
+                ids = [eid for t, eid, _, _ in held.values() if t == tool]
+                await self.store.let_go_tool_calls(tool, self.label, ids)
+            await self.store.serve_tools(self.label, self.names, 0)
 
 
 class SessionTools:
-    """A tool runner inside a Python session, for that session's own tool functions: one arq
-    worker over their queues, started again with the wider set when more are added."""
+    """A tool runner inside a Python session, for that session's own tool functions: one
+    drain loop over their streams, started again with the wider set when more are added."""
 
     def __init__(self) -> None:
         self.entries: list[str] = []
-        self.worker: Worker | None = None
-        self.task: asyncio.Task[Any] | None = None
+        self.store: JobStore | None = None
+        self.task: asyncio.Task[None] | None = None
 
     async def run(self, settings: Settings, entries: Sequence[str]) -> None:
         """Run ``entries`` (``module:function``) too, beside those already run."""
@@ -304,38 +261,48 @@ class SessionTools:
         await self.stop()
         self.entries = wanted
         runs = msgspec.structs.replace(settings, tools=tuple(wanted))
-        self.worker = Worker(**tool_settings(runs), handle_signals=False)
-        self.task = asyncio.create_task(self.worker.async_run(), name="swarm-tools")
+        self.store = JobStore.from_settings(runs)
+        drain = ToolDrain(runs, self.store)
+        self.task = asyncio.create_task(drain.run(), name="swarm-tools")
 
     async def stop(self) -> None:
-        if self.worker is not None and self.task is not None:
+        if self.task is not None:
             self.task.cancel()
             await asyncio.gather(self.task, return_exceptions=True)
-            worker = self.worker
-            if worker.on_shutdown is not None:
-                await worker.on_shutdown(worker.ctx)
-            await _close_worker(worker)
-        self.worker = self.task = None
+        if self.store is not None:
+            await self.store.close()
+        self.store = self.task = None
 
 
-async def _reach_redis(redis_url: str | None) -> int:
-    """0 once Redis answers (an unreachable one is one clear line within seconds)."""
-    store = JobStore.from_settings(Settings.from_env(os.environ, redis_url=redis_url))
+def _drain(settings: Settings) -> ToolDrain:
+    """The runner of ``settings``, its tools checked (ConfigError naming what is wrong)."""
+    if not settings.tools:
+        raise ConfigError("no tools to run: set SWARM_TOOLS=package.module:function,...")
+    check_limits(allowed_tools(settings.tools))
+    return ToolDrain(settings, JobStore.from_settings(settings))
+
+
+async def _serve_until_stopped(drain: ToolDrain) -> int:
+    """Run ``drain`` until SIGINT or SIGTERM; 0 then."""
+    await drain.store.ping()  # an unreachable Redis is one clear line within seconds
+    log.info(
+        "tool runner %s: %s; Redis %s%s",
+        drain.label,
+        ", ".join(drain.names),
+        drain.settings.redis_url_masked,
+        " (the default: SWARM_REDIS_URL is not set)" if drain.settings.redis_defaulted else "",
+    )
+    task = asyncio.create_task(drain.run())
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, task.cancel)
     try:
-        await store.ping()
+        await task
+    except asyncio.CancelledError:
+        pass
     finally:
-        await store.close()
+        await drain.store.close()
     return 0
-
-
-def load_tool_settings(redis_url: str | None = None) -> dict[str, Any]:
-    """``worker.ToolSettings`` as arq's CLI reads it, from the environment of that moment
-    (``redis_url``: the command line's ``--redis``, over ``SWARM_REDIS_URL``)."""
-    try:
-        return tool_settings(Settings.from_env(os.environ, redis_url=redis_url))
-    except ConfigError as exc:
-        print(f"swarm-tools: error: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -350,15 +317,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     add_redis_arg(p)
     args = p.parse_args(argv)
-    settings_map = load_tool_settings(args.redis)
-    # Redis reached first, with swarm-queue's client: arq's own connection loop waits on an
-    # unreachable one in silence.
-    status = run("swarm-tools", _reach_redis(args.redis))
-    if status:
-        raise SystemExit(status)
+    try:
+        drain = _drain(Settings.from_env(os.environ, redis_url=args.redis))
+    except ConfigError as exc:
+        print(f"swarm-tools: error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    from arq.worker import run_worker
+    raise SystemExit(run("swarm-tools", _serve_until_stopped(drain)))
 
-    run_worker(settings_map)
+
+if __name__ == "__main__":
+    main()

@@ -37,6 +37,7 @@ from swarm_queue.common.store.lanes import Hungry
 from swarm_queue.common.store.outcomes import OutcomeCounts
 from swarm_queue.common.store.roles import CollectorStore, FlowStore, ProducerStore, WorkerStore
 from swarm_queue.common.store.status import JobStatus
+from swarm_queue.common.store.tools import ToolCall
 
 __all__ = [
     "NO_CLIENT_SETINFO",
@@ -51,6 +52,7 @@ __all__ = [
     "Memory",
     "OutcomeCounts",
     "ProducerStore",
+    "ToolCall",
     "WorkerStore",
     "cluster_node_of",
     "connect",

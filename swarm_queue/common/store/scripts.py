@@ -50,10 +50,9 @@ SCRIPT_NAMES = (
     "seal",
     "stage",
     "start",
-    "tool_alive",
-    "tool_claim",
+    "tool_ask",
+    "tool_hold",
     "tool_rate",
-    "tool_retake",
     "tool_runners",
     "tool_serve",
 )
@@ -138,9 +137,8 @@ class Scripts:
     seal: Script
     stage: Script
     start: Script
-    tool_alive: Script
-    tool_claim: Script
+    tool_ask: Script
+    tool_hold: Script
     tool_rate: Script
-    tool_retake: Script
     tool_runners: Script
     tool_serve: Script

@@ -1,68 +1,129 @@
-"""Tool calls shared by agents across jobs: the claim of a call in flight and its answer (see
+"""Tool calls shared by agents across jobs: a call queued on its tool's stream and claimed,
+taken by a runner (or taken over from one that died), and its answer (see
 :mod:`common.tools`). Their keys share the tag ``{~tools}``."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import msgspec
+from redis.exceptions import ResponseError
 
+from swarm_queue.common.keys import GROUP
 from swarm_queue.common.store.base import StoreBase
 from swarm_queue.common.store.boundary import redis_errors
-from swarm_queue.common.tools import (
-    BEGUN,
-    HAND_OVER_S,
-    ToolAnswer,
-    decode_answer,
-    encode_answer,
-)
+from swarm_queue.common.store.connection import redis_code
+from swarm_queue.common.store.delivery import RELEASED_IDLE_MS
+from swarm_queue.common.tools import HAND_OVER_S, ToolAnswer, decode_answer, encode_answer
 
-__all__ = ["Tools"]
+__all__ = ["ToolCall", "Tools"]
+
+
+# A call taken from its tool's stream: (tool, entry ID, the call's key, its arguments).
+ToolCall = tuple[str, bytes, str, str]
 
 
 class Tools(StoreBase):
-    """Claiming a tool call, and its answer."""
+    """Asking for a tool call, the runners' side of its stream, and its answer."""
 
-    async def claim_tool(self, key: str, ttl_s: float) -> ToolAnswer | bool:
+    async def ask_tool(
+        self, key: str, name: str, arguments: str, ttl_s: float
+    ) -> ToolAnswer | bool:
         """The answer kept for the call ``key`` (kept from now on at least HAND_OVER_S more),
-        or else whether this asker took it in hand for ``ttl_s`` (its deadline and retries):
-        False when another has it in hand."""
-        keys = [self.keys.tool_answer(key), self.keys.tool_claim(key)]
-        async with redis_errors(self.url, ""):
-            args = [int(ttl_s * 1000), int(HAND_OVER_S * 1000)]
-            got = await self.scripts.tool_claim(keys=keys, args=args)
+        or else whether this asker queued it now for ``name``'s runners, claimed for
+        ``ttl_s``: False when it is queued or running already (its claim renewed)."""
+        keys = [self.keys.tool_answer(key), self.keys.tool_claim(key), self.keys.tool_calls(name)]
+        args = [int(ttl_s * 1000), int(HAND_OVER_S * 1000), GROUP, key, arguments]
+        async with redis_errors(self.url, "", *keys):
+            got = await self.scripts.tool_ask(keys=keys, args=args)
         if isinstance(got, bytes):
             return _decoded(got)
         return bool(got)
 
-    async def hold_claim(self, key: str, ttl_s: float, try_id: str) -> None:
-        """Keep the claim on the call ``key`` for ``ttl_s`` from now (if it is still held),
-        naming its try: its asker, once the try is queued as arq job ``try_id``."""
-        async with redis_errors(self.url, ""):
-            await self.redis.set(self.keys.tool_claim(key), try_id, px=int(ttl_s * 1000), xx=True)
+    async def open_tool_calls(self, tools: Sequence[str]) -> None:
+        """Make each of ``tools``' streams readable by the runners (created empty if none)."""
+        for tool in tools:
+            async with redis_errors(self.url, "", self.keys.tool_calls(tool)):
+                try:
+                    await self.redis.xgroup_create(
+                        self.keys.tool_calls(tool), GROUP, id="0", mkstream=True
+                    )
+                except ResponseError as exc:
+                    if redis_code(exc) != "BUSYGROUP":  # BUSYGROUP: it exists already
+                        raise
 
-    async def retake_claim(self, key: str, lost: bytes, ttl_s: float) -> bool:
-        """Claim the call ``key`` again for ``ttl_s`` if its claim still says ``lost`` (the
-        lost try's: no runner began it since, no other asker took it over): whether it did."""
+    async def take_tool_calls(
+        self, tools: Sequence[str], consumer: str, count: int, block_ms: int
+    ) -> list[ToolCall]:
+        """Up to ``count`` new calls of ``tools`` for runner ``consumer``, waiting up to
+        ``block_ms`` for one. A stream deleted meanwhile is made again (its calls, if any
+        are asked again by their askers, who find their claims' entries gone)."""
+        streams = {self.keys.tool_calls(t): ">" for t in tools}
+        by_stream = dict(zip(streams, tools, strict=True))
         async with redis_errors(self.url, ""):
-            got = await self.scripts.tool_retake(
-                keys=[self.keys.tool_claim(key)], args=[lost, int(ttl_s * 1000)]
-            )
-        return bool(got)
+            try:
+                reply = await self.redis.xreadgroup(
+                    GROUP, consumer, streams, count=count, block=block_ms
+                )
+            except ResponseError as exc:
+                if redis_code(exc) != "NOGROUP":
+                    raise
+                await self.open_tool_calls(tools)
+                return []
+        return _calls(by_stream, reply or [])
 
-    async def begin_try(self, key: str, label: str) -> None:
-        """Say on the call's claim that runner ``label`` has begun a try of it (see
-        ``BEGUN``)."""
-        claim = BEGUN + label.encode()
-        async with redis_errors(self.url, ""):
-            await self.redis.set(self.keys.tool_claim(key), claim, xx=True, keepttl=True)
+    async def take_over_tool_calls(
+        self, tool: str, consumer: str, idle_ms: int, count: int
+    ) -> list[ToolCall]:
+        """Up to ``count`` calls of ``tool`` idle ``idle_ms`` in another runner's hands (it
+        died, or stopped and let them go), taken over by ``consumer``."""
+        stream = self.keys.tool_calls(tool)
+        async with redis_errors(self.url, "", stream):
+            try:
+                reply = await self.redis.xautoclaim(
+                    stream, GROUP, consumer, idle_ms, start_id="0-0", count=count
+                )
+            except ResponseError as exc:
+                if redis_code(exc) != "NOGROUP":
+                    raise
+                return []
+        return _calls({stream: tool}, [(stream, reply[1])])
 
-    async def runner_serves(self, tool: str, label: str) -> bool:
-        """Whether runner ``label`` still says it serves ``tool`` (its time not run out by
-        Redis's clock)."""
-        async with redis_errors(self.url, ""):
-            got = await self.scripts.tool_alive(keys=[self.keys.tool_runners(tool)], args=[label])
-        return bool(got)
+    async def hold_tool_call(
+        self, tool: str, entry_id: bytes, consumer: str, key: str, ttl_s: float
+    ) -> bool:
+        """Say that ``consumer`` still runs the call ``key`` (entry ``entry_id``): its entry
+        is not taken over, its claim renewed for ``ttl_s``; False when another runner took it
+        over meanwhile."""
+        keys = [self.keys.tool_calls(tool), self.keys.tool_claim(key)]
+        args = [GROUP, consumer, entry_id, int(ttl_s * 1000)]
+        async with redis_errors(self.url, "", *keys):
+            return bool(await self.scripts.tool_hold(keys=keys, args=args))
+
+    async def let_go_tool_calls(self, tool: str, consumer: str, entry_ids: Sequence[bytes]) -> None:
+        """``consumer`` stops without running ``entry_ids``: they are made idle long enough
+        for any runner to take them over at once."""
+        if entry_ids:
+            stream = self.keys.tool_calls(tool)
+            async with redis_errors(self.url, "", stream):
+                await self.redis.xclaim(
+                    stream, GROUP, consumer, 0, list(entry_ids), idle=RELEASED_IDLE_MS, justid=True
+                )
+
+    async def answer_tool_call(
+        self, tool: str, entry_id: bytes, key: str, answer: ToolAnswer, keep_s: float
+    ) -> None:
+        """Keep ``answer`` of the call ``key`` for ``keep_s`` and let go of its claim and its
+        entry (``entry_id``), in one step; its runs are counted anew from here (the next
+        asker's run, another job's, is its own)."""
+        stream = self.keys.tool_calls(tool)
+        async with redis_errors(self.url, "", stream), self.redis.pipeline() as pipe:
+            pipe.set(self.keys.tool_answer(key), encode_answer(answer), px=int(keep_s * 1000))
+            pipe.delete(self.keys.tool_claim(key), self.keys.tool_runs(key))
+            pipe.xack(stream, GROUP, entry_id)
+            pipe.xdel(stream, entry_id)
+            await pipe.execute()
 
     async def tool_turn(self, tool: str, rate_per_s: float, max_wait_s: float) -> float | None:
         """A turn for one run of ``tool``, limited to ``rate_per_s`` across every runner: how
@@ -89,14 +150,20 @@ class Tools(StoreBase):
         return {t: int(n) for t, n in zip(tools, counts, strict=True)}
 
     async def tool_queued(self, tools: Sequence[str]) -> dict[str, int]:
-        """How many calls of each of ``tools`` wait in its queue for a runner to take them."""
+        """How many calls of each of ``tools`` wait in its stream for a runner to take them."""
         if not tools:
             return {}
+        streams = [self.keys.tool_calls(t) for t in tools]
         async with redis_errors(self.url, ""), self.redis.pipeline(transaction=False) as pipe:
-            for t in tools:
-                pipe.zcard(self.keys.tool_queue(t))
-            counts = await pipe.execute()
-        return {t: int(n) for t, n in zip(tools, counts, strict=True)}
+            for stream in streams:
+                pipe.xlen(stream)
+                pipe.xpending(stream, GROUP)
+            replies = await pipe.execute(raise_on_error=False)
+        out = {}
+        for t, length, pending in zip(tools, replies[::2], replies[1::2], strict=True):
+            held = pending["pending"] if isinstance(pending, dict) else 0
+            out[t] = max(0, int(length) - held) if isinstance(length, int) else 0
+        return out
 
     async def tool_answers(self, keys: Sequence[str]) -> list[ToolAnswer | None]:
         """The answers kept for ``keys`` (None: none yet; an unreadable one is an error)."""
@@ -106,17 +173,13 @@ class Tools(StoreBase):
             raws = await self.redis.mget([self.keys.tool_answer(k) for k in keys])
         return [None if raw is None else _decoded(raw) for raw in raws]
 
-    async def claims(self, keys: Sequence[str]) -> list[bytes | None]:
-        """Each call's claim (None: in no one's hands): ``1`` while its try is queued, the
-        try's arq job ID once it is, ``BEGUN`` and the runner's label once one began it."""
+    async def in_hand(self, keys: Sequence[str]) -> list[bool]:
+        """Whether each call is claimed (queued for a runner, or running)."""
         if not keys:
             return []
         async with redis_errors(self.url, ""):
-            return list(await self.redis.mget([self.keys.tool_claim(k) for k in keys]))
-
-    async def in_hand(self, keys: Sequence[str]) -> list[bool]:
-        """Whether each call is claimed (a runner has it, or it is queued for one)."""
-        return [raw is not None for raw in await self.claims(keys)]
+            raws = await self.redis.mget([self.keys.tool_claim(k) for k in keys])
+        return [raw is not None for raw in raws]
 
     async def count_run(self, key: str, keep_s: float) -> int:
         """Count one run of the call ``key`` (kept ``keep_s``); returns its runs so far."""
@@ -143,6 +206,18 @@ class Tools(StoreBase):
             pipe.set(self.keys.tool_answer(key), encode_answer(answer), px=int(keep_s * 1000))
             pipe.delete(self.keys.tool_claim(key), self.keys.tool_runs(key))
             await pipe.execute()
+
+
+def _calls(by_stream: dict[str, str], reply: Any) -> list[ToolCall]:
+    """The calls in an XREADGROUP-shaped ``reply`` (an entry gone from its stream, whose
+    fields are nil, is left out: its asker queues it again)."""
+    out = []
+    for stream, entries in reply:
+        tool = by_stream[stream.decode() if isinstance(stream, bytes) else stream]
+        for eid, fields in entries:
+            if fields:
+                out.append((tool, eid, fields[b"k"].decode(), fields[b"a"].decode()))
+    return out
 
 
 def _decoded(raw: bytes) -> ToolAnswer:

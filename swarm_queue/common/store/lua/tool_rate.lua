@@ -6,7 +6,8 @@
 -- Returns the wait before the run (ms), or -1 when it would be longer than max wait.
 local now = tonumber(now_s())
 local at = math.max(now, tonumber(redis.call('GET', KEYS[1]) or '0'))
-if at - now > tonumber(ARGV[2]) then return -1 end
+-- (The moment is kept to the millisecond: a turn within one of max wait is within it.)
+if at - now > tonumber(ARGV[2]) + 0.001 then return -1 end
 local after = at + tonumber(ARGV[1])
 redis.call('SET', KEYS[1], string.format('%.3f', after), 'PX', math.ceil((after - now) * 1000) + 1000)
 return math.floor((at - now) * 1000)
