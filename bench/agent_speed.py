@@ -224,7 +224,7 @@ async def run(n: int, turns: int, code: Path | None = None) -> dict[str, Any]:
         LOG.unlink(missing_ok=True)
         with open(OUT / "agent-speed-runner.log", "wb") as out:
             runner = subprocess.Popen(
-                [sys.executable, "-m", "swarm_queue.worker.tools"],
+                [sys.executable, "-c", "from swarm_queue.worker.tools import main; main()"],
                 cwd=code or ROOT, stdout=out, stderr=subprocess.STDOUT,
                 env=env if code is None else {**env, "PYTHONPATH": f"{code}:{ROOT}"},
             )  # fmt: skip

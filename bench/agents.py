@@ -84,7 +84,7 @@ async def swarm_agents(url: str, urls: list[str], n: int) -> dict[str, Any]:
     }
     with open(OUT / "agents-runner.log", "wb") as out:
         runner = subprocess.Popen(
-            [sys.executable, "-m", "swarm_queue.worker.tools"],
+            [sys.executable, "-c", "from swarm_queue.worker.tools import main; main()"],
             cwd=ROOT,
             env=env,
             stdout=out,

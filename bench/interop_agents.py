@@ -48,7 +48,7 @@ def agents(checks: Checks, env: dict[str, str], plain: str, tooled: str) -> None
                   "PYTHONPATH": str(REPO)}  # fmt: skip
     with open(WORK / "runner.log", "wb") as fh:
         runner = subprocess.Popen(
-            [sys.executable, "-m", "swarm_queue.worker.tools"],
+            [sys.executable, "-c", "from swarm_queue.worker.tools import main; main()"],
             cwd=REPO, env=runner_env, stdout=fh, stderr=subprocess.STDOUT,
         )  # fmt: skip
     try:
