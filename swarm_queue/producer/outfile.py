@@ -139,13 +139,6 @@ def claim_output(
     return cursors, cursor
 
 
-def _holds_bytes(path: str) -> bool:
-    try:
-        return os.path.getsize(path) > 0
-    except FileNotFoundError:
-        return False
-
-
 def _refreshable(sink: object) -> Refreshable | None:
     """``sink`` if its format can bring a complete output up to date (see LineSink.refresh)."""
     return sink if callable(getattr(sink, "refresh", None)) else None  # type: ignore[return-value]

@@ -127,15 +127,6 @@ def format_status(
     return "\n".join(lines)
 
 
-async def waiting_for(
-    store: JobStore, job: str, fleet: Sequence[EndpointInfo], now: float
-) -> str | None:
-    """Why no live endpoint can serve the running stage of ``job`` (None: one can), as of
-    ``now`` (Redis's clock, as every worker's figures are stamped)."""
-    spec = await store.load_spec(job)
-    return waiting_reason(spec.model, fleet, now)
-
-
 async def lacking_workers(
     store: JobStore, spec: JobSpec, fleet: Sequence[EndpointInfo], now: float
 ) -> str | None:
