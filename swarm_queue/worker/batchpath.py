@@ -17,18 +17,14 @@ import msgspec
 
 from swarm_queue.common.errors import (
     BadRecordError,
-    EndpointError,
     EndpointMalformed,
     EndpointUnusable,
     JobGoneError,
     ModelNotServed,
-    RouteMissing,
     StoreUnavailable,
 )
-from swarm_queue.common.fleet import takers
 from swarm_queue.common.models import JobSpec, Result
 from swarm_queue.common.perprompt import answered
-from swarm_queue.common.request import route_of
 from swarm_queue.common.schema import validator_of
 from swarm_queue.common.store import Commit, index_of
 from swarm_queue.common.throttle import Throttled
@@ -42,6 +38,7 @@ from swarm_queue.worker.context import DrainContext
 from swarm_queue.worker.deliveries import Decoded, Finished, Triage, dead_letters, decode_deliveries
 from swarm_queue.worker.early import EarlyCommits
 from swarm_queue.worker.figures import EndpointFigures
+from swarm_queue.worker.giveback import GiveBack
 from swarm_queue.worker.inflight import Answers, Cancelled, InFlight, Pace, Request
 from swarm_queue.worker.intake import Delivery, Intake
 from swarm_queue.worker.served import ServedModels
@@ -52,12 +49,6 @@ __all__ = ["BatchPath"]
 
 log = logging.getLogger("swarm.worker")
 said = Throttled(log)
-
-# An entry given back by this many endpoints because their answers to it could not be used
-# fails then, rather than going round the fleet again; and so does one given back this many
-# times in all (an endpoint may take back what it gave back, while no other takes it).
-MAX_STRIKES = 3
-MAX_GIVE_BACKS = 2 * MAX_STRIKES
 
 
 class _Dropped(Exception):
@@ -110,6 +101,16 @@ class BatchPath:
         self._backoff = backoff
         self._dims: dict[tuple[str, str], int] = {}  # (job, generation) -> its dimension
         self.pace = Pace()  # of this endpoint's flow chat answers (see worker/inflight.py)
+        self.giveback = GiveBack(
+            engine,
+            client.label,
+            consumer,
+            served=served,
+            circuit=circuit,
+            intake=intake,
+            commit=self._commit,
+            count=self._count,
+        )
 
     def _count(self, job: str, commit: Commit) -> None:
         self.figures.count(job, commit.done, commit.failed, time.monotonic())
@@ -219,7 +220,7 @@ class BatchPath:
                 tally.take(early.shaped.values())
             rest, left_out, keys, answers = settled(items, sent, keys, shape, early)
             if left_out and not copy:  # choices it kept leaving out: another endpoint's to try
-                results = await self._given_back(spec, results, left_out)
+                results = await self.giveback.prompts(spec, results, left_out)
             results += [(eid, r, payload) for (eid, payload, _), r in rest]
             tally.take(r for _, r, _ in results)  # what each carries counts with it
         if results or early is None:
@@ -273,92 +274,13 @@ class BatchPath:
                 for d in items
                 if early is None or d[0] not in early.ids
             ]
-            results = await self._given_back(spec, results, unanswered)
+            results = await self.giveback.prompts(spec, results, unanswered)
             if results:
                 self._count(spec.job, await self._commit(spec, results))
             self.circuit.trip(cause)
             return
         lost = isinstance(exc, GiveUp) and exc.lost and not copy  # (a copy's are its holder's)
-        await self._release(spec, ids, cause, self.served.model_for(spec), lost=lost)
-
-    async def _takers(self, spec: JobSpec) -> int:
-        """How many other endpoints may take work of ``spec``'s job now: this worker's own,
-        and the fleet registry's (an unreadable registry counts as one: the strikes decide)."""
-        mine = self.engine.takers(spec)
-        try:
-            now = await self.store.server_time()
-            theirs = takers(spec.model, await self.store.read_fleet(), now)
-        except BadRecordError:
-            theirs = {""}
-        return len((mine | theirs) - {self.client.label})
-
-    async def unanswerable(
-        self, spec: JobSpec, deliveries: list[Delivery], cause: EndpointMalformed
-    ) -> None:
-        """Entries this endpoint took while it answers unusably, never sent: each goes to
-        another endpoint if one can take it now, or fails with ``cause``."""
-        items, results = decode_deliveries(deliveries, self.client.label)
-        unanswered = [Unanswered(d, str(cause), FailureKind.MALFORMED) for d in items]
-        try:
-            results = await self._given_back(spec, results, unanswered)
-            if results:
-                self._count(spec.job, await self._commit(spec, results))
-        finally:  # taken in hand by the intake; a job queued again reuses their IDs
-            self.intake.hand(spec.job).difference_update(eid for eid, _, _ in deliveries)
-
-    async def _given_back(
-        self, spec: JobSpec, results: list[Finished], unanswered: list[Unanswered]
-    ) -> list[Finished]:
-        """Give ``unanswered`` prompts back to other endpoints, but for those no other can
-        take (none serves the job's model with its circuit closed, or it has been given back
-        MAX_STRIKES times): those fail with their reason, added to ``results`` to commit. A
-        prompt one endpoint failed to answer is tried elsewhere before it fails."""
-        strikes = await self.store.strikes(spec.job, [u.decoded[0] for u in unanswered])
-        others = await self._takers(spec)
-        back: dict[int, list[bytes]] = {}  # by the requests that carried them here
-        out = list(results)
-        for u, (n, times, tries) in zip(unanswered, strikes, strict=True):
-            eid, payload, item = u.decoded
-            if others and n + 1 < MAX_STRIKES and times + 1 < MAX_GIVE_BACKS:
-                back.setdefault(u.attempts, []).append(eid)
-                continue
-            where = (
-                "no other endpoint serves the job's model"
-                if not others
-                else f"given back by {n + 1} endpoints"
-                if n + 1 >= MAX_STRIKES
-                else f"given back {times + 1} times"
-            )
-            failed = Result(
-                index=item.index,
-                endpoint=self.client.label,
-                error=f"{u.why}; {where}",
-                error_kind=u.kind,
-                attempts=u.attempts + tries,  # its tries on the endpoints that gave it back too
-                custom_id=item.custom_id,
-            )
-            out.append((eid, failed, payload))
-        if back:
-            self._let_go(spec.job, [eid for ids in back.values() for eid in ids])
-            with contextlib.suppress(StoreUnavailable):
-                for tried, ids in back.items():
-                    await self.store.release(
-                        spec.job, self.consumer, ids, gen=spec.generation, strike=True, tries=tried
-                    )
-            self.engine.reclaim_soon(spec.job)
-        said.say(
-            logging.WARNING,
-            f"unusable {self.client.label}",
-            "%s: no usable answer to %d prompts of job %s (%s): %d given to other endpoints, "
-            "%d failed",
-            self.client.label,
-            len(unanswered),
-            spec.job,
-            unanswered[0].why,
-            len(back),
-            len(out) - len(results),
-        )
-        return out
+        await self.giveback.release(spec, ids, cause, self.served.model_for(spec), lost=lost)
 
     async def _send(
         self,
@@ -504,13 +426,6 @@ class BatchPath:
                 )
                 await asyncio.sleep(self._backoff(attempt))
 
-    def _let_go(self, job: str, ids: list[bytes]) -> None:
-        """``ids`` leave this endpoint's hands before they are released: a sibling slot's
-        reclaim that takes them at once must not drop them as held (it would own them, idle
-        reset, and nobody would run them for the claim idle time: seen, 6 prompts of 600
-        waiting so after an endpoint gave them back)."""
-        self.intake.hand(job).difference_update(ids)
-
     async def _keep_claimed(self, spec: JobSpec, ids: list[bytes]) -> None:
         """Refresh our claim on a long batch so no other worker takes it as orphaned (a job
         gone meanwhile has nothing left to claim: its batch learns so at its commit). Only
@@ -524,52 +439,3 @@ class BatchPath:
             mine = [i for i in ids if i in held]
             with contextlib.suppress(StoreUnavailable, JobGoneError):
                 await self.store.touch(spec.job, self.consumer, mine, gen=spec.generation)
-
-    async def _release(
-        self,
-        spec: JobSpec,
-        ids: list[bytes],
-        cause: EndpointError,
-        model: str | None,
-        *,
-        lost: bool = False,
-    ) -> None:
-        """Give up a batch: hand back the entries still ours, and record what the failure
-        says about the endpoint or the job's model. ``lost``: its request was lost in the
-        server (it hung or died under it), a death of each of its prompts, as a worker's."""
-        job = spec.job
-        self._let_go(job, ids)
-        with contextlib.suppress(StoreUnavailable):
-            await self.store.release(job, self.consumer, ids, gen=spec.generation, lost=lost)
-        self.engine.reclaim_soon(job)  # this worker's other endpoints take them at once
-        if isinstance(cause, ModelNotServed):
-            # The job's trouble, not the endpoint's: stop taking the job until the served
-            # models, re-read soon, say otherwise.
-            route = route_of(spec) if isinstance(cause, RouteMissing) else None
-            if self.served.refused(model, route):
-                what = (
-                    "has" if isinstance(cause, RouteMissing) else f"does not serve model {model!r}:"
-                )
-                log.warning(
-                    "%s: %s %s; job %s is left to endpoints that serve it",
-                    self.client.label,
-                    what,
-                    cause.message,
-                    job,
-                )
-            return
-        if isinstance(cause, EndpointUnusable):
-            self.circuit.broken = str(cause)
-            log.error(
-                "%s: endpoint unusable, no more work taken from it: %s", self.client.label, cause
-            )
-            return
-        said.say(
-            logging.WARNING,
-            f"released {self.client.label}",
-            "%s: released %d entries to other workers (%s)",
-            self.client.label,
-            len(ids),
-            cause,
-        )
-        self.circuit.trip(cause)

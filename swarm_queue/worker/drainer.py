@@ -425,7 +425,7 @@ class EndpointDrainer:
             if got is None or got.copy:
                 return
             try:
-                await self.path.unanswerable(got.spec, got.deliveries, cause)
+                await self.path.giveback.unanswerable(got.spec, got.deliveries, cause)
             except JobGoneError as exc:
                 self.engine.job_gone(exc, got.spec)
                 return
