@@ -23,7 +23,7 @@ from swarm_queue.common.keys import step_name
 from swarm_queue.common.models import Chat, JobSpec, Result, Usage, decode_result
 from swarm_queue.common.settings import Settings
 from swarm_queue.common.store import JobStore
-from swarm_queue.flows.agentflow import AgentFlow, AgentState
+from swarm_queue.flows.agentflow import AgentFlow
 from swarm_queue.flows.agents import (
     AgentResult,
     AgentSpec,
@@ -32,6 +32,7 @@ from swarm_queue.flows.agents import (
     enqueue_agents,
     tool_definition,
 )
+from swarm_queue.flows.agentstate import AgentState
 from swarm_queue.flows.steps import step_statuses, tokens_of
 from swarm_queue.sim.engine import EngineConfig, SimEngine
 from swarm_queue.sim.server import SimEndpoint, SimFleet

@@ -252,3 +252,13 @@ def test_the_public_api_is_typed_for_users() -> None:
 
     assert set(swarm_queue.__all__) <= checked
     assert (PACKAGE / "py.typed").is_file()
+
+
+def test_no_product_module_is_over_450_lines() -> None:
+    """One concern a module: a module past 450 lines holds more than one (house style)."""
+    long = [
+        f"{p.relative_to(ROOT)}: {n} lines"
+        for p in sorted(PACKAGE.rglob("*.py"))
+        if (n := len(p.read_text().splitlines())) > 450
+    ]
+    assert not long, "\n".join(long)

@@ -17,13 +17,13 @@ agent job, by its lock; see :mod:`flows.flow`):
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from typing import Any
 
 import msgspec
 
-from swarm_queue.common.chat import Message, ToolCall
-from swarm_queue.common.keys import group_of, lane_name, step_name
+from swarm_queue.common.chat import Message
+from swarm_queue.common.keys import group_of, step_name
 from swarm_queue.common.models import JobSpec, PromptItem, Result, decode_item, result_or_failure
 from swarm_queue.common.schema import validator_of
 from swarm_queue.common.settings import Settings
@@ -38,80 +38,23 @@ from swarm_queue.flows.agents import (
     AgentResult,
     AgentSpec,
     agent_of,
-    not_offered,
     offered_tools,
+)
+from swarm_queue.flows.agentstate import (
+    AgentState,
+    Onward,
+    Waiting,
+    answers_of,
+    counting,
+    decode_state,
+    decode_waiting,
+    encode,
+    lane_of,
 )
 from swarm_queue.flows.flow import Flow, Gauge
 from swarm_queue.flows.toolcalls import ToolCaller
 
 __all__ = ["AgentFlow"]
-
-
-class AgentState(msgspec.Struct):
-    """An agent between turns: what it has used so far."""
-
-    turns: int = 0
-    repairs: int = 0
-    tool_calls: int = 0
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    tool_runs: int = 0  # the runs behind its tools' answers (a call run twice counts 2)
-    tools_cut: int = 0  # its tools' answers cut to SWARM_TOOL_MAX_BYTES
-    # The last turn whose answer these counts hold, and the state before it was counted: a
-    # pump that recorded a turn and died before acknowledging it leaves the turn to the
-    # next, which counts it again from there, not on top (seen: 4 turns of 3).
-    counted: int = -1
-    prior: bytes = b""
-
-
-class Waiting(msgspec.Struct, frozen=True):
-    """A parked agent: the turn it asked from, its conversation, its calls (key, call; the
-    key "" for a tool its job did not offer: never asked of a runner), the lane of the
-    endpoint that served that turn (where its next turn is queued), and since when it waits
-    (Redis's clock, s)."""
-
-    turn: int
-    item: PromptItem
-    calls: list[tuple[str, ToolCall]]
-    lane: str = ""
-    since_s: float = 0.0
-    # The answers read so far, by call (None: not yet): kept with the agent, so that an
-    # answer expiring from Redis before its last sibling comes in is never asked again.
-    answers: list[ToolAnswer | None] = []
-
-
-Onward = tuple[int, PromptItem, tuple[Message, ...], str]
-
-
-def _answers_of(
-    w: Waiting, got: Mapping[str, ToolAnswer | None], offered: list[str]
-) -> list[ToolAnswer | None]:
-    """The answers of a parked agent's calls as far as they are in: those it kept, those
-    ``got`` now (by key), and for a tool its job did not offer, the refusal."""
-    return [
-        a if a is not None else got.get(key) if key else not_offered(c.name, offered)
-        for (key, c), a in zip(w.calls, w.answers or [None] * len(w.calls), strict=True)
-    ]
-
-
-def _counting(state: AgentState, k: int) -> AgentState:
-    """``state`` ready to count turn ``k``'s answer in: from before it, if a pump that died
-    counted it already, and with that start kept."""
-    if state.counted == k and state.prior:
-        state = _state_decoder.decode(state.prior)
-    state.prior = _encoder.encode(msgspec.structs.replace(state, prior=b""))
-    state.counted = k
-    return state
-
-
-def _lane(r: Result | None) -> str:
-    """The lane of the endpoint that computed ``r`` (none for an answer from the cache)."""
-    return lane_name(r.endpoint) if r is not None and r.endpoint and not r.cached else ""
-
-
-_state_decoder = msgspec.msgpack.Decoder(AgentState)
-_waiting_decoder = msgspec.msgpack.Decoder(Waiting)
-_encoder = msgspec.msgpack.Encoder()
 
 
 class AgentFlow(Flow):
@@ -196,7 +139,7 @@ class AgentFlow(Flow):
         if (await self.store.status(spec.job, rate=False)).cancelled:
             # swarm-cancel stops its turns whole: no answer moves on, every agent ends.
             waits = (await self.store.parked(spec.job)).items()
-            ids = {o: _waiting_decoder.decode(b).item.custom_id for o, b in waits}
+            ids = {o: decode_waiting(b).item.custom_id for o, b in waits}
             return await end_cancelled(self.store, spec, ids) > 0
         did = False
         for k in range(agent.max_turns):
@@ -225,7 +168,7 @@ class AgentFlow(Flow):
         onward: list[Onward] = []
         new_states: dict[int, bytes] = {}
         for x, item, origin, raw, blob in zip(landed, items, origins, raws, states, strict=True):
-            state = _counting(_state_decoder.decode(blob) if blob else AgentState(), k)
+            state = counting(decode_state(blob) if blob else AgentState(), k)
             r = result_or_failure(x.index, raw) if raw is not None else None
             state.turns += 1
             if r is not None and r.usage is not None:
@@ -233,18 +176,15 @@ class AgentFlow(Flow):
                 state.completion_tokens += r.usage.completion_tokens
             end, repair = self._outcome(spec, k, item, origin, state, r)
             if end is not None:
-                finished[origin] = _encoder.encode(end)
-            elif r is not None and r.tool_calls:
-                # Only a tool the job offered is ever asked of a runner: a model may name any
-                # tool (a prompt injection another team's), and a runner allows more than this
-                # job was given.
+                finished[origin] = encode(end)
+            elif r is not None and r.tool_calls:  # asked of the runners by _asked
                 calls = [("", c) for c in r.tool_calls]
                 state.tool_calls += len(calls)
-                asking.append((origin, Waiting(k, item, calls, _lane(r), now)))
+                asking.append((origin, Waiting(k, item, calls, lane_of(r), now)))
             elif repair is not None:
                 state.repairs += 1
-                onward.append((origin, item, repair, _lane(r)))
-            new_states[origin] = _encoder.encode(state)
+                onward.append((origin, item, repair, lane_of(r)))
+            new_states[origin] = encode(state)
         parked = await self._asked(asking, offered)
         await self.store.record_outcomes(
             spec.job, gen=spec.generation, states=new_states, waits=parked, results=finished
@@ -261,7 +201,7 @@ class AgentFlow(Flow):
         wanted = [c for _, w in asking for _, c in w.calls if c.name in offered]
         keys = iter(await self.caller.ask_all([(c.name, c.arguments) for c in wanted]))
         return {
-            origin: _encoder.encode(
+            origin: encode(
                 msgspec.structs.replace(
                     w, calls=[(next(keys) if c.name in offered else "", c) for _, c in w.calls]
                 )
@@ -383,24 +323,24 @@ class AgentFlow(Flow):
         now = await self.store.server_time()
         kept: dict[int, bytes] = {}
         tallies: dict[int, tuple[int, int]] = {}  # agent -> (tool runs, answers cut)
-        waits = {origin: _waiting_decoder.decode(blob) for origin, blob in parked.items()}
+        waits = {origin: decode_waiting(blob) for origin, blob in parked.items()}
         got = await self._answers_in(waits.values())
         for origin, w in waits.items():
-            answers = _answers_of(w, got, offered)
+            answers = answers_of(w, got, offered)
             if any(a is None for a in answers):
                 why = await self._unserved(w, answers, now)
                 if why is not None:
-                    failed[origin] = _encoder.encode(
+                    failed[origin] = encode(
                         AgentResult(
                             index=origin, custom_id=w.item.custom_id, failure="tool", error=why
                         )
                     )
                 elif answers != (w.answers or [None] * len(w.calls)):  # some new: keep them
-                    kept[origin] = _encoder.encode(msgspec.structs.replace(w, answers=answers))
+                    kept[origin] = encode(msgspec.structs.replace(w, answers=answers))
                 continue
             refused = next((a for a in answers if a is not None and a.refused), None)
             if refused is not None:
-                failed[origin] = _encoder.encode(
+                failed[origin] = encode(
                     AgentResult(
                         index=origin,
                         custom_id=w.item.custom_id,
@@ -444,11 +384,11 @@ class AgentFlow(Flow):
         for origin, blob in zip(
             agents, await self.store.input_states(spec.job, agents), strict=True
         ):
-            state = _state_decoder.decode(blob) if blob else AgentState()
+            state = decode_state(blob) if blob else AgentState()
             runs, cut = tallies[origin]
             state.tool_runs += runs
             state.tools_cut += cut
-            out[origin] = _encoder.encode(state)
+            out[origin] = encode(state)
         return out
 
     async def _answers_in(self, waits: Iterable[Waiting]) -> dict[str, ToolAnswer | None]:
@@ -487,7 +427,7 @@ class AgentFlow(Flow):
         taken and no agent it parked waits any more."""
         agent = self._agent_job(spec)
         waiting_turns = {
-            _waiting_decoder.decode(b).turn for b in (await self.store.parked(spec.job)).values()
+            decode_waiting(b).turn for b in (await self.store.parked(spec.job)).values()
         }
         for k in range(1, agent.max_turns):
             turn = step_name(spec.job, k)
