@@ -269,7 +269,35 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="refuse the job unless a live endpoint serves --model (without it: a warning)",
     )
-    p.add_argument(
+    source = p.add_argument_group("the input (read, checked and queued in chunks; a rerun resumes)")
+    source.add_argument(
+        "--format",
+        choices=["auto", "txt", "jsonl", "parquet"],
+        default="auto",
+        help="the input's format (auto: by its name and first line; a .parquet file is Parquet)",
+    )
+    source.add_argument(
+        "--column", default="prompt", help="a Parquet input's prompt column (default: prompt)"
+    )
+    source.add_argument("--id-column", help="a Parquet input's column of custom ids")
+    source.add_argument(
+        "--max-prompt-bytes",
+        type=int,
+        default=DEFAULT_MAX_PROMPT_BYTES,
+        metavar="N",
+        help="refuse the input at a line longer than N bytes, naming the line "
+        f"(default {DEFAULT_MAX_PROMPT_BYTES:,})",
+    )
+    source.add_argument(
+        "--window",
+        type=int,
+        metavar="N",
+        help="keep at most N unfinished prompts in Redis: stream a huge input with "
+        "bounded memory, waiting for results before queuing more. Default: as many as "
+        "leave room for their answers within Redis's maxmemory (none without one)",
+    )
+    pipeline = p.add_argument_group("a pipeline (steps after the first, each with its own flags)")
+    pipeline.add_argument(
         "--then",
         metavar="TEMPLATE",
         action="append",
@@ -280,25 +308,6 @@ def parser() -> argparse.ArgumentParser:
         "SWARM_REDUCE_FUNCTIONS), the gate into that step: only answers of the step before "
         "that pass reach it; --model and --priority default to the first "
         "step's. Collect the pipeline with swarm-collect JOB: one line per input, every step",
-    )
-    p.add_argument(
-        "--format",
-        choices=["auto", "txt", "jsonl", "parquet"],
-        default="auto",
-        help="the input's format (auto: by its name and first line; a .parquet file is Parquet)",
-    )
-    p.add_argument(
-        "--column", default="prompt", help="a Parquet input's prompt column (default: prompt)"
-    )
-    p.add_argument("--id-column", help="a Parquet input's column of custom ids")
-    p.add_argument("--max-prompt-bytes", type=int, default=DEFAULT_MAX_PROMPT_BYTES)
-    p.add_argument(
-        "--window",
-        type=int,
-        metavar="N",
-        help="keep at most N unfinished prompts in Redis: stream a huge input with "
-        "bounded memory, waiting for results before queuing more. Default: as many as "
-        "leave room for their answers within Redis's maxmemory (none without one)",
     )
     add_agent_args(p)
     add_best_of_args(p)
