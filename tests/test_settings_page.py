@@ -34,7 +34,7 @@ def test_every_variable_the_product_reads_is_documented() -> None:
     ("env", "said"),
     [
         ({"SWARM_POLL_MS": "0"}, "SWARM_POLL_MS must be >= 1, got 0"),
-        ({"SWARM_ADAPT_PERIOD_S": "0"}, "SWARM_ADAPT_PERIOD_S must be > 0, got 0.0"),
+        ({"SWARM_PROBE_TIMEOUT_S": "0"}, "SWARM_PROBE_TIMEOUT_S must be > 0, got 0.0"),
         ({"SWARM_METRICS_PORT": "70000"}, "SWARM_METRICS_PORT must be <= 65535, got 70000"),
         ({"SWARM_HAND_ON": "maybe"}, "SWARM_HAND_ON='maybe' is not a valid switch (on/off)"),
         ({"SWARM_TOOL_WAIT_S": "soon"}, "SWARM_TOOL_WAIT_S='soon' is not a valid float"),

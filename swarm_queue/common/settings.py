@@ -94,10 +94,6 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             ge=1,
         ),
     ] = 16
-    adapt_period_s: Annotated[
-        float,
-        say("how often the window of requests in flight is adapted to the engine's gauges", gt=0),
-    ] = 0.25
     max_attempts: Annotated[
         int,
         say(
@@ -345,6 +341,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # commands then say).
     endpoints: tuple[Endpoint, ...] = ()
     redis_defaulted: bool = False
+    # Internal tuning, no variable: how often (s) the window of requests in flight is adapted
+    # to the engine's gauges, which vLLM updates about this often (tests make it shorter).
+    adapt_period_s: float = 0.25
 
     def request_timeout_for(self, n_prompts: int, max_tokens: int) -> float:
         """The timeout of one request of ``n_prompts`` prompts (see ``request_timeout_s``)."""
