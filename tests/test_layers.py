@@ -262,3 +262,21 @@ def test_no_product_module_is_over_450_lines() -> None:
         if (n := len(p.read_text().splitlines())) > 450
     ]
     assert not long, "\n".join(long)
+
+
+def test_the_architecture_page_names_every_module_and_only_files_that_exist() -> None:
+    """docs/ARCHITECTURE.md read against the code: each product module named (by its path,
+    or its name within a room's row), each ``.py``/``.lua`` it names present."""
+    doc = (ROOT / "docs" / "ARCHITECTURE.md").read_text()
+    named = set(re.findall(r"`([^`\s]+\.(?:py|lua))`", doc))
+    present = {p.name for p in PACKAGE.rglob("*") if p.suffix in (".py", ".lua")}
+    present |= {p.name for p in (ROOT / "tests").rglob("*.py")}
+    present |= {p.name for p in (ROOT / "bench").rglob("*.py")}
+    gone = sorted(n for n in named if "*" not in n and Path(n).name not in present)
+    unnamed = sorted(
+        str(p.relative_to(ROOT))
+        for p in PACKAGE.rglob("*.py")
+        if p.name not in ("__init__.py", "__main__.py")
+        and p.name not in {Path(n).name for n in named}
+    )
+    assert not gone and not unnamed, f"named but gone: {gone}; not named: {unnamed}"
