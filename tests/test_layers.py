@@ -14,6 +14,7 @@ import subprocess
 import sys
 import tokenize
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -38,26 +39,28 @@ def _sources(*folders: str) -> list[Path]:
     return sorted(p for f in folders for p in (PACKAGE / f).rglob("*.py"))
 
 
+def _imports(path: Path) -> Iterator[tuple[int, str]]:
+    """Every module ``path`` imports by its absolute name, anywhere in it: (line, name)."""
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            yield from ((node.lineno, a.name) for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            yield node.lineno, node.module
+
+
 @pytest.mark.parametrize("package", sorted(MAY_IMPORT))
 def test_each_package_imports_only_those_below_it(package: str) -> None:
     wrong = []
     for path in _sources(package):
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                names = [node.module]
-            else:
-                continue
-            for name in names:
-                parts = name.split(".")
-                if parts[0] in MAY_IMPORT:  # one import name: never the folder's own
-                    wrong.append(f"{path.relative_to(ROOT)}:{node.lineno} imports {name}")
-                elif parts[0] == "swarm_queue":
-                    # swarm_queue itself is the public API, the producer's face
-                    top = parts[1] if len(parts) > 1 else "producer"
-                    if top not in MAY_IMPORT[package]:
-                        wrong.append(f"{path.relative_to(ROOT)}:{node.lineno} imports {name}")
+        for line, name in _imports(path):
+            parts = name.split(".")
+            if parts[0] in MAY_IMPORT:  # one import name: never the folder's own
+                wrong.append(f"{path.relative_to(ROOT)}:{line} imports {name}")
+            elif parts[0] == "swarm_queue":
+                # swarm_queue itself is the public API, the producer's face
+                top = parts[1] if len(parts) > 1 else "producer"
+                if top not in MAY_IMPORT[package]:
+                    wrong.append(f"{path.relative_to(ROOT)}:{line} imports {name}")
     assert not wrong, "\n".join(wrong)
 
 
@@ -67,18 +70,12 @@ ARQ_ENTRY = {"common/arqconf.py", "worker/app.py", "worker/main.py"}
 
 
 def test_only_the_worker_entry_imports_arq() -> None:
-    wrong = []
-    for path in _sources("."):
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                names = [node.module]
-            else:
-                continue
-            where = path.relative_to(PACKAGE).as_posix()
-            if any(n.split(".")[0] == "arq" for n in names) and where not in ARQ_ENTRY:
-                wrong.append(f"{where}:{node.lineno} imports {names[0]}")
+    wrong = [
+        f"{path.relative_to(PACKAGE).as_posix()}:{line} imports {name}"
+        for path in _sources(".")
+        for line, name in _imports(path)
+        if name.split(".")[0] == "arq" and path.relative_to(PACKAGE).as_posix() not in ARQ_ENTRY
+    ]
     assert not wrong, "\n".join(wrong)
 
 
