@@ -188,13 +188,19 @@ class EndpointClient:
         self._proxy = _proxy_for(self._root)
         # Made at the first request: a session belongs to the event loop that runs it.
         self._session: aiohttp.ClientSession | None = None
+        self._closed = False
 
     async def close(self) -> None:
+        """Close its session for good: a call after this (a background task still running at
+        a stop) fails as a connection does, and opens no session nobody would close."""
+        self._closed = True
         if self._session is not None:
             await self._session.close()
             self._session = None
 
     def _open(self) -> aiohttp.ClientSession:
+        if self._closed:
+            raise aiohttp.ClientConnectionError(f"the client of {self.label} is closed")
         if self._session is None or self._session.closed:
             # TLS through aiohttp's default context, built once at its import: the system's
             # CA certificates (SSL_CERT_FILE and SSL_CERT_DIR apply), verified.
