@@ -108,8 +108,8 @@ class Intake:
         self._losses = 0  # the store's connection losses when last looked at
         self._recovery_lock = asyncio.Lock()
         self._recovered: deque[tuple[JobSpec, list[Delivery]]] = deque()
-        self.reclaimed = Reclaimed(store, consumer, settings)
-        self.stolen = Stolen(store, consumer, settings, self.lane)
+        self.reclaimed = Reclaimed(store, consumer, settings, label)
+        self.stolen = Stolen(store, consumer, settings, label, self.lane)
         self.copies = Copies(store, consumer, settings)
 
     def hand(self, job: str) -> set[bytes]:
@@ -189,7 +189,7 @@ class Intake:
         """One look at ``source`` for ``spec``'s job: what it gives, marked in hand."""
         job, batch = spec.job, self.settings.batch_size
         if source is Source.RECLAIMED:
-            claimed = await self.reclaimed.take(spec, self.hand(job), self.label)
+            claimed = await self.reclaimed.take(spec, self.hand(job))
             return Taken(spec, claimed) if claimed else None
         if source is Source.LANE:
             mine = await self.store.take_lane(job, self.lane, self.consumer, batch)
@@ -198,7 +198,7 @@ class Intake:
             entries = await self.store.read_new(job, self.consumer, batch)
             return self._held(spec, [(eid, p, 0) for eid, p in entries])
         if source is Source.STOLEN:
-            taken = self._held(spec, await self.stolen.take(job, self.label))
+            taken = self._held(spec, await self.stolen.take(job))
             if taken is None and self.settings.hand_on:
                 # Nothing here: say so, with this endpoint's pace (a slower busy engine's
                 # worker then hands its newest waiting turns on).

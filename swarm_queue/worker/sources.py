@@ -94,13 +94,13 @@ class Reclaimed:
     are reclaimable at once, so they are looked for often (a quarter of the claim idle time,
     at most 2 s); a full batch means more may wait."""
 
-    def __init__(self, store: WorkerStore, consumer: str, settings: Settings) -> None:
-        self.store, self.consumer, self.settings = store, consumer, settings
+    def __init__(self, store: WorkerStore, consumer: str, settings: Settings, label: str) -> None:
+        self.store, self.consumer, self.settings, self.label = store, consumer, settings, label
         self.cadence = Cadence()
         self._every_s = min(settings.claim_idle_ms / 4000, 2.0)
         self._lock = asyncio.Lock()  # one slot at a time, so no two take the same entry
 
-    async def take(self, spec: JobSpec, held: set[bytes], label: str) -> list[Delivery]:
+    async def take(self, spec: JobSpec, held: set[bytes]) -> list[Delivery]:
         """The entries claimed, but those in ``held`` (this endpoint's own, being run);
         a claim that returns some of those (released by their holder while a copy of them
         runs here) hands them straight back to the fleet."""
@@ -122,9 +122,8 @@ class Reclaimed:
             # for nobody (seen: 21 prompts of 600).
             await self.store.release(job, self.consumer, copied, gen=spec.generation)
         if claimed:
-            log.info(
-                "%s: took over %d entries of job %s from other workers", label, len(claimed), job
-            )
+            n = len(claimed)
+            log.info("%s: took over %d entries of job %s from other workers", self.label, n, job)
         return claimed
 
 
@@ -169,12 +168,15 @@ class Stolen:
     endpoint says it has nothing to do (at most every :data:`HUNGRY_EVERY_S`), with its
     pace, so that a slower busy engine's worker hands its newest waiting turns on."""
 
-    def __init__(self, store: WorkerStore, consumer: str, settings: Settings, lane: str) -> None:
-        self.store, self.consumer, self.settings, self.lane = store, consumer, settings, lane
+    def __init__(
+        self, store: WorkerStore, consumer: str, settings: Settings, label: str, lane: str
+    ) -> None:
+        self.store, self.consumer, self.settings = store, consumer, settings
+        self.label, self.lane = label, lane
         self.cadence = Cadence()
         self.hungry = Cadence()
 
-    async def take(self, job: str, label: str) -> list[Delivery]:
+    async def take(self, job: str) -> list[Delivery]:
         if not self.cadence.due(job):
             return []
         batch = self.settings.batch_size
@@ -183,7 +185,8 @@ class Stolen:
         )
         self.cadence.rest(job, len(stolen) == batch, self.settings.poll_ms / 1000)
         if stolen:
-            log.debug("%s: took %d entries of job %s from other lanes", label, len(stolen), job)
+            n = len(stolen)
+            log.debug("%s: took %d entries of job %s from other lanes", self.label, n, job)
         return stolen
 
     async def say_hungry(self, job: str, pace_s: float, decode_s: float) -> None:
