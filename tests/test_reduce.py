@@ -16,6 +16,8 @@ from swarm_queue.common.models import JobSpec, PromptItem, ReduceSpec, Result, S
 from swarm_queue.common.reduce import render
 from swarm_queue.common.settings import Settings
 from swarm_queue.common.store import JobStore, index_of
+from swarm_queue.flows.reduce.flow import ReduceFlow
+from swarm_queue.flows.reduce.reducer import StageBusy
 from swarm_queue.producer.api import Swarm, scatter_gather
 from swarm_queue.producer.enqueue import enqueue_prompts
 from swarm_queue.producer.specs import Concat
@@ -25,7 +27,6 @@ from swarm_queue.sim.text import completion_for
 from swarm_queue.worker.endpoint import EndpointClient
 from swarm_queue.worker.engine import Engine
 from swarm_queue.worker.inmemory import InMemoryBackend
-from swarm_queue.worker.reduce import StageBusy
 from swarm_queue.worker.replies import ModelInfo
 from tests.helpers import gen_of, prompts, run_engine
 
@@ -157,24 +158,18 @@ async def test_advancing_a_stage_twice_or_concurrently_queues_it_once(
     leaves = [p for p, _ in prompts(200)]
     await enqueue_prompts(store, tree_spec(), ((p, None) for p in leaves))
     async with sim_fleet(1) as fleet:
-        engine = Engine(make_settings(), store, [EndpointClient(u) for u in fleet.urls])
-        advanced: list[tuple[str, int]] = []
-
-        def record(job: str, level: int) -> None:  # the map stage only; no advancing
-            advanced.append((job, level))
-
-        engine.advance_here = record  # type: ignore[method-assign]
+        clients = [EndpointClient(u) for u in fleet.urls]
+        engine = Engine(make_settings(), store, clients)  # its drain path only: no flow runs
+        flow = ReduceFlow(store, make_settings(), endpoints=clients)
         try:
             worked = 0
             while not (await store.status("t")).finished:
                 worked += await engine.drainers[0].step(block_ms=50)
             assert worked == 7  # 200 leaves in batches of 32: seven steps that did work
-            await engine.refresh_jobs(force=True)
-            assert ("t", 0) in advanced
+            await flow.refresh(force=True)
+            assert list(flow.work) == ["t"]  # its map stage finished: the reduce's to take
             outcomes = await asyncio.gather(
-                engine.reducer.advance("t", 0),
-                engine.reducer.advance("t", 0),
-                return_exceptions=True,
+                flow.reducer.advance("t", 0), flow.reducer.advance("t", 0), return_exceptions=True
             )
             # one queued the level; the other met its lock, found it queued, or resumed it
             # with nothing left to add
@@ -184,7 +179,9 @@ async def test_advancing_a_stage_twice_or_concurrently_queues_it_once(
                 "stale: the job is at stage 1",
                 "level 1: 20 prompts",
             )
-            assert await engine.reducer.advance("t", 0) == "stale: the job is at stage 1"
+            assert await flow.reducer.advance("t", 0) == "stale: the job is at stage 1"
+            await flow.refresh(force=True)
+            assert flow.work == {}  # level 1 runs: nothing for the reduce until it finishes
             assert await store.redis.xlen(store.keys.stream(stage_name("t", 1))) == 20
             assert (await store.status(stage_name("t", 1))).total == 20
         finally:
@@ -279,7 +276,8 @@ async def test_a_stage_change_cut_off_halfway_is_finished_by_the_next_run(
     leaves = [p for p, _ in prompts(2500)]
     await enqueue_prompts(store, tree_spec(fanin=2, max_tokens=4), ((p, None) for p in leaves))
     async with sim_fleet(2) as fleet:
-        engine = Engine(make_settings(), store, [EndpointClient(u) for u in fleet.urls])
+        clients = [EndpointClient(u) for u in fleet.urls]
+        flow = ReduceFlow(store, make_settings(), endpoints=clients)
         try:
             # The leaves' answers, committed as a worker would (what they say does not matter).
             taken = await store.read_new("t", "w", len(leaves))
@@ -303,14 +301,15 @@ async def test_a_stage_change_cut_off_halfway_is_finished_by_the_next_run(
 
             store.add_items = add_then_die  # type: ignore[method-assign]
             with pytest.raises(_Crash):
-                await engine.reducer.advance("t", 0)
+                await flow.reducer.advance("t", 0)
             store.add_items = real_add  # type: ignore[method-assign]
             level1 = stage_name("t", 1)
             assert await store.enqueued_count(level1) == 1000  # one chunk of 1,000
             assert (await store.status("t")).stage == 0  # not yet recorded as advanced
-            assert await engine.reducer.advance("t", 0) == "level 1: 1250 prompts"
+            assert await flow.reducer.advance("t", 0) == "level 1: 1250 prompts"
         finally:
-            await engine.close()
+            for client in clients:
+                await client.close()
     entries = await store.redis.xrange(store.keys.stream(level1))
     assert [eid for eid, _ in entries] == [f"0-{i + 1}".encode() for i in range(1250)]
     status = await store.status(level1)

@@ -2,7 +2,7 @@
 
 Every aggregator gets every result, failures included, and lists each failure by index in its
 output: a reduce never drops a prompt silently. ``tree`` is not here: its supervisor prompts go
-through the queue as stages of the job (see :mod:`worker.reduce`); :func:`render` builds them.
+through the queue as stages of the job (see :mod:`flows.reduce`); :func:`render` builds them.
 """
 
 from __future__ import annotations

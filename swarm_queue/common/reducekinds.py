@@ -2,7 +2,7 @@
 work goes through the fleet (prompts queued as stages of the job) or is a function of the
 results, and the line that describes it. Every other room asks this table; nothing else
 dispatches on a reduce's name. A new reduce is an entry here, and its aggregator in
-:mod:`common.reduce` (or its stages in :mod:`worker.reduce`, for one that needs the fleet).
+:mod:`common.reduce` (or its stages in :mod:`flows.reduce`, for one that needs the fleet).
 
 It imports nothing of the models it checks (they import it to validate themselves).
 """

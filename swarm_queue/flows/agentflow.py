@@ -64,8 +64,8 @@ class AgentFlow(Flow):
     name = KIND
     output = AgentOutput
 
-    def __init__(self, store: FlowStore, settings: Settings, *, token: str = "") -> None:
-        super().__init__(store, settings, token=token)
+    def __init__(self, store: FlowStore, settings: Settings, **given: Any) -> None:
+        super().__init__(store, settings, **given)
         self._caller: ToolCaller | None = None
         self._tool_stats: dict[str, int] = {}
 

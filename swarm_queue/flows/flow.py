@@ -24,6 +24,7 @@ import math
 import time
 import uuid
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from typing import Any, ClassVar, NamedTuple, TypeVar
 
 import msgspec
@@ -71,11 +72,23 @@ class Flow(ABC):
     # How this flow's jobs are written out (see common/output.py; None: as a plain job).
     output: ClassVar[type[JobOutput[Any]] | None] = None
 
-    def __init__(self, store: FlowStore, settings: Settings, *, token: str = "") -> None:
+    def __init__(
+        self,
+        store: FlowStore,
+        settings: Settings,
+        *,
+        token: str = "",
+        allowed: set[str] | None = None,
+        endpoints: Sequence[object] = (),
+    ) -> None:
         self.store, self.settings = store, settings
         # The functions this worker may import by name (the operator's SWARM_REDUCE_FUNCTIONS;
-        # a Swarm adds its own session's): a flow that runs one asks here.
-        self.allowed = set(settings.reduce_functions)
+        # a Swarm adds its own session's): a flow that runs one asks here. One set for every
+        # flow of a worker (``allowed``), so that one allowed later counts for all.
+        self.allowed = allowed if allowed is not None else set(settings.reduce_functions)
+        # The worker's endpoints, for a flow that asks them something of its own (the reduce:
+        # a prompt's token count); the drain path sends them the prompts.
+        self.endpoints = list(endpoints)
         # Its own lock holder: the process's name alone (host:pid) let two pumps of one
         # process (two engines, two Swarm sessions) both hold a job's lock.
         self.token = f"{token or f'{producer_token()}/{uuid.uuid4().hex[:12]}'}/{self.name}"

@@ -36,8 +36,8 @@ class PipelineFlow(Flow):
     name = KIND
     output: ClassVar[type[JobOutput[Any]] | None] = PipelineOutput
 
-    def __init__(self, store: FlowStore, settings: Settings, *, token: str = "") -> None:
-        super().__init__(store, settings, token=token)
+    def __init__(self, store: FlowStore, settings: Settings, **given: Any) -> None:
+        super().__init__(store, settings, **given)
         self._keeps: dict[tuple[str, str], Keep] = {}
 
     async def find(self) -> dict[str, JobSpec]:

@@ -13,10 +13,11 @@ from swarm_queue.flows.agentflow import AgentFlow
 from swarm_queue.flows.bestof import BestOfFlow
 from swarm_queue.flows.flow import Flow
 from swarm_queue.flows.pipelineflow import PipelineFlow
+from swarm_queue.flows.reduce.flow import ReduceFlow
 
 __all__ = ["FLOWS", "output_of"]
 
-FLOWS: tuple[type[Flow], ...] = (PipelineFlow, AgentFlow, BestOfFlow)
+FLOWS: tuple[type[Flow], ...] = (PipelineFlow, AgentFlow, BestOfFlow, ReduceFlow)
 
 
 def output_of(spec: JobSpec) -> type[JobOutput[Any]] | None:

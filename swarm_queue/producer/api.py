@@ -191,7 +191,7 @@ class Swarm:
             log.warning("job %s: %s", name, warning)
         reduce = spec.reduce
         if reduce is not None and reduce.function and self._engine is not None:
-            self._engine.reducer.allowed.add(reduce.function)  # this session's own code
+            self._engine.pumps.allow([reduce.function])  # this session's own code
         given = pairs(prompts_from(prompts, column=column, id_column=id_column))
         feed = enqueue_prompts(self.store, spec, given, window=window)
         if window is None:

@@ -3,7 +3,7 @@
 
 arq runs the process and the startup and shutdown hooks; the drain engine runs beside arq's
 loop. No work goes through arq's queue: prompts are on the job's streams, and a reduce's next
-step is taken by whichever worker's sweep finds its stage finished (worker/reduce.py).
+step is taken by whichever worker's reduce flow finds its stage finished (flows/reduce/).
 Only arq's documented surface is used: the worker's arguments as a mapping
 (:func:`worker_settings`, parsed when arq's CLI reads ``worker.WorkerSettings``, never at
 import), the ``ctx`` its hooks receive, and

@@ -2,10 +2,10 @@
 (or, in burst mode, until nothing it can do is left).
 
 The engine runs one :class:`~worker.drainer.EndpointDrainer` per endpoint over the jobs it
-serves (:mod:`worker.jobtable`), advances the reduce of every finished stage, has each urgent
-job's fair share of preemptions computed (:mod:`worker.shares`), runs the flows
-(:mod:`worker.pumps`: whatever the registry lists), and has its figures and metrics published
-(:mod:`worker.publisher`); it decides when a burst worker is done.
+serves (:mod:`worker.jobtable`), has each urgent job's fair share of preemptions computed
+(:mod:`worker.shares`), runs the flows (:mod:`worker.pumps`: whatever the registry lists,
+the reduce among them), and has its figures and metrics published (:mod:`worker.publisher`);
+it decides when a burst worker is done.
 """
 
 from __future__ import annotations
@@ -17,15 +17,8 @@ import random
 from collections.abc import Callable
 
 from swarm_queue.common.abilities import NUMPY, Abilities, has_numpy, lacking, needs
-from swarm_queue.common.errors import (
-    BadRecordError,
-    ConfigError,
-    JobGoneError,
-    SwarmError,
-)
-from swarm_queue.common.models import (
-    JobSpec,
-)
+from swarm_queue.common.errors import BadRecordError, ConfigError, JobGoneError, SwarmError
+from swarm_queue.common.models import JobSpec
 from swarm_queue.common.settings import Settings
 from swarm_queue.common.store import JobStore
 from swarm_queue.worker.backend import Backend, backend_for
@@ -34,7 +27,6 @@ from swarm_queue.worker.jobtable import JobTable
 from swarm_queue.worker.metrics import NO_METRICS, Metrics
 from swarm_queue.worker.publisher import Publisher
 from swarm_queue.worker.pumps import Pumps
-from swarm_queue.worker.reduce import Reducer, StageBusy
 from swarm_queue.worker.shares import fair_shares
 
 __all__ = ["Engine"]
@@ -63,7 +55,7 @@ class Engine:
             ]
         if not clients:
             raise ConfigError("no endpoints: set SWARM_ENDPOINTS or SWARM_HOSTFILE")
-        self.pumps = Pumps(store, settings)
+        self.pumps = Pumps(store, settings, clients)
         self.drainers: list[EndpointDrainer] = []  # filled below, once the metrics are made
         # Its figures and, when SWARM_METRICS_PORT asks for them, its Prometheus metrics.
         self.publisher = Publisher(
@@ -76,11 +68,7 @@ class Engine:
         )
         self.metrics: Metrics = self.publisher.prometheus or NO_METRICS
         self.drainers += [EndpointDrainer(self, c) for c in clients]
-        self.reducer = Reducer(store, clients, settings.reduce_functions)
         self.numpy = has_numpy()
-        self.reducer.numpy = self.numpy
-        self._advancing: dict[tuple[str, int], asyncio.Task[str]] = {}
-        self._reduces_pending = False
         self.table = JobTable(store, settings, lacks=self._lacks, on_over=self._over)
         self._refresh_lock = asyncio.Lock()
         # Per urgent job, the batches one endpoint may start by preemption (see worker/shares.py).
@@ -93,7 +81,7 @@ class Engine:
     def abilities(self) -> Abilities:
         """What this worker has beyond its endpoints (see common.abilities): the functions its
         settings (and a Python session's own) allow, whether numpy imports."""
-        return Abilities(frozenset(self.reducer.allowed | self.pumps.allowed), self.numpy)
+        return Abilities(frozenset(self.pumps.allowed), self.numpy)
 
     @property
     def redis_up(self) -> bool:
@@ -128,18 +116,17 @@ class Engine:
         return self.table.jobs
 
     async def refresh_jobs(self, *, force: bool = False) -> None:
-        """Pick up new jobs and drop finished ones, at most every ``jobs_refresh_s``; have
-        each finished stage's reduce advanced, and the fair shares computed again."""
+        """Pick up new jobs and drop finished ones, at most every ``jobs_refresh_s``, and
+        have the fair shares computed again."""
         if not (force or self.table.due()):
             return
-        # One sweep at a time, its reduces' bookkeeping with it: whoever reads whether a
-        # reduce is pending (any_work) after a sweep reads that sweep's whole answer.
-        async with self._refresh_lock:
+        async with self._refresh_lock:  # one sweep at a time
             if not (force or self.table.due()):
                 return
-            names = await self.table.sweep()
-            if names is not None:
-                await self._advance_reduces(names)
+            if await self.table.sweep() is not None:
+                self.shares = await fair_shares(
+                    self.store, list(self.jobs.values()), self.drainers, self.settings.batch_size
+                )
 
     def _lacks(self, spec: JobSpec) -> str | None:
         """What this worker lacks to serve ``spec``'s batches (measured here: numpy)."""
@@ -150,27 +137,6 @@ class Engine:
         for d in self.drainers:
             d.abandon(job)
 
-    async def _advance_reduces(self, names: list[str]) -> None:
-        """Note whether a finished stage waits on its reduce, compute the fair shares, and have
-        each finished stage advanced."""
-        pending = await self.store.reduces_pending(names)
-        self.shares = await fair_shares(
-            self.store, list(self.jobs.values()), self.drainers, self.settings.batch_size
-        )
-        # A stage still running is work of its own stage job; only a finished stage waits on
-        # the reduce itself, and only on a worker that can run it.
-        self._reduces_pending = False
-        for job, level, finished in pending:
-            if not finished:
-                continue
-            try:
-                if not await self.reducer.can_run(job):
-                    continue  # left to a worker that has its function (said once)
-                self._reduces_pending = True
-                self.advance_here(job, level)
-            except SwarmError as exc:
-                log.warning("job %s: cannot advance stage %d yet: %s", job, level, exc)
-
     def job_gone(self, exc: JobGoneError, spec: JobSpec | None = None) -> None:
         """Work of a job was refused: the job is gone; forget it (see :meth:`JobTable.gone`)."""
         self.table.gone(exc, spec)
@@ -178,32 +144,6 @@ class Engine:
     def unreadable(self, exc: BadRecordError) -> None:
         """A key of a job cannot be used: skip the job until the next sweep."""
         self.table.unreadable(exc)
-
-    def advance_here(self, job: str, level: int) -> None:
-        """Advance ``job``'s finished stage ``level`` in this process, in the background (one
-        task a stage; another worker's advance of it meets the stage's lock)."""
-        key = (job, level)
-        if key in self._advancing and not self._advancing[key].done():
-            return
-        task = asyncio.create_task(
-            self.reducer.advance(job, level, self.settings.reduce_timeout_s),
-            name=f"advance {job}",
-        )
-        self._advancing[key] = task
-
-        def done(t: asyncio.Task[str]) -> None:
-            self._advancing.pop(key, None)
-            exc = None if t.cancelled() else t.exception()
-            if exc is not None:  # the next sweep tries again
-                log.log(
-                    logging.DEBUG if isinstance(exc, StageBusy) else logging.WARNING,
-                    "job %s: stage %d not advanced yet: %s",
-                    job,
-                    level,
-                    exc,
-                )
-
-        task.add_done_callback(done)
 
     def takers(self, spec: JobSpec) -> set[str]:
         return {
@@ -219,17 +159,15 @@ class Engine:
 
     async def any_work(self, may_serve: Callable[[JobSpec], bool] | None = None) -> bool:
         """True while some job (that ``may_serve`` says an endpoint may serve) still has
-        entries queued or in flight, is still being fed, or has a finished stage whose reduce
-        is to run."""
-        # Twice: a job that finished since the first sweep may have a reduce to run, and a
-        # reduce advancing in the background may queue its next stage between a sweep's read
-        # of the jobs and its read of the reduces pending (that stage then looks neither
-        # pending nor served; seen in CI under load: a burst ended with a tree's last stage
-        # queued). The second sweep takes such a stage up.
+        entries queued or in flight, is still being fed, or a flow has work (a reduce's step
+        among them)."""
+        # Twice: a flow may queue a job (a tree's next level, a pipeline's step) between this
+        # sweep's read of the jobs and its own look (that job then looks neither the flow's
+        # work nor served; seen in CI under load: a burst ended with a tree's last stage
+        # queued). The second sweep takes such a job up.
         for _ in range(2):
             await self.refresh_jobs(force=True)
-            advancing = any(not t.done() for t in self._advancing.values())
-            if self._reduces_pending or advancing or await self.pumps.has_work():
+            if await self.pumps.has_work():
                 return True
             for job, spec in list(self.jobs.items()):
                 if may_serve is not None and not may_serve(spec):
@@ -319,8 +257,5 @@ class Engine:
     async def close(self) -> None:
         await self.pumps.close()
         await self.publisher.close()
-        for task in list(self._advancing.values()):
-            task.cancel()
-        await asyncio.gather(*self._advancing.values(), return_exceptions=True)
         for d in self.drainers:
             await d.client.close()

@@ -5,7 +5,7 @@ of them. The worker names no flow: it runs what the registry lists."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 
 from swarm_queue.common.errors import SwarmError
 from swarm_queue.common.settings import Settings
@@ -24,12 +24,14 @@ PUMP_IDLE_S = 0.05
 class Pumps:
     """One worker's flows."""
 
-    def __init__(self, store: FlowStore, settings: Settings) -> None:
-        self.flows: list[Flow] = [flow(store, settings) for flow in FLOWS]
+    def __init__(
+        self, store: FlowStore, settings: Settings, endpoints: Sequence[object] = ()
+    ) -> None:
         # The functions the flows may import by name: one set for all of them.
         self.allowed = set(settings.reduce_functions)
-        for flow in self.flows:
-            flow.allowed = self.allowed
+        self.flows: list[Flow] = [
+            flow(store, settings, allowed=self.allowed, endpoints=endpoints) for flow in FLOWS
+        ]
         # What the flows show the metrics, as last read.
         self.gauges: list[Gauge] = []
 

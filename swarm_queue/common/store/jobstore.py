@@ -6,13 +6,13 @@ from swarm_queue.common.models import Result
 from swarm_queue.common.store.batches import Batches
 from swarm_queue.common.store.boundary import redis_errors
 from swarm_queue.common.store.entries import decode_entry, index_of
-from swarm_queue.common.store.roles import CollectorStore, FlowStore, ProducerStore, WorkerStore
+from swarm_queue.common.store.roles import CollectorStore, FlowStore, WorkerStore
 from swarm_queue.common.vocab import FailureKind, Meta
 
 __all__ = ["JobStore"]
 
 
-class JobStore(ProducerStore, WorkerStore, FlowStore, CollectorStore, Batches):
+class JobStore(FlowStore, WorkerStore, CollectorStore, Batches):
     """Every job operation on one Redis (``JobStore(redis, keys)``): each role's
     (:mod:`common.store.roles`), an operator's (cancel), and the Batch API's records
     (``swarm-gateway``)."""

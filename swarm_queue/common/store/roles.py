@@ -4,10 +4,11 @@ them at once (and what an operator's command needs besides). A role is the parts
 one class: no operation is declared twice.
 
 * :class:`ProducerStore`: a job created and its prompts queued (``swarm-enqueue``, the API);
-* :class:`WorkerStore`: the drain path: work read, reclaimed, committed; the reduce stages;
-  the response cache; the figures published;
+* :class:`WorkerStore`: the drain path: work read, reclaimed, committed; the response cache;
+  the figures published;
 * :class:`FlowStore`: a flow: answers landed taken and moved on into the next job, which it
-  feeds and seals; a workflow's inputs between their steps; tool calls; blackboards;
+  feeds and seals; a workflow's inputs between their steps; tool calls; blackboards; the
+  reduce's stages;
 * :class:`CollectorStore`: results read in order, evicted, their outcomes and reduce output.
 """
 
@@ -33,15 +34,16 @@ class ProducerStore(Registry, Feeding, Status):
     """What a producer does with a job: create it, queue its prompts, seal it."""
 
 
-class WorkerStore(Registry, Delivery, Lanes, Stages, Status, ResponseCache):
-    """What the drain path does: take work, run it, commit it; advance reduces; publish."""
+class WorkerStore(Registry, Delivery, Lanes, Status, ResponseCache):
+    """What the drain path does: take work, run it, commit it; publish."""
 
 
-class FlowStore(Registry, Feeding, Steps, Outcomes, Tools, Blackboards, Status):
+class FlowStore(ProducerStore, Results, Steps, Tools, Blackboards, Stages, Outcomes):
     """What a flow does: take what landed, move it on into the job it feeds, seal that job;
-    keep a workflow's inputs between their steps; ask tools; keep blackboards."""
+    keep a workflow's inputs between their steps; ask tools; keep blackboards; take a
+    reduce a step (read a stage's results, queue the next, write the output)."""
 
 
-class CollectorStore(Registry, Results, StepMap, Stages, Outcomes, Status):
+class CollectorStore(Registry, Status, Results, StepMap, Stages, Outcomes):
     """What a collector does: read results in input order (a workflow's through its steps, its
     inputs' outcomes, the reduce's output), evict what it wrote."""

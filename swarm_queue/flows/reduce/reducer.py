@@ -1,10 +1,10 @@
-"""The reduce stage of a job, advanced on the workers.
+"""One step of a job's reduce: what the reduce flow (:mod:`flows.reduce.flow`) runs once a
+job's current stage has finished.
 
-When a job's current stage has finished, every worker's job sweep that can run its reduce
-calls :meth:`Reducer.advance`, which either writes the final output or, for a tree reduce,
-queues the next level of supervisor prompts as a new stage ``job:rN`` that the same workers
-drain. The next stage's lock is taken first: one worker groups and queues a level, the others
-find it busy and look again at their next sweep.
+:meth:`Reducer.advance` either writes the final output or, for a tree reduce, queues the next
+level of supervisor prompts as a new stage ``job:rN`` that the same workers drain. The next
+stage's lock is taken first: one worker groups and queues a level, the others find it busy and
+look again at their next sweep.
 
 Each step is idempotent, so a worker dying anywhere in it costs nothing but a rerun: the next
 stage's prompts are a pure function of the finished stage's results (grouped in index order,
@@ -19,6 +19,7 @@ import asyncio
 import logging
 import uuid
 from collections.abc import Sequence
+from typing import Protocol
 
 import msgspec
 
@@ -38,11 +39,10 @@ from swarm_queue.common.keys import group_of, stage_name
 from swarm_queue.common.models import JobSpec, ReduceSpec, Result, timestamp_s
 from swarm_queue.common.reduce import aggregate, failures, load_function, render
 from swarm_queue.common.reducekinds import FUNCTION, REDUCE_KINDS, TREE
-from swarm_queue.common.store import JobStore, producer_token
+from swarm_queue.common.store import FlowStore, producer_token
 from swarm_queue.common.vocab import Meta
-from swarm_queue.worker.backend import Backend
 
-__all__ = ["Reducer", "StageBusy", "estimate_tokens", "supervisor_max_tokens"]
+__all__ = ["Reducer", "Sizer", "StageBusy", "estimate_tokens", "supervisor_max_tokens"]
 
 log = logging.getLogger("swarm.reduce")
 
@@ -61,6 +61,25 @@ def supervisor_max_tokens(spec: JobSpec, reduce: ReduceSpec) -> int:
     return reduce.max_tokens or 2 * spec.params.max_tokens
 
 
+class Model(Protocol):
+    """A model as an endpoint lists it."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def max_model_len(self) -> int | None: ...
+
+
+class Sizer(Protocol):
+    """What a tree reduce asks of an endpoint (a worker's :class:`worker.backend.Backend`):
+    its models' context lengths, and a prompt's exact token count (None: it cannot say)."""
+
+    @property
+    def label(self) -> str: ...
+    async def models(self, timeout_s: float = 30.0) -> Sequence[Model]: ...
+    async def tokenize(self, prompt: str, model: str, timeout_s: float = 30.0) -> int | None: ...
+
+
 class StageBusy(SwarmError):
     """Another worker is queuing this stage right now (or died doing so: its lock expires)."""
 
@@ -75,16 +94,14 @@ class Reducer:
     """Advances jobs' reduce stages; talks to the endpoints only to size supervisor prompts."""
 
     def __init__(
-        self,
-        store: JobStore,
-        clients: Sequence[Backend],
-        allowed: Sequence[str] = (),
+        self, store: FlowStore, clients: Sequence[Sizer], allowed: set[str], *, numpy: bool
     ) -> None:
         self.store = store
         self.clients = list(clients)
-        # The user aggregators this worker may import (SWARM_REDUCE_FUNCTIONS).
-        self.allowed = set(allowed)
-        self.numpy = False
+        # The user aggregators this worker may import (SWARM_REDUCE_FUNCTIONS, and a Python
+        # session's own): the set the flows share, so that one added later counts here too.
+        self.allowed = allowed
+        self.numpy = numpy
 
     def lacks(self, spec: JobSpec) -> str | None:
         """What this worker lacks to run ``spec``'s reduce (None: nothing): a function its
@@ -103,17 +120,14 @@ class Reducer:
     def abilities(self) -> Abilities:
         return Abilities(frozenset(self.allowed), self.numpy)
 
-    async def can_run(self, job: str) -> bool:
-        """Whether this worker can run ``job``'s reduce (one it lacks is left to a worker that
-        has it, said once)."""
-        why = self.lacks(await self.store.load_spec(job))
+    def runs(self, spec: JobSpec) -> bool:
+        """Whether this worker can run ``spec``'s reduce: one it lacks is left to a worker that
+        has what it needs, said once (never a failure recorded for it)."""
+        why = self.lacks(spec)
         if why is not None:
-            self._left(job, why)
+            what = f"the reduce of job {spec.job}"
+            self.store.warn_once(what, f"left to a worker that has {why}")
         return why is None
-
-    def _left(self, job: str, why: str) -> None:
-        """Say once that ``job``'s reduce is left to a worker that has what it needs."""
-        self.store.warn_once(f"the reduce of job {job}", f"left to a worker that has {why}")
 
     async def advance(self, job: str, level: int, timeout_s: float | None = None) -> str:
         """Move ``job`` on from its finished stage ``level``; returns what was done. Safe to
@@ -126,10 +140,8 @@ class Reducer:
         queued again under its name meanwhile gets nothing of this one's reduce.
         """
         spec = await self.store.load_spec(job)
-        why = self.lacks(spec)
-        if why is not None:  # another worker's to run: never a failure recorded for it
-            self._left(job, why)
-            return f"left to another worker: {why}"
+        if not self.runs(spec):
+            return "left to another worker"
         limit = asyncio.timeout(timeout_s)
         try:
             async with limit:
