@@ -165,7 +165,7 @@ import asyncio, json, os, sys
 from swarm_queue.common.jobspec import JobOptions
 from swarm_queue.common.settings import Settings
 from swarm_queue.common.store import JobStore
-from swarm_queue.flows.agents import (
+from swarm_queue.flows.agents.spec import (
     AgentSpec, agent_prompts, build_agents, enqueue_agents, tool_definition,
 )
 n, turns, task = json.loads(sys.argv[1])

@@ -28,7 +28,7 @@ from swarm_queue.common.keys import step_name
 from swarm_queue.common.models import decode_result
 from swarm_queue.common.settings import Settings
 from swarm_queue.common.store import JobStore
-from swarm_queue.flows.agents import (
+from swarm_queue.flows.agents.spec import (
     AgentSpec,
     agent_prompts,
     build_agents,

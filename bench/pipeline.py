@@ -44,7 +44,7 @@ from swarm_queue.common.jobspec import JobOptions, build_spec
 from swarm_queue.common.settings import Settings
 from swarm_queue.common.store import JobStore
 from swarm_queue.common.vocab import Meta
-from swarm_queue.flows.pipeline import StepOptions, build_pipeline, enqueue_pipeline, fill
+from swarm_queue.flows.pipeline.spec import StepOptions, build_pipeline, enqueue_pipeline, fill
 from swarm_queue.producer.enqueue import enqueue_prompts
 from swarm_queue.producer.output import follow_output, output_for
 from swarm_queue.producer.plain import PlainOutput

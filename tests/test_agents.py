@@ -23,8 +23,8 @@ from swarm_queue.common.keys import step_name
 from swarm_queue.common.models import Chat, JobSpec, Result, Usage, decode_result
 from swarm_queue.common.settings import Settings
 from swarm_queue.common.store import JobStore
-from swarm_queue.flows.agentflow import AgentFlow
-from swarm_queue.flows.agents import (
+from swarm_queue.flows.agents.flow import AgentFlow
+from swarm_queue.flows.agents.spec import (
     AgentResult,
     AgentSpec,
     agent_prompts,
@@ -32,7 +32,7 @@ from swarm_queue.flows.agents import (
     enqueue_agents,
     tool_definition,
 )
-from swarm_queue.flows.agentstate import AgentState
+from swarm_queue.flows.agents.state import AgentState
 from swarm_queue.flows.steps import step_statuses, tokens_of
 from swarm_queue.sim.engine import EngineConfig, SimEngine
 from swarm_queue.sim.server import SimEndpoint, SimFleet
@@ -117,8 +117,8 @@ async def test_the_answers_of_every_parked_agent_are_read_at_once_each_call_once
     """A round of the agents' flow asks Redis for the tool answers of all its parked agents
     in one go, each call once however many agents wait on it: asked agent by agent, a
     thousand agents parked at once kept the next turns waiting a second for the reads."""
-    from swarm_queue.flows.agentflow import AgentFlow
-    from swarm_queue.flows.toolcalls import ToolCaller
+    from swarm_queue.flows.agents.flow import AgentFlow
+    from swarm_queue.flows.agents.toolcalls import ToolCaller
 
     asked: list[list[str]] = []  # per round that found agents parked: the keys of each ask
     unpark, answers = AgentFlow._unpark, ToolCaller.answers

@@ -20,7 +20,7 @@ import redis
 from swarm_queue.common.keys import Keys, step_name
 from swarm_queue.common.models import decode_spec
 from swarm_queue.common.vocab import Meta
-from swarm_queue.flows.agents import agent_of
+from swarm_queue.flows.agents.spec import agent_of
 from tests.harness import (
     AGENT_SCHEMA,
     AGENT_TASK,

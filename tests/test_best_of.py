@@ -1,4 +1,4 @@
-"""Best-of-N with a judge (swarm_queue/flows/bestof.py): each prompt sampled N times, every
+"""Best-of-N with a judge (swarm_queue/flows/bestof/flow.py): each prompt sampled N times, every
 candidate judged, the best kept. Its settings refused where they cannot work, its score rule,
 and the workflow end to end with real processes on one fleet beside a pipeline and an agent
 job, a worker SIGKILLed mid-judging: every candidate judged exactly once, every line the
@@ -20,8 +20,8 @@ import redis
 from swarm_queue.common.errors import ConfigError
 from swarm_queue.common.jobspec import JobOptions
 from swarm_queue.common.keys import group_of, step_name
-from swarm_queue.flows.bestof import best_of_of, build_best_of, score_of
-from swarm_queue.flows.pipeline import fill
+from swarm_queue.flows.bestof.flow import best_of_of, build_best_of, score_of
+from swarm_queue.flows.pipeline.spec import fill
 from swarm_queue.producer.api import Swarm
 from swarm_queue.sim.text import completion_for, sample_for
 from tests.harness import (

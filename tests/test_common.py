@@ -309,8 +309,8 @@ def test_swarm_retry_kinds_are_the_failure_kinds_that_keep_their_entry(
 def test_a_line_printed_in_python_shows_no_unset_field() -> None:
     """Seen: ``custom_id=UNSET`` in every pipeline and best-of line a script printed."""
     from swarm_queue.common.output import OutputLine
-    from swarm_queue.flows.bestof import BestLine
-    from swarm_queue.flows.pipelineout import ChainLine
+    from swarm_queue.flows.bestof.flow import BestLine
+    from swarm_queue.flows.pipeline.output import ChainLine
 
     for line in (ChainLine(0, text="a"), BestLine(0, text="a"), OutputLine(0, text="a")):
         assert "UNSET" not in repr(line) and "text='a'" in repr(line)

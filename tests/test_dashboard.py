@@ -24,7 +24,7 @@ from swarm_queue.common.jobspec import JobOptions
 from swarm_queue.common.models import PromptItem, Result
 from swarm_queue.common.settings import Settings
 from swarm_queue.common.store import JobStore
-from swarm_queue.flows.agents import AgentSpec, agent_prompts, build_agents, enqueue_agents
+from swarm_queue.flows.agents.spec import AgentSpec, agent_prompts, build_agents, enqueue_agents
 from swarm_queue.producer.board import AgentCounts, Board, EndpointRow, History, JobRow, read_board
 from swarm_queue.producer.dashboard import Dashboard
 from tests.browser import CHROMIUM, Browser

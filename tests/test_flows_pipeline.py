@@ -15,7 +15,8 @@ from swarm_queue.common.models import Result, decode_item, decode_result
 from swarm_queue.common.settings import Settings
 from swarm_queue.common.store import JobStore
 from swarm_queue.common.vocab import Meta
-from swarm_queue.flows.pipeline import (
+from swarm_queue.flows.pipeline.flow import PipelineFlow
+from swarm_queue.flows.pipeline.spec import (
     Keep,
     Link,
     StepOptions,
@@ -23,7 +24,6 @@ from swarm_queue.flows.pipeline import (
     enqueue_pipeline,
     fill,
 )
-from swarm_queue.flows.pipelineflow import PipelineFlow
 from swarm_queue.producer.api import Swarm
 from swarm_queue.producer.enqueue import split_steps
 from swarm_queue.producer.specs import Concat, Step, TreeReduce

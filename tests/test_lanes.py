@@ -17,7 +17,7 @@ from swarm_queue.common.models import JobSpec, PromptItem
 from swarm_queue.common.settings import Settings
 from swarm_queue.common.store import Hungry, JobStore
 from swarm_queue.common.store.steps import Move
-from swarm_queue.flows.agents import AgentSpec, build_agents
+from swarm_queue.flows.agents.spec import AgentSpec, build_agents
 from swarm_queue.worker.inflight import Pace
 from swarm_queue.worker.intake import Intake
 

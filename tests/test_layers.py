@@ -1,18 +1,16 @@
 """The house's layers, read from the code: each package imports only those below it (by the one
-import name, ``swarm_queue.X``), and the drain path (worker/) and the store (common/store/)
-name no workflow: they know batches, jobs and flows in general, and a workflow is a room of
-flows/ with its registry line. A wheel puts nothing but ``swarm_queue`` at the top of
+import name, ``swarm_queue.X``), and the queue core (worker/, common/) imports no workflow:
+it knows batches, jobs and the flows' seam, and a workflow is a folder of flows/ with its
+registry line. A wheel puts nothing but ``swarm_queue`` at the top of
 site-packages."""
 
 from __future__ import annotations
 
 import ast
-import io
 import os
 import re
 import subprocess
 import sys
-import tokenize
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,9 +28,6 @@ MAY_IMPORT = {
     # The demo starts swarm-sim, the stand-in server.
     "producer": {"producer", "worker", "flows", "sim", "common"},
 }
-WORKFLOW = re.compile(r"agent|pipeline|judge|best_of", re.IGNORECASE)
-# redis-py's pipelines (commands sent together), not a workflow.
-REDIS_PIPELINE = re.compile(r"\.pipeline\(|_PIPELINE_PREFIX|of pipeline caused error")
 
 
 def _sources(*folders: str) -> list[Path]:
@@ -120,36 +115,35 @@ def test_no_module_imports_itself_in_a_circle() -> None:
     assert len(graph) > 100 and not circles, "\n".join(circles)
 
 
-def _code_tokens(path: Path) -> list[tokenize.TokenInfo]:
-    """The tokens of ``path`` that are code: no comment, no docstring."""
-    toks = list(tokenize.generate_tokens(io.StringIO(path.read_text()).readline))
-    layout = {tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.COMMENT}
-    layout |= {tokenize.ENDMARKER}
-    code = []
-    for i, tok in enumerate(toks):
-        if tok.type in layout:
-            continue
-        if tok.type == tokenize.STRING:
-            before = next((t for t in reversed(toks[:i]) if t.type not in layout), None)
-            skip = layout - {tokenize.NEWLINE, tokenize.ENDMARKER}
-            after = next(t for t in toks[i + 1 :] if t.type not in skip)
-            alone = before is None or before.type == tokenize.NEWLINE or before.string == ":"
-            if alone and after.type in (tokenize.NEWLINE, tokenize.ENDMARKER):
-                continue  # a docstring (or a string standing alone): documentation
-        code.append(tok)
-    return code
+# The flows' seam, which the worker's pumps run without naming any flow: the base and the
+# registry. Every other module of flows/ belongs to one workflow's folder.
+FLOW_SEAM = {"swarm_queue.flows", "swarm_queue.flows.flow", "swarm_queue.flows.registry"}
 
 
-def test_the_drain_path_and_the_store_name_no_workflow() -> None:
-    hits = []
-    for path in _sources("worker", "common/store"):
-        lines = path.read_text().splitlines()
-        for tok in _code_tokens(path):
-            line = lines[tok.start[0] - 1]
-            named = tok.type == tokenize.NAME and re.search(r"(^|_)then($|_)", tok.string)
-            if (WORKFLOW.search(tok.string) or named) and not REDIS_PIPELINE.search(line):
-                hits.append(f"{path.relative_to(ROOT)}:{tok.start[0]}: {tok.string[:60]}")
-    assert not hits, "\n".join(hits)
+def _workflows() -> list[str]:
+    """The workflows' folders: each package under flows/."""
+    return sorted(p.parent.name for p in (PACKAGE / "flows").glob("*/__init__.py"))
+
+
+def test_the_queue_core_imports_no_workflow() -> None:
+    """The drain path (worker/), the store and the models (common/) know batches, jobs and the
+    flows' seam: no module of theirs imports a workflow's folder, or any part of flows/ but
+    the seam."""
+    assert {"agents", "pipeline", "reduce"} <= set(_workflows())
+    wrong = [
+        f"{path.relative_to(ROOT)}:{line} imports {name}"
+        for path in _sources("worker", "common")
+        for line, name in _imports(path)
+        if name.startswith("swarm_queue.flows") and name not in FLOW_SEAM
+    ]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_each_workflow_is_a_folder_of_flows_and_nothing_else_is() -> None:
+    """flows/ holds the seam, the later steps as the commands speak of them, and one folder
+    per workflow: a new workflow is one folder and its registry line."""
+    loose = {p.name for p in (PACKAGE / "flows").glob("*.py")}
+    assert loose == {"__init__.py", "flow.py", "registry.py", "steps.py"}, loose
 
 
 @pytest.mark.slow
@@ -262,18 +256,31 @@ def test_no_product_module_is_over_450_lines() -> None:
 
 
 def test_the_architecture_page_names_every_module_and_only_files_that_exist() -> None:
-    """docs/ARCHITECTURE.md read against the code: each product module named (by its path,
-    or its name within a room's row), each ``.py``/``.lua`` it names present."""
+    """docs/ARCHITECTURE.md read against the code: each product module named (by its path, or
+    by its name within a room's row where no other module has that name), each ``.py``/``.lua``
+    it names present."""
     doc = (ROOT / "docs" / "ARCHITECTURE.md").read_text()
     named = set(re.findall(r"`([^`\s]+\.(?:py|lua))`", doc))
     present = {p.name for p in PACKAGE.rglob("*") if p.suffix in (".py", ".lua")}
     present |= {p.name for p in (ROOT / "tests").rglob("*.py")}
     present |= {p.name for p in (ROOT / "bench").rglob("*.py")}
     gone = sorted(n for n in named if "*" not in n and Path(n).name not in present)
+    gone += sorted(n for n in named if "/" in n and "*" not in n and not _exists(n))
+    modules = [p for p in PACKAGE.rglob("*.py") if p.name not in ("__init__.py", "__main__.py")]
+    names = [p.name for p in modules]
+    paths = [n for n in named if "/" in n]
     unnamed = sorted(
         str(p.relative_to(ROOT))
-        for p in PACKAGE.rglob("*.py")
-        if p.name not in ("__init__.py", "__main__.py")
-        and p.name not in {Path(n).name for n in named}
+        for p in modules
+        if not any(("/" + p.relative_to(ROOT).as_posix()).endswith("/" + n) for n in paths)
+        and not (p.name in named and names.count(p.name) == 1)
     )
     assert not gone and not unnamed, f"named but gone: {gone}; not named: {unnamed}"
+
+
+def _exists(named: str) -> bool:
+    """Whether a path the page names is a file: from the repository's top, or from a room
+    (``worker/app.py``, ``lua/commit.lua``)."""
+    return (ROOT / named).is_file() or any(
+        p.as_posix().endswith("/" + named) for p in PACKAGE.rglob(Path(named).name)
+    )

@@ -22,7 +22,7 @@ from swarm_queue.common.perprompt import (
 )
 from swarm_queue.common.settings import Settings
 from swarm_queue.common.store import JobStore
-from swarm_queue.flows.pipeline import build_pipeline, enqueue_pipeline
+from swarm_queue.flows.pipeline.spec import build_pipeline, enqueue_pipeline
 from swarm_queue.producer.enqueue import enqueue_prompts
 from swarm_queue.sim.engine import EngineConfig
 from swarm_queue.sim.server import SimEndpoint, SimFleet

@@ -20,8 +20,8 @@ from swarm_queue.common.models import (
 )
 from swarm_queue.common.store import JobStore
 from swarm_queue.common.vocab import Meta
-from swarm_queue.flows.agents import AgentSpec, agent_of, build_agents, tool_definition
-from swarm_queue.flows.pipeline import Link, StepOptions, build_pipeline, link_of
+from swarm_queue.flows.agents.spec import AgentSpec, agent_of, build_agents, tool_definition
+from swarm_queue.flows.pipeline.spec import Link, StepOptions, build_pipeline, link_of
 
 
 def _today() -> dict[str, JobSpec]:

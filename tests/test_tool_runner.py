@@ -19,7 +19,7 @@ from swarm_queue.common.keys import GROUP
 from swarm_queue.common.settings import Settings
 from swarm_queue.common.store import JobStore
 from swarm_queue.common.tools import HAND_OVER_S, MAX_RUNS, ToolAnswer, tool_key
-from swarm_queue.flows.toolcalls import ToolCaller
+from swarm_queue.flows.agents.toolcalls import ToolCaller
 from swarm_queue.worker.toollimits import check_limits
 from swarm_queue.worker.tools import ToolDrain, ToolRunner
 from tests.harness import tool_runner

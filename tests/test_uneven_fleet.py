@@ -21,8 +21,8 @@ from swarm_queue.common.jobspec import JobOptions
 from swarm_queue.common.keys import Keys
 from swarm_queue.common.settings import Settings
 from swarm_queue.common.store import JobStore
-from swarm_queue.flows.agentend import CANCELLED
-from swarm_queue.flows.agents import (
+from swarm_queue.flows.agents.end import CANCELLED
+from swarm_queue.flows.agents.spec import (
     AgentResult,
     AgentSpec,
     agent_prompts,

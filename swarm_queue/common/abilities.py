@@ -64,7 +64,7 @@ class Abilities(msgspec.Struct, frozen=True):
 def needs(spec: JobSpec) -> list[Need]:
     """What the work of ``spec``'s job on the fleet needs of a worker: its reduce function,
     numpy for a measure. (A flow's own needs are the flow's to say: a pipeline step's keep
-    function, see flows/pipeline.py.)"""
+    function, see flows/pipeline/spec.py.)"""
     out = []
     if spec.reduce is not None and spec.reduce.kind == FUNCTION and spec.reduce.function:
         out.append(Need("reduce", spec.reduce.function))

@@ -263,7 +263,7 @@ class Keys:
 
     def outcomes(self, job: str) -> str:
         """Hash of a workflow job: input index -> its outcome as its flow wrote it (msgpack:
-        an agent's :class:`flows.agents.AgentResult`), written once, when the input is
+        an agent's :class:`flows.agents.spec.AgentResult`), written once, when the input is
         through (answered, or failed with its reason)."""
         return self._job(job, "done")
 

@@ -9,10 +9,10 @@ from typing import Any
 from swarm_queue.common.keys import group_of
 from swarm_queue.common.models import JobSpec
 from swarm_queue.common.output import JobOutput
-from swarm_queue.flows.agentflow import AgentFlow
-from swarm_queue.flows.bestof import BestOfFlow
+from swarm_queue.flows.agents.flow import AgentFlow
+from swarm_queue.flows.bestof.flow import BestOfFlow
 from swarm_queue.flows.flow import Flow
-from swarm_queue.flows.pipelineflow import PipelineFlow
+from swarm_queue.flows.pipeline.flow import PipelineFlow
 from swarm_queue.flows.reduce.flow import ReduceFlow
 
 __all__ = ["FLOWS", "output_of"]

@@ -9,7 +9,7 @@ from __future__ import annotations
 from swarm_queue.common.errors import BadRecordError, JobNotFoundError
 from swarm_queue.common.models import JobSpec
 from swarm_queue.common.store import JobStatus, JobStore
-from swarm_queue.flows.pipeline import link_of
+from swarm_queue.flows.pipeline.spec import link_of
 from swarm_queue.flows.registry import output_of
 
 __all__ = ["later_steps", "over", "step_statuses", "tokens_of"]

@@ -16,7 +16,7 @@ from swarm_queue.common.errors import ConfigError, InputError
 from swarm_queue.common.jobspec import JobOptions
 from swarm_queue.common.settings import Settings
 from swarm_queue.common.store import JobStore
-from swarm_queue.flows.agents import (
+from swarm_queue.flows.agents.spec import (
     AgentSpec,
     agent_prompts,
     build_agents,

@@ -41,25 +41,25 @@ from swarm_queue.common.models import Result
 from swarm_queue.common.progress import Progress
 from swarm_queue.common.settings import Settings
 from swarm_queue.common.store import JobStatus, JobStore
-from swarm_queue.flows.agentout import AgentOutput
-from swarm_queue.flows.agents import (
+from swarm_queue.flows.agents.output import AgentOutput
+from swarm_queue.flows.agents.spec import (
     AgentResult,
     AgentSpec,
     agent_prompts,
     build_agents,
     enqueue_agents,
 )
-from swarm_queue.flows.bestof import build_best_of
-from swarm_queue.flows.pipeline import (
+from swarm_queue.flows.bestof.flow import build_best_of
+from swarm_queue.flows.pipeline.output import ChainLine
+from swarm_queue.flows.pipeline.spec import (
     StepOptions,
     build_pipeline,
     enqueue_pipeline,
     link_of,
     needs_steps,
 )
-from swarm_queue.flows.pipelineout import ChainLine
 from swarm_queue.flows.registry import output_of
-from swarm_queue.flows.rounds import Blackboard, BoardState
+from swarm_queue.flows.rounds.board import Blackboard, BoardState
 from swarm_queue.producer.enqueue import enqueue_prompts
 from swarm_queue.producer.frames import prompts_from, results_dataset, results_frame
 from swarm_queue.producer.ops import cancel_job
@@ -239,7 +239,7 @@ class Swarm:
     ) -> str:
         """Queue ``prompts`` each sampled ``n`` times (``settings`` as :meth:`submit` takes
         them: set a ``temperature``), every candidate scored by ``judge`` (a template with
-        ``{answer}`` and ``{prompt}``, see :mod:`flows.bestof`), the best kept; returns its
+        ``{answer}`` and ``{prompt}``, see :mod:`flows.bestof.flow`), the best kept; returns its
         name. Follow it with :meth:`lines`. Submitting it again resumes it."""
         name = validate_job_name(job) if job else f"best-of-{uuid.uuid4().hex[:12]}"
         specs, warnings = build_best_of(
@@ -287,7 +287,7 @@ class Swarm:
         until: Callable[[dict[str, list[str]]], bool] | None = None,
         **settings: Any,
     ) -> BoardState:
-        """Rounds of roles on a shared board kept in Redis (see :mod:`flows.rounds`): each
+        """Rounds of roles on a shared board kept in Redis (see :mod:`flows.rounds.board`): each
         round, ``prompt(role, sections)`` for every role's ``agents``, answered on the fleet
         as one job (``settings``: its, as :meth:`submit` takes them); the answers appended to
         their sections. Stops after ``max_rounds`` or once ``until(sections)`` holds; run it

@@ -14,7 +14,7 @@ from swarm_queue.common.keys import stage_name
 from swarm_queue.common.models import JobSpec
 from swarm_queue.common.redisurl import mask_url
 from swarm_queue.common.store import JobStatus, JobStore, OutcomeCounts
-from swarm_queue.flows.agents import agent_of
+from swarm_queue.flows.agents.spec import agent_of
 from swarm_queue.flows.steps import over, step_statuses
 
 __all__ = [

@@ -27,7 +27,7 @@ from swarm_queue.common.keys import group_of
 from swarm_queue.common.models import JobSpec
 from swarm_queue.common.output import JobOutput
 from swarm_queue.common.store import JobStore
-from swarm_queue.flows.agents import agent_of
+from swarm_queue.flows.agents.spec import agent_of
 from swarm_queue.producer.formats import FORMATS, format_for
 from swarm_queue.producer.output import collect_output, output_for, write_output
 from swarm_queue.producer.stream import JOB_APPEAR_S, wait_final, wait_for_spec

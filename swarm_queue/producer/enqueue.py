@@ -25,8 +25,8 @@ from swarm_queue.common.keys import validate_job_name
 from swarm_queue.common.models import JobSpec, SamplingParams
 from swarm_queue.common.settings import Settings
 from swarm_queue.common.store import JobStore
-from swarm_queue.flows.bestof import build_best_of
-from swarm_queue.flows.pipeline import build_pipeline, enqueue_pipeline, needs_steps
+from swarm_queue.flows.bestof.flow import build_best_of
+from swarm_queue.flows.pipeline.spec import build_pipeline, enqueue_pipeline, needs_steps
 from swarm_queue.producer.agentjob import add_agent_args, enqueue_agent_job, is_agent_job
 from swarm_queue.producer.inputs import (
     DEFAULT_MAX_PROMPT_BYTES,
@@ -127,7 +127,7 @@ async def enqueue(
     checked: bool = False,
 ) -> EnqueueReport:
     """Queue every prompt of ``stream`` (a binary line iterator) for ``spec.job``; ``later``:
-    the pipeline steps after it (see :mod:`flows.pipeline`), created first. A Parquet input
+    the pipeline steps after it (see :mod:`flows.pipeline.spec`), created first. A Parquet input
     is read from the file ``source`` names, its ``column`` (``id_column``: custom ids).
 
     A file is checked whole before any of it is queued: a bad line half-way must not leave a

@@ -16,7 +16,7 @@ from swarm_queue.common.jobspec import JobOptions
 from swarm_queue.common.models import ReduceSpec
 from swarm_queue.common.perprompt import PER_PROMPT_KINDS
 from swarm_queue.common.reducekinds import FUNCTION, REDUCE_KINDS, TREE
-from swarm_queue.flows.pipeline import StepOptions
+from swarm_queue.flows.pipeline.spec import StepOptions
 
 __all__ = [
     "JOB_FLAGS",
@@ -171,7 +171,7 @@ def add_reduce_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_best_of_args(p: argparse.ArgumentParser) -> None:
-    """The flags of a best-of job (see :mod:`flows.bestof`)."""
+    """The flags of a best-of job (see :mod:`flows.bestof.flow`)."""
     g = p.add_argument_group("best-of-N with a judge")
     g.add_argument(
         "--best-of",

@@ -17,7 +17,7 @@ from swarm_queue.common.final import ReduceOutput
 from swarm_queue.common.keys import stage_name
 from swarm_queue.common.store import JobStore
 from swarm_queue.common.vocab import RETRYABLE_KINDS
-from swarm_queue.flows.agents import agent_of
+from swarm_queue.flows.agents.spec import agent_of
 from swarm_queue.flows.steps import later_steps
 
 __all__ = ["cancel_job", "cancel_main", "retry_main"]

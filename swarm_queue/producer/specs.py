@@ -10,8 +10,8 @@ from typing import Any
 from swarm_queue.common.errors import ConfigError
 from swarm_queue.common.jobspec import options_from
 from swarm_queue.common.models import ReduceSpec
-from swarm_queue.flows.agents import tool_definition
-from swarm_queue.flows.pipeline import StepOptions
+from swarm_queue.flows.agents.spec import tool_definition
+from swarm_queue.flows.pipeline.spec import StepOptions
 
 __all__ = [
     "Concat",

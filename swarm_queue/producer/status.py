@@ -18,8 +18,8 @@ from swarm_queue.common.models import JobSpec
 from swarm_queue.common.redisurl import mask_url
 from swarm_queue.common.store import JobStatus, JobStore
 from swarm_queue.common.vocab import Meta
-from swarm_queue.flows.agents import agent_of, offered_tools
-from swarm_queue.flows.pipeline import link_of
+from swarm_queue.flows.agents.spec import agent_of, offered_tools
+from swarm_queue.flows.pipeline.spec import link_of
 from swarm_queue.flows.steps import over, step_statuses, tokens_of
 from swarm_queue.producer.board import (
     job_state,

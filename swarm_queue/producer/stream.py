@@ -29,7 +29,7 @@ from swarm_queue.common.models import JobSpec
 from swarm_queue.common.output import CollectReport
 from swarm_queue.common.progress import Progress
 from swarm_queue.common.store import CollectorStore, JobStatus
-from swarm_queue.flows.pipeline import link_of
+from swarm_queue.flows.pipeline.spec import link_of
 
 __all__ = [
     "check_kept",

@@ -1,5 +1,5 @@
 """Blackboards: the state of rounds of roles on a shared board, kept after every round so that
-a driver that died resumes at its last finished round (see flows/rounds.py)."""
+a driver that died resumes at its last finished round (see flows/rounds/board.py)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """What a flow keeps of each input of a workflow job, beside its steps' own jobs: the input's
 state between its steps, whether it waits outside the fleet (parked: in no queue, holding no
 slot of any endpoint), and its outcome, written once, with the order inputs finished in. The
-agents' flow keeps its agents here (flows/agentflow.py); any flow whose inputs end in an
+agents' flow keeps its agents here (flows/agents/flow.py); any flow whose inputs end in an
 outcome of their own may."""
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ Two jobs, as a pipeline has steps: ``job`` samples the candidates; its flow (:cl
 queues each candidate, the moment the prompt's answer is committed, into the judge step
 (``job:s1``) as the judge's template with ``{answer}`` (the candidate) and ``{prompt}`` (the
 input's) filled in. Nothing waits for a step to end, nothing is lost when a worker dies (the
-pipeline's moves: exactly once, see :mod:`flows.pipelineflow`), and the lines are written as
+pipeline's moves: exactly once, see :mod:`flows.pipeline.flow`), and the lines are written as
 the judgements come in (:class:`BestOfOutput`): every collector makes the same choice, since
 the scores are parsed from what Redis holds.
 
@@ -32,8 +32,8 @@ from swarm_queue.common.models import FlowRef, JobSpec, PromptItem, Result, resu
 from swarm_queue.common.output import Column, JobOutput
 from swarm_queue.common.store import CollectorStore
 from swarm_queue.common.store.steps import Move
-from swarm_queue.flows.pipeline import fill
-from swarm_queue.flows.pipelineflow import PipelineFlow
+from swarm_queue.flows.pipeline.flow import PipelineFlow
+from swarm_queue.flows.pipeline.spec import fill
 
 __all__ = [
     "KIND",

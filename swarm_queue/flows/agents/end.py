@@ -9,7 +9,7 @@ import msgspec
 
 from swarm_queue.common.models import JobSpec, result_or_failure
 from swarm_queue.common.store import FlowStore
-from swarm_queue.flows.agents import AgentResult
+from swarm_queue.flows.agents.spec import AgentResult
 
 __all__ = ["CANCELLED", "end_cancelled"]
 

@@ -11,7 +11,7 @@ from swarm_queue.common.chat import Message, ToolCall
 from swarm_queue.common.keys import lane_name
 from swarm_queue.common.models import PromptItem, Result
 from swarm_queue.common.tools import ToolAnswer
-from swarm_queue.flows.agents import not_offered
+from swarm_queue.flows.agents.spec import not_offered
 
 __all__ = [
     "AgentState",

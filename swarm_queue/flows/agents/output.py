@@ -18,7 +18,7 @@ from swarm_queue.common.keys import step_name
 from swarm_queue.common.models import JobSpec
 from swarm_queue.common.output import Column, JobOutput, Json
 from swarm_queue.common.store import CollectorStore
-from swarm_queue.flows.agents import AgentResult, agent_of
+from swarm_queue.flows.agents.spec import AgentResult, agent_of
 
 __all__ = ["AgentOutput"]
 

@@ -21,8 +21,8 @@ from swarm_queue.common.store import FlowStore
 from swarm_queue.common.store.steps import Landed, Move
 from swarm_queue.common.vocab import Meta
 from swarm_queue.flows.flow import Flow
-from swarm_queue.flows.pipeline import KIND, Keep, Link, link_of, next_item
-from swarm_queue.flows.pipelineout import PipelineOutput
+from swarm_queue.flows.pipeline.output import PipelineOutput
+from swarm_queue.flows.pipeline.spec import KIND, Keep, Link, link_of, next_item
 
 __all__ = ["PipelineFlow"]
 

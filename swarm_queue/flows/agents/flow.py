@@ -3,7 +3,7 @@
 A turn's answer, the moment it is committed, is taken by the agent pump (one at a time per
 agent job, by its lock; see :mod:`flows.flow`):
 
-* tool calls: asked of the tool runners (:mod:`flows.toolcalls`), and the agent parked until
+* tool calls: asked of the tool runners (:mod:`flows.agents.toolcalls`), and the agent parked until
   every answer is in. A parked agent is in no queue and holds no slot of any endpoint; once
   its answers are in, its conversation, the calls and their answers added, is queued as its
   next turn, in the lane of the endpoint that served the turn before;
@@ -31,16 +31,16 @@ from swarm_queue.common.store import FlowStore
 from swarm_queue.common.store.steps import Landed, Move
 from swarm_queue.common.tools import ToolAnswer
 from swarm_queue.common.vocab import Meta
-from swarm_queue.flows.agentend import end_cancelled
-from swarm_queue.flows.agentout import AgentOutput
-from swarm_queue.flows.agents import (
+from swarm_queue.flows.agents.end import end_cancelled
+from swarm_queue.flows.agents.output import AgentOutput
+from swarm_queue.flows.agents.spec import (
     KIND,
     AgentResult,
     AgentSpec,
     agent_of,
     offered_tools,
 )
-from swarm_queue.flows.agentstate import (
+from swarm_queue.flows.agents.state import (
     AgentState,
     Onward,
     Waiting,
@@ -51,8 +51,8 @@ from swarm_queue.flows.agentstate import (
     encode,
     lane_of,
 )
+from swarm_queue.flows.agents.toolcalls import ToolCaller
 from swarm_queue.flows.flow import Flow, Gauge
-from swarm_queue.flows.toolcalls import ToolCaller
 
 __all__ = ["AgentFlow"]
 
@@ -86,7 +86,7 @@ class AgentFlow(Flow):
 
     async def _complete(self, spec: JobSpec) -> bool:
         """Whether no agent of ``spec``'s job moves any more: all finished (a cancelled job's
-        once each has its outcome, see :mod:`flows.agentend`)."""
+        once each has its outcome, see :mod:`flows.agents.end`)."""
         status = await self.store.status(spec.job, rate=False)
         if status.total is None:
             return False

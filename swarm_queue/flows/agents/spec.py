@@ -4,10 +4,10 @@ An agent job ``a`` is its agents' first turns; its later turns are jobs of their
 ``a:s1``, ``a:s2``... (one per turn, up to ``max_turns``), all of the agent job's priority;
 a worker serves an agent job's earlier turns before its later ones
 (:func:`worker.intake.service_order`), so no agent's first turn is left for the end. A turn's
-answer, the moment it is committed, is taken by the agents' flow (:mod:`flows.agentflow`),
+answer, the moment it is committed, is taken by the agents' flow (:mod:`flows.agents.flow`),
 which every worker runs:
 
-* tool calls: asked of the tool runners (:mod:`flows.toolcalls`), and the agent parked until
+* tool calls: asked of the tool runners (:mod:`flows.agents.toolcalls`), and the agent parked until
   every answer is in. A parked agent is in no queue and holds no slot of any endpoint; once
   its answers are in, its conversation, the calls and their answers added, is queued as its
   next turn;
@@ -39,7 +39,7 @@ from swarm_queue.common.models import Chat, FlowRef, JobSpec
 from swarm_queue.common.schema import AnswerValidator
 from swarm_queue.common.store import ProducerStore
 from swarm_queue.common.tools import ToolAnswer
-from swarm_queue.flows.pipeline import MAX_STEPS
+from swarm_queue.flows.pipeline.spec import MAX_STEPS
 
 __all__ = [
     "KIND",
