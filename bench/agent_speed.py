@@ -40,6 +40,7 @@ import aiohttp
 from bench.harness import (
     OUT,
     ROOT,
+    TOOL_RUNNER,
     Bench,
     Periodic,
     Workers,
@@ -165,9 +166,14 @@ import asyncio, json, os, sys
 from swarm_queue.common.jobspec import JobOptions
 from swarm_queue.common.settings import Settings
 from swarm_queue.common.store import JobStore
-from swarm_queue.flows.agents.spec import (
-    AgentSpec, agent_prompts, build_agents, enqueue_agents, tool_definition,
-)
+try:
+    from swarm_queue.flows.agents.spec import (
+        AgentSpec, agent_prompts, build_agents, enqueue_agents, tool_definition,
+    )
+except ImportError:  # a revision before the workflows' folders
+    from swarm_queue.flows.agents import (
+        AgentSpec, agent_prompts, build_agents, enqueue_agents, tool_definition,
+    )
 n, turns, task = json.loads(sys.argv[1])
 async def main():
     url = os.environ["SWARM_REDIS_URL"]
@@ -224,7 +230,7 @@ async def run(n: int, turns: int, code: Path | None = None) -> dict[str, Any]:
         LOG.unlink(missing_ok=True)
         with open(OUT / "agent-speed-runner.log", "wb") as out:
             runner = subprocess.Popen(
-                [sys.executable, "-c", "from swarm_queue.worker.tools import main; main()"],
+                [sys.executable, "-c", TOOL_RUNNER],
                 cwd=code or ROOT, stdout=out, stderr=subprocess.STDOUT,
                 env=env if code is None else {**env, "PYTHONPATH": f"{code}:{ROOT}"},
             )  # fmt: skip

@@ -21,7 +21,16 @@ import time
 import urllib.request
 from typing import Any
 
-from bench.harness import OUT, ROOT, Bench, Workers, cpu_s, new_fleet, wait_workers_ready
+from bench.harness import (
+    OUT,
+    ROOT,
+    TOOL_RUNNER,
+    Bench,
+    Workers,
+    cpu_s,
+    new_fleet,
+    wait_workers_ready,
+)
 from bench.versus import publish
 from swarm_queue.common.jobspec import JobOptions
 from swarm_queue.common.keys import step_name
@@ -84,7 +93,7 @@ async def swarm_agents(url: str, urls: list[str], n: int) -> dict[str, Any]:
     }
     with open(OUT / "agents-runner.log", "wb") as out:
         runner = subprocess.Popen(
-            [sys.executable, "-c", "from swarm_queue.worker.tools import main; main()"],
+            [sys.executable, "-c", TOOL_RUNNER],
             cwd=ROOT,
             env=env,
             stdout=out,

@@ -611,6 +611,15 @@ async def kill_at_share(
 
 # An engine that answers at once: what the system itself costs, without the model's time.
 # The key under which redis_cost reports Redis's CPU time per prompt.
+# The tool runner (swarm-tools) as ``python -c``, with the code of whichever revision is on the
+# path: its module moved (worker/tools.py before tools/runner.py), the benchmarks compare both.
+TOOL_RUNNER = """
+try:
+    from swarm_queue.tools.runner import main
+except ImportError:  # a revision before the tools' own room
+    from swarm_queue.worker.tools import main
+main()
+"""
 REDIS_US = "Redis CPU us per prompt"
 INSTANT = EngineConfig(instant=True)
 

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from bench.harness import TOOL_RUNNER
 from bench.vllm_checks import REPO, WORK, Checks, alone, job
 from bench.vllm_cpu import TOOL_KEYS
 
@@ -48,7 +49,7 @@ def agents(checks: Checks, env: dict[str, str], plain: str, tooled: str) -> None
                   "PYTHONPATH": str(REPO)}  # fmt: skip
     with open(WORK / "runner.log", "wb") as fh:
         runner = subprocess.Popen(
-            [sys.executable, "-c", "from swarm_queue.worker.tools import main; main()"],
+            [sys.executable, "-c", TOOL_RUNNER],
             cwd=REPO, env=runner_env, stdout=fh, stderr=subprocess.STDOUT,
         )  # fmt: skip
     try:

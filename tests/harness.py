@@ -556,7 +556,7 @@ AGENT_TASK = (
 
 
 def tool_runner(env: Mapping[str, str], log: Path, out: Path) -> subprocess.Popen[bytes]:
-    """A tool runner process (``swarm-tools``, as ``python -m swarm_queue.worker.tools``) running
+    """A tool runner process (``swarm-tools``, as ``python -m swarm_queue.tools.runner``) running
     tests.agent_tools (all of them, unless ``env`` says SWARM_TOOLS), each run written to
     ``log``, its output to ``out``; ``env``: its Redis and any other setting."""
     repo = Path(__file__).resolve().parent.parent
@@ -568,7 +568,7 @@ def tool_runner(env: Mapping[str, str], log: Path, out: Path) -> subprocess.Pope
     }
     with open(out, "ab") as fh:
         return subprocess.Popen(
-            [sys.executable, "-m", "swarm_queue.worker.tools"],
+            [sys.executable, "-m", "swarm_queue.tools.runner"],
             cwd=repo,
             env=full,
             stdout=fh,

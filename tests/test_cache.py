@@ -25,7 +25,7 @@ from swarm_queue.common.settings import Settings
 from swarm_queue.common.store import JobStore
 from swarm_queue.common.store.cache import CacheSize
 from swarm_queue.producer.api import Swarm
-from swarm_queue.producer.board import read_board
+from swarm_queue.producer.overview import read_overview
 from swarm_queue.sim.server import SimFleet
 from swarm_queue.sim.text import completion_for
 from swarm_queue.worker.cache import AnswerCache
@@ -334,7 +334,7 @@ async def test_the_shared_case_two_models_a_broken_endpoint_and_a_job_nobody_ser
             while not all([(await store.status(j)).finished for j in ("a2", "b")]):
                 assert time.monotonic() < deadline and worker.poll() is None, "never finished"
                 await asyncio.sleep(0.05)
-            board = await read_board(store, redis_url)
+            board = await read_overview(store, redis_url)
             status = {j: await store.status(j) for j in ("a1", "a2", "b", "c")}
         finally:
             worker.terminate()

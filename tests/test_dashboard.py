@@ -25,8 +25,15 @@ from swarm_queue.common.models import PromptItem, Result
 from swarm_queue.common.settings import Settings
 from swarm_queue.common.store import JobStore
 from swarm_queue.flows.agents.spec import AgentSpec, agent_prompts, build_agents, enqueue_agents
-from swarm_queue.producer.board import AgentCounts, Board, EndpointRow, History, JobRow, read_board
 from swarm_queue.producer.dashboard import Dashboard
+from swarm_queue.producer.overview import (
+    AgentCounts,
+    EndpointRow,
+    History,
+    JobRow,
+    Overview,
+    read_overview,
+)
 from tests.browser import CHROMIUM, Browser
 from tests.harness import (
     AGENT_TASK,
@@ -41,8 +48,8 @@ from tests.helpers import gen_of, prompts, spec
 from tests.servers import redis_server
 
 
-def _board(t: float, jobs: dict[str, int], rates: dict[str, float]) -> Board:
-    return Board(
+def _board(t: float, jobs: dict[str, int], rates: dict[str, float]) -> Overview:
+    return Overview(
         generated_s=t,
         redis="redis://x",
         prefix="p",
@@ -139,7 +146,7 @@ async def test_the_board_shows_every_job_and_sums_each_endpoint_over_live_jobs(
     }
     await store.publish_endpoints({"live": figures, "gone": figures})
 
-    board = await read_board(store, "redis://:s3cret@127.0.0.1:6379/0", now=now)
+    board = await read_overview(store, "redis://:s3cret@127.0.0.1:6379/0", now=now)
     assert "s3cret" not in board.redis
     jobs = {j.job: j for j in board.jobs}
     assert list(jobs) == ["broken", "elsewhere", "gone", "live"]
@@ -181,7 +188,7 @@ async def test_the_board_shows_an_agent_jobs_agents_by_state_and_the_tool_calls(
 ) -> None:
     await _agents_under_way(store)
     await enqueue_prompts(store, spec("plain"), prompts(3))
-    board = await read_board(store, "redis://127.0.0.1:6379/0")
+    board = await read_overview(store, "redis://127.0.0.1:6379/0")
     jobs = {j.job: j for j in board.jobs}
     assert jobs["ag"].agents == AgentCounts(thinking=2, waiting=2, done=1)
     assert jobs["plain"].agents is None

@@ -25,8 +25,9 @@ MAY_IMPORT = {
     "sim": {"sim", "common"},
     "flows": {"flows", "common"},
     "worker": {"worker", "flows", "common"},
-    # The demo starts swarm-sim, the stand-in server.
-    "producer": {"producer", "worker", "flows", "sim", "common"},
+    "tools": {"tools", "common"},
+    # The demo starts swarm-sim, the stand-in server; a Python session runs its own tools.
+    "producer": {"producer", "worker", "flows", "tools", "sim", "common"},
 }
 
 
@@ -174,7 +175,7 @@ def test_a_wheel_puts_one_import_name_in_site_packages(tmp_path: Path) -> None:
     with zipfile.ZipFile(wheel) as z:
         entry = z.read(next(n for n in z.namelist() if n.endswith("entry_points.txt"))).decode()
         assert {n.split("/")[1] for n in z.namelist() if n.startswith("swarm_queue/")} >= {
-            "common", "flows", "producer", "sim", "worker"
+            "common", "flows", "producer", "sim", "tools", "worker"
         }  # fmt: skip
     targets = [ln.split("=", 1)[1].strip() for ln in entry.splitlines() if "=" in ln]
     assert targets and all(t.startswith("swarm_queue.") for t in targets), targets

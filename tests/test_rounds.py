@@ -11,7 +11,7 @@ from swarm_queue.common.errors import ConfigError, JobConflictError
 from swarm_queue.common.keys import Keys, round_name
 from swarm_queue.common.models import Result
 from swarm_queue.common.store import JobStore
-from swarm_queue.flows.rounds.board import Blackboard
+from swarm_queue.flows.rounds.blackboard import Blackboard
 from swarm_queue.producer.api import Swarm
 from swarm_queue.sim.server import SimFleet
 from swarm_queue.sim.text import completion_for

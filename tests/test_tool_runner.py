@@ -18,10 +18,10 @@ from swarm_queue.common.errors import ConfigError
 from swarm_queue.common.keys import GROUP
 from swarm_queue.common.settings import Settings
 from swarm_queue.common.store import JobStore
-from swarm_queue.common.tools import HAND_OVER_S, MAX_RUNS, ToolAnswer, tool_key
+from swarm_queue.common.toolcall import HAND_OVER_S, MAX_RUNS, ToolAnswer, tool_key
 from swarm_queue.flows.agents.toolcalls import ToolCaller
-from swarm_queue.worker.toollimits import check_limits
-from swarm_queue.worker.tools import ToolDrain, ToolRunner
+from swarm_queue.tools.limits import check_limits
+from swarm_queue.tools.runner import ToolDrain, ToolRunner
 from tests.harness import tool_runner
 from tests.helpers import until, wait_until
 

@@ -59,7 +59,7 @@ from swarm_queue.flows.pipeline.spec import (
     needs_steps,
 )
 from swarm_queue.flows.registry import output_of
-from swarm_queue.flows.rounds.board import Blackboard, BoardState
+from swarm_queue.flows.rounds.blackboard import Blackboard, BoardState
 from swarm_queue.producer.enqueue import enqueue_prompts
 from swarm_queue.producer.frames import prompts_from, results_dataset, results_frame
 from swarm_queue.producer.ops import cancel_job
@@ -67,8 +67,8 @@ from swarm_queue.producer.output import follow_output, output_for
 from swarm_queue.producer.plain import PlainOutput
 from swarm_queue.producer.specs import Prompts, pairs, schema_of, tools_of
 from swarm_queue.producer.stream import wait_final
+from swarm_queue.tools.runner import SessionTools
 from swarm_queue.worker.engine import Engine
-from swarm_queue.worker.tools import SessionTools
 
 __all__ = ["Swarm", "scatter_gather"]
 
@@ -287,11 +287,12 @@ class Swarm:
         until: Callable[[dict[str, list[str]]], bool] | None = None,
         **settings: Any,
     ) -> BoardState:
-        """Rounds of roles on a shared board kept in Redis (see :mod:`flows.rounds.board`): each
-        round, ``prompt(role, sections)`` for every role's ``agents``, answered on the fleet
-        as one job (``settings``: its, as :meth:`submit` takes them); the answers appended to
-        their sections. Stops after ``max_rounds`` or once ``until(sections)`` holds; run it
-        again after a crash and it resumes at its last finished round."""
+        """Rounds of roles on a shared board kept in Redis (see
+        :mod:`flows.rounds.blackboard`): each round, ``prompt(role, sections)`` for every
+        role's ``agents``, answered on the fleet as one job (``settings``: its, as
+        :meth:`submit` takes them); the answers appended to their sections. Stops after
+        ``max_rounds`` or once ``until(sections)`` holds; run it again after a crash and it
+        resumes at its last finished round."""
         board = Blackboard(self.store, name, sections, prompt, agents=agents)
         spec, warnings = build_spec(name, options_from(settings), source="python blackboard")
         for warning in warnings:

@@ -24,7 +24,7 @@ from swarm_queue.common.cli import is_loopback, stop_on_signals
 from swarm_queue.common.errors import ConfigError, SwarmError
 from swarm_queue.common.redisurl import mask_url
 from swarm_queue.common.store import JobStore
-from swarm_queue.producer.board import Board, History, read_board
+from swarm_queue.producer.overview import History, Overview, read_overview
 
 __all__ = ["Dashboard", "serve"]
 
@@ -58,7 +58,7 @@ class Dashboard:
         self.redis_url = redis_url
         self.every_s = every_s
         self.history = history or History()
-        self.board: Board | None = None
+        self.board: Overview | None = None
         self.body = b"{}"
         self.read_at = time.monotonic()  # when Redis last answered a whole read
 
@@ -66,7 +66,7 @@ class Dashboard:
         """Read Redis once; False when it could not be read. Then no figure is shown (none
         can be vouched for): the board says why, and when Redis was last read."""
         try:
-            board = self.history.add(await read_board(self.store, self.redis_url))
+            board = self.history.add(await read_overview(self.store, self.redis_url))
         except SwarmError as exc:
             self._unread(str(exc))
             return False
@@ -78,7 +78,7 @@ class Dashboard:
     def _unread(self, why: str) -> None:
         """Show no figure, and why: Redis could not be read."""
         last = self.board
-        self.board = Board(
+        self.board = Overview(
             generated_s=last.generated_s if last else time.time(),
             redis=mask_url(self.redis_url),
             prefix=self.store.keys.prefix,

@@ -21,7 +21,7 @@ from swarm_queue.common.keys import parse_stage, validate_job_name
 from swarm_queue.common.redisurl import mask_url
 from swarm_queue.common.store import JobStore
 from swarm_queue.flows.steps import over, step_statuses
-from swarm_queue.producer.board import job_list, read_fleet, read_jobs
+from swarm_queue.producer.overview import job_list, read_fleet, read_jobs
 
 __all__ = ["main"]
 

@@ -21,7 +21,7 @@ from swarm_queue.common.vocab import Meta
 from swarm_queue.flows.agents.spec import agent_of, offered_tools
 from swarm_queue.flows.pipeline.spec import link_of
 from swarm_queue.flows.steps import over, step_statuses, tokens_of
-from swarm_queue.producer.board import (
+from swarm_queue.producer.overview import (
     job_state,
     read_fleet,
     reduce_where,
@@ -89,7 +89,7 @@ def format_status(
     """The job's progress; ``stage``: its tree-reduce level running now, if any;
     ``endpoints``: the per-endpoint figures, shown while the job runs; ``waiting``: why no
     live endpoint can serve it; ``state``: the job's as a whole, its later steps included
-    (see :func:`producer.board.whole_state`), if not the state of ``s`` alone; ``tokens``:
+    (see :func:`producer.overview.whole_state`), if not the state of ``s`` alone; ``tokens``:
     the whole job's (see :func:`flows.steps.tokens_of`), if not those of ``s`` alone."""
     total = f"{s.total}" if s.total is not None else f"{s.enqueued}+ (still being enqueued)"
     state = state or job_state(s, waiting)

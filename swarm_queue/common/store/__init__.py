@@ -37,7 +37,7 @@ from swarm_queue.common.store.lanes import Hungry
 from swarm_queue.common.store.outcomes import OutcomeCounts
 from swarm_queue.common.store.roles import CollectorStore, FlowStore, ProducerStore, WorkerStore
 from swarm_queue.common.store.status import JobStatus
-from swarm_queue.common.store.tools import ToolCall
+from swarm_queue.common.store.toolstreams import ToolCall
 
 __all__ = [
     "NO_CLIENT_SETINFO",

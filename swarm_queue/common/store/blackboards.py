@@ -1,5 +1,5 @@
 """Blackboards: the state of rounds of roles on a shared board, kept after every round so that
-a driver that died resumes at its last finished round (see flows/rounds/board.py)."""
+a driver that died resumes at its last finished round (see flows/rounds/blackboard.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ __all__ = ["Blackboards"]
 class Blackboards(StoreBase):
     """A blackboard's state, read and moved on round by round."""
 
-    async def read_board(self, name: str) -> tuple[int, bytes | None]:
+    async def read_overview(self, name: str) -> tuple[int, bytes | None]:
         """``(rounds finished, state)`` of blackboard ``name`` (``(0, None)``: never run)."""
         async with redis_errors(self.url, name):
             rnd, state = await self.redis.hmget(self.keys.board(name), ["round", "state"])

@@ -25,7 +25,7 @@ from swarm_queue.common.store.results import Results
 from swarm_queue.common.store.stages import Stages
 from swarm_queue.common.store.status import Status
 from swarm_queue.common.store.steps import StepMap, Steps
-from swarm_queue.common.store.tools import Tools
+from swarm_queue.common.store.toolstreams import Tools
 
 __all__ = ["CollectorStore", "FlowStore", "ProducerStore", "WorkerStore"]
 

@@ -29,7 +29,7 @@ from swarm_queue.common.schema import validator_of
 from swarm_queue.common.settings import Settings
 from swarm_queue.common.store import FlowStore
 from swarm_queue.common.store.steps import Landed, Move
-from swarm_queue.common.tools import ToolAnswer
+from swarm_queue.common.toolcall import ToolAnswer
 from swarm_queue.common.vocab import Meta
 from swarm_queue.flows.agents.end import end_cancelled
 from swarm_queue.flows.agents.output import AgentOutput

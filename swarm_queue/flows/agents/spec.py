@@ -38,7 +38,7 @@ from swarm_queue.common.keys import step_name, validate_tool_name
 from swarm_queue.common.models import Chat, FlowRef, JobSpec
 from swarm_queue.common.schema import AnswerValidator
 from swarm_queue.common.store import ProducerStore
-from swarm_queue.common.tools import ToolAnswer
+from swarm_queue.common.toolcall import ToolAnswer
 from swarm_queue.flows.pipeline.spec import MAX_STEPS
 
 __all__ = [

@@ -10,7 +10,7 @@ import msgspec
 from swarm_queue.common.chat import Message, ToolCall
 from swarm_queue.common.keys import lane_name
 from swarm_queue.common.models import PromptItem, Result
-from swarm_queue.common.tools import ToolAnswer
+from swarm_queue.common.toolcall import ToolAnswer
 from swarm_queue.flows.agents.spec import not_offered
 
 __all__ = [

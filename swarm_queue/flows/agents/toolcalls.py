@@ -1,6 +1,6 @@
 """Asking for tool calls on behalf of agents: each call named by its key (the tool and its
 arguments), answered from what Redis keeps, or queued once on its tool's stream for the tool
-runners while others who ask the same wait for that one answer (see :mod:`common.tools`)."""
+runners while others who ask the same wait for that one answer (see :mod:`common.toolcall`)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 from swarm_queue.common.settings import Settings
 from swarm_queue.common.store import FlowStore
-from swarm_queue.common.tools import ToolAnswer, claim_s, tool_key
+from swarm_queue.common.toolcall import ToolAnswer, claim_s, tool_key
 
 __all__ = ["ToolCaller"]
 

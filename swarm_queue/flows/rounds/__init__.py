@@ -1,1 +1,1 @@
-"""Blackboard rounds: roles answering in rounds over a board kept in Redis (:mod:`.board`)."""
+"""Blackboard rounds: roles answering in rounds over a board kept in Redis (:mod:`.blackboard`)."""

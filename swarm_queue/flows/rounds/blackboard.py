@@ -78,7 +78,7 @@ class Blackboard:
 
     async def state(self) -> BoardState:
         """The board as Redis keeps it (empty sections before its first round)."""
-        rounds, raw = await self.store.read_board(self.name)
+        rounds, raw = await self.store.read_overview(self.name)
         if raw is None:
             return BoardState({s: [] for s in self.sections})
         state = _decoder.decode(raw)

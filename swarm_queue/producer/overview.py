@@ -19,16 +19,16 @@ from swarm_queue.flows.steps import over, step_statuses
 
 __all__ = [
     "AgentCounts",
-    "Board",
     "EndpointRow",
     "History",
     "JobRow",
+    "Overview",
     "StepFigures",
     "job_list",
     "job_state",
-    "read_board",
     "read_fleet",
     "read_jobs",
+    "read_overview",
     "reduce_where",
     "waiting_step",
     "whole_state",
@@ -114,7 +114,7 @@ class EndpointRow(msgspec.Struct, frozen=True, kw_only=True):
     throughput: list[float] = msgspec.field(default_factory=list)
 
 
-class Board(msgspec.Struct, frozen=True, kw_only=True):
+class Overview(msgspec.Struct, frozen=True, kw_only=True):
     """Everything the page draws; ``times``: how long before ``generated_s`` each throughput
     point was read; ``error``: why Redis could not be read (the last board read is kept);
     ``notes``: what was skipped as unreadable."""
@@ -311,7 +311,7 @@ async def read_jobs(
     return rows, bad
 
 
-async def read_board(store: JobStore, redis_url: str, now: float | None = None) -> Board:
+async def read_overview(store: JobStore, redis_url: str, now: float | None = None) -> Overview:
     """Every job and every endpoint, as of now."""
     now = await store.server_time() if now is None else now
     fleet, note = await read_fleet(store)
@@ -331,7 +331,7 @@ async def read_board(store: JobStore, redis_url: str, now: float | None = None) 
             except BadRecordError as exc:
                 notes.append(f"job {row.job}: its endpoints' figures are unreadable: {exc}")
     tools = await store.tool_stats() if any(j.agents for j in jobs) else {}
-    return Board(
+    return Overview(
         generated_s=now,
         redis=mask_url(redis_url),
         prefix=store.keys.prefix,
@@ -351,7 +351,7 @@ class History:
         self.points = points
         self.samples: deque[tuple[float, dict[str, float]]] = deque()
 
-    def add(self, board: Board) -> Board:
+    def add(self, board: Overview) -> Overview:
         """Record ``board``; the board with recent rates, ETAs and charts filled in."""
         t = board.generated_s
         figures = {f"job|{j.job}": float(j.done + j.failed) for j in board.jobs}

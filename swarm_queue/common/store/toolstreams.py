@@ -1,6 +1,6 @@
 """Tool calls shared by agents across jobs: a call queued on its tool's stream and claimed,
 taken by a runner (or taken over from one that died), and its answer (see
-:mod:`common.tools`). Their keys share the tag ``{~tools}``."""
+:mod:`common.toolcall`). Their keys share the tag ``{~tools}``."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from swarm_queue.common.store.base import StoreBase
 from swarm_queue.common.store.boundary import redis_errors
 from swarm_queue.common.store.connection import redis_code
 from swarm_queue.common.store.delivery import RELEASED_IDLE_MS
-from swarm_queue.common.tools import HAND_OVER_S, ToolAnswer, decode_answer, encode_answer
+from swarm_queue.common.toolcall import HAND_OVER_S, ToolAnswer, decode_answer, encode_answer
 
 __all__ = ["ToolCall", "Tools"]
 

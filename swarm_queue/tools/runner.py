@@ -7,9 +7,9 @@ workers' consumer group, says it still runs each (a third of ``SWARM_CLAIM_IDLE_
 no other runner takes it over, and takes over the calls of runners that died. A call is cut
 at ``SWARM_TOOL_TIMEOUT_S``; a tool that raises or times out answers with its error, as
 OpenAI's API hands a tool's failure to the model, and the runner goes on. The answer is kept
-for the callers that wait on it (see :mod:`common.tools`), as a cache for ``swarm_cache_s``
+for the callers that wait on it (see :mod:`common.toolcall`), as a cache for ``swarm_cache_s``
 seconds when the function has that attribute; its limits, if it declares any, are kept as
-:mod:`worker.toollimits` says.
+:mod:`tools.limits` says.
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ from swarm_queue.common.errors import ConfigError, StoreUnavailable
 from swarm_queue.common.keys import validate_tool_name
 from swarm_queue.common.settings import Settings
 from swarm_queue.common.store import JobStore, ToolCall
-from swarm_queue.common.tools import HAND_OVER_S, MAX_RUNS, ToolAnswer, claim_s, cut
-from swarm_queue.worker.toollimits import ToolBusy, ToolLimit, check_limits
+from swarm_queue.common.toolcall import HAND_OVER_S, MAX_RUNS, ToolAnswer, claim_s, cut
+from swarm_queue.tools.limits import ToolBusy, ToolLimit, check_limits
 
 __all__ = ["SessionTools", "ToolDrain", "ToolRunner", "allowed_tools"]
 
