@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from collections.abc import AsyncIterator
 from importlib import resources
+from typing import Any
 
 import fakeredis
 import pytest
@@ -37,6 +38,38 @@ async def test_producer_lock_is_exclusive_and_refreshable(fake: JobStore) -> Non
     assert await fake.acquire_producer_lock("j", "host:2", 30_000) == "host:1"
     await fake.release_producer_lock("j", "host:1")
     assert await fake.acquire_producer_lock("j", "host:2", 30_000) is None
+
+
+async def test_letting_go_of_a_lock_that_passed_to_another_meanwhile_leaves_it_theirs(
+    fake: JobStore,
+) -> None:
+    """A holder lets go as its lock expires and another takes it: the other keeps it (a
+    read-then-delete would delete the new holder's lock, and two producers would feed one
+    job, or two gateways drive one batch). Here the lock passes to B right after the first
+    command the letting go sends."""
+    redis = fake.redis
+    send = redis.execute_command
+    for let_go, key in (
+        (lambda: fake.release_producer_lock("j", "A"), fake.keys.producer_lock("j")),
+        (lambda: fake.drop_lease("b1", "A"), fake.keys.batch_lease("b1")),
+    ):
+        await send("SET", key, "A")
+        sent = 0
+
+        async def then_lost(*args: Any, key: str = key, **kwargs: Any) -> Any:
+            nonlocal sent
+            reply = await send(*args, **kwargs)
+            sent += 1
+            if sent == 1:  # expired and taken by B, between this command and the next
+                await send("SET", key, "B")
+            return reply
+
+        redis.execute_command = then_lost  # type: ignore[method-assign]
+        try:
+            await let_go()
+        finally:
+            redis.execute_command = send  # type: ignore[method-assign]
+        assert await redis.get(key) == b"B"
 
 
 async def test_seal_records_the_total_once(fake: JobStore) -> None:

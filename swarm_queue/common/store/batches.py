@@ -141,7 +141,7 @@ class Batches(StoreBase):
         return other is None
 
     async def drop_lease(self, batch_id: str, token: str) -> None:
+        """Let go of the lease of driving ``batch_id``, if ``token`` holds it."""
         key = self.keys.batch_lease(batch_id)
         async with redis_errors(self.url, "", key):
-            if await self.redis.get(key) == token.encode():
-                await self.redis.delete(key)
+            await self.scripts.lock(keys=[key], args=[token, 0])

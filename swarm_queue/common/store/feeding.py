@@ -33,10 +33,9 @@ class Feeding(StoreBase):
         return holder.decode() if holder else None
 
     async def release_producer_lock(self, job: str, token: str) -> None:
-        key = self.keys.producer_lock(job)
+        """Let go of the job's producer lock, if ``token`` holds it."""
         async with redis_errors(self.url, job):
-            if await self.redis.get(key) == token.encode():
-                await self.redis.delete(key)
+            await self.scripts.lock(keys=[self.keys.producer_lock(job)], args=[token, 0])
 
     async def resume_point(self, job: str) -> tuple[int, str | None]:
         """How many prompts the producer has queued, and the digest of the input they came
