@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from typing import Self
+from typing import Any, Self
 
 import msgspec
 from redis.asyncio.cluster import RedisCluster
@@ -100,9 +100,9 @@ class StoreBase:
         if isinstance(reply, dict):  # a Cluster client may ask every node: any one will do
             reply = next(iter(reply.values()))
         seconds, micros = reply
-        return round(seconds + micros / 1e6, 3)
+        return round(float(seconds) + float(micros) / 1e6, 3)
 
-    def on_job_node(self, job: str) -> dict[str, object]:
+    def on_job_node(self, job: str) -> dict[str, Any]:
         """The keyword that sends a node-wide command (INFO, SCAN) to the node holding
         ``job``'s keys on a Cluster (all of them share its hash tag); none on one server. Not
         "every primary": that goes by the client's idea of which nodes are primaries, seen

@@ -41,7 +41,8 @@ class Batches(StoreBase):
     async def put_file(self, project: str, file: FileObject) -> None:
         key = self.keys.batch_files(project)
         async with redis_errors(self.url, "", key):
-            await self.redis.hset(key, file.id, encode(file))
+            # A value of bytes, as redis-py sends it (its annotation says str).
+            await self.redis.hset(key, file.id, encode(file))  # type: ignore[arg-type]
 
     async def file(self, project: str, file_id: str) -> FileObject | None:
         key = self.keys.batch_files(project)
@@ -95,7 +96,8 @@ class Batches(StoreBase):
             redis_errors(self.url, "", key, self.keys.batches_active),
             self.redis.pipeline(transaction=True) as tx,
         ):
-            tx.hset(key, _OBJ, encode(batch))
+            # A value of bytes, as redis-py sends it (its annotation says str).
+            tx.hset(key, _OBJ, encode(batch))  # type: ignore[arg-type]
             if batch.status.over:
                 tx.srem(self.keys.batches_active, f"{project}/{batch.id}")
             await tx.execute()
@@ -105,7 +107,7 @@ class Batches(StoreBase):
         when it was first asked."""
         key = self.keys.batch(project, batch_id)
         async with redis_errors(self.url, "", key):
-            await self.redis.hsetnx(key, _CANCEL, at)
+            await self.redis.hsetnx(key, _CANCEL, str(at))
             first = await self.redis.hget(key, _CANCEL)
         return int(first) if first is not None else at
 

@@ -72,7 +72,8 @@ class ResponseCache(StoreBase):
             nonlocal gone
             if doomed:
                 async with self.redis.pipeline(transaction=False) as pipe:
-                    pipe.hdel(self.keys.cache_answers, *doomed)
+                    # Fields of bytes, as redis-py sends them (its annotation says str).
+                    pipe.hdel(self.keys.cache_answers, *doomed)  # type: ignore[arg-type]
                     pipe.zrem(self.keys.cache_used, *doomed)
                     gone += int((await pipe.execute())[0])
                 doomed.clear()

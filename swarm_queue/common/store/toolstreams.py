@@ -9,6 +9,7 @@ from typing import Any
 
 import msgspec
 from redis.exceptions import ResponseError
+from redis.typing import KeyT, StreamIdT
 
 from swarm_queue.common.keys import GROUP
 from swarm_queue.common.store.base import StoreBase
@@ -59,8 +60,9 @@ class Tools(StoreBase):
         """Up to ``count`` new calls of ``tools`` for runner ``consumer``, waiting up to
         ``block_ms`` for one. A stream deleted meanwhile is made again (its calls, if any
         are asked again by their askers, who find their claims' entries gone)."""
-        streams = {self.keys.tool_calls(t): ">" for t in tools}
-        by_stream = dict(zip(streams, tools, strict=True))
+        names = [self.keys.tool_calls(t) for t in tools]
+        streams: dict[KeyT, StreamIdT] = dict.fromkeys(names, ">")
+        by_stream = dict(zip(names, tools, strict=True))
         async with redis_errors(self.url, ""):
             try:
                 reply = await self.redis.xreadgroup(
