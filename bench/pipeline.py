@@ -22,6 +22,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib
+import json
+import os
 import statistics
 import subprocess
 import sys
@@ -32,6 +34,7 @@ from typing import Any
 
 from bench.harness import (
     OUT,
+    ROOT,
     Bench,
     Workers,
     ideal_makespan,
@@ -44,7 +47,7 @@ from swarm_queue.common.jobspec import JobOptions, build_spec
 from swarm_queue.common.settings import Settings
 from swarm_queue.common.store import JobStore
 from swarm_queue.common.vocab import Meta
-from swarm_queue.flows.pipeline.spec import StepOptions, build_pipeline, enqueue_pipeline, fill
+from swarm_queue.flows.pipeline.spec import fill
 from swarm_queue.producer.enqueue import enqueue_prompts
 from swarm_queue.producer.output import follow_output, output_for
 from swarm_queue.producer.plain import PlainOutput
@@ -80,30 +83,74 @@ async def _redis_s(store: JobStore) -> float:
     return await store.server_time()
 
 
+# The pipeline's producer, run with the code of the side measured (a pipeline's specs are the
+# producer's: a revision's workers read its own layout), ready before the clock starts: it
+# queues the pipeline when told "go" and says "done".
+_PRODUCE = """
+import asyncio, json, os, sys
+from swarm_queue.common.jobspec import JobOptions
+from swarm_queue.common.settings import Settings
+from swarm_queue.common.store import JobStore
+try:
+    from swarm_queue.flows.pipeline.spec import StepOptions, build_pipeline, enqueue_pipeline
+except ImportError:  # a revision before the workflows' folders
+    from swarm_queue.flows.pipeline import StepOptions, build_pipeline, enqueue_pipeline
+templates, max_tokens, questions = json.loads(sys.stdin.readline())
+async def main():
+    store = JobStore.from_settings(Settings(redis_url=os.environ["URL"], prefix="pipe"))
+    steps = [StepOptions(template=t, options=JobOptions(max_tokens=max_tokens)) for t in templates]
+    specs, _ = build_pipeline("p", JobOptions(max_tokens=max_tokens), steps, source="bench")
+    print("ready", flush=True)
+    sys.stdin.readline()
+    await enqueue_pipeline(store, specs, ((q, None) for q in questions))
+    await store.close()
+    print(specs[-1].job, flush=True)
+asyncio.run(main())
+"""
+
+
+def _producer(url: str, questions: list[str], code: Path | None) -> subprocess.Popen[str]:
+    """The pipeline's producer process, with ``code``'s checkout (this one's by default),
+    ready: write a line to it to queue the pipeline."""
+    env = {**os.environ, "URL": url}
+    if code is not None:
+        env["PYTHONPATH"] = f"{code}:{ROOT}"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _PRODUCE], cwd=code or ROOT, env=env, text=True,
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+    )  # fmt: skip
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write(json.dumps([list(TEMPLATES[1:]), MAX_TOKENS, questions]) + "\n")
+    proc.stdin.flush()
+    assert proc.stdout.readline().strip() == "ready"
+    return proc
+
+
 async def swarm_pipeline(
     url: str, urls: list[str], questions: list[str], code: Path | None = None
 ) -> dict[str, Any]:
-    """swarm-queue's pipeline over ``questions``; its workers run ``code``'s checkout (another
-    revision's, to compare), this one's by default."""
+    """swarm-queue's pipeline over ``questions``; its producer and workers run ``code``'s
+    checkout (another revision's, to compare), this one's by default."""
     store = JobStore.from_settings(Settings(redis_url=url, prefix="pipe"))
     workers = Workers(url, "pipe", [[u] for u in urls], code=code).start()
+    producer = _producer(url, questions, code)
     try:
         await wait_workers_ready(store, len(urls))
         t0, r0 = time.monotonic(), await _redis_s(store)
-        steps = [
-            StepOptions(template=t, options=JobOptions(max_tokens=MAX_TOKENS))
-            for t in TEMPLATES[1:]
-        ]
-        specs, _ = build_pipeline("p", JobOptions(max_tokens=MAX_TOKENS), steps, source="bench")
-        await enqueue_pipeline(store, specs, ((q, None) for q in questions))
+        assert producer.stdin is not None and producer.stdout is not None
+        producer.stdin.write("go\n")
+        producer.stdin.flush()
+        last = (await asyncio.to_thread(producer.stdout.readline)).strip()
+        producer.wait(timeout=30)
         output = await output_for(store, await store.load_spec("p"))
         ok = 0
         async for chunk in follow_output(output)(store, "p", wait=True, poll_s=0.05):
             ok += sum(1 for c in chunk if output.ok(c))
         wall = time.monotonic() - t0
-        first = float((await store.meta(specs[-1].job))[Meta.FIRST_RESULT_S]) - r0
+        first = float((await store.meta(last))[Meta.FIRST_RESULT_S]) - r0
         return {"wall_s": wall, "first_s": first, "answered": ok}
     finally:
+        producer.kill()
         workers.stop()
         await store.close()
 
