@@ -10,8 +10,8 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from swarm_queue.common.errors import SwarmError
 from swarm_queue.common.settings import Settings
 from swarm_queue.common.store import FlowStore
+from swarm_queue.flows import registry
 from swarm_queue.flows.flow import Flow, Gauge
-from swarm_queue.flows.registry import FLOWS
 
 __all__ = ["PUMP_IDLE_S", "Pumps"]
 
@@ -30,7 +30,8 @@ class Pumps:
         # The functions the flows may import by name: one set for all of them.
         self.allowed = set(settings.reduce_functions)
         self.flows: list[Flow] = [
-            flow(store, settings, allowed=self.allowed, endpoints=endpoints) for flow in FLOWS
+            flow(store, settings, allowed=self.allowed, endpoints=endpoints)
+            for flow in registry.FLOWS  # read here, so a flow registered later runs too
         ]
         # What the flows show the metrics, as last read.
         self.gauges: list[Gauge] = []
