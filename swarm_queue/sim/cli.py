@@ -53,7 +53,20 @@ def build_fleet(argv: Sequence[str] | None = None) -> SimFleet:
         "--prefill-ms-per-token",
         type=float,
         default=0.0,
-        help="prefill cost of each prompt token not in the engine's prefix cache (default 0)",
+        help="step time of each prompt token prefilled, not found in the engine's prefix "
+        "cache (default 0: prefill free)",
+    )
+    p.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=2048,
+        help="tokens one engine step processes at most, decode and prefill (vLLM's)",
+    )
+    p.add_argument(
+        "--prefix-cache-blocks",
+        type=int,
+        default=16_384,
+        help="prompt blocks of 16 tokens each engine's prefix cache keeps",
     )
     p.add_argument("--instant", action="store_true", help="answer at once (overhead benchmarks)")
     p.add_argument(
@@ -132,16 +145,21 @@ def build_fleet(argv: Sequence[str] | None = None) -> SimFleet:
         raise SystemExit(f"swarm-sim: --model has {len(models)} names for {n} ports")
     endpoints = []
     for i, port in enumerate(ports):
-        config = EngineConfig(
-            max_num_seqs=a.max_num_seqs,
-            max_model_len=a.max_model_len,
-            speed=speeds[i] or 1.0,
-            step_base_ms=a.step_ms,
-            step_per_seq_ms=a.step_per_seq_ms,
-            prefill_ms_per_token=a.prefill_ms_per_token,
-            instant=a.instant,
-            ignore_eos=a.ignore_eos,
-        )
+        try:
+            config = EngineConfig(
+                max_num_seqs=a.max_num_seqs,
+                max_model_len=a.max_model_len,
+                speed=speeds[i] or 1.0,
+                step_base_ms=a.step_ms,
+                step_per_seq_ms=a.step_per_seq_ms,
+                prefill_ms_per_token=a.prefill_ms_per_token,
+                max_num_batched_tokens=a.max_num_batched_tokens,
+                prefix_cache_blocks=a.prefix_cache_blocks,
+                instant=a.instant,
+                ignore_eos=a.ignore_eos,
+            )
+        except ValueError as exc:  # a setting out of its range
+            raise SystemExit(f"swarm-sim: {exc}") from None
         faults = FaultConfig(
             error_rate=errors[i] or 0.0,
             reset_rate=resets[i] or 0.0,

@@ -120,7 +120,7 @@ class SimEndpoint:
         self.requests_total = 0
         self.http_requests = 0  # generation requests received, answered or not
         self.prompt_tokens_total = 0
-        self.prefix = PrefixCache()
+        self.prefix = PrefixCache(config.prefix_cache_blocks)
         self._runner: web.AppRunner | None = None
         self._die_task: asyncio.Task[None] | None = None
         self._stalled: list[asyncio.Future[None]] = []
@@ -269,12 +269,12 @@ class SimEndpoint:
             abort(request)
             return web.Response(status=503)
 
-    async def _generate(self, lengths: list[int], prompt_tokens: int, prefill: int = 0) -> None:
-        """Decode ``lengths`` after prefilling ``prefill`` uncached prompt tokens."""
-        cost = self.config.prefill_ms_per_token
-        if prefill and cost and not self.config.instant:
-            await asyncio.sleep(prefill * cost / 1000.0 / self.config.speed)
-        await self.engine.generate(lengths)
+    async def _generate(
+        self, lengths: list[int], prompt_tokens: int, prefills: Sequence[int] = ()
+    ) -> None:
+        """Decode ``lengths``, each sequence after prefilling its ``prefills`` (uncached prompt
+        tokens: see :mod:`sim.engine`)."""
+        await self.engine.generate(lengths, prefills)
         if self.dead:
             raise EngineStopped()
         self.requests_total += 1
@@ -301,8 +301,9 @@ class SimEndpoint:
         if (no := refused.samples(req.n, req.temperature)) is not None:
             return self.refuse(no)
         outs = [sample(p, max_tokens, j, req, ignore_eos) for p in seen for j in range(req.n)]
-        prefill = sum(self.prefix.lookup(p) for p in seen)
-        await self._generate([n for _, n, _ in outs], sum(ptoks), prefill)
+        # A prompt's samples share its prefill: the first computes it, the others read it.
+        prefills = [self.prefix.lookup(p) if j == 0 else 1 for p in seen for j in range(req.n)]
+        await self._generate([n for _, n, _ in outs], sum(ptoks), prefills)
         body = completion_body(req.model, outs, seen, req.n, sum(ptoks), bool(req.return_token_ids))
         return self._answer(body, "choices", req.n)
 
@@ -322,7 +323,7 @@ class SimEndpoint:
         for n in ptoks:  # one over-long input fails the whole list, as in vLLM
             if (no := refused.embedding_context(n, limit)) is not None:
                 return self.refuse(no)
-        await self._generate([1] * len(texts), sum(ptoks))  # a prefill, one step
+        await self._generate([1] * len(texts), sum(ptoks), ptoks)  # a prefill, uncached
         dims = () if self.faults.embed_dims is None else (self.faults.embed_dims,)
         vectors = [embedding_for(t, *dims) for t in texts]
         return self._answer(embedding_body(req.model, vectors, sum(ptoks)), "data")
@@ -351,7 +352,7 @@ class SimEndpoint:
         ignore_eos = req.ignore_eos or self.config.ignore_eos
         if (no := refused.samples(req.n, req.temperature)) is not None:
             return self.refuse(no)
-        prefill = self.prefix.lookup(prompt)
+        prefill = [self.prefix.lookup(prompt)] + [1] * (req.n - 1)
         schema = ((req.response_format or {}).get("json_schema") or {}).get("schema")
         call = tool_call(
             [(m.role, m.content) for m in req.messages],
@@ -386,13 +387,13 @@ class SimEndpoint:
         return self._answer(chat_body(req.model, messages, reasons, ptoks, ctoks), "choices", req.n)
 
     async def _tool_call(
-        self, req: ChatRequest, call: tuple[str, str], ptoks: int, prefill: int
+        self, req: ChatRequest, call: tuple[str, str], ptoks: int, prefill: list[int]
     ) -> web.Response:
         """The answer asking for tool ``call``: a ``tool_calls`` message, as vLLM's parsers
         give it."""
         name, arguments = call
         ctoks = count_tokens(arguments) + 4
-        await self._generate([ctoks], ptoks, prefill)
+        await self._generate([ctoks], ptoks, prefill[:1])
         turn = sum(1 for m in req.messages if m.role == "assistant")
         call_json = {
             "id": call_id(name, arguments, turn),
