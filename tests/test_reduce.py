@@ -291,13 +291,18 @@ async def test_a_stage_change_cut_off_halfway_is_finished_by_the_next_run(
             calls = 0
 
             async def add_then_die(
-                job: str, items: Sequence[PromptItem], digest: str = "", *, gen: str
+                job: str,
+                items: Sequence[PromptItem],
+                digest: str = "",
+                *,
+                gen: str,
+                affinity: Sequence[str] = (),
             ) -> None:
                 nonlocal calls
                 calls += 1
                 if calls == 2:  # the first chunk of level 1 is in; the process dies
                     raise _Crash
-                await real_add(job, items, digest, gen=gen)
+                await real_add(job, items, digest, gen=gen, affinity=affinity)
 
             store.add_items = add_then_die  # type: ignore[method-assign]
             with pytest.raises(_Crash):

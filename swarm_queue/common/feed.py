@@ -20,6 +20,7 @@ from collections.abc import Iterable
 
 import msgspec
 
+from swarm_queue.common.affinity import Affinities
 from swarm_queue.common.chat import Message
 from swarm_queue.common.errors import (
     ConfigError,
@@ -167,6 +168,8 @@ class _Feeder:
         self.token, self.window, self.progress = token, window, progress
         self.stored: JobSpec | None = None
         self.room = Room(store, spec, self.say)
+        # The prompts' affinity keys (an embedding has no prefix to keep).
+        self.affinities = None if spec.embed else Affinities()
         self.bar = Progress(
             "swarm-enqueue", f"job {spec.job}", "prompts read", enabled=progress, after_s=5.0
         )
@@ -246,17 +249,32 @@ class _Feeder:
             raise ConfigError(f"prompt {index} is a conversation: only a --chat job can send one")
         return PromptItem.of(index, prompt, custom_id, own[0] if own else None)
 
+    def _affinity(self, items: list[PromptItem]) -> list[str]:
+        """The affinity key of each of ``items`` (see :mod:`common.affinity`). A resumed
+        producer's keys start from the prompts it queues, not those before: only where the
+        prompts are answered can differ, never an answer."""
+        if self.affinities is None:
+            return []
+        texts = [
+            msgspec.json.encode(it.messages).decode()
+            if it.messages
+            else self.spec.render(it.prompt)
+            for it in items
+        ]
+        return self.affinities.keys(texts)
+
     async def _flush(self, items: list[PromptItem], digest: str, upto: int) -> None:
         """Queue one chunk (prompts up to index ``upto``), once the window and Redis's memory
         leave room for it and its answers; then refresh the lock and show progress."""
         gen = await self.ensure_created()
+        keys = self._affinity(items)
         while True:
             if self.window is not None:
                 await _wait_for_room(self.store, self.job, self.token, upto, self.window)
             size = lambda: sum(len(encode(it)) for it in items)  # noqa: E731
             await self.room.wait(len(items), size, self.keep_lock)
             try:
-                await self.store.add_items(self.job, items, digest, gen=gen)
+                await self.store.add_items(self.job, items, digest, gen=gen, affinity=keys)
                 break
             except StoreFull:  # another writer took the room meanwhile: wait for it again
                 await self.keep_lock()

@@ -105,6 +105,8 @@ class Intake:
         # This endpoint's paces (seconds a completion token of its answers).
         self.pace: Callable[[], Pace] = Pace
         self._ready: set[str] = set()  # jobs whose own leftovers have been taken back
+        # Jobs whose prompts were seen to carry affinity keys: their lanes are looked at too.
+        self.affine: set[str] = set()
         self._losses = 0  # the store's connection losses when last looked at
         self._recovery_lock = asyncio.Lock()
         self._recovered: deque[tuple[JobSpec, list[Delivery]]] = deque()
@@ -158,11 +160,19 @@ class Intake:
             return None
         got = await self._walk(jobs, idle)
         if got is None and block_ms:
-            first = jobs[0]
-            batch = self.settings.batch_size
-            entries = await self.store.read_new(first.job, self.consumer, batch, block_ms=block_ms)
-            return self._held(first, [(eid, payload, 0) for eid, payload in entries])
+            return await self._new(jobs[0], block_ms)
         return got
+
+    async def _new(self, spec: JobSpec, block_ms: int | None = None) -> Taken | None:
+        """New entries of ``spec``'s job (waiting ``block_ms`` for some), but those another
+        endpoint's engine has the prefix of, handed to its lane."""
+        job, batch = spec.job, self.settings.batch_size
+        entries, keyed = await self.store.take_new(
+            job, self.lane, self.consumer, batch, block_ms=block_ms
+        )
+        if keyed:
+            self.affine.add(job)
+        return self._held(spec, [(eid, payload, 0) for eid, payload in entries])
 
     def _held(self, spec: JobSpec, deliveries: list[Delivery]) -> Taken | None:
         """``deliveries`` of ``spec``'s job as this slot takes them, marked in hand at once
@@ -179,7 +189,7 @@ class Intake:
         """The first batch the plan's looks find (see :func:`worker.sources.plan`)."""
         busy = self.engine_busy()
         for spec, source in plan(
-            jobs, idle=idle, engine_busy=busy, speculate=self.settings.speculate
+            jobs, idle=idle, engine_busy=busy, speculate=self.settings.speculate, affine=self.affine
         ):
             if (taken := await self._look(spec, source)) is not None:
                 return taken
@@ -195,8 +205,7 @@ class Intake:
             mine = await self.store.take_lane(job, self.lane, self.consumer, batch)
             return self._held(spec, mine)
         if source is Source.NEW:
-            entries = await self.store.read_new(job, self.consumer, batch)
-            return self._held(spec, [(eid, p, 0) for eid, p in entries])
+            return await self._new(spec)
         if source is Source.STOLEN:
             taken = self._held(spec, await self.stolen.take(job))
             if taken is None and self.settings.hand_on:
@@ -212,11 +221,13 @@ class Intake:
 
     async def _recover(self, spec: JobSpec) -> None:
         """Queue this consumer's own unacknowledged entries of ``spec``'s job (left by a
-        previous run)."""
+        previous run), and learn whether its prompts carry affinity keys."""
         job = spec.job
         async with self._recovery_lock:
             if job in self._ready:
                 return
+            if await self.store.has_affinity(job):  # (lanes a worker before this one left)
+                self.affine.add(job)
             after: bytes | None = b"-"
             while after is not None:
                 entries, after = await self.store.claim_own_pending(

@@ -9,7 +9,7 @@ import enum
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from typing import NamedTuple
 
 from swarm_queue.common.models import JobSpec
@@ -51,21 +51,31 @@ class Step(NamedTuple):
     source: Source
 
 
-def plan(jobs: list[JobSpec], *, idle: bool, engine_busy: bool, speculate: bool) -> list[Step]:
+def plan(
+    jobs: list[JobSpec],
+    *,
+    idle: bool,
+    engine_busy: bool,
+    speculate: bool,
+    affine: Container[str] = (),
+) -> list[Step]:
     """The order of the looks for a batch among ``jobs`` (in service order): per job, its
-    orphaned or released entries, its lane's (a job of an affinity), its new ones; when none
-    of those is left anywhere, other lanes' entries that waited too long (not while this
-    endpoint's engine has sequences of ours waiting: it could not start them either); then,
-    only when ``idle`` (a busy endpoint's copies would queue behind its own batches and
-    could not finish first), speculative copies of jobs of no affinity (a copy of an agent's
-    turn would compute its whole conversation again on another engine)."""
+    orphaned or released entries, its lane's (a job of an affinity, or one whose prompts
+    carry affinity keys: ``affine``), its new ones; when none of those is left anywhere,
+    other lanes' entries that waited too long (not while this endpoint's engine has sequences
+    of ours waiting: it could not start them either); then, only when ``idle`` (a busy
+    endpoint's copies would queue behind its own batches and could not finish first),
+    speculative copies of jobs of no affinity (a copy of an agent's turn would compute its
+    whole conversation again on another engine, and agents' engines are idle between turns
+    long before their job's tail)."""
+    laned = {s.job for s in jobs if s.affinity or s.job in affine}
     own = [
         Step(spec, source)
         for spec in jobs
         for source in (Source.RECLAIMED, Source.LANE, Source.NEW)
-        if source is not Source.LANE or spec.affinity
+        if source is not Source.LANE or spec.job in laned
     ]
-    stolen = [Step(s, Source.STOLEN) for s in jobs if s.affinity and not engine_busy]
+    stolen = [Step(s, Source.STOLEN) for s in jobs if s.job in laned and not engine_busy]
     copies = [Step(s, Source.COPIES) for s in jobs if idle and speculate and not s.affinity]
     return own + stolen + copies
 

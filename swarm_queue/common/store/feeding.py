@@ -47,14 +47,24 @@ class Feeding(StoreBase):
         return int(have or 0), None if digest is None else digest.decode()
 
     async def add_items(
-        self, job: str, items: Sequence[PromptItem], digest: str = "", *, gen: str
+        self,
+        job: str,
+        items: Sequence[PromptItem],
+        digest: str = "",
+        *,
+        gen: str,
+        affinity: Sequence[str] = (),
     ) -> None:
-        """Append ``items`` (consecutive indices from the current end) in one atomic step;
-        ``digest``: of the whole input up to the last of them, kept with the resume point.
+        """Append ``items`` (consecutive indices from the current end) in one atomic step,
+        each with its ``affinity`` key if given (see :mod:`common.affinity`); ``digest``: of
+        the whole input up to the last of them, kept with the resume point.
         :class:`JobGoneError` if the job is no longer of generation ``gen``."""
         if not items:
             return
-        args: list[Any] = [items[0].index, digest, gen, *(encode(item) for item in items)]
+        keys = affinity or [""] * len(items)
+        args: list[Any] = [items[0].index, digest, gen]
+        for item, key in zip(items, keys, strict=True):
+            args += [encode(item), key]
         async with redis_errors(self.url, job):
             status, have = await self.scripts.add(
                 keys=[self.keys.meta(job), self.keys.stream(job)], args=args

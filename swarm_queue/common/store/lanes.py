@@ -1,10 +1,12 @@
-"""Lanes: agent turns queued for the endpoint that served the turn before, whose engine holds
-their prefix in its cache. A lane is a consumer of the job's group that no worker is
-(:func:`common.keys.lane_name`): the pump hands a turn to it as it queues the turn, that
-endpoint's drain loops take their lane's entries before anything new, and any endpoint with
-nothing else to do takes entries that have waited in another's lane too long, or that an
-endpoint too busy for them handed on to the open lane. Orphans are reclaimed as ever, so a
-lane never holds an entry longer than the claim idle time."""
+"""Lanes: entries queued for the endpoint whose engine holds their prefix in its cache. A lane
+is a consumer of the job's group that no worker is (:func:`common.keys.lane_name`). An agent's
+turn is handed to the lane of the endpoint that served the turn before, by the pump as it
+queues the turn; a prompt of an affinity key (:mod:`common.affinity`) to the lane of the
+endpoint that took the key's first prompt, by whichever endpoint reads it (:meth:`take_new`).
+An endpoint's drain loops take their lane's entries before anything new, and any endpoint with
+nothing else to do takes entries that have waited in another's lane too long (their keys
+become its own), or that an endpoint too busy for them handed on to the open lane. Orphans are
+reclaimed as ever, so a lane never holds an entry longer than the claim idle time."""
 
 from __future__ import annotations
 
@@ -40,7 +42,37 @@ _decode_hungry = msgspec.msgpack.Decoder(Hungry).decode
 
 
 class Lanes(StoreBase):
-    """Taking entries from lanes: one's own, or others' that waited too long."""
+    """Taking entries from lanes: one's own, or others' that waited too long; and new
+    entries, those of another endpoint's affinity handed to its lane."""
+
+    async def take_new(
+        self, job: str, lane: str, consumer: str, count: int, block_ms: int | None = None
+    ) -> tuple[list[tuple[bytes, bytes | None]], bool]:
+        """Up to ``count`` never-delivered entries for ``consumer`` (see :meth:`read_new`;
+        ``block_ms`` waits that long for some), but those whose affinity key another lane
+        owns, handed to that lane; and whether any entry read had a key."""
+        stream = self.keys.stream(job)
+        async with redis_errors(self.url, job):
+            reply = await self.redis.xreadgroup(
+                GROUP, consumer, {stream: ">"}, count=count, block=block_ms
+            )
+            if not reply:
+                return [], False
+            entries = [(eid, fields or {}) for eid, fields in reply[0][1]]
+            keyed = [x for eid, f in entries if (key := f.get(b"a")) for x in (eid, key)]
+            handed: set[bytes] = set()
+            if keyed:
+                args = [GROUP, lane, consumer, *keyed]
+                keys = [stream, self.keys.owners(job)]
+                handed = set(await self.scripts.route(keys=keys, args=args))
+        kept = [(eid, f.get(b"d")) for eid, f in entries if eid not in handed]
+        return kept, bool(keyed)
+
+    async def has_affinity(self, job: str) -> bool:
+        """Whether some prompt of ``job`` has had its affinity key taken (its later prompts
+        may wait in lanes)."""
+        async with redis_errors(self.url, job):
+            return bool(await self.redis.exists(self.keys.owners(job)))
 
     async def take_lane(self, job: str, lane: str, consumer: str, count: int) -> list[Taken]:
         """Up to ``count`` entries waiting in ``lane``, claimed to ``consumer``."""
@@ -57,7 +89,8 @@ class Lanes(StoreBase):
         ``own_lane``, claimed to ``consumer``."""
         args = [GROUP, own_lane, consumer, count, min_idle_ms]
         async with redis_errors(self.url, job):
-            flat = await self.scripts.lane_steal(keys=[self.keys.stream(job)], args=args)
+            keys = [self.keys.stream(job), self.keys.owners(job)]
+            flat = await self.scripts.lane_steal(keys=keys, args=args)
             return await self._marked(job, flat)
 
     async def give_back(

@@ -47,6 +47,7 @@ SCRIPT_NAMES = (
     "outcomes",
     "publish",
     "retry",
+    "route",
     "seal",
     "stage",
     "start",
@@ -134,6 +135,7 @@ class Scripts:
     outcomes: Script
     publish: Script
     retry: Script
+    route: Script
     seal: Script
     stage: Script
     start: Script

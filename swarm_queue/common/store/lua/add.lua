@@ -4,8 +4,8 @@
 -- it goes on with the same input. A producer of a job deleted (or lost) meanwhile is refused
 -- with GONE, even when the name has been taken again.
 -- KEYS: [1] meta, [2] stream
--- ARGV: [1] first index, [2] input digest ('' for none), [3] generation, then the payloads in
---       index order
+-- ARGV: [1] first index, [2] input digest ('' for none), [3] generation, then per prompt in
+--       index order its payload and its affinity key ('' for none: see common/affinity.py)
 -- Returns {1, prompts now queued}, {-1, 0} if cancelled, {-2, prompts queued} if misplaced.
 local meta, stream = KEYS[1], KEYS[2]
 local gone = generation_error(meta, ARGV[3])
@@ -14,9 +14,16 @@ if redis.call('HEXISTS', meta, META.CANCELLED_S) == 1 then return {-1, 0} end
 local have = tonumber(redis.call('HGET', meta, META.ENQUEUED) or '0')
 local first = tonumber(ARGV[1])
 if have ~= first then return {-2, have} end
-for i = 4, #ARGV do
-  redis.call('XADD', stream, string.format('0-%d', first + i - 3), 'd', ARGV[i])
+local n = (#ARGV - 3) / 2
+for k = 1, n do
+  local payload, key = ARGV[2 + 2 * k], ARGV[3 + 2 * k]
+  local id = string.format('0-%d', first + k)
+  if key == '' then
+    redis.call('XADD', stream, id, 'd', payload)
+  else
+    redis.call('XADD', stream, id, 'd', payload, 'a', key)
+  end
 end
-redis.call('HSET', meta, META.ENQUEUED, first + #ARGV - 3)
+redis.call('HSET', meta, META.ENQUEUED, first + n)
 if ARGV[2] ~= '' then redis.call('HSET', meta, META.INPUT_DIGEST, ARGV[2]) end
-return {1, first + #ARGV - 3}
+return {1, first + n}
