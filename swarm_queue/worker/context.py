@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
+from swarm_queue.common.affinity import Ring
 from swarm_queue.common.errors import BadRecordError, JobGoneError
 from swarm_queue.common.models import JobSpec
 from swarm_queue.common.settings import Settings
@@ -64,6 +65,10 @@ class DrainContext(Protocol):
 
     def unreadable(self, exc: BadRecordError) -> None:
         """A key of a job cannot be used: skip the job until the next sweep."""
+        ...
+
+    async def ring(self, spec: JobSpec) -> Ring:
+        """The lanes ``spec``'s affinity keys hash over (see :class:`common.affinity.Ring`)."""
         ...
 
     def takers(self, spec: JobSpec) -> set[str]:

@@ -13,11 +13,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import random
+import time
 from collections.abc import Callable
 
 from swarm_queue.common.abilities import NUMPY, Abilities, has_numpy, lacking, needs
+from swarm_queue.common.affinity import Ring
 from swarm_queue.common.errors import BadRecordError, ConfigError, JobGoneError, SwarmError
+from swarm_queue.common.fleet import EndpointInfo, takers
+from swarm_queue.common.keys import lane_name
 from swarm_queue.common.models import JobSpec
 from swarm_queue.common.settings import Settings
 from swarm_queue.common.store import JobStore
@@ -32,6 +37,14 @@ from swarm_queue.worker.shares import fair_shares
 __all__ = ["Engine"]
 
 log = logging.getLogger("swarm.worker")
+
+# How often a worker reads the fleet again for the lanes affinity keys hash over: the fleet
+# changes slowly, and an entry sent to a lane whose endpoint is gone is taken after the wait;
+# every second while it knows of no endpoint but its own (the others still starting).
+RING_REFRESH_S = 10.0
+RING_ALONE_S = 1.0
+# How often a starting worker looks whether its endpoints have said what they serve.
+PROBED_EVERY_S = 0.05
 
 
 class Engine:
@@ -73,6 +86,12 @@ class Engine:
         self._refresh_lock = asyncio.Lock()
         # Per urgent job, the batches one endpoint may start by preemption (see worker/shares.py).
         self.shares: dict[str, int] = {}
+        # Per model, the lanes its jobs' affinity keys hash over, from the fleet as read at
+        # most every RING_REFRESH_S, and only once a job's prompts carry keys.
+        self._rings: dict[str | None, Ring] = {}
+        self._fleet: tuple[list[EndpointInfo], float] = ([], 0.0)
+        self._fleet_at = -math.inf
+        self._ring_lock = asyncio.Lock()
         self._stopping = asyncio.Event()
         # Burst: return once no work these endpoints can do is left (see finish_when_idle).
         self.burst = False
@@ -144,6 +163,34 @@ class Engine:
     def unreadable(self, exc: BadRecordError) -> None:
         """A key of a job cannot be used: skip the job until the next sweep."""
         self.table.unreadable(exc)
+
+    async def ring(self, spec: JobSpec) -> Ring:
+        """The lanes ``spec``'s affinity keys hash over (see :class:`common.affinity.Ring`):
+        the live endpoints that serve its model, as the fleet registry showed them at most
+        :data:`RING_REFRESH_S` ago, and this worker's own."""
+        if self._ring_stale():
+            async with self._ring_lock:
+                if self._ring_stale():
+                    try:
+                        self._fleet = (
+                            await self.store.read_fleet(),
+                            await self.store.server_time(),
+                        )
+                    except BadRecordError as exc:  # this worker's own endpoints, then
+                        self.store.warn_once("the fleet registry", str(exc))
+                        self._fleet = ([], 0.0)
+                    self._fleet_at = time.monotonic()
+                    self._rings.clear()
+        if spec.model not in self._rings:
+            fleet, now = self._fleet
+            live = takers(spec.model, fleet, now) | self.takers(spec)
+            self._rings[spec.model] = Ring(lane_name(e) for e in live)
+        return self._rings[spec.model]
+
+    def _ring_stale(self) -> bool:
+        others = {e.endpoint for e in self._fleet[0]} - {d.label for d in self.drainers}
+        every = RING_REFRESH_S if others else RING_ALONE_S
+        return time.monotonic() - self._fleet_at >= every
 
     def takers(self, spec: JobSpec) -> set[str]:
         return {
@@ -240,7 +287,16 @@ class Engine:
         await self.pumps.run(self.sleep, lambda: self.stopping)
 
     async def _publish_loop(self) -> None:
-        while not await self.sleep(self.settings.stats_period_s):
+        # First as soon as every endpoint has said what it serves (within a period), then
+        # every period: the other workers hash affinity keys over the fleet this worker's
+        # endpoints are part of from the start.
+        first = time.monotonic() + self.settings.stats_period_s
+        while time.monotonic() < first and any(
+            d.models is None and d.broken is None for d in self.drainers
+        ):
+            if await self.sleep(PROBED_EVERY_S):
+                return
+        while True:
             try:
                 # Also here: while every slot is busy (a stalled endpoint's), none steps, and
                 # a job over must still be seen, and its requests in flight cut short.
@@ -249,6 +305,8 @@ class Engine:
                 await self.publisher.read_status()
             except SwarmError as exc:  # figures only: the work goes on without them
                 log.debug("endpoint figures not published: %s", exc)
+            if await self.sleep(self.settings.stats_period_s):
+                return
 
     async def start_metrics(self) -> None:
         """Serve Prometheus metrics on ``SWARM_METRICS_PORT``, if set."""

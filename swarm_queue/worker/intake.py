@@ -12,6 +12,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import NamedTuple
 
+from swarm_queue.common.affinity import Ring
 from swarm_queue.common.keys import group_of, lane_name
 from swarm_queue.common.models import JobSpec
 from swarm_queue.common.settings import Settings
@@ -22,6 +23,11 @@ from swarm_queue.worker.sources import Copies, Delivery, Reclaimed, Source, Stol
 __all__ = ["Delivery", "Intake", "Queued", "Taken", "queued", "service_order"]
 
 log = logging.getLogger("swarm.worker")
+
+
+async def _no_ring(spec: JobSpec) -> Ring:
+    """No fleet known: every key stays with whoever reads it."""
+    return Ring(())
 
 
 class Taken(NamedTuple):
@@ -107,6 +113,8 @@ class Intake:
         self._ready: set[str] = set()  # jobs whose own leftovers have been taken back
         # Jobs whose prompts were seen to carry affinity keys: their lanes are looked at too.
         self.affine: set[str] = set()
+        # The lanes a job's affinity keys hash over (the worker's view of the fleet).
+        self.ring: Callable[[JobSpec], Awaitable[Ring]] = _no_ring
         self._losses = 0  # the store's connection losses when last looked at
         self._recovery_lock = asyncio.Lock()
         self._recovered: deque[tuple[JobSpec, list[Delivery]]] = deque()
@@ -164,15 +172,21 @@ class Intake:
         return got
 
     async def _new(self, spec: JobSpec, block_ms: int | None = None) -> Taken | None:
-        """New entries of ``spec``'s job (waiting ``block_ms`` for some), but those another
-        endpoint's engine has the prefix of, handed to its lane."""
+        """New entries of ``spec``'s job (waiting ``block_ms`` for some), but those whose
+        affinity key hashes to another endpoint's lane, handed to that lane."""
         job, batch = spec.job, self.settings.batch_size
-        entries, keyed = await self.store.take_new(
-            job, self.lane, self.consumer, batch, block_ms=block_ms
-        )
-        if keyed:
+        entries = await self.store.read_keyed(job, self.consumer, batch, block_ms=block_ms)
+        handed: list[tuple[bytes, str]] = []
+        if any(key for _, _, key in entries):
             self.affine.add(job)
-        return self._held(spec, [(eid, payload, 0) for eid, payload in entries])
+            ring = await self.ring(spec)
+            if ring:
+                handed = [
+                    (e, lane) for e, _, k in entries if k and (lane := ring.owner(k)) != self.lane
+                ]
+                await self.store.hand_to_lanes(job, handed)
+        gone = {eid for eid, _ in handed}
+        return self._held(spec, [(e, payload, 0) for e, payload, _ in entries if e not in gone])
 
     def _held(self, spec: JobSpec, deliveries: list[Delivery]) -> Taken | None:
         """``deliveries`` of ``spec``'s job as this slot takes them, marked in hand at once
@@ -216,18 +230,16 @@ class Intake:
                     job, pace.s_per_token or 0.0, pace.decode_s_per_token or 0.0
                 )
             return taken
-        copies = await self.copies.take(spec)
+        copies = await self.copies.take(spec, affine=spec.job in self.affine)
         return Taken(spec, copies, copy=True) if copies else None
 
     async def _recover(self, spec: JobSpec) -> None:
         """Queue this consumer's own unacknowledged entries of ``spec``'s job (left by a
-        previous run), and learn whether its prompts carry affinity keys."""
+        previous run)."""
         job = spec.job
         async with self._recovery_lock:
             if job in self._ready:
                 return
-            if await self.store.has_affinity(job):  # (lanes a worker before this one left)
-                self.affine.add(job)
             after: bytes | None = b"-"
             while after is not None:
                 entries, after = await self.store.claim_own_pending(

@@ -31,6 +31,9 @@ NO_COPIES_REST_S = 2.0
 # this often, and what it says holds this long: a busy engine's worker, looking at its gauges
 # every quarter second, hands its newest waiting turns on only while someone is there.
 HUNGRY_EVERY_S = 0.25
+# A batch of a job whose prompts carry affinity keys is copied only once in flight this many
+# times as long as this endpoint's own batches take.
+AFFINE_LATE = 3
 HUNGRY_TTL_MS = 1000
 
 
@@ -156,14 +159,18 @@ class Copies:
         before = self._batch_s.get(job)
         self._batch_s[job] = seconds if before is None else 0.8 * before + 0.2 * seconds
 
-    async def take(self, spec: JobSpec) -> list[Delivery]:
+    async def take(self, spec: JobSpec, *, affine: bool = False) -> list[Delivery]:
+        """Copies of ``spec``'s entries held late elsewhere; of a job whose prompts carry
+        affinity keys (``affine``), only of batches :data:`AFFINE_LATE` times as late (a copy
+        computes the prefix again, and their batches' times vary with how much is cached)."""
         job = spec.job
         if not self.cadence.due(job):
             return []
         batch = self.settings.batch_size
         # Only batches in flight longer than ours take (kept under the heartbeat's period,
         # which resets an entry's idle time, so a stuck batch's entries always qualify).
-        late_ms = min(1000 * self._batch_s.get(job, 0.0), self.settings.claim_idle_ms / 4)
+        late_s = self._batch_s.get(job, 0.0) * (AFFINE_LATE if affine else 1)
+        late_ms = min(1000 * late_s, self.settings.claim_idle_ms / 4)
         copies = await self.store.copies(
             job, self.consumer, batch, gen=spec.generation, min_idle_ms=int(late_ms)
         )

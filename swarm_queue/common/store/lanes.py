@@ -2,11 +2,11 @@
 is a consumer of the job's group that no worker is (:func:`common.keys.lane_name`). An agent's
 turn is handed to the lane of the endpoint that served the turn before, by the pump as it
 queues the turn; a prompt of an affinity key (:mod:`common.affinity`) to the lane of the
-endpoint that took the key's first prompt, by whichever endpoint reads it (:meth:`take_new`).
+endpoint the key hashes to (:class:`common.affinity.Ring`), by whichever endpoint reads it.
 An endpoint's drain loops take their lane's entries before anything new, and any endpoint with
-nothing else to do takes entries that have waited in another's lane too long (their keys
-become its own), or that an endpoint too busy for them handed on to the open lane. Orphans are
-reclaimed as ever, so a lane never holds an entry longer than the claim idle time."""
+nothing else to do takes entries that have waited in another's lane too long, or that an
+endpoint too busy for them handed on to the open lane. Orphans are reclaimed as ever, so a
+lane never holds an entry longer than the claim idle time."""
 
 from __future__ import annotations
 
@@ -20,6 +20,9 @@ from swarm_queue.common.store.boundary import redis_errors
 from swarm_queue.common.store.entries import id_key
 
 __all__ = ["Hungry", "Lanes"]
+
+# The most entries of one lane a steal looks at for whole groups of one affinity key.
+STEAL_SCAN = 1024
 
 # (entry_id, payload, deaths), as Delivery takes them.
 Taken = tuple[bytes, bytes | None, int]
@@ -43,36 +46,31 @@ _decode_hungry = msgspec.msgpack.Decoder(Hungry).decode
 
 class Lanes(StoreBase):
     """Taking entries from lanes: one's own, or others' that waited too long; and new
-    entries, those of another endpoint's affinity handed to its lane."""
+    entries with their affinity keys, those of another endpoint's handed to its lane."""
 
-    async def take_new(
-        self, job: str, lane: str, consumer: str, count: int, block_ms: int | None = None
-    ) -> tuple[list[tuple[bytes, bytes | None]], bool]:
+    async def read_keyed(
+        self, job: str, consumer: str, count: int, block_ms: int | None = None
+    ) -> list[tuple[bytes, bytes | None, str]]:
         """Up to ``count`` never-delivered entries for ``consumer`` (see :meth:`read_new`;
-        ``block_ms`` waits that long for some), but those whose affinity key another lane
-        owns, handed to that lane; and whether any entry read had a key."""
-        stream = self.keys.stream(job)
+        ``block_ms`` waits that long for some), each with its affinity key ("" for none)."""
         async with redis_errors(self.url, job):
             reply = await self.redis.xreadgroup(
-                GROUP, consumer, {stream: ">"}, count=count, block=block_ms
+                GROUP, consumer, {self.keys.stream(job): ">"}, count=count, block=block_ms
             )
-            if not reply:
-                return [], False
-            entries = [(eid, fields or {}) for eid, fields in reply[0][1]]
-            keyed = [x for eid, f in entries if (key := f.get(b"a")) for x in (eid, key)]
-            handed: set[bytes] = set()
-            if keyed:
-                args = [GROUP, lane, consumer, *keyed]
-                keys = [stream, self.keys.owners(job)]
-                handed = set(await self.scripts.route(keys=keys, args=args))
-        kept = [(eid, f.get(b"d")) for eid, f in entries if eid not in handed]
-        return kept, bool(keyed)
+        if not reply:
+            return []
+        return [
+            (eid, f.get(b"d"), (f.get(b"a") or b"").decode())
+            for eid, f in ((eid, fields or {}) for eid, fields in reply[0][1])
+        ]
 
-    async def has_affinity(self, job: str) -> bool:
-        """Whether some prompt of ``job`` has had its affinity key taken (its later prompts
-        may wait in lanes)."""
+    async def hand_to_lanes(self, job: str, handed: Sequence[tuple[bytes, str]]) -> None:
+        """Hand each of ``handed`` (an entry just read, and a lane) to that lane."""
+        if not handed:
+            return
+        args = [GROUP, *(x for eid, lane in handed for x in (eid, lane))]
         async with redis_errors(self.url, job):
-            return bool(await self.redis.exists(self.keys.owners(job)))
+            await self.scripts.route(keys=[self.keys.stream(job)], args=args)
 
     async def take_lane(self, job: str, lane: str, consumer: str, count: int) -> list[Taken]:
         """Up to ``count`` entries waiting in ``lane``, claimed to ``consumer``."""
@@ -86,11 +84,11 @@ class Lanes(StoreBase):
         self, job: str, own_lane: str, consumer: str, count: int, min_idle_ms: int
     ) -> list[Taken]:
         """Up to ``count`` entries that waited at least ``min_idle_ms`` in lanes other than
-        ``own_lane``, claimed to ``consumer``."""
-        args = [GROUP, own_lane, consumer, count, min_idle_ms]
+        ``own_lane``, claimed to ``consumer``: of the oldest (four times ``count`` a lane),
+        those of one affinity key together, so a prefix taken over is computed once."""
+        args = [GROUP, own_lane, consumer, count, min_idle_ms, min(4 * count, STEAL_SCAN)]
         async with redis_errors(self.url, job):
-            keys = [self.keys.stream(job), self.keys.owners(job)]
-            flat = await self.scripts.lane_steal(keys=keys, args=args)
+            flat = await self.scripts.lane_steal(keys=[self.keys.stream(job)], args=args)
             return await self._marked(job, flat)
 
     async def give_back(
