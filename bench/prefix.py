@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.baselines import naive_gather
 from bench.harness import OUT, Bench, SimFleetProc, free_ports, new_fleet, run_swarm
+from bench.vllm_checks import prefix_cache
 from swarm_queue.sim.engine import EngineConfig
 from swarm_queue.sim.prefix import BLOCK_CHARS
 from swarm_queue.sim.text import count_tokens
@@ -77,23 +78,12 @@ def _router() -> Path:
     return exe
 
 
-def _counters(url: str) -> tuple[float, float]:
-    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as r:
-        text = r.read().decode()
-    got = {"queries": 0.0, "hits": 0.0}
-    for line in text.splitlines():
-        for name in got:
-            if line.startswith(f"vllm:prefix_cache_{name}_total"):
-                got[name] += float(line.rsplit(" ", 1)[1])
-    return got["queries"], got["hits"]
-
-
 async def _via_router(fleet: SimFleetProc, prompts: list[str], policy: str) -> float:
-    port = free_ports(1)[0]
+    port, metrics_port = free_ports(2)
     log = open(OUT / f"router-{policy}.log", "wb")  # noqa: SIM115
     proc = subprocess.Popen(
         [str(_router()), "--host", "127.0.0.1", "--port", str(port), "--policy", policy,
-         "--worker-urls", *fleet.urls],
+         "--prometheus-port", str(metrics_port), "--worker-urls", *fleet.urls],
         stdout=log, stderr=subprocess.STDOUT,
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
@@ -167,10 +157,10 @@ async def main() -> int:
                 )
                 try:
                     wall = await _runner(name, bench.url, prompts, r)(fleet)
-                    counts = [_counters(u) for u in fleet.urls]
+                    queries, hits = prefix_cache(fleet.urls)
                 finally:
                     fleet.stop()
-                done = sum(q - h for q, h in counts)
+                done = queries - hits
                 this[name] = wall
                 walls[name].append(wall)
                 prefilled[name].append(done)

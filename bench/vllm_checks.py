@@ -8,7 +8,7 @@ import json
 import subprocess
 import sys
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +58,19 @@ def worker(env: dict[str, str], url: str, name: str) -> int:
             stdout=fh, stderr=subprocess.STDOUT, timeout=1800,
         )  # fmt: skip
     return proc.returncode
+
+
+def prefix_cache(urls: Sequence[str]) -> tuple[float, float]:
+    """The prompt tokens the servers at ``urls`` looked up in their prefix caches, and found
+    (vLLM's ``vllm:prefix_cache_queries_total`` and ``hits_total``, swarm-sim's alike)."""
+    got = {"queries": 0.0, "hits": 0.0}
+    for url in urls:
+        with urllib.request.urlopen(f"{url}/metrics", timeout=10) as r:
+            for line in r.read().decode().splitlines():
+                for name in got:
+                    if line.startswith(f"vllm:prefix_cache_{name}_total"):
+                        got[name] += float(line.rsplit(" ", 1)[1])
+    return got["queries"], got["hits"]
 
 
 def lines_of(path: Path) -> list[dict[str, Any]]:

@@ -1,6 +1,6 @@
 """Affinity: prompts that share a long prefix go to the engine that computes it. Their keys
-(common/affinity.py), the ring the keys hash over, their routing as they are read (each to
-the lane of the endpoint its key hashes to: route.lua), a prefix computed about once in the
+(common/affinity.py), their routing as they are read (each key given to the live lane that
+holds the fewest, its prompts handed there: route.lua), a prefix computed about once in the
 fleet on a shuffled documents-by-questions job, and, with real processes, an engine never
 idle while others' lanes hold work, a dead endpoint's share taken over, every answer exactly
 once."""
@@ -10,13 +10,12 @@ from __future__ import annotations
 import json
 import random
 import signal
-from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from swarm_queue.common.affinity import BLOCK_CHARS, MAX_GROUP, Affinities, Ring
+from swarm_queue.common.affinity import BLOCK_CHARS, MAX_GROUP, Affinities
 from swarm_queue.common.keys import lane_name
 from swarm_queue.common.models import JobSpec, SamplingParams
 from swarm_queue.common.settings import Settings
@@ -83,37 +82,43 @@ def test_a_prompt_shares_its_key_with_one_seen_in_an_earlier_chunk() -> None:
     assert second == Affinities().keys([a + " q1", a + " q2"])[1:]
 
 
-def test_the_ring_spreads_keys_evenly_and_a_lane_leaving_moves_only_its_own() -> None:
-    lanes = [f"lane:{i}" for i in range(4)]
-    keys = [f"{i:04x}.0" for i in range(4000)]
-    ring = Ring(lanes)
-    owners = [ring.owner(k) for k in keys]
-    assert all(800 <= owners.count(lane) <= 1200 for lane in lanes), Counter(owners)
-    assert [Ring(reversed(lanes)).owner(k) for k in keys] == owners  # any worker alike
-    fewer = Ring(lanes[:3])
-    moved = [k for k, o in zip(keys, owners, strict=True) if fewer.owner(k) != o]
-    assert all(o == "lane:3" for k, o in zip(keys, owners, strict=True) if k in set(moved))
-    assert len(moved) == owners.count("lane:3")
-
-
 # -- the routing, on Redis -----------------------------------------------------------------
 
 
-async def test_entries_read_with_their_keys_go_to_the_lanes_they_are_handed_to(
+async def test_each_new_key_goes_to_the_live_lane_holding_fewest_and_stays_there(
     store: JobStore,
 ) -> None:
-    doc_a, doc_b = documents(2, 3000)
+    """Twelve documents, each asked twice, read by endpoint a with three live lanes: each
+    lane is given four documents (a's own stay with it, the others' prompts wait in their
+    lanes); a document's second prompt goes where its first went."""
+    docs = documents(12, 3000)
+    asked = [f"{d} q{q}" for q in range(2) for d in docs]
     spec = JobSpec(job="r", params=SamplingParams(max_tokens=8))
-    asked = [doc_a + " 0", doc_b + " 0", doc_a + " 1"]
     await enqueue_prompts(store, spec, [(p, None) for p in asked])
-    read = await store.read_keyed("r", "w|http://a", 10)
-    keys = [k for _, _, k in read]
-    assert keys[0] == keys[2] != "" and keys[1] == ""  # doc b is asked once: nothing to share
-    lane_b = lane_name("http://b")
-    await store.hand_to_lanes("r", [(read[2][0], lane_b)])
-    in_lane = await store.take_lane("r", lane_b, "w|http://b", 10)
-    assert [e for e, _, _ in in_lane] == [b"0-3"]
-    assert await store.take_lane("r", lane_name("http://a"), "w|http://a", 10) == []
+    lanes = sorted(lane_name(u) for u in ("http://a", "http://b", "http://c"))
+    mine = lane_name("http://a")
+    read = await store.read_keyed("r", "w|http://a", 100)
+    handed = await store.route("r", mine, lanes, [(e, k) for e, _, k in read])
+    kept = [e for e, _, _ in read if e not in handed]
+    assert len(kept) == 8  # its four documents, twice each
+    given = {lane: await store.take_lane("r", lane, f"w|{lane}", 100) for lane in lanes}
+    assert given[mine] == [] and [len(given[x]) for x in lanes if x != mine] == [8, 8]
+    by_key = dict(zip([e for e, _, _ in read], [k for _, _, k in read], strict=True))
+    for lane, taken in given.items():
+        assert len({by_key[e] for e, _, _ in taken}) in (0, 4), lane
+
+
+async def test_a_key_whose_lane_left_the_fleet_is_given_to_a_live_one(store: JobStore) -> None:
+    doc = documents(1, 3000)[0]
+    spec = JobSpec(job="r", params=SamplingParams(max_tokens=8))
+    await enqueue_prompts(store, spec, [(f"{doc} q{i}", None) for i in range(3)])
+    a, b = lane_name("http://a"), lane_name("http://b")
+    first = await store.read_keyed("r", "w|http://b", 1)
+    await store.route("r", b, [a], [(e, k) for e, _, k in first])  # b is not live: a's key
+    assert [e for e, _, _ in await store.take_lane("r", a, "w|a", 10)] == [b"0-1"]
+    rest = await store.read_keyed("r", "w|http://b", 10)
+    handed = await store.route("r", b, [b], [(e, k) for e, _, k in rest])  # a has gone
+    assert handed == set()  # the key is b's now: its prompts stay with it
 
 
 async def test_a_steal_takes_the_entries_of_one_key_together(store: JobStore) -> None:
@@ -126,7 +131,7 @@ async def test_a_steal_takes_the_entries_of_one_key_together(store: JobStore) ->
     await enqueue_prompts(store, spec, [(p, None) for p in asked])
     read = await store.read_keyed("r", "w|http://a", 10)
     busy = lane_name("http://a")
-    await store.hand_to_lanes("r", [(eid, busy) for eid, _, _ in read])
+    await store.route("r", lane_name("http://c"), [busy], [(e, k) for e, _, k in read])
     stolen = await store.steal_lanes("r", lane_name("http://b"), "w|http://b", 4, 0)
     assert [e for e, _, _ in stolen] == [b"0-1", b"0-3", b"0-5", b"0-7"]  # doc a's four
 

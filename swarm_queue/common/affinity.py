@@ -13,20 +13,19 @@ prompt every prompt begins with (every engine holds that once anyway). A key sha
 than :data:`MAX_GROUP` prompts is split into groups of that many, so one endpoint is never
 handed a whole job.
 
-Which endpoint a key goes to is a consistent hash of the key over the lanes of the endpoints
-that serve its job (:class:`Ring`): every worker reading the fleet registry alike sends a key
-to the same engine, each endpoint gets its share of the keys, and an endpoint joining or
-leaving moves only its own share.
+Which endpoint a key goes to is decided once, by whichever worker reads its first prompt: the
+live endpoint serving its job that holds the fewest of the job's keys (``route.lua``), so every
+engine gets its share of the documents; a key whose endpoint has left goes to another the
+same way.
 """
 
 from __future__ import annotations
 
-import bisect
 import hashlib
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
-__all__ = ["BLOCK_CHARS", "LEVELS", "MAX_GROUP", "Affinities", "Ring"]
+__all__ = ["BLOCK_CHARS", "LEVELS", "MAX_GROUP", "Affinities"]
 
 # About 16 tokens of text (4 characters a token): vLLM's default block.
 BLOCK_CHARS = 64
@@ -36,8 +35,6 @@ LEVELS = (16, 32, 64, 128, 256, 512)
 MAX_GROUP = 128
 # The digests remembered from earlier chunks (least recently seen forgotten first).
 REMEMBERED = 200_000
-# Points on the ring for each lane: keys spread within a few percent of even.
-POINTS = 128
 
 
 def _levels(text: str) -> list[bytes]:
@@ -90,25 +87,3 @@ class Affinities:
         while len(self._seen) > self._remembered:
             self._seen.popitem(last=False)
         return out
-
-
-def _point(text: str) -> int:
-    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big")
-
-
-class Ring:
-    """A consistent hash of affinity keys over ``lanes``: :meth:`owner` is the lane a key
-    goes to, the same for every ring of the same lanes."""
-
-    def __init__(self, lanes: Iterable[str]) -> None:
-        points = sorted((_point(f"{lane}#{i}"), lane) for lane in set(lanes) for i in range(POINTS))
-        self._at = [p for p, _ in points]
-        self._lanes = [lane for _, lane in points]
-
-    def __bool__(self) -> bool:
-        return bool(self._lanes)
-
-    def owner(self, key: str) -> str:
-        """The lane ``key`` goes to (the ring must have some)."""
-        i = bisect.bisect(self._at, _point(key)) % len(self._at)
-        return self._lanes[i]

@@ -208,6 +208,12 @@ class Keys:
         on (to the open lane) only then (see ``give_back.lua``)."""
         return self._job(job, "hungry")
 
+    def owners(self, job: str) -> str:
+        """Hash: an affinity key (see :mod:`common.affinity`) -> the lane of the endpoint its
+        prompts go to; ``#`` and a lane -> how many keys that lane was given (see
+        ``route.lua``)."""
+        return self._job(job, "owners")
+
     def strikes(self, job: str) -> str:
         """Hash: entry ID -> how many endpoints gave it back because their answers could not be
         used (malformed, or its choice left out): past a few, it fails rather than going

@@ -125,6 +125,7 @@ async def enqueue(
     column: str = "prompt",
     id_column: str | None = None,
     checked: bool = False,
+    affinity: bool = True,
 ) -> EnqueueReport:
     """Queue every prompt of ``stream`` (a binary line iterator) for ``spec.job``; ``later``:
     the pipeline steps after it (see :mod:`flows.pipeline.spec`), created first. A Parquet input
@@ -152,7 +153,7 @@ async def enqueue(
         spec, prompts = prompts_for(spec, source, parsed())
         try:
             return await enqueue_pipeline(
-                store, [spec, *later], prompts, progress=progress, window=window
+                store, [spec, *later], prompts, progress=progress, window=window, affinity=affinity
             )
         except InputError as exc:
             await _stop_at(store, spec.job, exc)
@@ -296,6 +297,12 @@ def parser() -> argparse.ArgumentParser:
         "bounded memory, waiting for results before queuing more. Default: as many as "
         "leave room for their answers within Redis's maxmemory (none without one)",
     )
+    source.add_argument(
+        "--no-affinity",
+        action="store_true",
+        help="send prompts that share a long prefix wherever, not to the engine that computes "
+        "it (docs/JOBS.md, affinity): only to measure without it",
+    )
     pipeline = p.add_argument_group("a pipeline (steps after the first, each with its own flags)")
     pipeline.add_argument(
         "--then",
@@ -371,6 +378,7 @@ async def _main(args: argparse.Namespace, steps: Sequence[list[str]] = ()) -> in
             progress=True,
             window=args.window,
             later=later,
+            affinity=not args.no_affinity,
         )
     else:
         try:
@@ -390,6 +398,7 @@ async def _main(args: argparse.Namespace, steps: Sequence[list[str]] = ()) -> in
                 progress=True,
                 window=args.window,
                 later=later,
+                affinity=not args.no_affinity,
             )
     print(
         f"job {report.job}: {report.total} prompts queued "

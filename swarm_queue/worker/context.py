@@ -7,7 +7,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
-from swarm_queue.common.affinity import Ring
 from swarm_queue.common.errors import BadRecordError, JobGoneError
 from swarm_queue.common.models import JobSpec
 from swarm_queue.common.settings import Settings
@@ -67,8 +66,8 @@ class DrainContext(Protocol):
         """A key of a job cannot be used: skip the job until the next sweep."""
         ...
 
-    async def ring(self, spec: JobSpec) -> Ring:
-        """The lanes ``spec``'s affinity keys hash over (see :class:`common.affinity.Ring`)."""
+    async def lanes(self, spec: JobSpec) -> list[str]:
+        """The live lanes ``spec``'s affinity keys may be given to (see ``route.lua``)."""
         ...
 
     def takers(self, spec: JobSpec) -> set[str]:

@@ -91,7 +91,7 @@ class EndpointDrainer:
             (self._waiting > 0 and len(self.inflight) > 0) or time.monotonic() < self._handed_until
         )
         self.intake.pace = lambda: self.path.pace
-        self.intake.ring = engine.ring
+        self.intake.lanes = engine.lanes
         self.cache = AnswerCache(self.store, self.settings, client.label)
         self._rr = 0
         self.window = Window(self.settings.inflight)

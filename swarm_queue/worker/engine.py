@@ -19,7 +19,6 @@ import time
 from collections.abc import Callable
 
 from swarm_queue.common.abilities import NUMPY, Abilities, has_numpy, lacking, needs
-from swarm_queue.common.affinity import Ring
 from swarm_queue.common.errors import BadRecordError, ConfigError, JobGoneError, SwarmError
 from swarm_queue.common.fleet import EndpointInfo, takers
 from swarm_queue.common.keys import lane_name
@@ -86,9 +85,9 @@ class Engine:
         self._refresh_lock = asyncio.Lock()
         # Per urgent job, the batches one endpoint may start by preemption (see worker/shares.py).
         self.shares: dict[str, int] = {}
-        # Per model, the lanes its jobs' affinity keys hash over, from the fleet as read at
-        # most every RING_REFRESH_S, and only once a job's prompts carry keys.
-        self._rings: dict[str | None, Ring] = {}
+        # Per model, the live lanes its jobs' affinity keys may be given to, from the fleet
+        # as read at most every RING_REFRESH_S, and only once a job's prompts carry keys.
+        self._lanes: dict[str | None, list[str]] = {}
         self._fleet: tuple[list[EndpointInfo], float] = ([], 0.0)
         self._fleet_at = -math.inf
         self._ring_lock = asyncio.Lock()
@@ -164,10 +163,10 @@ class Engine:
         """A key of a job cannot be used: skip the job until the next sweep."""
         self.table.unreadable(exc)
 
-    async def ring(self, spec: JobSpec) -> Ring:
-        """The lanes ``spec``'s affinity keys hash over (see :class:`common.affinity.Ring`):
-        the live endpoints that serve its model, as the fleet registry showed them at most
-        :data:`RING_REFRESH_S` ago, and this worker's own."""
+    async def lanes(self, spec: JobSpec) -> list[str]:
+        """The lanes ``spec``'s affinity keys may be given to (see ``route.lua``): of the
+        live endpoints that serve its model, as the fleet registry showed them at most
+        :data:`RING_REFRESH_S` ago, and of this worker's own."""
         if self._ring_stale():
             async with self._ring_lock:
                 if self._ring_stale():
@@ -180,12 +179,12 @@ class Engine:
                         self.store.warn_once("the fleet registry", str(exc))
                         self._fleet = ([], 0.0)
                     self._fleet_at = time.monotonic()
-                    self._rings.clear()
-        if spec.model not in self._rings:
+                    self._lanes.clear()
+        if spec.model not in self._lanes:
             fleet, now = self._fleet
             live = takers(spec.model, fleet, now) | self.takers(spec)
-            self._rings[spec.model] = Ring(lane_name(e) for e in live)
-        return self._rings[spec.model]
+            self._lanes[spec.model] = sorted(lane_name(e) for e in live)
+        return self._lanes[spec.model]
 
     def _ring_stale(self) -> bool:
         others = {e.endpoint for e in self._fleet[0]} - {d.label for d in self.drainers}

@@ -12,7 +12,6 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import NamedTuple
 
-from swarm_queue.common.affinity import Ring
 from swarm_queue.common.keys import group_of, lane_name
 from swarm_queue.common.models import JobSpec
 from swarm_queue.common.settings import Settings
@@ -25,9 +24,9 @@ __all__ = ["Delivery", "Intake", "Queued", "Taken", "queued", "service_order"]
 log = logging.getLogger("swarm.worker")
 
 
-async def _no_ring(spec: JobSpec) -> Ring:
+async def _alone(spec: JobSpec) -> list[str]:
     """No fleet known: every key stays with whoever reads it."""
-    return Ring(())
+    return []
 
 
 class Taken(NamedTuple):
@@ -113,8 +112,8 @@ class Intake:
         self._ready: set[str] = set()  # jobs whose own leftovers have been taken back
         # Jobs whose prompts were seen to carry affinity keys: their lanes are looked at too.
         self.affine: set[str] = set()
-        # The lanes a job's affinity keys hash over (the worker's view of the fleet).
-        self.ring: Callable[[JobSpec], Awaitable[Ring]] = _no_ring
+        # The live lanes a job's affinity keys may be given to (the worker's view of the fleet).
+        self.lanes: Callable[[JobSpec], Awaitable[list[str]]] = _alone
         self._losses = 0  # the store's connection losses when last looked at
         self._recovery_lock = asyncio.Lock()
         self._recovered: deque[tuple[JobSpec, list[Delivery]]] = deque()
@@ -173,19 +172,15 @@ class Intake:
 
     async def _new(self, spec: JobSpec, block_ms: int | None = None) -> Taken | None:
         """New entries of ``spec``'s job (waiting ``block_ms`` for some), but those whose
-        affinity key hashes to another endpoint's lane, handed to that lane."""
+        affinity key is another endpoint's, handed to its lane."""
         job, batch = spec.job, self.settings.batch_size
         entries = await self.store.read_keyed(job, self.consumer, batch, block_ms=block_ms)
-        handed: list[tuple[bytes, str]] = []
-        if any(key for _, _, key in entries):
+        gone: set[bytes] = set()
+        if keyed := [(e, k) for e, _, k in entries if k]:
             self.affine.add(job)
-            ring = await self.ring(spec)
-            if ring:
-                handed = [
-                    (e, lane) for e, _, k in entries if k and (lane := ring.owner(k)) != self.lane
-                ]
-                await self.store.hand_to_lanes(job, handed)
-        gone = {eid for eid, _ in handed}
+            lanes = await self.lanes(spec)
+            if lanes:
+                gone = await self.store.route(job, self.lane, lanes, keyed)
         return self._held(spec, [(e, payload, 0) for e, payload, _ in entries if e not in gone])
 
     def _held(self, spec: JobSpec, deliveries: list[Delivery]) -> Taken | None:

@@ -2,7 +2,8 @@
 is a consumer of the job's group that no worker is (:func:`common.keys.lane_name`). An agent's
 turn is handed to the lane of the endpoint that served the turn before, by the pump as it
 queues the turn; a prompt of an affinity key (:mod:`common.affinity`) to the lane of the
-endpoint the key hashes to (:class:`common.affinity.Ring`), by whichever endpoint reads it.
+endpoint the key was given to (the live one holding the fewest keys), by whichever endpoint
+reads it.
 An endpoint's drain loops take their lane's entries before anything new, and any endpoint with
 nothing else to do takes entries that have waited in another's lane too long, or that an
 endpoint too busy for them handed on to the open lane. Orphans are reclaimed as ever, so a
@@ -64,13 +65,18 @@ class Lanes(StoreBase):
             for eid, f in ((eid, fields or {}) for eid, fields in reply[0][1])
         ]
 
-    async def hand_to_lanes(self, job: str, handed: Sequence[tuple[bytes, str]]) -> None:
-        """Hand each of ``handed`` (an entry just read, and a lane) to that lane."""
-        if not handed:
-            return
-        args = [GROUP, *(x for eid, lane in handed for x in (eid, lane))]
+    async def route(
+        self, job: str, lane: str, live: Sequence[str], keyed: Sequence[tuple[bytes, str]]
+    ) -> set[bytes]:
+        """Send each of ``keyed`` (an entry just read by the endpoint of ``lane``, and its
+        affinity key) to the lane its key is given to, among the ``live`` lanes (see
+        ``route.lua``): the entries handed to other lanes."""
+        if not keyed:
+            return set()
+        args = [GROUP, lane, len(live), *live, *(x for pair in keyed for x in pair)]
         async with redis_errors(self.url, job):
-            await self.scripts.route(keys=[self.keys.stream(job)], args=args)
+            keys = [self.keys.stream(job), self.keys.owners(job)]
+            return set(await self.scripts.route(keys=keys, args=args))
 
     async def take_lane(self, job: str, lane: str, consumer: str, count: int) -> list[Taken]:
         """Up to ``count`` entries waiting in ``lane``, claimed to ``consumer``."""
