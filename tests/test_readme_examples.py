@@ -42,6 +42,7 @@ NOT_RUN = {
     "bench/interop_litellm.py": "a benchmark of minutes (bench/)",
     "bench/interop_vllm.py": "a real vLLM (bench/vllm_cpu.py installs it): docs/INTEROP.md",
     "bench/prefill_vllm.py": "a real vLLM (bench/vllm_cpu.py installs it): docs/INTEROP.md",
+    "bench/interop_prefix.py": "four real vLLM servers (bench/vllm_cpu.py): docs/INTEROP.md",
     "python -m bench.run": "the benchmarks, hours (docs/BENCHMARKS.md)",
     "swarm-sim --ports 8001": "servers on fixed ports left running: the harness starts "
     "swarm-sim by its command line for every end-to-end test (tests/harness.py)",
