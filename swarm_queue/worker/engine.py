@@ -37,11 +37,11 @@ __all__ = ["Engine"]
 
 log = logging.getLogger("swarm.worker")
 
-# How often a worker reads the fleet again for the lanes affinity keys hash over: the fleet
-# changes slowly, and an entry sent to a lane whose endpoint is gone is taken after the wait;
-# every second while it knows of no endpoint but its own (the others still starting).
-RING_REFRESH_S = 10.0
-RING_ALONE_S = 1.0
+# How often a worker reads the fleet again for the lanes affinity keys may be given to: the
+# fleet changes slowly, and an entry sent to a lane whose endpoint is gone is taken after the
+# wait; every second while it knows of no endpoint but its own (the others still starting).
+FLEET_REFRESH_S = 10.0
+FLEET_ALONE_S = 1.0
 # How often a starting worker looks whether its endpoints have said what they serve.
 PROBED_EVERY_S = 0.05
 
@@ -86,11 +86,11 @@ class Engine:
         # Per urgent job, the batches one endpoint may start by preemption (see worker/shares.py).
         self.shares: dict[str, int] = {}
         # Per model, the live lanes its jobs' affinity keys may be given to, from the fleet
-        # as read at most every RING_REFRESH_S, and only once a job's prompts carry keys.
+        # as read at most every FLEET_REFRESH_S, and only once a job's prompts carry keys.
         self._lanes: dict[str | None, list[str]] = {}
         self._fleet: tuple[list[EndpointInfo], float] = ([], 0.0)
         self._fleet_at = -math.inf
-        self._ring_lock = asyncio.Lock()
+        self._fleet_lock = asyncio.Lock()
         self._stopping = asyncio.Event()
         # Burst: return once no work these endpoints can do is left (see finish_when_idle).
         self.burst = False
@@ -166,10 +166,10 @@ class Engine:
     async def lanes(self, spec: JobSpec) -> list[str]:
         """The lanes ``spec``'s affinity keys may be given to (see ``route.lua``): of the
         live endpoints that serve its model, as the fleet registry showed them at most
-        :data:`RING_REFRESH_S` ago, and of this worker's own."""
-        if self._ring_stale():
-            async with self._ring_lock:
-                if self._ring_stale():
+        :data:`FLEET_REFRESH_S` ago, and of this worker's own."""
+        if self._fleet_stale():
+            async with self._fleet_lock:
+                if self._fleet_stale():
                     try:
                         self._fleet = (
                             await self.store.read_fleet(),
@@ -186,9 +186,9 @@ class Engine:
             self._lanes[spec.model] = sorted(lane_name(e) for e in live)
         return self._lanes[spec.model]
 
-    def _ring_stale(self) -> bool:
+    def _fleet_stale(self) -> bool:
         others = {e.endpoint for e in self._fleet[0]} - {d.label for d in self.drainers}
-        every = RING_REFRESH_S if others else RING_ALONE_S
+        every = FLEET_REFRESH_S if others else FLEET_ALONE_S
         return time.monotonic() - self._fleet_at >= every
 
     def takers(self, spec: JobSpec) -> set[str]:
@@ -287,8 +287,8 @@ class Engine:
 
     async def _publish_loop(self) -> None:
         # First as soon as every endpoint has said what it serves (within a period), then
-        # every period: the other workers hash affinity keys over the fleet this worker's
-        # endpoints are part of from the start.
+        # every period: the other workers give affinity keys to this worker's endpoints from
+        # the start.
         first = time.monotonic() + self.settings.stats_period_s
         while time.monotonic() < first and any(
             d.models is None and d.broken is None for d in self.drainers

@@ -31,10 +31,10 @@ NO_COPIES_REST_S = 2.0
 # this often, and what it says holds this long: a busy engine's worker, looking at its gauges
 # every quarter second, hands its newest waiting turns on only while someone is there.
 HUNGRY_EVERY_S = 0.25
+HUNGRY_TTL_MS = 1000
 # A batch of a job whose prompts carry affinity keys is copied only once in flight this many
 # times as long as this endpoint's own batches take.
 AFFINE_LATE = 3
-HUNGRY_TTL_MS = 1000
 
 
 class Source(enum.Enum):

@@ -58,13 +58,24 @@ class Delivery(StoreBase):
 
         ``block_ms`` None returns at once; otherwise waits up to that long for new entries.
         """
+        return [(e, p) for e, p, _ in await self.read_keyed(job, consumer, count, block_ms)]
+
+    async def read_keyed(
+        self, job: str, consumer: str, count: int, block_ms: int | None = None
+    ) -> list[tuple[bytes, bytes | None, str]]:
+        """Up to ``count`` never-delivered entries for ``consumer`` (``block_ms`` None
+        returns at once, else waits up to that long for some), each with its affinity key ("" for
+        none: see :mod:`common.affinity`)."""
         async with redis_errors(self.url, job):
             reply = await self.redis.xreadgroup(
                 GROUP, consumer, {self.keys.stream(job): ">"}, count=count, block=block_ms
             )
         if not reply:
             return []
-        return [(eid, fields.get(b"d") if fields else None) for eid, fields in reply[0][1]]
+        return [
+            (eid, f.get(b"d"), (f.get(b"a") or b"").decode())
+            for eid, f in ((eid, fields or {}) for eid, fields in reply[0][1])
+        ]
 
     async def claim_own_pending(
         self,

@@ -46,24 +46,8 @@ _decode_hungry = msgspec.msgpack.Decoder(Hungry).decode
 
 
 class Lanes(StoreBase):
-    """Taking entries from lanes: one's own, or others' that waited too long; and new
-    entries with their affinity keys, those of another endpoint's handed to its lane."""
-
-    async def read_keyed(
-        self, job: str, consumer: str, count: int, block_ms: int | None = None
-    ) -> list[tuple[bytes, bytes | None, str]]:
-        """Up to ``count`` never-delivered entries for ``consumer`` (see :meth:`read_new`;
-        ``block_ms`` waits that long for some), each with its affinity key ("" for none)."""
-        async with redis_errors(self.url, job):
-            reply = await self.redis.xreadgroup(
-                GROUP, consumer, {self.keys.stream(job): ">"}, count=count, block=block_ms
-            )
-        if not reply:
-            return []
-        return [
-            (eid, f.get(b"d"), (f.get(b"a") or b"").decode())
-            for eid, f in ((eid, fields or {}) for eid, fields in reply[0][1])
-        ]
+    """Taking entries from lanes: one's own, or others' that waited too long; and handing
+    new entries of another endpoint's affinity key to its lane."""
 
     async def route(
         self, job: str, lane: str, live: Sequence[str], keyed: Sequence[tuple[bytes, str]]
