@@ -82,6 +82,29 @@ def test_a_prompt_shares_its_key_with_one_seen_in_an_earlier_chunk() -> None:
     assert second == Affinities().keys([a + " q1", a + " q2"])[1:]
 
 
+def test_a_prompt_whose_siblings_all_come_in_the_next_chunk_shares_their_key() -> None:
+    a = documents(1, 2 * 16 * BLOCK_CHARS)[0]
+    keys = Affinities()
+    first = keys.keys([a + " q1"], ahead=[a + " q2"])
+    assert first[0] != ""
+    assert keys.keys([a + " q2"]) == first
+
+
+async def test_a_document_asked_on_both_sides_of_a_chunk_boundary_carries_one_key(
+    store: JobStore,
+) -> None:
+    """The producer queues a chunk once it has read the next: a document's first question,
+    alone in its chunk, is keyed with the questions that follow in the next chunk."""
+    doc, other = documents(2, 3000)
+    asked = [f"{doc} q0", f"{other} q0", f"{other} q1", f"{doc} q1", f"{doc} q2"]
+    spec = JobSpec(job="c", params=SamplingParams(max_tokens=8))
+    await enqueue_prompts(store, spec, [(p, None) for p in asked], chunk=3)
+    read = await store.read_keyed("c", "w|http://a", 10)
+    keys = [k for _, _, k in read]
+    assert len(keys) == 5 and "" not in keys
+    assert keys[0] == keys[3] == keys[4] and keys[1] == keys[2] != keys[0]
+
+
 # -- the routing, on Redis -----------------------------------------------------------------
 
 
@@ -156,7 +179,7 @@ async def test_a_shuffled_documents_job_computes_each_document_about_once_in_the
     question's tail aside); without, about as many times as engines it reaches. Every answer
     is the engine's own for its prompt, in its place."""
     if not affinity:
-        monkeypatch.setattr(Affinities, "keys", lambda self, texts: [""] * len(texts))
+        monkeypatch.setattr(Affinities, "keys", lambda self, texts, ahead: [""] * len(texts))
     docs = documents(40, 4000)
     asked = questions(docs, 8)
     await enqueue_prompts(

@@ -7,8 +7,9 @@ once on every engine.
 A prompt's text (a conversation: its messages, as JSON) is cut into levels of leading blocks
 (16, 32, 64... blocks of :data:`BLOCK_CHARS` characters, about 16 tokens each, as the engines'
 caches count them), each named by a digest of everything up to its end. Its key is the digest
-of the deepest level it shares with another prompt seen by the producer (the same chunk, or
-one before it) that covers at least half the prompt: a shared document, not a short system
+of the deepest level it shares with another prompt seen by the producer (the same chunk, one
+before it, or the chunk after it, which the producer reads before it queues this one) that covers
+at least half the prompt: a shared document, not a short system
 prompt every prompt begins with (every engine holds that once anyway). A key shared by more
 than :data:`MAX_GROUP` prompts is split into groups of that many, so one endpoint is never
 handed a whole job.
@@ -60,11 +61,17 @@ class Affinities:
         self._seen: OrderedDict[bytes, int] = OrderedDict()  # digest -> prompts seen with it
         self._remembered = remembered
 
-    def keys(self, texts: Sequence[str]) -> list[str]:
-        """Each text's key ("" for none), given every text before them."""
+    @staticmethod
+    def may_key(texts: Sequence[str]) -> bool:
+        """Whether any of ``texts`` is long enough to carry a key (the shortest level whole)."""
+        return any(len(t) >= LEVELS[0] * BLOCK_CHARS for t in texts)
+
+    def keys(self, texts: Sequence[str], ahead: Sequence[str] = ()) -> list[str]:
+        """Each text's key ("" for none), given every text before them and the texts ``ahead``
+        of them (the next chunk's: a prompt whose siblings all come later still finds one)."""
         levels = [_levels(t) for t in texts]
         chunk: dict[bytes, int] = {}
-        for digests in levels:
+        for digests in [*levels, *map(_levels, ahead)]:
             for d in digests:
                 chunk[d] = chunk.get(d, 0) + 1
         out: list[str] = []

@@ -17,6 +17,7 @@ import os
 import socket
 import sys
 from collections.abc import Iterable
+from typing import NamedTuple
 
 import msgspec
 
@@ -158,6 +159,16 @@ async def enqueue_prompts(
             await store.release_producer_lock(spec.job, feeder.token)
 
 
+class _Chunk(NamedTuple):
+    """Prompts read and not yet queued: their items, the input's digest and count after them,
+    and their texts as the engines will read them (for their affinity keys; none when off)."""
+
+    items: list[PromptItem]
+    digest: str
+    upto: int
+    texts: list[str]
+
+
 class _Feeder:
     """One producer's run over one job: its lock, the job's creation, its chunks, each queued
     once the window and Redis's memory leave room for it. Every write carries the generation
@@ -212,6 +223,9 @@ class _Feeder:
         digest = _InputDigest()
         count, added = 0, 0
         buf: list[PromptItem] = []
+        # A chunk of prompts that may carry affinity keys is queued once the next is read:
+        # their keys look one chunk ahead (see common.affinity).
+        held: _Chunk | None = None
         try:
             for index, entry in enumerate(prompts):
                 item = self._item(index, entry, sealed_total)
@@ -227,17 +241,22 @@ class _Feeder:
                     continue
                 buf.append(item)
                 if len(buf) >= chunk:
-                    await self._flush(buf, digest.value, count)
-                    added += len(buf)
-                    buf.clear()
+                    read = self._chunk(buf, digest.value, count)
+                    buf = []
+                    if held is not None:
+                        added += await self._flush(held, read.texts)
+                        held = None
+                    if self.affinities is not None and self.affinities.may_key(read.texts):
+                        held = read
+                    else:
+                        added += await self._flush(read)
         except InputError:
-            if buf and (added or start):  # a job under way: it ends with the lines before
-                await self._flush(buf, digest.value, count)
+            if held is not None or (buf and (added or start)):
+                # A job under way: it ends with the lines before.
+                await self._flush_rest(held, buf, digest.value, count)
             raise
         gen = await self.ensure_created()
-        if buf:
-            await self._flush(buf, digest.value, count)
-            added += len(buf)
+        added += await self._flush_rest(held, buf, digest.value, count)
         if count < start:
             raise JobConflictError(
                 f"job {job!r} already holds {start} prompts but this input has only {count}. "
@@ -258,25 +277,35 @@ class _Feeder:
             raise ConfigError(f"prompt {index} is a conversation: only a --chat job can send one")
         return PromptItem.of(index, prompt, custom_id, own[0] if own else None)
 
-    def _affinity(self, items: list[PromptItem]) -> list[str]:
-        """The affinity key of each of ``items`` (see :mod:`common.affinity`). A resumed
-        producer's keys start from the prompts it queues, not those before: only where the
-        prompts are answered can differ, never an answer."""
-        if self.affinities is None:
-            return []
-        texts = [
-            msgspec.json.encode(it.messages).decode()
-            if it.messages
-            else self.spec.render(it.prompt)
-            for it in items
-        ]
-        return self.affinities.keys(texts)
+    def _chunk(self, items: list[PromptItem], digest: str, upto: int) -> _Chunk:
+        """``items`` as a chunk, their texts rendered if their affinity keys are wanted."""
+        texts = []
+        if self.affinities is not None:
+            texts = [
+                msgspec.json.encode(it.messages).decode()
+                if it.messages
+                else self.spec.render(it.prompt)
+                for it in items
+            ]
+        return _Chunk(items, digest, upto, texts)
 
-    async def _flush(self, items: list[PromptItem], digest: str, upto: int) -> None:
-        """Queue one chunk (prompts up to index ``upto``), once the window and Redis's memory
-        leave room for it and its answers; then refresh the lock and show progress."""
+    async def _flush_rest(
+        self, held: _Chunk | None, buf: list[PromptItem], digest: str, upto: int
+    ) -> int:
+        """Queue what is left at the input's end: the chunk held back, then the last prompts."""
+        rest = self._chunk(buf, digest, upto) if buf else None
+        added = await self._flush(held, rest.texts if rest else []) if held else 0
+        return added + (await self._flush(rest) if rest else 0)
+
+    async def _flush(self, chunk: _Chunk, ahead: list[str] | None = None) -> int:
+        """Queue one chunk, its prompts' affinity keys given the texts ``ahead`` of it, once the
+        window and Redis's memory leave room for it and its answers; then refresh the lock and
+        show progress. How many prompts it held. A resumed producer's keys start from the
+        prompts it queues, not those before: only where the prompts are answered can differ,
+        never an answer."""
+        items, digest, upto, texts = chunk
         gen = await self.ensure_created()
-        keys = self._affinity(items)
+        keys = self.affinities.keys(texts, ahead or []) if self.affinities is not None else []
         while True:
             if self.window is not None:
                 await _wait_for_room(self.store, self.job, self.token, upto, self.window)
@@ -290,3 +319,4 @@ class _Feeder:
                 await asyncio.sleep(_FULL_RETRY_S)
         await self.keep_lock()
         self.bar.update(upto, None)
+        return len(items)
