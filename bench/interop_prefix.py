@@ -28,8 +28,14 @@ from bench.vllm_cpu import VLLM_VERSION, Server, build_model, install, serve
 from swarm_queue.common.embedded import EmbeddedRedis, free_port
 
 ENGINES = 4
-DOCS = 12
+DOCS = 16
 QUESTIONS = 4
+# Each engine's KV cache, in blocks of 128 tokens (the CPU build's): about four documents of
+# the eleven or so each engine sees without affinity, the regime of bench/prefix.py (a cache
+# holding a third of what comes), as a GPU's holds a few of a large job's documents. The CPU
+# build sizes its cache in whole GiB (VLLM_CPU_KVCACHE_SPACE, at least 1: every document of
+# this job many times over), so the regime is set by vLLM's own --num-gpu-blocks-override.
+CACHE_BLOCKS = 48
 # The words the tiny model's tokenizer was trained on (bench/vllm_cpu.py): a token or two each.
 WORDS = [
     "alpha",
@@ -107,14 +113,20 @@ def prefix_affinity(checks: Checks, env: dict[str, str], python: Path, model: Pa
     servers: list[Server] = []
     try:
         with ThreadPoolExecutor(ENGINES) as pool:
-            servers += pool.map(lambda _: serve(python, model, free_port()), range(ENGINES))
+            servers += pool.map(
+                lambda _: serve(
+                    python, model, free_port(), "--num-gpu-blocks-override", str(CACHE_BLOCKS)
+                ),
+                range(ENGINES),
+            )
         urls = [s.url for s in servers]
         on = _run(checks, env, urls, "affine", 1)
         off = _run(checks, env, urls, "scattered", 2, "--no-affinity")
         checks.check(
             on >= 2 * off,
             f"affinity on {ENGINES} vLLM engines: prefix cache hit rate {on:.2f} with, "
-            f"{off:.2f} without ({DOCS} documents x {QUESTIONS} questions, shuffled)",
+            f"{off:.2f} without ({DOCS} documents x {QUESTIONS} questions, shuffled; "
+            f"{CACHE_BLOCKS} blocks of cache an engine)",
         )
     finally:
         for s in servers:
