@@ -24,9 +24,14 @@ from swarm_queue.producer.enqueue import enqueue_prompts
 from swarm_queue.sim.engine import EngineConfig
 from swarm_queue.sim.server import SimFleet
 from swarm_queue.sim.text import completion_for
+from swarm_queue.worker.intake import Intake
 from swarm_queue.worker.sources import Copies
 from tests.harness import Fleet, FleetFactory, command
 from tests.helpers import run_engine, wait_count
+
+
+async def _no_sleep(_: float) -> bool:
+    return True
 
 
 def documents(n: int, chars: int, seed: int = 1) -> list[str]:
@@ -142,6 +147,25 @@ async def test_a_key_whose_lane_left_the_fleet_is_given_to_a_live_one(store: Job
     rest = await store.read_keyed("r", "w|http://b", 10)
     handed = await store.route("r", b, [b], [(e, k) for e, _, k in rest])  # a has gone
     assert handed == set()  # the key is b's now: its prompts stay with it
+
+
+async def test_an_endpoint_that_read_nothing_of_a_job_still_takes_its_lane(
+    store: JobStore, make_settings: Callable[..., Settings]
+) -> None:
+    """A worker that restarts (or joins) after every entry of a job was read, some of them
+    handed to its lane, takes that lane's entries first: it need not have read a keyed entry
+    itself to know the job's prompts carry keys."""
+    docs = documents(4, 3000)
+    spec = JobSpec(job="k", params=SamplingParams(max_tokens=8))
+    await enqueue_prompts(store, spec, [(f"{d} q{q}", None) for d in docs for q in range(2)])
+    a, b = lane_name("http://a"), lane_name("http://b")
+    read = await store.read_keyed("k", "w|http://b", 100)
+    handed = await store.route("k", b, [a, b], [(e, k) for e, _, k in read])
+    assert len(handed) == 4  # two documents given to a's lane, each asked twice
+    spec = await store.load_spec("k")
+    fresh = Intake(store, "w|http://a", make_settings(batch_size=8), "http://a", _no_sleep)
+    taken = await fresh.next([spec], None)
+    assert taken is not None and {e for e, _, _ in taken.deliveries} == handed
 
 
 async def test_a_steal_takes_the_entries_of_one_key_together(store: JobStore) -> None:

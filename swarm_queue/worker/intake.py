@@ -230,7 +230,7 @@ class Intake:
 
     async def _recover(self, spec: JobSpec) -> None:
         """Queue this consumer's own unacknowledged entries of ``spec``'s job (left by a
-        previous run)."""
+        previous run), and learn whether its entries carry affinity keys."""
         job = spec.job
         async with self._recovery_lock:
             if job in self._ready:
@@ -243,6 +243,10 @@ class Intake:
                 taken = self._held(spec, entries)
                 if taken is not None:
                     self._recovered.append((spec, taken.deliveries))
+            if await self.store.keyed(job):
+                # Its keys were given before this endpoint read any (it restarted, or joined
+                # late): its lane may hold entries already, and others' may too.
+                self.affine.add(job)
             if self._recovered:
                 log.info(
                     "%s: resuming %d own unfinished batches of job %s",

@@ -62,6 +62,12 @@ class Lanes(StoreBase):
             keys = [self.keys.stream(job), self.keys.owners(job)]
             return set(await self.scripts.route(keys=keys, args=args))
 
+    async def keyed(self, job: str) -> bool:
+        """Whether some of ``job``'s affinity keys have been given to lanes (its lanes may hold
+        entries: what a worker that never read a keyed entry of it must know)."""
+        async with redis_errors(self.url, job):
+            return bool(await self.redis.exists(self.keys.owners(job)))
+
     async def take_lane(self, job: str, lane: str, consumer: str, count: int) -> list[Taken]:
         """Up to ``count`` entries waiting in ``lane``, claimed to ``consumer``."""
         async with redis_errors(self.url, job):
