@@ -61,10 +61,14 @@ class Feeding(StoreBase):
         :class:`JobGoneError` if the job is no longer of generation ``gen``."""
         if not items:
             return
-        keys = affinity or [""] * len(items)
-        args: list[Any] = [items[0].index, digest, gen]
-        for item, key in zip(items, keys, strict=True):
-            args += [encode(item), key]
+        # Keys only where some prompt has one: an argument more a prompt is the Redis client's
+        # time (the producer's CPU, scenario 4).
+        args: list[Any] = [items[0].index, digest, gen, "1" if any(affinity) else "0"]
+        if any(affinity):
+            for item, key in zip(items, affinity, strict=True):
+                args += [encode(item), key]
+        else:
+            args += [encode(item) for item in items]
         async with redis_errors(self.url, job):
             status, have = await self.scripts.add(
                 keys=[self.keys.meta(job), self.keys.stream(job)], args=args
