@@ -1,12 +1,14 @@
 """The shared case of issue 21: on one fleet of two models and one Redis, a job answered partly
-from the response cache, a plain job, a job for the other model, and a job deleted mid-run and
-queued again under its name with another input, one endpoint unusable (a wrong key), with Redis
-restarted in the middle. No output holds a wrong answer or another model's, and every job's
-counts equal its total. Real processes throughout."""
+from the response cache, a plain job, a job for the other model, a job of questions over
+documents (its prompts carrying affinity keys, each document's given to one endpoint), and a job
+deleted mid-run and queued again under its name with another input, one endpoint unusable (a
+wrong key), with Redis restarted in the middle. No output holds a wrong answer or another
+model's, and every job's counts equal its total. Real processes throughout."""
 
 from __future__ import annotations
 
 import contextlib
+import random
 import signal
 import subprocess
 from pathlib import Path
@@ -15,7 +17,7 @@ import msgspec
 import pytest
 import redis
 
-from swarm_queue.common.keys import Keys
+from swarm_queue.common.keys import Keys, lane_name
 from swarm_queue.sim.text import completion_for
 from tests.harness import MAX_TOKENS, Fleet, FleetFactory, command, wrong_key_endpoint
 from tests.helpers import wait_count
@@ -24,6 +26,16 @@ from tests.servers import redis_server
 
 def _questions(job: str, n: int) -> list[str]:
     return [f"{job}: what does record {i} of the survey say?" for i in range(n)]
+
+
+def _documents_asked(docs: int, questions: int) -> list[str]:
+    """Each of ``docs`` documents (long enough to carry an affinity key, short enough for the
+    fleet's context) before each of ``questions`` questions, shuffled: one line each."""
+    rng = random.Random(5)
+    texts = ["".join(rng.choice("abcdefgh ") for _ in range(1200)) for _ in range(docs)]
+    asked = [f"{t} Question {q}: what does it say?" for t in texts for q in range(questions)]
+    rng.shuffle(asked)
+    return asked
 
 
 def _write(path: Path, prompts: list[str]) -> Path:
@@ -58,6 +70,7 @@ def test_jobs_of_two_models_a_broken_endpoint_a_requeued_job_and_a_redis_restart
         plain_in = _questions("plain", 6000)
         other_in = _questions("other", 2000)
         old_in, new_in = _questions("old", 3000), _questions("new", 3000)
+        affine_in = _documents_asked(40, 8)
 
         # Yesterday's job kept the answers to the first 1,000 of today's cached questions.
         _enqueue(fleet, _write(tmp_path / "warm.txt", cached_in[:1000]), "warm", *cache_args)
@@ -67,6 +80,7 @@ def test_jobs_of_two_models_a_broken_endpoint_a_requeued_job_and_a_redis_restart
         _enqueue(fleet, _write(tmp_path / "cached.txt", cached_in), "cached", *cache_args)
         _enqueue(fleet, _write(tmp_path / "plain.txt", plain_in), "plain", "--model", "m")
         _enqueue(fleet, _write(tmp_path / "other.txt", other_in), "other", "--model", "n")
+        _enqueue(fleet, _write(tmp_path / "affine.txt", affine_in), "affine", "--model", "m")
         _enqueue(fleet, _write(tmp_path / "reused.txt", old_in), "reused", "--model", "m")
         locked = stack.enter_context(wrong_key_endpoint())
         broken = fleet.worker("w1", [0], burst=False, SWARM_ENDPOINTS=f"{fleet.url(0)},{locked}")
@@ -80,7 +94,9 @@ def test_jobs_of_two_models_a_broken_endpoint_a_requeued_job_and_a_redis_restart
             _enqueue(fleet, _write(tmp_path / "new.txt", new_in), "reused", "--model", "m")
         finally:
             fleet.sim.send_signal(signal.SIGCONT)
-        collectors = {job: fleet.collect(job) for job in ("cached", "plain", "other", "reused")}
+        collectors = {
+            job: fleet.collect(job) for job in ("cached", "plain", "other", "affine", "reused")
+        }
 
         # Redis restarts mid-run (AOF on, the same data back).
         wait_count("work after the requeue", lambda: fleet.done("plain"), 1000)
@@ -99,11 +115,18 @@ def test_jobs_of_two_models_a_broken_endpoint_a_requeued_job_and_a_redis_restart
         assert healthy.wait(timeout=60) == 0
         with redis.Redis.from_url(server.url) as client:
             metas = {j: client.hgetall(keys.meta(j)) for j in collectors}
+            owners = client.hgetall(keys.owners("affine"))
     finally:
         stack.close()
         server.close()
 
-    jobs = {"cached": cached_in, "plain": plain_in, "other": other_in, "reused": new_in}
+    jobs = {
+        "cached": cached_in,
+        "plain": plain_in,
+        "other": other_in,
+        "affine": affine_in,
+        "reused": new_in,
+    }
     for job, prompts in jobs.items():
         lines = [
             msgspec.json.decode(x)
@@ -122,6 +145,11 @@ def test_jobs_of_two_models_a_broken_endpoint_a_requeued_job_and_a_redis_restart
         meta = metas[job]
         done, failed = int(meta[b"done"]), int(meta.get(b"failed", 0))
         assert (done, failed) == (len(prompts), 0), job
+    # Each document was given to a live endpoint of its model: never the unusable one, nor
+    # the other model's.
+    given = {v for k, v in owners.items() if not k.startswith(b"#")}
+    assert len([k for k in owners if not k.startswith(b"#")]) == 40
+    assert given and given <= {lane_name(fleet.url(0)).encode(), lane_name(fleet.url(1)).encode()}
     # The cached job took its first thousand answers from the cache, and only those.
     cached_lines = [
         msgspec.json.decode(x) for x in (tmp_path / "cached.jsonl").read_bytes().split(b"\n") if x
