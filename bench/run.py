@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import json
 import platform
 import signal
@@ -776,6 +777,9 @@ def main() -> None:
         help="where the figures go as JSON (default: bench/out/smoke.json or results.json)",
     )
     args = p.parse_args()
+    if not args.smoke and importlib.util.find_spec("matplotlib") is None:
+        # Found out at once, not after the scenarios have run (their plots come last).
+        p.error("the report's plots need matplotlib: pip install -e '.[bench]'")
     # A run stopped with SIGTERM unwinds like an interrupted one: every scenario's finally
     # stops its workers and simulators (else they outlive the run and load the machine).
     signal.signal(signal.SIGTERM, _exit_on_term)
