@@ -203,7 +203,7 @@ async def test_a_shuffled_documents_job_computes_each_document_about_once_in_the
     question's tail aside); without, about as many times as engines it reaches. Every answer
     is the engine's own for its prompt, in its place."""
     if not affinity:
-        monkeypatch.setattr(Affinities, "keys", lambda self, texts, ahead: [""] * len(texts))
+        monkeypatch.setattr(Affinities, "keys_of", lambda self, texts, ahead: [""] * len(texts))
     docs = documents(40, 4000)
     asked = questions(docs, 8)
     await enqueue_prompts(

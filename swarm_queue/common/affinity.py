@@ -25,8 +25,9 @@ from __future__ import annotations
 import hashlib
 from collections import OrderedDict
 from collections.abc import Sequence
+from typing import NamedTuple
 
-__all__ = ["BLOCK_CHARS", "LEVELS", "MAX_GROUP", "Affinities"]
+__all__ = ["BLOCK_CHARS", "LEVELS", "MAX_GROUP", "Affinities", "Levels", "levels"]
 
 # About 16 tokens of text (4 characters a token): vLLM's default block.
 BLOCK_CHARS = 64
@@ -38,8 +39,16 @@ MAX_GROUP = 128
 REMEMBERED = 200_000
 
 
-def _levels(text: str) -> list[bytes]:
-    """The digests of ``text``'s leading levels (those it reaches whole)."""
+class Levels(NamedTuple):
+    """A text's length, and the digests of its leading levels (those it reaches whole: with
+    none, it can carry no key)."""
+
+    chars: int
+    digests: list[bytes]
+
+
+def levels(text: str) -> Levels:
+    """``text``'s :class:`Levels`."""
     digest = hashlib.blake2b(digest_size=12)
     out: list[bytes] = []
     done = 0
@@ -50,7 +59,7 @@ def _levels(text: str) -> list[bytes]:
         digest.update(text[done:end].encode())
         done = end
         out.append(digest.copy().digest())
-    return out
+    return Levels(len(text), out)
 
 
 class Affinities:
@@ -61,33 +70,32 @@ class Affinities:
         self._seen: OrderedDict[bytes, int] = OrderedDict()  # digest -> prompts seen with it
         self._remembered = remembered
 
-    @staticmethod
-    def may_key(texts: Sequence[str]) -> bool:
-        """Whether any of ``texts`` is long enough to carry a key (the shortest level whole)."""
-        return any(len(t) >= LEVELS[0] * BLOCK_CHARS for t in texts)
-
     def keys(self, texts: Sequence[str], ahead: Sequence[str] = ()) -> list[str]:
         """Each text's key ("" for none), given every text before them and the texts ``ahead``
         of them (the next chunk's: a prompt whose siblings all come later still finds one)."""
-        levels = [_levels(t) for t in texts]
+        return self.keys_of([levels(t) for t in texts], [levels(t) for t in ahead])
+
+    def keys_of(self, texts: Sequence[Levels], ahead: Sequence[Levels] = ()) -> list[str]:
+        """:meth:`keys` of texts by their :func:`levels` (a text's computed once, though it is
+        read as the chunk ahead of one chunk, then as its own)."""
         chunk: dict[bytes, int] = {}
-        for digests in [*levels, *map(_levels, ahead)]:
+        for _, digests in [*texts, *ahead]:
             for d in digests:
                 chunk[d] = chunk.get(d, 0) + 1
         out: list[str] = []
         members: dict[bytes, int] = {}  # prompts given each key so far, earlier chunks' too
-        for text, digests in zip(texts, levels, strict=True):
+        for chars, digests in texts:
             key = ""
             for depth in range(len(digests) - 1, -1, -1):
                 d = digests[depth]
                 if chunk[d] + self._seen.get(d, 0) < 2:
                     continue
-                if 2 * LEVELS[depth] * BLOCK_CHARS >= len(text):
+                if 2 * LEVELS[depth] * BLOCK_CHARS >= chars:
                     group = members[d] = members.get(d, self._seen.get(d, 0)) + 1
                     key = f"{d.hex()}.{(group - 1) // MAX_GROUP}"
                 break
             out.append(key)
-        for digests in levels:
+        for _, digests in texts:
             for d in digests:
                 self._seen[d] = self._seen.get(d, 0) + 1
                 self._seen.move_to_end(d)

@@ -21,7 +21,7 @@ from typing import NamedTuple
 
 import msgspec
 
-from swarm_queue.common.affinity import Affinities
+from swarm_queue.common.affinity import Affinities, Levels, levels
 from swarm_queue.common.chat import Message
 from swarm_queue.common.errors import (
     ConfigError,
@@ -161,12 +161,13 @@ async def enqueue_prompts(
 
 class _Chunk(NamedTuple):
     """Prompts read and not yet queued: their items, the input's digest and count after them,
-    and their texts as the engines will read them (for their affinity keys; none when off)."""
+    and the levels of their texts as the engines will read them (for their affinity keys;
+    none when off)."""
 
     items: list[PromptItem]
     digest: str
     upto: int
-    texts: list[str]
+    levels: list[Levels]
 
 
 class _Feeder:
@@ -244,9 +245,9 @@ class _Feeder:
                     read = self._chunk(buf, digest.value, count)
                     buf = []
                     if held is not None:
-                        added += await self._flush(held, read.texts)
+                        added += await self._flush(held, read.levels)
                         held = None
-                    if self.affinities is not None and self.affinities.may_key(read.texts):
+                    if any(digests for _, digests in read.levels):  # some may carry a key
                         held = read
                     else:
                         added += await self._flush(read)
@@ -278,34 +279,37 @@ class _Feeder:
         return PromptItem.of(index, prompt, custom_id, own[0] if own else None)
 
     def _chunk(self, items: list[PromptItem], digest: str, upto: int) -> _Chunk:
-        """``items`` as a chunk, their texts rendered if their affinity keys are wanted."""
-        texts = []
+        """``items`` as a chunk, the levels of their texts read if their affinity keys are
+        wanted."""
+        leveled: list[Levels] = []
         if self.affinities is not None:
-            texts = [
-                msgspec.json.encode(it.messages).decode()
-                if it.messages
-                else self.spec.render(it.prompt)
+            leveled = [
+                levels(
+                    msgspec.json.encode(it.messages).decode()
+                    if it.messages
+                    else self.spec.render(it.prompt)
+                )
                 for it in items
             ]
-        return _Chunk(items, digest, upto, texts)
+        return _Chunk(items, digest, upto, leveled)
 
     async def _flush_rest(
         self, held: _Chunk | None, buf: list[PromptItem], digest: str, upto: int
     ) -> int:
         """Queue what is left at the input's end: the chunk held back, then the last prompts."""
         rest = self._chunk(buf, digest, upto) if buf else None
-        added = await self._flush(held, rest.texts if rest else []) if held else 0
+        added = await self._flush(held, rest.levels if rest else []) if held else 0
         return added + (await self._flush(rest) if rest else 0)
 
-    async def _flush(self, chunk: _Chunk, ahead: list[str] | None = None) -> int:
-        """Queue one chunk, its prompts' affinity keys given the texts ``ahead`` of it, once the
+    async def _flush(self, chunk: _Chunk, ahead: list[Levels] | None = None) -> int:
+        """Queue one chunk, its prompts' affinity keys given the prompts ``ahead`` of it, once the
         window and Redis's memory leave room for it and its answers; then refresh the lock and
         show progress. How many prompts it held. A resumed producer's keys start from the
         prompts it queues, not those before: only where the prompts are answered can differ,
         never an answer."""
-        items, digest, upto, texts = chunk
+        items, digest, upto, leveled = chunk
         gen = await self.ensure_created()
-        keys = self.affinities.keys(texts, ahead or []) if self.affinities is not None else []
+        keys = self.affinities.keys_of(leveled, ahead or []) if self.affinities is not None else []
         while True:
             if self.window is not None:
                 await _wait_for_room(self.store, self.job, self.token, upto, self.window)

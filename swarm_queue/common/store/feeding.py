@@ -63,8 +63,9 @@ class Feeding(StoreBase):
             return
         # Keys only where some prompt has one: an argument more a prompt is the Redis client's
         # time (the producer's CPU, scenario 4).
-        args: list[Any] = [items[0].index, digest, gen, "1" if any(affinity) else "0"]
-        if any(affinity):
+        keyed = any(affinity)
+        args: list[Any] = [items[0].index, digest, gen, "1" if keyed else "0"]
+        if keyed:
             for item, key in zip(items, affinity, strict=True):
                 args += [encode(item), key]
         else:
