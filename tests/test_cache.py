@@ -89,6 +89,10 @@ def test_only_deterministic_requests_of_cached_jobs_with_a_model_are_cached() ->
     # A prompt's own settings decide for it (an OpenAI batch line's).
     own = PromptItem(0, "hello", None, None, GREEDY)
     assert answer_key(_spec(params=sampled), own) is not None
+    # One kept answer is one text: a line asking for several samples is never kept.
+    seeded = SamplingParams(max_tokens=16, temperature=0.7, seed=1, n=3)
+    assert answer_key(_spec(), PromptItem(0, "hello", None, None, seeded)) is None
+    assert answer_key(_spec(params=seeded, cache_sampled=True), item) is None
 
     with pytest.raises(ConfigError, match=r"the cache needs a model \(--model NAME, or model=\)"):
         check_cache_spec(_spec(model=None))

@@ -395,7 +395,7 @@ async def test_openai_batch_lines_are_sent_with_their_own_fields_and_still_list_
 @pytest.mark.parametrize(
     ("line", "chat", "template", "message"),
     [
-        (_batch_line(0, n=2), False, None, r"body.n=2 is not supported \(one answer per line"),
+        (_batch_line(0, n=0), False, None, r"body: samples \(n\) must be 1\.\.256, got 0"),
         (_batch_line(0, stream=True), False, None, "body.stream=True is not supported"),
         (_batch_line(0, logprobs=3), False, None, "body.logprobs is not supported"),
         (_batch_line(0, temperature=-1), False, None, "temperature must be a finite number"),

@@ -76,7 +76,7 @@ def test_sampling_settings_are_checked_by_name() -> None:
         build_spec("j", JobOptions(samples=3, per_prompt="mode"), source="t")
     with pytest.raises(ConfigError, match="name the embeddings model"):
         build_spec("j", JobOptions(samples=3, per_prompt="semantic-entropy"), source="t")
-    with pytest.raises(ConfigError, match=r"samples must be 1\.\.256, got 0"):
+    with pytest.raises(ConfigError, match=r"samples \(n\) must be 1\.\.256, got 0"):
         build_spec("j", JobOptions(samples=0), source="t")
     with pytest.raises(ConfigError, match="not with --samples"):
         build_spec("j", JobOptions(samples=3, cache=True, model="m", seed=1), source="t")

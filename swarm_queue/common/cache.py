@@ -92,13 +92,13 @@ def check_cache_spec(spec: JobSpec) -> str | None:
 
 def answer_key(spec: JobSpec, item: PromptItem) -> str | None:
     """The cache key of ``item``'s answer (its request's key, see :mod:`common.request`), or
-    None when it is not to be cached: its job does not use the cache, names no model, or the
-    request is sampled without ``cache_sampled``."""
+    None when it is not to be cached: its job does not use the cache, names no model, the
+    request is sampled without ``cache_sampled``, or it asks for several samples."""
     if not spec.cache or spec.model is None:
         return None
     request = render(spec, item)
-    if not (spec.cache_sampled or deterministic(request.params)):
-        return None
+    if not (spec.cache_sampled or deterministic(request.params)) or (request.params.n or 1) > 1:
+        return None  # (an answer kept is one text: never a request's several samples)
     return request_key(request)
 
 

@@ -105,7 +105,7 @@ class SamplingParams(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unk
         if self.seed is not None and not -(2**63) <= self.seed < 2**63:
             raise ConfigError(f"seed must fit in 64 bits, got {self.seed}")
         if self.n is not None and not 1 <= self.n <= MAX_SAMPLES:
-            raise ConfigError(f"samples must be 1..{MAX_SAMPLES}, got {self.n}")
+            raise ConfigError(f"samples (n) must be 1..{MAX_SAMPLES}, got {self.n}")
 
     def extra(self) -> dict[str, Any]:
         """Every parameter besides ``max_tokens`` that is set, as request fields."""
@@ -364,6 +364,8 @@ class Result(msgspec.Struct, frozen=True, omit_defaults=True):
     # Every sample of a prompt sampled several times (``text``: the first, or the answer its
     # per-prompt reduce chose), and what that reduce made of them.
     samples: list[str] | None = None
+    # Each sample's finish reason, in the order of ``samples``.
+    finishes: list[str | None] | None = None
     value: dict[str, Any] | None = None
     # An answer that asks for tools instead of answering (an agent's turn): no text.
     tool_calls: list[ToolCall] | None = None

@@ -8,7 +8,7 @@ Accepted lines:
   ``body.prompt`` or ``body.messages`` holds the prompt. A single user message is a plain prompt
   (fit for list batching); a longer conversation (a system prompt, earlier turns) is kept whole
   for a ``--chat`` job. The body's own request fields (``model``, ``max_tokens``,
-  ``temperature``, ``top_p``, ``stop``, ``seed``...) are kept for that prompt
+  ``temperature``, ``top_p``, ``stop``, ``seed``, ``n``...) are kept for that prompt
   (:data:`LINE_FIELDS`); fields swarm-queue cannot honour are refused, never ignored.
 
 Blank lines are skipped. Every other line must yield one non-empty prompt, or the reader raises
@@ -58,9 +58,10 @@ LINE_FIELDS = {
     "stop": "stop",
     "seed": "seed",
     "response_format": "response_format",
+    "n": "n",
 }
 # Fields accepted with no effect on the answer (OpenAI's end-user tag) or only at their default.
-_HARMLESS = {"user": None, "n": 1, "stream": False, "encoding_format": "float"}
+_HARMLESS = {"user": None, "stream": False, "encoding_format": "float"}
 
 Route = Literal["completions", "chat", "embeddings"]
 
@@ -113,7 +114,7 @@ def _request_fields(body: dict[str, Any]) -> dict[str, Any]:
             if key != "user" and value not in (None, _HARMLESS[key]):
                 raise ValueError(
                     f"OpenAI batch line: body.{key}={value!r} is not supported "
-                    "(one answer per line, no streaming)"
+                    "(a batch's answers are not streamed)"
                 )
             continue
         if key not in LINE_FIELDS:

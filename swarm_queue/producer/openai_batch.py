@@ -3,7 +3,8 @@
 
 A success is ``{"id", "custom_id", "response": {"status_code": 200, "request_id", "body"},
 "error": null}`` with a ``text_completion`` (for a chat job, ``chat.completion``; for an
-embeddings job, a ``list`` of one ``embedding``) body. A
+embeddings job, a ``list`` of one ``embedding``) body, a choice per sample of a line asked
+with ``n``. A
 failure has the shape vLLM's ``run-batch`` writes: ``"response": {"status_code", "request_id",
 "body": null}`` and an error object ``{"object": "error", "message", "type", "param", "code"}``
 whose ``type`` is swarm-queue's failure kind (``rejected``, ``cancelled``...) and ``code`` the
@@ -73,23 +74,32 @@ def _body(job: str, r: Result, chat: bool, created: int) -> dict[str, Any]:
             "completion_tokens": r.usage.completion_tokens,
             "total_tokens": r.usage.prompt_tokens + r.usage.completion_tokens,
         }
+    # A line asked with ``n``: a choice per sample, each with its own finish reason.
+    texts = r.samples if r.samples is not None else [r.text]
+    ends = r.finishes if r.finishes is not None else [r.finish_reason] * len(texts)
     if chat:
-        choice: dict[str, Any] = {
-            "index": 0,
-            "message": {"role": "assistant", "content": r.text},
-            "logprobs": None,
-            "finish_reason": r.finish_reason,
-        }
+        choices: list[dict[str, Any]] = [
+            {
+                "index": i,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": None,
+                "finish_reason": end,
+            }
+            for i, (text, end) in enumerate(zip(texts, ends, strict=True))
+        ]
         kind, prefix = "chat.completion", "chatcmpl"
     else:
-        choice = {"index": 0, "text": r.text, "logprobs": None, "finish_reason": r.finish_reason}
+        choices = [
+            {"index": i, "text": text, "logprobs": None, "finish_reason": end}
+            for i, (text, end) in enumerate(zip(texts, ends, strict=True))
+        ]
         kind, prefix = "text_completion", "cmpl"
     return {
         "id": f"{prefix}-{job}-{r.index}",
         "object": kind,
         "created": created,
         "model": r.model,
-        "choices": [choice],
+        "choices": choices,
         "usage": usage,
     }
 

@@ -376,6 +376,7 @@ class BatchRunner:
                 custom_id=item.custom_id,
                 model=body.model,
                 samples=[c.message.content or "" for c in body.choices] if n > 1 else None,
+                finishes=[c.finish_reason for c in body.choices] if n > 1 else None,
             )
 
         async def told(item: PromptItem, request: Request) -> Result:

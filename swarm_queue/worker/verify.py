@@ -103,6 +103,7 @@ def map_choices(
                 custom_id=item.custom_id,
                 model=body.model,
                 samples=[c.text for c in picked if c is not None] if n > 1 else None,
+                finishes=[c.finish_reason for c in picked if c is not None] if n > 1 else None,
             )
         )
     return out
