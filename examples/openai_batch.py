@@ -6,7 +6,7 @@ upload it, create the batch, poll it, download its output (and error) file.
 The gateway is ``$OPENAI_BASE_URL`` (``swarm-gateway``'s ``http://HOST:8080/v1``), the key
 ``$OPENAI_API_KEY`` (one of the gateway's keys; any word when it has none). Each line of
 ``requests.jsonl`` is ``{"custom_id", "method": "POST", "url", "body"}`` for one of
-``/v1/completions``, ``/v1/chat/completions``, ``/v1/embeddings``.
+``/v1/completions``, ``/v1/chat/completions``, ``/v1/embeddings``, ``/v1/responses``.
 """
 
 from __future__ import annotations

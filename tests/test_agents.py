@@ -166,7 +166,7 @@ async def test_an_agent_goes_on_the_moment_its_turn_is_answered_not_with_its_bat
 
     async with sim_fleet(1, tool_parser="hermes") as fleet:
         sim = fleet.endpoints[0]
-        answer = sim._chat_complete
+        answer = sim.chat_answer
 
         async def held(req: Any) -> Any:
             # The last agent's turn is answered only once another agent of its batch has
@@ -181,7 +181,7 @@ async def test_an_agent_goes_on_the_moment_its_turn_is_answered_not_with_its_bat
                 ended_before.append(k)
             return await answer(req)
 
-        sim._chat_complete = held  # type: ignore[method-assign]
+        sim.chat_answer = held  # type: ignore[method-assign]
         await run_engine(make_settings(batch_size=n), store, fleet.urls)
     assert (await store.status("ag", rate=False)).done == n
     # Agents of its batch ended while its last agent's turn was still being answered.

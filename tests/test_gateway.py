@@ -249,11 +249,11 @@ def test_an_input_that_fails_validation_fails_the_batch_naming_each_line(
         with pytest.raises(openai.BadRequestError) as bad:
             client.batches.create(
                 input_file_id=file_id,
-                endpoint="/v1/responses",
+                endpoint="/v1/moderations",
                 completion_window="24h",
             )
         assert bad.value.status_code == 400
-        assert "endpoint '/v1/responses' is not supported" in bad.value.message
+        assert "endpoint '/v1/moderations' is not supported" in bad.value.message
         with pytest.raises(openai.BadRequestError, match="completion_window"):
             client.batches.create(
                 input_file_id=file_id,

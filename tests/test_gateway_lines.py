@@ -95,3 +95,63 @@ def test_lines_asked_with_n_get_n_choices_and_a_greedy_one_fails_alone_with_vllm
             assert x["response"]["body"]["usage"]["completion_tokens"] == sum(
                 t for _, t, _ in samples
             )
+
+
+def test_responses_lines_are_answered_as_the_responses_api_writes_them(
+    fleet_factory: FleetFactory, tmp_path: Path
+) -> None:
+    fleet = fleet_factory(2)
+    fleet.worker("w", [0, 1], burst=False)
+    long = 7  # over the context: refused alone, in the engine's words
+
+    def line(i: int) -> dict[str, Any]:
+        said: Any = f"Weigh finding {i}." if i != long else "p" * 3000
+        if i % 2:  # a conversation with instructions, content as input_text parts
+            said = [{"role": "user", "content": [{"type": "input_text", "text": said}]}]
+        body = {"input": said, "max_output_tokens": MAX_TOKENS, "temperature": 0}
+        return _line("/v1/responses", i, body | ({"instructions": "Be brief."} if i % 2 else {}))
+
+    def seen(i: int) -> str:
+        """What the model reads (swarm-sim's stand-in chat template)."""
+        system = "<|system|>\nBe brief.\n" if i % 2 else ""
+        return f"{system}<|user|>\nWeigh finding {i}.\n<|assistant|>\n"
+
+    with gw.gateway(fleet.env, tmp_path) as (_, port, _log):
+        client = gw.client(port)
+        lines = [line(i) for i in range(12)]
+        batch = client.batches.create(
+            input_file_id=gw.upload(client, tmp_path, "r.jsonl", lines),
+            endpoint="/v1/responses",
+            completion_window="24h",
+        )
+        done = gw.wait_over(client, batch.id)
+        assert done.status == "completed"
+        assert (done.request_counts.completed, done.request_counts.failed) == (11, 1)
+        out = gw.file_lines(client, done.output_file_id)
+        assert sorted(x["custom_id"] for x in out) == sorted(
+            f"line-{i}" for i in range(12) if i != long
+        )
+        for x in out:
+            i = int(x["custom_id"].split("-")[1])
+            text, tokens, finish = sample_for(seen(i), MAX_TOKENS, 0)
+            body = x["response"]["body"]
+            assert body["object"] == "response"
+            assert body["status"] == ("incomplete" if finish == "length" else "completed")
+            [message] = body["output"]
+            assert (message["type"], message["role"]) == ("message", "assistant")
+            assert [(c["type"], c["text"]) for c in message["content"]] == [
+                ("output_text", text.lstrip())
+            ]
+            usage = body["usage"]
+            assert (usage["input_tokens"], usage["output_tokens"]) == (
+                count_tokens(seen(i)), tokens,
+            )  # fmt: skip
+            assert usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"]
+        [error] = gw.file_lines(client, done.error_file_id)
+        assert error["custom_id"] == f"line-{long}"
+        assert error["response"]["status_code"] == 400
+        assert error["error"]["message"].startswith("You passed ")
+        assert done.usage is not None
+        assert done.usage.output_tokens == sum(
+            x["response"]["body"]["usage"]["output_tokens"] for x in out
+        )

@@ -7,6 +7,7 @@ import io
 import msgspec
 
 from swarm_queue.common.models import Result, Usage
+from swarm_queue.common.request import Route
 from swarm_queue.common.store import JobStore
 from swarm_queue.producer.enqueue import enqueue_prompts
 from swarm_queue.producer.openai_batch import openai_line
@@ -48,7 +49,7 @@ def test_a_success_is_a_200_response_with_a_completion_body() -> None:
 
 def test_a_chat_job_gets_chat_completion_bodies() -> None:
     r = Result(index=0, text="Hi.", finish_reason="stop", model="m")
-    body = msgspec.json.decode(openai_line("c", r, chat=True, created=1))["response"]["body"]
+    body = msgspec.json.decode(openai_line("c", r, route=Route.CHAT, created=1))["response"]["body"]
     assert body["object"] == "chat.completion"
     assert body["choices"] == [
         {

@@ -41,7 +41,7 @@ __all__ = [
 ]
 
 # The endpoints a batch may name, as OpenAI spells them.
-ENDPOINTS = ("/v1/completions", "/v1/chat/completions", "/v1/embeddings")
+ENDPOINTS = ("/v1/completions", "/v1/chat/completions", "/v1/embeddings", "/v1/responses")
 
 
 class BatchStatus(StrEnum):

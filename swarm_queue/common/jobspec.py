@@ -49,6 +49,9 @@ class JobOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     response_format: dict[str, object] | None = None
     structured_outputs: dict[str, object] | None = None
     chat: bool = False
+    # Send each prompt to /v1/responses (OpenAI's Responses API) rather than chat: a chat job
+    # whose conversations are the requests' input.
+    responses: bool = False
     # Embed each prompt (/v1/embeddings) instead of generating an answer.
     embed: bool = False
     # The text each prompt is put into, at {prompt} (a chat template written out).
@@ -81,6 +84,7 @@ class JobSettings(TypedDict, total=False):
     response_format: dict[str, object] | None
     structured_outputs: dict[str, object] | None
     chat: bool
+    responses: bool
     embed: bool
     template: str | None
     schema: dict[str, object] | None
@@ -102,7 +106,15 @@ def options_from(settings: Mapping[str, Any]) -> JobOptions:
 
 
 # The settings an embeddings job cannot have: they shape a generated answer, which it has none of.
-_NOT_FOR_EMBED = ("chat", "schema", "response_format", "structured_outputs", "stop", "reduce")
+_NOT_FOR_EMBED = (
+    "chat",
+    "responses",
+    "schema",
+    "response_format",
+    "structured_outputs",
+    "stop",
+    "reduce",
+)
 
 
 def _check_embed(options: JobOptions) -> None:
@@ -145,10 +157,27 @@ def _per_prompt(options: JobOptions) -> PerPrompt | None:
     )
 
 
+# What /v1/responses does not take (its sampling is temperature, top_p and max_output_tokens).
+_NOT_FOR_RESPONSES = ("stop", "seed", "response_format", "structured_outputs", "embed")
+
+
+def _check_responses(options: JobOptions) -> None:
+    given = [name for name in _NOT_FOR_RESPONSES if getattr(options, name)]
+    if options.samples != 1:
+        given.append("samples")
+    if given:
+        raise ConfigError(
+            f"a responses job (responses) has no {', '.join(given)}: /v1/responses takes a "
+            "conversation, max_output_tokens, temperature and top_p"
+        )
+
+
 def _request(options: JobOptions) -> RequestKind:
     """What the prompts of a job of ``options`` are sent as."""
     if options.embed:
         return Embedding()
+    if options.responses:
+        return Chat(template=options.template, api="responses")
     if options.chat:
         return Chat(template=options.template)
     return Completion(template=options.template)
@@ -166,6 +195,8 @@ def build_spec(
         raise ConfigError("the template has no {prompt} to fill in")
     if options.embed:
         _check_embed(options)
+    if options.responses:
+        _check_responses(options)
     per_prompt = _per_prompt(options)
     if options.samples > 1 and options.temperature == 0:
         # vLLM refuses it (400 "n must be 1 when using greedy sampling"): every prompt failed.

@@ -12,7 +12,7 @@ import math
 import sys
 import time
 from array import array
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
@@ -172,11 +172,13 @@ class Chat(
     chat API takes them (``{"type": "function", "function": {...}}``): an answer may be tool
     calls instead of text; ``tool_choice`` is sent with them (``"required"``, ``"none"``,
     ``{"type": "function", "function": {"name": ...}}``; None: not sent, the server's
-    default, ``"auto"``)."""
+    default, ``"auto"``). ``api`` "responses": each conversation goes to /v1/responses
+    (OpenAI's Responses API, its ``input``) instead, and is answered the same."""
 
     template: str | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
+    api: Literal["chat", "responses"] = "chat"
 
 
 class Embedding(msgspec.Struct, frozen=True, omit_defaults=True, tag_field="kind", tag=True):

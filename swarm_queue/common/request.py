@@ -1,6 +1,6 @@
-"""What is sent for one prompt, decided in one place: the route (completions or chat), the text
-or the messages, the sampling settings, whether the server adds its special tokens; and the
-key that identifies its answer.
+"""What is sent for one prompt, decided in one place: the route (completions, chat, responses),
+the text or the messages, the sampling settings, whether the server adds its special tokens;
+and the key that identifies its answer.
 
 The batch runner sends what :func:`render` gives, the response cache keys its answers by
 :func:`request_key` of the same, and the OpenAI batch output names the job's :func:`route_of`:
@@ -27,6 +27,7 @@ class Route(StrEnum):
     COMPLETIONS = "completions"  # /v1/completions: one request may hold a list of prompts
     CHAT = "chat"  # /v1/chat/completions: one conversation a request
     EMBEDDINGS = "embeddings"  # /v1/embeddings: one request may hold a list of inputs
+    RESPONSES = "responses"  # /v1/responses: one conversation a request, as its input
 
 
 class Request(msgspec.Struct, frozen=True, array_like=True):
@@ -38,7 +39,7 @@ class Request(msgspec.Struct, frozen=True, array_like=True):
     route: str
     model: str | None
     text: str | None  # completions: the prompt, its job's template filled in
-    messages: list[dict[str, Any]] | None  # chat: the conversation
+    messages: list[dict[str, Any]] | None  # chat, responses: the conversation
     params: SamplingParams
     # The job's template is written out whole, its special tokens included: the server must
     # not add its own (vLLM's ``add_special_tokens``).
@@ -58,7 +59,9 @@ class Request(msgspec.Struct, frozen=True, array_like=True):
 def route_of(spec: JobSpec) -> Route:
     if spec.embed:
         return Route.EMBEDDINGS
-    return Route.CHAT if spec.chat else Route.COMPLETIONS
+    if isinstance(spec.request, Chat):
+        return Route.RESPONSES if spec.request.api == "responses" else Route.CHAT
+    return Route.COMPLETIONS
 
 
 def _tool_choice(spec: JobSpec) -> str | dict[str, Any] | None:
@@ -70,7 +73,7 @@ def render(spec: JobSpec, item: PromptItem) -> Request:
     route = route_of(spec)
     chat_tools = route is Route.CHAT and bool(spec.tools)
     messages = None
-    if route is Route.CHAT:
+    if route in (Route.CHAT, Route.RESPONSES):
         messages = (
             [m.as_openai() for m in item.messages]
             if item.messages is not None
@@ -79,7 +82,7 @@ def render(spec: JobSpec, item: PromptItem) -> Request:
     return Request(
         route=route,
         model=spec.model,
-        text=spec.render(item.prompt) if route is not Route.CHAT else None,
+        text=spec.render(item.prompt) if messages is None else None,
         messages=messages,
         params=item.params_in(spec),
         raw_template=spec.template is not None,

@@ -23,6 +23,7 @@ from swarm_queue.common.fleet import live_models, waiting_reason
 from swarm_queue.common.jobspec import build_spec
 from swarm_queue.common.keys import validate_job_name
 from swarm_queue.common.models import JobSpec, SamplingParams
+from swarm_queue.common.request import Route, route_of
 from swarm_queue.common.settings import Settings
 from swarm_queue.common.store import JobStore
 from swarm_queue.flows.bestof.flow import build_best_of
@@ -211,6 +212,15 @@ def prompt_of(p: Parsed, source: str, spec: JobSpec, memo: ParamsMemo | None = N
             p.line,
             f"a conversation of {len(p.messages)} messages needs --chat: /v1/completions takes "
             "one text per prompt (or write the conversation into a --template)",
+        )
+    responses = route_of(spec) is Route.RESPONSES
+    if (p.route == "responses") != responses and p.route is not None and not spec.embed:
+        raise InputError(
+            source,
+            p.line,
+            "a /v1/responses line needs a responses job (--responses)"
+            if p.route == "responses"
+            else f"a {p.route} line in a responses job (--responses)",
         )
     if p.route == "chat" and not spec.chat and spec.template is None:
         raise InputError(

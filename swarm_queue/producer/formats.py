@@ -17,7 +17,7 @@ import msgspec
 
 from swarm_queue.common.errors import ConfigError
 from swarm_queue.common.output import Column, JobOutput, Json, Vector
-from swarm_queue.common.request import Route, route_of
+from swarm_queue.common.request import route_of
 from swarm_queue.producer.lines import LineSink
 from swarm_queue.producer.openai_batch import openai_line
 from swarm_queue.producer.outfile import RowSink
@@ -50,8 +50,7 @@ def _json(output: JobOutput[Any]) -> Line:
 def _openai(output: JobOutput[Any]) -> Line:
     """OpenAI's batch output line of a plain job's result."""
     spec = output.steps[0]
-    route = route_of(spec)
-    return partial(openai_line, spec.job, chat=route == Route.CHAT, embed=route == Route.EMBEDDINGS)
+    return partial(openai_line, spec.job, route=route_of(spec))
 
 
 def _lines(line: Callable[[JobOutput[Any]], Line]) -> Callable[[str, JobOutput[Any]], RowSink[Any]]:

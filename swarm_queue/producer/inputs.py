@@ -60,16 +60,25 @@ LINE_FIELDS = {
     "response_format": "response_format",
     "n": "n",
 }
+# A /v1/responses body's request fields honoured per line (its ``input`` and ``instructions``
+# are the conversation).
+RESPONSES_FIELDS = {
+    "model": "model",
+    "max_output_tokens": "max_tokens",
+    "temperature": "temperature",
+    "top_p": "top_p",
+}
 # Fields accepted with no effect on the answer (OpenAI's end-user tag) or only at their default.
 _HARMLESS = {"user": None, "stream": False, "encoding_format": "float"}
 
-Route = Literal["completions", "chat", "embeddings"]
+Route = Literal["completions", "chat", "embeddings", "responses"]
 
 # The URLs an OpenAI batch line may name, and the route each is.
 _URLS: dict[str, Route] = {
     "/v1/completions": "completions",
     "/v1/chat/completions": "chat",
     "/v1/embeddings": "embeddings",
+    "/v1/responses": "responses",
 }
 
 
@@ -103,12 +112,13 @@ def detect_format(name: str, first_line: bytes | None) -> Literal["txt", "jsonl"
     return "txt"
 
 
-def _request_fields(body: dict[str, Any]) -> dict[str, Any]:
+def _request_fields(body: dict[str, Any], route: Route) -> dict[str, Any]:
     """The body's per-line request fields, by SamplingParams name; ValueError for a field
     that cannot be honoured."""
     fields: dict[str, Any] = {}
+    names = RESPONSES_FIELDS if route == "responses" else LINE_FIELDS
     for key, value in body.items():
-        if key in ("prompt", "messages", "input"):
+        if key in ("prompt", "messages", "input", "instructions"):
             continue
         if key in _HARMLESS:
             if key != "user" and value not in (None, _HARMLESS[key]):
@@ -117,15 +127,15 @@ def _request_fields(body: dict[str, Any]) -> dict[str, Any]:
                     "(a batch's answers are not streamed)"
                 )
             continue
-        if key not in LINE_FIELDS:
+        if key not in names:
             raise ValueError(
                 f"OpenAI batch line: body.{key} is not supported (supported: "
-                f"{', '.join(sorted(LINE_FIELDS))})"
+                f"{', '.join(sorted(names))})"
             )
         if key == "stop" and isinstance(value, str):
             value = [value]
         if value is not None:
-            fields[LINE_FIELDS[key]] = value
+            fields[names[key]] = value
     return fields
 
 
@@ -150,13 +160,16 @@ def prompt_from_json(obj: Any) -> Parsed:
     messages = None
     fields: dict[str, Any] | None = None
     route: Route | None = None
+    prompt: Any
     if "body" in obj:
         body = obj["body"]
         if not isinstance(body, dict):
             raise ValueError("OpenAI batch line: body must be an object")
         route = _route(obj, body)
-        fields = _request_fields(body) or None
-        if route == "embeddings":
+        fields = _request_fields(body, route) or None
+        if route == "responses":
+            prompt, messages = _response_input(body)
+        elif route == "embeddings":
             prompt = body.get("input")
             if isinstance(prompt, list):
                 raise ValueError("OpenAI batch line: body.input must be one string, not a list")
@@ -179,28 +192,53 @@ def prompt_from_json(obj: Any) -> Parsed:
     return Parsed(0, prompt, custom_id, messages, fields, route)
 
 
-def _conversation(raw: Any) -> tuple[str, tuple[Message, ...] | None]:
-    """The prompt of ``body.messages``, and the whole conversation unless it is a single user
-    message (which is an ordinary prompt, fit for list batching too)."""
+def _response_input(body: dict[str, Any]) -> tuple[str, tuple[Message, ...] | None]:
+    """The prompt of a /v1/responses body: its ``input`` (a text, or messages whose content is
+    a text or ``input_text`` parts) after its ``instructions`` (a system message, as the
+    engine puts them)."""
+    raw, instructions = body.get("input"), body.get("instructions")
+    if instructions is not None and not isinstance(instructions, str):
+        raise ValueError("OpenAI batch line: body.instructions must be a string")
+    items = [{"role": "user", "content": raw}] if isinstance(raw, str) else raw
+    if not isinstance(items, list):
+        raise ValueError("OpenAI batch line: body.input must be a string or a list of messages")
+    messages: list[Any] = [{"role": "system", "content": instructions}] if instructions else []
+    for i, item in enumerate(items):
+        if isinstance(item, dict) and item.get("type", "message") != "message":
+            raise ValueError(f"body.input[{i}]: only message items are supported")
+        content = item.get("content") if isinstance(item, dict) else None
+        if isinstance(content, list):  # content parts: text ones only
+            if not all(isinstance(c, dict) and c.get("type") == "input_text" for c in content):
+                raise ValueError(f"body.input[{i}].content: only input_text parts are supported")
+            item = {
+                "role": item.get("role"),
+                "content": "".join(str(c.get("text", "")) for c in content),
+            }
+        messages.append(item)
+    return _conversation(messages, "body.input")
+
+
+def _conversation(raw: Any, name: str = "body.messages") -> tuple[str, tuple[Message, ...] | None]:
+    """The prompt of ``body.messages`` (or a responses line's ``input``: ``name``), and the
+    whole conversation unless it is a single user message (which is an ordinary prompt, fit
+    for list batching too)."""
     if not isinstance(raw, list) or not raw:
-        raise ValueError("body.messages must be a non-empty list")
+        raise ValueError(f"{name} must be a non-empty list")
     messages = []
     for i, m in enumerate(raw):
         if not isinstance(m, dict):
-            raise ValueError(f"body.messages[{i}] must be an object")
+            raise ValueError(f"{name}[{i}] must be an object")
         role, content = m.get("role"), m.get("content")
         if role not in CHAT_ROLES:
-            raise ValueError(
-                f"body.messages[{i}].role {role!r}: expected one of {', '.join(CHAT_ROLES)}"
-            )
+            raise ValueError(f"{name}[{i}].role {role!r}: expected one of {', '.join(CHAT_ROLES)}")
         if not isinstance(content, str):
             raise ValueError(
-                f"body.messages[{i}].content must be a string (content parts are not supported)"
+                f"{name}[{i}].content must be a string (content parts are not supported)"
             )
         messages.append(Message(role, content))
     users = [m.content for m in messages if m.role == "user"]
     if not users:
-        raise ValueError("body.messages has no user message")
+        raise ValueError(f"{name} has no user message")
     if len(messages) == 1:
         return users[0], None
     return users[-1], tuple(messages)

@@ -88,6 +88,12 @@ def add_job_settings(p: argparse.ArgumentParser) -> None:
         "the model's chat template; no list batching)",
     )
     j.add_argument(
+        "--responses",
+        action="store_true",
+        help="send each prompt as its own /v1/responses request (OpenAI's Responses API, the "
+        "prompt or conversation as its input), answered as --chat is",
+    )
+    j.add_argument(
         "--embed",
         action="store_true",
         help="embed each prompt (/v1/embeddings, a list of inputs a request, --model an "

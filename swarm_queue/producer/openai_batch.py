@@ -3,8 +3,8 @@
 
 A success is ``{"id", "custom_id", "response": {"status_code": 200, "request_id", "body"},
 "error": null}`` with a ``text_completion`` (for a chat job, ``chat.completion``; for an
-embeddings job, a ``list`` of one ``embedding``) body, a choice per sample of a line asked
-with ``n``. A
+embeddings job, a ``list`` of one ``embedding``; for a responses job, a ``response``) body,
+a choice per sample of a line asked with ``n``. A
 failure has the shape vLLM's ``run-batch`` writes: ``"response": {"status_code", "request_id",
 "body": null}`` and an error object ``{"object": "error", "message", "type", "param", "code"}``
 whose ``type`` is swarm-queue's failure kind (``rejected``, ``cancelled``...) and ``code`` the
@@ -24,6 +24,7 @@ from typing import Any
 import msgspec
 
 from swarm_queue.common.models import Result
+from swarm_queue.common.request import Route
 from swarm_queue.common.vocab import FailureKind
 
 __all__ = ["BatchError", "BatchOutputLine", "BatchResponse", "openai_line"]
@@ -63,6 +64,46 @@ def _embedding_body(r: Result) -> dict[str, Any]:
         "model": r.model,
         # Unknown (a list counted by a server without /tokenize): null, never a 0 count.
         "usage": None if tokens is None else {"prompt_tokens": tokens, "total_tokens": tokens},
+    }
+
+
+def _response_body(job: str, r: Result, created: int) -> dict[str, Any]:
+    """A ``/v1/responses`` line's answer as vLLM writes it: one message item of one
+    ``output_text``, the response ``incomplete`` where it was cut at its ``max_output_tokens``
+    (the fields that echo the request left out)."""
+    usage = None
+    if r.usage is not None:
+        usage = {
+            "input_tokens": r.usage.prompt_tokens,
+            "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens": r.usage.completion_tokens,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": r.usage.prompt_tokens + r.usage.completion_tokens,
+        }
+    cut = r.finish_reason == "length"
+    text: dict[str, Any] = {
+        "type": "output_text",
+        "text": r.text,
+        "annotations": [],
+        "logprobs": None,
+    }
+    return {
+        "id": f"resp_{job}_{r.index}",
+        "object": "response",
+        "created_at": created,
+        "status": "incomplete" if cut else "completed",
+        "incomplete_details": {"reason": "max_output_tokens"} if cut else None,
+        "model": r.model,
+        "output": [
+            {
+                "id": f"msg_{job}_{r.index}",
+                "type": "message",
+                "role": "assistant",
+                "status": "completed",  # (vLLM's, even where the response is incomplete)
+                "content": [text],
+            }
+        ],
+        "usage": usage,
     }
 
 
@@ -116,18 +157,21 @@ def _status(r: Result) -> int:
 
 
 def openai_line(
-    job: str, r: Result, *, chat: bool = False, embed: bool = False, created: int | None = None
+    job: str, r: Result, *, route: Route = Route.COMPLETIONS, created: int | None = None
 ) -> bytes:
-    """One OpenAI Batch output line (newline included) for result ``r`` of ``job`` (a chat
-    job's: ``chat``; an embeddings job's: ``embed``)."""
+    """One OpenAI Batch output line (newline included) for result ``r`` of ``job``, whose
+    requests went to ``route``."""
     custom_id = r.custom_id if r.custom_id is not None else str(r.index)
     line_id = f"batch_req_{job}_{r.index}"
     status = _status(r)
     body = None
-    if status == 200 and embed:
+    when = int(time.time()) if created is None else created
+    if status == 200 and route is Route.EMBEDDINGS:
         body = _embedding_body(r)
+    elif status == 200 and route is Route.RESPONSES:
+        body = _response_body(job, r, when)
     elif status == 200:  # answered (a schema failure too: its text is kept)
-        body = _body(job, r, chat, int(time.time()) if created is None else created)
+        body = _body(job, r, route is Route.CHAT, when)
     error = None
     if not r.ok:
         error = BatchError(message=r.error or "", type=r.error_kind or "error", code=status)

@@ -64,6 +64,7 @@ from swarm_queue.sim.requests import (
     said,
     sample,
 )
+from swarm_queue.sim.responses import responses_routes
 from swarm_queue.sim.text import count_tokens, embedding_for
 from swarm_queue.sim.tools import call_id, choice_error, schema_answer, tool_call
 
@@ -136,7 +137,7 @@ class SimEndpoint:
             app.router.add_post("/v1/chat/completions", self._chat)
         if self.runner != "generate":
             app.router.add_post("/v1/embeddings", self._embeddings)
-        app.router.add_routes(info_routes(self))
+        app.router.add_routes([*info_routes(self), *responses_routes(self)])
         return app
 
     @property
@@ -234,7 +235,7 @@ class SimEndpoint:
         """``refusal`` as this server writes its errors."""
         return self.error_reply(*refusal)
 
-    async def _serve(
+    async def serve(
         self,
         request: web.Request,
         decoder: msgspec.json.Decoder[Any],
@@ -281,7 +282,7 @@ class SimEndpoint:
         self.prompt_tokens_total += prompt_tokens
 
     async def _completions(self, request: web.Request) -> web.StreamResponse:
-        return await self._serve(request, completion_decoder, self._complete)
+        return await self.serve(request, completion_decoder, self._complete)
 
     async def _complete(self, req: CompletionRequest) -> web.Response:
         prompts = [req.prompt] if isinstance(req.prompt, str) else req.prompt
@@ -308,7 +309,7 @@ class SimEndpoint:
         return self._answer(body, "choices", req.n)
 
     async def _embeddings(self, request: web.Request) -> web.StreamResponse:
-        return await self._serve(request, embedding_decoder, self._embed)
+        return await self.serve(request, embedding_decoder, self._embed)
 
     async def _embed(self, req: EmbeddingRequest) -> web.Response:
         texts = [req.input] if isinstance(req.input, str) else req.input
@@ -329,9 +330,9 @@ class SimEndpoint:
         return self._answer(embedding_body(req.model, vectors, sum(ptoks)), "data")
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
-        return await self._serve(request, chat_decoder, self._chat_complete)
+        return await self.serve(request, chat_decoder, self.chat_answer)
 
-    async def _chat_complete(self, req: ChatRequest) -> web.Response:
+    async def chat_answer(self, req: ChatRequest) -> web.Response:
         why = choice_error(
             req.tools, req.tool_choice, self.tool_parser is not None, self.auto_tool_choice
         )

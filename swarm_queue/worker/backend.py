@@ -72,6 +72,18 @@ class Backend(Protocol):
         ``tool_choice`` if given)."""
         ...
 
+    async def respond(
+        self,
+        model: str,
+        messages: list[dict[str, Any]],
+        params: SamplingParams,
+        *,
+        timeout_s: float | None = None,
+    ) -> ChatBody:
+        """One Responses API request of one conversation (its ``input``), its answer read as
+        a chat answer's one choice (a server without the route: :class:`RouteMissing`)."""
+        ...
+
     async def embed(
         self, model: str, texts: list[str], *, timeout_s: float | None = None
     ) -> EmbeddingBody:

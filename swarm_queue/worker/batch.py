@@ -120,7 +120,7 @@ class BatchRunner:
         if spec.embed:
             return await self._embed(spec, model, items, prior, tally, dim)
         requests = [render(spec, it) for it in items]
-        if requests[0].route == Route.CHAT:
+        if requests[0].route in (Route.CHAT, Route.RESPONSES):
             return await self._chat(spec, model, items, requests, prior, tally, early)
         prompts = [r.text or "" for r in requests]
         # Every sample is a sequence of its own to the engine.
@@ -303,9 +303,9 @@ class BatchRunner:
         tally: Tally,
         early: Callable[[Result], None] | None = None,
     ) -> list[Result]:
-        """A batch of a chat job: one chat request per prompt, all in flight at once (chat
-        has no list form); a rejected prompt fails alone. Each result goes to ``early`` the
-        moment it is final."""
+        """A batch of a chat job: one chat (or responses) request per prompt, all in flight
+        at once (chat has no list form); a rejected prompt fails alone. Each result goes to
+        ``early`` the moment it is final."""
 
         async def one(item: PromptItem, request: Request) -> Result:
             messages, params, tools = request.messages or [], request.params, request.tools
@@ -315,9 +315,12 @@ class BatchRunner:
             n = params.n or 1
 
             async def call() -> ChatBody:
-                body = await self.client.chat(
-                    model, messages, params, timeout_s=timeout, tools=tools, tool_choice=choose
-                )
+                if request.route == Route.RESPONSES:
+                    body = await self.client.respond(model, messages, params, timeout_s=timeout)
+                else:
+                    body = await self.client.chat(
+                        model, messages, params, timeout_s=timeout, tools=tools, tool_choice=choose
+                    )
                 check_choice_indices(
                     self.client.label, [c.index for c in body.choices], n, samples=n
                 )

@@ -34,7 +34,14 @@ from swarm_queue.common.errors import (
 )
 from swarm_queue.common.models import SamplingParams
 from swarm_queue.common.redisurl import mask_url
-from swarm_queue.worker.replies import ChatBody, CompletionBody, EmbeddingBody, Load, ModelInfo
+from swarm_queue.worker.replies import (
+    ChatBody,
+    CompletionBody,
+    EmbeddingBody,
+    Load,
+    ModelInfo,
+    ResponsesBody,
+)
 
 T = TypeVar("T")
 
@@ -69,6 +76,7 @@ _tokenize_decoder = msgspec.json.Decoder(_Tokenized)
 _completion_decoder = msgspec.json.Decoder(CompletionBody)
 _chat_decoder = msgspec.json.Decoder(ChatBody)
 _embedding_decoder = msgspec.json.Decoder(EmbeddingBody)
+_responses_decoder = msgspec.json.Decoder(ResponsesBody)
 _models_decoder = msgspec.json.Decoder(_ModelList)
 
 # 408 Request Timeout and 409 Conflict are the server's transient states, not the prompt's fault.
@@ -78,6 +86,7 @@ _ROUTES = {
     "completion": "/v1/completions",
     "chat": "/v1/chat/completions",
     "embeddings": "/v1/embeddings",
+    "responses": "/v1/responses",
 }
 # Wrong credentials: no request to this endpoint will succeed.
 _UNUSABLE = frozenset({401, 403})
@@ -324,6 +333,21 @@ class EndpointClient:
             if tool_choice is not None:
                 body["tool_choice"] = tool_choice
         return await self._answer("chat", body, _chat_decoder, timeout)
+
+    async def respond(
+        self,
+        model: str,
+        messages: list[dict[str, Any]],
+        params: SamplingParams,
+        *,
+        timeout_s: float | None = None,
+    ) -> ChatBody:
+        """One ``/v1/responses`` request of one conversation (its ``input``), read as a chat
+        answer's one choice (see :meth:`~worker.replies.ResponsesBody.as_chat`)."""
+        timeout = timeout_s or self._timeout_s
+        body = {"model": model, "input": messages, "max_output_tokens": params.max_tokens}
+        body |= {k: v for k, v in params.extra().items() if k in ("temperature", "top_p")}
+        return (await self._answer("responses", body, _responses_decoder, timeout)).as_chat()
 
     async def embed(
         self, model: str, texts: list[str], *, timeout_s: float | None = None

@@ -69,6 +69,16 @@ class InMemoryBackend:
         text = messages[-1]["content"].upper()
         return ChatBody(choices=[ChatChoice(0, ChatMessage(text), "stop")], model=model)
 
+    async def respond(
+        self,
+        model: str,
+        messages: list[dict[str, Any]],
+        params: SamplingParams,
+        *,
+        timeout_s: float | None = None,
+    ) -> ChatBody:
+        return await self.chat(model, messages, params, timeout_s=timeout_s)
+
     async def embed(
         self, model: str, texts: list[str], *, timeout_s: float | None = None
     ) -> EmbeddingBody:

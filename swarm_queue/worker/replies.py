@@ -1,6 +1,6 @@
 """What an inference server answers, as the worker reads it: the parts of OpenAI's completion,
-chat and embeddings bodies swarm-queue uses, a model it serves, and its scheduler's load. The
-types the :class:`worker.backend.Backend` protocol speaks, whatever server answers them
+chat, responses and embeddings bodies swarm-queue uses, a model it serves, and its scheduler's
+load. The types the :class:`worker.backend.Backend` protocol speaks, whatever server answers them
 (vLLM's OpenAI server, :class:`worker.endpoint.EndpointClient`, decodes its JSON into them)."""
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ __all__ = [
     "FunctionCall",
     "Load",
     "ModelInfo",
+    "ResponsesBody",
 ]
 
 
@@ -82,6 +83,56 @@ class ChatBody(msgspec.Struct):
     choices: list[ChatChoice] = []
     usage: CompletionUsage | None = None
     model: str = ""
+
+
+class ResponseContent(msgspec.Struct):
+    type: str = ""
+    text: str = ""
+
+
+class ResponseItem(msgspec.Struct):
+    type: str = ""
+    content: list[ResponseContent] = []
+
+
+class ResponseUsage(msgspec.Struct):
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+
+class Incomplete(msgspec.Struct):
+    reason: str | None = None
+
+
+class ResponsesBody(msgspec.Struct):
+    """The parts of a ``/v1/responses`` response swarm-queue uses: its text is its message
+    items' ``output_text`` parts."""
+
+    output: list[ResponseItem] = []
+    status: str | None = None
+    incomplete_details: Incomplete | None = None
+    usage: ResponseUsage | None = None
+    model: str = ""
+
+    def as_chat(self) -> ChatBody:
+        """This answer as a chat answer of one choice, read as one (an answer without a
+        message has no content; one cut at ``max_output_tokens`` finished by ``length``)."""
+        texts = [
+            part.text
+            for item in self.output
+            if item.type == "message"
+            for part in item.content
+            if part.type == "output_text"
+        ]
+        why = self.incomplete_details.reason if self.incomplete_details else None
+        finish = "stop" if self.status == "completed" else why or self.status
+        if why == "max_output_tokens":
+            finish = "length"
+        usage = None
+        if self.usage is not None:
+            usage = CompletionUsage(self.usage.input_tokens, self.usage.output_tokens)
+        message = ChatMessage("".join(texts) if texts else None)
+        return ChatBody([ChatChoice(0, message, finish)], usage, self.model)
 
 
 class EmbeddingDatum(msgspec.Struct):

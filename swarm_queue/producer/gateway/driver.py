@@ -66,6 +66,7 @@ def batch_spec(batch: BatchObject) -> JobSpec:
     its request's usage, as OpenAI writes them (``line_usage``)."""
     options = JobOptions(
         chat=batch.endpoint == "/v1/chat/completions",
+        responses=batch.endpoint == "/v1/responses",
         embed=batch.endpoint == "/v1/embeddings",
         line_usage=True,
     )

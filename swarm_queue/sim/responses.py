@@ -1,0 +1,114 @@
+"""``/v1/responses`` as vLLM serves it (OpenAI's Responses API, without tools or a stored
+conversation): its ``input`` (a text, or messages) after its ``instructions`` is answered as
+the chat route answers that conversation, and written as a ``response`` object."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+from aiohttp import web
+
+from swarm_queue.sim.requests import ChatRequest
+
+if TYPE_CHECKING:
+    from swarm_queue.sim.server import SimEndpoint
+
+__all__ = ["ResponsesRequest", "responses_routes"]
+
+
+class ResponsesRequest(msgspec.Struct, kw_only=True):
+    model: str
+    input: str | list[dict[str, Any]]
+    instructions: str | None = None
+    max_output_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    stream: bool = False
+
+
+_decoder = msgspec.json.Decoder(ResponsesRequest)
+_json = msgspec.json.Encoder()
+
+
+def _text(content: Any) -> Any:
+    """A message's content: a text, or its ``input_text`` parts joined."""
+    if isinstance(content, list):
+        return "".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
+    return content
+
+
+def as_chat(req: ResponsesRequest) -> ChatRequest:
+    """The chat request the engine answers for ``req`` (the instructions a system message)."""
+    said = [{"role": "user", "content": req.input}] if isinstance(req.input, str) else req.input
+    messages: list[dict[str, Any]] = []
+    if req.instructions:
+        messages.append({"role": "system", "content": req.instructions})
+    messages += [{"role": m.get("role"), "content": _text(m.get("content"))} for m in said]
+    return msgspec.convert(
+        {
+            "model": req.model,
+            "messages": messages,
+            "max_tokens": req.max_output_tokens,
+            "temperature": req.temperature,
+        },
+        ChatRequest,
+    )
+
+
+def response_body(answer: dict[str, Any], req: ResponsesRequest) -> dict[str, Any]:
+    """The chat route's ``answer`` to ``req`` as a ``response`` object."""
+    choice = answer["choices"][0]
+    usage = answer["usage"]
+    cut = choice["finish_reason"] == "length"
+    text = choice["message"]["content"]
+    content = [{"type": "output_text", "text": text, "annotations": [], "logprobs": None}]
+    return {
+        "id": f"resp_{uuid.uuid4().hex}",
+        "object": "response",
+        "created_at": int(time.time()),
+        "status": "incomplete" if cut else "completed",
+        "incomplete_details": {"reason": "max_output_tokens"} if cut else None,
+        "instructions": req.instructions,
+        "max_output_tokens": req.max_output_tokens,
+        "model": answer["model"],
+        "output": [
+            {
+                "id": f"msg_{uuid.uuid4().hex}",
+                "type": "message",
+                "role": "assistant",
+                "status": "completed",  # (vLLM's, even in an incomplete response)
+                "content": content,
+            }
+        ],
+        "temperature": req.temperature,
+        "top_p": req.top_p,
+        "usage": {
+            "input_tokens": usage["prompt_tokens"],
+            "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens": usage["completion_tokens"],
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": usage["prompt_tokens"] + usage["completion_tokens"],
+        },
+    }
+
+
+def responses_routes(endpoint: SimEndpoint) -> list[web.RouteDef]:
+    """The route, on a generating endpoint."""
+
+    async def respond(req: ResponsesRequest) -> web.Response:
+        answer = await endpoint.chat_answer(as_chat(req))
+        if answer.status != 200 or answer.body is None:
+            return answer  # a refusal, in the chat route's words (vLLM's are the same)
+        try:
+            body = response_body(msgspec.json.decode(answer.body), req)  # type: ignore[arg-type]
+        except (msgspec.DecodeError, KeyError, IndexError, TypeError):
+            return answer  # an answer the fault switches garbled, garbled as it is
+        return web.Response(body=_json.encode(body), content_type="application/json")
+
+    async def route(request: web.Request) -> web.StreamResponse:
+        return await endpoint.serve(request, _decoder, respond)
+
+    return [] if endpoint.runner == "pooling" else [web.post("/v1/responses", route)]
