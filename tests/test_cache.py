@@ -31,6 +31,7 @@ from swarm_queue.sim.text import completion_for
 from swarm_queue.worker.cache import AnswerCache
 from tests.harness import (
     MAX_TOKENS,
+    OVER_CONTEXT,
     Fleet,
     FleetFactory,
     check_output,
@@ -349,7 +350,7 @@ async def test_the_shared_case_two_models_a_broken_endpoint_and_a_job_nobody_ser
         assert [x["index"] for x in lines] == list(range(n))
         assert {x["index"] for x in lines if x["error"] is not None} == poison
         # The over-long prompt was sent again and refused again by the server: never cached.
-        assert lines[5]["error"].startswith("You passed 750 input tokens")
+        assert lines[5]["error"].startswith(OVER_CONTEXT)
     assert (status["a2"].done, status["a2"].cache_hits) == (n - 1, n - 1)
     assert status["b"].cache_hits == 0 and status["b"].done == n - 1
     assert fleet.answered(0) + fleet.answered(1) == sent_a  # a2: not one sequence generated

@@ -25,6 +25,7 @@ from tests import gatewayproc as gw
 from tests.harness import (
     BIN,
     MAX_TOKENS,
+    OVER_CONTEXT,
     Fleet,
     FleetFactory,
     check_output,
@@ -171,7 +172,7 @@ def test_batches_of_each_endpoint_through_the_sdk_are_answered_line_by_line(
         assert sorted(x["custom_id"] for x in errors) == ["req-3", "req-77"]
         for x in errors:
             assert x["response"]["status_code"] == 400
-            assert x["error"]["message"].startswith("You passed 750 input tokens")
+            assert x["error"]["message"].startswith(OVER_CONTEXT)
 
         chat_done = gw.wait_over(client, chat.id)
         assert chat_done.status == "completed" and chat_done.error_file_id is None

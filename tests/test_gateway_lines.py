@@ -10,7 +10,7 @@ from typing import Any
 
 from swarm_queue.sim.text import count_tokens, sample_for
 from tests import gatewayproc as gw
-from tests.harness import MAX_TOKENS, FleetFactory
+from tests.harness import MAX_TOKENS, OVER_CONTEXT, FleetFactory
 
 
 def _line(url: str, i: int, body: dict[str, Any]) -> dict[str, Any]:
@@ -150,7 +150,7 @@ def test_responses_lines_are_answered_as_the_responses_api_writes_them(
         [error] = gw.file_lines(client, done.error_file_id)
         assert error["custom_id"] == f"line-{long}"
         assert error["response"]["status_code"] == 400
-        assert error["error"]["message"].startswith("You passed ")
+        assert error["error"]["message"].startswith(OVER_CONTEXT)
         assert done.usage is not None
         assert done.usage.output_tokens == sum(
             x["response"]["body"]["usage"]["output_tokens"] for x in out

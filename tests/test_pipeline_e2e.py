@@ -22,6 +22,7 @@ from swarm_queue.flows.pipeline.spec import fill
 from swarm_queue.sim.text import completion_for, embedding_for, sample_for
 from tests.harness import (
     MAX_TOKENS,
+    OVER_CONTEXT,
     FleetFactory,
     collect,
     command,
@@ -48,7 +49,7 @@ def _expected(i: int) -> tuple[list[str | None], int | None, str]:
     prompt = _input(i)
     t0 = completion_for(prompt, MAX_TOKENS)[0]
     if i % 50 == 7:
-        return [t0, None], 1, "step 1 failed: You passed"
+        return [t0, None], 1, f"step 1 failed: {OVER_CONTEXT}"
     t1 = completion_for(fill(CHECK, t0, prompt), 8)[0]
     if re.search(KEEP, t1) is None:
         return [t0, t1], 2, "not sent to step 2: the answer does not match keep-if"

@@ -5,7 +5,16 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-__all__ = ["Refusal", "context", "embedding_context", "max_tokens", "model", "samples"]
+__all__ = [
+    "Refusal",
+    "context",
+    "embedding_context",
+    "listed",
+    "max_tokens",
+    "model",
+    "room",
+    "samples",
+]
 
 
 class Refusal(NamedTuple):
@@ -41,18 +50,43 @@ def model(name: str, served: list[str]) -> Refusal | None:
     return Refusal(404, f"The model `{name}` does not exist.", "NotFoundError", "model")
 
 
-def context(prompt_tokens: int, new_tokens: int, limit: int) -> Refusal | None:
-    """A prompt and the tokens asked for that do not fit the model's context."""
-    if prompt_tokens + new_tokens <= limit:
+def context(
+    prompt_tokens: int, new_tokens: int, limit: int, name: str = "max_tokens"
+) -> Refusal | None:
+    """More new tokens asked for (``name``) than the model's context holds, or a prompt over
+    it on its own (vLLM 0.32 counts at most one token past it). A prompt that fits is
+    answered, its new tokens cut to what the context has left (:func:`room`)."""
+    if new_tokens > limit:
+        return Refusal(
+            400,
+            f"{name}={new_tokens} cannot be greater than max_model_len={limit}. Please request "
+            f"fewer output tokens. (parameter={name}, value={new_tokens})",
+            param=name,
+        )
+    if prompt_tokens <= limit:
         return None
     return Refusal(
         400,
-        f"You passed {prompt_tokens} input tokens and requested {new_tokens} output tokens. "
-        f"However, the model's context length is only {limit} tokens, resulting in a maximum "
-        f"input length of {max(0, limit - new_tokens)} tokens. Please reduce the length of the "
-        f"input prompt. (parameter=input_tokens, value={prompt_tokens})",
+        f"This model's maximum context length is {limit} tokens. However, your prompt "
+        f"contains at least {limit + 1} input tokens, which exceeds this limit even without "
+        f"any output tokens. Please reduce the length of the input prompt. "
+        f"(parameter=input_tokens, value={limit + 1})",
         param="input_tokens",
     )
+
+
+def listed(prompt_tokens: list[int], new_tokens: int, limit: int) -> Refusal | None:
+    """A list of prompts: its ``max_tokens``, then each prompt (one over the context fails
+    the whole list, as in vLLM)."""
+    if (no := max_tokens(new_tokens)) is not None:
+        return no
+    return next((no for n in prompt_tokens if (no := context(n, new_tokens, limit))), None)
+
+
+def room(prompt_tokens: int, new_tokens: int, limit: int) -> int:
+    """The new tokens a prompt that fits gets: those asked for, cut to what the context has
+    left (vLLM answers, finishing by ``length``, rather than refusing)."""
+    return max(0, min(new_tokens, limit - prompt_tokens))
 
 
 def embedding_context(tokens: int, limit: int) -> Refusal | None:

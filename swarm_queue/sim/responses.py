@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 from aiohttp import web
 
+from swarm_queue.sim.refusals import context
 from swarm_queue.sim.requests import ChatRequest
 
 if TYPE_CHECKING:
@@ -99,6 +100,9 @@ def responses_routes(endpoint: SimEndpoint) -> list[web.RouteDef]:
     """The route, on a generating endpoint."""
 
     async def respond(req: ResponsesRequest) -> web.Response:
+        asked, limit = req.max_output_tokens or 0, endpoint.config.max_model_len
+        if (no := context(0, asked, limit, "max_output_tokens")) is not None:
+            return endpoint.refuse(no)  # (in its own name: the chat route's is max_tokens)
         answer = await endpoint.chat_answer(as_chat(req))
         if answer.status != 200 or answer.body is None:
             return answer  # a refusal, in the chat route's words (vLLM's are the same)

@@ -5,8 +5,9 @@ Faithful where swarm-queue depends on it: ``/v1/completions`` with a string or a
 ``/v1/embeddings`` with a string or a list of inputs (a deterministic vector per text, see
 :func:`sim.text.embedding_for`; one over-long input fails the whole list, as in vLLM),
 ``/v1/models`` with ``max_model_len``, ``/health``, ``/metrics`` with vLLM's gauge names
-(:mod:`sim.info`), and vLLM's 400 for a prompt that does not fit the context, which fails the
-WHOLE list request (each refusal with vLLM's message: :mod:`sim.refusals`).
+(:mod:`sim.info`), ``/v1/responses`` (:mod:`sim.responses`), and vLLM's 400 for a prompt over
+the context, which fails the WHOLE list request (a prompt that fits gets the new tokens the
+context has left; each refusal with vLLM's message: :mod:`sim.refusals`).
 
 As strict as vLLM 0.32.0 (the version ``bench/interop_vllm.py`` checks) where swarm-queue was
 seen to rely on leniency: ``n`` > 1 with temperature 0 refused (``n must be 1 when using greedy
@@ -289,19 +290,17 @@ class SimEndpoint:
         max_tokens = 16 if req.max_tokens is None else req.max_tokens
         if not prompts:
             return self.error_reply(400, "prompt must not be empty", "BadRequestError", "prompt")
-        if (no := refused.max_tokens(max_tokens)) is not None:
-            return self.refuse(no)
         bos = self.bos_token if req.add_special_tokens else ""
         seen = [bos + p for p in prompts]  # what the model reads
         ptoks = [count_tokens(p) for p in seen]
         limit = self.config.max_model_len
-        for n in ptoks:  # one over-long prompt fails the whole list, as in vLLM
-            if (no := refused.context(n, max_tokens, limit)) is not None:
-                return self.refuse(no)
+        if (no := refused.listed(ptoks, max_tokens, limit)) is not None:
+            return self.refuse(no)
         ignore_eos = req.ignore_eos or self.config.ignore_eos
         if (no := refused.samples(req.n, req.temperature)) is not None:
             return self.refuse(no)
-        outs = [sample(p, max_tokens, j, req, ignore_eos) for p in seen for j in range(req.n)]
+        left = {p: refused.room(n, max_tokens, limit) for p, n in zip(seen, ptoks, strict=True)}
+        outs = [sample(p, left[p], j, req, ignore_eos) for p in seen for j in range(req.n)]
         # A prompt's samples share its prefill: the first computes it, the others read it.
         prefills = [self.prefix.lookup(p) if j == 0 else 1 for p in seen for j in range(req.n)]
         await self._generate([n for _, n, _ in outs], sum(ptoks), prefills)
@@ -345,11 +344,11 @@ class SimEndpoint:
         if req.add_special_tokens:
             prompt = self.bos_token + prompt
         ptoks = count_tokens(prompt)
-        max_tokens = req.max_completion_tokens or req.max_tokens
-        if max_tokens is None:
-            max_tokens = max(1, self.config.max_model_len - ptoks)
-        if (no := refused.context(ptoks, max_tokens, self.config.max_model_len)) is not None:
+        limit = self.config.max_model_len
+        max_tokens = req.max_completion_tokens or req.max_tokens or max(1, limit - ptoks)
+        if (no := refused.context(ptoks, max_tokens, limit)) is not None:
             return self.refuse(no)
+        max_tokens = refused.room(ptoks, max_tokens, limit)
         ignore_eos = req.ignore_eos or self.config.ignore_eos
         if (no := refused.samples(req.n, req.temperature)) is not None:
             return self.refuse(no)
