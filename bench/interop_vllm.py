@@ -10,7 +10,9 @@ plain (``tiny-llama``, no tool parser), one of the same model taught locally to 
 tool, with ``--enable-auto-tool-choice --tool-call-parser hermes`` (agents), one with the
 pooling runner (embeddings); then four plain ones, for affinity (:mod:`bench.interop_prefix`).
 OpenAI batch lines are compared with ``vllm run-batch``'s output
-for the same file; a tree reduce and a pipeline are rebuilt step by step from vLLM's answers.
+for the same file, and batches of every line kind through swarm-gateway with the ``openai``
+SDK (:mod:`bench.interop_gateway`); a tree reduce and a pipeline are rebuilt step by step from
+vLLM's answers.
 Greedy answers of a random model are gibberish but deterministic: equal to what vLLM answers
 the same request alone. One line per check; exit status 1 on any mismatch. Not part of
 ``.ci/run`` (it installs 3 GB); its output is in docs/INTEROP.md.
@@ -31,6 +33,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.interop_agents import AGENTS, TOOL_TASK, agents, tool
+from bench.interop_gateway import gateway_batches
 from bench.interop_prefix import prefix_affinity
 from bench.vllm_checks import WORK, Checks, alone, job, lines_of, run, same, same_usage, worker
 from bench.vllm_cpu import (
@@ -77,6 +80,7 @@ def main() -> int:
             _tree(checks, env, plain.url, min(n, 200))
             _samples(checks, env, plain.url)
             _embeddings(checks, env, pooled.url, n)
+            gateway_batches(checks, env, plain.url, pooled.url)
             agents(checks, env, plain.url, tooled.url)
             _gauges(checks, plain.url)
         finally:

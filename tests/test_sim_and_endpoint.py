@@ -103,6 +103,10 @@ async def test_over_long_prompt_fails_the_whole_list_in_both_error_formats(
         status, old = await _post(flat.urls[0], "/v1/completions", body)
         assert status == 400 and old["object"] == "error"
         assert old["message"] == new["error"]["message"]
+        # An input to embed over the context: the same words (vLLM 0.32's pooling runner).
+        texts = {"model": "swarm-sim", "input": ["ok", "x" * 400]}
+        status, refused = await _post(nested.urls[0], "/v1/embeddings", texts)
+        assert (status, refused["error"]["message"]) == (400, new["error"]["message"])
 
 
 async def test_a_prompt_that_fits_gets_what_the_context_has_left_and_more_than_it_is_refused(

@@ -8,7 +8,6 @@ from typing import NamedTuple
 __all__ = [
     "Refusal",
     "context",
-    "embedding_context",
     "listed",
     "max_tokens",
     "model",
@@ -87,15 +86,3 @@ def room(prompt_tokens: int, new_tokens: int, limit: int) -> int:
     """The new tokens a prompt that fits gets: those asked for, cut to what the context has
     left (vLLM answers, finishing by ``length``, rather than refusing)."""
     return max(0, min(new_tokens, limit - prompt_tokens))
-
-
-def embedding_context(tokens: int, limit: int) -> Refusal | None:
-    """An input to embed longer than the model's context."""
-    if tokens <= limit:
-        return None
-    return Refusal(
-        400,
-        f"This model's maximum context length is {limit} tokens. However, you requested "
-        f"{tokens} tokens in the input for embedding generation. Please reduce the length of "
-        "the input.",
-    )

@@ -321,7 +321,7 @@ class SimEndpoint:
         ptoks = [count_tokens(self.bos_token + t) for t in texts]  # its tokenizer's BOS added
         limit = self.config.max_model_len
         for n in ptoks:  # one over-long input fails the whole list, as in vLLM
-            if (no := refused.embedding_context(n, limit)) is not None:
+            if (no := refused.context(n, 0, limit)) is not None:
                 return self.refuse(no)
         await self._generate([1] * len(texts), sum(ptoks), ptoks)  # a prefill, uncached
         dims = () if self.faults.embed_dims is None else (self.faults.embed_dims,)
