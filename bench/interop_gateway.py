@@ -141,7 +141,7 @@ def _batch(
     src.write_text("".join(json.dumps(x) + "\n" for x in lines))
     for _ in range(60):  # the gateway starting
         try:
-            file = client.files.create(file=src.open("rb"), purpose="batch")
+            file = client.files.create(file=(src.name, src.read_bytes()), purpose="batch")
             break
         except openai.APIConnectionError:
             time.sleep(1)

@@ -22,11 +22,13 @@ from swarm_queue.common.errors import ConfigError
 
 __all__ = [
     "ENDPOINTS",
+    "EXPIRY_S",
     "BatchError",
     "BatchErrors",
     "BatchObject",
     "BatchStatus",
     "BatchUsage",
+    "ExpiresAfter",
     "FileObject",
     "RequestCounts",
     "api_error",
@@ -34,6 +36,7 @@ __all__ = [
     "decode_file",
     "encode",
     "epoch_s",
+    "expiry_s",
     "json_body",
     "new_id",
     "valid_id",
@@ -107,6 +110,13 @@ class FileObject(msgspec.Struct, frozen=True):
     status_details: str | None = None
 
 
+class ExpiresAfter(msgspec.Struct, frozen=True):
+    """When a file goes: ``seconds`` after its creation (OpenAI's only anchor)."""
+
+    anchor: str
+    seconds: int
+
+
 class BatchObject(msgspec.Struct, frozen=True):
     id: str
     endpoint: str
@@ -130,6 +140,8 @@ class BatchObject(msgspec.Struct, frozen=True):
     usage: BatchUsage | None = None
     metadata: dict[str, str] | None = None
     model: str | None = None
+    # When its output and error files go, once written (None: kept until deleted).
+    output_expires_after: ExpiresAfter | None = None
     # swarm-queue's own: why its requests wait while it runs (no live worker serves its
     # project's prefix, or its model), said live by the gateway; None when nothing is missing.
     waiting: str | None = None
@@ -187,6 +199,26 @@ def valid_id(kind: str, value: str) -> bool:
     no object here: a 404, and never a Redis key)."""
     m = _ID_RE.fullmatch(value) if isinstance(value, str) else None
     return m is not None and m.group(1) == _ID_PREFIX[kind]
+
+
+# The expiries OpenAI allows a file: an hour to 30 days after its creation.
+EXPIRY_S = (3600, 2_592_000)
+
+
+def expiry_s(anchor: object, seconds: object) -> int:
+    """Seconds of an ``expires_after`` (``output_expires_after``) policy, checked as OpenAI
+    checks it; ConfigError naming what is wrong."""
+    if anchor != "created_at":
+        raise ConfigError(f"expires_after anchor {anchor!r}: the only anchor is 'created_at'")
+    lo, hi = EXPIRY_S
+    # (a number, or its digits as a form field carries it; never True)
+    digits = isinstance(seconds, int | str) and str(seconds).isdigit()
+    value = int(seconds) if digits else -1  # type: ignore[call-overload]
+    if not lo <= value <= hi:
+        raise ConfigError(
+            f"expires_after seconds {seconds!r}: from {lo} (1 hour) to {hi} (30 days)"
+        )
+    return value
 
 
 _WINDOW_RE = re.compile(r"([1-9][0-9]{0,4})([smhd])")

@@ -375,6 +375,12 @@ class Keys:
         """Set: ``project/batch`` of every batch not over yet: what the gateways drive."""
         return f"{self.prefix}:{BATCHES_TAG}:active"
 
+    @property
+    def batch_expiring(self) -> str:
+        """Sorted set: ``project/file`` of every file with an expiry, scored by its
+        ``expires_at`` (seconds): what the gateways delete once it has passed."""
+        return f"{self.prefix}:{BATCHES_TAG}:expiring"
+
     def batch_lease(self, batch: str) -> str:
         """String, with a TTL: the token of the gateway process driving ``batch``."""
         return f"{self.prefix}:{BATCHES_TAG}:lease:{batch}"

@@ -39,10 +39,24 @@ class Batches(StoreBase):
     """Files, batches and their leases, per project."""
 
     async def put_file(self, project: str, file: FileObject) -> None:
-        key = self.keys.batch_files(project)
-        async with redis_errors(self.url, "", key):
+        """Keep ``file``'s record, and its expiry where it has one."""
+        keys = [self.keys.batch_files(project), self.keys.batch_expiring]
+        async with (
+            redis_errors(self.url, "", *keys),
+            self.redis.pipeline(transaction=True) as tx,
+        ):
             # A value of bytes, as redis-py sends it (its annotation says str).
-            await self.redis.hset(key, file.id, encode(file))  # type: ignore[arg-type]
+            tx.hset(keys[0], file.id, encode(file))  # type: ignore[arg-type]
+            if file.expires_at is not None:
+                tx.zadd(keys[1], {f"{project}/{file.id}": file.expires_at})
+            await tx.execute()
+
+    async def expired(self, now: int) -> list[tuple[str, str]]:
+        """``(project, file id)`` of the files whose expiry is ``now`` or before."""
+        key = self.keys.batch_expiring
+        async with redis_errors(self.url, "", key):
+            raw = await self.redis.zrangebyscore(key, "-inf", now)
+        return [(p, f) for p, _, f in (m.decode().partition("/") for m in raw)]
 
     async def file(self, project: str, file_id: str) -> FileObject | None:
         key = self.keys.batch_files(project)
@@ -58,9 +72,15 @@ class Batches(StoreBase):
         return sorted((decode_file(r) for r in raw), key=lambda f: (f.created_at, f.id))
 
     async def delete_file(self, project: str, file_id: str) -> bool:
-        key = self.keys.batch_files(project)
-        async with redis_errors(self.url, "", key):
-            return bool(await self.redis.hdel(key, file_id))
+        keys = [self.keys.batch_files(project), self.keys.batch_expiring]
+        async with (
+            redis_errors(self.url, "", *keys),
+            self.redis.pipeline(transaction=True) as tx,
+        ):
+            tx.hdel(keys[0], file_id)
+            tx.zrem(keys[1], f"{project}/{file_id}")
+            deleted, _ = await tx.execute()
+        return bool(deleted)
 
     async def create_batch(self, project: str, batch: BatchObject, prefix: str) -> None:
         """Keep a new batch (its job to be queued under ``prefix``), list it first in its

@@ -20,9 +20,11 @@ from swarm_queue.common.batchapi import (
     ENDPOINTS,
     BatchObject,
     BatchStatus,
+    ExpiresAfter,
     FileObject,
     api_error,
     epoch_s,
+    expiry_s,
     json_body,
     new_id,
     valid_id,
@@ -38,7 +40,7 @@ from swarm_queue.common.errors import (
 from swarm_queue.common.fleet import live_models, waiting_reason
 from swarm_queue.common.store import JobStore
 from swarm_queue.common.store.batches import StoredBatch
-from swarm_queue.producer.gateway.driver import counts_of, usage_of
+from swarm_queue.producer.gateway.asjob import counts_of, usage_of
 from swarm_queue.producer.gateway.files import FileStore
 from swarm_queue.producer.gateway.projects import Project, Projects
 
@@ -111,12 +113,15 @@ class Gateway:
         reader = await request.multipart()
         purpose: str | None = None
         got: FileObject | None = None
+        expiry: dict[str, str] = {}  # (the SDK's expires_after, as form fields)
         try:
             async for part in reader:
                 if not isinstance(part, BodyPartReader):
                     continue
                 if part.name == "purpose":
                     purpose = (await part.text()).strip()
+                elif part.name in ("expires_after[anchor]", "expires_after[seconds]"):
+                    expiry[part.name[14:-1]] = (await part.text()).strip()
                 elif part.name == "file":
                     if got is not None:
                         raise ApiError(400, "one file per upload", param="file")
@@ -138,6 +143,13 @@ class Gateway:
         if purpose != "batch":
             self.files.remove(project.name, got.id)
             raise ApiError(400, f"purpose {purpose!r}: this gateway takes 'batch'", param="purpose")
+        if expiry:
+            try:
+                keep_s = expiry_s(expiry.get("anchor"), expiry.get("seconds"))
+            except ConfigError as exc:
+                self.files.remove(project.name, got.id)
+                raise ApiError(400, str(exc), param="expires_after") from None
+            got = msgspec.structs.replace(got, expires_at=got.created_at + keep_s)
         await self.store.put_file(project.name, got)
         log.info("file %s: %d bytes uploaded (project %s)", got.id, got.bytes, project.name)
         return _json(got)
@@ -145,13 +157,13 @@ class Gateway:
     async def list_files(self, request: web.Request) -> web.Response:
         files = await self.store.files(_project(request).name)
         purpose = request.query.get("purpose")
-        data = [f for f in files if purpose is None or f.purpose == purpose]
+        data = [f for f in files if purpose in (None, f.purpose) and not _expired(f)]
         return _json(_page(data, has_more=False))
 
     async def _file(self, request: web.Request) -> tuple[Project, FileObject]:
         project, file_id = _project(request), request.match_info["file_id"]
         found = await self.store.file(project.name, file_id) if valid_id("file", file_id) else None
-        if found is None:
+        if found is None or _expired(found):
             raise _not_found("File", file_id)
         return project, found
 
@@ -212,6 +224,15 @@ class Gateway:
                 f"characters and values of at most {MAX_METADATA_VALUE}",
                 param="metadata",
             )
+        expires = body.get("output_expires_after")
+        if expires is not None:
+            try:
+                if not isinstance(expires, dict):
+                    raise ConfigError("output_expires_after: an object of anchor and seconds")
+                keep_s = expiry_s(expires.get("anchor"), expires.get("seconds"))
+            except ConfigError as exc:
+                raise ApiError(400, str(exc), param="output_expires_after") from None
+            expires = ExpiresAfter("created_at", keep_s)
         file_id = body.get("input_file_id")
         found = (
             await self.store.file(project.name, file_id)
@@ -224,7 +245,7 @@ class Gateway:
         batch = BatchObject(
             id=new_id("batch"), endpoint=endpoint, input_file_id=found.id,
             completion_window=window, status=BatchStatus.VALIDATING, created_at=now,
-            expires_at=now + seconds, metadata=metadata,
+            expires_at=now + seconds, metadata=metadata, output_expires_after=expires,
         )  # fmt: skip
         await self.store.create_batch(project.name, batch, project.prefix)
         self.created()
@@ -312,6 +333,11 @@ async def _waiting(jobs: JobStore, batch: BatchObject) -> str | None:
     if not live_models(fleet, now):
         return f"no live worker serves this project's prefix {jobs.keys.prefix!r} (SWARM_PREFIX)"
     return waiting_reason(batch.model, fleet, now)
+
+
+def _expired(file: FileObject) -> bool:
+    """Whether ``file``'s expiry has passed (it is deleted within a second or so)."""
+    return file.expires_at is not None and file.expires_at <= epoch_s()
 
 
 def _project(request: web.Request) -> Project:

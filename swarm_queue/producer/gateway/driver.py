@@ -30,24 +30,21 @@ from swarm_queue.common.batchapi import (
     BatchErrors,
     BatchObject,
     BatchStatus,
-    BatchUsage,
     FileObject,
-    RequestCounts,
     epoch_s,
 )
 from swarm_queue.common.errors import JobGoneError, JobNotFoundError, SwarmError
-from swarm_queue.common.jobspec import JobOptions, build_spec
-from swarm_queue.common.models import JobSpec
 from swarm_queue.common.settings import Settings
-from swarm_queue.common.store import JobStatus, JobStore
+from swarm_queue.common.store import JobStore
 from swarm_queue.producer.gateway import workfile
+from swarm_queue.producer.gateway.asjob import batch_spec, counts_of, usage_of
 from swarm_queue.producer.gateway.files import FileStore
 from swarm_queue.producer.gateway.offload import Helpers
 from swarm_queue.producer.inputs import DEFAULT_MAX_PROMPT_BYTES
 from swarm_queue.producer.outfile import CursorFile
 from swarm_queue.producer.output import collect_output
 
-__all__ = ["LEASE_MS", "Driver", "batch_spec", "counts_of", "usage_of"]
+__all__ = ["LEASE_MS", "Driver"]
 
 log = logging.getLogger("swarm.gateway")
 
@@ -59,29 +56,6 @@ LOOK_S = 1.0
 # Whatever goes wrong with a batch's driving (Redis away, a disk full), it is tried again so
 # much later, by whichever process then takes its lease.
 RETRY_S = 5.0
-
-
-def batch_spec(batch: BatchObject) -> JobSpec:
-    """The job a batch is queued as (its model comes from its lines): each output line with
-    its request's usage, as OpenAI writes them (``line_usage``)."""
-    options = JobOptions(
-        chat=batch.endpoint == "/v1/chat/completions",
-        responses=batch.endpoint == "/v1/responses",
-        embed=batch.endpoint == "/v1/embeddings",
-        line_usage=True,
-    )
-    spec, _ = build_spec(batch.id, options, source="swarm-gateway")
-    return spec
-
-
-def counts_of(done: int, failed: int, total: int) -> RequestCounts:
-    return RequestCounts(total=total, completed=done, failed=failed)
-
-
-def usage_of(status: JobStatus) -> BatchUsage:
-    """The batch's usage: its job's tokens, every request's as its engine counted them."""
-    tokens = status.prompt_tokens, status.completion_tokens
-    return BatchUsage(input_tokens=tokens[0], output_tokens=tokens[1], total_tokens=sum(tokens))
 
 
 class Driver:
@@ -116,6 +90,7 @@ class Driver:
             while True:
                 with contextlib.suppress(SwarmError):
                     await self.step()
+                    await self.expire()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._woken.wait(), LOOK_S)
                 self._woken.clear()
@@ -135,6 +110,14 @@ class Driver:
                 self._tasks[batch_id] = asyncio.create_task(self._hold(project, batch_id))
                 took = True
         return took
+
+    async def expire(self) -> None:
+        """Delete every file whose expiry has passed: its record, then its bytes (whichever
+        gateway process comes first; the others find nothing left)."""
+        for project, file_id in await self.store.expired(epoch_s()):
+            await self.store.delete_file(project, file_id)
+            self.files.remove(project, file_id)
+            log.info("file %s: expired and deleted (project %s)", file_id, project)
 
     async def _hold(self, project: str, batch_id: str) -> None:
         """Drive the batch while its lease is ours (renewed every third of it)."""
@@ -391,6 +374,7 @@ class Driver:
             counts = counts_of(lines["output"], lines["error"], batch.request_counts.total)
             batch = msgspec.structs.replace(batch, request_counts=counts)
         now = epoch_s()
+        keep = batch.output_expires_after
         kept: dict[str, str | None] = {}
         for role, file_id in ids.items():
             if sizes[role] == 0:
@@ -402,7 +386,7 @@ class Driver:
                 project,
                 FileObject(
                     id=file_id, bytes=sizes[role], created_at=now, filename=name,
-                    purpose="batch_output",
+                    purpose="batch_output", expires_at=None if keep is None else now + keep.seconds,
                 ),
             )  # fmt: skip
             kept[role] = file_id
