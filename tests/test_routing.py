@@ -122,6 +122,31 @@ def test_service_order_puts_an_agent_jobs_earlier_turns_before_its_later_ones() 
     assert service_order(jobs, 2) == ["pipe", "ag", "ag:s1", "ag:s2", "pipe:s1"]
 
 
+def test_service_order_shares_by_project_and_serves_its_earliest_deadline_first() -> None:
+    """A project with ten jobs and one with one are first in turn equally often; in a project,
+    the job due first leads, whatever its place (no deadline: after every one that has)."""
+    jobs = [Queued(f"b{i}", 0, "", 0, "bulk", 0.0) for i in range(10)]
+    jobs += [Queued("a", 0, "", 0, "alice"), Queued("loose", 0)]
+    firsts = [service_order(jobs, turn)[0] for turn in range(300)]
+    assert firsts.count("a") == firsts.count("loose") == 100  # a third each: three shares
+    assert sum(f.startswith("b") for f in firsts) == 100
+    # Within the bulk project its jobs still take turns.
+    assert {f for f in firsts if f.startswith("b")} == {f"b{i}" for i in range(10)}
+    due = [
+        Queued("day", 0, "", 0, "p", 2_000_000_000.0),
+        Queued("none", 0, "", 0, "p"),
+        Queued("half-hour", 0, "", 0, "p", 1_900_000_000.0),
+        Queued("other-day", 0, "", 0, "p", 2_000_000_000.0),
+    ]
+    for turn in range(4):
+        order = service_order(due, turn)
+        assert order[0] == "half-hour" and order[-1] == "none"
+        assert set(order[1:3]) == {"day", "other-day"}
+    assert {service_order(due, t)[1] for t in range(4)} == {"day", "other-day"}  # in turn
+    # Priority still comes first: an urgent job of any project before all of these.
+    assert service_order([*due, Queued("urgent", 1, "", 0, "q")], 3)[0] == "urgent"
+
+
 async def test_a_higher_priority_job_takes_every_free_slot_while_it_has_work(
     make_settings: Callable[..., Settings], store: JobStore, sim_fleet: Callable[..., SimFleet]
 ) -> None:

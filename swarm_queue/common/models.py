@@ -242,6 +242,12 @@ class JobSpec(msgspec.Struct, frozen=True, omit_defaults=True):
     line_usage: bool = False
     # Where its committed answers go on (None: nowhere, they are only collected).
     flow: FlowRef | None = None
+    # Who it is for: the jobs of one project share its turn in the service order, so that a
+    # project gets its share of the fleet however many jobs it has ("": a share of its own).
+    project: str = ""
+    # When it should be done (epoch seconds, 0: no deadline): of a project's jobs of equal
+    # priority, the one whose deadline comes first is served first.
+    deadline_s: float = 0.0
     # Its entries have an affinity: each may be queued in the lane of the endpoint whose
     # engine holds its prefix (see common/store/lanes.py), which takes it first; another
     # endpoint takes it only late. Its group (common.keys.group_of) shares one turn.

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import NamedTuple
@@ -44,42 +45,54 @@ class Taken(NamedTuple):
 
 
 class Queued(NamedTuple):
-    """A job as the service order weighs it: its priority, and the unit it shares a turn in
-    (an agent's later turns share their agent job's; "": a unit of its own), at its ``step``."""
+    """A job as the service order weighs it: its priority, the unit it shares a turn in (an
+    agent's later turns share their agent job's; "": a unit of its own) at its ``step``, its
+    project ("": a share of its own) and its deadline (0: none)."""
 
     job: str
     priority: int
     unit: str = ""
     step: int = 0
+    project: str = ""
+    deadline_s: float = 0.0
 
 
 def queued(spec: JobSpec) -> Queued:
     """How the service order weighs ``spec``'s job: one whose entries have an affinity (an
     agent's later turn) goes in its group's unit, after the places before it."""
     group, place = group_of(spec.job)
-    return Queued(spec.job, spec.priority, group if spec.affinity else "", place)
+    unit = group if spec.affinity else ""
+    return Queued(spec.job, spec.priority, unit, place, spec.project, spec.deadline_s)
+
+
+def _rotated(names: list[str], turn: int) -> list[str]:
+    start = turn % len(names)
+    return names[start:] + names[:start]
 
 
 def service_order(jobs: list[tuple[str, int]] | list[Queued], turn: int) -> list[str]:
     """The order in which to look for work: every job of a higher priority before any of a
-    lower one (so while an urgent job has work, it gets every free slot), and units of equal
-    priority rotated by ``turn`` (a fair share among them). In an agent job's unit, earlier
-    turns go first: an agent whose first turn is served last ends last, after its tool and
-    its later turns, with the engines idle meanwhile; earlier turns first leave the later
-    turns of the agents answered before to fill them."""
+    lower one (so while an urgent job has work, it gets every free slot); of equal priority,
+    projects rotated by ``turn`` (a fair share of the fleet each, however many jobs it has),
+    and in a project the earliest deadline first, units of the same deadline rotated. In an
+    agent job's unit, earlier turns go first: an agent whose first turn is served last ends
+    last, after its tool and its later turns, with the engines idle meanwhile; earlier turns
+    first leave the later turns of the agents answered before to fill them."""
     if len(jobs) == 1:  # most steps of most workers: nothing to weigh
         return [jobs[0][0]]
     weighed = [Queued(*j) for j in jobs]
     out: list[str] = []
     for level in sorted({q.priority for q in weighed}, reverse=True):
-        units: dict[str, list[Queued]] = {}
+        projects: dict[str, dict[str, list[Queued]]] = {}
         for q in weighed:
             if q.priority == level:
-                units.setdefault(q.unit or q.job, []).append(q)
-        names = list(units)
-        start = turn % len(names)
-        for name in names[start:] + names[:start]:
-            out += [q.job for q in sorted(units[name], key=lambda q: q.step)]
+                share = projects.setdefault(q.project or f"\0{q.unit or q.job}", {})
+                share.setdefault(q.unit or q.job, []).append(q)
+        for project in _rotated(list(projects), turn):
+            units = projects[project]
+            due = {name: min(q.deadline_s or math.inf for q in qs) for name, qs in units.items()}
+            for name in sorted(_rotated(list(units), turn // len(projects)), key=due.__getitem__):
+                out += [q.job for q in sorted(units[name], key=lambda q: q.step)]
     return out
 
 

@@ -252,7 +252,10 @@ class Driver:
         deleted, and the batch completes from what it holds. An input deleted before it was
         all queued ends the job with what was (none queued: the batch fails)."""
         path = self.files.path(project, batch.input_file_id)
-        spec = msgspec.structs.replace(batch_spec(batch), model=batch.model)
+        # Its project shares the fleet with the others; its window's end is its deadline.
+        spec = msgspec.structs.replace(
+            batch_spec(batch), model=batch.model, project=project, deadline_s=batch.expires_at
+        )
         settings = msgspec.structs.replace(self.settings, prefix=prefix)
         while True:
             if await _queued_whole(jobs, batch.id):
