@@ -78,3 +78,22 @@ def test_a_batch_due_in_half_an_hour_is_served_before_one_due_in_a_day(
         assert _done(client, large) - began <= 16
         assert client.batches.retrieve(large).status == "in_progress"
         assert gw.wait_over(client, large).request_counts.completed == 400
+
+
+def test_a_batch_that_cannot_finish_in_its_window_says_so_while_it_runs(
+    fleet_factory: FleetFactory, tmp_path: Path
+) -> None:
+    fleet = _slow_fleet(fleet_factory)
+    with gw.gateway(fleet.env, tmp_path) as (_, port, _log):
+        client = gw.client(port)
+        on_time = _batch(client, tmp_path, "on-time", 40)
+        tight = _batch(client, tmp_path, "tight", 1000, window="10s")  # needs half a minute
+        running = gw.wait_answered(client, tight.id, 40)
+        assert running.status == "in_progress"
+        [note] = running.errors.data
+        assert note.code == "deadline_at_risk"
+        assert "requests left need about" in note.message and "ends batch_expired" in note.message
+        assert client.batches.retrieve(on_time.id).errors is None
+        assert gw.wait_over(client, on_time.id).status == "completed"
+        over = gw.wait_over(client, tight.id)
+        assert over.status == "expired" and over.request_counts.completed < 1000

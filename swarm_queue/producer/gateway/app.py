@@ -40,7 +40,7 @@ from swarm_queue.common.errors import (
 from swarm_queue.common.fleet import live_models, waiting_reason
 from swarm_queue.common.store import JobStore
 from swarm_queue.common.store.batches import StoredBatch
-from swarm_queue.producer.gateway.asjob import counts_of, usage_of
+from swarm_queue.producer.gateway.asjob import counts_of, late, usage_of
 from swarm_queue.producer.gateway.files import FileStore
 from swarm_queue.producer.gateway.projects import Project, Projects
 
@@ -263,7 +263,8 @@ class Gateway:
 
     async def view(self, stored: StoredBatch) -> BatchObject:
         """The batch as a caller sees it now: ``cancelling`` once a cancel is asked, and the
-        request counts live from its job while it runs."""
+        request counts live from its job while it runs, with a note in ``errors`` when at its
+        pace it will not finish in its window."""
         batch = stored.batch
         if batch.status.over:
             return batch
@@ -274,12 +275,16 @@ class Gateway:
         if stored.batch.status in (BatchStatus.IN_PROGRESS, BatchStatus.FINALIZING):
             jobs = self.jobs_of(stored.prefix)
             try:
-                s = await jobs.status(batch.id, rate=False)
+                s = await jobs.status(batch.id)
             except JobNotFoundError:
                 return batch
             counts = counts_of(s.done, s.failed, s.total or s.enqueued)
             batch = msgspec.structs.replace(
-                batch, request_counts=counts, usage=usage_of(s), waiting=await _waiting(jobs, batch)
+                batch,
+                request_counts=counts,
+                usage=usage_of(s),
+                waiting=await _waiting(jobs, batch),
+                errors=late(batch, s, epoch_s()),  # (the clock its window is kept by)
             )
         return batch
 
