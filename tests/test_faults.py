@@ -157,7 +157,12 @@ def test_redis_restarted_mid_job_everyone_reconnects_and_nothing_is_lost(
         producer = fleet.enqueue("restart", n, poison)
         workers = [fleet.worker("w1", [0]), fleet.worker("w2", [1])]
         collector = fleet.collect("restart")
-        while fleet.done("restart") < 3000:
+        # Both workers up (a loaded machine starts one late: it would first meet Redis after
+        # the restart, with nothing to reconnect to) and the job under way.
+        while fleet.done("restart") < 3000 or not all(
+            f"worker {name}:" in log.read_text()
+            for name, log in zip(("w1", "w2"), fleet.logs[:2], strict=True)
+        ):
             time.sleep(0.01)
         server.stop()  # a clean restart: AOF flushed, the same data comes back
         time.sleep(2)  # the outage's length (a restart takes a while), not a wait for anything

