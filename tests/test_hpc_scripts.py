@@ -119,7 +119,6 @@ def test_slurm_job_outlives_an_allocation_cut_short(
     _enqueue(hpc_env, tmp_path, "long", n, max_tokens)
     env = {
         **hpc_env,
-        "VLLM_PORT": str(free_port()),
         "MODEL": "org/served-model",
         "SIM_ARGS": "--step-ms 4",  # slow enough that the first allocation cannot finish
     }
@@ -131,7 +130,9 @@ def test_slurm_job_outlives_an_allocation_cut_short(
     wait_until("first results", lambda: done() > 0)
     os.killpg(first.pid, signal.SIGTERM)  # the walltime: Slurm signals every process of the job
     _, first_log = first.communicate(timeout=60)
-    assert b"stopping: finishing batches in flight" in first_log  # a graceful stop, not a crash
+    assert b"SIGTERM received: stopping the worker" in first_log
+    worker_log = (tmp_path / "logs" / "localhost" / "worker.log").read_text()
+    assert "stopping: finishing batches in flight" in worker_log  # a graceful stop, no crash
     cut_at = done()
     assert 0 < cut_at < n
 
@@ -146,7 +147,7 @@ def test_slurm_job_outlives_an_allocation_cut_short(
         x["text"] == completion_for(f"question {x['index']} for long", max_tokens)[0] for x in lines
     )
     # The script's model reached the server, and its log went where the script says.
-    assert (tmp_path / "vllm-localhost.log").exists()
+    assert (tmp_path / "logs" / "localhost" / "engine-0.log").exists()
     sample = msgspec.msgpack.decode(client.hget(f"{prefix}:{{long}}:results", "0"))
     assert sample["model"] == "org/served-model"
 
