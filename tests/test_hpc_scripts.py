@@ -202,3 +202,37 @@ def test_pbs_workers_take_their_own_hosts_endpoints_with_the_tag_asked_for(
     finally:
         sim.terminate()
         sim.wait(timeout=10)
+
+
+def test_pbs_nodes_start_an_engine_per_device_and_drain_the_job(
+    hpc_env: dict[str, str], tmp_path: Path
+) -> None:
+    nodefile = tmp_path / "nodefile"
+    nodefile.write_text("localhost\nlocalhost\n")  # one node, two slots: one swarm-node
+    _enqueue(hpc_env, tmp_path, "tiles", 400, 8)
+    secrets = tmp_path / "swarm.env"
+    secrets.write_text(f"export SWARM_REDIS_URL='{hpc_env['SWARM_REDIS_URL']}'\n")
+    secrets.chmod(0o600)
+    env = {
+        **{k: v for k, v in hpc_env.items() if k != "SWARM_REDIS_URL"},
+        "SWARM_ENV_FILE": str(secrets),
+        "PBS_O_WORKDIR": str(tmp_path),
+        "PBS_NODEFILE": str(nodefile),
+        "MODEL": "org/tile-model",
+        "ENGINES": "3",
+        "SIM_ARGS": "--step-ms 2",
+    }
+    run = subprocess.run(
+        ["bash", REPO / "examples" / "pbs" / "swarm-node.pbs"],
+        env=env, capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stderr.count("healthy after") == 3  # three engines, one per tile
+    lines = _collect(hpc_env, tmp_path, "tiles")
+    assert len(lines) == 400 and all(x["error"] is None for x in lines)
+    assert len({x["endpoint"] for x in lines}) == 3
+    assert {x["model"] for x in lines} == {"org/tile-model"}
+    logs = tmp_path / "logs" / "localhost"
+    assert sorted(p.name for p in logs.iterdir()) == [
+        "engine-0.log", "engine-1.log", "engine-2.log", "worker.log",
+    ]  # fmt: skip
