@@ -11,7 +11,8 @@ tool, with ``--enable-auto-tool-choice --tool-call-parser hermes`` (agents), one
 pooling runner (embeddings); then four plain ones, for affinity (:mod:`bench.interop_prefix`).
 OpenAI batch lines are compared with ``vllm run-batch``'s output
 for the same file, and batches of every line kind through swarm-gateway with the ``openai``
-SDK (:mod:`bench.interop_gateway`); a tree reduce and a pipeline are rebuilt step by step from
+SDK (:mod:`bench.interop_gateway`), and ``swarm-node`` with vLLM as its engine
+(:mod:`bench.interop_node`); a tree reduce and a pipeline are rebuilt step by step from
 vLLM's answers.
 Greedy answers of a random model are gibberish but deterministic: equal to what vLLM answers
 the same request alone. One line per check; exit status 1 on any mismatch. Not part of
@@ -34,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.interop_agents import AGENTS, TOOL_TASK, agents, tool
 from bench.interop_gateway import gateway_batches
+from bench.interop_node import node_on_vllm
 from bench.interop_prefix import prefix_affinity
 from bench.vllm_checks import WORK, Checks, alone, job, lines_of, run, same, same_usage, worker
 from bench.vllm_cpu import (
@@ -81,6 +83,7 @@ def main() -> int:
             _samples(checks, env, plain.url)
             _embeddings(checks, env, pooled.url, n)
             gateway_batches(checks, env, plain.url, pooled.url)
+            node_on_vllm(checks, env, python, model, plain.url)
             agents(checks, env, plain.url, tooled.url)
             _gauges(checks, plain.url)
         finally:
