@@ -62,7 +62,7 @@ def node_on_vllm(checks: Checks, env: dict[str, str], python: Path, model: Path,
 
 
 def _pids(said: str) -> list[str]:
-    starts = [line for line in said.splitlines() if "engine" in line and "started (pid " in line]
+    starts = [x for x in said.splitlines() if x.startswith("swarm-node: engine") and "(pid " in x]
     return [line.split("(pid ")[1].split(",")[0] for line in starts]
 
 
