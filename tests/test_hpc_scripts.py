@@ -152,6 +152,23 @@ def test_slurm_job_outlives_an_allocation_cut_short(
     assert sample["model"] == "org/served-model"
 
 
+def _pbs_env(hpc_env: dict[str, str], tmp_path: Path) -> dict[str, str]:
+    """A PBS job's environment on one node (two slots: one task): the Redis URL in a file
+    (swarm.env, readable by others until a test makes it its owner's), never from qsub -v
+    (qstat -f shows those)."""
+    nodefile = tmp_path / "nodefile"
+    nodefile.write_text("localhost\nlocalhost\n")
+    secrets = tmp_path / "swarm.env"
+    secrets.write_text(f"export SWARM_REDIS_URL='{hpc_env['SWARM_REDIS_URL']}'\n")
+    secrets.chmod(0o644)
+    return {
+        **{k: v for k, v in hpc_env.items() if k != "SWARM_REDIS_URL"},
+        "SWARM_ENV_FILE": str(secrets),
+        "PBS_O_WORKDIR": str(tmp_path),
+        "PBS_NODEFILE": str(nodefile),
+    }
+
+
 def test_pbs_workers_take_their_own_hosts_endpoints_with_the_tag_asked_for(
     hpc_env: dict[str, str], tmp_path: Path
 ) -> None:
@@ -164,18 +181,9 @@ def test_pbs_workers_take_their_own_hosts_endpoints_with_the_tag_asked_for(
             f"localhost\t{ports[1]}\tmodel=70b\n"  # another model: not this job's tag
             f"othernode\t{ports[2]}\tmodel=8b\n"  # another node: its own worker's
         )
-        nodefile = tmp_path / "nodefile"
-        nodefile.write_text("localhost\nlocalhost\n")  # one node, two slots: one worker
         _enqueue(hpc_env, tmp_path, "tagged", 500, 8)
-        # The URL from a file only its owner reads, never from qsub -v (qstat -f shows those).
-        secrets = tmp_path / "swarm.env"
-        secrets.write_text(f"export SWARM_REDIS_URL='{hpc_env['SWARM_REDIS_URL']}'\n")
-        secrets.chmod(0o644)
         env = {
-            **{k: v for k, v in hpc_env.items() if k != "SWARM_REDIS_URL"},
-            "SWARM_ENV_FILE": str(secrets),
-            "PBS_O_WORKDIR": str(tmp_path),
-            "PBS_NODEFILE": str(nodefile),
+            **_pbs_env(hpc_env, tmp_path),
             "SWARM_HOSTFILE": str(hostfile),
             "SWARM_ENDPOINT_TAG": "model=8b",
         }
@@ -183,7 +191,7 @@ def test_pbs_workers_take_their_own_hosts_endpoints_with_the_tag_asked_for(
         loose = subprocess.run(script, env=env, capture_output=True, text=True, timeout=60)
         assert loose.returncode == 2
         assert "holds a password and others may read it: chmod 600 it" in loose.stderr
-        secrets.chmod(0o600)
+        (tmp_path / "swarm.env").chmod(0o600)
         run = subprocess.run(script, env=env, capture_output=True, text=True, timeout=120)
         assert run.returncode == 0, run.stderr[-3000:]
         lines = _collect(hpc_env, tmp_path, "tagged")
@@ -207,21 +215,14 @@ def test_pbs_workers_take_their_own_hosts_endpoints_with_the_tag_asked_for(
 def test_pbs_nodes_start_an_engine_per_device_and_drain_the_job(
     hpc_env: dict[str, str], tmp_path: Path
 ) -> None:
-    nodefile = tmp_path / "nodefile"
-    nodefile.write_text("localhost\nlocalhost\n")  # one node, two slots: one swarm-node
     _enqueue(hpc_env, tmp_path, "tiles", 400, 8)
-    secrets = tmp_path / "swarm.env"
-    secrets.write_text(f"export SWARM_REDIS_URL='{hpc_env['SWARM_REDIS_URL']}'\n")
-    secrets.chmod(0o600)
     env = {
-        **{k: v for k, v in hpc_env.items() if k != "SWARM_REDIS_URL"},
-        "SWARM_ENV_FILE": str(secrets),
-        "PBS_O_WORKDIR": str(tmp_path),
-        "PBS_NODEFILE": str(nodefile),
+        **_pbs_env(hpc_env, tmp_path),
         "MODEL": "org/tile-model",
         "ENGINES": "3",
         "SIM_ARGS": "--step-ms 2",
     }
+    (tmp_path / "swarm.env").chmod(0o600)
     run = subprocess.run(
         ["bash", REPO / "examples" / "pbs" / "swarm-node.pbs"],
         env=env, capture_output=True, text=True, timeout=180,
