@@ -212,7 +212,7 @@ def test_pbs_workers_take_their_own_hosts_endpoints_with_the_tag_asked_for(
         sim.wait(timeout=10)
 
 
-def test_pbs_nodes_start_an_engine_per_device_and_drain_the_job_on_them(
+def test_pbs_nodes_start_an_engine_per_device_and_drain_the_job(
     hpc_env: dict[str, str], tmp_path: Path
 ) -> None:
     _enqueue(hpc_env, tmp_path, "tiles", 400, 8)
