@@ -114,3 +114,23 @@ def test_a_node_whose_engine_command_cannot_run_says_so_and_exits_2(
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert bad.returncode == 2 and "put {port} where the command names it" in bad.stderr
+
+
+def test_a_node_whose_every_engine_keeps_dying_gives_up_and_ends_1(
+    cli_env: dict[str, str], tmp_path: Path
+) -> None:
+    """Never a node waiting for ever on engines that cannot come up (a wrong model path, a
+    GPU gone): each is restarted --restarts times, then given up on; with none left, the
+    node stops its worker and ends, status 1."""
+    dying = f"{BIN / 'python'} -c 'raise SystemExit(3)' --port {{port}}"
+    env = {**cli_env, "SWARM_SHUTDOWN_GRACE_S": "5"}
+    got = subprocess.run(
+        [BIN / "swarm-node", "--engines", "2", "--engine", dying, "--restarts", "1",
+         "--log-dir", tmp_path],
+        env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert got.returncode == 1, got.stderr
+    for index in (0, 1):
+        assert f"engine {index} exited with status 3; restarting in" in got.stderr
+        assert f"engine {index} given up on: it died 2 times, never healthy between" in got.stderr
+    assert "error: every engine given up on: stopping the worker" in got.stderr

@@ -65,6 +65,7 @@ class Engine:
         self.started_at = 0.0
         self.late_said = False
         self.restarts = 0
+        self.given_up = False  # it died --restarts times in a row, never healthy between
         self.due = 0.0  # when a dead engine starts again
 
     @property
@@ -110,7 +111,7 @@ class Node:
 
     def run(self) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda s, _f: self._stop(signal.Signals(s).name))
+            signal.signal(sig, lambda s, _f: self._stop(f"{signal.Signals(s).name} received"))
         try:
             for engine in self.engines:
                 engine.start()
@@ -126,6 +127,11 @@ class Node:
                 say(f"the worker exited with status {status}")
                 self._stop_engines()
                 return status
+            if all(e.given_up for e in self.engines):
+                # Nothing left to serve the worker: the node ends, never waits for ever.
+                self._stop("error: every engine given up on")
+                self._shut_down()
+                return 1
             time.sleep(LOOK_S)
         return self._shut_down()
 
@@ -145,7 +151,13 @@ class Node:
         for e in self.engines:
             assert e.proc is not None
             if e.proc.poll() is not None:
-                if not e.due:
+                if e.given_up:
+                    continue
+                if not e.due and e.restarts >= self.args.restarts:
+                    e.given_up = True
+                    say(f"engine {e.index} given up on: it died {e.restarts + 1} times, never "
+                        f"healthy between (see {e.log})")  # fmt: skip
+                elif not e.due:
                     e.restarts += 1
                     wait = backoff_s(e.restarts - 1, base_s=2.0, cap_s=RESTART_CAP_S)
                     e.due = now + wait
@@ -178,7 +190,7 @@ class Node:
     def _shut_down(self) -> int:
         """The worker first (it hands back what it holds within its grace), then the
         engines; whatever is still running past its time is killed."""
-        say(f"{self.stopping} received: stopping the worker (grace {self.grace_s:.0f} s)")
+        say(f"{self.stopping}: stopping the worker (grace {self.grace_s:.0f} s)")
         assert self.worker is not None
         if self.worker.poll() is None:
             os.killpg(self.worker.pid, signal.SIGTERM)
@@ -221,6 +233,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--health-timeout-s", type=float, default=1800.0, metavar="S",
         help="say an engine is not healthy after S seconds (a large model loads for minutes)",
+    )  # fmt: skip
+    p.add_argument(
+        "--restarts", type=int, default=5, metavar="N",
+        help="give an engine up after N restarts in a row with no healthy start between (5); "
+        "the node ends with status 1 once every engine is given up",
     )  # fmt: skip
     p.add_argument("--burst", action="store_true", help="end once no work is left for the node")
     return p
