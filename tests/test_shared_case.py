@@ -1,6 +1,7 @@
 """The shared case of issue 21: on one fleet of two models and one Redis, a job answered partly
 from the response cache, a plain job, a job for the other model, a job of questions over
-documents (its prompts carrying affinity keys, each document's given to one endpoint), and a job
+documents (its prompts carrying affinity keys, each document's given to one endpoint; it and the
+plain job of one project), and a job
 deleted mid-run and queued again under its name with another input, one endpoint unusable (a
 wrong key), with Redis restarted in the middle. No output holds a wrong answer or another
 model's, and every job's counts equal its total. Real processes throughout."""
@@ -78,9 +79,12 @@ def test_jobs_of_two_models_a_broken_endpoint_a_requeued_job_and_a_redis_restart
         assert warm.wait(timeout=120) == 0
 
         _enqueue(fleet, _write(tmp_path / "cached.txt", cached_in), "cached", *cache_args)
-        _enqueue(fleet, _write(tmp_path / "plain.txt", plain_in), "plain", "--model", "m")
+        # Two jobs of one project, sharing its turn of the fleet, beside jobs of none.
+        _enqueue(fleet, _write(tmp_path / "plain.txt", plain_in), "plain", "--model", "m",
+                 "--project", "lab")  # fmt: skip
         _enqueue(fleet, _write(tmp_path / "other.txt", other_in), "other", "--model", "n")
-        _enqueue(fleet, _write(tmp_path / "affine.txt", affine_in), "affine", "--model", "m")
+        _enqueue(fleet, _write(tmp_path / "affine.txt", affine_in), "affine", "--model", "m",
+                 "--project", "lab")  # fmt: skip
         _enqueue(fleet, _write(tmp_path / "reused.txt", old_in), "reused", "--model", "m")
         locked = stack.enter_context(wrong_key_endpoint())
         broken = fleet.worker("w1", [0], burst=False, SWARM_ENDPOINTS=f"{fleet.url(0)},{locked}")

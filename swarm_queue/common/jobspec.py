@@ -59,6 +59,8 @@ class JobOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     # A JSON Schema every answer must match.
     schema: dict[str, object] | None = None
     priority: int = 0
+    # The project the job is for: a project's jobs share one turn of the fleet.
+    project: str = ""
     cache: bool = False
     cache_sampled: bool = False
     cache_refresh: bool = False
@@ -89,6 +91,7 @@ class JobSettings(TypedDict, total=False):
     template: str | None
     schema: dict[str, object] | None
     priority: int
+    project: str
     cache: bool
     cache_sampled: bool
     cache_refresh: bool
@@ -231,6 +234,7 @@ def build_spec(
         request=_request(options),
         per_prompt=per_prompt,
         priority=options.priority,
+        project=options.project,
         cache=options.cache or options.cache_sampled or options.cache_refresh,
         cache_sampled=options.cache_sampled,
         cache_refresh=options.cache_refresh,

@@ -120,6 +120,13 @@ def add_job_settings(p: argparse.ArgumentParser) -> None:
         "equal priority share them in turn (default 0)",
     )
     j.add_argument(
+        "--project",
+        default="",
+        metavar="NAME",
+        help="the project the job is for: a project's jobs share one turn of the fleet, "
+        "however many it has (default: a turn of its own)",
+    )
+    j.add_argument(
         "--line-usage",
         action="store_true",
         help="each output line says its prompt's own token counts, even where prompts shared a "
