@@ -121,7 +121,8 @@ class Gateway:
                 if part.name == "purpose":
                     purpose = (await part.text()).strip()
                 elif part.name in ("expires_after[anchor]", "expires_after[seconds]"):
-                    expiry[part.name[14:-1]] = (await part.text()).strip()
+                    field = part.name.removeprefix("expires_after[").removesuffix("]")
+                    expiry[field] = (await part.text()).strip()
                 elif part.name == "file":
                     if got is not None:
                         raise ApiError(400, "one file per upload", param="file")
