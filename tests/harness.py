@@ -462,6 +462,10 @@ class Fleet:
         """Generation requests port ``i`` has received, answered or not (swarm-sim's own)."""
         return self._counter(i, "swarm_sim:http_requests_total")
 
+    def peak(self, i: int) -> int:
+        """The most sequences port ``i``'s engine ever ran at once (swarm-sim's own)."""
+        return self._counter(i, "swarm_sim:peak_running")
+
     def _counter(self, i: int, name: str) -> int:
         with urllib.request.urlopen(f"{self.url(i)}/metrics", timeout=5) as resp:
             text = resp.read().decode()

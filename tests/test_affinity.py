@@ -327,7 +327,7 @@ async def test_a_job_of_affinity_keys_copies_only_batches_three_times_as_late(
     monkeypatch.setattr(store, "copies", copies)
     source = Copies(store, "w|http://a", make_settings(claim_idle_ms=60_000))
     source.took("j", 2.0)
-    await source.take(JobSpec(job="j"))
+    await source.take(JobSpec(job="j"), 32)
     source.cadence.now("j")
-    await source.take(JobSpec(job="j"), affine=True)
+    await source.take(JobSpec(job="j"), 32, affine=True)
     assert asked == [2000, 6000]

@@ -293,6 +293,12 @@ class Keys:
         return f"{self.prefix}:fleet"
 
     @property
+    def project_caps(self) -> str:
+        """Hash: project -> the most lines its jobs may have in flight across the fleet
+        (``swarm-jobs --cap``); like ``jobs``, outside any job's slot."""
+        return f"{self.prefix}:project-caps"
+
+    @property
     def cache_answers(self) -> str:
         """Hash: answer key (see :mod:`common.cache`) -> msgpack answer, shared by every job
         of this prefix. All of the cache has one hash tag, ``{~cache}``, that no job name can

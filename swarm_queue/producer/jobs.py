@@ -1,5 +1,6 @@
-"""``swarm-jobs``: the jobs in Redis with their state and age, and the response cache's size;
-deleting finished jobs (a job goes with its steps and stages); clearing the cache."""
+"""``swarm-jobs``: the jobs in Redis with their state and age, the response cache's size and
+the projects' caps; deleting finished jobs (a job goes with its steps and stages); clearing
+the cache; capping a project's lines in flight."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from swarm_queue.common.errors import (
     ConfigError,
     JobConflictError,
     JobNotFoundError,
+    SwarmError,
 )
 from swarm_queue.common.hostfile import normalize_url
 from swarm_queue.common.keys import parse_stage, validate_job_name
@@ -99,6 +101,12 @@ async def _jobs(args: argparse.Namespace) -> int:
         if args.delete or args.delete_finished:
             await _delete(store, args)
             return 0
+        if args.cap:
+            for project, lines in args.cap:
+                await store.set_project_cap(project, lines)
+                said = f"at most {lines} lines in flight" if lines else "no cap"
+                print(f"project {project}: {said}")
+            return 0
         fleet, note = await read_fleet(store)
         rows, bad = await read_jobs(store, fleet, await store.server_time())
         print(
@@ -126,6 +134,8 @@ async def _jobs(args: argparse.Namespace) -> int:
             )
         except BadRecordError as exc:
             print(f"response cache: unreadable: {exc}")
+        for project, cap in sorted((await store.project_caps()).items()):
+            print(f"project {project}: at most {cap} lines in flight")
         for name in bad:
             print(f"ignored in {store.keys.jobs}: {name!r} is not a job name", file=sys.stderr)
         if note:
@@ -153,6 +163,21 @@ def _moment(text: str) -> Callable[[float], float]:
     return lambda now: at
 
 
+def _cap(text: str) -> tuple[str, int | None]:
+    """argparse's type for --cap: ``PROJECT=LINES``, LINES a positive count or ``none``."""
+    project, sep, lines = text.partition("=")
+    if sep and (lines.strip() == "none" or lines.strip().isdigit()):
+        n = None if lines.strip() == "none" else int(lines)
+        try:
+            validate_job_name(project)
+        except SwarmError as exc:
+            raise argparse.ArgumentTypeError(f"project {project!r}: {exc}") from None
+        return project, n
+    raise argparse.ArgumentTypeError(
+        f"{text!r} is not PROJECT=LINES (a count of lines in flight, or none to lift the cap)"
+    )
+
+
 def _when(at: float) -> str:
     return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
@@ -160,14 +185,24 @@ def _when(at: float) -> str:
 def main(argv: Sequence[str] | None = None) -> None:
     p = Parser(
         prog="swarm-jobs",
-        description="List the jobs in Redis with their state and age, and the response "
-        "cache's size; delete finished jobs; clear the cache.",
+        description="List the jobs in Redis with their state and age, the response "
+        "cache's size and the projects' caps; delete finished jobs; clear the cache; cap a "
+        "project's lines in flight.",
     )
     p.add_argument("--delete", nargs="+", metavar="JOB", help="delete these finished jobs")
     p.add_argument(
         "--delete-finished", action="store_true", help="delete every finished or cancelled job"
     )
     p.add_argument("--force", action="store_true", help="with --delete: running jobs too")
+    p.add_argument(
+        "--cap",
+        nargs="+",
+        type=_cap,
+        metavar="PROJECT=LINES",
+        help="cap a project's lines in flight across the fleet (its jobs' prompts taken and "
+        "not yet answered); PROJECT=none lifts the cap. Kept by each worker from the fleet's "
+        "count: exact in one worker process",
+    )
     p.add_argument(
         "--clear-cache",
         action="store_true",

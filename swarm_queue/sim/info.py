@@ -94,7 +94,7 @@ def info_routes(sim: SimEndpoint) -> list[web.RouteDef]:
 
 
 def metrics_text(sim: SimEndpoint) -> str:
-    """``/metrics`` as vLLM names its gauges and counters (and swarm-sim's own two)."""
+    """``/metrics`` as vLLM names its gauges and counters (and swarm-sim's own three)."""
     engine, label = sim.engine, f'{{model_name="{sim.model}"}}'
     lines = [
         "# HELP vllm:num_requests_running Number of requests in model execution batches.",
@@ -103,6 +103,10 @@ def metrics_text(sim: SimEndpoint) -> str:
         "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.",
         "# TYPE vllm:num_requests_waiting gauge",
         f"vllm:num_requests_waiting{label} {engine.num_waiting}",
+        "# HELP swarm_sim:peak_running The most sequences ever running at once (swarm-sim's "
+        "own: what polling the running gauge can miss).",
+        "# TYPE swarm_sim:peak_running gauge",
+        f"swarm_sim:peak_running{label} {engine.peak_running}",
         "# HELP swarm_sim:http_requests_total Generation requests received (swarm-sim's own).",
         "# TYPE swarm_sim:http_requests_total counter",
         f"swarm_sim:http_requests_total{label} {sim.http_requests}",

@@ -11,6 +11,7 @@ from swarm_queue.common.errors import BadRecordError, JobGoneError
 from swarm_queue.common.models import JobSpec
 from swarm_queue.common.settings import Settings
 from swarm_queue.common.store import WorkerStore
+from swarm_queue.worker.caps import Caps
 from swarm_queue.worker.metrics import Metrics
 
 __all__ = ["DrainContext"]
@@ -25,6 +26,8 @@ class DrainContext(Protocol):
     # Per urgent job, the batches one endpoint may start by preemption.
     shares: dict[str, int]
     burst: bool
+    # How many lines a look may take of a job: its project's cap (see worker/caps.py).
+    caps: Caps
 
     @property
     def store(self) -> WorkerStore:

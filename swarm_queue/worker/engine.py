@@ -26,6 +26,7 @@ from swarm_queue.common.models import JobSpec
 from swarm_queue.common.settings import Settings
 from swarm_queue.common.store import JobStore
 from swarm_queue.worker.backend import Backend, backend_for
+from swarm_queue.worker.caps import ProjectCaps
 from swarm_queue.worker.drainer import EndpointDrainer
 from swarm_queue.worker.jobtable import JobTable
 from swarm_queue.worker.metrics import NO_METRICS, Metrics
@@ -79,6 +80,8 @@ class Engine:
             abilities=lambda: self.abilities,
         )
         self.metrics: Metrics = self.publisher.prometheus or NO_METRICS
+        # Projects' caps on their lines in flight, read with the job registry.
+        self.caps = ProjectCaps(store, lambda: self.jobs)
         self.drainers += [EndpointDrainer(self, c) for c in clients]
         self.numpy = has_numpy()
         self.table = JobTable(store, settings, lacks=self._lacks, on_over=self._over)
@@ -142,6 +145,10 @@ class Engine:
             if not (force or self.table.due()):
                 return
             if await self.table.sweep() is not None:
+                try:
+                    await self.caps.read()
+                except BadRecordError as exc:  # the caps' hash: keep the caps known
+                    self.store.warn_once("the projects' caps", str(exc))
                 self.shares = await fair_shares(
                     self.store, list(self.jobs.values()), self.drainers, self.settings.batch_size
                 )

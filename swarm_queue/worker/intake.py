@@ -7,16 +7,18 @@ entries, the endpoint's lane, new ones; then other lanes' and speculative copies
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
 import math
 from collections import deque
 from collections.abc import Awaitable, Callable
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 from swarm_queue.common.keys import group_of, lane_name
 from swarm_queue.common.models import JobSpec
 from swarm_queue.common.settings import Settings
 from swarm_queue.common.store import WorkerStore
+from swarm_queue.worker.caps import NO_CAPS, Caps
 from swarm_queue.worker.inflight import Pace
 from swarm_queue.worker.sources import Copies, Delivery, Reclaimed, Source, Stolen, plan
 
@@ -63,6 +65,13 @@ def queued(spec: JobSpec) -> Queued:
     group, place = group_of(spec.job)
     unit = group if spec.affinity else ""
     return Queued(spec.job, spec.priority, unit, place, spec.project, spec.deadline_s)
+
+
+class _Look(enum.Enum):
+    CAPPED = "the job's project has no line left under its cap"
+
+
+CAPPED = _Look.CAPPED
 
 
 def _rotated(names: list[str], turn: int) -> list[str]:
@@ -127,6 +136,8 @@ class Intake:
         self.affine: set[str] = set()
         # The live lanes a job's affinity keys may be given to (the worker's view of the fleet).
         self.lanes: Callable[[JobSpec], Awaitable[list[str]]] = _alone
+        # How many lines each look may take of a job (its project's cap; see worker/caps.py).
+        self.caps: Caps = NO_CAPS
         self._losses = 0  # the store's connection losses when last looked at
         self._recovery_lock = asyncio.Lock()
         self._recovered: deque[tuple[JobSpec, list[Delivery]]] = deque()
@@ -180,13 +191,14 @@ class Intake:
             return None
         got = await self._walk(jobs, idle)
         if got is None and block_ms:
-            return await self._new(jobs[0], block_ms)
+            waited = await self._look(jobs[0], Source.NEW, block_ms)
+            return None if waited is CAPPED else waited
         return got
 
-    async def _new(self, spec: JobSpec, block_ms: int | None = None) -> Taken | None:
-        """New entries of ``spec``'s job (waiting ``block_ms`` for some), but those whose
-        affinity key is another endpoint's, handed to its lane."""
-        job, batch = spec.job, self.settings.batch_size
+    async def _new(self, spec: JobSpec, batch: int, block_ms: int | None = None) -> Taken | None:
+        """Up to ``batch`` new entries of ``spec``'s job (waiting ``block_ms`` for some), but
+        those whose affinity key is another endpoint's, handed to its lane."""
+        job = spec.job
         entries = await self.store.read_keyed(job, self.consumer, batch, block_ms=block_ms)
         gone: set[bytes] = set()
         if keyed := [(e, k) for e, _, k in entries if k]:
@@ -210,26 +222,45 @@ class Intake:
     async def _walk(self, jobs: list[JobSpec], idle: bool) -> Taken | None:
         """The first batch the plan's looks find (see :func:`worker.sources.plan`)."""
         busy = self.engine_busy()
+        capped: set[str] = set()  # jobs whose project had no line left at a look
         for spec, source in plan(
             jobs, idle=idle, engine_busy=busy, speculate=self.settings.speculate, affine=self.affine
         ):
-            if (taken := await self._look(spec, source)) is not None:
-                return taken
+            if spec.job not in capped:
+                taken = await self._look(spec, source)
+                if taken is CAPPED:
+                    capped.add(spec.job)
+                elif taken is not None:
+                    return taken
         return None
 
-    async def _look(self, spec: JobSpec, source: Source) -> Taken | None:
-        """One look at ``source`` for ``spec``'s job: what it gives, marked in hand."""
-        job, batch = spec.job, self.settings.batch_size
+    async def _look(
+        self, spec: JobSpec, source: Source, block_ms: int | None = None
+    ) -> Taken | Literal[_Look.CAPPED] | None:
+        """One look at ``source`` for ``spec``'s job, for as many lines as its project's cap
+        leaves (a batch when uncapped): what it gives, marked in hand."""
+        granted = await self.caps.grant(spec, self.settings.batch_size)
+        if not granted:
+            return CAPPED
+        try:
+            return await self._take(spec, source, granted, block_ms)
+        finally:
+            await self.caps.settle(spec, granted)
+
+    async def _take(
+        self, spec: JobSpec, source: Source, batch: int, block_ms: int | None
+    ) -> Taken | None:
+        job = spec.job
         if source is Source.RECLAIMED:
-            claimed = await self.reclaimed.take(spec, self.hand(job))
+            claimed = await self.reclaimed.take(spec, self.hand(job), batch)
             return Taken(spec, claimed) if claimed else None
         if source is Source.LANE:
             mine = await self.store.take_lane(job, self.lane, self.consumer, batch)
             return self._held(spec, mine)
         if source is Source.NEW:
-            return await self._new(spec)
+            return await self._new(spec, batch, block_ms)
         if source is Source.STOLEN:
-            taken = self._held(spec, await self.stolen.take(job))
+            taken = self._held(spec, await self.stolen.take(job, batch))
             if taken is None and self.settings.hand_on:
                 # Nothing here: say so, with this endpoint's pace (a slower busy engine's
                 # worker then hands its newest waiting turns on).
@@ -238,7 +269,7 @@ class Intake:
                     job, pace.s_per_token or 0.0, pace.decode_s_per_token or 0.0
                 )
             return taken
-        copies = await self.copies.take(spec, affine=spec.job in self.affine)
+        copies = await self.copies.take(spec, batch, affine=spec.job in self.affine)
         return Taken(spec, copies, copy=True) if copies else None
 
     async def _recover(self, spec: JobSpec) -> None:

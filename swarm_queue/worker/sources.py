@@ -113,14 +113,13 @@ class Reclaimed:
         self._every_s = min(settings.claim_idle_ms / 4000, 2.0)
         self._lock = asyncio.Lock()  # one slot at a time, so no two take the same entry
 
-    async def take(self, spec: JobSpec, held: set[bytes]) -> list[Delivery]:
-        """The entries claimed, but those in ``held`` (this endpoint's own, being run);
-        a claim that returns some of those (released by their holder while a copy of them
-        runs here) hands them straight back to the fleet."""
+    async def take(self, spec: JobSpec, held: set[bytes], batch: int) -> list[Delivery]:
+        """Up to ``batch`` entries claimed, but those in ``held`` (this endpoint's own, being
+        run); a claim that returns some of those (released by their holder while a copy of
+        them runs here) hands them straight back to the fleet."""
         job = spec.job
         if not self.cadence.due(job):
             return []
-        batch = self.settings.batch_size
         async with self._lock:
             claimed = await self.store.autoclaim(
                 job, self.consumer, self.settings.claim_idle_ms, batch
@@ -159,14 +158,14 @@ class Copies:
         before = self._batch_s.get(job)
         self._batch_s[job] = seconds if before is None else 0.8 * before + 0.2 * seconds
 
-    async def take(self, spec: JobSpec, *, affine: bool = False) -> list[Delivery]:
-        """Copies of ``spec``'s entries held late elsewhere; of a job whose prompts carry
-        affinity keys (``affine``), only of batches :data:`AFFINE_LATE` times as late (a copy
-        computes the prefix again, and their batches' times vary with how much is cached)."""
+    async def take(self, spec: JobSpec, batch: int, *, affine: bool = False) -> list[Delivery]:
+        """Up to ``batch`` copies of ``spec``'s entries held late elsewhere; of a job whose
+        prompts carry affinity keys (``affine``), only of batches :data:`AFFINE_LATE` times as
+        late (a copy computes the prefix again, and their batches' times vary with how much
+        is cached)."""
         job = spec.job
         if not self.cadence.due(job):
             return []
-        batch = self.settings.batch_size
         # Only batches in flight longer than ours take (kept under the heartbeat's period,
         # which resets an entry's idle time, so a stuck batch's entries always qualify).
         late_s = self._batch_s.get(job, 0.0) * (AFFINE_LATE if affine else 1)
@@ -193,10 +192,10 @@ class Stolen:
         self.cadence = Cadence()
         self.hungry = Cadence()
 
-    async def take(self, job: str) -> list[Delivery]:
+    async def take(self, job: str, batch: int) -> list[Delivery]:
+        """Up to ``batch`` entries that waited too long in other lanes."""
         if not self.cadence.due(job):
             return []
-        batch = self.settings.batch_size
         stolen = await self.store.steal_lanes(
             job, self.lane, self.consumer, batch, self.settings.lane_wait_ms
         )

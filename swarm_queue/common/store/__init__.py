@@ -16,7 +16,7 @@ Layout of one job (keys from :class:`common.keys.Keys`, all in the job's hash sl
 Rooms: ``connection`` (client, retry, the error boundary), ``scripts`` and ``lua/`` (the atomic
 steps), ``entries`` (entry IDs and payloads), and the parts of :class:`JobStore`:
 ``registry``, ``feeding``, ``delivery``, ``lanes``, ``results``, ``stages``, ``steps``,
-``blackboards``, ``tools``, ``outcomes``, ``status``.
+``blackboards``, ``tools``, ``outcomes``, ``status``, ``projects``.
 """
 
 from swarm_queue.common.store.base import Memory

@@ -5,7 +5,7 @@ one class: no operation is declared twice.
 
 * :class:`ProducerStore`: a job created and its prompts queued (``swarm-enqueue``, the API);
 * :class:`WorkerStore`: the drain path: work read, reclaimed, committed; the response cache;
-  the figures published;
+  the figures published; projects' caps kept;
 * :class:`FlowStore`: a flow: answers landed taken and moved on into the next job, which it
   feeds and seals; a workflow's inputs between their steps; tool calls; blackboards; the
   reduce's stages;
@@ -20,6 +20,7 @@ from swarm_queue.common.store.delivery import Delivery
 from swarm_queue.common.store.feeding import Feeding
 from swarm_queue.common.store.lanes import Lanes
 from swarm_queue.common.store.outcomes import Outcomes
+from swarm_queue.common.store.projects import Projects
 from swarm_queue.common.store.registry import Registry
 from swarm_queue.common.store.results import Results
 from swarm_queue.common.store.stages import Stages
@@ -34,7 +35,7 @@ class ProducerStore(Registry, Feeding, Status):
     """What a producer does with a job: create it, queue its prompts, seal it."""
 
 
-class WorkerStore(Registry, Delivery, Lanes, Status, ResponseCache):
+class WorkerStore(Registry, Delivery, Lanes, Status, ResponseCache, Projects):
     """What the drain path does: take work, run it, commit it; publish."""
 
 
