@@ -2,7 +2,8 @@
 batches of each line kind (completions, chat with ``n``, responses, embeddings) through
 ``swarm-gateway`` and a worker process; each output line's answer and usage equal to vLLM's
 own answer to that request sent alone, each refused line alone in the error file with vLLM's
-own message, and each batch's usage the sum of its lines'. Run by bench/interop_vllm.py.
+own message, and each batch's usage the sum of its lines'; the prompt tokens vLLM found
+cached, per line and summed in the batch's usage. Run by bench/interop_vllm.py.
 """
 
 from __future__ import annotations
@@ -121,6 +122,7 @@ def gateway_batches(checks: Checks, env: dict[str, str], url: str, pooled: str) 
         for route, bodies, read in _batches():
             server = pooled if route == "embeddings" else url
             _batch(checks, client, server, route, bodies, read)
+        _cached(checks, client)
     finally:
         for proc in (worker, gateway):
             proc.terminate()
@@ -136,25 +138,8 @@ def _batch(
     read: Callable[[dict[str, Any]], Any],
 ) -> None:
     endpoint = f"/v1/{route}"
-    src = WORK / f"gw-{route.replace('/', '-')}.jsonl"
     lines = [_line(i, endpoint, b | {"model": "tiny-llama"}) for i, b in enumerate(bodies)]
-    src.write_text("".join(json.dumps(x) + "\n" for x in lines))
-    for _ in range(60):  # the gateway starting
-        try:
-            file = client.files.create(file=(src.name, src.read_bytes()), purpose="batch")
-            break
-        except openai.APIConnectionError:
-            time.sleep(1)
-    batch = client.batches.create(
-        input_file_id=file.id,
-        endpoint=endpoint,
-        completion_window="24h",
-    )
-    while (batch := client.batches.retrieve(batch.id)).status not in (
-        "completed", "failed", "expired", "cancelled",
-    ):  # fmt: skip
-        time.sleep(0.5)
-    out = _lines(client, batch.output_file_id) | _lines(client, batch.error_file_id)
+    batch, out = _run(client, route, lines)
     bad, usage, refused = [], [0, 0], 0
     for line in lines:
         status, own = _post(url, route, line["body"])
@@ -179,6 +164,50 @@ def _batch(
         f"lines equal to vLLM's own answer alone ({refused} refused, with vLLM's message), the "
         "batch's usage their sum",
         f"{batch.status}; differ at {bad[:5]}; usage {total} against {tuple(usage)}",
+    )
+
+
+def _run(client: openai.OpenAI, route: str, lines: list[dict[str, Any]], name: str = "") -> Any:
+    """A batch of ``lines`` to ``/v1/{route}`` run to its end: the batch, and its output and
+    error lines by custom_id."""
+    src = WORK / f"gw-{name or route.replace('/', '-')}.jsonl"
+    src.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    for _ in range(60):  # the gateway starting
+        try:
+            file = client.files.create(file=(src.name, src.read_bytes()), purpose="batch")
+            break
+        except openai.APIConnectionError:
+            time.sleep(1)
+    batch = client.batches.create(
+        input_file_id=file.id, endpoint=f"/v1/{route}", completion_window="24h"
+    )
+    while (batch := client.batches.retrieve(batch.id)).status not in (
+        "completed", "failed", "expired", "cancelled",
+    ):  # fmt: skip
+        time.sleep(0.5)
+    return batch, _lines(client, batch.output_file_id) | _lines(client, batch.error_file_id)
+
+
+def _cached(checks: Checks, client: openai.OpenAI) -> None:
+    """Responses lines sharing long instructions: vLLM's responses say the prompt tokens its
+    prefix cache held; each line says its own, the batch's usage their sum."""
+    shared = "Read the survey's notes with care and answer in one line. " * 30
+    bodies = [{"input": f"Name finding {i}.", "instructions": shared, "max_output_tokens": 4,
+               "temperature": 0, "model": "tiny-llama"} for i in range(6)]  # fmt: skip
+    lines = [_line(i, "/v1/responses", b) for i, b in enumerate(bodies)]
+    batch, out = _run(client, "responses", lines, "cached")
+    each = [
+        x["response"]["body"]["usage"]["input_tokens_details"]["cached_tokens"]
+        for x in out.values()
+        if x["response"]["status_code"] == 200
+    ]
+    total = batch.usage.input_tokens_details.cached_tokens if batch.usage else None
+    checks.check(
+        batch.status == "completed" and len(each) == 6 and total == sum(each) > 0,
+        "the Batch API through swarm-gateway, cached tokens: each responses line says the "
+        f"prompt tokens vLLM found cached ({sum(each)} in 6 lines sharing instructions), the "
+        "batch's usage their sum",
+        f"{batch.status}; lines {each}; batch {total}",
     )
 
 

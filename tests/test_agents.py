@@ -100,6 +100,8 @@ async def test_agents_take_their_turns_share_a_tool_call_and_answer_as_data(
     assert used == (
         sum(r.prompt_tokens for r in results),
         sum(r.completion_tokens for r in results),
+        0,  # (swarm-sim without --enable-prompt-tokens-details says no cached tokens)
+        0,
     )
     assert used[0] > (await store.status("ag")).prompt_tokens
     runs = (await asyncio.to_thread(runs_log.read_text)).split()
@@ -168,7 +170,7 @@ async def test_an_agent_goes_on_the_moment_its_turn_is_answered_not_with_its_bat
         sim = fleet.endpoints[0]
         answer = sim.chat_answer
 
-        async def held(req: Any) -> Any:
+        async def held(req: Any, **kw: Any) -> Any:
             # The last agent's turn is answered only once another agent of its batch has
             # ended (in order, not in time: a batch-wise commit never gets there).
             if "Question 31." in str(req.messages):
@@ -179,7 +181,7 @@ async def test_an_agent_goes_on_the_moment_its_turn_is_answered_not_with_its_bat
                 except TimeoutError:
                     k = 0
                 ended_before.append(k)
-            return await answer(req)
+            return await answer(req, **kw)
 
         sim.chat_answer = held  # type: ignore[method-assign]
         await run_engine(make_settings(batch_size=n), store, fleet.urls)

@@ -69,7 +69,7 @@ async def test_a_rejected_list_is_bisected_until_only_the_bad_prompt_fails() -> 
         400,
     )
     assert client.lists[0] == [f"p{i}" for i in range(8)] and ["p5"] in client.lists
-    assert tally.prompt_tokens == sum(len(x) for x in client.lists if "p5" not in x)
+    assert tally.rest.prompt_tokens == sum(len(x) for x in client.lists if "p5" not in x)
 
 
 async def test_missing_choices_are_asked_again_and_mapped_by_index() -> None:

@@ -159,6 +159,7 @@ def test_batches_of_each_endpoint_through_the_sdk_are_answered_line_by_line(
             assert body["usage"] == {
                 "prompt_tokens": count_tokens(prompt), "completion_tokens": answer_tokens,
                 "total_tokens": count_tokens(prompt) + answer_tokens,
+                "prompt_tokens_details": None, "completion_tokens_details": None,
             }  # fmt: skip
         # The batch's usage is what the server counted for its answered requests, exactly.
         answered = [fleet_prompt(i, poison) for i in range(n) if i not in poison]

@@ -72,6 +72,7 @@ def test_lines_asked_with_n_get_n_choices_and_a_greedy_one_fails_alone_with_vllm
             assert body["usage"] == {
                 "prompt_tokens": count_tokens(prompt), "completion_tokens": tokens,
                 "total_tokens": count_tokens(prompt) + tokens,
+                "prompt_tokens_details": None, "completion_tokens_details": None,
             }  # fmt: skip
             input_tokens += count_tokens(prompt)
             output_tokens += tokens

@@ -40,7 +40,14 @@ def test_a_success_is_a_200_response_with_a_completion_body() -> None:
                 "choices": [
                     {"index": 0, "text": " blue", "logprobs": None, "finish_reason": "stop"}
                 ],
-                "usage": {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6},
+                "usage": {
+                    "prompt_tokens": 5,
+                    "completion_tokens": 1,
+                    "total_tokens": 6,
+                    # null where the engine did not say them, as vLLM writes
+                    "prompt_tokens_details": None,
+                    "completion_tokens_details": None,
+                },
             },
         },
         "error": None,

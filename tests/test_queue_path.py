@@ -14,7 +14,7 @@ import msgspec
 import pytest
 
 from swarm_queue.common.errors import InputError, JobConflictError
-from swarm_queue.common.models import PromptItem, Result, SamplingParams, decode_item
+from swarm_queue.common.models import PromptItem, Result, SamplingParams, Usage, decode_item
 from swarm_queue.common.settings import Settings
 from swarm_queue.common.store import JobStore
 from swarm_queue.producer.enqueue import enqueue_prompts
@@ -81,10 +81,10 @@ async def test_a_copy_that_lost_counts_none_of_its_requests_tokens(store: JobSto
     got = await store.read_new("j", "c1", 4)
     gen = await gen_of(store, "j")
     answers = [(eid, Result(index=i, text=f"t{i}"), None) for i, (eid, _) in enumerate(got)]
-    await store.commit("j", answers[:2], prompt_tokens=20, completion_tokens=8, gen=gen)
-    await store.commit("j", answers[:2], prompt_tokens=20, completion_tokens=8, gen=gen)
+    await store.commit("j", answers[:2], Usage(20, 8), gen=gen)
+    await store.commit("j", answers[:2], Usage(20, 8), gen=gen)
     # Half new (the other copy wrote the first two): half the request's total.
-    await store.commit("j", answers, prompt_tokens=40, completion_tokens=16, gen=gen)
+    await store.commit("j", answers, Usage(40, 16), gen=gen)
     status = await store.status("j")
     assert (status.done, status.prompt_tokens, status.completion_tokens) == (4, 40, 16)
 
@@ -97,9 +97,7 @@ async def test_commit_is_first_write_wins_and_counts_only_new_results(store: Job
         (got[0][0], Result(index=0, text="first"), got[0][1]),
         (got[1][0], Result(index=1, error="bad", error_kind="rejected"), got[1][1]),
     ]
-    c = await store.commit(
-        "j", first, prompt_tokens=5, completion_tokens=7, gen=await gen_of(store, "j")
-    )
+    c = await store.commit("j", first, Usage(5, 7), gen=await gen_of(store, "j"))
     assert (c.done, c.failed) == (1, 1)
     # A redelivered entry's late result never replaces the one already written.
     c = await store.commit(

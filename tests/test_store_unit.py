@@ -16,7 +16,7 @@ import pytest
 
 from swarm_queue.common.errors import JobConflictError, JobNotFoundError
 from swarm_queue.common.keys import Keys
-from swarm_queue.common.models import JobSpec, PromptItem, Result, SamplingParams
+from swarm_queue.common.models import JobSpec, PromptItem, Result, SamplingParams, Usage
 from swarm_queue.common.store import JobStore
 from swarm_queue.common.store.scripts import SCRIPT_NAMES, source
 from swarm_queue.common.vocab import FailureKind, Meta, failed_field
@@ -154,11 +154,15 @@ async def test_the_meta_fields_the_scripts_write_are_the_vocabulary(fake: JobSto
     ok = Result(index=0, text="A")
     bad = Result(index=1, error="too long", error_kind=FailureKind.REJECTED)
     await fake.commit(
-        "j", [(b"0-1", ok, None), (b"0-2", bad, b"payload")], 3, 4, gen=await gen_of(fake, "j")
+        "j",
+        [(b"0-1", ok, None), (b"0-2", bad, b"payload")],
+        Usage(3, 4, cached_tokens=2, reasoning_tokens=1),
+        gen=await gen_of(fake, "j"),
     )
     fields = set(await fake.meta("j"))
     assert fields - {m.value for m in Meta} == {failed_field(FailureKind.REJECTED)}
     assert {Meta.DONE, Meta.FAILED, Meta.TOTAL, Meta.FINISHED_S, Meta.ENQUEUED} <= fields
+    assert {Meta.CACHED_TOKENS, Meta.REASONING_TOKENS} <= fields
 
 
 async def test_redis_pys_own_failure_inside_the_client_is_an_outage_and_ours_a_bug() -> None:

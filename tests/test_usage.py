@@ -3,16 +3,21 @@ were batched; unknown is null, never a 0 that reads as a count; a job's status s
 
 from __future__ import annotations
 
+import io
 from collections.abc import Callable
 
 import aiohttp
+import msgspec
 
 from swarm_queue.common.embedded import free_port
 from swarm_queue.common.jobspec import JobOptions, build_spec
-from swarm_queue.common.models import JobSpec, SamplingParams, Usage
+from swarm_queue.common.models import Chat, JobSpec, Result, SamplingParams, Usage
+from swarm_queue.common.request import Route
 from swarm_queue.common.settings import Settings
 from swarm_queue.common.store import JobStore
-from swarm_queue.producer.enqueue import enqueue_prompts
+from swarm_queue.producer.enqueue import enqueue, enqueue_prompts
+from swarm_queue.producer.gateway.asjob import usage_of
+from swarm_queue.producer.openai_batch import openai_line
 from swarm_queue.sim.engine import EngineConfig
 from swarm_queue.sim.server import SimEndpoint, SimFleet
 from swarm_queue.sim.text import count_tokens, sample_for
@@ -140,3 +145,48 @@ async def test_swarm_sim_answers_return_token_ids_as_vllm_does() -> None:
     ]
     assert answer["usage"]["prompt_tokens"] == sum(map(count_tokens, texts))
     assert answer["usage"]["completion_tokens"] == sum(len(c["token_ids"]) for c in choices)
+
+
+async def test_cached_prompt_tokens_the_engine_reports_reach_each_line_the_job_and_the_batch(
+    make_settings: Callable[..., Settings], store: JobStore, sim_fleet: Callable[..., SimFleet]
+) -> None:
+    """An engine that says which prompt tokens it found in its prefix cache (vLLM's
+    --enable-prompt-tokens-details): each chat line carries its request's count, the job's
+    status sums them to the engine's own total of hits, and a batch's usage and output lines
+    say them as OpenAI writes them."""
+    system = "You are a careful reader of long documents. " * 8
+    lines = [
+        msgspec.json.encode(
+            {
+                "custom_id": f"c{i}",
+                "method": "POST",
+                "url": "/v1/chat/completions",
+                "body": {
+                    "messages": [
+                        {"role": "system", "content": system},
+                        {"role": "user", "content": f"Question {i}?"},
+                    ]
+                },
+            }
+        )
+        for i in range(12)
+    ]
+    spec = JobSpec(job="c", params=SamplingParams(max_tokens=8), request=Chat())
+    stream = io.BytesIO(b"\n".join(lines) + b"\n")
+    assert (await enqueue(make_settings(), spec, "c.jsonl", stream)).total == 12
+    async with sim_fleet(1, prompt_tokens_details=True) as fleet:
+        await run_engine(make_settings(batch_size=4), store, fleet.urls)
+        hits = fleet.endpoints[0].prefix.hits
+    cached = [x["usage"]["cached_tokens"] for x in await collect_lines(store, "c")]
+    # The first question computes the shared system prompt; every later one finds it.
+    assert sorted(cached)[0] == 0 and len(set(cached[1:] if cached[0] == 0 else cached)) == 1
+    assert sum(cached) == hits > 0
+    status = await store.status("c")
+    assert status.cached_tokens == hits and status.reasoning_tokens == 0
+    usage = usage_of(status)
+    assert usage.input_tokens_details.cached_tokens == hits
+    assert usage.output_tokens_details.reasoning_tokens == 0
+    line = Result(index=0, text="x", usage=Usage(10, 2, cached_tokens=8))
+    body = msgspec.json.decode(openai_line("c", line, route=Route.CHAT))["response"]["body"]
+    assert body["usage"]["prompt_tokens_details"] == {"cached_tokens": 8}
+    assert body["usage"]["completion_tokens_details"] is None  # not said: null, as vLLM

@@ -30,6 +30,8 @@ __all__ = [
     "BatchUsage",
     "ExpiresAfter",
     "FileObject",
+    "InputTokensDetails",
+    "OutputTokensDetails",
     "RequestCounts",
     "api_error",
     "decode_batch",
@@ -76,11 +78,22 @@ class RequestCounts(msgspec.Struct, frozen=True):
     failed: int = 0
 
 
+class InputTokensDetails(msgspec.Struct, frozen=True):
+    cached_tokens: int = 0
+
+
+class OutputTokensDetails(msgspec.Struct, frozen=True):
+    reasoning_tokens: int = 0
+
+
 class BatchUsage(msgspec.Struct, frozen=True):
-    """The tokens a batch's answered requests used, as its engines counted them."""
+    """The tokens a batch's answered requests used, as its engines counted them; of them,
+    those the engines found cached and those spent reasoning (0 where not reported)."""
 
     input_tokens: int = 0
+    input_tokens_details: InputTokensDetails = InputTokensDetails()
     output_tokens: int = 0
+    output_tokens_details: OutputTokensDetails = OutputTokensDetails()
     total_tokens: int = 0
 
 

@@ -341,11 +341,24 @@ class PromptItem(msgspec.Struct, frozen=True, array_like=True):
         return self.params if self.params is not None else spec.params
 
 
-class Usage(msgspec.Struct, frozen=True):
-    """Token counts of one prompt, present only when the endpoint reported them exactly."""
+class Usage(msgspec.Struct, frozen=True, omit_defaults=True):
+    """Token counts of one prompt, present only when the endpoint reported them exactly; of
+    them, the prompt tokens its engine found in its prefix cache and the completion tokens
+    spent reasoning, where the engine reports them (None: not reported)."""
 
     prompt_tokens: int
     completion_tokens: int
+    cached_tokens: int | None = None
+    reasoning_tokens: int | None = None
+
+    def counts(self) -> tuple[int, int, int, int]:
+        """Prompt, completion, cached and reasoning tokens, as totals add them (0: none)."""
+        return (
+            self.prompt_tokens,
+            self.completion_tokens,
+            self.cached_tokens or 0,
+            self.reasoning_tokens or 0,
+        )
 
 
 class Result(msgspec.Struct, frozen=True, omit_defaults=True):

@@ -52,6 +52,8 @@ class Meta(StrEnum):
     CACHE_HITS = "cache_hits"  # prompts answered from the response cache (counted in DONE)
     PROMPT_TOKENS = "prompt_tokens"
     COMPLETION_TOKENS = "completion_tokens"
+    CACHED_TOKENS = "cached_tokens"  # of the prompt tokens, those the engines found cached
+    REASONING_TOKENS = "reasoning_tokens"  # of the completion tokens, those spent reasoning
     # Every index below it was collected into a file and its result deleted (--evict): a late
     # commit there is neither stored nor counted, and swarm-retry cannot reach it.
     EVICTED = "evicted"

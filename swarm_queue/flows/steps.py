@@ -51,8 +51,15 @@ def over(status: JobStatus, steps: list[tuple[JobSpec, JobStatus]]) -> tuple[boo
     return (status.finished and ended, status.cancelled and ended)
 
 
-def tokens_of(status: JobStatus, steps: list[tuple[JobSpec, JobStatus]]) -> tuple[int, int]:
-    """(prompt, completion) tokens of a job with its later ``steps``: an agent job's every
-    turn, a pipeline's every step, not the first alone."""
+def tokens_of(
+    status: JobStatus, steps: list[tuple[JobSpec, JobStatus]]
+) -> tuple[int, int, int, int]:
+    """(prompt, completion, cached, reasoning) tokens of a job with its later ``steps``: an
+    agent job's every turn, a pipeline's every step, not the first alone."""
     every = [status, *(s for _, s in steps)]
-    return sum(s.prompt_tokens for s in every), sum(s.completion_tokens for s in every)
+    return (
+        sum(s.prompt_tokens for s in every),
+        sum(s.completion_tokens for s in every),
+        sum(s.cached_tokens for s in every),
+        sum(s.reasoning_tokens for s in every),
+    )

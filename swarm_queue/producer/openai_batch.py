@@ -75,9 +75,9 @@ def _response_body(job: str, r: Result, created: int) -> dict[str, Any]:
     if r.usage is not None:
         usage = {
             "input_tokens": r.usage.prompt_tokens,
-            "input_tokens_details": {"cached_tokens": 0},
+            "input_tokens_details": {"cached_tokens": r.usage.cached_tokens or 0},
             "output_tokens": r.usage.completion_tokens,
-            "output_tokens_details": {"reasoning_tokens": 0},
+            "output_tokens_details": {"reasoning_tokens": r.usage.reasoning_tokens or 0},
             "total_tokens": r.usage.prompt_tokens + r.usage.completion_tokens,
         }
     cut = r.finish_reason == "length"
@@ -110,10 +110,18 @@ def _response_body(job: str, r: Result, created: int) -> dict[str, Any]:
 def _body(job: str, r: Result, chat: bool, created: int) -> dict[str, Any]:
     usage = None
     if r.usage is not None:
+        u = r.usage
         usage = {
-            "prompt_tokens": r.usage.prompt_tokens,
-            "completion_tokens": r.usage.completion_tokens,
-            "total_tokens": r.usage.prompt_tokens + r.usage.completion_tokens,
+            "prompt_tokens": u.prompt_tokens,
+            "completion_tokens": u.completion_tokens,
+            "total_tokens": u.prompt_tokens + u.completion_tokens,
+            # The details as the engine gave them: null where it did not (as vLLM writes).
+            "prompt_tokens_details": None
+            if u.cached_tokens is None
+            else {"cached_tokens": u.cached_tokens},
+            "completion_tokens_details": None
+            if u.reasoning_tokens is None
+            else {"reasoning_tokens": u.reasoning_tokens},
         }
     # A line asked with ``n``: a choice per sample, each with its own finish reason.
     texts = r.samples if r.samples is not None else [r.text]

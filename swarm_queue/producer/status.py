@@ -84,7 +84,7 @@ def format_status(
     now: float | None = None,
     waiting: str | None = None,
     state: str | None = None,
-    tokens: tuple[int, int] | None = None,
+    tokens: tuple[int, int, int, int] | None = None,
 ) -> str:
     """The job's progress; ``stage``: its tree-reduce level running now, if any;
     ``endpoints``: the per-endpoint figures, shown while the job runs; ``waiting``: why no
@@ -102,7 +102,9 @@ def format_status(
     elif not s.finished and s.total is not None and s.rate_per_s > 0:
         left = s.total - s.done - s.failed
         rate += f"   eta {left / s.rate_per_s:,.0f} s"
-    used = tokens or (s.prompt_tokens, s.completion_tokens)
+    used = tokens or (s.prompt_tokens, s.completion_tokens, s.cached_tokens, s.reasoning_tokens)
+    cached = f" ({used[2]} cached)" if used[2] else ""
+    reasoning = f" ({used[3]} reasoning)" if used[3] else ""
     lines = [
         f"job {s.job}: {state}",
         *([f"  waiting    {waiting}"] if waiting and state == "waiting" else []),
@@ -112,7 +114,7 @@ def format_status(
         f"  in flight  {s.in_flight}",
         f"  pending    {s.pending}",
         f"  rate       {rate}",
-        f"  tokens     {used[0]} prompt, {used[1]} completion"
+        f"  tokens     {used[0]} prompt{cached}, {used[1]} completion{reasoning}"
         + (" (every step)" if tokens is not None else ""),
         *(
             [f"  cached     {s.cache_hits} answered from the response cache"]

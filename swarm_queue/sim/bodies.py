@@ -16,16 +16,26 @@ __all__ = ["chat_body", "completion_body", "embedding_body"]
 Sample = tuple[str, int, str]
 
 
-def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {
+def _usage(prompt_tokens: int, completion_tokens: int, cached: int | None) -> dict[str, Any]:
+    """vLLM's usage; the prompt tokens found cached only where the server says them."""
+    usage: dict[str, Any] = {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
     }
+    if cached is not None:
+        usage["prompt_tokens_details"] = {"cached_tokens": cached}
+    return usage
 
 
 def completion_body(
-    model: str, outs: list[Sample], seen: list[str], n: int, prompt_tokens: int, ids: bool
+    model: str,
+    outs: list[Sample],
+    seen: list[str],
+    n: int,
+    prompt_tokens: int,
+    ids: bool,
+    cached: int | None = None,
 ) -> dict[str, Any]:
     """``/v1/completions``: choice ``i * n + j`` is prompt ``i``'s sample ``j`` (``seen``: each
     prompt as the model read it); with ``ids``, each choice's token ids as vLLM's
@@ -52,12 +62,17 @@ def completion_body(
         "created": int(time.time()),
         "model": model,
         "choices": choices,
-        "usage": _usage(prompt_tokens, sum(k for _, k, _ in outs)),
+        "usage": _usage(prompt_tokens, sum(k for _, k, _ in outs), cached),
     }
 
 
 def chat_body(
-    model: str, messages: list[dict[str, Any]], reasons: list[str], ptoks: int, ctoks: int
+    model: str,
+    messages: list[dict[str, Any]],
+    reasons: list[str],
+    ptoks: int,
+    ctoks: int,
+    cached: int | None = None,
 ) -> dict[str, Any]:
     """``/v1/chat/completions`` holding ``messages`` as its choices."""
     choices = [
@@ -76,7 +91,7 @@ def chat_body(
         "created": int(time.time()),
         "model": model,
         "choices": choices,
-        "usage": _usage(ptoks, ctoks),
+        "usage": _usage(ptoks, ctoks, cached),
     }
 
 

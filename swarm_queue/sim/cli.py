@@ -110,6 +110,12 @@ def build_fleet(argv: Sequence[str] | None = None) -> SimFleet:
         help="the model's chat template starts with the BOS (as {{ bos_token }} templates do)",
     )
     p.add_argument(
+        "--enable-prompt-tokens-details",
+        action="store_true",
+        help="as vLLM's: chat and completion usage say the prompt tokens found in the prefix "
+        "cache (prompt_tokens_details.cached_tokens; a completion list's: its last prompt's)",
+    )
+    p.add_argument(
         "--enable-auto-tool-choice",
         action="store_true",
         help="as vLLM's: let the model decide to call tools (tool_choice auto); needs "
@@ -182,6 +188,7 @@ def build_fleet(argv: Sequence[str] | None = None) -> SimFleet:
                 tool_parser=a.tool_call_parser,
                 auto_tool_choice=a.enable_auto_tool_choice,
                 runner=a.runner,
+                prompt_tokens_details=a.enable_prompt_tokens_details,
             )
         )
     return SimFleet(endpoints)

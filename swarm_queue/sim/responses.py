@@ -88,7 +88,8 @@ def response_body(answer: dict[str, Any], req: ResponsesRequest) -> dict[str, An
         "top_p": req.top_p,
         "usage": {
             "input_tokens": usage["prompt_tokens"],
-            "input_tokens_details": {"cached_tokens": 0},
+            # (vLLM's responses say the prompt tokens found cached, whatever its flags)
+            "input_tokens_details": usage.get("prompt_tokens_details") or {"cached_tokens": 0},
             "output_tokens": usage["completion_tokens"],
             "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": usage["prompt_tokens"] + usage["completion_tokens"],
@@ -103,7 +104,7 @@ def responses_routes(endpoint: SimEndpoint) -> list[web.RouteDef]:
         asked, limit = req.max_output_tokens or 0, endpoint.config.max_model_len
         if (no := context(0, asked, limit, "max_output_tokens")) is not None:
             return endpoint.refuse(no)  # (in its own name: the chat route's is max_tokens)
-        answer = await endpoint.chat_answer(as_chat(req))
+        answer = await endpoint.chat_answer(as_chat(req), details=True)
         if answer.status != 200 or answer.body is None:
             return answer  # a refusal, in the chat route's words (vLLM's are the same)
         try:

@@ -92,6 +92,7 @@ class SimEndpoint:
         tool_parser: str | None = None,
         auto_tool_choice: bool | None = None,
         runner: str = "auto",
+        prompt_tokens_details: bool = False,
     ) -> None:
         self.host, self.port = host, port
         # vLLM's --runner: a generating server has no /v1/embeddings, a pooling one no
@@ -101,6 +102,9 @@ class SimEndpoint:
         # without a parser every tool choice but "none" is refused, without the second "auto"
         # (the default), as vLLM refuses them.
         self.tool_parser = tool_parser
+        # vLLM's --enable-prompt-tokens-details: chat and completion usage say the prompt
+        # tokens found in the prefix cache (a completion list's: its last prompt's, as vLLM).
+        self.prompt_tokens_details = prompt_tokens_details
         self.auto_tool_choice = (
             tool_parser is not None if auto_tool_choice is None else auto_tool_choice
         )
@@ -304,7 +308,9 @@ class SimEndpoint:
         # A prompt's samples share its prefill: the first computes it, the others read it.
         prefills = [self.prefix.lookup(p) if j == 0 else 1 for p in seen for j in range(req.n)]
         await self._generate([n for _, n, _ in outs], sum(ptoks), prefills)
-        body = completion_body(req.model, outs, seen, req.n, sum(ptoks), bool(req.return_token_ids))
+        cached = ptoks[-1] - prefills[-req.n] if self.prompt_tokens_details else None
+        ids = bool(req.return_token_ids)
+        body = completion_body(req.model, outs, seen, req.n, sum(ptoks), ids, cached)
         return self._answer(body, "choices", req.n)
 
     async def _embeddings(self, request: web.Request) -> web.StreamResponse:
@@ -331,7 +337,9 @@ class SimEndpoint:
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         return await self.serve(request, chat_decoder, self.chat_answer)
 
-    async def chat_answer(self, req: ChatRequest) -> web.Response:
+    async def chat_answer(self, req: ChatRequest, *, details: bool = False) -> web.Response:
+        """The answer to ``req``; ``details``: its usage says the prompt tokens found cached
+        whatever the endpoint's --enable-prompt-tokens-details (the responses route's does)."""
         why = choice_error(
             req.tools, req.tool_choice, self.tool_parser is not None, self.auto_tool_choice
         )
@@ -361,8 +369,9 @@ class SimEndpoint:
             constrained=isinstance(schema, dict),
             offered_only=not self.faults.calls_unoffered,
         )
+        cached = ptoks - prefill[0] if details or self.prompt_tokens_details else None
         if call is not None:
-            return await self._tool_call(req, call, ptoks, prefill)
+            return await self._tool_call(req, call, ptoks, prefill, cached)
         if isinstance(schema, dict):
             text = _json.encode(schema_answer(schema, prompt)).decode()
             outs = [cut(text, max_tokens)] * req.n
@@ -373,21 +382,28 @@ class SimEndpoint:
             {"role": "assistant", "content": t.lstrip(), "tool_calls": []} for t, _, _ in outs
         ]
         reasons = [reason for _, _, reason in outs]
-        return self._chat_answer(req, messages, reasons, ptoks, sum(n for _, n, _ in outs))
+        ctoks = sum(n for _, n, _ in outs)
+        return self._chat_answer(req, messages, reasons, (ptoks, ctoks, cached))
 
     def _chat_answer(
         self,
         req: ChatRequest,
         messages: list[dict[str, Any]],
         reasons: list[str],
-        ptoks: int,
-        ctoks: int,
+        tokens: tuple[int, int, int | None],
     ) -> web.Response:
-        """A chat completion holding ``messages`` as its choices, in vLLM's shape."""
-        return self._answer(chat_body(req.model, messages, reasons, ptoks, ctoks), "choices", req.n)
+        """A chat completion holding ``messages`` as its choices, in vLLM's shape (``tokens``:
+        prompt, completion, cached or None)."""
+        body = chat_body(req.model, messages, reasons, *tokens)
+        return self._answer(body, "choices", req.n)
 
     async def _tool_call(
-        self, req: ChatRequest, call: tuple[str, str], ptoks: int, prefill: list[int]
+        self,
+        req: ChatRequest,
+        call: tuple[str, str],
+        ptoks: int,
+        prefill: list[int],
+        cached: int | None,
     ) -> web.Response:
         """The answer asking for tool ``call``: a ``tool_calls`` message, as vLLM's parsers
         give it."""
@@ -402,12 +418,12 @@ class SimEndpoint:
         }
         if req.tool_choice is None or req.tool_choice == "auto":  # the parser found a call
             message = {"role": "assistant", "content": None, "tool_calls": [call_json]}
-            return self._chat_answer(req, [message], ["tool_calls"], ptoks, ctoks)
+            return self._chat_answer(req, [message], ["tool_calls"], (ptoks, ctoks, cached))
         # A call forced by guided decoding: vLLM 0.32 writes it with content "" and finish
         # "tool_calls" when required, "stop" when a tool was named (OpenAI's rule).
         message = {"role": "assistant", "content": "", "tool_calls": [call_json]}
         reason = "tool_calls" if req.tool_choice == "required" else "stop"
-        return self._chat_answer(req, [message], [reason], ptoks, ctoks)
+        return self._chat_answer(req, [message], [reason], (ptoks, ctoks, cached))
 
     async def alive(self, request: web.Request) -> web.Response | None:
         """For the routes beside generation: a dead endpoint drops the connection, a stalled

@@ -337,9 +337,7 @@ class BatchRunner:
                 body, attempts = await self.loop.send(spec.job, call, tally, prior)
             except (EndpointRejected, EndpointServerError) as exc:
                 return self._alone(item, exc, prior + exc.tries, model)
-            usage = None
-            if body.usage is not None:
-                usage = Usage(body.usage.prompt_tokens, body.usage.completion_tokens)
+            usage = body.usage.usage() if body.usage is not None else None
             choice = body.choices[0]
             if tools and choice.message.tool_calls:
                 # An agent's turn that asks for tools: the calls are its answer (with content

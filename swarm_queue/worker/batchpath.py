@@ -23,7 +23,7 @@ from swarm_queue.common.errors import (
     ModelNotServed,
     StoreUnavailable,
 )
-from swarm_queue.common.models import JobSpec, Result
+from swarm_queue.common.models import JobSpec, Result, Usage
 from swarm_queue.common.perprompt import answered
 from swarm_queue.common.schema import validator_of
 from swarm_queue.common.store import Commit, index_of
@@ -225,7 +225,7 @@ class BatchPath:
             tally.take(r for _, r, _ in results)  # what each carries counts with it
         if results or early is None:
             # Shielded: once results exist, finishing the (atomic) commit beats redoing them.
-            commit = await self._commit(spec, results, tally.prompt_tokens, tally.completion_tokens)
+            commit = await self._commit(spec, results, tally.rest)
             committed(commit)
         if keys and answers:
             await self.cache.keep(keys, answers)
@@ -393,8 +393,7 @@ class BatchPath:
         self,
         spec: JobSpec,
         results: list[tuple[bytes, Result, bytes | None]],
-        prompt_tokens: int = 0,
-        completion_tokens: int = 0,
+        rest: Usage | None = None,
     ) -> Commit:
         """Commit, retrying through a Redis outage: the results are computed and the commit is
         idempotent (first write wins), so keeping them beats redoing the batch. Shielded, so a
@@ -407,8 +406,7 @@ class BatchPath:
                     self.store.commit(
                         spec.job,
                         results,
-                        prompt_tokens,
-                        completion_tokens,
+                        rest,
                         gen=spec.generation,
                         moves_on=spec.flow is not None,
                         failures_move=spec.flow is not None and spec.flow.failures,

@@ -26,12 +26,15 @@ class DrainContext(Protocol):
     # Per urgent job, the batches one endpoint may start by preemption.
     shares: dict[str, int]
     burst: bool
-    # How many lines a look may take of a job: its project's cap (see worker/caps.py).
-    caps: Caps
 
     @property
     def store(self) -> WorkerStore:
         """The store as the drain path uses it."""
+        ...
+
+    @property
+    def caps(self) -> Caps:
+        """How many lines a look may take of a job: its project's cap (see worker/caps.py)."""
         ...
 
     @property

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import msgspec
 
+from swarm_queue.common.models import Usage
+
 __all__ = [
     "ChatBody",
     "ChatChoice",
@@ -33,9 +35,33 @@ class Choice(msgspec.Struct):
     prompt_token_ids: list[int] | None = None
 
 
+class PromptDetails(msgspec.Struct):
+    cached_tokens: int | None = None
+
+
+class CompletionDetails(msgspec.Struct):
+    reasoning_tokens: int | None = None
+
+
 class CompletionUsage(msgspec.Struct):
+    """A request's usage; its details where the engine reports them (vLLM: cached tokens with
+    ``--enable-prompt-tokens-details``, reasoning tokens with a reasoning parser)."""
+
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    prompt_tokens_details: PromptDetails | None = None
+    completion_tokens_details: CompletionDetails | None = None
+
+    def usage(self) -> Usage:
+        """This usage as a result carries it."""
+        cached = self.prompt_tokens_details
+        reasoning = self.completion_tokens_details
+        return Usage(
+            self.prompt_tokens,
+            self.completion_tokens,
+            cached.cached_tokens if cached is not None else None,
+            reasoning.reasoning_tokens if reasoning is not None else None,
+        )
 
 
 class CompletionBody(msgspec.Struct):
@@ -95,9 +121,19 @@ class ResponseItem(msgspec.Struct):
     content: list[ResponseContent] = []
 
 
+class InputDetails(msgspec.Struct):
+    cached_tokens: int | None = None
+
+
+class OutputDetails(msgspec.Struct):
+    reasoning_tokens: int | None = None
+
+
 class ResponseUsage(msgspec.Struct):
     input_tokens: int = 0
     output_tokens: int = 0
+    input_tokens_details: InputDetails | None = None
+    output_tokens_details: OutputDetails | None = None
 
 
 class Incomplete(msgspec.Struct):
@@ -129,8 +165,15 @@ class ResponsesBody(msgspec.Struct):
         if why == "max_output_tokens":
             finish = "length"
         usage = None
-        if self.usage is not None:
-            usage = CompletionUsage(self.usage.input_tokens, self.usage.output_tokens)
+        if (u := self.usage) is not None:
+            cached = u.input_tokens_details.cached_tokens if u.input_tokens_details else None
+            thought = u.output_tokens_details.reasoning_tokens if u.output_tokens_details else None
+            usage = CompletionUsage(
+                u.input_tokens,
+                u.output_tokens,
+                PromptDetails(cached) if cached is not None else None,
+                CompletionDetails(thought) if thought is not None else None,
+            )
         message = ChatMessage("".join(texts) if texts else None)
         return ChatBody([ChatChoice(0, message, finish)], usage, self.model)
 

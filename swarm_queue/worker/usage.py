@@ -16,25 +16,30 @@ __all__ = ["Tally", "choices_usage"]
 
 
 class Tally:
-    """Token totals of one batch, across retries and bisection."""
+    """Token totals of one batch, across retries and bisection: prompt, completion, and of
+    them cached and reasoning (where the engine reports them, else 0)."""
 
-    __slots__ = ("completion_tokens", "prompt_tokens")
+    __slots__ = ("_tokens",)
 
     def __init__(self) -> None:
-        self.prompt_tokens = 0
-        self.completion_tokens = 0
+        self._tokens = [0, 0, 0, 0]
 
     def add(self, usage: CompletionUsage) -> None:
-        self.prompt_tokens += usage.prompt_tokens
-        self.completion_tokens += usage.completion_tokens
+        for i, n in enumerate(usage.usage().counts()):
+            self._tokens[i] += n
 
     def take(self, results: Iterable[Result]) -> None:
         """Take off what the results carry as their own usage (counted with them): the rest,
         a list answered with its total only, is what no result says."""
         for r in results:
             if r.usage is not None and not r.cached:
-                self.prompt_tokens = max(0, self.prompt_tokens - r.usage.prompt_tokens)
-                self.completion_tokens = max(0, self.completion_tokens - r.usage.completion_tokens)
+                for i, n in enumerate(r.usage.counts()):
+                    self._tokens[i] = max(0, self._tokens[i] - n)
+
+    @property
+    def rest(self) -> Usage:
+        """What no result carries, as one usage."""
+        return Usage(*self._tokens)
 
 
 def choices_usage(choices: Sequence[Choice]) -> Usage | None:

@@ -9,7 +9,7 @@ import math
 from collections.abc import Iterable, Sequence
 
 from swarm_queue.common.errors import EndpointMalformed
-from swarm_queue.common.models import PromptItem, Result, Usage
+from swarm_queue.common.models import PromptItem, Result
 from swarm_queue.worker.replies import CompletionBody
 from swarm_queue.worker.usage import choices_usage
 
@@ -89,7 +89,7 @@ def map_choices(
         assert choice is not None
         usage = None
         if exact_usage and body.usage is not None:
-            usage = Usage(body.usage.prompt_tokens, body.usage.completion_tokens)
+            usage = body.usage.usage()
         elif with_ids:
             usage = choices_usage([c for c in picked if c is not None])
         out.append(

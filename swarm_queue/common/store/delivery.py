@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 import msgspec
 
 from swarm_queue.common.keys import GROUP
-from swarm_queue.common.models import Result, encode
+from swarm_queue.common.models import Result, Usage, encode
 from swarm_queue.common.store.base import StoreBase
 from swarm_queue.common.store.boundary import redis_errors
 from swarm_queue.common.store.entries import id_key
@@ -223,8 +223,7 @@ class Delivery(StoreBase):
         self,
         job: str,
         entries: Iterable[tuple[bytes, Result, bytes | None]],
-        prompt_tokens: int = 0,
-        completion_tokens: int = 0,
+        rest: Usage | None = None,
         *,
         gen: str,
         moves_on: bool = False,
@@ -239,11 +238,11 @@ class Delivery(StoreBase):
         job than ``gen`` is refused whole with :class:`JobGoneError`. ``failures_move`` (an
         agent's turn): each new failure is appended too, for its pump to end the agent with.
         Tokens count as results do: each result's own usage once it is written (so a copy
-        that lost counts nothing), and ``prompt_tokens``/``completion_tokens``, those of the
-        batch's requests that no result carries.
+        that lost counts nothing), and ``rest``, those of the batch's requests that no result
+        carries.
         """
         land = "1" if failures_move else ""
-        args: list[Any] = [GROUP, prompt_tokens, completion_tokens, gen, land, 0]
+        args: list[Any] = [GROUP, gen, land, 0, *(rest.counts() if rest else (0, 0, 0, 0))]
         usage: list[int] = []
         for n, (entry_id, result, payload) in enumerate(entries, 1):
             kind = ("+" if result.cached else "") if result.ok else (result.error_kind or "error")
@@ -257,8 +256,8 @@ class Delivery(StoreBase):
             ]
             # Its own tokens count once, when it is written (a cached answer cost nothing).
             if result.usage is not None and not result.cached:
-                usage += [n, result.usage.prompt_tokens, result.usage.completion_tokens]
-        args[5] = (len(args) - 6) // 5
+                usage += [n, *result.usage.counts()]
+        args[3] = (len(args) - 8) // 5
         args += usage
         keys = self.script_keys(job)
         if moves_on:

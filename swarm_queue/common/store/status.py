@@ -38,6 +38,11 @@ class JobStatus(msgspec.Struct, frozen=True):
     finished: bool
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    # Of those, the prompt tokens the engines found cached and the completion tokens spent
+    # reasoning, where they report them (vLLM: --enable-prompt-tokens-details, a reasoning
+    # parser; /v1/responses always).
+    cached_tokens: int = 0
+    reasoning_tokens: int = 0
     cancelled: bool = False
     failed_by_kind: dict[str, int] = msgspec.field(default_factory=dict)
     # The reduce stage, if the job has one: its kind, the tree level running (0: the job's own
@@ -79,6 +84,8 @@ def _job_status(job: str, meta: dict[str, str], in_flight: int, now: float) -> J
         finished=Meta.FINISHED_S in meta,
         prompt_tokens=int(meta.get(Meta.PROMPT_TOKENS, 0)),
         completion_tokens=int(meta.get(Meta.COMPLETION_TOKENS, 0)),
+        cached_tokens=int(meta.get(Meta.CACHED_TOKENS, 0)),
+        reasoning_tokens=int(meta.get(Meta.REASONING_TOKENS, 0)),
         cancelled=Meta.CANCELLED_S in meta,
         failed_by_kind={
             k.removeprefix(FAILED_KIND_PREFIX): int(v)

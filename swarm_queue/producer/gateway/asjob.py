@@ -9,6 +9,8 @@ from swarm_queue.common.batchapi import (
     BatchErrors,
     BatchObject,
     BatchUsage,
+    InputTokensDetails,
+    OutputTokensDetails,
     RequestCounts,
 )
 from swarm_queue.common.jobspec import JobOptions, build_spec
@@ -43,7 +45,13 @@ def counts_of(done: int, failed: int, total: int) -> RequestCounts:
 def usage_of(status: JobStatus) -> BatchUsage:
     """The batch's usage: its job's tokens, every request's as its engine counted them."""
     tokens = status.prompt_tokens, status.completion_tokens
-    return BatchUsage(input_tokens=tokens[0], output_tokens=tokens[1], total_tokens=sum(tokens))
+    return BatchUsage(
+        input_tokens=tokens[0],
+        input_tokens_details=InputTokensDetails(status.cached_tokens),
+        output_tokens=tokens[1],
+        output_tokens_details=OutputTokensDetails(status.reasoning_tokens),
+        total_tokens=sum(tokens),
+    )
 
 
 def late(batch: BatchObject, status: JobStatus, now: float) -> BatchErrors | None:

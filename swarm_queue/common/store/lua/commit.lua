@@ -15,51 +15,50 @@
 --       [8] landed (only for a pipeline step; then successes carry their entry payload too)
 -- Tokens count as results do: each entry's own usage only when its result is new (a copy's
 -- answer, already written by the other copy, adds nothing), plus the request's tokens that no
--- result of it carries (ARGV[2], ARGV[3]: a list whose server gave no usage per prompt) by the
--- share of its results that are new (all: all of it; a copy that lost: none).
--- ARGV: [1] group, [2] prompt_tokens, [3] completion_tokens, [4] generation, [5] '1' if
---       failures land too, [6] n, then per entry five: entry_id, index, result blob, failure
---       kind ('' on success, '+' on a success answered from the response cache), original
---       entry payload; then, only for the entries that carry usage of their own, three: the
---       entry's number (1..n), its prompt tokens, its completion tokens (sparse: a list whose
---       server gave no per-prompt usage sends none, and two arguments per prompt measured
---       0.93x the throughput at batch 32)
+-- result of it carries (ARGV[5..8]: a list whose server gave no usage per prompt) by the
+-- share of its results that are new (all: all of it; a copy that lost: none). Four counts
+-- each: prompt, completion, and of them cached and reasoning (0 where not reported).
+-- ARGV: [1] group, [2] generation, [3] '1' if failures land too, [4] n, [5..8] the request's
+--       four counts, then per entry five: entry_id, index, result blob, failure kind ('' on
+--       success, '+' on a success answered from the response cache), original entry payload;
+--       then, only for the entries that carry usage of their own, five: the entry's number
+--       (1..n) and its four counts (sparse: a list whose server gave no per-prompt usage
+--       sends none, and two arguments per prompt measured 0.93x the throughput at batch 32)
 -- Returns {new results done, new results failed, new of them from the cache, then kind,
 -- count for each kind failed}.
 local results, meta, stream, failed_h, cached_h = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local running, reopened, landed = KEYS[6], KEYS[7], KEYS[8]
 local group, now = ARGV[1], now_s()
-local gone, evicted = generation_error(meta, ARGV[4])
+local gone, evicted = generation_error(meta, ARGV[2])
 if gone then return gone end
-local failures_land = ARGV[5] == '1'
--- Entry e's five arguments are ARGV[5 * e + 2] .. ARGV[5 * e + 6].
-local n = tonumber(ARGV[6])
+local failures_land = ARGV[3] == '1'
+-- Entry e's five arguments are ARGV[5 * e + 4] .. ARGV[5 * e + 8].
+local n = tonumber(ARGV[4])
 local done, failed, hits, kinds, seen = 0, 0, 0, {}, {}
-local prompt_tokens, completion_tokens = 0, 0
+local tokens = {0, 0, 0, 0}
 local own = {}
-for u = 5 * n + 7, #ARGV, 3 do own[tonumber(ARGV[u])] = u end
+for u = 5 * n + 9, #ARGV, 5 do own[tonumber(ARGV[u])] = u end
 -- One HMGET and one HSET per chunk rather than an HSETNX per entry: Redis's cost per command
 -- called from Lua is several times its cost per field.
 for lo = 1, n, 500 do
   local hi = math.min(lo + 499, n)
   local ids, indices = {}, {}
   for e = lo, hi do
-    ids[#ids + 1] = ARGV[5 * e + 2]
-    indices[#indices + 1] = ARGV[5 * e + 3]
+    ids[#ids + 1] = ARGV[5 * e + 4]
+    indices[#indices + 1] = ARGV[5 * e + 5]
   end
   local have = redis.call('HMGET', results, unpack(indices))
   local again = evicted > 0 and redis.call('HMGET', reopened, unpack(indices)) or {}
   local fresh, lost, hit, moved, reclosed = {}, {}, {}, {}, {}
   for e = lo, hi do
-    local b, index = 5 * e + 2, ARGV[5 * e + 3]
+    local b, index = 5 * e + 4, ARGV[5 * e + 5]
     local open = tonumber(index) >= evicted or again[e - lo + 1] == ARGV[b]
     if not have[e - lo + 1] and not seen[index] and open then
       if tonumber(index) < evicted then reclosed[#reclosed + 1] = index end
       seen[index] = true
       local u = own[e]
       if u then
-        prompt_tokens = prompt_tokens + tonumber(ARGV[u + 1])
-        completion_tokens = completion_tokens + tonumber(ARGV[u + 2])
+        for t = 1, 4 do tokens[t] = tokens[t] + tonumber(ARGV[u + t]) end
       end
       fresh[#fresh + 1] = index
       fresh[#fresh + 1] = ARGV[b + 2]
@@ -103,11 +102,12 @@ trim_acked(stream, group)
 -- (A commit of no results, a flow's batch whose answers were committed as they came, counts
 -- its request's tokens whole.)
 local share = n > 0 and (done + failed) / n or 1
-prompt_tokens = prompt_tokens + math.floor(tonumber(ARGV[2]) * share + 0.5)
-completion_tokens = completion_tokens + math.floor(tonumber(ARGV[3]) * share + 0.5)
-if prompt_tokens > 0 then redis.call('HINCRBY', meta, META.PROMPT_TOKENS, prompt_tokens) end
-if completion_tokens > 0 then
-  redis.call('HINCRBY', meta, META.COMPLETION_TOKENS, completion_tokens)
+local counters = {
+  META.PROMPT_TOKENS, META.COMPLETION_TOKENS, META.CACHED_TOKENS, META.REASONING_TOKENS,
+}
+for t = 1, 4 do
+  local count = tokens[t] + math.floor(tonumber(ARGV[4 + t]) * share + 0.5)
+  if count > 0 then redis.call('HINCRBY', meta, counters[t], count) end
 end
 if done + failed > 0 then
   if done > 0 then redis.call('HINCRBY', meta, META.DONE, done) end
