@@ -559,7 +559,17 @@ def test_a_batch_whose_input_is_deleted_completes_from_what_it_holds_through_a_r
 
 def test_the_batch_objects_decode_as_the_sdk_types_them() -> None:
     """What the gateway serves is what openai's own types read, field for field."""
-    from swarm_queue.common.batchapi import BatchObject, BatchStatus, json_body
+    from swarm_queue.common.batchapi import (
+        BatchError,
+        BatchErrors,
+        BatchObject,
+        BatchStatus,
+        BatchUsage,
+        ExpiresAfter,
+        InputTokensDetails,
+        OutputTokensDetails,
+        json_body,
+    )
 
     obj = BatchObject(
         id="batch_" + "a" * 24, endpoint="/v1/completions", input_file_id="file-" + "b" * 24,
@@ -568,6 +578,32 @@ def test_the_batch_objects_decode_as_the_sdk_types_them() -> None:
     typed = openai.types.Batch.model_validate(msgspec.json.decode(json_body(obj)))
     assert typed.status == "in_progress" and typed.request_counts is not None
     assert typed.request_counts.total == 0
+    # Every field filled: each one the SDK's, of its type (its BatchUsage requires both
+    # details: a usage without them, as served before, fails here).
+    full = msgspec.structs.replace(
+        obj,
+        errors=BatchErrors([BatchError("deadline_at_risk", "late", line=3)]),
+        usage=BatchUsage(10, InputTokensDetails(4), 6, OutputTokensDetails(2), 16),
+        metadata={"k": "v"},
+        model="m",
+        output_expires_after=ExpiresAfter("created_at", 3600),
+        waiting=None,
+    )
+    raw = msgspec.json.decode(json_body(full))
+    strict = openai.types.Batch.model_validate(raw, strict=False)
+    assert strict.usage is not None
+    assert strict.usage.input_tokens_details.cached_tokens == 4
+    assert strict.usage.output_tokens_details.reasoning_tokens == 2
+    # Beside the SDK's fields: swarm-queue's own `waiting`, and the `output_expires_after` the
+    # batch was created with (a create parameter in the SDK, echoed back), kept as extras.
+    assert strict.model_extra == {
+        "output_expires_after": {"anchor": "created_at", "seconds": 3600},
+        "waiting": None,
+    }
+    assert set(raw) - {"waiting", "output_expires_after"} <= set(openai.types.Batch.model_fields)
+    for part, sdk in ((raw["usage"], openai.types.BatchUsage),):
+        required = {n for n, f in sdk.model_fields.items() if f.is_required()}
+        assert required <= set(part), required - set(part)
 
 
 def test_batches_of_two_models_beside_a_command_line_job_and_a_broken_endpoint(
