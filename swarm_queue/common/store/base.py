@@ -57,13 +57,17 @@ class StoreBase:
         self._warned: set[str] = set()  # bad records already logged once
 
     @classmethod
-    def from_settings(cls, settings: Settings, *, patient: bool = True) -> Self:
-        """The store of ``settings``' Redis and key prefix (see :func:`connect` for patience)."""
+    def from_settings(
+        cls, settings: Settings, *, patient: bool = True, connections: int | None = None
+    ) -> Self:
+        """The store of ``settings``' Redis and key prefix (see :func:`connect` for patience
+        and ``connections``)."""
         redis = connect(
             settings.redis_url,
             patient=patient,
             ca_file=settings.redis_ca_file,
             cluster=settings.redis_cluster,
+            connections=connections,
         )
         return cls(redis, settings.keys, settings.redis_url)
 

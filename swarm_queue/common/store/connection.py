@@ -299,19 +299,32 @@ def connection_losses(client: Client) -> int:
     return 0 if retry is None else retry.health.losses
 
 
+# How long a command waits for a free connection of a bounded pool before it is an outage
+# (and retried as one): far longer than any command holds one (a blocking read: a poll).
+POOL_WAIT_S = 30
+
 # How many times a cluster client re-reads the cluster's layout and tries a command again
 # after a node fails or the cluster is down (a failover under way), before it says so.
 CLUSTER_TRIES = 10
 
 
-def connect(url: str, *, patient: bool = True, ca_file: str = "", cluster: bool = False) -> Client:
+def connect(
+    url: str,
+    *,
+    patient: bool = True,
+    ca_file: str = "",
+    cluster: bool = False,
+    connections: int | None = None,
+) -> Client:
     """A Redis client for ``url`` that rides out connection loss with capped backoff.
 
     ``patient`` (workers, producer, collector) waits out a Redis restart of a minute or two;
     otherwise (one-shot commands such as swarm-status) a missing Redis is reported at once.
     Responses stay bytes (``decode_responses=False``): payloads are msgpack. ``ca_file``
     verifies a ``rediss://`` server against that CA. ``cluster``: ``url`` is one node of a
-    Redis Cluster, and the client finds the others from it.
+    Redis Cluster, and the client finds the others from it. ``connections``: at most that
+    many connections to a lone Redis, a command waiting for one to be free (None: as many as
+    commands run at once).
     """
     # On a cluster, a node that stops answering is given up on at once: the cluster layer
     # then asks the others for the slots' new primaries (a failover) and tries there, and the
@@ -332,11 +345,23 @@ def connect(url: str, *, patient: bool = True, ca_file: str = "", cluster: bool 
     if not url.startswith("unix:"):  # (a Unix socket has none: redis-py refuses the option)
         options["socket_keepalive"] = True
     try:
-        client: Client = (
-            RedisCluster.from_url(url, cluster_error_retry_attempts=CLUSTER_TRIES, **options)
-            if cluster
-            else aioredis.from_url(url, redis_connect_func=retry.on_connect, **options)
-        )
+        client: Client
+        if cluster:
+            client = RedisCluster.from_url(
+                url, cluster_error_retry_attempts=CLUSTER_TRIES, **options
+            )
+        elif connections is not None:
+            pool = aioredis.BlockingConnectionPool.from_url(
+                url,
+                max_connections=connections,
+                timeout=POOL_WAIT_S,
+                redis_connect_func=retry.on_connect,
+                **options,
+            )
+            client = aioredis.Redis(connection_pool=pool)
+            client.auto_close_connection_pool = True  # (closed with the client, as from_url's)
+        else:
+            client = aioredis.from_url(url, redis_connect_func=retry.on_connect, **options)
     except ValueError as exc:
         raise StoreUnavailable(f"invalid Redis URL {mask_url(url)}: {exc}") from None
     _RETRIES[client] = retry
