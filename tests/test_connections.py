@@ -41,6 +41,6 @@ def test_a_worker_of_many_endpoints_holds_one_connection_an_endpoint_and_a_few_m
     wait_count("every prompt answered", done, n)
     peak = max(peak, _clients(fleet.redis_url) - before)  # (a pool keeps what it opened)
     bound = worker_connections(Settings(endpoints=[f"http://e{i}" for i in range(n_endpoints)]))
-    assert bound == n_endpoints + 8
+    assert bound == n_endpoints + 16
     assert peak <= bound + ARQ_CONNECTIONS, f"{peak} connections for {n_endpoints} endpoints"
     assert peak >= n_endpoints // 2  # (what was counted is the worker's)

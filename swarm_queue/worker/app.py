@@ -75,8 +75,10 @@ class _Running:
 # A worker's Redis connections beyond one an endpoint (which its lookout's blocking read holds
 # while it has no work): what its slots' commits and heartbeats, its job sweep and its figures
 # share. Unbounded, a worker held 4.6 an endpoint at its peak (scenario 9: 4,594 clients for
-# 1,000 endpoints, near Redis's default maxclients of 10,000 at 2,000).
-SHARED_CONNECTIONS = 8
+# 1,000 endpoints, near Redis's default maxclients of 10,000 at 2,000). 16: two instant
+# endpoints with 32 batches in flight each, Redis-bound, ran 0.92x as fast with 8 and 1.03x
+# with 16 as unbounded (150,000 prompts, three alternating rounds, this 2-core machine).
+SHARED_CONNECTIONS = 16
 
 
 def worker_connections(settings: Settings) -> int:
