@@ -16,10 +16,11 @@ import pytest
 from swarm_queue.common.embedded import free_port
 from swarm_queue.common.errors import ConfigError
 from swarm_queue.common.jobspec import JobOptions, build_spec
-from swarm_queue.common.models import JobSpec, SamplingParams, pack_vector, unpack_vector
+from swarm_queue.common.models import JobSpec, SamplingParams
 from swarm_queue.common.perprompt import cluster
 from swarm_queue.common.settings import Settings
 from swarm_queue.common.store import JobStore
+from swarm_queue.common.vectors import pack_vector, unpack_vector
 from swarm_queue.producer.enqueue import enqueue_prompts
 from swarm_queue.producer.output import collect_output
 from swarm_queue.sim.engine import EngineConfig

@@ -19,7 +19,7 @@ import pytest
 
 from swarm_queue.common.embedded import free_port
 from swarm_queue.common.keys import Keys
-from swarm_queue.common.models import pack_vector, unpack_vector
+from swarm_queue.common.vectors import pack_vector, unpack_vector
 from swarm_queue.sim.text import completion_for, count_tokens, embedding_for
 from tests import gatewayproc as gw
 from tests.harness import (

@@ -16,8 +16,8 @@ import pytest
 import redis
 
 from swarm_queue.common.keys import step_name
-from swarm_queue.common.models import pack_vector, unpack_vector
 from swarm_queue.common.perprompt import vote
+from swarm_queue.common.vectors import pack_vector, unpack_vector
 from swarm_queue.flows.pipeline.spec import fill
 from swarm_queue.sim.text import completion_for, embedding_for, sample_for
 from tests.harness import (

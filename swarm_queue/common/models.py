@@ -9,9 +9,7 @@ built once here and reused. New fields must get defaults so that old records sti
 from __future__ import annotations
 
 import math
-import sys
 import time
-from array import array
 from typing import Any, Literal
 
 import msgspec
@@ -19,6 +17,7 @@ import msgspec
 from swarm_queue.common.chat import Message, ToolCall
 from swarm_queue.common.errors import ConfigError
 from swarm_queue.common.reducekinds import reduce_problem
+from swarm_queue.common.vectors import unpack_vector
 from swarm_queue.common.vocab import FailureKind
 
 __all__ = [
@@ -38,28 +37,9 @@ __all__ = [
     "decode_result",
     "decode_spec",
     "encode",
-    "pack_vector",
     "result_or_failure",
     "timestamp_s",
-    "unpack_vector",
 ]
-
-
-def pack_vector(values: list[float]) -> bytes:
-    """An embedding as Redis keeps it: float32, little-endian (4 bytes a dimension)."""
-    packed = array("f", values)
-    if sys.byteorder != "little":
-        packed.byteswap()
-    return packed.tobytes()
-
-
-def unpack_vector(data: bytes) -> list[float]:
-    """The floats of :func:`pack_vector`'s bytes."""
-    values = array("f")
-    values.frombytes(data)
-    if sys.byteorder != "little":
-        values.byteswap()
-    return values.tolist()
 
 
 def timestamp_s() -> float:

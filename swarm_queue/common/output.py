@@ -19,8 +19,9 @@ from typing import Any, ClassVar, Generic, NamedTuple, TypeVar
 
 import msgspec
 
-from swarm_queue.common.models import JobSpec, Result, Usage, result_or_failure, unpack_vector
+from swarm_queue.common.models import JobSpec, Result, Usage, result_or_failure
 from swarm_queue.common.store import CollectorStore
+from swarm_queue.common.vectors import unpack_vector
 
 __all__ = ["COLUMN_TYPES", "CollectReport", "Column", "JobOutput", "Json", "OutputLine", "Vector"]
 

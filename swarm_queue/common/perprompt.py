@@ -25,8 +25,9 @@ from typing import Any
 
 import msgspec
 
-from swarm_queue.common.models import JobSpec, Result, pack_vector
+from swarm_queue.common.models import JobSpec, Result
 from swarm_queue.common.reduce import normalise
+from swarm_queue.common.vectors import pack_vector
 from swarm_queue.common.vocab import FailureKind
 
 __all__ = [

@@ -24,6 +24,7 @@ __all__ = [
     "embedding_decoder",
     "said",
     "sample",
+    "templated",
 ]
 
 _json = msgspec.json.Encoder()
@@ -88,6 +89,15 @@ def said(m: Message) -> str:
     """What a message contributes to the stand-in chat template: its text, its tool calls."""
     calls = _json.encode(m.tool_calls).decode() if m.tool_calls else ""
     return (m.content or "") + calls
+
+
+def templated(req: ChatRequest, bos: str, template_bos: bool) -> str:
+    """What the model sees of ``req`` (a stand-in chat template, a pure function of the
+    messages): the template's BOS where it starts with one, the tokenizer's where asked."""
+    prompt = bos if template_bos else ""
+    prompt += "".join(f"<|{m.role}|>\n{said(m)}\n" for m in req.messages)
+    prompt += "<|assistant|>\n"
+    return bos + prompt if req.add_special_tokens else prompt
 
 
 def sample(

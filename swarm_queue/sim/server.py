@@ -62,12 +62,12 @@ from swarm_queue.sim.requests import (
     completion_decoder,
     cut,
     embedding_decoder,
-    said,
     sample,
+    templated,
 )
 from swarm_queue.sim.responses import responses_routes
 from swarm_queue.sim.text import count_tokens, embedding_for
-from swarm_queue.sim.tools import call_id, choice_error, schema_answer, tool_call
+from swarm_queue.sim.tools import call_message, choice_error, schema_answer, tool_call
 
 __all__ = ["SimEndpoint", "SimFleet"]
 
@@ -345,12 +345,7 @@ class SimEndpoint:
         )
         if why is not None:
             return self.error_reply(400, why, "BadRequestError")
-        # A stand-in chat template: what the model sees is a pure function of the messages.
-        prompt = self.bos_token if self.chat_template_bos else ""
-        prompt += "".join(f"<|{m.role}|>\n{said(m)}\n" for m in req.messages)
-        prompt += "<|assistant|>\n"
-        if req.add_special_tokens:
-            prompt = self.bos_token + prompt
+        prompt = templated(req, self.bos_token, self.chat_template_bos)
         ptoks = count_tokens(prompt)
         limit = self.config.max_model_len
         max_tokens = req.max_completion_tokens or req.max_tokens or max(1, limit - ptoks)
@@ -405,24 +400,11 @@ class SimEndpoint:
         prefill: list[int],
         cached: int | None,
     ) -> web.Response:
-        """The answer asking for tool ``call``: a ``tool_calls`` message, as vLLM's parsers
-        give it."""
-        name, arguments = call
-        ctoks = count_tokens(arguments) + 4
+        """The answer asking for tool ``call`` (see :func:`sim.tools.call_message`)."""
+        ctoks = count_tokens(call[1]) + 4
         await self._generate([ctoks], ptoks, prefill[:1])
         turn = sum(1 for m in req.messages if m.role == "assistant")
-        call_json = {
-            "id": call_id(name, arguments, turn),
-            "type": "function",
-            "function": {"name": name, "arguments": arguments},
-        }
-        if req.tool_choice is None or req.tool_choice == "auto":  # the parser found a call
-            message = {"role": "assistant", "content": None, "tool_calls": [call_json]}
-            return self._chat_answer(req, [message], ["tool_calls"], (ptoks, ctoks, cached))
-        # A call forced by guided decoding: vLLM 0.32 writes it with content "" and finish
-        # "tool_calls" when required, "stop" when a tool was named (OpenAI's rule).
-        message = {"role": "assistant", "content": "", "tool_calls": [call_json]}
-        reason = "tool_calls" if req.tool_choice == "required" else "stop"
+        message, reason = call_message(*call, turn, req.tool_choice)
         return self._chat_answer(req, [message], [reason], (ptoks, ctoks, cached))
 
     async def alive(self, request: web.Request) -> web.Response | None:

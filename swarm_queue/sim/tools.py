@@ -19,7 +19,15 @@ import re
 import zlib
 from typing import Any
 
-__all__ = ["AUTO_REFUSED", "call_id", "choice_error", "pending_call", "schema_answer", "tool_call"]
+__all__ = [
+    "AUTO_REFUSED",
+    "call_id",
+    "call_message",
+    "choice_error",
+    "pending_call",
+    "schema_answer",
+    "tool_call",
+]
 
 _CALL = re.compile(r"CALL (\w+)\((\{.*?\})\)")
 
@@ -135,3 +143,19 @@ def schema_answer(schema: dict[str, Any], seed: str) -> dict[str, Any]:
         else:
             out[name] = f"{name}-{v:04x}"
     return out
+
+
+def call_message(name: str, arguments: str, turn: int, choice: Any) -> tuple[dict[str, Any], str]:
+    """The assistant message asking for tool ``name`` with ``arguments`` at ``turn``, and its
+    finish reason, as vLLM's parsers give them under the request's tool ``choice``."""
+    call = {
+        "id": call_id(name, arguments, turn),
+        "type": "function",
+        "function": {"name": name, "arguments": arguments},
+    }
+    if choice is None or choice == "auto":  # the parser found a call
+        return {"role": "assistant", "content": None, "tool_calls": [call]}, "tool_calls"
+    # A call forced by guided decoding: vLLM 0.32 writes it with content "" and finish
+    # "tool_calls" when required, "stop" when a tool was named (OpenAI's rule).
+    reason = "tool_calls" if choice == "required" else "stop"
+    return {"role": "assistant", "content": "", "tool_calls": [call]}, reason
