@@ -4,10 +4,18 @@ batches are in flight (real worker process, real Redis)."""
 
 from __future__ import annotations
 
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+
+from swarm_queue.common.feed import enqueue_prompts
+from swarm_queue.common.keys import Keys
+from swarm_queue.common.models import JobSpec, SamplingParams
 from swarm_queue.common.settings import Settings
+from swarm_queue.common.store import JobStore
 from swarm_queue.worker.app import worker_connections
-from tests.harness import FleetFactory, sync_client
-from tests.helpers import wait_count
+from tests.harness import MAX_TOKENS, FleetFactory, fleet_prompt, sync_client
+from tests.helpers import wait_count, wait_until
 
 # arq's own connections beside the worker's store: its pool and its health check.
 ARQ_CONNECTIONS = 3
@@ -44,3 +52,44 @@ def test_a_worker_of_many_endpoints_holds_one_connection_an_endpoint_and_a_few_m
     assert bound == n_endpoints + 16
     assert peak <= bound + ARQ_CONNECTIONS, f"{peak} connections for {n_endpoints} endpoints"
     assert peak >= n_endpoints // 2  # (what was counted is the worker's)
+
+
+def test_idle_endpoints_of_a_worker_share_one_blocking_read_of_the_job_they_wait_for(
+    fleet_factory: FleetFactory,
+) -> None:
+    """Twelve endpoints waiting for a job's prompts (created, none queued yet): one of them
+    blocks on the job's stream, the others wait for what it finds. Before, each endpoint's
+    slots blocked on it, each read holding a connection of its own for its whole wait (24
+    blocked at once). The prompts, once they come, are answered as ever."""
+    n_endpoints, n = 12, 200
+    fleet = fleet_factory(n_endpoints, "--step-ms", "1")
+    settings = Settings(redis_url=fleet.redis_url, prefix=fleet.prefix)
+    spec = JobSpec(job="later", params=SamplingParams(max_tokens=MAX_TOKENS))
+    asyncio.run(_with_store(settings, lambda store: store.create_job(spec)))
+    fleet.worker("w", list(range(n_endpoints)), burst=False)
+    client = sync_client(fleet.redis_url)
+    try:
+        wait_until(
+            "every endpoint published",
+            lambda: client.hlen(Keys(fleet.prefix).fleet) == n_endpoints,
+        )
+        # Its blocking reads, at their most over a second in which each endpoint looks for
+        # the job's entries many times (a poll is 50 ms here).
+        blocked = 0
+        for _ in range(20):
+            blocked = max(blocked, int(client.info("clients")["blocked_clients"]))
+            time.sleep(0.05)
+    finally:
+        client.close()
+    prompts = [(fleet_prompt(i, set()), None) for i in range(n)]
+    asyncio.run(_with_store(settings, lambda store: enqueue_prompts(store, spec, prompts)))
+    wait_count("every prompt answered", lambda: fleet.done("later"), n)
+    assert blocked == 1, f"{blocked} blocking reads for {n_endpoints} idle endpoints"
+
+
+async def _with_store(settings: Settings, do: Callable[[JobStore], Awaitable[object]]) -> None:
+    store = JobStore.from_settings(settings)
+    try:
+        await do(store)
+    finally:
+        await store.close()

@@ -12,6 +12,7 @@ from swarm_queue.common.models import JobSpec
 from swarm_queue.common.settings import Settings
 from swarm_queue.common.store import WorkerStore
 from swarm_queue.worker.caps import Caps
+from swarm_queue.worker.lookout import Watch
 from swarm_queue.worker.metrics import Metrics
 
 __all__ = ["DrainContext"]
@@ -30,6 +31,11 @@ class DrainContext(Protocol):
     @property
     def store(self) -> WorkerStore:
         """The store as the drain path uses it."""
+        ...
+
+    @property
+    def watch(self) -> Watch:
+        """The blocking reads of new entries among the process's idle endpoints."""
         ...
 
     @property

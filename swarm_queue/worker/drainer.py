@@ -93,6 +93,7 @@ class EndpointDrainer:
         self.intake.pace = lambda: self.path.pace
         self.intake.lanes = engine.lanes
         self.intake.caps = engine.caps
+        self.intake.watch = engine.watch
         self.cache = AnswerCache(self.store, self.settings, client.label)
         self._rr = 0
         self.window = Window(self.settings.inflight)

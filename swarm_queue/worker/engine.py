@@ -29,6 +29,7 @@ from swarm_queue.worker.backend import Backend, backend_for
 from swarm_queue.worker.caps import ProjectCaps
 from swarm_queue.worker.drainer import EndpointDrainer
 from swarm_queue.worker.jobtable import JobTable
+from swarm_queue.worker.lookout import Watch
 from swarm_queue.worker.metrics import NO_METRICS, Metrics
 from swarm_queue.worker.publisher import Publisher
 from swarm_queue.worker.pumps import Pumps
@@ -82,6 +83,8 @@ class Engine:
         self.metrics: Metrics = self.publisher.prometheus or NO_METRICS
         # Projects' caps on their lines in flight, read with the job registry.
         self.caps = ProjectCaps(store, lambda: self.jobs)
+        # One blocking read a job among the idle endpoints (see worker/lookout.py).
+        self.watch = Watch()
         self.drainers += [EndpointDrainer(self, c) for c in clients]
         self.numpy = has_numpy()
         self.table = JobTable(store, settings, lacks=self._lacks, on_over=self._over)

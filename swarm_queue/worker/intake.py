@@ -20,6 +20,7 @@ from swarm_queue.common.settings import Settings
 from swarm_queue.common.store import WorkerStore
 from swarm_queue.worker.caps import NO_CAPS, Caps
 from swarm_queue.worker.inflight import Pace
+from swarm_queue.worker.lookout import Watch
 from swarm_queue.worker.sources import Copies, Delivery, Reclaimed, Source, Stolen, plan
 
 __all__ = ["Delivery", "Intake", "Queued", "Taken", "queued", "service_order"]
@@ -138,6 +139,8 @@ class Intake:
         self.lanes: Callable[[JobSpec], Awaitable[list[str]]] = _alone
         # How many lines each look may take of a job (its project's cap; see worker/caps.py).
         self.caps: Caps = NO_CAPS
+        # The blocking reads of new entries, one a job among the process's idle endpoints.
+        self.watch = Watch()
         self._losses = 0  # the store's connection losses when last looked at
         self._recovery_lock = asyncio.Lock()
         self._recovered: deque[tuple[JobSpec, list[Delivery]]] = deque()
@@ -191,7 +194,10 @@ class Intake:
             return None
         got = await self._walk(jobs, idle)
         if got is None and block_ms:
-            waited = await self._look(jobs[0], Source.NEW, block_ms)
+            first = jobs[0]
+            waited = await self.watch.wait(
+                first.job, block_ms, lambda ms: self._look(first, Source.NEW, ms)
+            )
             return None if waited is CAPPED else waited
         return got
 

@@ -6,13 +6,22 @@ busy with nothing. Instead one slot (the lookout) keeps polling and the others r
 finds work, then all of them step again: an endpoint's whole window is back in flight as soon as
 work appears. A rest ends anyway after ``rest_s`` (the lookout may have stopped on an error), and
 at once on :meth:`Lookout.wake` (the worker stops, a burst finds nothing left).
+
+Across a worker's idle endpoints, :class:`Watch` does the same for the blocking read of a
+job's new entries: one endpoint blocks (a blocking read holds a Redis connection for its whole
+wait), the others wait for what it finds.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
-__all__ = ["Lookout"]
+__all__ = ["Lookout", "Watch"]
+
+T = TypeVar("T")
 
 
 class Lookout:
@@ -57,3 +66,28 @@ class Lookout:
         if self._lookout == slot:
             self._lookout = None
             self.wake()
+
+
+class Watch:
+    """The idle endpoints of one worker process waiting for new entries of a job: one of them
+    blocks on the job's stream, the others wait until its read returns (with entries, or
+    after ``block_ms``: whichever comes first) and then look without blocking. A thousand
+    idle endpoints hold one connection a job they wait on, not one each."""
+
+    def __init__(self) -> None:
+        self._reading: dict[str, asyncio.Event] = {}  # job -> set when its blocking read ends
+
+    async def wait(self, job: str, block_ms: int, read: Callable[[int | None], Awaitable[T]]) -> T:
+        """``read(block_ms)`` if no endpoint of this process is blocked on ``job``'s stream,
+        else ``read(None)`` once that endpoint's read has ended (or ``block_ms`` passed)."""
+        ended = self._reading.get(job)
+        if ended is None:
+            ended = self._reading[job] = asyncio.Event()
+            try:
+                return await read(block_ms)
+            finally:
+                del self._reading[job]
+                ended.set()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(ended.wait(), block_ms / 1000)
+        return await read(None)
