@@ -6,8 +6,16 @@ of its jobs together), every answer is exact, and the cap is set, shown and lift
 from __future__ import annotations
 
 import subprocess
+from collections.abc import Callable
 
+from swarm_queue.common.feed import enqueue_prompts
+from swarm_queue.common.models import JobSpec
+from swarm_queue.common.settings import Settings
+from swarm_queue.common.store import JobStore
+from swarm_queue.worker.caps import ProjectCaps
+from swarm_queue.worker.intake import Intake
 from tests.harness import BIN, Fleet, FleetFactory, check_output
+from tests.helpers import prompts
 
 
 def _jobs(fleet: Fleet, *args: str) -> subprocess.CompletedProcess[str]:
@@ -70,3 +78,51 @@ def test_a_cap_that_would_keep_a_project_from_ending_is_refused_with_its_reason(
     bad = _jobs(fleet, "--cap", "lab")
     assert bad.returncode == 2
     assert "'lab' is not PROJECT=LINES" in bad.stderr
+
+
+async def test_a_grant_is_the_cap_less_the_projects_lines_in_flight_across_its_jobs(
+    store: JobStore,
+) -> None:
+    """Every job of the project counts, whatever worker holds its lines; other projects'
+    jobs do not; what a process was granted and has not yet taken counts until settled."""
+    for job, project in (("a", "lab"), ("b", "lab"), ("c", "other")):
+        await enqueue_prompts(store, JobSpec(job=job, project=project), prompts(10))
+    await store.read_keyed("a", "w1|http://x", 3)  # in flight: 3 of a, 4 of b, 5 of c
+    await store.read_keyed("b", "w2|http://y", 4)
+    await store.read_keyed("c", "w2|http://y", 5)
+    specs = {name: await store.load_spec(name) for name in ("a", "b", "c")}
+    caps = ProjectCaps(store, lambda: specs)
+    await store.set_project_cap("lab", 10)
+    await caps.read()
+    assert await caps.grant(specs["a"], 8) == 3  # 10 - 7
+    assert await caps.grant(specs["b"], 8) == 0  # the 3 granted are not taken yet
+    await caps.settle(specs["a"], 3)  # taken: Redis counts them now
+    await store.read_keyed("a", "w1|http://x", 3)
+    assert await caps.grant(specs["b"], 8) == 0
+    assert await caps.grant(specs["c"], 8) == 8  # no cap on its project
+
+
+async def test_a_look_at_a_job_whose_project_is_at_its_cap_waits_a_poll_not_spinning(
+    store: JobStore, make_settings: Callable[..., Settings]
+) -> None:
+    """Where a blocking read would have waited for entries, a capped job's look waits as long
+    (before, it returned at once, and the endpoint's lookout asked again and again)."""
+    await enqueue_prompts(store, JobSpec(job="j", project="lab"), prompts(4))
+    slept: list[float] = []
+
+    async def sleep(seconds: float) -> bool:
+        slept.append(seconds)
+        return False
+
+    intake = Intake(store, "w|http://a", make_settings(batch_size=2), "http://a", sleep)
+
+    class Full:
+        async def grant(self, spec: JobSpec, want: int) -> int:
+            return 0
+
+        async def settle(self, spec: JobSpec, granted: int) -> None:
+            return None
+
+    intake.caps = Full()
+    assert await intake.next([await store.load_spec("j")], 200) is None
+    assert slept == [0.2]

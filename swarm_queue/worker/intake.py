@@ -198,7 +198,10 @@ class Intake:
             waited = await self.watch.wait(
                 first.job, block_ms, lambda ms: self._look(first, Source.NEW, ms)
             )
-            return None if waited is CAPPED else waited
+            if waited is CAPPED:  # its project at its cap: wait as a blocking read would
+                await self.sleep(block_ms / 1000)
+                return None
+            return waited
         return got
 
     async def _new(self, spec: JobSpec, batch: int, block_ms: int | None = None) -> Taken | None:
