@@ -7,12 +7,11 @@ entries, the endpoint's lane, new ones; then other lanes' and speculative copies
 from __future__ import annotations
 
 import asyncio
-import enum
 import logging
 import math
 from collections import deque
 from collections.abc import Awaitable, Callable
-from typing import Literal, NamedTuple
+from typing import NamedTuple
 
 from swarm_queue.common.keys import group_of, lane_name
 from swarm_queue.common.models import JobSpec
@@ -66,13 +65,6 @@ def queued(spec: JobSpec) -> Queued:
     group, place = group_of(spec.job)
     unit = group if spec.affinity else ""
     return Queued(spec.job, spec.priority, unit, place, spec.project, spec.deadline_s)
-
-
-class _Look(enum.Enum):
-    CAPPED = "the job's project has no line left under its cap"
-
-
-CAPPED = _Look.CAPPED
 
 
 def _rotated(names: list[str], turn: int) -> list[str]:
@@ -194,15 +186,23 @@ class Intake:
             return None
         got = await self._walk(jobs, idle)
         if got is None and block_ms:
-            first = jobs[0]
-            waited = await self.watch.wait(
-                first.job, block_ms, lambda ms: self._look(first, Source.NEW, ms)
-            )
-            if waited is CAPPED:  # its project at its cap: wait as a blocking read would
-                await self.sleep(block_ms / 1000)
-                return None
-            return waited
+            return await self._wait_new(jobs[0], block_ms)
         return got
+
+    async def _wait_new(self, spec: JobSpec, block_ms: int) -> Taken | None:
+        """New entries of ``spec``'s job, waiting ``block_ms`` for some (one blocking read a
+        job among the process's idle endpoints: :class:`worker.lookout.Watch`); a job whose
+        project is at its cap waits as long, taking nothing."""
+        granted = await self.caps.grant(spec, self.settings.batch_size)
+        if not granted:
+            await self.sleep(block_ms / 1000)
+            return None
+        try:
+            return await self.watch.wait(
+                spec.job, block_ms, lambda ms: self._take(spec, Source.NEW, granted, ms)
+            )
+        finally:
+            await self.caps.settle(spec, granted)
 
     async def _new(self, spec: JobSpec, batch: int, block_ms: int | None = None) -> Taken | None:
         """Up to ``batch`` new entries of ``spec``'s job (waiting ``block_ms`` for some), but
@@ -231,34 +231,30 @@ class Intake:
     async def _walk(self, jobs: list[JobSpec], idle: bool) -> Taken | None:
         """The first batch the plan's looks find (see :func:`worker.sources.plan`)."""
         busy = self.engine_busy()
-        capped: set[str] = set()  # jobs whose project had no line left at a look
-        for spec, source in plan(
+        steps = plan(
             jobs, idle=idle, engine_busy=busy, speculate=self.settings.speculate, affine=self.affine
-        ):
-            if spec.job not in capped:
-                taken = await self._look(spec, source)
-                if taken is CAPPED:
-                    capped.add(spec.job)
-                elif taken is not None:
-                    return taken
-        return None
-
-    async def _look(
-        self, spec: JobSpec, source: Source, block_ms: int | None = None
-    ) -> Taken | Literal[_Look.CAPPED] | None:
-        """One look at ``source`` for ``spec``'s job, for as many lines as its project's cap
-        leaves (a batch when uncapped): what it gives, marked in hand."""
-        granted = await self.caps.grant(spec, self.settings.batch_size)
-        if not granted:
-            return CAPPED
+        )
+        # The lines granted for the job being looked at: its project's cap read once for its
+        # run of looks in the plan (a job's own sources come together), not once a source.
+        held: tuple[JobSpec, int] | None = None
         try:
-            return await self._take(spec, source, granted, block_ms)
+            for spec, source in steps:
+                if held is None or held[0] is not spec:
+                    if held is not None:
+                        await self.caps.settle(*held)
+                    held = (spec, await self.caps.grant(spec, self.settings.batch_size))
+                if held[1] and (taken := await self._take(spec, source, held[1])) is not None:
+                    return taken
+            return None
         finally:
-            await self.caps.settle(spec, granted)
+            if held is not None:
+                await self.caps.settle(*held)
 
     async def _take(
-        self, spec: JobSpec, source: Source, batch: int, block_ms: int | None
+        self, spec: JobSpec, source: Source, batch: int, block_ms: int | None = None
     ) -> Taken | None:
+        """One look at ``source`` for up to ``batch`` of ``spec``'s entries (as many as its
+        project's cap leaves: a batch when uncapped): what it gives, marked in hand."""
         job = spec.job
         if source is Source.RECLAIMED:
             claimed = await self.reclaimed.take(spec, self.hand(job), batch)

@@ -3,6 +3,7 @@ flight at once, across the fleet) and how many they have now."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 
 from swarm_queue.common.errors import ConfigError
@@ -45,9 +46,11 @@ class Projects(StoreBase):
     async def in_flight(self, jobs: Sequence[str]) -> int:
         """The lines of ``jobs`` taken by the fleet and not yet finished: their consumer
         groups' pending entries (in workers' hands, or waiting in an endpoint's lane)."""
-        total = 0
-        for job in jobs:  # each job is its own slot on a Cluster: one script each
+
+        async def pending(job: str) -> int:
             async with redis_errors(self.url, job):
-                pending, *_ = await self.scripts.backlog(keys=[self.keys.stream(job)], args=[GROUP])
-            total += int(pending)
-        return total
+                n, *_ = await self.scripts.backlog(keys=[self.keys.stream(job)], args=[GROUP])
+            return int(n)
+
+        # (each job is its own slot on a Cluster: one script each, all at once)
+        return sum(await asyncio.gather(*map(pending, jobs)))
