@@ -1,7 +1,8 @@
 """Interop check of the Batch API against a real vLLM: the official ``openai`` SDK drives
 batches of each line kind (completions, chat with ``n``, responses, embeddings) through
-``swarm-gateway`` and a worker process; each output line's answer and usage equal to vLLM's
-own answer to that request sent alone, each refused line alone in the error file with vLLM's
+``swarm-gateway`` and a worker process; each output line's body (every field of the SDK's own
+type for it, less ids and times: :mod:`bench.sdkview`) equal to vLLM's own answer to that
+request sent alone, each refused line alone in the error file with vLLM's
 own message, and each batch's usage the sum of its lines'; the prompt tokens vLLM found
 cached, per line and summed in the batch's usage. Run by bench/interop_vllm.py.
 """
@@ -12,11 +13,11 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from typing import Any
 
 import openai
 
+from bench.sdkview import sdk_view
 from bench.vllm_checks import BIN, REPO, WORK, Checks
 from swarm_queue.common.embedded import free_port
 
@@ -46,29 +47,6 @@ def _line(i: int, url: str, body: dict[str, Any]) -> dict[str, Any]:
     return {"custom_id": f"l{i}", "method": "POST", "url": url, "body": body}
 
 
-def _counts(u: dict[str, int]) -> tuple[int, int, int]:
-    return u["prompt_tokens"], u["completion_tokens"], u["total_tokens"]
-
-
-def _completion(b: dict[str, Any]) -> Any:
-    return [(c["text"], c["finish_reason"]) for c in b["choices"]], _counts(b["usage"])
-
-
-def _chat(b: dict[str, Any]) -> Any:
-    choices = [(c["message"]["content"], c["finish_reason"]) for c in b["choices"]]
-    return choices, _counts(b["usage"])
-
-
-def _response(b: dict[str, Any]) -> Any:
-    texts = [p["text"] for item in b["output"] for p in item.get("content", [])]
-    u = b["usage"]
-    return texts, b["status"], (u["input_tokens"], u["output_tokens"], u["total_tokens"])
-
-
-def _vectors(b: dict[str, Any]) -> Any:
-    return [d["embedding"] for d in b["data"]], b["usage"]["prompt_tokens"]
-
-
 def _usage(route: str, body: dict[str, Any]) -> tuple[int, int]:
     u = body["usage"]
     if route == "responses":
@@ -77,7 +55,7 @@ def _usage(route: str, body: dict[str, Any]) -> tuple[int, int]:
 
 
 # Each batch: its endpoint, its lines' bodies, and what of an answer is compared.
-def _batches() -> list[tuple[str, list[dict[str, Any]], Callable[[dict[str, Any]], Any]]]:
+def _batches() -> list[tuple[str, list[dict[str, Any]]]]:
     texts = [{"input": f"Observation {i} of the survey."} for i in range(6)] + [{"input": LONG}]
     completions = [{"prompt": f"Check paper {i}.", "max_tokens": 16, "temperature": 0}
                    for i in range(6)]  # fmt: skip
@@ -96,10 +74,10 @@ def _batches() -> list[tuple[str, list[dict[str, Any]], Callable[[dict[str, Any]
     ]
     responses.append({"input": LONG, "max_output_tokens": 16, "temperature": 0})
     return [
-        ("completions", completions, _completion),
-        ("chat/completions", chat, _chat),
-        ("responses", responses, _response),
-        ("embeddings", texts, _vectors),
+        ("completions", completions),
+        ("chat/completions", chat),
+        ("responses", responses),
+        ("embeddings", texts),
     ]
 
 
@@ -119,9 +97,9 @@ def gateway_batches(checks: Checks, env: dict[str, str], url: str, pooled: str) 
         )  # fmt: skip
     try:
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none")
-        for route, bodies, read in _batches():
+        for route, bodies in _batches():
             server = pooled if route == "embeddings" else url
-            _batch(checks, client, server, route, bodies, read)
+            _batch(checks, client, server, route, bodies)
         _cached(checks, client)
     finally:
         for proc in (worker, gateway):
@@ -135,7 +113,6 @@ def _batch(
     url: str,
     route: str,
     bodies: list[dict[str, Any]],
-    read: Callable[[dict[str, Any]], Any],
 ) -> None:
     endpoint = f"/v1/{route}"
     lines = [_line(i, endpoint, b | {"model": "tiny-llama"}) for i, b in enumerate(bodies)]
@@ -147,9 +124,13 @@ def _batch(
         if got is None:
             bad.append(line["custom_id"])
         elif status == 200:
-            body = got["response"]["body"]
-            ok = got["response"]["status_code"] == 200 and read(body) == read(own)
-            bad += [] if ok else [line["custom_id"]]
+            mine, theirs = sdk_view(route, got["response"]["body"]), sdk_view(route, own)
+            ok = got["response"]["status_code"] == 200 and mine == theirs
+            if not ok:
+                differ = sorted(
+                    k for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k)
+                )
+                bad.append(f"{line['custom_id']} ({', '.join(differ)})")
             usage = [a + b for a, b in zip(usage, _usage(route, own), strict=True)]
         else:
             refused += 1
@@ -161,8 +142,8 @@ def _batch(
     checks.check(
         batch.status == "completed" and not bad and total == tuple(usage),
         f"the Batch API through swarm-gateway, {endpoint}: {len(lines) - len(bad)}/{len(lines)} "
-        f"lines equal to vLLM's own answer alone ({refused} refused, with vLLM's message), the "
-        "batch's usage their sum",
+        f"lines' bodies (every field of the SDK's type, less ids and times) equal to vLLM's own "
+        f"answer alone ({refused} refused, with vLLM's message), the batch's usage their sum",
         f"{batch.status}; differ at {bad[:5]}; usage {total} against {tuple(usage)}",
     )
 

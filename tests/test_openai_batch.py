@@ -23,6 +23,7 @@ def test_a_success_is_a_200_response_with_a_completion_body() -> None:
         usage=Usage(5, 1),
         custom_id="q3",
         model="m1",
+        fingerprint="vllm-0.32.0-9a53fb34",
     )
     line = openai_line("job1", r, created=1700000000)
     assert line.endswith(b"\n")
@@ -40,6 +41,8 @@ def test_a_success_is_a_200_response_with_a_completion_body() -> None:
                 "choices": [
                     {"index": 0, "text": " blue", "logprobs": None, "finish_reason": "stop"}
                 ],
+                # the engine's, as it said it
+                "system_fingerprint": "vllm-0.32.0-9a53fb34",
                 "usage": {
                     "prompt_tokens": 5,
                     "completion_tokens": 1,

@@ -52,7 +52,10 @@ async def test_responses_lines_go_to_the_responses_route_with_their_own_fields(
     sent = {r["input"][-1]["content"]: r for r in received}
     assert sent["Question 1?"]["max_output_tokens"] == 5
     assert sent["Question 2?"]["max_output_tokens"] == 32
-    assert sent["Question 10?"]["input"][0] == {"role": "system", "content": "Be brief."}
+    # (a line's instructions travel as instructions: the answer echoes them as given)
+    assert sent["Question 10?"]["instructions"] == "Be brief."
+    assert sent["Question 10?"]["input"] == [{"role": "user", "content": "Question 10?"}]
+    assert "instructions" not in sent["Question 9?"]
     assert sent["Question 10?"]["temperature"] == 0
     out = await collect_lines(store, "resp")
     for i, x in enumerate(out):

@@ -5,6 +5,7 @@ against values computed by hand."""
 from __future__ import annotations
 
 import math
+from array import array
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -140,7 +141,8 @@ async def test_an_uncertainty_measure_embeds_each_prompts_samples_on_the_fleet(
     entropies = set()
     for c, (prompt, _) in zip(chains, prompts(n), strict=True):
         samples = [sample_for(prompt, 8, j)[0] for j in range(k)]
-        vectors = [embedding_for(s) for s in samples]
+        # (as the engine sends them: float32 values, as vLLM's)
+        vectors = [array("f", embedding_for(s)).tolist() for s in samples]
         if kind == "semantic-entropy":
             want = semantic_entropy(samples, vectors, similarity=0.8)
         else:

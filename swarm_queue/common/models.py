@@ -370,6 +370,12 @@ class Result(msgspec.Struct, frozen=True, omit_defaults=True):
     value: dict[str, Any] | None = None
     # An answer that asks for tools instead of answering (an agent's turn): no text.
     tool_calls: list[ToolCall] | None = None
+    # The engine's ``system_fingerprint`` (vLLM: its version and configuration's hash), where
+    # it said one: which engine answered, for an output line as the engine writes it.
+    fingerprint: str | None = msgspec.field(default=None, name="fp")
+    # A /v1/responses answer's other fields as the engine wrote them (its echo of the
+    # request: instructions, sampling, tools...), for the output line's body.
+    echo: dict[str, Any] | None = None
 
     @property
     def ok(self) -> bool:

@@ -69,8 +69,8 @@ def _embedding_body(r: Result) -> dict[str, Any]:
 
 def _response_body(job: str, r: Result, created: int) -> dict[str, Any]:
     """A ``/v1/responses`` line's answer as vLLM writes it: one message item of one
-    ``output_text``, the response ``incomplete`` where it was cut at its ``max_output_tokens``
-    (the fields that echo the request left out)."""
+    ``output_text`` (none for an empty text), the response ``incomplete`` where it was cut at
+    its ``max_output_tokens``, and the engine's echo of the request as it wrote it."""
     usage = None
     if r.usage is not None:
         usage = {
@@ -87,7 +87,10 @@ def _response_body(job: str, r: Result, created: int) -> dict[str, Any]:
         "annotations": [],
         "logprobs": None,
     }
-    return {
+    echo = r.echo or {}
+    if "usage" in echo:  # the engine's own words (vLLM's per-turn counts, cache writes...)
+        usage = echo["usage"]
+    return echo | {
         "id": f"resp_{job}_{r.index}",
         "object": "response",
         "created_at": created,
@@ -100,7 +103,7 @@ def _response_body(job: str, r: Result, created: int) -> dict[str, Any]:
                 "type": "message",
                 "role": "assistant",
                 "status": "completed",  # (vLLM's, even where the response is incomplete)
-                "content": [text],
+                "content": [text] if r.text else [],
             }
         ],
         "usage": usage,
@@ -149,6 +152,7 @@ def _body(job: str, r: Result, chat: bool, created: int) -> dict[str, Any]:
         "created": created,
         "model": r.model,
         "choices": choices,
+        "system_fingerprint": r.fingerprint,
         "usage": usage,
     }
 

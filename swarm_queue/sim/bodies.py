@@ -4,16 +4,24 @@ them lie (:func:`sim.faults.told`)."""
 
 from __future__ import annotations
 
+import hashlib
 import time
 import uuid
+from array import array
 from typing import Any
 
 from swarm_queue.sim.text import token_ids
 
-__all__ = ["chat_body", "completion_body", "embedding_body"]
+__all__ = ["chat_body", "completion_body", "embedding_body", "fingerprint"]
 
 # One sample as the engine made it: its text, its tokens, its finish reason.
 Sample = tuple[str, int, str]
+
+
+def fingerprint(model: str) -> str:
+    """The ``system_fingerprint`` of an engine serving ``model``, shaped as vLLM's (its name,
+    its version, eight hex digits of its configuration's hash: here the model's name)."""
+    return f"swarm-sim-0.32.0-{hashlib.sha256(model.encode()).hexdigest()[:8]}"
 
 
 def _usage(prompt_tokens: int, completion_tokens: int, cached: int | None) -> dict[str, Any]:
@@ -62,6 +70,7 @@ def completion_body(
         "created": int(time.time()),
         "model": model,
         "choices": choices,
+        "system_fingerprint": fingerprint(model),
         "usage": _usage(prompt_tokens, sum(k for _, k, _ in outs), cached),
     }
 
@@ -91,19 +100,22 @@ def chat_body(
         "created": int(time.time()),
         "model": model,
         "choices": choices,
+        "system_fingerprint": fingerprint(model),
         "usage": _usage(ptoks, ctoks, cached),
     }
 
 
 def embedding_body(model: str, vectors: list[list[float]], prompt_tokens: int) -> dict[str, Any]:
-    """``/v1/embeddings``: each input's vector under its index."""
+    """``/v1/embeddings``: each input's vector under its index, each value a float32 (vLLM's
+    vectors are float32 tensors written out)."""
     return {
         "id": f"embd-{uuid.uuid4().hex}",
         "object": "list",
         "created": int(time.time()),
         "model": model,
         "data": [
-            {"index": i, "object": "embedding", "embedding": v} for i, v in enumerate(vectors)
+            {"index": i, "object": "embedding", "embedding": array("f", v).tolist()}
+            for i, v in enumerate(vectors)
         ],
         "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
     }

@@ -28,6 +28,8 @@ class ResponsesRequest(msgspec.Struct, kw_only=True):
     temperature: float | None = None
     top_p: float | None = None
     stream: bool = False
+    metadata: dict[str, str] | None = None
+    user: str | None = None
 
 
 _decoder = msgspec.json.Decoder(ResponsesRequest)
@@ -59,21 +61,56 @@ def as_chat(req: ResponsesRequest) -> ChatRequest:
     )
 
 
-def response_body(answer: dict[str, Any], req: ResponsesRequest) -> dict[str, Any]:
-    """The chat route's ``answer`` to ``req`` as a ``response`` object."""
+def _echo(req: ResponsesRequest, prompt_tokens: int, limit: int) -> dict[str, Any]:
+    """The request as vLLM 0.32's ``ResponsesResponse.from_request`` echoes it: the sampling
+    as the engine ran it (defaults filled; the output limit cut to what the context leaves),
+    the rest as asked or at its default (no tools: ``tool_choice`` "none")."""
+    room = limit - prompt_tokens
+    asked = req.max_output_tokens
+    return {
+        "instructions": req.instructions,
+        "metadata": req.metadata,
+        "parallel_tool_calls": True,
+        "temperature": 1.0 if req.temperature is None else req.temperature,
+        "tool_choice": "none",
+        "tools": [],
+        "top_p": 1.0 if req.top_p is None else req.top_p,
+        "background": False,
+        "max_output_tokens": room if asked is None else min(asked, room),
+        "max_tool_calls": None,
+        "previous_response_id": None,
+        "prompt": None,
+        "reasoning": None,
+        "service_tier": "auto",
+        "text": None,
+        "top_logprobs": None,
+        "truncation": "disabled",
+        "user": req.user,
+        "presence_penalty": 0.0,
+        "frequency_penalty": 0.0,
+        "kv_transfer_params": None,
+        "ec_transfer_params": None,
+        "input_messages": None,
+        "output_messages": None,
+    }
+
+
+def response_body(answer: dict[str, Any], req: ResponsesRequest, limit: int) -> dict[str, Any]:
+    """The chat route's ``answer`` to ``req`` as a ``response`` object (``limit``: the
+    model's context length)."""
     choice = answer["choices"][0]
     usage = answer["usage"]
     cut = choice["finish_reason"] == "length"
     text = choice["message"]["content"]
+    # (vLLM's message has no text part for an empty text)
     content = [{"type": "output_text", "text": text, "annotations": [], "logprobs": None}]
+    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
     return {
         "id": f"resp_{uuid.uuid4().hex}",
         "object": "response",
         "created_at": int(time.time()),
         "status": "incomplete" if cut else "completed",
         "incomplete_details": {"reason": "max_output_tokens"} if cut else None,
-        "instructions": req.instructions,
-        "max_output_tokens": req.max_output_tokens,
         "model": answer["model"],
         "output": [
             {
@@ -81,20 +118,29 @@ def response_body(answer: dict[str, Any], req: ResponsesRequest) -> dict[str, An
                 "type": "message",
                 "role": "assistant",
                 "status": "completed",  # (vLLM's, even in an incomplete response)
-                "content": content,
+                "content": content if text else [],
+                "phase": None,
             }
         ],
-        "temperature": req.temperature,
-        "top_p": req.top_p,
         "usage": {
             "input_tokens": usage["prompt_tokens"],
             # (vLLM's responses say the prompt tokens found cached, whatever its flags)
-            "input_tokens_details": usage.get("prompt_tokens_details") or {"cached_tokens": 0},
+            "input_tokens_details": {
+                "cached_tokens": cached,
+                "cache_write_tokens": 0,
+                "input_tokens_per_turn": [],
+                "cached_tokens_per_turn": [],
+            },
             "output_tokens": usage["completion_tokens"],
-            "output_tokens_details": {"reasoning_tokens": 0},
+            "output_tokens_details": {
+                "reasoning_tokens": 0,
+                "tool_output_tokens": 0,
+                "output_tokens_per_turn": [],
+                "tool_output_tokens_per_turn": [],
+            },
             "total_tokens": usage["prompt_tokens"] + usage["completion_tokens"],
         },
-    }
+    } | _echo(req, usage["prompt_tokens"], limit)
 
 
 def responses_routes(endpoint: SimEndpoint) -> list[web.RouteDef]:
@@ -108,7 +154,8 @@ def responses_routes(endpoint: SimEndpoint) -> list[web.RouteDef]:
         if answer.status != 200 or answer.body is None:
             return answer  # a refusal, in the chat route's words (vLLM's are the same)
         try:
-            body = response_body(msgspec.json.decode(answer.body), req)  # type: ignore[arg-type]
+            said = msgspec.json.decode(answer.body)  # type: ignore[arg-type]
+            body = response_body(said, req, limit)
         except (msgspec.DecodeError, KeyError, IndexError, TypeError):
             return answer  # an answer the fault switches garbled, garbled as it is
         return web.Response(body=_json.encode(body), content_type="application/json")

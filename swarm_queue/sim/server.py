@@ -373,9 +373,8 @@ class SimEndpoint:
         else:
             outs = [sample(prompt, max_tokens, j, req, ignore_eos) for j in range(req.n)]
         await self._generate([n for _, n, _ in outs], ptoks, prefill)
-        messages = [
-            {"role": "assistant", "content": t.lstrip(), "tool_calls": []} for t, _, _ in outs
-        ]
+        # (no ``tool_calls`` key where there are none: vLLM 0.32's message drops an empty one)
+        messages = [{"role": "assistant", "content": t.lstrip()} for t, _, _ in outs]
         reasons = [reason for _, _, reason in outs]
         ctoks = sum(n for _, n, _ in outs)
         return self._chat_answer(req, messages, reasons, (ptoks, ctoks, cached))

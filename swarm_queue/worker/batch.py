@@ -355,6 +355,7 @@ class BatchRunner:
                     custom_id=item.custom_id,
                     model=body.model,
                     tool_calls=calls,
+                    fingerprint=body.system_fingerprint,
                 )
             if choice.message.content is None:
                 # Not an answer: counting it a success would hand "" on (and to the cache).
@@ -378,6 +379,8 @@ class BatchRunner:
                 model=body.model,
                 samples=[c.message.content or "" for c in body.choices] if n > 1 else None,
                 finishes=[c.finish_reason for c in body.choices] if n > 1 else None,
+                fingerprint=body.system_fingerprint,
+                echo=body.echo if request.route == Route.RESPONSES else None,
             )
 
         async def told(item: PromptItem, request: Request) -> Result:

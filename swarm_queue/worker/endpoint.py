@@ -35,6 +35,7 @@ from swarm_queue.common.errors import (
 from swarm_queue.common.models import SamplingParams
 from swarm_queue.common.redisurl import mask_url
 from swarm_queue.worker.replies import (
+    ANSWER_FIELDS,
     ChatBody,
     CompletionBody,
     EmbeddingBody,
@@ -76,7 +77,7 @@ _tokenize_decoder = msgspec.json.Decoder(_Tokenized)
 _completion_decoder = msgspec.json.Decoder(CompletionBody)
 _chat_decoder = msgspec.json.Decoder(ChatBody)
 _embedding_decoder = msgspec.json.Decoder(EmbeddingBody)
-_responses_decoder = msgspec.json.Decoder(ResponsesBody)
+_object_decoder = msgspec.json.Decoder(dict[str, Any])
 _models_decoder = msgspec.json.Decoder(_ModelList)
 
 # 408 Request Timeout and 409 Conflict are the server's transient states, not the prompt's fault.
@@ -345,9 +346,20 @@ class EndpointClient:
         """One ``/v1/responses`` request of one conversation (its ``input``), read as a chat
         answer's one choice (see :meth:`~worker.replies.ResponsesBody.as_chat`)."""
         timeout = timeout_s or self._timeout_s
-        body = {"model": model, "input": messages, "max_output_tokens": params.max_tokens}
+        body: dict[str, Any] = {"model": model}
+        if messages and messages[0].get("role") == "system":
+            # A line's instructions travel as its leading system message: sent as
+            # ``instructions`` again (the engine makes them that same message), so that the
+            # answer echoes them as the line gave them.
+            body["instructions"], messages = messages[0].get("content"), messages[1:]
+        body |= {"input": messages, "max_output_tokens": params.max_tokens}
         body |= {k: v for k, v in params.extra().items() if k in ("temperature", "top_p")}
-        return (await self._answer("responses", body, _responses_decoder, timeout)).as_chat()
+        whole = await self._answer("responses", body, _object_decoder, timeout)
+        try:
+            answer = msgspec.convert(whole, ResponsesBody)
+        except msgspec.ValidationError as exc:
+            raise EndpointRetryable(self.label, f"unreadable responses answer: {exc}") from None
+        return answer.as_chat({k: v for k, v in whole.items() if k not in ANSWER_FIELDS})
 
     async def embed(
         self, model: str, texts: list[str], *, timeout_s: float | None = None

@@ -5,11 +5,14 @@ load. The types the :class:`worker.backend.Backend` protocol speaks, whatever se
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 
 from swarm_queue.common.models import Usage
 
 __all__ = [
+    "ANSWER_FIELDS",
     "ChatBody",
     "ChatChoice",
     "ChatMessage",
@@ -70,6 +73,7 @@ class CompletionBody(msgspec.Struct):
     choices: list[Choice] = []
     usage: CompletionUsage | None = None
     model: str = ""
+    system_fingerprint: str | None = None
 
 
 class FunctionCall(msgspec.Struct, frozen=True):
@@ -104,11 +108,14 @@ class ChatChoice(msgspec.Struct):
 
 
 class ChatBody(msgspec.Struct):
-    """The parts of a ``/v1/chat/completions`` response swarm-queue uses."""
+    """The parts of a ``/v1/chat/completions`` response swarm-queue uses (``echo``: a
+    responses answer's, read as this: see :meth:`ResponsesBody.as_chat`)."""
 
     choices: list[ChatChoice] = []
     usage: CompletionUsage | None = None
     model: str = ""
+    system_fingerprint: str | None = None
+    echo: dict[str, Any] | None = None
 
 
 class ResponseContent(msgspec.Struct):
@@ -150,15 +157,13 @@ class ResponsesBody(msgspec.Struct):
     usage: ResponseUsage | None = None
     model: str = ""
 
-    def as_chat(self) -> ChatBody:
+    def as_chat(self, echo: dict[str, Any] | None = None) -> ChatBody:
         """This answer as a chat answer of one choice, read as one (an answer without a
-        message has no content; one cut at ``max_output_tokens`` finished by ``length``)."""
+        message has no content, a message without text parts is "", as vLLM writes an empty
+        answer; one cut at ``max_output_tokens`` finished by ``length``), carrying ``echo``."""
+        messages = [item for item in self.output if item.type == "message"]
         texts = [
-            part.text
-            for item in self.output
-            if item.type == "message"
-            for part in item.content
-            if part.type == "output_text"
+            part.text for item in messages for part in item.content if part.type == "output_text"
         ]
         why = self.incomplete_details.reason if self.incomplete_details else None
         finish = "stop" if self.status == "completed" else why or self.status
@@ -174,8 +179,15 @@ class ResponsesBody(msgspec.Struct):
                 PromptDetails(cached) if cached is not None else None,
                 CompletionDetails(thought) if thought is not None else None,
             )
-        message = ChatMessage("".join(texts) if texts else None)
-        return ChatBody([ChatChoice(0, message, finish)], usage, self.model)
+        message = ChatMessage("".join(texts) if messages else None)
+        return ChatBody([ChatChoice(0, message, finish)], usage, self.model, echo=echo)
+
+
+# A response's own fields: the rest of its body (its usage kept whole, in the engine's words)
+# is its echo of the request.
+ANSWER_FIELDS = frozenset(
+    ("id", "object", "created_at", "status", "incomplete_details", "model", "output")
+)
 
 
 class EmbeddingDatum(msgspec.Struct):

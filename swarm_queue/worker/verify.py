@@ -104,6 +104,7 @@ def map_choices(
                 model=body.model,
                 samples=[c.text for c in picked if c is not None] if n > 1 else None,
                 finishes=[c.finish_reason for c in picked if c is not None] if n > 1 else None,
+                fingerprint=body.system_fingerprint,
             )
         )
     return out
