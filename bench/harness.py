@@ -433,11 +433,13 @@ async def run_swarm(
     burst: bool = False,
     metrics: bool = False,
     enqueue: dict[str, Any] | None = None,
+    chunk: int = 1,
 ) -> SwarmRun:
     """One job through the system: workers already running, then enqueue and collect, timed
     from the first enqueue to the last collected line. With ``burst``, ``--burst`` workers are
     started together with the job, and the time runs from their start. With ``metrics``, the
-    workers serve Prometheus metrics, read once the job is done (``SwarmRun.scraped_done``)."""
+    workers serve Prometheus metrics, read once the job is done (``SwarmRun.scraped_done``).
+    ``chunk``: the job's prompts a stream entry (``--chunk``)."""
     settings = Settings(redis_url=redis_url, prefix=prefix)
     store = JobStore.from_settings(settings)
     t0 = time.monotonic()
@@ -449,7 +451,7 @@ async def run_swarm(
             t0 = time.monotonic()
         cpu0 = sum(cpu_s(p.pid) for p in workers.procs)
         sampler = Sampler(fleet.urls, redis_url).start()
-        spec = JobSpec(job="bench", params=SamplingParams(max_tokens=max_tokens))
+        spec = JobSpec(job="bench", params=SamplingParams(max_tokens=max_tokens), chunk=chunk)
         await enqueue_prompts(store, spec, ((p, None) for p in prompts), **(enqueue or {}))
         t_enq = time.monotonic() - t0
         first: list[float] = []

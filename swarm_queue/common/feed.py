@@ -316,7 +316,10 @@ class _Feeder:
             size = lambda: sum(len(encode(it)) for it in items)  # noqa: E731
             await self.room.wait(len(items), size, self.keep_lock)
             try:
-                await self.store.add_items(self.job, items, digest, gen=gen, affinity=keys)
+                size_of = self.stored.chunk if self.stored is not None else 1
+                await self.store.add_items(
+                    self.job, items, digest, gen=gen, affinity=keys, chunk=size_of
+                )
                 break
             except StoreFull:  # another writer took the room meanwhile: wait for it again
                 await self.keep_lock()

@@ -27,7 +27,10 @@ from swarm_queue.common.models import (
 from swarm_queue.common.perprompt import PER_PROMPT_KINDS
 from swarm_queue.common.schema import AnswerValidator
 
-__all__ = ["JobOptions", "JobSettings", "build_spec", "options_from"]
+__all__ = ["MAX_CHUNK", "JobOptions", "JobSettings", "build_spec", "options_from"]
+
+# The most prompts a stream entry holds: a chunk is read, answered and acknowledged whole.
+MAX_CHUNK = 1024
 
 
 class JobOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -65,6 +68,8 @@ class JobOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     cache_sampled: bool = False
     cache_refresh: bool = False
     line_usage: bool = False
+    # Prompts to a stream entry: read, claimed and acknowledged as one (see JobSpec.chunk).
+    chunk: int = 1
     reduce: ReduceSpec | None = None
 
 
@@ -96,6 +101,7 @@ class JobSettings(TypedDict, total=False):
     cache_sampled: bool
     cache_refresh: bool
     line_usage: bool
+    chunk: int
     reduce: ReduceSpec | None
 
 
@@ -194,6 +200,8 @@ def build_spec(
     validate_job_name(job)
     if options.max_tokens < 1:
         raise ConfigError(f"max_tokens must be >= 1, got {options.max_tokens}")
+    if not 1 <= options.chunk <= MAX_CHUNK:
+        raise ConfigError(f"chunk must be 1..{MAX_CHUNK} prompts an entry, got {options.chunk}")
     if options.template is not None and "{prompt}" not in options.template:
         raise ConfigError("the template has no {prompt} to fill in")
     if options.embed:
@@ -239,6 +247,7 @@ def build_spec(
         cache_sampled=options.cache_sampled,
         cache_refresh=options.cache_refresh,
         line_usage=options.line_usage,
+        chunk=options.chunk,
     )
     if options.samples != 1 and spec.cache:
         raise ConfigError("the response cache keeps one answer a prompt: not with --samples")

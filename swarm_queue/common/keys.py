@@ -202,6 +202,11 @@ class Keys:
         nor released it: each one a worker that died running it. What dead-lettering counts."""
         return self._job(job, "running")
 
+    def chunks(self, job: str) -> str:
+        """Hash: entry ID -> how many prompts that entry holds, for an entry of several (a
+        chunk: :mod:`common.store.entries`); gone with its entry's acknowledgement."""
+        return self._job(job, "chunks")
+
     def hungry(self, job: str) -> str:
         """String with a TTL: set while some endpoint with nothing else to do looked in vain
         for the job's laned turns; an endpoint with turns waiting in a busy engine hands them

@@ -232,6 +232,9 @@ class JobSpec(msgspec.Struct, frozen=True, omit_defaults=True):
     # engine holds its prefix (see common/store/lanes.py), which takes it first; another
     # endpoint takes it only late. Its group (common.keys.group_of) shares one turn.
     affinity: bool = False
+    # Prompts to a stream entry (consecutive ones, of one affinity key): read, claimed and
+    # acknowledged as one, a tenth of Redis's work a prompt at 16 (see common/store/entries.py).
+    chunk: int = 1
     # Which life of the name this is: set when the job is created (a random token), so that
     # work taken from a job deleted and queued again under its name is never written into the
     # new one. Not a setting: a spec asked for has none.
@@ -239,6 +242,10 @@ class JobSpec(msgspec.Struct, frozen=True, omit_defaults=True):
     # The layout this spec was written in: a later layout says a higher one, so that a reader
     # knows what it reads (none has come yet).
     version: int = 1
+
+    def __post_init__(self) -> None:  # (a workflow's answers move on one by one, as they come)
+        if self.chunk > 1 and self.flow is not None:
+            raise ConfigError("a workflow's steps take no chunk: leave it at 1 (--chunk 1)")
 
     @property
     def chat(self) -> bool:

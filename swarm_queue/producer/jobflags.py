@@ -134,6 +134,14 @@ def add_job_settings(p: argparse.ArgumentParser) -> None:
         "for token ids, embeddings go one a request); the job's total is exact either way",
     )
     j.add_argument(
+        "--chunk",
+        type=int,
+        default=1,
+        metavar="N",
+        help="prompts to a stream entry (consecutive ones): read, claimed and acknowledged as "
+        "one, so Redis does a fraction of its work a prompt (default 1)",
+    )
+    j.add_argument(
         "--cache",
         action="store_true",
         help="answer prompts from the response cache shared by every job of this Redis, and "

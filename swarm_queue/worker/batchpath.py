@@ -26,7 +26,7 @@ from swarm_queue.common.errors import (
 from swarm_queue.common.models import JobSpec, Result, Usage
 from swarm_queue.common.perprompt import answered
 from swarm_queue.common.schema import validator_of
-from swarm_queue.common.store import Commit, index_of
+from swarm_queue.common.store import Commit
 from swarm_queue.common.throttle import Throttled
 from swarm_queue.common.vocab import FailureKind
 from swarm_queue.worker.answers import Unanswered, settled
@@ -35,7 +35,16 @@ from swarm_queue.worker.batch import BatchRunner
 from swarm_queue.worker.cache import AnswerCache
 from swarm_queue.worker.circuit import Circuit, GiveUp
 from swarm_queue.worker.context import DrainContext
-from swarm_queue.worker.deliveries import Decoded, Finished, Triage, dead_letters, decode_deliveries
+from swarm_queue.worker.deliveries import (
+    Decoded,
+    Finished,
+    Triage,
+    dead_letters,
+    decode_deliveries,
+    one_by_one,
+    unanswered,
+)
+from swarm_queue.worker.dims import Dimensions, keeps_vectors
 from swarm_queue.worker.early import EarlyCommits
 from swarm_queue.worker.figures import EndpointFigures
 from swarm_queue.worker.giveback import GiveBack
@@ -43,7 +52,6 @@ from swarm_queue.worker.inflight import Answers, Cancelled, InFlight, Pace, Requ
 from swarm_queue.worker.intake import Delivery, Intake
 from swarm_queue.worker.served import ServedModels
 from swarm_queue.worker.usage import Tally
-from swarm_queue.worker.verify import EMBEDDINGS
 
 __all__ = ["BatchPath"]
 
@@ -70,12 +78,6 @@ def _told(early: EarlyCommits | None, answers: Answers | None) -> Callable[[Resu
     return both
 
 
-def keeps_vectors(spec: JobSpec) -> bool:
-    """Whether ``spec``'s job keeps its vectors (an embeddings job, not a measure's step,
-    whose vectors are measured together and dropped): all of one dimension."""
-    return spec.embed and spec.per_prompt is None
-
-
 class BatchPath:
     """The path of one endpoint's batches, from taken to committed or released."""
 
@@ -99,7 +101,7 @@ class BatchPath:
         self.circuit, self.runner, self.cache = circuit, runner, cache
         self.intake, self.figures, self.inflight = intake, figures, inflight
         self._backoff = backoff
-        self._dims: dict[tuple[str, str], int] = {}  # (job, generation) -> its dimension
+        self.dims = Dimensions(engine.store, client.label, circuit)
         self.pace = Pace()  # of this endpoint's flow chat answers (see worker/inflight.py)
         self.giveback = GiveBack(
             engine,
@@ -118,7 +120,7 @@ class BatchPath:
         self.engine.metrics.committed(job, self.client.label, commit)
 
     async def process(
-        self, spec: JobSpec, deliveries: list[Delivery], *, copy: bool = False
+        self, spec: JobSpec, deliveries: list[Delivery], *, copy: bool = False, fresh: bool = False
     ) -> None:
         """Finish one batch of ``spec``'s job, each entry by how many workers died running it
         (see :class:`~worker.deliveries.Triage`). A release (a failing endpoint, a model not
@@ -126,21 +128,26 @@ class BatchPath:
         finished is. A speculative ``copy`` runs like any batch: the heartbeat and a release act
         only on entries this consumer holds, so on a copy they do nothing. Every write carries
         the generation of ``spec``: if the job is gone (deleted, lost, queued again under its
-        name), the batch is dropped and the engine told, once."""
+        name), the batch is dropped and the engine told, once. Chunks not ``fresh`` (never
+        delivered before) run only their prompts not answered yet."""
         job = spec.job
-        sorted_ = Triage(deliveries, self.settings.max_deliveries)
         ids = [eid for eid, _, _ in deliveries]
+        sorted_ = Triage(deliveries, self.settings.max_deliveries)
         # Everything taken stays ours until done: refreshed claims, and never restarted by a
         # sibling slot's reclaim while it waits for its turn here.
         heartbeat = asyncio.create_task(self._keep_claimed(spec, ids))
         self.intake.hand(job).update(ids)
         self.figures.job(job, time.monotonic())  # its rate counts from its first batch
         try:
-            if sorted_.dead:
-                await self._dead_letter(spec, sorted_.dead)
+            if not fresh:
+                deliveries, whole = await unanswered(self.store, job, deliveries)
+                if whole:
+                    await self._commit(spec, [], whole=whole)
+                sorted_ = Triage(deliveries, self.settings.max_deliveries)
+            rest = await self._dead_letter(spec, sorted_.dead) if sorted_.dead else []
             if sorted_.fresh:
                 await self._run_batch(spec, sorted_.fresh, copy=copy)
-            for suspect in sorted_.suspects:
+            for suspect in one_by_one(sorted_.suspects) + rest:
                 await self._run_batch(spec, [suspect])
         except JobGoneError as exc:
             # Entries read under a stale spec belong to the job that holds the name now: this
@@ -160,14 +167,16 @@ class BatchPath:
             heartbeat.cancel()
             self.intake.hand(job).difference_update(ids)
 
-    async def _dead_letter(self, spec: JobSpec, dead: list[Delivery]) -> None:
-        results = dead_letters(dead, self.client.label)
+    async def _dead_letter(self, spec: JobSpec, dead: list[Delivery]) -> list[Delivery]:
+        """Dead-letter ``dead``; what is left to run of them (a chunk's other prompts)."""
+        results, rest = dead_letters(dead, self.client.label)
         commit = await self._commit(spec, results)
         self.figures.dead_lettered += commit.failed
         self._count(spec.job, commit)
         log.warning(
-            "%s: dead-lettered %d entries of job %s", self.client.label, len(dead), spec.job
+            "%s: dead-lettered %d prompts of job %s", self.client.label, len(results), spec.job
         )
+        return rest
 
     async def _run_batch(
         self, spec: JobSpec, deliveries: list[Delivery], *, copy: bool = False
@@ -187,7 +196,8 @@ class BatchPath:
 
         # Its runs before this one that never ended (a worker died, a server hung or dropped
         # it): each a try of the prompt's, counted in its line's attempts.
-        before = {index_of(eid): n for eid, _, n in deliveries if n}
+        deaths = {eid: n for eid, _, n in deliveries if n}
+        before = {it.index: deaths[eid] for eid, _, it in items if eid in deaths}
 
         def shape(r: Result) -> Result:
             r = answered(spec, r) if spec.per_prompt is not None else r
@@ -307,7 +317,7 @@ class BatchPath:
             if model is None:
                 raise ModelNotServed(self.client.label, "serves no model")
             self.figures.job(job, time.monotonic()).model = model
-            dim = await self._dim(spec)
+            dim = await self.dims.of(spec)
             # A flow's chat answers time the endpoint's pace; entries of an affinity (an
             # agent's turns) may be handed on while they wait in a busy engine.
             answers = Answers(self.pace) if early is not None and not copy else None
@@ -329,7 +339,7 @@ class BatchPath:
             sent = await request
             self.intake.took(job, time.monotonic() - began)
             if keeps_vectors(spec) and dim is None:
-                await self._fix_dim(spec, sent)
+                await self.dims.fix(spec, sent)
             return sent
         except asyncio.CancelledError:
             # Preempted by a batch of a more urgent job, its job over, or stopped past the
@@ -359,41 +369,12 @@ class BatchPath:
             if request is not None:
                 self.inflight.remove(request)
 
-    async def _dim(self, spec: JobSpec) -> int | None:
-        """The dimension ``spec``'s vectors must have, once its first answer fixed it (None:
-        not fixed yet, or the job keeps no vectors)."""
-        if not keeps_vectors(spec):
-            return None
-        key = (spec.job, spec.generation)
-        if key not in self._dims:
-            dim = await self.store.job_dim(spec.job)
-            if dim is None:
-                return None
-            self._dims[key] = dim
-        return self._dims[key]
-
-    async def _fix_dim(self, spec: JobSpec, sent: list[Result]) -> None:
-        """Fix the job's dimension by this answer's, if it is the first; an answer of another
-        dimension than the one fixed meanwhile is the endpoint's failure (GiveUp)."""
-        got = next((len(r.embedding) // 4 for r in sent if r.embedding), None)
-        if got is None:
-            return
-        dim = await self.store.fix_dim(spec.job, got, gen=spec.generation)
-        self._dims[(spec.job, spec.generation)] = dim
-        if dim != got:
-            exc = EndpointMalformed(
-                self.client.label,
-                f"malformed answer: vectors of {got} dimensions (the job's vectors have {dim})",
-                route=EMBEDDINGS,
-            )
-            self.circuit.failed(exc)
-            raise GiveUp(exc)
-
     async def _commit(
         self,
         spec: JobSpec,
         results: list[tuple[bytes, Result, bytes | None]],
         rest: Usage | None = None,
+        whole: list[bytes] | None = None,
     ) -> Commit:
         """Commit, retrying through a Redis outage: the results are computed and the commit is
         idempotent (first write wins), so keeping them beats redoing the batch. Shielded, so a
@@ -410,6 +391,7 @@ class BatchPath:
                         gen=spec.generation,
                         moves_on=spec.flow is not None,
                         failures_move=spec.flow is not None and spec.flow.failures,
+                        whole=whole or (),
                     )
                 )
             except StoreUnavailable as exc:

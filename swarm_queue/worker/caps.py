@@ -65,7 +65,7 @@ class ProjectCaps:
         if cap is None:
             return want
         async with self._lock(spec.project):
-            jobs = [name for name, s in self.jobs().items() if s.project == spec.project]
+            jobs = {name: s.chunk for name, s in self.jobs().items() if s.project == spec.project}
             busy = await self.store.in_flight(jobs) + self._granted.get(spec.project, 0)
             n = max(0, min(want, cap - busy))
             if n:

@@ -326,7 +326,7 @@ class EndpointDrainer:
             return False
         if got is None:
             return False
-        await self.path.process(got.spec, got.deliveries, copy=got.copy)
+        await self.path.process(got.spec, got.deliveries, copy=got.copy, fresh=got.fresh)
         return True
 
     # -- taking work --------------------------------------------------------------------

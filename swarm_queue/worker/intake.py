@@ -35,11 +35,13 @@ async def _alone(spec: JobSpec) -> list[str]:
 class Taken(NamedTuple):
     """A batch for a slot: its job (as it was when the batch was taken: its generation is what
     the batch's writes carry) and entries; ``copy``: a speculative copy of entries other
-    consumers hold (not ours to release, and no run of them is a death)."""
+    consumers hold (not ours to release, and no run of them is a death); ``fresh``: never
+    delivered before (no prompt of theirs can have its result yet)."""
 
     spec: JobSpec
     deliveries: list[Delivery]
     copy: bool = False
+    fresh: bool = False
 
     @property
     def job(self) -> str:
@@ -215,7 +217,8 @@ class Intake:
             lanes = await self.lanes(spec)
             if lanes:
                 gone = await self.store.route(job, self.lane, lanes, keyed)
-        return self._held(spec, [(e, payload, 0) for e, payload, _ in entries if e not in gone])
+        taken = self._held(spec, [(e, payload, 0) for e, payload, _ in entries if e not in gone])
+        return taken._replace(fresh=True) if taken is not None else None
 
     def _held(self, spec: JobSpec, deliveries: list[Delivery]) -> Taken | None:
         """``deliveries`` of ``spec``'s job as this slot takes them, marked in hand at once
@@ -253,9 +256,11 @@ class Intake:
     async def _take(
         self, spec: JobSpec, source: Source, batch: int, block_ms: int | None = None
     ) -> Taken | None:
-        """One look at ``source`` for up to ``batch`` of ``spec``'s entries (as many as its
-        project's cap leaves: a batch when uncapped): what it gives, marked in hand."""
+        """One look at ``source`` for up to ``batch`` of ``spec``'s prompts (as many as its
+        project's cap leaves: a batch when uncapped), so as many entries as hold them (a
+        chunk's prompts: :mod:`common.store.entries`): what it gives, marked in hand."""
         job = spec.job
+        batch = -(-batch // spec.chunk)
         if source is Source.RECLAIMED:
             claimed = await self.reclaimed.take(spec, self.hand(job), batch)
             return Taken(spec, claimed) if claimed else None

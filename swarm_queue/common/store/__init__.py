@@ -3,11 +3,14 @@
 Layout of one job (keys from :class:`common.keys.Keys`, all in the job's hash slot):
 
 * stream ``q``: one entry per prompt, entry ID ``0-(index+1)``, field ``d`` = msgpack
-  :class:`~common.models.PromptItem`. Explicit IDs make enqueueing idempotent: a rerun resumes
-  after the stream's last generated ID. Each commit trims the stream's acknowledged head (up
-  to the oldest entry still in a worker's hands), so it holds the work not yet done and what
-  was finished after that oldest entry; what is left to do is read from the consumer group
-  (``lua/backlog.lua``) and the counters, never from the stream's length.
+  :class:`~common.models.PromptItem`; or, for a job of ``chunk`` K > 1, one entry per K
+  consecutive prompts (ID its first's, ``d`` the chunk: see ``entries``), whose size hash
+  ``chunks`` holds until its last prompt is answered and it is acknowledged. Explicit IDs
+  make enqueueing idempotent: a rerun resumes after the stream's last generated ID. Each
+  commit trims the stream's acknowledged head (up to the oldest entry still in a worker's
+  hands), so it holds the work not yet done and what was finished after that oldest entry;
+  what is left to do is read from the consumer group (``lua/backlog.lua``) and the
+  counters, never from the stream's length.
 * hash ``results``: decimal index -> msgpack :class:`~common.models.Result`; first write wins.
 * hash ``meta``: the fields of :class:`common.vocab.Meta` (spec, counters, timestamps).
 * hash ``running``: entry ID -> runs started and never finished (see ``JobStore.start``);

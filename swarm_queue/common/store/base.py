@@ -153,7 +153,7 @@ class StoreBase:
 
     def script_keys(self, job: str) -> list[str]:
         """KEYS of the commit and retry scripts, in their order: results, meta, stream, failed,
-        cached, running, reopened."""
+        cached, running, reopened, chunks."""
         k = self.keys
         return [
             k.results(job),
@@ -163,6 +163,7 @@ class StoreBase:
             k.cached(job),
             k.running(job),
             k.reopened(job),
+            k.chunks(job),
         ]
 
 

@@ -172,6 +172,16 @@ class Delivery(StoreBase):
             job, consumer, entry_ids, idle, gen, strike=strike, lost=lost, tries=tries
         )
 
+    async def answered(self, job: str, indices: Sequence[int]) -> set[int]:
+        """Those of ``indices`` that have a result, or had one collected and evicted (a chunk
+        taken again skips them)."""
+        if not indices:
+            return set()
+        async with redis_errors(self.url, job):
+            evicted = int(await self.redis.hget(self.keys.meta(job), Meta.EVICTED) or 0)
+            have = await self.redis.hmget(self.keys.results(job), [str(i) for i in indices])
+        return {i for i, h in zip(indices, have, strict=True) if h is not None or i < evicted}
+
     async def job_dim(self, job: str) -> int | None:
         """An embeddings job's dimension, once its first answer has fixed it."""
         async with redis_errors(self.url, job):
@@ -228,6 +238,7 @@ class Delivery(StoreBase):
         gen: str,
         moves_on: bool = False,
         failures_move: bool = False,
+        whole: Sequence[bytes] = (),
     ) -> Commit:
         """Write each result under its index (first write wins) and ack its entry, atomically.
 
@@ -239,10 +250,12 @@ class Delivery(StoreBase):
         agent's turn): each new failure is appended too, for its pump to end the agent with.
         Tokens count as results do: each result's own usage once it is written (so a copy
         that lost counts nothing), and ``rest``, those of the batch's requests that no result
-        carries.
+        carries. ``whole``: chunks taken again whose every prompt had its result already,
+        acknowledged with nothing written.
         """
         land = "1" if failures_move else ""
         args: list[Any] = [GROUP, gen, land, 0, *(rest.counts() if rest else (0, 0, 0, 0))]
+        args += [len(whole), *whole]
         usage: list[int] = []
         for n, (entry_id, result, payload) in enumerate(entries, 1):
             kind = ("+" if result.cached else "") if result.ok else (result.error_kind or "error")
@@ -257,7 +270,7 @@ class Delivery(StoreBase):
             # Its own tokens count once, when it is written (a cached answer cost nothing).
             if result.usage is not None and not result.cached:
                 usage += [n, *result.usage.counts()]
-        args[3] = (len(args) - 8) // 5
+        args[3] = (len(args) - 9 - len(whole)) // 5
         args += usage
         keys = self.script_keys(job)
         if moves_on:

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from swarm_queue.common.errors import JobCancelledError, JobConflictError
 from swarm_queue.common.models import PromptItem, encode
 from swarm_queue.common.store.base import StoreBase
 from swarm_queue.common.store.boundary import redis_errors
+from swarm_queue.common.store.entries import encode_chunk
 from swarm_queue.common.vocab import Meta
 
 __all__ = ["Feeding", "producer_token"]
@@ -19,6 +20,23 @@ __all__ = ["Feeding", "producer_token"]
 def producer_token() -> str:
     """Identifies this process as lock holder: ``host:pid``."""
     return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _runs(
+    items: Sequence[PromptItem], keys: Sequence[str], chunk: int
+) -> Iterator[tuple[list[PromptItem], str]]:
+    """``items`` in runs of up to ``chunk`` consecutive ones of one affinity key."""
+    run: list[PromptItem] = []
+    run_key = ""
+    for item, key in zip(items, keys, strict=True):
+        if run and (len(run) == chunk or key != run_key):
+            yield run, run_key
+            run = []
+        if not run:
+            run_key = key
+        run.append(item)
+    if run:
+        yield run, run_key
 
 
 class Feeding(StoreBase):
@@ -54,25 +72,33 @@ class Feeding(StoreBase):
         *,
         gen: str,
         affinity: Sequence[str] = (),
+        chunk: int = 1,
     ) -> None:
         """Append ``items`` (consecutive indices from the current end) in one atomic step,
-        each with its ``affinity`` key if given (see :mod:`common.affinity`); ``digest``: of
-        the whole input up to the last of them, kept with the resume point.
+        each with its ``affinity`` key if given (see :mod:`common.affinity`), up to ``chunk``
+        consecutive ones of one key to an entry (see :mod:`common.store.entries`);
+        ``digest``: of the whole input up to the last of them, kept with the resume point.
         :class:`JobGoneError` if the job is no longer of generation ``gen``."""
         if not items:
             return
         # Keys only where some prompt has one: an argument more a prompt is the Redis client's
         # time (the producer's CPU, scenario 4).
         keyed = any(affinity)
-        args: list[Any] = [items[0].index, digest, gen, "1" if keyed else "0"]
-        if keyed:
+        args: list[Any] = [items[0].index, digest, gen, "1" if keyed else "0", "0"]
+        if chunk > 1:
+            args[4] = "1"
+            for run, key in _runs(items, affinity if keyed else [""] * len(items), chunk):
+                payload = encode(run[0]) if len(run) == 1 else encode_chunk(list(map(encode, run)))
+                args += [payload, key, len(run)] if keyed else [payload, len(run)]
+        elif keyed:
             for item, key in zip(items, affinity, strict=True):
                 args += [encode(item), key]
         else:
             args += [encode(item) for item in items]
         async with redis_errors(self.url, job):
             status, have = await self.scripts.add(
-                keys=[self.keys.meta(job), self.keys.stream(job)], args=args
+                keys=[self.keys.meta(job), self.keys.stream(job), self.keys.chunks(job)],
+                args=args,
             )
         if status == -1:
             raise JobCancelledError(

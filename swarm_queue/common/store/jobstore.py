@@ -5,7 +5,7 @@ from __future__ import annotations
 from swarm_queue.common.models import Result
 from swarm_queue.common.store.batches import Batches
 from swarm_queue.common.store.boundary import redis_errors
-from swarm_queue.common.store.entries import decode_entry, index_of
+from swarm_queue.common.store.entries import decode_entry, entry_payloads, index_of
 from swarm_queue.common.store.roles import CollectorStore, FlowStore, WorkerStore
 from swarm_queue.common.vocab import FailureKind, Meta
 
@@ -41,14 +41,15 @@ class JobStore(FlowStore, WorkerStore, CollectorStore, Batches):
                 (
                     eid,
                     Result(
-                        index=index_of(eid),
+                        index=index_of(eid) + at,
                         error=why,
                         error_kind=FailureKind.CANCELLED,
-                        custom_id=_custom_id(eid, fields.get(b"d")),
+                        custom_id=_custom_id(eid, payload),
                     ),
-                    fields.get(b"d"),
+                    payload,
                 )
                 for eid, fields in entries
+                for at, payload in enumerate(_payloads(fields.get(b"d")))
             ]
             count += (await self.commit(job, batch, gen=gen)).failed
             # A commit trims only what was delivered: the undelivered entries go here.
@@ -56,7 +57,13 @@ class JobStore(FlowStore, WorkerStore, CollectorStore, Batches):
                 await self.redis.xdel(self.keys.stream(job), *(eid for eid, _ in entries))
 
 
+def _payloads(payload: bytes | None) -> list[bytes | None]:
+    """The payload of each prompt of an entry (a chunk's in order; consecutive indices)."""
+    parts = entry_payloads(payload)
+    return [payload] if isinstance(parts, str) else parts
+
+
 def _custom_id(entry_id: bytes, payload: bytes | None) -> str | None:
-    """The custom_id of a queued entry (None: none, or an entry that does not decode)."""
-    item = decode_entry(entry_id, payload)
+    """The custom_id of a queued prompt (None: none, or one that does not decode)."""
+    item = decode_entry(entry_id, payload, chunked=True)
     return None if isinstance(item, str) else item.custom_id

@@ -4,7 +4,7 @@ flight at once, across the fleet) and how many they have now."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Mapping
 
 from swarm_queue.common.errors import ConfigError
 from swarm_queue.common.keys import GROUP, validate_job_name
@@ -43,14 +43,15 @@ class Projects(StoreBase):
             else:
                 await self.redis.hset(self.keys.project_caps, project, str(lines))
 
-    async def in_flight(self, jobs: Sequence[str]) -> int:
-        """The lines of ``jobs`` taken by the fleet and not yet finished: their consumer
-        groups' pending entries (in workers' hands, or waiting in an endpoint's lane)."""
+    async def in_flight(self, jobs: Mapping[str, int]) -> int:
+        """The lines of ``jobs`` (each with its prompts an entry: its chunk) taken by the fleet
+        and not yet finished: their consumer groups' pending entries (in workers' hands, or
+        waiting in an endpoint's lane), a chunk counted whole."""
 
-        async def pending(job: str) -> int:
+        async def pending(job: str, chunk: int) -> int:
             async with redis_errors(self.url, job):
                 n, *_ = await self.scripts.backlog(keys=[self.keys.stream(job)], args=[GROUP])
-            return int(n)
+            return int(n) * chunk
 
         # (each job is its own slot on a Cluster: one script each, all at once)
-        return sum(await asyncio.gather(*map(pending, jobs)))
+        return sum(await asyncio.gather(*(pending(j, k) for j, k in jobs.items())))

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import msgspec
 
-from swarm_queue.common.errors import BadRecordError, JobNotFoundError
+from swarm_queue.common.errors import BadRecordError, ConfigError, JobNotFoundError
 from swarm_queue.common.fleet import (
     EndpointInfo,
     EndpointStats,
@@ -15,7 +15,7 @@ from swarm_queue.common.fleet import (
     decode_endpoint_stats,
 )
 from swarm_queue.common.keys import GROUP
-from swarm_queue.common.models import encode
+from swarm_queue.common.models import decode_spec, encode
 from swarm_queue.common.store.base import StoreBase
 from swarm_queue.common.store.boundary import redis_errors
 from swarm_queue.common.store.delivery import RELEASED_IDLE_MS
@@ -122,6 +122,12 @@ class Status(StoreBase):
         # An entry waiting in an endpoint's lane is queued, in no worker's hands yet; so is
         # one an endpoint gave up and released, until another takes it.
         held = int(backlog[0]) - int(backlog[2]) - int(backlog[3])
+        chunk = 1
+        with contextlib.suppress(msgspec.DecodeError, ConfigError):  # (a bad one: told elsewhere)
+            chunk = decode_spec(raw[Meta.SPEC.encode()]).chunk
+        if chunk > 1:  # a chunk's prompts, whole (some may be answered): at most what is left
+            left = int(meta.get(Meta.ENQUEUED, 0)) - int(meta.get(Meta.DONE, 0))
+            held = min(held * chunk, max(0, left - int(meta.get(Meta.FAILED, 0))))
         return _job_status(job, meta, held, now)
 
     async def bad_keys(self, job: str) -> list[str]:
@@ -137,6 +143,7 @@ class Status(StoreBase):
             k.cached(job): "hash",
             k.running(job): "hash",
             k.reopened(job): "hash",
+            k.chunks(job): "hash",
             k.endpoints(job): "hash",
             k.copies(job): "set",
             k.final(job): "string",

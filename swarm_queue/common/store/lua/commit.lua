@@ -11,15 +11,21 @@
 -- pipeline's failure stops at its step).
 -- Below the eviction mark, only the entry swarm-retry queued an index again under (reopened)
 -- may write it, once: its answer is for the collector to bring the file up to date.
+-- An entry is acknowledged once every prompt it holds has a result: an entry of one prompt at
+-- once, a chunk (common/store/entries.py; its size in KEYS[8]) once the rest of it has one
+-- too, from this commit or an earlier one (or was collected: below the eviction mark). A chunk
+-- partly answered stays in its taker's hands, so no prompt of it is lost.
 -- KEYS: [1] results, [2] meta, [3] stream, [4] failed, [5] cached, [6] running, [7] reopened,
---       [8] landed (only for a pipeline step; then successes carry their entry payload too)
+--       [8] chunks, [9] landed (only for a pipeline step; then successes carry their entry
+--       payload too)
 -- Tokens count as results do: each entry's own usage only when its result is new (a copy's
 -- answer, already written by the other copy, adds nothing), plus the request's tokens that no
 -- result of it carries (ARGV[5..8]: a list whose server gave no usage per prompt) by the
 -- share of its results that are new (all: all of it; a copy that lost: none). Four counts
 -- each: prompt, completion, and of them cached and reasoning (0 where not reported).
 -- ARGV: [1] group, [2] generation, [3] '1' if failures land too, [4] n, [5..8] the request's
---       four counts, then per entry five: entry_id, index, result blob, failure kind ('' on
+--       four counts, [9] m, then m entry IDs to acknowledge if whole (a chunk taken again
+--       whose prompts were all answered before), then per prompt five: entry_id, index, result blob, failure kind ('' on
 --       success, '+' on a success answered from the response cache), original entry payload;
 --       then, only for the entries that carry usage of their own, five: the entry's number
 --       (1..n) and its four counts (sparse: a list whose server gave no per-prompt usage
@@ -27,31 +33,90 @@
 -- Returns {new results done, new results failed, new of them from the cache, then kind,
 -- count for each kind failed}.
 local results, meta, stream, failed_h, cached_h = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local running, reopened, landed = KEYS[6], KEYS[7], KEYS[8]
+local running, reopened, chunks, landed = KEYS[6], KEYS[7], KEYS[8], KEYS[9]
 local group, now = ARGV[1], now_s()
 local gone, evicted = generation_error(meta, ARGV[2])
 if gone then return gone end
 local failures_land = ARGV[3] == '1'
--- Entry e's five arguments are ARGV[5 * e + 4] .. ARGV[5 * e + 8].
-local n = tonumber(ARGV[4])
+-- Prompt e's five arguments are ARGV[base + 5 * e] .. ARGV[base + 5 * e + 4].
+local n, m = tonumber(ARGV[4]), tonumber(ARGV[9])
+local base = 5 + m
 local done, failed, hits, kinds, seen = 0, 0, 0, {}, {}
 local tokens = {0, 0, 0, 0}
 local own = {}
-for u = 5 * n + 9, #ARGV, 5 do own[tonumber(ARGV[u])] = u end
+for u = base + 5 * n + 5, #ARGV, 5 do own[tonumber(ARGV[u])] = u end
+-- The entries whose every prompt has a result once this commit is written: each of a job
+-- without chunks (one prompt an entry, the common case: no table a prompt), else each whose
+-- chunk is complete.
+local whole = {}
+if redis.call('EXISTS', chunks) == 0 then
+  for k = 10, 9 + m do whole[#whole + 1] = ARGV[k] end
+  for e = 1, n do whole[#whole + 1] = ARGV[base + 5 * e] end
+else
+  local order, mine, ended = {}, {}, {}
+  for k = 10, 9 + m do
+    mine[ARGV[k]] = {}
+    order[#order + 1] = ARGV[k]
+  end
+  for e = 1, n do
+    local id = ARGV[base + 5 * e]
+    if not mine[id] then
+      mine[id] = {}
+      order[#order + 1] = id
+    end
+    mine[id][ARGV[base + 5 * e + 1]] = true
+  end
+  for lo = 1, #order, 500 do
+    local part = {unpack(order, lo, math.min(lo + 499, #order))}
+    local sizes = redis.call('HMGET', chunks, unpack(part))
+    for i, id in ipairs(part) do
+      local size, rest = tonumber(sizes[i] or '1'), {}
+      if size > 1 then  -- a chunk: the producer's, ID 0-(first+1)
+        local first = tonumber(string.match(id, '%-(%d+)$')) - 1
+        for index = first, first + size - 1 do
+          if index >= evicted and not mine[id][tostring(index)] then
+            rest[#rest + 1] = tostring(index)
+          end
+        end
+      end
+      local complete = true
+      if #rest > 0 then
+        for _, have in ipairs(redis.call('HMGET', results, unpack(rest))) do
+          if not have then complete = false end
+        end
+      end
+      if complete then
+        whole[#whole + 1] = id
+        if size > 1 then ended[#ended + 1] = id end
+      end
+    end
+  end
+  for lo = 1, #ended, 500 do
+    redis.call('HDEL', chunks, unpack(ended, lo, math.min(lo + 499, #ended)))
+  end
+end
+-- The acks come first: a Redis over its maxmemory refuses a script's first write only if
+-- that write may grow memory (XACK, HDEL never do), so answers land even in a full Redis,
+-- and the trim below frees their prompts (see common/room.py).
+for lo = 1, #whole, 500 do
+  local part = {unpack(whole, lo, math.min(lo + 499, #whole))}
+  redis.call('XACK', stream, group, unpack(part))
+  redis.call('HDEL', running, unpack(part))
+end
 -- One HMGET and one HSET per chunk rather than an HSETNX per entry: Redis's cost per command
 -- called from Lua is several times its cost per field.
 for lo = 1, n, 500 do
   local hi = math.min(lo + 499, n)
-  local ids, indices = {}, {}
+  local indices = {}
   for e = lo, hi do
-    ids[#ids + 1] = ARGV[5 * e + 4]
-    indices[#indices + 1] = ARGV[5 * e + 5]
+    indices[#indices + 1] = ARGV[base + 5 * e + 1]
   end
   local have = redis.call('HMGET', results, unpack(indices))
   local again = evicted > 0 and redis.call('HMGET', reopened, unpack(indices)) or {}
   local fresh, lost, hit, moved, reclosed = {}, {}, {}, {}, {}
   for e = lo, hi do
-    local b, index = 5 * e + 4, ARGV[5 * e + 5]
+    local b = base + 5 * e
+    local index = ARGV[b + 1]
     local open = tonumber(index) >= evicted or again[e - lo + 1] == ARGV[b]
     if not have[e - lo + 1] and not seen[index] and open then
       if tonumber(index) < evicted then reclosed[#reclosed + 1] = index end
@@ -82,11 +147,6 @@ for lo = 1, n, 500 do
       end
     end
   end
-  -- The acks come first: a Redis over its maxmemory refuses a script's first write only if
-  -- that write may grow memory (XACK, HDEL never do), so answers land even in a full Redis,
-  -- and the trim below frees their prompts (see common/room.py).
-  redis.call('XACK', stream, group, unpack(ids))
-  redis.call('HDEL', running, unpack(ids))
   if #fresh > 0 then redis.call('HSET', results, unpack(fresh)) end
   if #reclosed > 0 then redis.call('HDEL', reopened, unpack(reclosed)) end
   if #lost > 0 then redis.call('HSET', failed_h, unpack(lost)) end
