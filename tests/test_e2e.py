@@ -108,11 +108,18 @@ def test_cli_job_over_four_endpoints_and_two_worker_processes(
 def test_enqueue_killed_halfway_then_rerun_leaves_exactly_n_entries(
     tmp_path: Path, env: dict[str, str], redis_url: str, prefix: str
 ) -> None:
+    """Every prompt queued once, in its place: chunks of 16 (the default), each entry's ID
+    its first prompt's."""
     n = 300_000
     src = tmp_path / "big.txt"
     src.write_text("".join(f"{_prompt(i)}\n" for i in range(n)))
     client = redis.Redis.from_url(redis_url)
     stream = f"{prefix}:{{big}}:q"
+    meta = f"{prefix}:{{big}}:meta"
+
+    def queued() -> int:
+        return int(client.hget(meta, "enqueued") or 0)
+
     try:
         proc = subprocess.Popen(
             [BIN / "swarm-enqueue", src, "--job", "big"],
@@ -121,12 +128,12 @@ def test_enqueue_killed_halfway_then_rerun_leaves_exactly_n_entries(
             stderr=subprocess.DEVNULL,
         )
         deadline = time.monotonic() + 60
-        while client.xlen(stream) < 20_000 and time.monotonic() < deadline:
+        while queued() < 20_000 and time.monotonic() < deadline:
             assert proc.poll() is None, "finished before it could be killed"
         proc.send_signal(signal.SIGKILL)
         proc.wait()
-        partial = client.xlen(stream)
-        assert 20_000 <= partial < n
+        partial = queued()
+        assert 20_000 <= partial < n and client.xlen(stream) == -(-partial // 16)
         rerun = subprocess.run(
             [BIN / "swarm-enqueue", src, "--job", "big"],
             env=env,
@@ -136,11 +143,12 @@ def test_enqueue_killed_halfway_then_rerun_leaves_exactly_n_entries(
         )
         assert rerun.returncode == 0, rerun.stderr
         assert f"{n} prompts queued ({n - partial} new, {partial} already queued)" in rerun.stdout
-        assert client.xlen(stream) == n
+        assert (queued(), client.xlen(stream)) == (n, n // 16)
         first = client.xrange(stream, count=1)[0][0]
         last = client.xrevrange(stream, count=1)[0][0]
-        # IDs are strictly increasing, so n entries from 0-1 to 0-n are exactly 0..n-1, once each.
-        assert (first, last) == (b"0-1", f"0-{n}".encode())
+        # IDs strictly increasing, n / 16 entries from 0-1 to 0-(n-15): each chunk in its
+        # place, once (a resume cut at a chunk's middle starts a chunk of its own there).
+        assert (first, last) == (b"0-1", f"0-{n - 15}".encode())
         assert client.hget(f"{prefix}:{{big}}:meta", "total") == str(n).encode()
     finally:
         client.close()

@@ -48,8 +48,8 @@ def test_the_jobs_of_a_capped_project_never_have_more_lines_in_flight_than_its_c
     set_cap = _jobs(fleet, "--cap", "lab=3")
     assert set_cap.returncode == 0, set_cap.stderr
     assert set_cap.stdout == "project lab: at most 3 lines in flight\n"
-    for job in ("one", "two"):
-        assert fleet.enqueue(job, 40, set(), "--project", "lab").wait(timeout=60) == 0
+    for job in ("one", "two"):  # (one prompt an entry: a chunk is taken whole)
+        assert fleet.enqueue(job, 40, set(), "--project", "lab", "--chunk", "1").wait(60) == 0
     _drain(fleet, {"one": 40, "two": 40})
     # Both jobs' 80 prompts, never more than 3 of them running at once (8 without the cap).
     assert fleet.answered(0) == 80

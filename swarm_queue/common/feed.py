@@ -241,7 +241,8 @@ class _Feeder:
                         )
                     continue
                 buf.append(item)
-                if len(buf) >= chunk:
+                # (cut where a stream chunk ends: none is split between two calls)
+                if len(buf) >= chunk and count % (self.stored or self.spec).chunk == 0:
                     read = self._chunk(buf, digest.value, count)
                     buf = []
                     if held is not None:

@@ -27,10 +27,13 @@ from swarm_queue.common.models import (
 from swarm_queue.common.perprompt import PER_PROMPT_KINDS
 from swarm_queue.common.schema import AnswerValidator
 
-__all__ = ["MAX_CHUNK", "JobOptions", "JobSettings", "build_spec", "options_from"]
+__all__ = ["DEFAULT_CHUNK", "MAX_CHUNK", "JobOptions", "JobSettings", "build_spec", "options_from"]
 
 # The most prompts a stream entry holds: a chunk is read, answered and acknowledged whole.
 MAX_CHUNK = 1024
+# A plain job's prompts a stream entry unless told: half the default batch, so that a batch is
+# two entries (docs/SCALE.md has what it saves).
+DEFAULT_CHUNK = 16
 
 
 class JobOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -68,8 +71,9 @@ class JobOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     cache_sampled: bool = False
     cache_refresh: bool = False
     line_usage: bool = False
-    # Prompts to a stream entry: read, claimed and acknowledged as one (see JobSpec.chunk).
-    chunk: int = 1
+    # Prompts to a stream entry: read, claimed and acknowledged as one (see JobSpec.chunk);
+    # None: DEFAULT_CHUNK for a plain job, 1 for a workflow's step.
+    chunk: int | None = None
     reduce: ReduceSpec | None = None
 
 
@@ -101,7 +105,7 @@ class JobSettings(TypedDict, total=False):
     cache_sampled: bool
     cache_refresh: bool
     line_usage: bool
-    chunk: int
+    chunk: int | None
     reduce: ReduceSpec | None
 
 
@@ -193,15 +197,19 @@ def _request(options: JobOptions) -> RequestKind:
 
 
 def build_spec(
-    job: str, options: JobOptions, *, source: str, created_s: float = 0.0
+    job: str, options: JobOptions, *, source: str, created_s: float = 0.0, step: bool = False
 ) -> tuple[JobSpec, list[str]]:
     """The spec of ``job`` asked for with ``options`` (ConfigError naming the setting when one
-    is invalid), and the warnings to show its user."""
+    is invalid), and the warnings to show its user. A workflow's ``step`` takes one prompt an
+    entry: its answers move on one by one, as they come."""
     validate_job_name(job)
     if options.max_tokens < 1:
         raise ConfigError(f"max_tokens must be >= 1, got {options.max_tokens}")
-    if not 1 <= options.chunk <= MAX_CHUNK:
-        raise ConfigError(f"chunk must be 1..{MAX_CHUNK} prompts an entry, got {options.chunk}")
+    chunk = options.chunk if options.chunk is not None else 1 if step else DEFAULT_CHUNK
+    if not 1 <= chunk <= MAX_CHUNK:
+        raise ConfigError(f"chunk must be 1..{MAX_CHUNK} prompts an entry, got {chunk}")
+    if step and chunk > 1:
+        raise ConfigError("a workflow's steps take no --chunk: their answers move on one by one")
     if options.template is not None and "{prompt}" not in options.template:
         raise ConfigError("the template has no {prompt} to fill in")
     if options.embed:
@@ -247,7 +255,7 @@ def build_spec(
         cache_sampled=options.cache_sampled,
         cache_refresh=options.cache_refresh,
         line_usage=options.line_usage,
-        chunk=options.chunk,
+        chunk=chunk,
     )
     if options.samples != 1 and spec.cache:
         raise ConfigError("the response cache keeps one answer a prompt: not with --samples")

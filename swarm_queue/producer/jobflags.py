@@ -136,10 +136,10 @@ def add_job_settings(p: argparse.ArgumentParser) -> None:
     j.add_argument(
         "--chunk",
         type=int,
-        default=1,
+        default=None,
         metavar="N",
         help="prompts to a stream entry (consecutive ones): read, claimed and acknowledged as "
-        "one, so Redis does a fraction of its work a prompt (default 1)",
+        "one, so Redis does a fraction of its work a prompt (default 16; a workflow's steps: 1)",
     )
     j.add_argument(
         "--cache",

@@ -25,11 +25,13 @@ def producer_token() -> str:
 def _runs(
     items: Sequence[PromptItem], keys: Sequence[str], chunk: int
 ) -> Iterator[tuple[list[PromptItem], str]]:
-    """``items`` in runs of up to ``chunk`` consecutive ones of one affinity key."""
+    """``items`` in runs of up to ``chunk`` consecutive ones of one affinity key, each within
+    one multiple of ``chunk`` (index // chunk), so that where a chunk starts does not depend
+    on how the input was cut into calls (a resume's, a window's)."""
     run: list[PromptItem] = []
     run_key = ""
     for item, key in zip(items, keys, strict=True):
-        if run and (len(run) == chunk or key != run_key):
+        if run and (item.index % chunk == 0 or key != run_key):
             yield run, run_key
             run = []
         if not run:

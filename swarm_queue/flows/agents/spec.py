@@ -186,7 +186,7 @@ def build_agents(
         validate_tool_name(name)
     choice = _tool_choice(agent.tool_choice, names)
     chat = msgspec.structs.replace(options, chat=True)
-    spec, warnings = build_spec(job, chat, source=source)
+    spec, warnings = build_spec(job, chat, source=source, step=True)
     flow = FlowRef(kind=KIND, failures=True, settings=msgspec.to_builtins(agent))
     spec = msgspec.structs.replace(spec, request=Chat(tools=tools or None), flow=flow)
     guided = spec

@@ -102,7 +102,9 @@ def build_best_of(
         raise ConfigError(
             "--best-of keeps one candidate a prompt: not with --per-prompt, --embed or --reduce"
         )
-    first, warnings = build_spec(job, msgspec.structs.replace(options, samples=n), source=source)
+    first, warnings = build_spec(
+        job, msgspec.structs.replace(options, samples=n), source=source, step=True
+    )
     judging = JobOptions(
         model=judge_model if judge_model is not None else options.model,
         max_tokens=options.max_tokens,
@@ -112,7 +114,7 @@ def build_best_of(
         priority=options.priority,
     )
     try:
-        judge_spec, said = build_spec(job, judging, source=f"judge of {job}")
+        judge_spec, said = build_spec(job, judging, source=f"judge of {job}", step=True)
     except ConfigError as exc:
         raise ConfigError(f"the judge: {exc}") from None
     judge_spec = msgspec.structs.replace(judge_spec, job=step_name(job, 1))

@@ -146,7 +146,7 @@ def build_pipeline(
                 priority=own.priority or first.priority,
             )
         try:
-            spec, said = build_spec(job, options, source=source)
+            spec, said = build_spec(job, options, source=source, step=True)
         except ConfigError as exc:
             raise ConfigError(f"step {k}: {exc}") from None
         warnings += [f"step {k}: {w}" for w in said]

@@ -1,0 +1,82 @@
+"""What Redis spends a prompt with and without chunked entries: scenario 4's two rows (2
+instant endpoints, 2 workers; the default batch of 32, and 256 with 4 in flight) for chunk 1
+and chunk 16 alternated, each row's prompts/s, Redis CPU and commands a prompt (Lua's
+included, from INFO commandstats), and with ``--top`` the commands that cost most.
+
+    python -m bench.chunkcost [N] [--rounds 2] [--top]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+
+import redis.asyncio as aioredis
+
+from bench.harness import (
+    INSTANT,
+    Bench,
+    SimFleetProc,
+    new_fleet,
+    prompt_set,
+    redis_cpu_s,
+    run_swarm,
+)
+
+ROWS: tuple[tuple[str, dict[str, str]], ...] = (
+    ("32", {}),
+    ("256", {"SWARM_BATCH_SIZE": "256", "SWARM_INFLIGHT": "4"}),
+)
+
+
+async def _row(
+    url: str, fleet: SimFleetProc, prompts: list[str], env: dict[str, str], chunk: int, top: bool
+) -> str:
+    n = len(prompts)
+    r = aioredis.Redis.from_url(url)
+    try:
+        await r.config_resetstat()
+        before = await redis_cpu_s(r)
+        run = await run_swarm(
+            url, "b-chunk", fleet, [[u] for u in fleet.urls], prompts, 16,
+            worker_env=env, chunk=chunk,
+        )  # fmt: skip
+        spent = await redis_cpu_s(r) - before
+        stats = await r.info("commandstats")
+        calls = sum(int(v["calls"]) for k, v in stats.items() if "config" not in k)
+        line = (f"{n / run.wall_s:9,.0f} prompts/s  {spent / n * 1e6:5.1f} us  "
+                f"{calls / n:5.2f} commands a prompt")  # fmt: skip
+        if top:
+            worst = sorted(stats.items(), key=lambda kv: -float(kv[1]["usec"]))[:8]
+            line += "".join(
+                f"\n      {k.removeprefix('cmdstat_'):12s} {int(v['calls']) / n:6.3f} a prompt, "
+                f"{float(v['usec']) / n:5.2f} us"
+                for k, v in worst
+            )
+        await r.flushall()
+        return line
+    finally:
+        await r.aclose()
+
+
+async def main(n: int, rounds: int, top: bool) -> None:
+    prompts = prompt_set(n)
+    with Bench() as bench:
+        fleet = new_fleet(2, INSTANT).start()
+        try:
+            for k in range(rounds):
+                for chunk in (1, 16):
+                    for batch, env in ROWS:
+                        got = await _row(bench.url, fleet, prompts, env, chunk, top)
+                        print(f"round {k + 1}, batch {batch:>3}, chunk {chunk:>2}: {got}")
+        finally:
+            fleet.stop()
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("n", type=int, nargs="?", default=100_000)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--top", action="store_true")
+    a = p.parse_args()
+    asyncio.run(main(a.n, a.rounds, a.top))
