@@ -148,7 +148,8 @@ class BatchPath:
             if sorted_.fresh:
                 await self._run_batch(spec, sorted_.fresh, copy=copy)
             for suspect in one_by_one(sorted_.suspects) + rest:
-                await self._run_batch(spec, [suspect])
+                if suspect[0] in self.intake.hand(job):  # (given back: its taker runs the rest)
+                    await self._run_batch(spec, [suspect])
         except JobGoneError as exc:
             # Entries read under a stale spec belong to the job that holds the name now: this
             # consumer takes them back once the engine has read that job.
