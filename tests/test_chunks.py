@@ -16,10 +16,10 @@ import redis
 
 from swarm_queue.common.feed import enqueue_prompts
 from swarm_queue.common.keys import GROUP
-from swarm_queue.common.models import JobSpec, Result, SamplingParams
+from swarm_queue.common.models import JobSpec, PromptItem, Result, SamplingParams, encode
 from swarm_queue.common.settings import Settings
 from swarm_queue.common.store import JobStore
-from swarm_queue.common.store.entries import entry_payloads
+from swarm_queue.common.store.entries import CHUNK_MARK, encode_chunk, entry_payloads
 from swarm_queue.producer.output import collect_output
 from swarm_queue.sim.server import SimFleet
 from swarm_queue.sim.text import completion_for
@@ -270,4 +270,29 @@ async def test_a_chunk_collected_and_evicted_in_part_is_finished_without_its_evi
     for x in lines:
         i = x["index"]
         assert x["text"] == (f"kept {i}" if i < 12 else completion_for(questions[i], MAX_TOKENS)[0])
+    assert (await store.redis.xpending(store.keys.stream("c"), GROUP))["pending"] == 0
+
+
+async def test_an_unreadable_chunk_fails_every_prompt_it_holds_and_the_job_ends(
+    make_settings: Callable[..., Settings], store: JobStore, sim_fleet: Callable[..., SimFleet]
+) -> None:
+    """A chunk whose payload cannot be read (written by another tool, or a version that wrote
+    it otherwise): each of its 8 prompts fails as a bad entry, with the reason, and the job
+    ends; before, its first prompt failed and the other 7 were waited for for ever."""
+    spec = await store.create_job(_spec(chunk=8))
+    good = encode_chunk([encode(PromptItem.of(i, f"Weigh finding {i}.", None)) for i in range(8)])
+    keys = [store.keys.meta("c"), store.keys.stream("c"), store.keys.chunks("c")]
+    args = [0, "", spec.generation, "0", "1", good, 8, CHUNK_MARK + b"\x00\xff", 8]
+    assert (await store.scripts.add(keys=keys, args=args))[1] == 16
+    await store.seal("c", 16, gen=spec.generation)
+    async with sim_fleet(1) as fleet:
+        await run_engine(make_settings(batch_size=16), store, fleet.urls)
+    lines = await collect_lines(store, "c")
+    assert [x["index"] for x in lines] == list(range(16))
+    assert all(x["error"] is None for x in lines[:8])
+    for x in lines[8:]:
+        assert x["error_kind"] == "bad_entry", x
+        assert x["error"].startswith("undecodable stream entry (a chunk)"), x
+    status = await store.status("c", rate=False)
+    assert (status.done, status.failed, status.finished) == (8, 8, True)
     assert (await store.redis.xpending(store.keys.stream("c"), GROUP))["pending"] == 0

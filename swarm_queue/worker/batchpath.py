@@ -43,6 +43,7 @@ from swarm_queue.worker.deliveries import (
     decode_deliveries,
     one_by_one,
     unanswered,
+    unreadable,
 )
 from swarm_queue.worker.dims import Dimensions, keeps_vectors
 from swarm_queue.worker.early import EarlyCommits
@@ -139,10 +140,14 @@ class BatchPath:
         self.intake.hand(job).update(ids)
         self.figures.job(job, time.monotonic())  # its rate counts from its first batch
         try:
+            deliveries, bad = await unreadable(self.store, job, deliveries, self.client.label)
+            if bad:
+                self._count(job, await self._commit(spec, bad))
             if not fresh:
                 deliveries, whole = await unanswered(self.store, job, deliveries)
                 if whole:
                     await self._commit(spec, [], whole=whole)
+            if bad or not fresh:
                 sorted_ = Triage(deliveries, self.settings.max_deliveries)
             rest = await self._dead_letter(spec, sorted_.dead) if sorted_.dead else []
             if sorted_.fresh:

@@ -22,6 +22,7 @@ __all__ = [
     "decode_deliveries",
     "one_by_one",
     "unanswered",
+    "unreadable",
 ]
 
 # An entry that this many workers died running is suspected of killing them: it runs alone.
@@ -121,6 +122,35 @@ def decode_deliveries(
 
 class _Answered(Protocol):
     async def answered(self, job: str, indices: Sequence[int]) -> set[int]: ...
+
+    async def chunk_sizes(self, job: str, entry_ids: Sequence[bytes]) -> list[int]: ...
+
+
+async def unreadable(
+    store: _Answered, job: str, deliveries: list[Delivery], endpoint: str
+) -> tuple[list[Delivery], list[Finished]]:
+    """Chunks whose payload cannot be read, out of ``deliveries``: each of their prompts
+    failed as a bad entry (their number from the chunk's recorded size), so that the chunk
+    is acknowledged and its job ends, rather than one prompt failed and the rest waiting for
+    ever."""
+    bad = [d for d in deliveries if _chunk(d[1]) and isinstance(entry_payloads(d[1]), str)]
+    if not bad:
+        return deliveries, []
+    sizes = await store.chunk_sizes(job, [eid for eid, _, _ in bad])
+    failed: list[Finished] = []
+    for (eid, payload, _), size in zip(bad, sizes, strict=True):
+        why = entry_payloads(payload)
+        failed += [
+            (eid, Result(index=index_of(eid) + at, endpoint=endpoint, error=str(why),
+                         error_kind=FailureKind.BAD_ENTRY), None)
+            for at in range(size)
+        ]  # fmt: skip
+    gone = {eid for eid, _, _ in bad}
+    return [d for d in deliveries if d[0] not in gone], failed
+
+
+def _chunk(payload: bytes | None) -> bool:
+    return payload is not None and payload.startswith(CHUNK_MARK)
 
 
 async def unanswered(

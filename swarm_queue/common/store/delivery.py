@@ -182,6 +182,14 @@ class Delivery(StoreBase):
             have = await self.redis.hmget(self.keys.results(job), [str(i) for i in indices])
         return {i for i, h in zip(indices, have, strict=True) if h is not None or i < evicted}
 
+    async def chunk_sizes(self, job: str, entry_ids: Sequence[bytes]) -> list[int]:
+        """How many prompts each entry holds (1: one prompt's, or none recorded)."""
+        if not entry_ids:
+            return []
+        async with redis_errors(self.url, job):
+            sizes = await self.redis.hmget(self.keys.chunks(job), list(entry_ids))
+        return [int(n or 1) for n in sizes]
+
     async def job_dim(self, job: str) -> int | None:
         """An embeddings job's dimension, once its first answer has fixed it."""
         async with redis_errors(self.url, job):
