@@ -1,11 +1,11 @@
 """Chunked entries (``--chunk K``): K consecutive prompts a stream entry, read, claimed and
 acknowledged as one, answered and counted per prompt, every exactly-once promise as with one
-prompt an entry. Against a real Redis; the crash and poison cases with real processes."""
+prompt an entry. Against a real Redis; the crash case with real processes (a poison prompt
+in a chunk: tests/test_liveness.py, at one prompt an entry and at chunks of 8)."""
 
 from __future__ import annotations
 
 import signal
-import subprocess
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -24,11 +24,9 @@ from swarm_queue.producer.output import collect_output
 from swarm_queue.sim.server import SimFleet
 from swarm_queue.sim.text import completion_for
 from tests.harness import (
-    BIN,
     MAX_TOKENS,
     FleetFactory,
     check_output,
-    collect,
     over_context,
 )
 from tests.helpers import collect_lines, prompts, run_engine, wait_until
@@ -122,43 +120,6 @@ def test_workers_killed_mid_chunk_lose_nothing_and_write_each_prompt_once(
         assert not client.exists(f"{fleet.prefix}:{{ck}}:chunks")
     finally:
         client.close()
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("fault", ["--hang-on", "--fail-on"])
-def test_a_poison_prompt_inside_a_chunk_fails_alone_and_its_chunk_is_answered(
-    fleet_factory: FleetFactory, tmp_path: Path, fault: str
-) -> None:
-    """A prompt the engine hangs on (each run a death: from the second it runs alone, then
-    it is dead-lettered) or fails with a 500 (bisected out of its list, failed alone after
-    its tries): only that prompt fails, its chunk's other prompts are answered."""
-    fleet = fleet_factory(2, fault, POISON)
-    n, poison = 48, 13
-    text = [f"Explain observation #{i}{POISON if i == poison else ''}." for i in range(n)]
-    src = tmp_path / "h.txt"
-    src.write_text("".join(x + "\n" for x in text))
-    queued = subprocess.run(
-        [BIN / "swarm-enqueue", src, "--job", "h", "--max-tokens", str(MAX_TOKENS),
-         "--chunk", "8"],
-        env=fleet.env, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
-    assert queued.returncode == 0, queued.stderr
-    worker = fleet.worker(
-        "w", [0, 1], SWARM_REQUEST_TIMEOUT_S="0.5", SWARM_MAX_ATTEMPTS="2",
-        SWARM_MAX_DELIVERIES="3", SWARM_BATCH_SIZE="16", SWARM_SPECULATE="0",
-    )  # fmt: skip
-    out = tmp_path / "h.jsonl"
-    done = collect(fleet.env, "h", out, stall_s=60)
-    assert done.returncode == 1, done.stderr  # one failed
-    lines = _lines(out)
-    assert [x["index"] for x in lines] == list(range(n))
-    assert [x["index"] for x in lines if x["error"] is not None] == [poison]
-    kind = "dead_letter" if fault == "--hang-on" else "server_error"
-    assert lines[poison]["error_kind"] == kind, lines[poison]
-    for x in lines:
-        if x["index"] != poison:
-            assert x["text"] == completion_for(text[x["index"]], MAX_TOKENS)[0]
-    assert worker.wait(timeout=60) == 0
 
 
 async def test_a_chunk_given_back_partly_answered_sends_only_its_unanswered_prompts(

@@ -32,8 +32,9 @@ def _poisoned(i: int) -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("chunk", ["1", "8"])
 def test_a_prompt_every_endpoint_fails_with_a_500_fails_alone_and_its_batch_is_answered(
-    fleet_factory: FleetFactory, tmp_path: Path
+    fleet_factory: FleetFactory, tmp_path: Path, chunk: str
 ) -> None:
     """Seen: 1 prompt in 12 that makes the server fail its whole list with HTTP 500 (a
     tokenizer error on one odd input), two endpoints: 0 of 600 answered in 90 s, thousands
@@ -45,7 +46,16 @@ def test_a_prompt_every_endpoint_fails_with_a_500_fails_alone_and_its_batch_is_a
     src = tmp_path / "p.txt"
     src.write_text("".join(_poisoned(i) + "\n" for i in range(n)))
     queued = subprocess.run(
-        [BIN / "swarm-enqueue", src, "--job", "p", "--max-tokens", str(MAX_TOKENS)],
+        [
+            BIN / "swarm-enqueue",
+            src,
+            "--job",
+            "p",
+            "--max-tokens",
+            str(MAX_TOKENS),
+            "--chunk",
+            chunk,
+        ],
         env=fleet.env,
         capture_output=True,
         text=True,
@@ -78,8 +88,9 @@ def test_a_prompt_every_endpoint_fails_with_a_500_fails_alone_and_its_batch_is_a
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("chunk", ["1", "8"])
 def test_a_prompt_the_server_hangs_on_is_dead_lettered_and_its_batch_answered(
-    fleet_factory: FleetFactory, tmp_path: Path
+    fleet_factory: FleetFactory, tmp_path: Path, chunk: str
 ) -> None:
     """A prompt an engine gets stuck on (no answer, ever): each run ends in the request's
     timeout, and such a run is that prompt's death, as a worker's is: from the second it runs
@@ -92,7 +103,8 @@ def test_a_prompt_the_server_hangs_on_is_dead_lettered_and_its_batch_answered(
     text = [f"Explain observation #{i}{POISON if i == poison else ''}." for i in range(n)]
     src.write_text("".join(x + "\n" for x in text))
     queued = subprocess.run(
-        [BIN / "swarm-enqueue", src, "--job", "h", "--max-tokens", str(MAX_TOKENS)],
+        [BIN / "swarm-enqueue", src, "--job", "h", "--max-tokens", str(MAX_TOKENS),
+         "--chunk", chunk],
         env=fleet.env, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert queued.returncode == 0, queued.stderr
