@@ -26,6 +26,7 @@ import aiohttp
 import redis.asyncio as aioredis
 
 from swarm_queue.common.embedded import EmbeddedRedis, free_port
+from swarm_queue.common.jobspec import DEFAULT_CHUNK
 from swarm_queue.common.models import JobSpec, SamplingParams
 from swarm_queue.common.settings import Settings
 from swarm_queue.common.store import JobStore
@@ -433,13 +434,13 @@ async def run_swarm(
     burst: bool = False,
     metrics: bool = False,
     enqueue: dict[str, Any] | None = None,
-    chunk: int = 1,
+    chunk: int = DEFAULT_CHUNK,
 ) -> SwarmRun:
     """One job through the system: workers already running, then enqueue and collect, timed
     from the first enqueue to the last collected line. With ``burst``, ``--burst`` workers are
     started together with the job, and the time runs from their start. With ``metrics``, the
     workers serve Prometheus metrics, read once the job is done (``SwarmRun.scraped_done``).
-    ``chunk``: the job's prompts a stream entry (``--chunk``)."""
+    ``chunk``: the job's prompts a stream entry (``--chunk``; the product's default)."""
     settings = Settings(redis_url=redis_url, prefix=prefix)
     store = JobStore.from_settings(settings)
     t0 = time.monotonic()
