@@ -89,6 +89,27 @@ async def test_a_copy_that_lost_counts_none_of_its_requests_tokens(store: JobSto
     assert (status.done, status.prompt_tokens, status.completion_tokens) == (4, 40, 16)
 
 
+async def test_a_commit_counts_the_own_tokens_of_its_new_results_only(store: JobStore) -> None:
+    """Results that carry their own usage (a chat answer each) count it when written: a commit
+    half of whose results another copy wrote first counts the other half's tokens, whatever
+    order its entries' results come in."""
+    await enqueue_prompts(store, spec(), prompts(4))
+    got = await store.read_new("j", "c1", 4)
+    gen = await gen_of(store, "j")
+    answers = [
+        (eid, Result(index=i, text=f"t{i}", usage=Usage(10 + i, 1 + i, cached_tokens=i)), None)
+        for i, (eid, _) in enumerate(got)
+    ]
+    await store.commit("j", [answers[1], answers[3]], gen=gen)
+    c = await store.commit("j", [answers[3], answers[0], answers[1], answers[2]], gen=gen)
+    assert (c.done, c.failed) == (2, 0)
+    status = await store.status("j")
+    assert (status.done, status.finished) == (4, True)
+    # 11+13 first, then 10+12; completion 2+4 then 1+3; cached 1+3 then 0+2.
+    assert (status.prompt_tokens, status.completion_tokens) == (46, 10)
+    assert status.cached_tokens == 6
+
+
 async def test_commit_is_first_write_wins_and_counts_only_new_results(store: JobStore) -> None:
     await enqueue_prompts(store, spec(), prompts(3))
     got = await store.read_new("j", "c1", 3)

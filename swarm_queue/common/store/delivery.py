@@ -261,25 +261,38 @@ class Delivery(StoreBase):
         carries. ``whole``: chunks taken again whose every prompt had its result already,
         acknowledged with nothing written.
         """
-        land = "1" if failures_move else ""
-        args: list[Any] = [GROUP, gen, land, 0, *(rest.counts() if rest else (0, 0, 0, 0))]
-        args += [len(whole), *whole]
-        usage: list[int] = []
-        for n, (entry_id, result, payload) in enumerate(entries, 1):
-            kind = ("+" if result.cached else "") if result.ok else (result.error_kind or "error")
-            keep = moves_on or not result.ok or result.cached
-            args += [
-                entry_id,
-                str(result.index),
-                encode(result),
-                kind,
-                payload or b"" if keep else b"",
-            ]
-            # Its own tokens count once, when it is written (a cached answer cost nothing).
-            if result.usage is not None and not result.cached:
-                usage += [n, *result.usage.counts()]
-        args[3] = (len(args) - 9 - len(whole)) // 5
-        args += usage
+        # (lua/commit.lua's arguments: two a prompt, index and result, grouped by entry and
+        # numbered in that order; each entry's ID and count; the few prompts that carry more,
+        # apart.)
+        by_entry: dict[bytes, list[tuple[Result, bytes | None]]] = {}
+        indices: set[int] = set()
+        for entry_id, result, payload in entries:
+            if result.index not in indices:  # (the first of a prompt's results is written)
+                indices.add(result.index)
+                by_entry.setdefault(entry_id, []).append((result, payload))
+        heads: list[Any] = [len(by_entry)]
+        prompts: list[Any] = []
+        extras: list[Any] = []
+        own: list[str] = []
+        totals = [0, 0, 0, 0]
+        for entry_id, held in by_entry.items():
+            heads += [entry_id, len(held)]
+            for result, payload in held:
+                prompts += [result.index, encode(result)]
+                kind = result.error_kind or "error" if not result.ok else "+" * result.cached
+                if moves_on or kind:
+                    extras += [len(own) + 1, kind, payload or b""]
+                # Its own tokens count once, when it is written (a cached answer cost nothing).
+                if result.usage is not None and not result.cached:
+                    counts = result.usage.counts()
+                    totals = [t + c for t, c in zip(totals, counts, strict=True)]
+                    own.append(" ".join(map(str, counts)))
+                else:
+                    own.append("")
+        args: list[Any] = [GROUP, gen, "1" if failures_move else "", len(own)]
+        args += [*(rest.counts() if rest else (0, 0, 0, 0)), *totals]
+        args += [",".join(own) if any(own) else "", len(whole), len(extras) // 3, *whole]
+        args += extras + heads + prompts
         keys = self.script_keys(job)
         if moves_on:
             keys.append(self.keys.landed(job))

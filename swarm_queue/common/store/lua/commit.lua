@@ -1,10 +1,11 @@
 -- commit: the worker's atomic "write results + ack". First write wins: counters move only for
 -- indices that had no result and were never collected and evicted (below the job's eviction
 -- mark), so a redelivered or speculative copy changes nothing. A failure, and an answer from
--- the response cache, keeps its original entry (for swarm-retry) and counts under its kind. Acknowledged entries
--- lose their `running` marks and leave the stream with its acknowledged head (trim_acked).
--- The last result marks the job finished. Work of another generation of the job (deleted or
--- lost, and queued again under its name) is refused with GONE: nothing written, nothing acked.
+-- the response cache, keeps its original entry (for swarm-retry) and counts under its kind.
+-- Acknowledged entries lose their `running` marks and leave the stream with its acknowledged
+-- head (trim_acked). The last result marks the job finished. Work of another generation of
+-- the job (deleted or lost, and queued again under its name) is refused with GONE: nothing
+-- written, nothing acked.
 -- A pipeline step's commit also appends each new answer to its `landed` stream (index and
 -- entry), where the pump that feeds the next step reads it: an answer moves on once, at once.
 -- An agent's turn lands its failures too: its pump ends the agent with the failure (a
@@ -15,21 +16,27 @@
 -- once, a chunk (common/store/entries.py; its size in KEYS[8]) once the rest of it has one
 -- too, from this commit or an earlier one (or was collected: below the eviction mark). A chunk
 -- partly answered stays in its taker's hands, so no prompt of it is lost.
+-- Tokens count as results do: each prompt's own usage only when its result is new (a copy's
+-- answer, already written by the other copy, adds nothing), plus the request's tokens that no
+-- result of it carries (a list whose server gave no usage per prompt) by the share of its
+-- results that are new. Four counts each: prompt, completion, and of them cached and
+-- reasoning (0 where not reported).
+-- The arguments are few per prompt (two: index and result), because Redis's cost of a
+-- script grows with its argument count more than with anything it does: ten a prompt cost
+-- 1.6x the Redis CPU of two at batch 256 (bench/chunkcost.py). What few prompts carry (a
+-- failure's kind, an entry kept) comes apart, and each prompt's usage is summed, its detail
+-- read only when some result of the commit is not new.
 -- KEYS: [1] results, [2] meta, [3] stream, [4] failed, [5] cached, [6] running, [7] reopened,
 --       [8] chunks, [9] landed (only for a pipeline step; then successes carry their entry
 --       payload too)
--- Tokens count as results do: each entry's own usage only when its result is new (a copy's
--- answer, already written by the other copy, adds nothing), plus the request's tokens that no
--- result of it carries (ARGV[5..8]: a list whose server gave no usage per prompt) by the
--- share of its results that are new (all: all of it; a copy that lost: none). Four counts
--- each: prompt, completion, and of them cached and reasoning (0 where not reported).
--- ARGV: [1] group, [2] generation, [3] '1' if failures land too, [4] n, [5..8] the request's
---       four counts, [9] m, then m entry IDs to acknowledge if whole (a chunk taken again
---       whose prompts were all answered before), then per prompt five: entry_id, index, result blob, failure kind ('' on
---       success, '+' on a success answered from the response cache), original entry payload;
---       then, only for the entries that carry usage of their own, five: the entry's number
---       (1..n) and its four counts (sparse: a list whose server gave no per-prompt usage
---       sends none, and two arguments per prompt measured 0.93x the throughput at batch 32)
+-- ARGV: [1] group, [2] generation, [3] '1' if failures land too, [4] n prompts, [5..8] the
+--       request's four counts, [9..12] the sum of the prompts' own four counts, [13] each
+--       prompt's own counts, 'p c k r' or '' for none, joined by ',', [14] m, [15] x, then m
+--       entry IDs to acknowledge if whole (a chunk taken again whose prompts were all answered
+--       before), then x triples: prompt number (1..n), failure kind ('' on success, '+' on an
+--       answer from the response cache), the entry payload to keep; then E, E pairs: an
+--       entry's ID and the count of its prompts here; then n pairs, index and result blob,
+--       the entries' prompts in the entries' order. Indices are distinct.
 -- Returns {new results done, new results failed, new of them from the cache, then kind,
 -- count for each kind failed}.
 local results, meta, stream, failed_h, cached_h = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
@@ -38,51 +45,53 @@ local group, now = ARGV[1], now_s()
 local gone, evicted = generation_error(meta, ARGV[2])
 if gone then return gone end
 local failures_land = ARGV[3] == '1'
--- Prompt e's five arguments are ARGV[base + 5 * e] .. ARGV[base + 5 * e + 4].
-local n, m = tonumber(ARGV[4]), tonumber(ARGV[9])
-local base = 5 + m
-local done, failed, hits, kinds, seen = 0, 0, 0, {}, {}
-local tokens = {0, 0, 0, 0}
-local own = {}
-for u = base + 5 * n + 5, #ARGV, 5 do own[tonumber(ARGV[u])] = u end
+local n, m, x = tonumber(ARGV[4]), tonumber(ARGV[14]), tonumber(ARGV[15])
+local extra = {}
+local at = 16 + m
+for k = at, at + 3 * x - 1, 3 do extra[tonumber(ARGV[k])] = k end
+at = at + 3 * x
+-- Each entry: its ID, its first prompt's number, how many. Prompt e's index is ARGV[at + 2e],
+-- its blob next to it.
+local entries, first = {}, 1
+for k = at + 1, at + 2 * tonumber(ARGV[at]), 2 do
+  local c = tonumber(ARGV[k + 1])
+  entries[#entries + 1] = {ARGV[k], first, c}
+  first = first + c
+end
+at = at + 2 * #entries - 1
 -- The entries whose every prompt has a result once this commit is written: each of a job
--- without chunks (one prompt an entry, the common case: no table a prompt), else each whose
--- chunk is complete.
+-- without chunks (one prompt an entry, the common case), else each whose chunk is complete:
+-- all of it here (the common case), or the rest answered before.
 local whole = {}
 if redis.call('EXISTS', chunks) == 0 then
-  for k = 10, 9 + m do whole[#whole + 1] = ARGV[k] end
-  for e = 1, n do whole[#whole + 1] = ARGV[base + 5 * e] end
+  for k = 16, 15 + m do whole[#whole + 1] = ARGV[k] end
+  for _, e in ipairs(entries) do whole[#whole + 1] = e[1] end
 else
-  local order, mine, ended = {}, {}, {}
-  for k = 10, 9 + m do
-    mine[ARGV[k]] = {}
-    order[#order + 1] = ARGV[k]
-  end
-  for e = 1, n do
-    local id = ARGV[base + 5 * e]
-    if not mine[id] then
-      mine[id] = {}
-      order[#order + 1] = id
-    end
-    mine[id][ARGV[base + 5 * e + 1]] = true
-  end
-  for lo = 1, #order, 500 do
-    local part = {unpack(order, lo, math.min(lo + 499, #order))}
+  local ids, ended = {}, {}
+  for k = 16, 15 + m do ids[#ids + 1] = ARGV[k] end
+  local mine = #ids
+  for _, e in ipairs(entries) do ids[#ids + 1] = e[1] end
+  for lo = 1, #ids, 500 do
+    local part = {unpack(ids, lo, math.min(lo + 499, #ids))}
     local sizes = redis.call('HMGET', chunks, unpack(part))
     for i, id in ipairs(part) do
-      local size, rest = tonumber(sizes[i] or '1'), {}
-      if size > 1 then  -- a chunk: the producer's, ID 0-(first+1)
+      local size, e = tonumber(sizes[i] or '1'), entries[lo + i - 1 - mine]
+      local complete = true
+      if size > 1 and not (e and e[3] == size) then  -- a chunk (ID 0-(first+1)) not all here
+        local here = {}
+        if e then
+          for f = e[2], e[2] + e[3] - 1 do here[ARGV[at + 2 * f]] = true end
+        end
+        local rest = {}
         local first = tonumber(string.match(id, '%-(%d+)$')) - 1
         for index = first, first + size - 1 do
-          if index >= evicted and not mine[id][tostring(index)] then
-            rest[#rest + 1] = tostring(index)
-          end
+          local name = tostring(index)
+          if index >= evicted and not here[name] then rest[#rest + 1] = name end
         end
-      end
-      local complete = true
-      if #rest > 0 then
-        for _, have in ipairs(redis.call('HMGET', results, unpack(rest))) do
-          if not have then complete = false end
+        if #rest > 0 then
+          for _, have in ipairs(redis.call('HMGET', results, unpack(rest))) do
+            if not have then complete = false end
+          end
         end
       end
       if complete then
@@ -103,62 +112,89 @@ for lo = 1, #whole, 500 do
   redis.call('XACK', stream, group, unpack(part))
   redis.call('HDEL', running, unpack(part))
 end
--- One HMGET and one HSET per chunk rather than an HSETNX per entry: Redis's cost per command
+-- One HMGET and one HSET per 500 prompts rather than an HSETNX each: Redis's cost per command
 -- called from Lua is several times its cost per field.
+-- When every result is new and plain (the common case), they are written as they came.
+local done, failed, hits, kinds, stale = 0, 0, 0, {}, {}
 for lo = 1, n, 500 do
   local hi = math.min(lo + 499, n)
   local indices = {}
-  for e = lo, hi do
-    indices[#indices + 1] = ARGV[base + 5 * e + 1]
-  end
+  for e = lo, hi do indices[#indices + 1] = ARGV[at + 2 * e] end
   local have = redis.call('HMGET', results, unpack(indices))
-  local again = evicted > 0 and redis.call('HMGET', reopened, unpack(indices)) or {}
-  local fresh, lost, hit, moved, reclosed = {}, {}, {}, {}, {}
-  for e = lo, hi do
-    local b = base + 5 * e
-    local index = ARGV[b + 1]
-    local open = tonumber(index) >= evicted or again[e - lo + 1] == ARGV[b]
-    if not have[e - lo + 1] and not seen[index] and open then
-      if tonumber(index) < evicted then reclosed[#reclosed + 1] = index end
-      seen[index] = true
-      local u = own[e]
-      if u then
-        for t = 1, 4 do tokens[t] = tokens[t] + tonumber(ARGV[u + t]) end
+  local plain = x == 0 and evicted == 0
+  for i = 1, plain and #have or 0 do
+    if have[i] then plain = false end
+  end
+  if plain then
+    redis.call('HSET', results, unpack(ARGV, at + 2 * lo, at + 2 * hi + 1))
+    done = done + hi - lo + 1
+  else
+    local again = evicted > 0 and redis.call('HMGET', reopened, unpack(indices)) or {}
+    local fresh, lost, hit, moved, reclosed = {}, {}, {}, {}, {}
+    for e = lo, hi do
+      local index = ARGV[at + 2 * e]
+      local open = evicted == 0 or tonumber(index) >= evicted
+      if not open and again[e - lo + 1] then  -- (rare: find the entry it came in)
+        for _, en in ipairs(entries) do
+          if e >= en[2] and e < en[2] + en[3] then open = again[e - lo + 1] == en[1] end
+        end
       end
-      fresh[#fresh + 1] = index
-      fresh[#fresh + 1] = ARGV[b + 2]
-      local kind = ARGV[b + 3]
-      if landed and (kind == '' or kind == '+' or failures_land) then
-        moved[#moved + 1] = index
-        moved[#moved + 1] = ARGV[b + 4]
-      end
-      if kind == '' then
-        done = done + 1
-      elseif kind == '+' then
-        done = done + 1
-        hits = hits + 1
-        hit[#hit + 1] = index
-        hit[#hit + 1] = ARGV[b + 4]
+      if have[e - lo + 1] or not open then
+        stale[e] = true
       else
-        failed = failed + 1
-        kinds[kind] = (kinds[kind] or 0) + 1
-        lost[#lost + 1] = index
-        lost[#lost + 1] = ARGV[b + 4]
+        if tonumber(index) < evicted then reclosed[#reclosed + 1] = index end
+        fresh[#fresh + 1] = index
+        fresh[#fresh + 1] = ARGV[at + 2 * e + 1]
+        local k = extra[e]
+        local kind = k and ARGV[k + 1] or ''
+        if landed and (kind == '' or kind == '+' or failures_land) then
+          moved[#moved + 1] = index
+          moved[#moved + 1] = k and ARGV[k + 2] or ''
+        end
+        if kind == '' then
+          done = done + 1
+        elseif kind == '+' then
+          done = done + 1
+          hits = hits + 1
+          hit[#hit + 1] = index
+          hit[#hit + 1] = ARGV[k + 2]
+        else
+          failed = failed + 1
+          kinds[kind] = (kinds[kind] or 0) + 1
+          lost[#lost + 1] = index
+          lost[#lost + 1] = ARGV[k + 2]
+        end
       end
     end
-  end
-  if #fresh > 0 then redis.call('HSET', results, unpack(fresh)) end
-  if #reclosed > 0 then redis.call('HDEL', reopened, unpack(reclosed)) end
-  if #lost > 0 then redis.call('HSET', failed_h, unpack(lost)) end
-  if #hit > 0 then redis.call('HSET', cached_h, unpack(hit)) end
-  for m = 1, #moved, 2 do
-    redis.call('XADD', landed, '*', 'i', moved[m], 'd', moved[m + 1])
+    if #fresh > 0 then redis.call('HSET', results, unpack(fresh)) end
+    if #reclosed > 0 then redis.call('HDEL', reopened, unpack(reclosed)) end
+    if #lost > 0 then redis.call('HSET', failed_h, unpack(lost)) end
+    if #hit > 0 then redis.call('HSET', cached_h, unpack(hit)) end
+    for k = 1, #moved, 2 do
+      redis.call('XADD', landed, '*', 'i', moved[k], 'd', moved[k + 1])
+    end
   end
 end
 for kind, count in pairs(kinds) do
   redis.call('HINCRBY', meta, FAILED_KIND_PREFIX .. kind, count)
 end
 trim_acked(stream, group)
+-- The prompts' own tokens: their sum when every result is new, else those of the new ones.
+local tokens = {tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(ARGV[11]), tonumber(ARGV[12])}
+if next(stale) and ARGV[13] ~= '' then
+  tokens = {0, 0, 0, 0}
+  local e = 0
+  for counts in string.gmatch(ARGV[13] .. ',', '([^,]*),') do
+    e = e + 1
+    if not stale[e] and counts ~= '' then
+      local t = 0
+      for count in string.gmatch(counts, '%d+') do
+        t = t + 1
+        tokens[t] = tokens[t] + tonumber(count)
+      end
+    end
+  end
+end
 -- (A commit of no results, a flow's batch whose answers were committed as they came, counts
 -- its request's tokens whole.)
 local share = n > 0 and (done + failed) / n or 1
@@ -170,17 +206,23 @@ for t = 1, 4 do
   if count > 0 then redis.call('HINCRBY', meta, counters[t], count) end
 end
 if done + failed > 0 then
-  if done > 0 then redis.call('HINCRBY', meta, META.DONE, done) end
   if hits > 0 then redis.call('HINCRBY', meta, META.CACHE_HITS, hits) end
   if failed > 0 then redis.call('HINCRBY', meta, META.FAILED, failed) end
-  redis.call('HSETNX', meta, META.FIRST_RESULT_S, now)
-  redis.call('HSET', meta, META.LAST_RESULT_S, now)
-  local total = redis.call('HGET', meta, META.TOTAL)
-  if total then
-    local d = tonumber(redis.call('HGET', meta, META.DONE) or '0')
-    local f = tonumber(redis.call('HGET', meta, META.FAILED) or '0')
-    if d + f >= tonumber(total) then redis.call('HSETNX', meta, META.FINISHED_S, now) end
+  if done > 0 then redis.call('HINCRBY', meta, META.DONE, done) end
+  local have = redis.call(
+    'HMGET', meta, META.TOTAL, META.DONE, META.FAILED, META.FIRST_RESULT_S, META.FINISHED_S
+  )
+  local times = {META.LAST_RESULT_S, now}
+  if not have[4] then
+    times[#times + 1] = META.FIRST_RESULT_S
+    times[#times + 1] = now
   end
+  local total, d, f = tonumber(have[1] or ''), tonumber(have[2] or '0'), tonumber(have[3] or '0')
+  if total and not have[5] and d + f >= total then
+    times[#times + 1] = META.FINISHED_S
+    times[#times + 1] = now
+  end
+  redis.call('HSET', meta, unpack(times))
 end
 local out = {done, failed, hits}
 for kind, count in pairs(kinds) do
