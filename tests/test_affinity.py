@@ -110,6 +110,21 @@ async def test_a_document_asked_on_both_sides_of_a_chunk_boundary_carries_one_ke
     assert keys[0] == keys[3] == keys[4] and keys[1] == keys[2] != keys[0]
 
 
+async def test_a_take_marks_running_only_the_entries_without_an_affinity_key(
+    store: JobStore,
+) -> None:
+    """A keyed entry may go to another endpoint's lane as it is read: its mark is made by
+    the start where it runs, never by the read that routes it."""
+    doc, other = documents(2, 3000)
+    spec = JobSpec(job="c", params=SamplingParams(max_tokens=8))
+    asked = [f"{doc} q0", f"{other} q0", f"{doc} q1", f"{other} q1"]
+    await enqueue_prompts(store, spec, [(p, None) for p in asked])
+    gen = (await store.load_spec("c")).generation
+    entries, marked = await store.take_new("c", "w|http://a", 10, gen=gen)
+    assert len(entries) == 4 and all(key for _, _, key in entries)
+    assert marked == set() and await store.redis.hlen(store.keys.running("c")) == 0
+
+
 # -- the routing, on Redis -----------------------------------------------------------------
 
 

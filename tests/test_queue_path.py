@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 import msgspec
 import pytest
 
-from swarm_queue.common.errors import InputError, JobConflictError
+from swarm_queue.common.errors import InputError, JobConflictError, JobGoneError
 from swarm_queue.common.models import PromptItem, Result, SamplingParams, Usage, decode_item
 from swarm_queue.common.settings import Settings
 from swarm_queue.common.store import JobStore
@@ -87,6 +87,30 @@ async def test_a_copy_that_lost_counts_none_of_its_requests_tokens(store: JobSto
     await store.commit("j", answers, Usage(40, 16), gen=gen)
     status = await store.status("j")
     assert (status.done, status.prompt_tokens, status.completion_tokens) == (4, 40, 16)
+
+
+async def test_a_take_reads_new_entries_and_marks_them_running_as_a_start_would(
+    store: JobStore,
+) -> None:
+    """One call a batch where there were two: each entry read marked running 1 (its first
+    delivery), its commit clearing the mark; the read of a job queued again under its name
+    (another generation) marks nothing (the start before sending refuses it); a stream gone
+    under the reader is the job gone."""
+    await enqueue_prompts(store, spec(), prompts(3))
+    gen = await gen_of(store, "j")
+    entries, marked = await store.take_new("j", "c1", 2, gen=gen)
+    assert [(eid, key) for eid, _, key in entries] == [(b"0-1", ""), (b"0-2", "")]
+    assert [msgspec.msgpack.decode(p)[0] for _, p, _ in entries] == [0, 1]
+    assert marked == {b"0-1", b"0-2"}
+    assert await store.redis.hgetall(store.keys.running("j")) == {b"0-1": b"1", b"0-2": b"1"}
+    await store.commit("j", [(b"0-1", Result(index=0, text="a"), None)], gen=gen)
+    assert await store.redis.hgetall(store.keys.running("j")) == {b"0-2": b"1"}
+    rest, marked = await store.take_new("j", "c2", 2, gen="another")
+    assert [eid for eid, _, _ in rest] == [b"0-3"] and marked == set()
+    assert b"0-3" not in await store.redis.hgetall(store.keys.running("j"))
+    await store.redis.delete(store.keys.stream("j"))
+    with pytest.raises(JobGoneError):
+        await store.take_new("j", "c1", 2, gen=gen)
 
 
 async def test_a_commit_counts_the_own_tokens_of_its_new_results_only(store: JobStore) -> None:

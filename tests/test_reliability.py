@@ -72,18 +72,18 @@ async def test_a_look_for_leftovers_and_a_sibling_slots_read_never_both_take_an_
         return False
 
     intake = Intake(store, "w|http://a", make_settings(batch_size=8), "http://a", no_sleep)
-    read_keyed = store.read_keyed
+    take_new = store.take_new
     sibling: list[Taken | None] = []
 
     async def read_heard_after_a_siblings_look(
-        job_name: str, consumer: str, count: int, block_ms: int | None = None
-    ) -> list[tuple[bytes, bytes | None, str]]:
-        got = await read_keyed(job_name, consumer, count, block_ms)
+        job_name: str, consumer: str, count: int, *, gen: str
+    ) -> tuple[list[tuple[bytes, bytes | None, str]], set[bytes]]:
+        got = await take_new(job_name, consumer, count, gen=gen)
         intake.look_again()  # a connection was lost: the sibling slot looks meanwhile
         sibling.append(await intake.next([job], None))
         return got
 
-    store.read_keyed = read_heard_after_a_siblings_look  # type: ignore[method-assign,assignment]
+    store.take_new = read_heard_after_a_siblings_look  # type: ignore[method-assign,assignment]
     first = await intake.next([job], None)
     (looked,) = sibling
     assert looked is not None and len(looked.deliveries) == 8  # heard first: the sibling's

@@ -121,7 +121,13 @@ class BatchPath:
         self.engine.metrics.committed(job, self.client.label, commit)
 
     async def process(
-        self, spec: JobSpec, deliveries: list[Delivery], *, copy: bool = False, fresh: bool = False
+        self,
+        spec: JobSpec,
+        deliveries: list[Delivery],
+        *,
+        copy: bool = False,
+        fresh: bool = False,
+        marked: frozenset[bytes] = frozenset(),
     ) -> None:
         """Finish one batch of ``spec``'s job, each entry by how many workers died running it
         (see :class:`~worker.deliveries.Triage`). A release (a failing endpoint, a model not
@@ -130,7 +136,8 @@ class BatchPath:
         only on entries this consumer holds, so on a copy they do nothing. Every write carries
         the generation of ``spec``: if the job is gone (deleted, lost, queued again under its
         name), the batch is dropped and the engine told, once. Chunks not ``fresh`` (never
-        delivered before) run only their prompts not answered yet."""
+        delivered before) run only their prompts not answered yet. ``marked``: entries the
+        read marked running already."""
         job = spec.job
         ids = [eid for eid, _, _ in deliveries]
         sorted_ = Triage(deliveries, self.settings.max_deliveries)
@@ -151,7 +158,7 @@ class BatchPath:
                 sorted_ = Triage(deliveries, self.settings.max_deliveries)
             rest = await self._dead_letter(spec, sorted_.dead) if sorted_.dead else []
             if sorted_.fresh:
-                await self._run_batch(spec, sorted_.fresh, copy=copy)
+                await self._run_batch(spec, sorted_.fresh, copy=copy, marked=marked)
             for suspect in one_by_one(sorted_.suspects) + rest:
                 if suspect[0] in self.intake.hand(job):  # (given back: its taker runs the rest)
                     await self._run_batch(spec, [suspect])
@@ -185,7 +192,12 @@ class BatchPath:
         return rest
 
     async def _run_batch(
-        self, spec: JobSpec, deliveries: list[Delivery], *, copy: bool = False
+        self,
+        spec: JobSpec,
+        deliveries: list[Delivery],
+        *,
+        copy: bool = False,
+        marked: frozenset[bytes] = frozenset(),
     ) -> None:
         """Complete one batch and commit it, in steps: answers from the cache, the request for
         the rest, the commit, the answers kept. On giving up, the batch is released to other
@@ -223,7 +235,9 @@ class BatchPath:
         answers: list[Result] = []  # shaped, in the order of ``items``, for the cache
         if items:
             try:
-                sent = await self._send(spec, deliveries, items, tally, copy=copy, early=early)
+                sent = await self._send(
+                    spec, deliveries, items, tally, copy=copy, early=early, marked=marked
+                )
             except (GiveUp, EndpointUnusable, ModelNotServed) as exc:
                 await self._gave_up(spec, ids, items, results, exc, copy=copy, early=early)
                 return
@@ -307,16 +321,19 @@ class BatchPath:
         *,
         copy: bool,
         early: EarlyCommits | None = None,
+        marked: frozenset[bytes] = frozenset(),
     ) -> list[Result]:
-        """The endpoint's results for ``items``, in order: marked running (unless a copy),
-        a lower batch preempted, then one request. :class:`_Dropped` when it was cancelled on
-        purpose (preempted, or its job is over): its batch is released, no death."""
+        """The endpoint's results for ``items``, in order: marked running (unless a copy, or
+        ``marked`` as they were read), a lower batch preempted, then one request.
+        :class:`_Dropped` when it was cancelled on purpose (preempted, or its job is over): its
+        batch is released, no death."""
         job, gen = spec.job, spec.generation
         request: Request | None = None
         try:
             if not copy:
-                deaths = {eid: n for eid, _, n in deliveries}
-                await self.store.start(job, {eid: deaths[eid] for eid, _, _ in items}, gen=gen)
+                deaths = {eid: n for eid, _, n in deliveries if eid not in marked}
+                start = {eid: deaths[eid] for eid, _, _ in items if eid in deaths}
+                await self.store.start(job, start, gen=gen)
                 share = self.engine.shares.get(job, 0)
                 self.inflight.preempt_below(spec.priority, job, share)
             model = self.served.model_for(spec)

@@ -326,7 +326,9 @@ class EndpointDrainer:
             return False
         if got is None:
             return False
-        await self.path.process(got.spec, got.deliveries, copy=got.copy, fresh=got.fresh)
+        await self.path.process(
+            got.spec, got.deliveries, copy=got.copy, fresh=got.fresh, marked=got.marked
+        )
         return True
 
     # -- taking work --------------------------------------------------------------------

@@ -36,12 +36,14 @@ class Taken(NamedTuple):
     """A batch for a slot: its job (as it was when the batch was taken: its generation is what
     the batch's writes carry) and entries; ``copy``: a speculative copy of entries other
     consumers hold (not ours to release, and no run of them is a death); ``fresh``: never
-    delivered before (no prompt of theirs can have its result yet)."""
+    delivered before (no prompt of theirs can have its result yet); ``marked``: the entries
+    the read marked running already (their start is done)."""
 
     spec: JobSpec
     deliveries: list[Delivery]
     copy: bool = False
     fresh: bool = False
+    marked: frozenset[bytes] = frozenset()
 
     @property
     def job(self) -> str:
@@ -210,7 +212,13 @@ class Intake:
         """Up to ``batch`` new entries of ``spec``'s job (waiting ``block_ms`` for some), but
         those whose affinity key is another endpoint's, handed to its lane."""
         job = spec.job
-        entries = await self.store.read_keyed(job, self.consumer, batch, block_ms=block_ms)
+        marked: set[bytes] = set()
+        if block_ms is None:  # (marked running as it is read: see lua/take.lua)
+            entries, marked = await self.store.take_new(
+                job, self.consumer, batch, gen=spec.generation
+            )
+        else:
+            entries = await self.store.read_keyed(job, self.consumer, batch, block_ms=block_ms)
         gone: set[bytes] = set()
         if keyed := [(e, k) for e, _, k in entries if k]:
             self.affine.add(job)
@@ -218,7 +226,9 @@ class Intake:
             if lanes:
                 gone = await self.store.route(job, self.lane, lanes, keyed)
         taken = self._held(spec, [(e, payload, 0) for e, payload, _ in entries if e not in gone])
-        return taken._replace(fresh=True) if taken is not None else None
+        if taken is None:
+            return None
+        return taken._replace(fresh=True, marked=frozenset(marked.difference(gone)))
 
     def _held(self, spec: JobSpec, deliveries: list[Delivery]) -> Taken | None:
         """``deliveries`` of ``spec``'s job as this slot takes them, marked in hand at once

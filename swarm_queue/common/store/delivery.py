@@ -77,6 +77,21 @@ class Delivery(StoreBase):
             for eid, f in ((eid, fields or {}) for eid, fields in reply[0][1])
         ]
 
+    async def take_new(
+        self, job: str, consumer: str, count: int, *, gen: str
+    ) -> tuple[list[tuple[bytes, bytes | None, str]], set[bytes]]:
+        """As :meth:`read_keyed` without waiting, and the entries marked running at once as
+        :meth:`start` would (``lua/take.lua``): those without an affinity key, if the job is
+        of generation ``gen``. Returns the entries and the IDs marked."""
+        keys = [self.keys.stream(job), self.keys.running(job), self.keys.meta(job)]
+        async with redis_errors(self.url, job):
+            marked, *flat = await self.scripts.take(keys=keys, args=[GROUP, consumer, count, gen])
+        entries = [
+            (eid, payload, (key or b"").decode())
+            for eid, payload, key in zip(flat[::3], flat[1::3], flat[2::3], strict=True)
+        ]
+        return entries, {eid for eid, _, key in entries if not key} if marked else set()
+
     async def claim_own_pending(
         self,
         job: str,

@@ -51,6 +51,7 @@ SCRIPT_NAMES = (
     "seal",
     "stage",
     "start",
+    "take",
     "tool_ask",
     "tool_hold",
     "tool_rate",
@@ -139,6 +140,7 @@ class Scripts:
     seal: Script
     stage: Script
     start: Script
+    take: Script
     tool_ask: Script
     tool_hold: Script
     tool_rate: Script
