@@ -42,7 +42,13 @@
 local results, meta, stream, failed_h, cached_h = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local running, reopened, chunks, landed = KEYS[6], KEYS[7], KEYS[8], KEYS[9]
 local group, now = ARGV[1], now_s()
-local gone, evicted = generation_error(meta, ARGV[2])
+-- The counters this commit moves, read with the generation: written back once at the end
+-- (the script is atomic: a read and a write are an increment), not an HINCRBY each.
+local COUNTED = {
+  META.DONE, META.FAILED, META.CACHE_HITS, META.PROMPT_TOKENS, META.COMPLETION_TOKENS,
+  META.CACHED_TOKENS, META.REASONING_TOKENS, META.TOTAL, META.FIRST_RESULT_S, META.FINISHED_S,
+}
+local gone, evicted, known = generation_error(meta, ARGV[2], COUNTED)
 if gone then return gone end
 local failures_land = ARGV[3] == '1'
 local n, m, x = tonumber(ARGV[4]), tonumber(ARGV[14]), tonumber(ARGV[15])
@@ -198,32 +204,30 @@ end
 -- (A commit of no results, a flow's batch whose answers were committed as they came, counts
 -- its request's tokens whole.)
 local share = n > 0 and (done + failed) / n or 1
-local counters = {
-  META.PROMPT_TOKENS, META.COMPLETION_TOKENS, META.CACHED_TOKENS, META.REASONING_TOKENS,
-}
-for t = 1, 4 do
-  local count = tokens[t] + math.floor(tonumber(ARGV[4 + t]) * share + 0.5)
-  if count > 0 then redis.call('HINCRBY', meta, counters[t], count) end
+local moved = {done, failed, hits}
+for t = 1, 4 do moved[3 + t] = tokens[t] + math.floor(tonumber(ARGV[4 + t]) * share + 0.5) end
+local counts = {}
+for c = 1, 7 do
+  if moved[c] > 0 then
+    counts[#counts + 1] = COUNTED[c]
+    counts[#counts + 1] = string.format('%d', tonumber(known[2 + c] or '0') + moved[c])
+  end
 end
 if done + failed > 0 then
-  if hits > 0 then redis.call('HINCRBY', meta, META.CACHE_HITS, hits) end
-  if failed > 0 then redis.call('HINCRBY', meta, META.FAILED, failed) end
-  if done > 0 then redis.call('HINCRBY', meta, META.DONE, done) end
-  local have = redis.call(
-    'HMGET', meta, META.TOTAL, META.DONE, META.FAILED, META.FIRST_RESULT_S, META.FINISHED_S
-  )
-  local times = {META.LAST_RESULT_S, now}
-  if not have[4] then
-    times[#times + 1] = META.FIRST_RESULT_S
-    times[#times + 1] = now
+  counts[#counts + 1] = META.LAST_RESULT_S
+  counts[#counts + 1] = now
+  if not known[11] then
+    counts[#counts + 1] = META.FIRST_RESULT_S
+    counts[#counts + 1] = now
   end
-  local total, d, f = tonumber(have[1] or ''), tonumber(have[2] or '0'), tonumber(have[3] or '0')
-  if total and not have[5] and d + f >= total then
-    times[#times + 1] = META.FINISHED_S
-    times[#times + 1] = now
+  local total = tonumber(known[10] or '')
+  local finished = tonumber(known[3] or '0') + done + tonumber(known[4] or '0') + failed
+  if total and not known[12] and finished >= total then
+    counts[#counts + 1] = META.FINISHED_S
+    counts[#counts + 1] = now
   end
-  redis.call('HSET', meta, unpack(times))
 end
+if #counts > 0 then redis.call('HSET', meta, unpack(counts)) end
 local out = {done, failed, hits}
 for kind, count in pairs(kinds) do
   out[#out + 1] = kind

@@ -7,9 +7,10 @@
 -- anything is written, unless `meta` is the meta of a live job of generation `gen` (then nil);
 -- and the job's eviction mark (0: none). Returned, not raised: Redis 6.2 (the embedded
 -- default's) cannot carry a raised error table, and its reply would lose the code.
-local function generation_error(meta, gen)
-  local have = redis.call('HMGET', meta, META.GENERATION, META.EVICTED)
+-- `extra`: meta fields read in the same HMGET, returned third (their values from index 3).
+local function generation_error(meta, gen, extra)
+  local have = redis.call('HMGET', meta, META.GENERATION, META.EVICTED, unpack(extra or {}))
   local evicted = tonumber(have[2] or '0')
-  if have[1] == gen then return nil, evicted end
-  return redis.error_reply('GONE ' .. meta .. ' is not of generation ' .. gen), evicted
+  if have[1] == gen then return nil, evicted, have end
+  return redis.error_reply('GONE ' .. meta .. ' is not of generation ' .. gen), evicted, have
 end
