@@ -203,8 +203,9 @@ class Keys:
         return self._job(job, "running")
 
     def chunks(self, job: str) -> str:
-        """Hash: entry ID -> how many prompts that entry holds, for an entry of several (a
-        chunk: :mod:`common.store.entries`); gone with its entry's acknowledgement."""
+        """Hash: entry ID -> how many prompts that entry holds, for an entry of a chunked job
+        (:mod:`common.store.entries`) that holds other than the job's chunk (its last, one
+        cut short by an affinity key); gone with its entry's acknowledgement."""
         return self._job(job, "chunks")
 
     def hungry(self, job: str) -> str:

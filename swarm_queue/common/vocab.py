@@ -65,6 +65,10 @@ class Meta(StrEnum):
     FINISHED_S = "finished_s"  # every prompt has a result
     CANCELLED_S = "cancelled_s"  # swarm-cancel
     REDUCED_S = "reduced_s"  # the reduce output is written
+    # The job's chunk (``JobSpec.chunk``, prompts an entry), written at its creation: what a
+    # commit takes an entry's size to be where the ``chunks`` hash says nothing (none: a job
+    # from before, whose every chunk's size is in that hash).
+    CHUNK = "chunk"
     # An embeddings job's dimension, fixed by its first answer: a vector of another is
     # the endpoint's failure, never a result
     DIM = "dim"

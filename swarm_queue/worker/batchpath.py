@@ -147,7 +147,9 @@ class BatchPath:
         self.intake.hand(job).update(ids)
         self.figures.job(job, time.monotonic())  # its rate counts from its first batch
         try:
-            deliveries, bad = await unreadable(self.store, job, deliveries, self.client.label)
+            deliveries, bad = await unreadable(
+                self.store, job, deliveries, self.client.label, spec.chunk
+            )
             if bad:
                 self._count(job, await self._commit(spec, bad))
             if not fresh:

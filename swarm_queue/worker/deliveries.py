@@ -123,20 +123,20 @@ def decode_deliveries(
 class _Answered(Protocol):
     async def answered(self, job: str, indices: Sequence[int]) -> set[int]: ...
 
-    async def chunk_sizes(self, job: str, entry_ids: Sequence[bytes]) -> list[int]: ...
+    async def chunk_sizes(self, job: str, entry_ids: Sequence[bytes], chunk: int) -> list[int]: ...
 
 
 async def unreadable(
-    store: _Answered, job: str, deliveries: list[Delivery], endpoint: str
+    store: _Answered, job: str, deliveries: list[Delivery], endpoint: str, chunk: int
 ) -> tuple[list[Delivery], list[Finished]]:
-    """Chunks whose payload cannot be read, out of ``deliveries``: each of their prompts
-    failed as a bad entry (their number from the chunk's recorded size), so that the chunk
+    """Chunks whose payload cannot be read, out of ``deliveries`` (of a job of ``chunk``):
+    each of their prompts failed as a bad entry (their number the chunk's size), so that the chunk
     is acknowledged and its job ends, rather than one prompt failed and the rest waiting for
     ever."""
     bad = [d for d in deliveries if _chunk(d[1]) and isinstance(entry_payloads(d[1]), str)]
     if not bad:
         return deliveries, []
-    sizes = await store.chunk_sizes(job, [eid for eid, _, _ in bad])
+    sizes = await store.chunk_sizes(job, [eid for eid, _, _ in bad], chunk)
     failed: list[Finished] = []
     for (eid, payload, _), size in zip(bad, sizes, strict=True):
         why = entry_payloads(payload)

@@ -4,8 +4,8 @@ Layout of one job (keys from :class:`common.keys.Keys`, all in the job's hash sl
 
 * stream ``q``: one entry per prompt, entry ID ``0-(index+1)``, field ``d`` = msgpack
   :class:`~common.models.PromptItem`; or, for a job of ``chunk`` K > 1, one entry per K
-  consecutive prompts (ID its first's, ``d`` the chunk: see ``entries``), whose size hash
-  ``chunks`` holds until its last prompt is answered and it is acknowledged. Explicit IDs
+  consecutive prompts (ID its first's, ``d`` the chunk: see ``entries``); the hash
+  ``chunks`` holds the size of one that holds fewer, until it is acknowledged. Explicit IDs
   make enqueueing idempotent: a rerun resumes after the stream's last generated ID. Each
   commit trims the stream's acknowledged head (up to the oldest entry still in a worker's
   hands), so it holds the work not yet done and what was finished after that oldest entry;

@@ -197,13 +197,17 @@ class Delivery(StoreBase):
             have = await self.redis.hmget(self.keys.results(job), [str(i) for i in indices])
         return {i for i, h in zip(indices, have, strict=True) if h is not None or i < evicted}
 
-    async def chunk_sizes(self, job: str, entry_ids: Sequence[bytes]) -> list[int]:
-        """How many prompts each entry holds (1: one prompt's, or none recorded)."""
+    async def chunk_sizes(self, job: str, entry_ids: Sequence[bytes], chunk: int) -> list[int]:
+        """How many prompts each entry of a job of ``chunk`` (``JobSpec.chunk``) holds: as
+        the chunks hash says, else ``chunk`` (one if swarm-retry queued it: see lua/add.lua)."""
         if not entry_ids:
             return []
         async with redis_errors(self.url, job):
             sizes = await self.redis.hmget(self.keys.chunks(job), list(entry_ids))
-        return [int(n or 1) for n in sizes]
+        return [
+            int(n) if n else chunk if eid.startswith(b"0-") else 1
+            for eid, n in zip(entry_ids, sizes, strict=True)
+        ]
 
     async def job_dim(self, job: str) -> int | None:
         """An embeddings job's dimension, once its first answer has fixed it."""

@@ -1,10 +1,10 @@
 """Stream entries: a prompt's index is its entry ID (``0-(index+1)``, or ``round-(index+1)``
 once swarm-retry queued it again), and its payload a msgpack :class:`PromptItem`. A chunk
 holds several consecutive prompts in one entry (ID ``0-(first+1)``): its payload is
-:data:`CHUNK_MARK` and a msgpack array of its prompts' own payloads, and ``chunks`` (see
-:meth:`common.keys.Keys.chunks`) says its size. Everything per entry (reads, claims, acks,
-running marks, lanes) then works per chunk, and everything per prompt (results, failures
-kept for swarm-retry) per prompt."""
+:data:`CHUNK_MARK` and a msgpack array of its prompts' own payloads; it holds the job's
+``chunk`` of prompts but where ``chunks`` (:meth:`common.keys.Keys.chunks`) says otherwise.
+Everything per entry (reads, claims, acks, running marks, lanes) then works per chunk, and
+everything per prompt (results, failures kept for swarm-retry) per prompt."""
 
 from __future__ import annotations
 

@@ -86,9 +86,9 @@ class Feeding(StoreBase):
         # Keys only where some prompt has one: an argument more a prompt is the Redis client's
         # time (the producer's CPU, scenario 4).
         keyed = any(affinity)
-        args: list[Any] = [items[0].index, digest, gen, "1" if keyed else "0", "0"]
+        args: list[Any] = [items[0].index, digest, gen, "1" if keyed else "0", ""]
         if chunk > 1:
-            args[4] = "1"
+            args[4] = chunk
             for run, key in _runs(items, affinity if keyed else [""] * len(items), chunk):
                 payload = encode(run[0]) if len(run) == 1 else encode_chunk(list(map(encode, run)))
                 args += [payload, key, len(run)] if keyed else [payload, len(run)]

@@ -37,7 +37,7 @@ class Registry(StoreBase):
         kind = spec.reduce.kind if spec.reduce is not None else ""
         async with redis_errors(self.url, job):
             created, raw = await self.scripts.create(
-                keys=[self.keys.meta(job)], args=[encode(mine), generation, kind]
+                keys=[self.keys.meta(job)], args=[encode(mine), generation, kind, mine.chunk]
             )
             stored = spec_of(job, raw)
             if not created and not stored.same_settings(spec):

@@ -3,13 +3,14 @@
 -- input up to the last of them is kept with the resume point, so that a resume can check it
 -- goes on with the same input. A producer of a job deleted (or lost) meanwhile is refused
 -- with GONE, even when the name has been taken again. An entry may hold a chunk of
--- consecutive prompts (common/store/entries.py): its ID is its first prompt's, and its size
--- goes to KEYS[3], where a commit learns when the whole chunk is answered.
+-- consecutive prompts (common/store/entries.py): its ID is its first prompt's, and its size,
+-- where it is not the job's chunk (its last, one cut by an affinity key), goes to KEYS[3],
+-- where a commit learns when the whole chunk is answered.
 -- KEYS: [1] meta, [2] stream, [3] chunks
 -- ARGV: [1] first index, [2] input digest ('' for none), [3] generation, [4] '1' when the
---       entries carry affinity keys (common/affinity.py), [5] '1' when they carry their sizes,
---       then per entry in index order its payload, with [4] '1' its key ('' for none), with
---       [5] '1' how many prompts it holds (else one each).
+--       entries carry affinity keys (common/affinity.py), [5] the job's chunk when they carry
+--       their sizes ('' else), then per entry in index order its payload, with [4] '1' its key
+--       ('' for none), with [5] how many prompts it holds (else one each).
 -- Returns {1, prompts now queued}, {-1, 0} if cancelled, {-2, prompts queued} if misplaced.
 local meta, stream = KEYS[1], KEYS[2]
 local gone = generation_error(meta, ARGV[3])
@@ -18,7 +19,8 @@ if redis.call('HEXISTS', meta, META.CANCELLED_S) == 1 then return {-1, 0} end
 local have = tonumber(redis.call('HGET', meta, META.ENQUEUED) or '0')
 local first = tonumber(ARGV[1])
 if have ~= first then return {-2, have} end
-local keyed, sized = ARGV[4] == '1', ARGV[5] == '1'
+local keyed, chunk = ARGV[4] == '1', tonumber(ARGV[5])
+local sized = chunk ~= nil
 local step = 1 + (keyed and 1 or 0) + (sized and 1 or 0)
 local at, sizes = first, {}
 for b = 6, #ARGV, step do
@@ -30,7 +32,7 @@ for b = 6, #ARGV, step do
   else
     redis.call('XADD', stream, id, 'd', payload, 'a', key)
   end
-  if size > 1 then
+  if sized and size ~= chunk then
     sizes[#sizes + 1] = id
     sizes[#sizes + 1] = size
   end

@@ -13,7 +13,7 @@
 -- Below the eviction mark, only the entry swarm-retry queued an index again under (reopened)
 -- may write it, once: its answer is for the collector to bring the file up to date.
 -- An entry is acknowledged once every prompt it holds has a result: an entry of one prompt at
--- once, a chunk (common/store/entries.py; its size in KEYS[8]) once the rest of it has one
+-- once, a chunk (common/store/entries.py; its size below) once the rest of it has one
 -- too, from this commit or an earlier one (or was collected: below the eviction mark). A chunk
 -- partly answered stays in its taker's hands, so no prompt of it is lost.
 -- Tokens count as results do: each prompt's own usage only when its result is new (a copy's
@@ -32,8 +32,8 @@
 -- ARGV: [1] group, [2] generation, [3] '1' if failures land too, [4] n prompts, [5..8] the
 --       request's four counts, [9..12] the sum of the prompts' own four counts, [13] each
 --       prompt's own counts, 'p c k r' or '' for none, joined by ',', [14] m, [15] x, then m
---       entry IDs to acknowledge if whole (a chunk taken again whose prompts were all answered
---       before), then x triples: prompt number (1..n), failure kind ('' on success, '+' on an
+--       entry IDs to acknowledge if whole (a chunk taken again whose prompts were all
+--       answered before), then x triples: prompt number (1..n), failure kind ('' on success, '+' on an
 --       answer from the response cache), the entry payload to keep; then E, E pairs: an
 --       entry's ID and the count of its prompts here; then n pairs, index and result blob,
 --       the entries' prompts in the entries' order. Indices are distinct.
@@ -47,6 +47,7 @@ local group, now = ARGV[1], now_s()
 local COUNTED = {
   META.DONE, META.FAILED, META.CACHE_HITS, META.PROMPT_TOKENS, META.COMPLETION_TOKENS,
   META.CACHED_TOKENS, META.REASONING_TOKENS, META.TOTAL, META.FIRST_RESULT_S, META.FINISHED_S,
+  META.CHUNK,
 }
 local gone, evicted, known = generation_error(meta, ARGV[2], COUNTED)
 if gone then return gone end
@@ -65,50 +66,59 @@ for k = at + 1, at + 2 * tonumber(ARGV[at]), 2 do
   first = first + c
 end
 at = at + 2 * #entries - 1
--- The entries whose every prompt has a result once this commit is written: each of a job
--- without chunks (one prompt an entry, the common case), else each whose chunk is complete:
--- all of it here (the common case), or the rest answered before.
-local whole = {}
-if redis.call('EXISTS', chunks) == 0 then
-  for k = 16, 15 + m do whole[#whole + 1] = ARGV[k] end
-  for _, e in ipairs(entries) do whole[#whole + 1] = e[1] end
-else
-  local ids, ended = {}, {}
-  for k = 16, 15 + m do ids[#ids + 1] = ARGV[k] end
-  local mine = #ids
-  for _, e in ipairs(entries) do ids[#ids + 1] = e[1] end
-  for lo = 1, #ids, 500 do
-    local part = {unpack(ids, lo, math.min(lo + 499, #ids))}
-    local sizes = redis.call('HMGET', chunks, unpack(part))
-    for i, id in ipairs(part) do
-      local size, e = tonumber(sizes[i] or '1'), entries[lo + i - 1 - mine]
-      local complete = true
-      if size > 1 and not (e and e[3] == size) then  -- a chunk (ID 0-(first+1)) not all here
-        local here = {}
-        if e then
-          for f = e[2], e[2] + e[3] - 1 do here[ARGV[at + 2 * f]] = true end
-        end
-        local rest = {}
-        local first = tonumber(string.match(id, '%-(%d+)$')) - 1
-        for index = first, first + size - 1 do
-          local name = tostring(index)
-          if index >= evicted and not here[name] then rest[#rest + 1] = name end
-        end
-        if #rest > 0 then
-          for _, have in ipairs(redis.call('HMGET', results, unpack(rest))) do
-            if not have then complete = false end
-          end
-        end
+-- The entries whose every prompt has a result once this commit is written: each all of whose
+-- prompts are here (the common case: a whole chunk, or one prompt; nothing read for it),
+-- else a chunk whose other prompts were answered before (or collected: below the eviction
+-- mark). An entry holds the job's chunk (its meta's) of prompts unless the chunks hash says
+-- otherwise, or one if swarm-retry queued it (ID round-(index+1)); a job from before chunks
+-- were so recorded has none (0), its sizes all in the hash.
+local chunk = tonumber(known[13] or '0')
+local whole, open, held, ended = {}, {}, {}, {}
+for k = 16, 15 + m do
+  open[#open + 1] = ARGV[k]
+  held[#open] = false
+end
+for _, e in ipairs(entries) do
+  if e[3] == chunk then
+    whole[#whole + 1] = e[1]
+  else
+    open[#open + 1] = e[1]
+    held[#open] = e
+  end
+end
+for lo = 1, #open, 500 do
+  local part = {unpack(open, lo, math.min(lo + 499, #open))}
+  local sizes = redis.call('HMGET', chunks, unpack(part))
+  for i, id in ipairs(part) do
+    local e = held[lo + i - 1]
+    local size = tonumber(sizes[i] or '')
+    if not size then size = string.match(id, '^0%-') and math.max(chunk, 1) or 1 end
+    local complete = true
+    if size > 1 and not (e and e[3] == size) then  -- a chunk (ID 0-(first+1)) not all here
+      local here = {}
+      if e then
+        for f = e[2], e[2] + e[3] - 1 do here[ARGV[at + 2 * f]] = true end
       end
-      if complete then
-        whole[#whole + 1] = id
-        if size > 1 then ended[#ended + 1] = id end
+      local rest = {}
+      local first = tonumber(string.match(id, '%-(%d+)$')) - 1
+      for index = first, first + size - 1 do
+        local name = tostring(index)
+        if index >= evicted and not here[name] then rest[#rest + 1] = name end
+      end
+      if #rest > 0 then
+        for _, have in ipairs(redis.call('HMGET', results, unpack(rest))) do
+          if not have then complete = false end
+        end
       end
     end
+    if complete then
+      whole[#whole + 1] = id
+      if sizes[i] then ended[#ended + 1] = id end
+    end
   end
-  for lo = 1, #ended, 500 do
-    redis.call('HDEL', chunks, unpack(ended, lo, math.min(lo + 499, #ended)))
-  end
+end
+for lo = 1, #ended, 500 do
+  redis.call('HDEL', chunks, unpack(ended, lo, math.min(lo + 499, #ended)))
 end
 -- The acks come first: a Redis over its maxmemory refuses a script's first write only if
 -- that write may grow memory (XACK, HDEL never do), so answers land even in a full Redis,
