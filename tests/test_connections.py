@@ -58,9 +58,10 @@ def test_idle_endpoints_of_a_worker_share_one_blocking_read_of_the_job_they_wait
     fleet_factory: FleetFactory,
 ) -> None:
     """Twelve endpoints waiting for a job's prompts (created, none queued yet): one of them
-    blocks on the job's stream, the others wait for what it finds. Before, each endpoint's
-    slots blocked on it, each read holding a connection of its own for its whole wait (24
-    blocked at once). The prompts, once they come, are answered as ever."""
+    blocks on the job's stream, the others wait for what it finds, and read only if it
+    found some. Before, each endpoint's slots blocked on it, each read holding a connection
+    of its own for its whole wait (24 blocked at once); then each endpoint still looked
+    after every empty wait. The prompts, once they come, are answered as ever."""
     n_endpoints, n = 12, 200
     fleet = fleet_factory(n_endpoints, "--step-ms", "1")
     settings = Settings(redis_url=fleet.redis_url, prefix=fleet.prefix)
@@ -74,17 +75,25 @@ def test_idle_endpoints_of_a_worker_share_one_blocking_read_of_the_job_they_wait
             lambda: client.hlen(Keys(fleet.prefix).fleet) == n_endpoints,
         )
         # Its blocking reads, at their most over a second in which each endpoint looks for
-        # the job's entries many times (a poll is 50 ms here).
+        # the job's entries many times (a poll is 50 ms here); and its reads of the stream
+        # in that second (a script's counted too).
+        client.config_resetstat()
         blocked = 0
         for _ in range(20):
             blocked = max(blocked, int(client.info("clients")["blocked_clients"]))
             time.sleep(0.05)
+        stats = client.info("commandstats")
+        reads = int(stats.get("cmdstat_xreadgroup", {}).get("calls", 0))
     finally:
         client.close()
     prompts = [(fleet_prompt(i, set()), None) for i in range(n)]
     asyncio.run(_with_store(settings, lambda store: enqueue_prompts(store, spec, prompts)))
     wait_count("every prompt answered", lambda: fleet.done("later"), n)
     assert blocked == 1, f"{blocked} blocking reads for {n_endpoints} idle endpoints"
+    # About one read a poll between them (20 polls in that second), not one or two an
+    # endpoint each poll: before, each endpoint looked once after every empty blocking read
+    # and once more on its next step (about 500 reads in that second).
+    assert 10 <= reads <= 60, f"{reads} reads in a second by {n_endpoints} idle endpoints"
 
 
 async def _with_store(settings: Settings, do: Callable[[JobStore], Awaitable[object]]) -> None:

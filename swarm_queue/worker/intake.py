@@ -252,6 +252,8 @@ class Intake:
         held: tuple[JobSpec, int] | None = None
         try:
             for spec, source in steps:
+                if source is Source.NEW and self.watch.quiet(spec.job):
+                    continue  # (what comes, a blocking read of this process takes first)
                 if held is None or held[0] is not spec:
                     if held is not None:
                         await self.caps.settle(*held)

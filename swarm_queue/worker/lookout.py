@@ -15,13 +15,17 @@ wait), the others wait for what it finds.
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 __all__ = ["Lookout", "Watch"]
 
 T = TypeVar("T")
+
+# How late a blocking read's reply may be past its wait before the endpoints waiting on it
+# look for themselves (a Redis that hangs: the reader's own command times out later).
+LATE_S = 1.0
 
 
 class Lookout:
@@ -70,24 +74,58 @@ class Lookout:
 
 class Watch:
     """The idle endpoints of one worker process waiting for new entries of a job: one of them
-    blocks on the job's stream, the others wait until its read returns (with entries, or
-    after ``block_ms``: whichever comes first) and then look without blocking. A thousand
-    idle endpoints hold one connection a job they wait on, not one each."""
+    blocks on the job's stream, the others wait until its read returns and then look without
+    blocking if it found entries, or take it that there are none if it found none. A thousand
+    idle endpoints hold one connection a job they wait on, not one each, and make one read a
+    poll between them, not one each (a look of each after every empty poll was, at a thousand
+    endpoints, most of what Redis did: scenario 9)."""
 
-    def __init__(self) -> None:
-        self._reading: dict[str, asyncio.Event] = {}  # job -> set when its blocking read ends
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._reading: dict[str, _Read] = {}  # job -> its blocking read under way
+        self._quiet_until: dict[str, float] = {}  # job -> when its last empty read is stale
 
-    async def wait(self, job: str, block_ms: int, read: Callable[[int | None], Awaitable[T]]) -> T:
+    def quiet(self, job: str) -> bool:
+        """Whether a look for ``job``'s new entries would find none: a blocking read of them
+        is under way in this process (new entries end it first), or one found none within
+        its own wait (entries come meanwhile: the next blocking read returns them at once)."""
+        return job in self._reading or self._quiet_until.get(job, 0.0) > self._clock()
+
+    async def wait(
+        self, job: str, block_ms: int, read: Callable[[int | None], Awaitable[T | None]]
+    ) -> T | None:
         """``read(block_ms)`` if no endpoint of this process is blocked on ``job``'s stream,
-        else ``read(None)`` once that endpoint's read has ended (or ``block_ms`` passed)."""
-        ended = self._reading.get(job)
-        if ended is None:
-            ended = self._reading[job] = asyncio.Event()
+        else, once that endpoint's read has ended, ``read(None)`` if it found entries (more
+        may wait) and None if it found none; ``read(None)`` too if it has not ended within
+        ``block_ms`` and :data:`LATE_S`."""
+        reading = self._reading.get(job)
+        if reading is None:
+            reading = self._reading[job] = _Read()
             try:
-                return await read(block_ms)
+                got = await read(block_ms)
+                reading.found = got is not None
+                return got
             finally:
                 del self._reading[job]
-                ended.set()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(ended.wait(), block_ms / 1000)
-        return await read(None)
+                if reading.found:
+                    self._quiet_until.pop(job, None)
+                else:
+                    self._quiet_until[job] = self._clock() + block_ms / 1000
+                reading.ended.set()
+        try:
+            # (Its reply comes after its wait: waiting as long only would end first each time.)
+            await asyncio.wait_for(reading.ended.wait(), block_ms / 1000 + LATE_S)
+        except TimeoutError:
+            return await read(None)
+        return await read(None) if reading.found else None
+
+
+class _Read:
+    """A blocking read under way: whether it found entries (unknown: as if it did), once
+    ``ended``."""
+
+    __slots__ = ("ended", "found")
+
+    def __init__(self) -> None:
+        self.ended = asyncio.Event()
+        self.found = True
