@@ -12,7 +12,7 @@ from swarm_queue.sim.server import SimFleet
 from swarm_queue.sim.text import completion_for
 from swarm_queue.worker.endpoint import EndpointClient
 from swarm_queue.worker.engine import Engine
-from swarm_queue.worker.lookout import Lookout
+from swarm_queue.worker.lookout import Lookout, Watch
 from tests.helpers import collect_lines, prompts, spec, until
 
 
@@ -85,3 +85,40 @@ async def test_an_idle_endpoint_polls_with_one_slot_and_wakes_all_for_new_work(
     assert drainer.lookout.resting == 0
     lines = await collect_lines(store, "j")
     assert [x["text"] for x in lines] == [completion_for(p, 8)[0] for p, _ in prompts(400)]
+
+
+async def test_endpoints_waiting_on_a_read_that_found_work_look_in_turn_until_one_finds_none() -> (
+    None
+):
+    """Five endpoints wait on a sixth's blocking read, which finds entries: they look one at a
+    time, each taking what the last left, and the first that finds none ends the looks; a job
+    whose read found none is quiet (no look) for the read's wait. Before, all five looked at
+    once whatever the read found (at 1,000 endpoints, most of Redis's work)."""
+    now = [100.0]
+    watch = Watch(clock=lambda: now[0])
+    left = [2]  # batches left once the blocking read has taken its own
+    looks: list[int | None] = []
+    release = asyncio.Event()
+
+    async def read(block_ms: int | None) -> str | None:
+        if block_ms is not None:  # the blocking read
+            await release.wait()
+            return "the reader's batch"
+        looks.append(block_ms)
+        await asyncio.sleep(0)  # (another waiter would look meanwhile, were it let)
+        if left[0]:
+            left[0] -= 1
+            return "a batch"
+        return None
+
+    reader = asyncio.create_task(watch.wait("j", 200, read))
+    await until("a read under way", lambda: watch.quiet("j"))
+    waiters = [asyncio.create_task(watch.wait("j", 200, read)) for _ in range(5)]
+    await asyncio.sleep(0)
+    release.set()
+    got = await asyncio.wait_for(asyncio.gather(reader, *waiters), timeout=5)
+    assert got == ["the reader's batch", "a batch", "a batch", None, None, None]
+    assert len(looks) == 3  # two that found a batch, one that found none; two never looked
+    assert watch.quiet("j")  # nothing left: no look for the read's wait
+    now[0] += 0.3
+    assert not watch.quiet("j")

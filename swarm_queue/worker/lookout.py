@@ -75,10 +75,10 @@ class Lookout:
 class Watch:
     """The idle endpoints of one worker process waiting for new entries of a job: one of them
     blocks on the job's stream, the others wait until its read returns and then look without
-    blocking if it found entries, or take it that there are none if it found none. A thousand
-    idle endpoints hold one connection a job they wait on, not one each, and make one read a
-    poll between them, not one each (a look of each after every empty poll was, at a thousand
-    endpoints, most of what Redis did: scenario 9)."""
+    blocking, one at a time, if it found entries, or take it that there are none if it found
+    none. A thousand idle endpoints hold one connection a job they wait on, not one each,
+    and make one read a poll between them, not one each (a look of each after every poll
+    was, at a thousand endpoints, most of what Redis did: scenario 9)."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
@@ -95,9 +95,10 @@ class Watch:
         self, job: str, block_ms: int, read: Callable[[int | None], Awaitable[T | None]]
     ) -> T | None:
         """``read(block_ms)`` if no endpoint of this process is blocked on ``job``'s stream,
-        else, once that endpoint's read has ended, ``read(None)`` if it found entries (more
-        may wait) and None if it found none; ``read(None)`` too if it has not ended within
-        ``block_ms`` and :data:`LATE_S`."""
+        else, once that endpoint's read has ended, ``read(None)`` in turn with the others
+        waiting if it found entries (more may wait) until one finds none, and None if it
+        found none; ``read(None)`` too if it has not ended within ``block_ms`` and
+        :data:`LATE_S`."""
         reading = self._reading.get(job)
         if reading is None:
             reading = self._reading[job] = _Read()
@@ -117,15 +118,26 @@ class Watch:
             await asyncio.wait_for(reading.ended.wait(), block_ms / 1000 + LATE_S)
         except TimeoutError:
             return await read(None)
-        return await read(None) if reading.found else None
+        # One look at a time, each finding what the last left; the first to find none ends
+        # the looks (all fifty endpoints of a worker looking at once, when the read had
+        # found some, found nothing but for one or two: most of the reads at scenario 9).
+        async with reading.turn:
+            if not reading.found:
+                return None
+            got = await read(None)
+            if got is None:
+                reading.found = False
+                self._quiet_until[job] = self._clock() + block_ms / 1000
+            return got
 
 
 class _Read:
-    """A blocking read under way: whether it found entries (unknown: as if it did), once
-    ``ended``."""
+    """A blocking read under way: whether entries may be left to take (unknown: as if
+    there were), once ``ended``; the waiters' turns to look."""
 
-    __slots__ = ("ended", "found")
+    __slots__ = ("ended", "found", "turn")
 
     def __init__(self) -> None:
         self.ended = asyncio.Event()
         self.found = True
+        self.turn = asyncio.Lock()
