@@ -72,18 +72,20 @@ class _Running:
     arq_loop: asyncio.Task[Any] | None  # arq's main loop, which runs the hooks
 
 
-# A worker's Redis connections beyond one an endpoint (which its lookout's blocking read holds
-# while it has no work): what its slots' commits and heartbeats, its job sweep and its figures
-# share. Unbounded, a worker held 4.6 an endpoint at its peak (scenario 9: 4,594 clients for
-# 1,000 endpoints, near Redis's default maxclients of 10,000 at 2,000). 16: two instant
-# endpoints with 32 batches in flight each, Redis-bound, ran 0.92x as fast with 8 and 1.03x
-# with 16 as unbounded (150,000 prompts, three alternating rounds, this 2-core machine).
+# A worker's Redis connections: SHARED_CONNECTIONS, and one for every two of its endpoints,
+# for its slots' reads, commits and heartbeats, its job sweep, its figures, and the blocking
+# reads of new entries (one a job among its idle endpoints: worker/lookout.py's Watch). One an
+# endpoint once, when each idle endpoint held a blocking read of its own; unbounded, a worker
+# held 4.6 an endpoint at its peak (scenario 9: 4,594 clients for 1,000 endpoints, near
+# Redis's default maxclients of 10,000 at 2,000). 16: two instant endpoints with 32 batches in
+# flight each, Redis-bound, ran 0.92x as fast with 8 and 1.03x with 16 as unbounded (150,000
+# prompts, three alternating rounds, this 2-core machine).
 SHARED_CONNECTIONS = 16
 
 
 def worker_connections(settings: Settings) -> int:
     """The most connections to Redis one worker process holds (see SHARED_CONNECTIONS)."""
-    return len(settings.endpoints) + SHARED_CONNECTIONS
+    return len(settings.endpoints) // 2 + SHARED_CONNECTIONS
 
 
 async def startup(ctx: dict[str, Any]) -> None:
