@@ -15,7 +15,7 @@ from swarm_queue.common.keys import GROUP
 from swarm_queue.common.models import Result, Usage, encode
 from swarm_queue.common.store.base import StoreBase
 from swarm_queue.common.store.boundary import redis_errors
-from swarm_queue.common.store.entries import id_key
+from swarm_queue.common.store.entries import id_key, requeued
 from swarm_queue.common.vocab import Meta
 
 __all__ = ["RELEASED_IDLE_MS", "Commit", "Delivery"]
@@ -205,7 +205,7 @@ class Delivery(StoreBase):
         async with redis_errors(self.url, job):
             sizes = await self.redis.hmget(self.keys.chunks(job), list(entry_ids))
         return [
-            int(n) if n else chunk if eid.startswith(b"0-") else 1
+            int(n) if n else 1 if requeued(eid) else chunk
             for eid, n in zip(entry_ids, sizes, strict=True)
         ]
 

@@ -18,11 +18,8 @@ if type(got) == 'table' and got.err then return got end
 local marks = not generation_error(KEYS[3], ARGV[4]) and {} or nil
 local out = {marks and 1 or 0}
 for _, e in ipairs(got and got[1][2] or {}) do
-  local d, a = false, false
-  local fields = e[2] or {}
-  for f = 1, #fields, 2 do
-    if fields[f] == 'd' then d = fields[f + 1] elseif fields[f] == 'a' then a = fields[f + 1] end
-  end
+  local fields = entry_fields(e)
+  local d, a = fields['d'] or false, fields['a'] or false
   out[#out + 1] = e[1]
   out[#out + 1] = d
   out[#out + 1] = a

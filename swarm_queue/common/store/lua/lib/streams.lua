@@ -43,19 +43,21 @@ local function trim_acked(stream, group)
   redis.call('XTRIM', stream, 'MINID', floor)
 end
 
+-- A stream entry's fields as a table (name -> value), from its reply {ID, {name, value...}}.
+local function entry_fields(e)
+  local fields, out = e[2] or {}, {}
+  for f = 1, #fields, 2 do out[fields[f]] = fields[f + 1] end
+  return out
+end
+
 -- An XCLAIM reply as entry ID, payload, entry ID, payload... ('' where the entry is gone: a
 -- Redis before 7 answers nil for it).
 local function claimed_flat(reply)
   local out = {}
   for _, e in ipairs(reply) do
     if e then
-      local payload = ''
-      local fields = e[2] or {}
-      for f = 1, #fields, 2 do
-        if fields[f] == 'd' then payload = fields[f + 1] end
-      end
       out[#out + 1] = e[1]
-      out[#out + 1] = payload
+      out[#out + 1] = entry_fields(e)['d'] or ''
     end
   end
   return out
