@@ -24,7 +24,7 @@ import math
 import time
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, ClassVar, NamedTuple, TypeVar
 
 import msgspec
@@ -42,7 +42,7 @@ from swarm_queue.common.settings import Settings
 from swarm_queue.common.store import FlowStore, producer_token
 from swarm_queue.common.store.steps import Landed
 
-__all__ = ["BATCH", "LOCK_TTL_MS", "Flow", "Gauge"]
+__all__ = ["BATCH", "LOCK_TTL_MS", "Flow", "Gauge", "Names"]
 
 log = logging.getLogger("swarm.pump")
 
@@ -52,6 +52,10 @@ S = TypeVar("S")
 LOCK_TTL_MS = 10_000
 # Answers taken per script call.
 BATCH = 500
+
+# The job registry's names from a read sent at most that many seconds ago (a worker's flows
+# and job table share one: worker.jobtable.Registry).
+Names = Callable[[float], Awaitable[list[str]]]
 
 
 class Gauge(NamedTuple):
@@ -80,8 +84,11 @@ class Flow(ABC):
         token: str = "",
         allowed: set[str] | None = None,
         endpoints: Sequence[object] = (),
+        names: Names | None = None,
     ) -> None:
         self.store, self.settings = store, settings
+        self._names = names
+        self._max_age_s = 0.0  # how old the registry's names :meth:`find` reads may be
         # The functions this worker may import by name (the operator's SWARM_REDUCE_FUNCTIONS;
         # a Swarm adds its own session's): a flow that runs one asks here. One set for every
         # flow of a worker (``allowed``), so that one allowed later counts for all.
@@ -132,8 +139,17 @@ class Flow(ABC):
         """Find the work again, at most every ``jobs_refresh_s`` unless ``force``."""
         if not force and time.monotonic() - self._refreshed_at < self.settings.jobs_refresh_s:
             return
+        # Unforced, a read of the registry half a refresh old will do (another flow's, or the
+        # job table's); forced (a burst deciding whether to stay), only one sent now.
+        self._max_age_s = 0.0 if force else self.settings.jobs_refresh_s / 2
         self.work = await self.find()
         self._refreshed_at = time.monotonic()
+
+    async def job_names(self) -> list[str]:
+        """Every job in the registry, for :meth:`find` (see :meth:`refresh`)."""
+        if self._names is None:
+            return await self.store.list_jobs()
+        return await self._names(self._max_age_s)
 
     async def has_work(self) -> bool:
         """True while some unit of work this worker can move is left: answers may still

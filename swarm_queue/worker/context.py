@@ -12,8 +12,8 @@ from swarm_queue.common.models import JobSpec
 from swarm_queue.common.settings import Settings
 from swarm_queue.common.store import WorkerStore
 from swarm_queue.worker.caps import Caps
-from swarm_queue.worker.lookout import Watch
 from swarm_queue.worker.metrics import Metrics
+from swarm_queue.worker.sources import Looks
 
 __all__ = ["DrainContext"]
 
@@ -34,8 +34,8 @@ class DrainContext(Protocol):
         ...
 
     @property
-    def watch(self) -> Watch:
-        """The blocking reads of new entries among the process's idle endpoints."""
+    def looks(self) -> Looks:
+        """The looks one endpoint of the process makes for all (see worker/sources.py)."""
         ...
 
     @property

@@ -81,7 +81,9 @@ class EndpointDrainer:
                 client, self.settings, self.circuit, self._backoff, engine.metrics, self._check
             )
         )
-        self.intake = Intake(self.store, self.consumer, self.settings, client.label, engine.sleep)
+        self.intake = Intake(
+            self.store, self.consumer, self.settings, client.label, engine.sleep, engine.looks
+        )
         # Sequences waiting in the engine at the last look at its gauges, while it had ours.
         self._waiting = 0
         # Until then, after handing on turns that had begun here, it takes no other lane's
@@ -93,7 +95,6 @@ class EndpointDrainer:
         self.intake.pace = lambda: self.path.pace
         self.intake.lanes = engine.lanes
         self.intake.caps = engine.caps
-        self.intake.watch = engine.watch
         self.cache = AnswerCache(self.store, self.settings, client.label)
         self._rr = 0
         self.window = Window(self.settings.inflight)

@@ -28,12 +28,12 @@ from swarm_queue.common.store import JobStore
 from swarm_queue.worker.backend import Backend, backend_for
 from swarm_queue.worker.caps import ProjectCaps
 from swarm_queue.worker.drainer import EndpointDrainer
-from swarm_queue.worker.jobtable import JobTable
-from swarm_queue.worker.lookout import Watch
+from swarm_queue.worker.jobtable import JobTable, Registry
 from swarm_queue.worker.metrics import NO_METRICS, Metrics
 from swarm_queue.worker.publisher import Publisher
 from swarm_queue.worker.pumps import Pumps
 from swarm_queue.worker.shares import fair_shares
+from swarm_queue.worker.sources import Looks
 
 __all__ = ["Engine"]
 
@@ -69,7 +69,9 @@ class Engine:
             ]
         if not clients:
             raise ConfigError("no endpoints: set SWARM_ENDPOINTS or SWARM_HOSTFILE")
-        self.pumps = Pumps(store, settings, clients)
+        # The job registry as last read: one read serves the job table and every flow.
+        self.registry = Registry(store)
+        self.pumps = Pumps(store, settings, clients, self.registry.names)
         self.drainers: list[EndpointDrainer] = []  # filled below, once the metrics are made
         # Its figures and, when SWARM_METRICS_PORT asks for them, its Prometheus metrics.
         self.publisher = Publisher(
@@ -83,11 +85,14 @@ class Engine:
         self.metrics: Metrics = self.publisher.prometheus or NO_METRICS
         # Projects' caps on their lines in flight, read with the job registry.
         self.caps = ProjectCaps(store, lambda: self.jobs)
-        # One blocking read a job among the idle endpoints (see worker/lookout.py).
-        self.watch = Watch()
+        # The looks one endpoint makes for all: the blocking read of new entries, the claims
+        # of orphaned ones, the copies (see worker/sources.py).
+        self.looks = Looks()
         self.drainers += [EndpointDrainer(self, c) for c in clients]
         self.numpy = has_numpy()
-        self.table = JobTable(store, settings, lacks=self._lacks, on_over=self._over)
+        self.table = JobTable(
+            store, settings, lacks=self._lacks, on_over=self._over, registry=self.registry
+        )
         self._refresh_lock = asyncio.Lock()
         # Per urgent job, the batches one endpoint may start by preemption (see worker/shares.py).
         self.shares: dict[str, int] = {}

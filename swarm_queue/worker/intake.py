@@ -19,8 +19,7 @@ from swarm_queue.common.settings import Settings
 from swarm_queue.common.store import WorkerStore
 from swarm_queue.worker.caps import NO_CAPS, Caps
 from swarm_queue.worker.inflight import Pace
-from swarm_queue.worker.lookout import Watch
-from swarm_queue.worker.sources import Copies, Delivery, Reclaimed, Source, Stolen, plan
+from swarm_queue.worker.sources import Copies, Delivery, Looks, Reclaimed, Source, Stolen, plan
 
 __all__ = ["Delivery", "Intake", "Queued", "Taken", "queued", "service_order"]
 
@@ -112,6 +111,7 @@ class Intake:
         settings: Settings,
         label: str,
         sleep: Callable[[float], Awaitable[bool]],
+        looks: Looks | None = None,
     ) -> None:
         self.store = store
         self.consumer = consumer
@@ -135,14 +135,15 @@ class Intake:
         self.lanes: Callable[[JobSpec], Awaitable[list[str]]] = _alone
         # How many lines each look may take of a job (its project's cap; see worker/caps.py).
         self.caps: Caps = NO_CAPS
-        # The blocking reads of new entries, one a job among the process's idle endpoints.
-        self.watch = Watch()
+        # The looks one endpoint of the process makes for all (``looks``: the process's).
+        self.looks = looks or Looks()
+        self.watch = self.looks.watch
         self._losses = 0  # the store's connection losses when last looked at
         self._recovery_lock = asyncio.Lock()
         self._recovered: deque[tuple[JobSpec, list[Delivery]]] = deque()
-        self.reclaimed = Reclaimed(store, consumer, settings, label)
+        self.reclaimed = Reclaimed(store, consumer, settings, label, self.looks.reclaim)
         self.stolen = Stolen(store, consumer, settings, label, self.lane)
-        self.copies = Copies(store, consumer, settings)
+        self.copies = Copies(store, consumer, settings, self.looks.copies)
 
     def hand(self, job: str) -> set[bytes]:
         """The entries of ``job`` this endpoint's slots hold: being run, or just taken."""

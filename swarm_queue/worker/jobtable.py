@@ -5,6 +5,7 @@ Swept at most every ``jobs_refresh_s``; what a sweep found is what every drain l
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import time
@@ -20,13 +21,35 @@ from swarm_queue.common.models import JobSpec
 from swarm_queue.common.settings import Settings
 from swarm_queue.common.store import WorkerStore
 
-__all__ = ["UNREADABLE_RETRY_S", "JobTable"]
+__all__ = ["UNREADABLE_RETRY_S", "JobTable", "Registry"]
 
 log = logging.getLogger("swarm.worker")
 
 # A job skipped for a key of another tool's value is read again after this long (not at the
 # next sweep: taken up, its leftovers taken back and refused again, many times a second).
 UNREADABLE_RETRY_S = 10.0
+
+
+class Registry:
+    """The job registry's names as this worker last read them: one read serves its job table
+    and every flow (each reading on its own, a worker read the registry five times a refresh,
+    and a fleet's workers that many times as often as there are processes)."""
+
+    def __init__(self, store: WorkerStore, clock: Callable[[], float] = time.monotonic) -> None:
+        self.store, self.clock = store, clock
+        self._names: list[str] = []
+        self._read_at = -math.inf  # when the read that gave them was sent
+        self._lock = asyncio.Lock()
+
+    async def names(self, max_age_s: float = 0.0) -> list[str]:
+        """The names, from a read sent at most ``max_age_s`` before this call (0: sent now)."""
+        asked = self.clock()
+        async with self._lock:  # (a read under way serves the callers waiting on it)
+            if self._read_at < asked - max_age_s:
+                sent = self.clock()
+                self._names = await self.store.list_jobs()
+                self._read_at = sent
+            return list(self._names)
 
 
 class JobTable:
@@ -39,8 +62,10 @@ class JobTable:
         *,
         lacks: Callable[[JobSpec], str | None],
         on_over: Callable[[str], None],
+        registry: Registry | None = None,
     ) -> None:
         self.store, self.settings = store, settings
+        self.registry = registry or Registry(store)
         # Why this worker cannot serve a job's batches (None: it can): left to one that can.
         self._lacks = lacks
         # Called with a job's name when it is no longer served (its requests are cut short).
@@ -59,7 +84,7 @@ class JobTable:
         None when the registry cannot be read (the jobs known are served on). One sweep at a
         time: the caller holds what else must happen with it (see Engine.refresh_jobs)."""
         try:
-            names = await self.store.list_jobs()
+            names = await self.registry.names()
         except BadRecordError as exc:  # the registry itself: keep serving the jobs known
             self.store.warn_once("the job registry", str(exc))
             self._swept_at = time.monotonic()

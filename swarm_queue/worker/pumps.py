@@ -1,6 +1,7 @@
 """The flows (:mod:`flows.registry`) as a worker runs them beside its drain loops: one loop
 for all, going round again at once after a round that moved work, and what the metrics show
-of them. The worker names no flow: it runs what the registry lists."""
+of them. The worker names no flow: it runs what the registry lists. The flows find their work
+in the job registry as the worker last read it (``names``: one read for all)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from swarm_queue.common.errors import SwarmError
 from swarm_queue.common.settings import Settings
 from swarm_queue.common.store import FlowStore
 from swarm_queue.flows import registry
-from swarm_queue.flows.flow import Flow, Gauge
+from swarm_queue.flows.flow import Flow, Gauge, Names
 
 __all__ = ["PUMP_IDLE_S", "Pumps"]
 
@@ -25,12 +26,16 @@ class Pumps:
     """One worker's flows."""
 
     def __init__(
-        self, store: FlowStore, settings: Settings, endpoints: Sequence[object] = ()
+        self,
+        store: FlowStore,
+        settings: Settings,
+        endpoints: Sequence[object] = (),
+        names: Names | None = None,
     ) -> None:
         # The functions the flows may import by name: one set for all of them.
         self.allowed = set(settings.reduce_functions)
         self.flows: list[Flow] = [
-            flow(store, settings, allowed=self.allowed, endpoints=endpoints)
+            flow(store, settings, allowed=self.allowed, endpoints=endpoints, names=names)
             for flow in registry.FLOWS  # read here, so a flow registered later runs too
         ]
         # What the flows show the metrics, as last read.

@@ -15,8 +15,9 @@ from typing import NamedTuple
 from swarm_queue.common.models import JobSpec
 from swarm_queue.common.settings import Settings
 from swarm_queue.common.store import Hungry, WorkerStore
+from swarm_queue.worker.lookout import Watch
 
-__all__ = ["Cadence", "Copies", "Reclaimed", "Source", "Stolen", "plan"]
+__all__ = ["Cadence", "Copies", "Looks", "Reclaimed", "Source", "Stolen", "plan"]
 
 log = logging.getLogger("swarm.worker")
 
@@ -102,14 +103,35 @@ class Cadence:
         self._at.pop(job, None)
 
 
+class Looks:
+    """The looks one endpoint of a worker process makes for all of them: the blocking read
+    of a job's new entries (:class:`Watch`), and when the process looks next for a job's
+    orphaned or released entries and for its speculative copies. Each endpoint looking on its
+    own cadence, a thousand idle endpoints cost Redis more than the job they wait for (issue
+    50: a claim and a copy look every two seconds each, 0.3 commands a prompt)."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.watch = Watch()
+        self.reclaim = Cadence(clock)
+        self.copies = Cadence(clock)
+
+
 class Reclaimed:
     """Entries orphaned by workers that died or released by failing ones. Released entries
     are reclaimable at once, so they are looked for often (a quarter of the claim idle time,
-    at most 2 s); a full batch means more may wait."""
+    at most 2 s), by one endpoint of the process at a time (``cadence``: the process's); a
+    full batch means more may wait, and the next endpoint to look claims on."""
 
-    def __init__(self, store: WorkerStore, consumer: str, settings: Settings, label: str) -> None:
+    def __init__(
+        self,
+        store: WorkerStore,
+        consumer: str,
+        settings: Settings,
+        label: str,
+        cadence: Cadence | None = None,
+    ) -> None:
         self.store, self.consumer, self.settings, self.label = store, consumer, settings, label
-        self.cadence = Cadence()
+        self.cadence = cadence or Cadence()
         self._every_s = min(settings.claim_idle_ms / 4000, 2.0)
         self._lock = asyncio.Lock()  # one slot at a time, so no two take the same entry
 
@@ -120,11 +142,13 @@ class Reclaimed:
         job = spec.job
         if not self.cadence.due(job):
             return []
+        self.cadence.rest(job, False, self._every_s)  # (the process's other endpoints wait)
         async with self._lock:
             claimed = await self.store.autoclaim(
                 job, self.consumer, self.settings.claim_idle_ms, batch
             )
-            self.cadence.rest(job, len(claimed) == batch, self._every_s)
+            if len(claimed) == batch:
+                self.cadence.now(job)
             copied = [eid for eid, _, _ in claimed if eid in held]
             claimed = [d for d in claimed if d[0] not in held]
             held.update(eid for eid, _, _ in claimed)
@@ -142,12 +166,19 @@ class Reclaimed:
 class Copies:
     """Speculative copies of a job's entries other consumers hold (MapReduce's backup tasks:
     the first commit wins), looked for once a poll while some are found, and
-    :data:`NO_COPIES_REST_S` after none were (every idle slot steps once a poll, and a
-    thousand idle endpoints asking each poll cost Redis more than the job itself)."""
+    :data:`NO_COPIES_REST_S` after none were, by one endpoint of the process at a time
+    (``cadence``: the process's; every idle slot steps once a poll, and a thousand idle
+    endpoints asking each poll cost Redis more than the job itself)."""
 
-    def __init__(self, store: WorkerStore, consumer: str, settings: Settings) -> None:
+    def __init__(
+        self,
+        store: WorkerStore,
+        consumer: str,
+        settings: Settings,
+        cadence: Cadence | None = None,
+    ) -> None:
         self.store, self.consumer, self.settings = store, consumer, settings
-        self.cadence = Cadence()
+        self.cadence = cadence or Cadence()
         # How long this endpoint's own batches of each job take (s, a moving average): a
         # batch in another's hands for less than that is not late, and a copy of it would
         # most likely finish second, its decoding thrown away.
@@ -170,11 +201,12 @@ class Copies:
         # which resets an entry's idle time, so a stuck batch's entries always qualify).
         late_s = self._batch_s.get(job, 0.0) * (AFFINE_LATE if affine else 1)
         late_ms = min(1000 * late_s, self.settings.claim_idle_ms / 4)
+        self.cadence.rest(job, False, NO_COPIES_REST_S)  # (the process's other endpoints wait)
         copies = await self.store.copies(
             job, self.consumer, batch, gen=spec.generation, min_idle_ms=int(late_ms)
         )
-        rest = self.settings.poll_ms / 1000 if copies else NO_COPIES_REST_S
-        self.cadence.rest(job, len(copies) == batch, rest)
+        if copies:
+            self.cadence.rest(job, len(copies) == batch, self.settings.poll_ms / 1000)
         return [(eid, payload, 0) for eid, payload in copies]
 
 

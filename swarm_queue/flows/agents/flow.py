@@ -70,7 +70,7 @@ class AgentFlow(Flow):
         self._tool_stats: dict[str, int] = {}
 
     async def find(self) -> dict[str, JobSpec]:
-        specs = await self.current_specs(await self.store.list_jobs())
+        specs = await self.current_specs(await self.job_names())
         return {
             name: spec
             for name, spec in specs.items()

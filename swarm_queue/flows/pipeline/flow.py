@@ -41,7 +41,7 @@ class PipelineFlow(Flow):
         self._keeps: dict[tuple[str, str], Keep] = {}
 
     async def find(self) -> dict[str, JobSpec]:
-        steps = [n for n in await self.store.list_jobs() if step_of(n) is not None]
+        steps = [n for n in await self.job_names() if step_of(n) is not None]
         befores: dict[str, str] = {}
         for name in await self.store.unfinished(steps):
             if Meta.TOTAL in await self.store.meta(name):

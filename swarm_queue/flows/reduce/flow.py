@@ -18,7 +18,7 @@ from swarm_queue.common.abilities import has_numpy
 from swarm_queue.common.models import JobSpec
 from swarm_queue.common.settings import Settings
 from swarm_queue.common.store import FlowStore
-from swarm_queue.flows.flow import Flow
+from swarm_queue.flows.flow import Flow, Names
 from swarm_queue.flows.reduce.reducer import Reducer, Sizer, StageBusy
 
 __all__ = ["ReduceFlow"]
@@ -40,15 +40,18 @@ class ReduceFlow(Flow):
         token: str = "",
         allowed: set[str] | None = None,
         endpoints: Sequence[Sizer] = (),
+        names: Names | None = None,
     ) -> None:
-        super().__init__(store, settings, token=token, allowed=allowed, endpoints=endpoints)
+        super().__init__(
+            store, settings, token=token, allowed=allowed, endpoints=endpoints, names=names
+        )
         self.reducer = Reducer(store, endpoints, self.allowed, numpy=has_numpy())
         # The finished stage each job of the work was found at.
         self._levels: dict[str, int] = {}
         self._steps: dict[str, asyncio.Task[str]] = {}
 
     async def find(self) -> dict[str, JobSpec]:
-        pending = await self.store.reduces_pending(await self.store.list_jobs())
+        pending = await self.store.reduces_pending(await self.job_names())
         levels = {job: level for job, level, finished in pending if finished}
         work = await self.current_specs(list(levels))
         self._levels = {job: levels[job] for job in work}
