@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from typing import Any
+
+import pytest
 
 from swarm_queue.common.settings import Settings
 from swarm_queue.common.store import JobStore
@@ -12,7 +15,9 @@ from swarm_queue.sim.server import SimFleet
 from swarm_queue.sim.text import completion_for
 from swarm_queue.worker.endpoint import EndpointClient
 from swarm_queue.worker.engine import Engine
+from swarm_queue.worker.intake import Intake
 from swarm_queue.worker.lookout import Lookout, Watch
+from swarm_queue.worker.sources import Looks
 from tests.helpers import collect_lines, prompts, spec, until
 
 
@@ -122,3 +127,58 @@ async def test_endpoints_waiting_on_a_read_that_found_work_look_in_turn_until_on
     assert watch.quiet("j")  # nothing left: no look for the read's wait
     now[0] += 0.3
     assert not watch.quiet("j")
+
+
+async def test_a_look_that_finds_no_new_entries_leaves_the_next_to_the_blocking_read(
+    store: JobStore, make_settings: Callable[..., Settings], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A queue run dry as it fills (the producer slower than the fleet): every free slot of a
+    process looking for itself made ten empty looks a batch at scenario 9. One look finding
+    none makes the job quiet for the poll: the process's other endpoints wait on the blocking
+    read instead, which returns what comes at once."""
+    job = await store.create_job(spec("j"))
+    looked: list[str] = []
+    take_new = store.take_new
+
+    async def counting(job: str, consumer: str, count: int, *, gen: str) -> Any:
+        looked.append(consumer)
+        return await take_new(job, consumer, count, gen=gen)
+
+    monkeypatch.setattr(store, "take_new", counting)
+    settings = make_settings(poll_ms=60_000, speculate=False)
+    looks = Looks()
+    a, b = (Intake(store, c, settings, c, _no_sleep, looks) for c in ("w|a", "w|b"))
+    assert await a.next([job], None) is None and await b.next([job], None) is None
+    assert looked == ["w|a"] and looks.watch.quiet("j")
+    await enqueue_prompts(store, spec("j"), prompts(4))
+    got = await asyncio.wait_for(b.next([job], 60_000), timeout=10)  # the blocking read
+    assert got is not None and len(got.deliveries) == 4
+
+
+async def _no_sleep(seconds: float) -> bool:
+    return False
+
+
+async def test_walks_of_a_process_look_for_new_entries_one_at_a_time_until_one_finds_none(
+    store: JobStore, make_settings: Callable[..., Settings], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Six endpoints free at once, three batches queued: three looks take them, the fourth
+    finds none, and the last two ask Redis nothing (all six looked at once before, five of
+    them finding nothing or a part)."""
+    job = await store.create_job(spec("j"))
+    await enqueue_prompts(store, spec("j"), prompts(12))
+    looked: list[int] = []
+    take_new = store.take_new
+
+    async def counting(job: str, consumer: str, count: int, *, gen: str) -> Any:
+        got = await take_new(job, consumer, count, gen=gen)
+        looked.append(len(got[0]))
+        return got
+
+    monkeypatch.setattr(store, "take_new", counting)
+    settings = make_settings(batch_size=4, poll_ms=60_000, speculate=False)
+    looks = Looks()
+    walks = [Intake(store, f"w|{i}", settings, f"w|{i}", _no_sleep, looks) for i in range(6)]
+    got = await asyncio.gather(*(w.next([job], None) for w in walks))
+    assert sorted(len(t.deliveries) if t else 0 for t in got) == [0, 0, 0, 4, 4, 4]
+    assert looked == [4, 4, 4, 0]

@@ -215,9 +215,14 @@ class Intake:
         job = spec.job
         marked: set[bytes] = set()
         if block_ms is None:  # (marked running as it is read: see lua/take.lua)
-            entries, marked = await self.store.take_new(
-                job, self.consumer, batch, gen=spec.generation
-            )
+            async with self.watch.turn(job):  # (one look at a time; none after one finds none)
+                if self.watch.quiet(job):
+                    return None
+                entries, marked = await self.store.take_new(
+                    job, self.consumer, batch, gen=spec.generation
+                )
+                if not entries:
+                    self.watch.found_none(job, self.settings.poll_ms)
         else:
             entries = await self.store.read_keyed(job, self.consumer, batch, block_ms=block_ms)
         gone: set[bytes] = set()

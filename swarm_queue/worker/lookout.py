@@ -84,12 +84,26 @@ class Watch:
         self._clock = clock
         self._reading: dict[str, _Read] = {}  # job -> its blocking read under way
         self._quiet_until: dict[str, float] = {}  # job -> when its last empty read is stale
+        self._turns: dict[str, asyncio.Lock] = {}  # job -> its looks without blocking
 
     def quiet(self, job: str) -> bool:
         """Whether a look for ``job``'s new entries would find none: a blocking read of them
         is under way in this process (new entries end it first), or one found none within
         its own wait (entries come meanwhile: the next blocking read returns them at once)."""
         return job in self._reading or self._quiet_until.get(job, 0.0) > self._clock()
+
+    def turn(self, job: str) -> asyncio.Lock:
+        """Held by a look without blocking for ``job``'s new entries: the process's endpoints
+        look one at a time, each finding what the last left (fifty walks looking at once
+        after a read found entries found none but one: scenario 9's most frequent command)."""
+        return self._turns.setdefault(job, asyncio.Lock())
+
+    def found_none(self, job: str, block_ms: int) -> None:
+        """A look of this process for ``job``'s new entries found none: the next looks are
+        the blocking read's for ``block_ms`` (every slot that finds nothing waits on it), not
+        each free slot's own (at scenario 9, ten empty looks a batch while a job's queue ran
+        dry as it filled)."""
+        self._quiet_until[job] = self._clock() + block_ms / 1000
 
     async def wait(
         self, job: str, block_ms: int, read: Callable[[int | None], Awaitable[T | None]]
