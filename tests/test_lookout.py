@@ -182,3 +182,23 @@ async def test_walks_of_a_process_look_for_new_entries_one_at_a_time_until_one_f
     got = await asyncio.gather(*(w.next([job], None) for w in walks))
     assert sorted(len(t.deliveries) if t else 0 for t in got) == [0, 0, 0, 4, 4, 4]
     assert looked == [4, 4, 4, 0]
+
+
+async def test_a_job_no_blocking_read_waits_on_is_looked_at_again_on_the_next_walk(
+    store: JobStore, make_settings: Callable[..., Settings]
+) -> None:
+    """Only the job the process's blocking read waits on (the first of the walk) is left quiet
+    after a look that finds none: another job's entries (a pipeline's next step, fed as the
+    step before answers) are taken on the next walk, not a poll later."""
+    first = await store.create_job(spec("first"))
+    second = await store.create_job(spec("second"))
+    await enqueue_prompts(store, spec("first"), prompts(4))
+    settings = make_settings(batch_size=4, poll_ms=60_000, speculate=False)
+    intake = Intake(store, "w|a", settings, "w|a", _no_sleep)
+    got = await intake.next([first, second], None)
+    assert got is not None and got.job == "first"
+    assert await intake.next([first, second], None) is None  # both looked at, none found
+    assert intake.watch.quiet("first") and not intake.watch.quiet("second")
+    await enqueue_prompts(store, spec("second"), prompts(4))
+    got = await intake.next([first, second], None)
+    assert got is not None and got.job == "second" and len(got.deliveries) == 4

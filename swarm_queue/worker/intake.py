@@ -209,20 +209,27 @@ class Intake:
         finally:
             await self.caps.settle(spec, granted)
 
-    async def _new(self, spec: JobSpec, batch: int, block_ms: int | None = None) -> Taken | None:
+    async def _new(
+        self, spec: JobSpec, batch: int, block_ms: int | None = None, watched: bool = False
+    ) -> Taken | None:
         """Up to ``batch`` new entries of ``spec``'s job (waiting ``block_ms`` for some), but
-        those whose affinity key is another endpoint's, handed to its lane."""
+        those whose affinity key is another endpoint's, handed to its lane; ``watched``: the
+        job a blocking read waits on when the walk finds nothing."""
         job = spec.job
         marked: set[bytes] = set()
         if block_ms is None:  # (marked running as it is read: see lua/take.lua)
+            asked = self.watch.clock()
             async with self.watch.turn(job):  # (one look at a time; none after one finds none)
-                if self.watch.quiet(job):
+                if self.watch.quiet(job) or self.watch.none_since(job, asked):
                     return None
+                sent = self.watch.clock()
                 entries, marked = await self.store.take_new(
                     job, self.consumer, batch, gen=spec.generation
                 )
                 if not entries:
-                    self.watch.found_none(job, self.settings.poll_ms)
+                    # (only the job the blocking read waits on stays quiet: its read returns
+                    # what comes; another job's next walk looks again)
+                    self.watch.found_none(job, sent, self.settings.poll_ms if watched else None)
         else:
             entries = await self.store.read_keyed(job, self.consumer, batch, block_ms=block_ms)
         gone: set[bytes] = set()
@@ -264,7 +271,8 @@ class Intake:
                     if held is not None:
                         await self.caps.settle(*held)
                     held = (spec, await self.caps.grant(spec, self.settings.batch_size))
-                if held[1] and (taken := await self._take(spec, source, held[1])) is not None:
+                watched = spec is jobs[0]
+                if held[1] and (taken := await self._take(spec, source, held[1], watched=watched)):
                     return taken
             return None
         finally:
@@ -272,7 +280,13 @@ class Intake:
                 await self.caps.settle(*held)
 
     async def _take(
-        self, spec: JobSpec, source: Source, batch: int, block_ms: int | None = None
+        self,
+        spec: JobSpec,
+        source: Source,
+        batch: int,
+        block_ms: int | None = None,
+        *,
+        watched: bool = False,
     ) -> Taken | None:
         """One look at ``source`` for up to ``batch`` of ``spec``'s prompts (as many as its
         project's cap leaves: a batch when uncapped), so as many entries as hold them (a
@@ -286,7 +300,7 @@ class Intake:
             mine = await self.store.take_lane(job, self.lane, self.consumer, batch)
             return self._held(spec, mine)
         if source is Source.NEW:
-            return await self._new(spec, batch, block_ms)
+            return await self._new(spec, batch, block_ms, watched)
         if source is Source.STOLEN:
             taken = self._held(spec, await self.stolen.take(job, batch))
             if taken is None and self.settings.hand_on:

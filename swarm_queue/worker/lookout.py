@@ -15,6 +15,7 @@ wait), the others wait for what it finds.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
@@ -85,6 +86,7 @@ class Watch:
         self._reading: dict[str, _Read] = {}  # job -> its blocking read under way
         self._quiet_until: dict[str, float] = {}  # job -> when its last empty read is stale
         self._turns: dict[str, asyncio.Lock] = {}  # job -> its looks without blocking
+        self._empty_at: dict[str, float] = {}  # job -> when its last empty look was sent
 
     def quiet(self, job: str) -> bool:
         """Whether a look for ``job``'s new entries would find none: a blocking read of them
@@ -92,18 +94,28 @@ class Watch:
         its own wait (entries come meanwhile: the next blocking read returns them at once)."""
         return job in self._reading or self._quiet_until.get(job, 0.0) > self._clock()
 
+    def clock(self) -> float:
+        return self._clock()
+
     def turn(self, job: str) -> asyncio.Lock:
         """Held by a look without blocking for ``job``'s new entries: the process's endpoints
         look one at a time, each finding what the last left (fifty walks looking at once
         after a read found entries found none but one: scenario 9's most frequent command)."""
         return self._turns.setdefault(job, asyncio.Lock())
 
-    def found_none(self, job: str, block_ms: int) -> None:
-        """A look of this process for ``job``'s new entries found none: the next looks are
-        the blocking read's for ``block_ms`` (every slot that finds nothing waits on it), not
-        each free slot's own (at scenario 9, ten empty looks a batch while a job's queue ran
-        dry as it filled)."""
-        self._quiet_until[job] = self._clock() + block_ms / 1000
+    def none_since(self, job: str, asked: float) -> bool:
+        """Whether a look for ``job``'s new entries sent at or after ``asked`` found none (a
+        look asked for then would find none either)."""
+        return self._empty_at.get(job, -math.inf) >= asked
+
+    def found_none(self, job: str, sent: float, block_ms: int | None = None) -> None:
+        """A look for ``job``'s new entries sent at ``sent`` found none. With ``block_ms`` (the
+        job the process's blocking read waits on), the next looks are that read's for as long
+        (every slot that finds nothing waits on it), not each free slot's own: at scenario 9,
+        ten empty looks a batch while a job's queue ran dry as it filled."""
+        self._empty_at[job] = max(sent, self._empty_at.get(job, -math.inf))
+        if block_ms is not None:
+            self._quiet_until[job] = self._clock() + block_ms / 1000
 
     async def wait(
         self, job: str, block_ms: int, read: Callable[[int | None], Awaitable[T | None]]
