@@ -244,7 +244,7 @@ async def test_an_unreadable_chunk_fails_every_prompt_it_holds_and_the_job_ends(
     spec = await store.create_job(_spec(chunk=8))
     good = encode_chunk([encode(PromptItem.of(i, f"Weigh finding {i}.", None)) for i in range(8)])
     keys = [store.keys.meta("c"), store.keys.stream("c"), store.keys.chunks("c")]
-    args = [0, "", spec.generation, "0", "1", good, 8, CHUNK_MARK + b"\x00\xff", 8]
+    args = [0, "", spec.generation, "0", "1", "", good, 8, CHUNK_MARK + b"\x00\xff", 8]
     assert (await store.scripts.add(keys=keys, args=args))[1] == 16
     await store.seal("c", 16, gen=spec.generation)
     async with sim_fleet(1) as fleet:

@@ -14,6 +14,7 @@ import redis
 from swarm_queue.common.errors import StoreUnavailable
 from swarm_queue.common.keys import Keys
 from swarm_queue.common.settings import Settings
+from swarm_queue.common.shards import Shards
 from swarm_queue.common.store import JobStore
 from tests.harness import (
     BIN,
@@ -110,6 +111,46 @@ def test_jobs_over_three_shards_with_workers_collectors_and_a_tree_reduce(
         polled = stats.get("cmdstat_zrangebyscore", {}).get("calls", 0)
         queued = stats.get("cmdstat_psetex", {}).get("calls", 0)
         assert (polled > 0, queued > 0) == ((True, True) if i == arq_node else (False, False))
+
+
+def _command_usec(port: int) -> int:
+    """Microseconds a node spent in commands since its last CONFIG RESETSTAT, but the
+    cluster's own (its bus, the clients' slot map) and INFO's."""
+    with redis.Redis(port=port) as client:
+        stats = client.info("commandstats")
+    return sum(
+        int(v["usec"])
+        for k, v in stats.items()
+        if not k.startswith(("cmdstat_cluster", "cmdstat_info", "cmdstat_config"))
+    )
+
+
+def test_one_job_sharded_over_the_three_primaries_shares_their_work_and_is_exact(
+    cluster: RedisClusterProcs, fleet_factory: FleetFactory, prefix: str
+) -> None:
+    """``--shards 3``: one job's prompts, results and counters on the three primaries, a
+    third of its Redis time on each; every line exact and in order."""
+    keys = Keys(prefix)
+    n, poison, job = 3000, {7, 1500, 2999}, "wide"
+    names = Shards.of(job, 3, 4).names
+    assert sorted(cluster.node_of(keys.stream(name)) for name in names) == [0, 1, 2]
+    for node in cluster.nodes:
+        with redis.Redis(port=node.port) as client:
+            client.config_resetstat()
+    fleet = fleet_factory(2, url=cluster.url)
+    fleet.env["SWARM_REDIS_CLUSTER"] = "1"
+    assert fleet.enqueue(job, n, poison, "--shards", "3", "--chunk", "4").wait(60) == 0
+    collector = fleet.collect(job)
+    workers = [fleet.worker("a", [0]), fleet.worker("b", [1])]
+    for w, log in zip(workers, fleet.logs, strict=True):
+        assert w.wait(timeout=180) == 0, log.read_text()[-3000:]
+    _, err = collector.communicate(timeout=60)
+    assert collector.returncode == 1, err  # the over-long prompts failed
+    assert f"wrote {n} of {n} results ({n - 3} ok, 3 failed)" in err
+    check_output(fleet.tmp / f"{job}.jsonl", n, poison)
+    spent = [_command_usec(node.port) for node in cluster.nodes[:3]]
+    shares = [round(u / sum(spent), 3) for u in spent]
+    assert all(0.25 <= x <= 0.42 for x in shares), shares
 
 
 async def test_a_client_not_told_of_the_cluster_says_so(

@@ -198,8 +198,8 @@ async def test_steps_left_without_their_job_are_deleted_with_its_name_and_a_step
     step = cli(cli_env, "swarm-jobs", "--delete", "t5:s1")
     assert step.returncode == 2
     assert step.stderr == (
-        "swarm-jobs: error: t5:s1 is a step or stage of job t5: delete t5 (its steps and "
-        "stages go with it)\n"
+        "swarm-jobs: error: t5:s1 is a step or stage of job t5: delete t5 (its steps, stages "
+        "and shards go with it)\n"
     )
     gone = cli(cli_env, "swarm-jobs", "--delete", "t5")
     assert gone.returncode == 0, gone.stderr

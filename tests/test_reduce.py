@@ -298,12 +298,15 @@ async def test_a_stage_change_cut_off_halfway_is_finished_by_the_next_run(
                 gen: str,
                 affinity: Sequence[str] = (),
                 chunk: int = 1,
+                after: int | None = None,
             ) -> None:
                 nonlocal calls
                 calls += 1
                 if calls == 2:  # the first chunk of level 1 is in; the process dies
                     raise _Crash
-                await real_add(job, items, digest, gen=gen, affinity=affinity, chunk=chunk)
+                await real_add(
+                    job, items, digest, gen=gen, affinity=affinity, chunk=chunk, after=after
+                )
 
             store.add_items = add_then_die  # type: ignore[method-assign]
             with pytest.raises(_Crash):

@@ -219,7 +219,8 @@ class _Feeder:
                 f"job {job!r} was cancelled (swarm-cancel); 'swarm-retry {job} --kind cancelled' "
                 "resumes what it had queued"
             )
-        sealed_total = int(meta[Meta.TOTAL]) if Meta.TOTAL in meta else None
+        # (a job's over its shards, if it has several: its meta holds shard 0's)
+        sealed_total = (await self.store.status(job)).total if Meta.TOTAL in meta else None
         start, stored_digest = await self.store.resume_point(job)
         digest = _InputDigest()
         count, added = 0, 0

@@ -26,6 +26,7 @@ from swarm_queue.common.models import (
 )
 from swarm_queue.common.perprompt import PER_PROMPT_KINDS
 from swarm_queue.common.schema import AnswerValidator
+from swarm_queue.common.shards import check_shards
 
 __all__ = ["DEFAULT_CHUNK", "MAX_CHUNK", "JobOptions", "JobSettings", "build_spec", "options_from"]
 
@@ -74,6 +75,8 @@ class JobOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     # Prompts to a stream entry: read, claimed and acknowledged as one (see JobSpec.chunk);
     # None: DEFAULT_CHUNK for a plain job, 1 for a workflow's step.
     chunk: int | None = None
+    # Redis Cluster slots the job is spread over (see common/shards.py): a plain job's only.
+    shards: int = 1
     reduce: ReduceSpec | None = None
 
 
@@ -106,6 +109,7 @@ class JobSettings(TypedDict, total=False):
     cache_refresh: bool
     line_usage: bool
     chunk: int | None
+    shards: int
     reduce: ReduceSpec | None
 
 
@@ -210,6 +214,8 @@ def build_spec(
         raise ConfigError(f"chunk must be 1..{MAX_CHUNK} prompts an entry, got {chunk}")
     if step and chunk > 1:
         raise ConfigError("a workflow's steps take no --chunk: their answers move on one by one")
+    if step and check_shards(options.shards) > 1:
+        raise ConfigError("a workflow's steps are not spread over shards: leave --shards at 1")
     if options.template is not None and "{prompt}" not in options.template:
         raise ConfigError("the template has no {prompt} to fill in")
     if options.embed:
@@ -256,6 +262,7 @@ def build_spec(
         cache_refresh=options.cache_refresh,
         line_usage=options.line_usage,
         chunk=chunk,
+        shards=check_shards(options.shards),
     )
     if options.samples != 1 and spec.cache:
         raise ConfigError("the response cache keeps one answer a prompt: not with --samples")

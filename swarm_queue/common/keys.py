@@ -9,7 +9,9 @@ A job's reduce stages are jobs of their own to the workers, named ``job:r1``, ``
 (see :func:`step_name`), and the rounds of a blackboard, ``board:b1``... (see
 :func:`round_name`); their keys sit under the parent's hash tag, ``swarm:{job}:r1:q``, so
 the whole job, stages included, stays in one slot. Users cannot name a job with a ``:``.
-"""
+
+A plain job may be spread over K slots (``JobSpec.shards``): shard 0 is the job itself, each
+other a job to the workers, ``job#N`` under the tag ``{job#N}`` (see :func:`shard_name`)."""
 
 from __future__ import annotations
 
@@ -31,6 +33,8 @@ __all__ = [
     "lane_name",
     "parse_stage",
     "round_name",
+    "shard_name",
+    "shard_of",
     "stage_name",
     "step_name",
     "step_of",
@@ -67,6 +71,10 @@ BATCHES_TAG = "{~batches}"
 _TOOL_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _JOB_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _STAGE_RE = re.compile(r"[rsb][1-9][0-9]{0,3}")
+_SHARD_RE = re.compile(r"[1-9][0-9]{0,5}")
+# The most slots one job is spread over (JobSpec.shards), and the highest tag of a shard's name.
+MAX_SHARDS = 256
+MAX_SHARD_TAG = 999_999
 _PREFIX_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
@@ -136,15 +144,40 @@ def step_of(name: str) -> tuple[str, int] | None:
 
 def group_of(name: str) -> tuple[str, int]:
     """The group job ``name`` is served in, and its place there: a workflow's later step or
-    agent turn (``job:s2``) goes with its first job, after it; any other job is a group of
-    its own at place 0."""
+    agent turn (``job:s2``) goes with its first job, after it; a shard (``job#4``) with its
+    job, beside it; any other job is a group of its own at place 0."""
+    if "#" in name and ":" not in name:
+        return shard_of(name)[0], 0
     return step_of(name) or (name, 0)
+
+
+def shard_name(job: str, tag: int) -> str:
+    """``job``'s shard tagged ``tag`` (tag 0: the job; which ones: :mod:`common.shards`)."""
+    validate_job_name(job)
+    if not 0 <= tag <= MAX_SHARD_TAG:
+        raise ConfigError(f"a shard's tag is 0..{MAX_SHARD_TAG}, not {tag}")
+    return job if tag == 0 else f"{job}#{tag}"
+
+
+def shard_of(name: str) -> tuple[str, int]:
+    """``(job, tag)`` of a job or shard name (``study#7``: ``("study", 7)``); a name of no
+    shard is tag 0, the job itself. Raises :class:`JobNameError` if invalid."""
+    job, sep, tag = name.partition("#")
+    validate_job_name(job)
+    if not sep:
+        return job, 0
+    if not _SHARD_RE.fullmatch(tag):
+        raise JobNameError(f"invalid shard name {name!r}: expected JOB#N, N in 1..{MAX_SHARD_TAG}")
+    return job, int(tag)
 
 
 def parse_stage(name: str) -> tuple[str, int]:
     """``(job, level)`` of a job, reduce stage or pipeline step name (a step's reduce level is
-    0); raises :class:`JobNameError` if invalid."""
+    0), or of a job's shard (``job#2``: the job's, level 0); raises :class:`JobNameError` if
+    invalid."""
     job, sep, stage = name.partition(":")
+    if "#" in job and not sep:
+        return shard_of(job)[0], 0
     validate_job_name(job)
     if not sep:
         return job, 0
@@ -410,5 +443,7 @@ class Keys:
         return f"{self.arq_queue}:health-check"
 
     def job_pattern(self, job: str) -> str:
-        """A SCAN pattern matching every key of ``job``, its reduce stages' included."""
-        return f"{self.prefix}:{{{validate_job_name(job)}}}:*"
+        """A SCAN pattern matching every key of ``job`` (or of one shard of it), its reduce
+        stages' included."""
+        shard_of(job)  # validates
+        return f"{self.prefix}:{{{job}}}:*"

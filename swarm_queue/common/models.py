@@ -1,6 +1,5 @@
-"""The messages of a job on the wire, as msgspec Structs: its spec, its prompts, its results
-and output lines, its reduce output. (What workers publish about the fleet is in
-:mod:`common.fleet`, the response cache's answers in :mod:`common.cache`.)
+"""A job's messages on the wire as msgspec Structs: spec, prompts, results, output lines,
+reduce output (the fleet's figures: :mod:`common.fleet`, the cache's: :mod:`common.cache`).
 
 Redis holds msgpack (compact, fast); the collector writes JSON Lines. Encoders and decoders are
 built once here and reused. New fields must get defaults so that old records still decode.
@@ -235,6 +234,8 @@ class JobSpec(msgspec.Struct, frozen=True, omit_defaults=True):
     # Prompts to a stream entry (consecutive ones, of one affinity key): read, claimed and
     # acknowledged as one, a tenth of Redis's work a prompt at 16 (see common/store/entries.py).
     chunk: int = 1
+    # Redis Cluster slots its prompts are spread over (see common/shards.py).
+    shards: int = 1
     # Which life of the name this is: set when the job is created (a random token), so that
     # work taken from a job deleted and queued again under its name is never written into the
     # new one. Not a setting: a spec asked for has none.
@@ -246,6 +247,8 @@ class JobSpec(msgspec.Struct, frozen=True, omit_defaults=True):
     def __post_init__(self) -> None:  # (a workflow's answers move on one by one, as they come)
         if self.chunk > 1 and self.flow is not None:
             raise ConfigError("a workflow's steps take no chunk: leave it at 1 (--chunk 1)")
+        if self.shards != 1 and (self.flow is not None or self.reduce is not None):
+            raise ConfigError("only a plain job is spread over shards: leave --shards at 1")
 
     @property
     def chat(self) -> bool:

@@ -45,6 +45,11 @@ class Meta(StrEnum):
     REDUCE = "reduce"  # the reduce kind, when the job has one: where workers look for it
     STAGE = "stage"  # the reduce tree level running (0: the job's own prompts)
     ENQUEUED = "enqueued"  # prompts queued so far: the producer's resume point
+    # A shard's (common/shards.py): the input index after its last queued prompt (where the
+    # producer resumes is the highest of its shards'); its ``enqueued`` counts its own.
+    NEXT = "next"
+    # How many shards the job is spread over, written at its creation when more than one.
+    SHARDS = "shards"
     INPUT_DIGEST = "input_digest"  # digest of the input up to ``enqueued``
     TOTAL = "total"  # set once all input is queued (the job is sealed)
     DONE = "done"  # prompts answered

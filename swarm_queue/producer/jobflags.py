@@ -142,6 +142,14 @@ def add_job_settings(p: argparse.ArgumentParser) -> None:
         "one, so Redis does a fraction of its work a prompt (default 16; a workflow's steps: 1)",
     )
     j.add_argument(
+        "--shards",
+        type=int,
+        default=1,
+        metavar="K",
+        help="spread a plain job over K Redis Cluster slots, each its own stream, results and "
+        "counters, so that one job uses K primaries' cores (default 1; see docs/SCALE.md)",
+    )
+    j.add_argument(
         "--cache",
         action="store_true",
         help="answer prompts from the response cache shared by every job of this Redis, and "

@@ -40,11 +40,11 @@ async def _delete(store: JobStore, args: argparse.Namespace) -> None:
     stages; a running one only with ``--force``."""
     targets = list(args.delete or []) or (await job_list(store))[0]
     for name in targets:
-        if ":" in name:
-            base = parse_stage(name)[0]
+        if ":" in name or "#" in name:
+            base, part = parse_stage(name)[0], "shard" if "#" in name else "step or stage"
             raise ConfigError(
-                f"{name} is a step or stage of job {base}: delete {base} (its steps and "
-                "stages go with it)"
+                f"{name} is a {part} of job {base}: delete {base} (its steps, stages and "
+                "shards go with it)"
             )
         job = validate_job_name(name)
         try:

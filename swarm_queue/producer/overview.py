@@ -259,10 +259,10 @@ def _endpoint_rows(
 
 
 async def job_list(store: JobStore) -> tuple[list[str], list[str]]:
-    """The jobs' names, sorted (their reduce stages go with them), and the registry's members
-    that are not job names."""
+    """The jobs' names, sorted (their reduce stages, steps and shards go with them), and the
+    registry's members that are not job names."""
     names, bad = await store.job_names()
-    return [n for n in names if ":" not in n], bad
+    return [n for n in names if ":" not in n and "#" not in n], bad
 
 
 async def read_fleet(store: JobStore) -> tuple[list[EndpointInfo] | None, str | None]:

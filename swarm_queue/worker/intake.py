@@ -11,7 +11,7 @@ import logging
 import math
 from collections import deque
 from collections.abc import Awaitable, Callable
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 from swarm_queue.common.keys import group_of, lane_name
 from swarm_queue.common.models import JobSpec
@@ -64,13 +64,17 @@ class Queued(NamedTuple):
 
 def queued(spec: JobSpec) -> Queued:
     """How the service order weighs ``spec``'s job: one whose entries have an affinity (an
-    agent's later turn) goes in its group's unit, after the places before it."""
+    agent's later turn) goes in its group's unit, after the places before it, and so does
+    each shard of a job spread over several (one share of the fleet for them all)."""
     group, place = group_of(spec.job)
-    unit = group if spec.affinity else ""
+    unit = group if spec.affinity or spec.shards > 1 else ""
     return Queued(spec.job, spec.priority, unit, place, spec.project, spec.deadline_s)
 
 
-def _rotated(names: list[str], turn: int) -> list[str]:
+T = TypeVar("T")
+
+
+def _rotated(names: list[T], turn: int) -> list[T]:
     start = turn % len(names)
     return names[start:] + names[:start]
 
@@ -97,7 +101,8 @@ def service_order(jobs: list[tuple[str, int]] | list[Queued], turn: int) -> list
             units = projects[project]
             due = {name: min(q.deadline_s or math.inf for q in qs) for name, qs in units.items()}
             for name in sorted(_rotated(list(units), turn // len(projects)), key=due.__getitem__):
-                out += [q.job for q in sorted(units[name], key=lambda q: q.step)]
+                # (of a unit's jobs at one place, a sharded job's, each first in turn)
+                out += [q.job for q in sorted(_rotated(units[name], turn), key=lambda q: q.step)]
     return out
 
 

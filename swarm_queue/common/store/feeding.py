@@ -75,11 +75,13 @@ class Feeding(StoreBase):
         gen: str,
         affinity: Sequence[str] = (),
         chunk: int = 1,
+        after: int | None = None,
     ) -> None:
         """Append ``items`` (consecutive indices from the current end) in one atomic step,
         each with its ``affinity`` key if given (see :mod:`common.affinity`), up to ``chunk``
         consecutive ones of one key to an entry (see :mod:`common.store.entries`);
-        ``digest``: of the whole input up to the last of them, kept with the resume point.
+        ``digest``: of the whole input up to the last of them, kept with the resume point;
+        ``after``: a shard's, the index after its prompts before (see :mod:`common.shards`).
         :class:`JobGoneError` if the job is no longer of generation ``gen``."""
         if not items:
             return
@@ -87,6 +89,7 @@ class Feeding(StoreBase):
         # time (the producer's CPU, scenario 4).
         keyed = any(affinity)
         args: list[Any] = [items[0].index, digest, gen, "1" if keyed else "0", ""]
+        args.append("" if after is None else after)
         if chunk > 1:
             args[4] = chunk
             for run, key in _runs(items, affinity if keyed else [""] * len(items), chunk):

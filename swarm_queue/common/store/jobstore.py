@@ -22,7 +22,11 @@ class JobStore(FlowStore, WorkerStore, CollectorStore, Batches):
     ) -> tuple[bool, int]:
         """Stop ``job``: every prompt not yet answered gets a failed result of kind ``cancelled``
         saying ``why`` (its entry kept for ``swarm-retry``). Returns (newly cancelled, prompts
-        cancelled now)."""
+        cancelled now); a job of several shards, each of them."""
+        done = [await self._cancel_one(name, why) for name in (await self.layout(job)).names]
+        return done[0][0], sum(n for _, n in done)
+
+    async def _cancel_one(self, job: str, why: str) -> tuple[bool, int]:
         meta = self.keys.meta(job)
         gen = (await self.load_spec(job)).generation
         async with redis_errors(self.url, job):

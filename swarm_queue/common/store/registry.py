@@ -24,20 +24,22 @@ log = logging.getLogger("swarm.store")
 class Registry(StoreBase):
     """Jobs as a whole: their spec, their names, whether they still have work."""
 
-    async def create_job(self, spec: JobSpec) -> JobSpec:
-        """Register ``spec`` (first time, as a new generation of its name) or check it matches
-        the stored one; returns the stored, whose ``generation`` every write of the job's work
-        carries. A job with a reduce stage is flagged in its meta, where the workers look."""
+    async def create_job(self, spec: JobSpec, *, generation: str | None = None) -> JobSpec:
+        """Register ``spec`` (first time, as a new generation of its name, or as
+        ``generation``: a shard's, its job's) or check it matches the stored one; returns the
+        stored, whose ``generation`` every write of the job's work carries. A job with a
+        reduce stage is flagged in its meta, where the workers look."""
         job = spec.job
-        parse_stage(job)  # validates: a user's name, or one of its reduce stages
-        generation = secrets.token_hex(8)
+        parse_stage(job)  # validates: a user's name, or one of its stages or shards
+        generation = generation or secrets.token_hex(8)
         mine = msgspec.structs.replace(
             spec, generation=generation, created_s=await self.server_time()
         )
         kind = spec.reduce.kind if spec.reduce is not None else ""
         async with redis_errors(self.url, job):
             created, raw = await self.scripts.create(
-                keys=[self.keys.meta(job)], args=[encode(mine), generation, kind, mine.chunk]
+                keys=[self.keys.meta(job)],
+                args=[encode(mine), generation, kind, mine.chunk, mine.shards],
             )
             stored = spec_of(job, raw)
             if not created and not stored.same_settings(spec):
@@ -164,8 +166,8 @@ class Registry(StoreBase):
         return int(pending) > 0 or bool(undelivered) or (total is None and bool(feeding))
 
     async def delete_job(self, job: str) -> int:
-        """Delete every key of ``job`` and of its reduce stages, and unlist them; returns how
-        many keys went. The caller checks the job is finished: this does not."""
+        """Delete every key of ``job`` and of its reduce stages and shards, and unlist them;
+        returns how many keys went. The caller checks the job is finished: this does not."""
         n = 0
         async with redis_errors(self.url, job):
             names = [m for m in await self.list_jobs() if parse_stage(m)[0] == job]
@@ -173,11 +175,13 @@ class Registry(StoreBase):
             # move, a pump's record of agents) is refused, so none re-creates a key the scan
             # below has already removed, for a job queued again under the name to inherit.
             n += int(await self.redis.unlink(*(self.keys.meta(m) for m in {job, *names})))
-            # On a Cluster, only the node holding the job's keys (see on_job_node).
-            where = self.on_job_node(job)
-            pattern = self.keys.job_pattern(job)
-            async for key in self.redis.scan_iter(match=pattern, count=1000, **where):
-                n += int(await self.redis.unlink(key))
+            # Each hash tag's (the job's, each of its shards'), on a Cluster only on the
+            # node holding its keys (see on_job_node).
+            for tag in sorted({job, *(m for m in names if ":" not in m)}):
+                where = self.on_job_node(tag)
+                pattern = self.keys.job_pattern(tag)
+                async for key in self.redis.scan_iter(match=pattern, count=1000, **where):
+                    n += int(await self.redis.unlink(key))
             if names:
                 await self.redis.srem(self.keys.jobs, *names)
         return n
