@@ -435,13 +435,16 @@ async def run_swarm(
     metrics: bool = False,
     enqueue: dict[str, Any] | None = None,
     chunk: int = DEFAULT_CHUNK,
+    shards: int = 1,
+    cluster: bool = False,
 ) -> SwarmRun:
     """One job through the system: workers already running, then enqueue and collect, timed
     from the first enqueue to the last collected line. With ``burst``, ``--burst`` workers are
     started together with the job, and the time runs from their start. With ``metrics``, the
     workers serve Prometheus metrics, read once the job is done (``SwarmRun.scraped_done``).
-    ``chunk``: the job's prompts a stream entry (``--chunk``; the product's default)."""
-    settings = Settings(redis_url=redis_url, prefix=prefix)
+    ``chunk``: the job's prompts a stream entry (``--chunk``; the product's default);
+    ``shards``: the slots it is spread over (``--shards``), ``cluster``: on a Redis Cluster."""
+    settings = Settings(redis_url=redis_url, prefix=prefix, redis_cluster=cluster)
     store = JobStore.from_settings(settings)
     t0 = time.monotonic()
     workers = Workers(redis_url, prefix, groups, worker_env or {}, burst=burst, metrics=metrics)
@@ -452,7 +455,12 @@ async def run_swarm(
             t0 = time.monotonic()
         cpu0 = sum(cpu_s(p.pid) for p in workers.procs)
         sampler = Sampler(fleet.urls, redis_url).start()
-        spec = JobSpec(job="bench", params=SamplingParams(max_tokens=max_tokens), chunk=chunk)
+        spec = JobSpec(
+            job="bench",
+            params=SamplingParams(max_tokens=max_tokens),
+            chunk=chunk,
+            shards=shards,
+        )
         await enqueue_prompts(store, spec, ((p, None) for p in prompts), **(enqueue or {}))
         t_enq = time.monotonic() - t0
         first: list[float] = []

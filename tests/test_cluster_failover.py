@@ -1,9 +1,10 @@
 """A Redis Cluster failover under a running fleet, with real processes: three primaries, each
-with a replica (node timeout 2 s, AOF); a plain job, a pipeline and an agent job running on two
-long-running workers, a tool runner and collectors; the primary holding the jobs' slots (and
-arq's) SIGKILLed, or moved to its replica by CLUSTER FAILOVER. Every process rides through it
-as through a Redis restart: no one restarted by hand, every answer of the plain job and the
-pipeline right and exactly once, every agent finished with its tools' answers."""
+with a replica (node timeout 2 s, AOF); a plain job, one spread over the three primaries
+(``--shards 3``), a pipeline and an agent job running on two long-running workers, a tool
+runner and collectors; the primary holding the jobs' slots (and arq's, and a shard of the
+spread job) SIGKILLed, or moved to its replica by CLUSTER FAILOVER. Every process rides
+through it as through a Redis restart: no one restarted by hand, every answer of the plain
+jobs and the pipeline right and exactly once, every agent finished with its tools' answers."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import redis
 from swarm_queue.common.keys import ARQ_TAG, Keys, step_name
 from swarm_queue.common.models import JobSpec
 from swarm_queue.common.settings import Settings
+from swarm_queue.common.shards import Shards
 from swarm_queue.common.store import JobStore
 from tests.harness import (
     AGENT_TASK,
@@ -116,6 +118,9 @@ def test_every_process_rides_through_a_failover(
         "".join(json.dumps({"n": i}) + "\n" for i in range(n_agents))
     )
     assert fleet.enqueue(plain, n, set()).wait(60) == 0
+    # One job over the three primaries: a shard of it is on the doomed one, whichever it is.
+    wide, n_wide = "wide", 3000
+    assert fleet.enqueue(wide, n_wide, set(), "--shards", "3", "--chunk", "4").wait(60) == 0
     pipeline = fleet.enqueue(pipe, 1500, set(), "--then", str(fleet.tmp / "step.txt"))
     assert pipeline.wait(60) == 0
     enq = command(
@@ -139,10 +144,12 @@ def test_every_process_rides_through_a_failover(
             "the replica serving the slots",
             lambda: cluster.primary_of(keys.meta(plain)) is not doomed,
         )
-        outs = {job: fleet.tmp / f"{job}.jsonl" for job in (plain, pipe, agents)}
+        outs = {job: fleet.tmp / f"{job}.jsonl" for job in (plain, pipe, agents, wide)}
         done = {job: collect(env, job, out) for job, out in outs.items()}
         assert done[plain].returncode == 0, done[plain].stderr
         check_output(outs[plain], n, set())
+        assert done[wide].returncode == 0, done[wide].stderr
+        check_output(outs[wide], n_wide, set())
         assert done[pipe].returncode == 0, done[pipe].stderr
         lines = [msgspec.json.decode(x) for x in outs[pipe].read_bytes().splitlines()]
         assert [x["index"] for x in lines] == list(range(1500))
@@ -160,7 +167,9 @@ def test_every_process_rides_through_a_failover(
             host="127.0.0.1", port=cluster.primary_of(keys.meta(plain)).port
         )
         try:
-            for job, total in ((plain, n), (pipe, 1500), (step_name(pipe, 1), 1500)):
+            layout = Shards.of(wide, 3, 4)
+            shares = zip(layout.names, layout.shares(n_wide), strict=True)
+            for job, total in ((plain, n), (pipe, 1500), (step_name(pipe, 1), 1500), *shares):
                 meta = client.hgetall(keys.meta(job))
                 assert (
                     int(meta[b"done"]) + int(meta.get(b"failed", 0)) == total == int(meta[b"total"])

@@ -17,7 +17,7 @@ from swarm_queue.common.jobspec import JobOptions, build_spec
 from swarm_queue.common.keys import GROUP
 from swarm_queue.common.models import JobSpec, SamplingParams
 from swarm_queue.common.settings import Settings
-from swarm_queue.common.shards import Shards
+from swarm_queue.common.shards import AUTO, Shards
 from swarm_queue.common.store import JobStore
 from swarm_queue.common.vocab import Meta
 from swarm_queue.producer.output import collect_output
@@ -25,7 +25,7 @@ from swarm_queue.producer.overview import job_list
 from swarm_queue.sim.server import SimFleet
 from swarm_queue.sim.text import completion_for
 from swarm_queue.worker.intake import queued, service_order
-from tests.harness import MAX_TOKENS, over_context
+from tests.harness import MAX_TOKENS, command, over_context
 from tests.helpers import collect_lines, prompts, run_engine
 
 # 4 prompts an entry: blocks of 256 prompts, dealt out to the shards in turn.
@@ -162,8 +162,8 @@ async def test_retry_evict_cancel_and_delete_reach_every_shard(
 def test_only_a_plain_job_is_spread_over_shards_and_over_at_most_256() -> None:
     with pytest.raises(ConfigError, match="a workflow's steps are not spread over shards"):
         build_spec("x", JobOptions(shards=2), source="t", step=True)
-    with pytest.raises(ConfigError, match=r"shards must be 1\.\.256, got 0"):
-        build_spec("x", JobOptions(shards=0), source="t")
+    with pytest.raises(ConfigError, match=r"shards must be 1\.\.256 or auto, got 257"):
+        build_spec("x", JobOptions(shards=257), source="t")
     assert build_spec("x", JobOptions(shards=4), source="t")[0].shards == 4
 
 
@@ -178,3 +178,22 @@ def test_the_shards_of_a_job_share_one_turn_of_the_fleet_each_first_in_turn() ->
     leads = [next(name for name in order if name != "other") for order in orders]
     assert sorted(leads) == sorted(NAMES * 2)  # each shard first of the job twice in 6 turns
     assert all(sorted(order) == sorted(["other", *NAMES]) for order in orders)
+
+
+async def test_auto_is_one_shard_a_primary_so_one_on_a_redis_server_and_a_job_keeps_its_own(
+    store: JobStore,
+) -> None:
+    assert (await store.create_job(_spec("one", shards=AUTO))).shards == 1
+    await store.create_job(_spec("three", shards=3))
+    # A rerun asking for auto goes on with the job as it was created.
+    assert (await store.create_job(_spec("three", shards=AUTO))).shards == 3
+
+
+def test_a_shard_count_that_is_no_count_is_refused_by_the_command_line(
+    cli_env: dict[str, str], tmp_path: Path
+) -> None:
+    src = tmp_path / "in.txt"
+    src.write_text("a\n")
+    run = command(cli_env, "swarm-enqueue", src, "--job", "x", "--shards", "lots")
+    assert run.returncode == 2
+    assert "--shards takes a count or 'auto', not 'lots'" in run.stderr

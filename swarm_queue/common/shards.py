@@ -24,7 +24,7 @@ from redis.crc import key_slot
 from swarm_queue.common.errors import ConfigError
 from swarm_queue.common.keys import MAX_SHARD_TAG, MAX_SHARDS, shard_name
 
-__all__ = ["BLOCK_ENTRIES", "MAX_SHARDS", "Shards", "check_shards"]
+__all__ = ["AUTO", "BLOCK_ENTRIES", "MAX_SHARDS", "Shards", "check_shards", "parse_shards"]
 
 # Stream entries a block: a producer's flush of 1,000 prompts mostly goes to one shard, a
 # collector's read of 2,000 to two or three, and the shards' sizes differ by one block at most.
@@ -118,8 +118,23 @@ def _slot_range(tag: str, shards: int) -> int:
     return key_slot(tag.encode()) * shards // SLOTS
 
 
+# ``shards`` asked for as ``auto``: one a primary of the Redis Cluster (1 on one Redis server),
+# decided when the job is created (a job that exists keeps its own).
+AUTO = 0
+
+
 def check_shards(count: int) -> int:
-    """``count`` if a job may be spread over that many shards; ConfigError else."""
-    if not 1 <= count <= MAX_SHARDS:
-        raise ConfigError(f"shards must be 1..{MAX_SHARDS}, got {count}")
+    """``count`` if a job may be spread over that many shards (or :data:`AUTO`)."""
+    if not (1 <= count <= MAX_SHARDS or count == AUTO):
+        raise ConfigError(f"shards must be 1..{MAX_SHARDS} or auto, got {count}")
     return count
+
+
+def parse_shards(text: str) -> int:
+    """A ``--shards`` value: a count, or ``auto`` (:data:`AUTO`)."""
+    if text == "auto":
+        return AUTO
+    try:
+        return check_shards(int(text))
+    except ValueError:
+        raise ConfigError(f"--shards takes a count or 'auto', not {text!r}") from None

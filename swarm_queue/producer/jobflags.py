@@ -16,6 +16,7 @@ from swarm_queue.common.jobspec import JobOptions
 from swarm_queue.common.models import ReduceSpec
 from swarm_queue.common.perprompt import PER_PROMPT_KINDS
 from swarm_queue.common.reducekinds import FUNCTION, REDUCE_KINDS, TREE
+from swarm_queue.common.shards import parse_shards
 from swarm_queue.flows.pipeline.spec import StepOptions
 
 __all__ = [
@@ -143,11 +144,12 @@ def add_job_settings(p: argparse.ArgumentParser) -> None:
     )
     j.add_argument(
         "--shards",
-        type=int,
+        type=_shards,
         default=1,
         metavar="K",
         help="spread a plain job over K Redis Cluster slots, each its own stream, results and "
-        "counters, so that one job uses K primaries' cores (default 1; see docs/SCALE.md)",
+        "counters, so that one job uses K primaries' cores; 'auto': one a primary (default "
+        "1; see docs/SCALE.md)",
     )
     j.add_argument(
         "--cache",
@@ -291,6 +293,14 @@ def read_text(path: str, flag: str) -> str:
             return fh.read()
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"cannot read {flag} {path}: {exc}") from None
+
+
+def _shards(text: str) -> int:
+    """``--shards``: a count or ``auto`` (argparse says what is wrong with anything else)."""
+    try:
+        return parse_shards(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _read_template(path: str | None) -> str | None:

@@ -7,7 +7,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import msgspec
+from redis.asyncio.cluster import RedisCluster
 
+from swarm_queue.common.errors import JobNotFoundError
 from swarm_queue.common.keys import parse_stage, shard_of
 from swarm_queue.common.models import JobSpec, PromptItem
 from swarm_queue.common.shards import Shards
@@ -63,8 +65,23 @@ class Sharded(Registry, Feeding, Status, Results):
             count, chunk = await self.redis.hmget(self.keys.meta(job), [Meta.SHARDS, Meta.CHUNK])
         return Shards.of(job, int(count or 1), int(chunk or 1))
 
+    async def primaries(self) -> int:
+        """How many primaries serve the Redis Cluster (1: one Redis server)."""
+        if not isinstance(self.redis, RedisCluster):
+            return 1
+        async with redis_errors(self.url):
+            await self.redis.initialize()
+            return len(self.redis.get_primaries())
+
     async def create_job(self, spec: JobSpec, *, generation: str | None = None) -> JobSpec:
-        """Create the job and each of its shards, of one generation."""
+        """Create the job and each of its shards, of one generation; ``shards`` 0 (``auto``):
+        one a primary of the cluster, or as many as the job has if it exists."""
+        if spec.shards == 0:
+            try:
+                count = (await self.load_spec(spec.job)).shards
+            except JobNotFoundError:
+                count = await self.primaries()
+            spec = msgspec.structs.replace(spec, shards=count)
         stored = await super().create_job(spec, generation=generation)
         if spec.shards > 1 and not shard_of(spec.job)[1]:
             for name in Shards.of(spec.job, spec.shards, spec.chunk).names[1:]:
