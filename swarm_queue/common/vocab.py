@@ -79,6 +79,12 @@ class Meta(StrEnum):
     DIM = "dim"
 
 
+# A commit trims its job's stream (its acknowledged head: lua/lib/streams.lua) when the job's
+# results pass a multiple of this, and at every commit once the job is finished: the trim is
+# two commands, which at every commit were a tenth of Redis's commands a prompt (issue 50),
+# and what it leaves meanwhile is a few hundred acknowledged prompts' entries.
+TRIM_EVERY = 512
+
 # Per-kind failure counters are meta fields ``failed:<kind>``.
 FAILED_KIND_PREFIX = "failed:"
 

@@ -6,9 +6,10 @@ Layout of one job (keys from :class:`common.keys.Keys`, all in the job's hash sl
   :class:`~common.models.PromptItem`; or, for a job of ``chunk`` K > 1, one entry per K
   consecutive prompts (ID its first's, ``d`` the chunk: see ``entries``); the hash
   ``chunks`` holds the size of one that holds fewer, until it is acknowledged. Explicit IDs
-  make enqueueing idempotent: a rerun resumes after the stream's last generated ID. Each
+  make enqueueing idempotent: a rerun resumes after the stream's last generated ID. A
   commit trims the stream's acknowledged head (up to the oldest entry still in a worker's
-  hands), so it holds the work not yet done and what was finished after that oldest entry;
+  hands) every 512 results and once the job is finished (``TRIM_EVERY``), so it holds the
+  work not yet done and what was finished after that oldest entry or since the last trim;
   what is left to do is read from the consumer group (``lua/backlog.lua``) and the
   counters, never from the stream's length.
 * hash ``results``: decimal index -> msgpack :class:`~common.models.Result`; first write wins.

@@ -22,7 +22,7 @@ from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import NoScriptError
 
 from swarm_queue.common.keys import LANE_PREFIX
-from swarm_queue.common.vocab import FAILED_KIND_PREFIX, Meta
+from swarm_queue.common.vocab import FAILED_KIND_PREFIX, TRIM_EVERY, Meta
 
 __all__ = ["SCRIPT_NAMES", "Script", "Scripts", "source"]
 
@@ -75,7 +75,8 @@ def _preamble() -> str:
     )
     return (
         f"local META = {{{fields}}}\nlocal FAILED_KIND_PREFIX = {_lua_string(FAILED_KIND_PREFIX)}\n"
-        f"local LANE_PREFIX = {_lua_string(LANE_PREFIX)}\n" + lib
+        f"local LANE_PREFIX = {_lua_string(LANE_PREFIX)}\nlocal TRIM_EVERY = {TRIM_EVERY:d}\n"
+        + lib
     )
 
 

@@ -3,7 +3,8 @@
 -- mark), so a redelivered or speculative copy changes nothing. A failure, and an answer from
 -- the response cache, keeps its original entry (for swarm-retry) and counts under its kind.
 -- Acknowledged entries lose their `running` marks and leave the stream with its acknowledged
--- head (trim_acked). The last result marks the job finished. Work of another generation of
+-- head (trim_acked, every TRIM_EVERY results and once the job is finished). The last result
+-- marks the job finished. Work of another generation of
 -- the job (deleted or lost, and queued again under its name) is refused with GONE: nothing
 -- written, nothing acked.
 -- A pipeline step's commit also appends each new answer to its `landed` stream (index and
@@ -194,7 +195,6 @@ end
 for kind, count in pairs(kinds) do
   redis.call('HINCRBY', meta, FAILED_KIND_PREFIX .. kind, count)
 end
-trim_acked(stream, group)
 -- The prompts' own tokens: their sum when every result is new, else those of the new ones.
 local tokens = {tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(ARGV[11]), tonumber(ARGV[12])}
 if next(stale) and ARGV[13] ~= '' then
@@ -223,6 +223,7 @@ for c = 1, 7 do
     counts[#counts + 1] = string.format('%d', tonumber(known[2 + c] or '0') + moved[c])
   end
 end
+local over = known[12] and true or false
 if done + failed > 0 then
   counts[#counts + 1] = META.LAST_RESULT_S
   counts[#counts + 1] = now
@@ -235,9 +236,16 @@ if done + failed > 0 then
   if total and not known[12] and finished >= total then
     counts[#counts + 1] = META.FINISHED_S
     counts[#counts + 1] = now
+    over = true
   end
 end
 if #counts > 0 then redis.call('HSET', meta, unpack(counts)) end
+-- The acknowledged head leaves the stream when the results pass a multiple of TRIM_EVERY,
+-- and at every commit of a finished job (a late copy's acknowledgement).
+local before = tonumber(known[3] or '0') + tonumber(known[4] or '0')
+if over or math.floor(before / TRIM_EVERY) ~= math.floor((before + done + failed) / TRIM_EVERY) then
+  trim_acked(stream, group)
+end
 local out = {done, failed, hits}
 for kind, count in pairs(kinds) do
   out[#out + 1] = kind
