@@ -75,6 +75,10 @@ async def test_a_job_over_three_shards_is_answered_once_each_and_collected_in_or
         assert x["text"] == completion_for(prompt, MAX_TOKENS)[0], x["index"]
     status = await store.status("sh", rate=False)
     assert (status.done, status.failed, status.total, status.finished) == (n, 0, n, True)
+    # What each endpoint did for the job: one row each, its shards' counts summed.
+    rows = await store.read_endpoints("sh")
+    assert sorted(r.endpoint for r in rows) == sorted(fleet.urls)
+    assert sum(r.done for r in rows) == n
     totals = [(await store.meta(s))[Meta.TOTAL] for s in NAMES]
     assert totals == [b"512", b"512", b"476"]  # each shard sealed with its share
 

@@ -10,6 +10,7 @@ import msgspec
 from redis.asyncio.cluster import RedisCluster
 
 from swarm_queue.common.errors import JobNotFoundError
+from swarm_queue.common.fleet import EndpointStats
 from swarm_queue.common.keys import parse_stage, shard_of
 from swarm_queue.common.models import JobSpec, PromptItem
 from swarm_queue.common.shards import Shards
@@ -20,7 +21,7 @@ from swarm_queue.common.store.results import Results
 from swarm_queue.common.store.status import JobStatus, Status
 from swarm_queue.common.vocab import Meta
 
-__all__ = ["Sharded", "combined"]
+__all__ = ["Sharded", "combined", "merged_endpoints"]
 
 
 def combined(job: str, parts: Sequence[JobStatus]) -> JobStatus:
@@ -51,6 +52,25 @@ def combined(job: str, parts: Sequence[JobStatus]) -> JobStatus:
         revision=max(p.revision for p in parts),
         **summed,
     )
+
+
+def merged_endpoints(stats: Sequence[EndpointStats]) -> list[EndpointStats]:
+    """One row per worker and endpoint from its rows of each shard: the job's counts and rates
+    summed, the rest (its circuit, window, errors, all the endpoint's own) its latest row's."""
+    rows: dict[tuple[str, str], EndpointStats] = {}
+    for st in sorted(stats, key=lambda st: st.updated_s):
+        key = (st.endpoint, st.worker)
+        had = rows.get(key)
+        if had is not None:
+            st = msgspec.structs.replace(
+                st,
+                done=st.done + had.done,
+                failed=st.failed + had.failed,
+                rate_per_s=st.rate_per_s + had.rate_per_s,
+                in_flight=st.in_flight + had.in_flight,
+            )
+        rows[key] = st
+    return [rows[k] for k in sorted(rows)]
 
 
 class Sharded(Registry, Feeding, Status, Results):
@@ -148,6 +168,15 @@ class Sharded(Registry, Feeding, Status, Results):
         layout = await self.layout(job)
         parts = [await Status.status(self, name, rate=rate) for name in layout.names]
         return parts[0] if layout.shards == 1 else combined(job, parts)
+
+    async def read_endpoints(self, job: str) -> list[EndpointStats]:
+        layout = await self.layout(job)
+        if layout.shards == 1:
+            return await super().read_endpoints(job)
+        stats = []
+        for name in layout.names:
+            stats += await Status.read_endpoints(self, name)
+        return merged_endpoints(stats)
 
     async def fetch_results(self, job: str, start: int, count: int) -> list[bytes | None]:
         layout = await self.layout(job)
