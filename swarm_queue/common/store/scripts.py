@@ -75,8 +75,7 @@ def _preamble() -> str:
     )
     return (
         f"local META = {{{fields}}}\nlocal FAILED_KIND_PREFIX = {_lua_string(FAILED_KIND_PREFIX)}\n"
-        f"local LANE_PREFIX = {_lua_string(LANE_PREFIX)}\nlocal TRIM_EVERY = {TRIM_EVERY:d}\n"
-        + lib
+        f"local LANE_PREFIX = {_lua_string(LANE_PREFIX)}\nlocal TRIM_EVERY = {TRIM_EVERY:d}\n" + lib
     )
 
 
