@@ -1,8 +1,10 @@
 """One job on a Redis Cluster of three primaries, in one slot (``--shards 1``) and spread over
 the three (``--shards 3``), alternated: its prompts/s, each primary's share of the job's Redis
 CPU (INFO cpu of each node), and Redis CPU and commands a prompt summed over the nodes
-(INFO commandstats, Lua's commands included). 2 instant endpoints, 2 workers, the default
-batch and chunk: scenario 4's first row, on a cluster.
+(INFO commandstats, Lua's commands included), and whether every answer read back in input
+order (the shards' results merged, as a collector reads them) is its prompt's, once. 2
+instant endpoints, 2 workers, the default batch and chunk: scenario 4's first row, on a
+cluster.
 
     python -m bench.clustershard [N] [--rounds 2]
 
@@ -23,6 +25,9 @@ import redis.asyncio as aioredis
 
 from bench.harness import INSTANT, SimFleetProc, new_fleet, prompt_set, redis_cpu_s, run_swarm
 from swarm_queue.common.embedded import EmbeddedRedis, free_port
+from swarm_queue.common.settings import Settings
+from swarm_queue.common.store import JobStore
+from swarm_queue.sim.text import completion_for
 
 PRIMARIES = 3
 SLOTS = 16384
@@ -102,6 +107,7 @@ async def _row(cluster: Cluster, fleet: SimFleetProc, prompts: list[str], shards
             worker_env={"SWARM_REDIS_CLUSTER": "1"}, shards=shards, cluster=True,
         )  # fmt: skip
         spent = [await redis_cpu_s(r) - b for r, b in zip(nodes, before, strict=True)]
+        exact = await _exact(cluster.url, f"b-shard{shards}", prompts)
         calls = 0
         for r in nodes:
             stats = await r.info("commandstats")
@@ -114,11 +120,25 @@ async def _row(cluster: Cluster, fleet: SimFleetProc, prompts: list[str], shards
         shares = " / ".join(f"{s / sum(spent):4.0%}" for s in spent)
         return (
             f"{n / run.wall_s:8,.0f} prompts/s  each primary {shares} of the job's Redis CPU  "
-            f"{sum(spent) / n * 1e6:5.1f} us  {calls / n:5.2f} commands a prompt"
+            f"{sum(spent) / n * 1e6:5.1f} us  {calls / n:5.2f} commands a prompt  "
+            f"every line exact and in order: {'yes' if exact else 'NO'}"
         )
     finally:
         for r in nodes:
             await r.aclose()
+
+
+async def _exact(url: str, prefix: str, prompts: list[str]) -> bool:
+    """Whether the job's results, read in input order as a collector reads them (its shards'
+    merged), are each prompt's answer, once, in order."""
+    store = JobStore.from_settings(Settings(redis_url=url, prefix=prefix, redis_cluster=True))
+    try:
+        results = await store.read_results("bench", len(prompts))
+    finally:
+        await store.close()
+    return [r.index for r in results] == list(range(len(prompts))) and all(
+        r.text == completion_for(p, 16)[0] for r, p in zip(results, prompts, strict=True)
+    )
 
 
 async def main(n: int, rounds: int) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import pytest
@@ -15,10 +16,11 @@ from swarm_queue.common.errors import ConfigError
 from swarm_queue.common.feed import enqueue_prompts
 from swarm_queue.common.jobspec import JobOptions, build_spec
 from swarm_queue.common.keys import GROUP
-from swarm_queue.common.models import JobSpec, SamplingParams
+from swarm_queue.common.models import JobSpec, PromptItem, SamplingParams
 from swarm_queue.common.settings import Settings
 from swarm_queue.common.shards import AUTO, Shards
 from swarm_queue.common.store import JobStore
+from swarm_queue.common.store.feeding import Feeding
 from swarm_queue.common.vocab import Meta
 from swarm_queue.producer.output import collect_output
 from swarm_queue.producer.overview import job_list
@@ -113,6 +115,32 @@ async def test_a_producer_stopped_midway_resumes_after_the_last_prompt_its_shard
     # Another input under the name is refused, as for a job of one shard.
     with pytest.raises(Exception, match="another input"):
         await enqueue_prompts(store, _spec(), [(f"other {i}", None) for i in range(n)])
+
+
+async def test_a_producer_dead_between_two_shards_blocks_resumes_after_the_first_one(
+    store: JobStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A call queuing prompts 0..299 fills shard 0's block (0..255), then the process dies
+    before shard 1's part: the rerun goes on at 256 (the digest of the whole call was kept with
+    shard 1's part only, so none stands at 256 to refuse the same input with)."""
+    gen = (await store.create_job(_spec())).generation
+    items = [PromptItem.of(i, p, None) for i, (p, _) in enumerate(prompts(300))]
+    calls, real = 0, Feeding.add_items
+
+    async def dies_after_one(self: Feeding, *args: Any, **kwargs: Any) -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 2:
+            raise _Stop
+        await real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Feeding, "add_items", dies_after_one)
+    with pytest.raises(_Stop):
+        await store.add_items("sh", items, "the digest up to 299", gen=gen, chunk=CHUNK)
+    monkeypatch.undo()
+    assert await store.resume_point("sh") == (256, None)
+    report = await enqueue_prompts(store, _spec(), prompts(1000))
+    assert (report.total, report.already_queued) == (1000, 256)
 
 
 async def test_retry_evict_cancel_and_delete_reach_every_shard(

@@ -35,6 +35,7 @@ from swarm_queue.common.errors import (
 from swarm_queue.common.models import JobSpec, PromptItem, SamplingParams, encode
 from swarm_queue.common.progress import Progress
 from swarm_queue.common.room import Room
+from swarm_queue.common.shards import BLOCK_ENTRIES
 from swarm_queue.common.store import ProducerStore, producer_token
 from swarm_queue.common.vocab import Meta
 
@@ -242,8 +243,11 @@ class _Feeder:
                         )
                     continue
                 buf.append(item)
-                # (cut where a stream chunk ends: none is split between two calls)
-                if len(buf) >= chunk and count % (self.stored or self.spec).chunk == 0:
+                # (cut where a stream chunk ends: none is split between two calls; and where
+                # a shard's block ends, so that each call's digest is where its shard ends)
+                per = (self.stored or self.spec).chunk
+                block = per * BLOCK_ENTRIES if (self.stored or self.spec).shards != 1 else 0
+                if (len(buf) >= chunk and count % per == 0) or (block and count % block == 0):
                     read = self._chunk(buf, digest.value, count)
                     buf = []
                     if held is not None:

@@ -140,18 +140,21 @@ class Sharded(Registry, Feeding, Status, Results):
         chunk: int = 1,
         after: int | None = None,
     ) -> None:
-        """Queue ``items`` (consecutive), each block's into its shard."""
+        """Queue ``items`` (consecutive), each block's into its shard; ``digest`` (of the input
+        up to the last of them) goes with the last block only: a shard whose block ends before
+        keeps none, so that a resume there checks nothing rather than the wrong digest (the
+        producer cuts its calls where blocks end, so each has one)."""
         layout = await self.layout(job) if items else Shards(job)
         if layout.shards == 1:
             await super().add_items(job, items, digest, gen=gen, affinity=affinity, chunk=chunk)
             return
-        first = items[0].index
-        for lo, hi in layout.runs(first, first + len(items)):
+        first, end = items[0].index, items[0].index + len(items)
+        for lo, hi in layout.runs(first, end):
             part = slice(lo - first, hi - first)
             await super().add_items(
                 layout.name_of(lo),
                 items[part],
-                digest,
+                digest if hi == end else "",
                 gen=gen,
                 affinity=affinity[part] if affinity else (),
                 chunk=chunk,

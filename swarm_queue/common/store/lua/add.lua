@@ -50,5 +50,9 @@ if after then
 else
   redis.call('HSET', meta, META.ENQUEUED, at)
 end
-if ARGV[2] ~= '' then redis.call('HSET', meta, META.INPUT_DIGEST, ARGV[2]) end
+if ARGV[2] ~= '' then
+  redis.call('HSET', meta, META.INPUT_DIGEST, ARGV[2])
+elseif after then  -- (a shard's block that ends before the digest's prompt: no digest here)
+  redis.call('HDEL', meta, META.INPUT_DIGEST)
+end
 return {1, at}
