@@ -258,3 +258,25 @@ async def test_an_unreadable_chunk_fails_every_prompt_it_holds_and_the_job_ends(
     status = await store.status("c", rate=False)
     assert (status.done, status.failed, status.finished) == (8, 8, True)
     assert (await store.redis.xpending(store.keys.stream("c"), GROUP))["pending"] == 0
+
+
+async def test_prompts_queued_again_one_an_entry_go_a_batch_a_request_not_a_chunks_worth(
+    make_settings: Callable[..., Settings], store: JobStore, sim_fleet: Callable[..., SimFleet]
+) -> None:
+    """A chunked job cancelled before any answer and resumed with swarm-retry: each prompt is
+    queued again under an entry of its own. A batch of 32 took 32 / 16 = 2 entries, so the
+    320 prompts went 2 a request (160 requests); now a take of entries swarm-retry queued
+    takes a batch of them."""
+    n = 320
+    await enqueue_prompts(store, _spec(chunk=16), prompts(n))
+    assert (await store.cancel("c"))[1] == n
+    gen = (await store.load_spec("c")).generation
+    assert await store.requeue("c", await store.failed_indices("c"), gen=gen) == n
+    async with sim_fleet(1) as fleet:
+        await run_engine(make_settings(batch_size=32, speculate=0), store, fleet.urls)
+        sizes = [len(r.get("prompt", [])) for r in fleet.endpoints[0].received]
+    assert sum(sizes) == n
+    assert len(sizes) <= 12, sizes  # 10 batches of 32 (the first take finds 2 entries)
+    lines = await collect_lines(store, "c")
+    assert [x["index"] for x in lines] == list(range(n))
+    assert all(x["error"] is None for x in lines)

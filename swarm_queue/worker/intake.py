@@ -17,6 +17,7 @@ from swarm_queue.common.keys import group_of, lane_name
 from swarm_queue.common.models import JobSpec
 from swarm_queue.common.settings import Settings
 from swarm_queue.common.store import WorkerStore
+from swarm_queue.common.store.entries import requeued
 from swarm_queue.worker.caps import NO_CAPS, Caps
 from swarm_queue.worker.inflight import Pace
 from swarm_queue.worker.sources import Copies, Delivery, Looks, Reclaimed, Source, Stolen, plan
@@ -128,6 +129,8 @@ class Intake:
         # IDs repeat across jobs' streams): a reclaim or a look for leftovers that returns
         # them must not start them twice (see :meth:`hand`).
         self.in_hand: dict[str, set[bytes]] = {}
+        # The jobs whose new entries are all one prompt's now (swarm-retry's: see _new).
+        self.singles: set[str] = set()
         # Whether this endpoint's engine has sequences of ours waiting: then it takes nothing
         # from other lanes (the turns it handed on among them), as it could not start them.
         self.engine_busy: Callable[[], bool] = lambda: False
@@ -243,6 +246,10 @@ class Intake:
             lanes = await self.lanes(spec)
             if lanes:
                 gone = await self.store.route(job, self.lane, lanes, keyed)
+        if entries and requeued(entries[-1][0]):
+            # Entries after one swarm-retry queued are its too (their IDs come after every
+            # one the producer can add): one prompt each, so a batch takes a batch of them.
+            self.singles.add(job)
         taken = self._held(spec, [(e, payload, 0) for e, payload, _ in entries if e not in gone])
         if taken is None:
             return None
@@ -297,7 +304,9 @@ class Intake:
         project's cap leaves: a batch when uncapped), so as many entries as hold them (a
         chunk's prompts: :mod:`common.store.entries`): what it gives, marked in hand."""
         job = spec.job
-        batch = -(-batch // spec.chunk)
+        prompts, batch = batch, -(-batch // spec.chunk)
+        if source is Source.NEW and job in self.singles:
+            batch = prompts  # (its new entries are swarm-retry's now: a prompt each)
         if source is Source.RECLAIMED:
             claimed = await self.reclaimed.take(spec, self.hand(job), batch)
             return Taken(spec, claimed) if claimed else None
