@@ -91,6 +91,21 @@ def test_the_hooks_become_prometheus_samples() -> None:
     assert _sum(s, "swarm_job_in_flight_prompts", job="j") == 4
 
 
+def test_a_job_spread_over_shards_is_one_job_in_the_metrics() -> None:
+    """Its shards' batches are counted under the job's label, as its gauges are."""
+    m = PrometheusMetrics(lambda: [], lambda: {})
+    for name in ("wide", "wide#4", "wide#1"):
+        m.request(name, "http://a", 0.1, "ok")
+        m.retry(name, "http://a")
+        m.committed(name, "http://a", Commit(5, 1, {"rejected": 1}))
+    s = _parse(m.page().decode())
+    assert {lab["job"] for lab, _ in s["swarm_prompts_done_total"]} == {"wide"}
+    assert _sum(s, "swarm_prompts_done_total", job="wide") == 15
+    assert _sum(s, "swarm_prompts_failed_total", job="wide", kind="rejected") == 3
+    assert _sum(s, "swarm_requests_total", job="wide") == 3
+    assert _sum(s, "swarm_request_retries_total", job="wide") == 3
+
+
 def test_a_bad_metrics_port_is_refused_with_the_variable_named() -> None:
     with pytest.raises(ConfigError, match="SWARM_METRICS_PORT must be <= 65535, got 70000"):
         Settings.from_env({"SWARM_METRICS_PORT": "70000"})

@@ -22,9 +22,17 @@ from redis.crc import REDIS_CLUSTER_HASH_SLOTS as SLOTS
 from redis.crc import key_slot
 
 from swarm_queue.common.errors import ConfigError
-from swarm_queue.common.keys import MAX_SHARD_TAG, MAX_SHARDS, shard_name
+from swarm_queue.common.keys import MAX_SHARD_TAG, MAX_SHARDS, shard_name, shard_of
 
-__all__ = ["AUTO", "BLOCK_ENTRIES", "MAX_SHARDS", "Shards", "check_shards", "parse_shards"]
+__all__ = [
+    "AUTO",
+    "BLOCK_ENTRIES",
+    "MAX_SHARDS",
+    "Shards",
+    "check_shards",
+    "job_of",
+    "parse_shards",
+]
 
 # Stream entries a block: a producer's flush of 1,000 prompts mostly goes to one shard, a
 # collector's read of 2,000 to two or three, and the shards' sizes differ by one block at most.
@@ -116,6 +124,11 @@ def aimed_names(job: str, shards: int) -> tuple[str, ...]:
 def _slot_range(tag: str, shards: int) -> int:
     """Which of ``shards`` equal ranges of the cluster's slots hash tag ``tag`` falls in."""
     return key_slot(tag.encode()) * shards // SLOTS
+
+
+def job_of(name: str) -> str:
+    """The job a job or shard name belongs to (a shard's figures are its job's)."""
+    return shard_of(name)[0] if "#" in name else name
 
 
 # ``shards`` asked for as ``auto``: one a primary of the Redis Cluster (1 on one Redis server),

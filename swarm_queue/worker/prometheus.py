@@ -22,6 +22,7 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from swarm_queue.common.shards import job_of
 from swarm_queue.common.store import Commit, JobStatus
 from swarm_queue.flows.flow import Gauge
 from swarm_queue.worker.metrics import Metrics, RequestOutcome
@@ -159,6 +160,7 @@ class PrometheusMetrics(Metrics):
         r.register(_Gauges(endpoints, jobs, redis_up, flows))
 
     def committed(self, job: str, endpoint: str, commit: Commit) -> None:
+        job = job_of(job)
         if commit.done:
             self._done.labels(job, endpoint).inc(commit.done)
         if commit.cache_hits:
@@ -170,11 +172,11 @@ class PrometheusMetrics(Metrics):
         self._batch.labels(endpoint).observe(prompts)
 
     def request(self, job: str, endpoint: str, seconds: float, outcome: RequestOutcome) -> None:
-        self._requests.labels(job, endpoint, outcome).inc()
+        self._requests.labels(job_of(job), endpoint, outcome).inc()
         self._latency.labels(endpoint).observe(seconds)
 
     def retry(self, job: str, endpoint: str) -> None:
-        self._retries.labels(job, endpoint).inc()
+        self._retries.labels(job_of(job), endpoint).inc()
 
     def page(self) -> bytes:
         """The metrics in Prometheus's text format."""

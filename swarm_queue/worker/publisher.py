@@ -18,6 +18,7 @@ from swarm_queue.common.abilities import Abilities
 from swarm_queue.common.errors import BadRecordError, ConfigError, JobNotFoundError
 from swarm_queue.common.models import JobSpec
 from swarm_queue.common.settings import Settings
+from swarm_queue.common.shards import job_of
 from swarm_queue.common.store import JobStatus, WorkerStore
 from swarm_queue.worker.drainer import EndpointDrainer
 from swarm_queue.worker.pumps import Pumps
@@ -99,7 +100,8 @@ class Publisher:
         if self.prometheus is None:
             return
         status = {}
-        for job in list(self._jobs()):
+        # (a shard's figures are its job's: one gauge for the job, its shards' summed)
+        for job in sorted({job_of(name) for name in self._jobs()}):
             try:
                 status[job] = await self.store.status(job)
             except JobNotFoundError:
