@@ -226,6 +226,11 @@ class _Feeder:
         digest = _InputDigest()
         count, added = 0, 0
         buf: list[PromptItem] = []
+        # Calls are cut where a stream chunk ends (none is split between two) and where a
+        # shard's block ends (each call's digest is where its shard ends); worked out once,
+        # not a prompt (a job's chunk never changes; ``auto`` shards cut as if several).
+        per = (self.stored or self.spec).chunk
+        block = per * BLOCK_ENTRIES if (self.stored or self.spec).shards != 1 else 0
         # A chunk of prompts that may carry affinity keys is queued once the next is read:
         # their keys look one chunk ahead (see common.affinity).
         held: _Chunk | None = None
@@ -243,10 +248,6 @@ class _Feeder:
                         )
                     continue
                 buf.append(item)
-                # (cut where a stream chunk ends: none is split between two calls; and where
-                # a shard's block ends, so that each call's digest is where its shard ends)
-                per = (self.stored or self.spec).chunk
-                block = per * BLOCK_ENTRIES if (self.stored or self.spec).shards != 1 else 0
                 if (len(buf) >= chunk and count % per == 0) or (block and count % block == 0):
                     read = self._chunk(buf, digest.value, count)
                     buf = []
