@@ -16,10 +16,18 @@ import redis
 
 from swarm_queue.common.feed import enqueue_prompts
 from swarm_queue.common.keys import GROUP
-from swarm_queue.common.models import JobSpec, PromptItem, Result, SamplingParams, encode
+from swarm_queue.common.models import (
+    JobSpec,
+    PromptItem,
+    Result,
+    SamplingParams,
+    decode_result,
+    encode,
+)
 from swarm_queue.common.settings import Settings
 from swarm_queue.common.store import JobStore
 from swarm_queue.common.store.entries import CHUNK_MARK, encode_chunk, entry_payloads
+from swarm_queue.common.vocab import Meta
 from swarm_queue.producer.output import collect_output
 from swarm_queue.sim.server import SimFleet
 from swarm_queue.sim.text import completion_for
@@ -153,6 +161,40 @@ async def test_a_chunk_given_back_partly_answered_sends_only_its_unanswered_prom
     status = await store.status("c", rate=False)
     assert (status.done, status.failed, status.in_flight, status.pending) == (n, 0, 0, 0)
     assert await store.redis.xlen(store.keys.stream("c")) == 0
+
+
+async def test_a_copy_of_a_whole_chunk_answered_in_part_before_keeps_the_first_answers(
+    store: JobStore,
+) -> None:
+    """A commit of whole chunks still pending writes without reading for earlier answers, so
+    a chunk partly answered is marked until it is whole: a copy carrying all 8 of its prompts
+    after 3 were answered writes only the other 5 (first write wins), counts 5, and the mark
+    and its count are gone once the chunk is whole. A commit of a chunk no one answered
+    writes all 8."""
+    await enqueue_prompts(store, _spec(chunk=8), prompts(24))
+    gen = (await store.load_spec("c")).generation
+    meta, chunks = store.keys.meta("c"), store.keys.chunks("c")
+    [(eid, _)] = await store.read_new("c", "w|x", 1)
+
+    def answers(indices: range | tuple[int, ...], text: str) -> list[tuple[bytes, Result, None]]:
+        return [
+            (eid, Result(index=i, text=f"{text} {i}", finish_reason="stop"), None) for i in indices
+        ]
+
+    assert (await store.commit("c", answers((0, 3, 6), "first"), gen=gen)).done == 3
+    assert await store.redis.hget(chunks, "~0-1") == b"1"
+    assert await store.redis.hget(meta, Meta.PARTIAL) == b"1"
+    assert (await store.commit("c", answers(range(8), "copy"), gen=gen)).done == 5
+    blobs = await store.redis.hmget(store.keys.results("c"), [str(i) for i in range(8)])
+    texts = [decode_result(b).text for b in blobs]
+    assert texts == [f"{'first' if i in (0, 3, 6) else 'copy'} {i}" for i in range(8)]
+    assert await store.redis.hget(chunks, "~0-1") is None
+    assert await store.redis.hget(meta, Meta.PARTIAL) == b"0"
+    [(eid, _)] = await store.read_new("c", "w|x", 1)
+    assert (await store.commit("c", answers(range(8, 16), "next"), gen=gen)).done == 8
+    status = await store.status("c", rate=False)
+    assert (status.done, status.failed) == (16, 0)
+    assert (await store.redis.xpending(store.keys.stream("c"), GROUP))["pending"] == 0
 
 
 async def test_a_retry_of_some_prompts_of_a_chunk_queues_each_again_alone(

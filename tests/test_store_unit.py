@@ -140,7 +140,7 @@ def test_every_script_states_its_contract_and_names_meta_fields_from_the_vocabul
         # A meta field written as a string literal would bypass the vocabulary.
         literals = set(re.findall(r"'([a-z_:]+)'", text))
         assert not literals & {m.value for m in Meta}, f"{name}: {literals}"
-    assert source("commit").startswith("local META = {SPEC = 'spec', ")
+    assert "META." not in source("commit") and "'gen', 'evicted'" in source("commit")
 
 
 async def test_the_meta_fields_the_scripts_write_are_the_vocabulary(fake: JobStore) -> None:

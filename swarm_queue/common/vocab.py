@@ -74,6 +74,10 @@ class Meta(StrEnum):
     # commit takes an entry's size to be where the ``chunks`` hash says nothing (none: a job
     # from before, whose every chunk's size is in that hash).
     CHUNK = "chunk"
+    # Of the job's entries, how many are partly answered (each marked in its ``chunks`` hash
+    # until it is whole), written 0 at its creation: while none is, a commit of whole entries
+    # still pending writes without reading for earlier answers (lua/commit.lua).
+    PARTIAL = "partial"
     # An embeddings job's dimension, fixed by its first answer: a vector of another is
     # the endpoint's failure, never a result
     DIM = "dim"

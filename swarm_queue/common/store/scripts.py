@@ -1,17 +1,20 @@
 """The Lua scripts, loaded from ``lua/*.lua`` and registered once per Redis client.
 
-Each file opens with its KEYS/ARGV contract. The loader puts the meta field names, the
-failure-kind prefix of :mod:`common.vocab` and the lanes' prefix in front of every script
-(``META.DONE``...), so the names Python reads are the names Lua writes, and then the
-functions of ``lua/lib/``:
+Each file opens with its KEYS/ARGV contract. The loader writes each meta field a script names
+(``META.DONE``) as the string :mod:`common.vocab` gives it (``'done'``), so the names Python
+reads are the names Lua writes, puts the failure-kind prefix, the lanes' prefix and the trim
+period in front, and then those functions of ``lua/lib/`` the script calls:
 ``clock.lua`` (Redis's own time: no caller's clock is stored or compared), ``streams.lua`` (how
 far the consumer group has read, trimming its acknowledged head) and ``jobs.lua`` (whether work
-in hand still belongs to the job's generation).
+in hand still belongs to the job's generation). What runs at every call is only what the
+script uses: a table of every field, or a closure of every function, built at each call was
+a sixth of a bare call's work and fed Lua's collector (issue 50).
 """
 
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Sequence
 from functools import cache
 from importlib.resources import files
@@ -66,23 +69,51 @@ def _lua_string(text: str) -> str:
     return f"'{text}'"
 
 
+_META_FIELD = re.compile(r"\bMETA\.([A-Za-z_]+)\b")
+_LIB_FUNCTION = re.compile(r"^local function (\w+)\(.*?^end$", re.M | re.S)
+
+
+def _meta_field(found: re.Match[str]) -> str:
+    try:
+        return _lua_string(Meta[found.group(1)].value)
+    except KeyError:
+        raise ValueError(f"META.{found.group(1)} is not a field of common.vocab.Meta") from None
+
+
 @cache
-def _preamble() -> str:
-    fields = ", ".join(f"{m.name} = {_lua_string(m.value)}" for m in Meta)
-    lib = "".join(
+def _library() -> tuple[tuple[str, str], ...]:
+    """The functions of ``lua/lib/``, in their order: (name, text)."""
+    text = "".join(
         files(__package__).joinpath("lua", "lib", name).read_text("utf-8")
         for name in ("clock.lua", "streams.lua", "jobs.lua")
     )
-    return (
-        f"local META = {{{fields}}}\nlocal FAILED_KIND_PREFIX = {_lua_string(FAILED_KIND_PREFIX)}\n"
-        f"local LANE_PREFIX = {_lua_string(LANE_PREFIX)}\nlocal TRIM_EVERY = {TRIM_EVERY:d}\n" + lib
-    )
+    return tuple((m.group(1), m.group(0)) for m in _LIB_FUNCTION.finditer(text))
+
+
+def _calls(text: str, name: str) -> bool:
+    return re.search(rf"\b{name}\(", text) is not None
 
 
 @cache
 def source(name: str) -> str:
-    """The full text of script ``name`` as Redis runs it: the vocabulary, then the file."""
-    return _preamble() + files(__package__).joinpath("lua", f"{name}.lua").read_text("utf-8")
+    """The full text of script ``name`` as Redis runs it: the constants, the library
+    functions it calls (and those they call), then the file, its meta fields written out."""
+    body = files(__package__).joinpath("lua", f"{name}.lua").read_text("utf-8")
+    library = _library()
+    used: set[str] = set()
+    need = body
+    while True:
+        more = {n for n, text in library if n not in used and _calls(need, n)}
+        if not more:
+            break
+        used |= more
+        need = "".join(text for n, text in library if n in more)
+    head = (
+        f"local FAILED_KIND_PREFIX = {_lua_string(FAILED_KIND_PREFIX)}\n"
+        f"local LANE_PREFIX = {_lua_string(LANE_PREFIX)}\nlocal TRIM_EVERY = {TRIM_EVERY:d}\n"
+    )
+    lib = "".join(text + "\n" for n, text in library if n in used)
+    return _META_FIELD.sub(_meta_field, head + lib + body)
 
 
 class Script:

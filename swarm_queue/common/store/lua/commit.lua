@@ -16,7 +16,13 @@
 -- An entry is acknowledged once every prompt it holds has a result: an entry of one prompt at
 -- once, a chunk (common/store/entries.py; its size below) once the rest of it has one
 -- too, from this commit or an earlier one (or was collected: below the eviction mark). A chunk
--- partly answered stays in its taker's hands, so no prompt of it is lost.
+-- partly answered stays in its taker's hands, so no prompt of it is lost, and is marked in
+-- the chunks hash ('~' and its ID) until it is whole, the job's PARTIAL counting the marks.
+-- Only a commit writes results, and only for the entries it names: so a commit of whole
+-- entries each still pending (its XACK acknowledged every one), none below the eviction mark,
+-- while no entry of the job is partly answered, finds none of its prompts answered, and
+-- writes them without reading for them first (the common case; a job from before the marks
+-- has no PARTIAL, and is always read for).
 -- Tokens count as results do: each prompt's own usage only when its result is new (a copy's
 -- answer, already written by the other copy, adds nothing), plus the request's tokens that no
 -- result of it carries (a list whose server gave no usage per prompt) by the share of its
@@ -48,7 +54,7 @@ local group, now = ARGV[1], now_s()
 local COUNTED = {
   META.DONE, META.FAILED, META.CACHE_HITS, META.PROMPT_TOKENS, META.COMPLETION_TOKENS,
   META.CACHED_TOKENS, META.REASONING_TOKENS, META.TOTAL, META.FIRST_RESULT_S, META.FINISHED_S,
-  META.CHUNK,
+  META.CHUNK, META.PARTIAL,
 }
 local gone, evicted, known = generation_error(meta, ARGV[2], COUNTED)
 if gone then return gone end
@@ -74,7 +80,8 @@ at = at + 2 * #entries - 1
 -- otherwise, or one if swarm-retry queued it (ID round-(index+1)); a job from before chunks
 -- were so recorded has none (0), its sizes all in the hash.
 local chunk = tonumber(known[13] or '0')
-local whole, open, held, ended = {}, {}, {}, {}
+local partial = tonumber(known[14] or '')
+local whole, open, held, ended, marks = {}, {}, {}, {}, {}
 for k = 16, 15 + m do
   open[#open + 1] = ARGV[k]
   held[#open] = false
@@ -115,6 +122,9 @@ for lo = 1, #open, 500 do
     if complete then
       whole[#whole + 1] = id
       if sizes[i] then ended[#ended + 1] = id end
+    elseif e then
+      marks[#marks + 1] = '~' .. id
+      marks[#marks + 1] = '1'
     end
   end
 end
@@ -124,10 +134,15 @@ end
 -- The acks come first: a Redis over its maxmemory refuses a script's first write only if
 -- that write may grow memory (XACK, HDEL never do), so answers land even in a full Redis,
 -- and the trim below frees their prompts (see common/room.py).
+local acked = 0
 for lo = 1, #whole, 500 do
   local part = {unpack(whole, lo, math.min(lo + 499, #whole))}
-  redis.call('XACK', stream, group, unpack(part))
+  acked = acked + redis.call('XACK', stream, group, unpack(part))
   redis.call('HDEL', running, unpack(part))
+end
+local fresh_entries = partial == 0 and m == 0 and x == 0 and #open == 0 and acked == #entries
+for _, e in ipairs(fresh_entries and evicted > 0 and entries or {}) do
+  if tonumber(string.match(e[1], '%-(%d+)$')) - 1 < evicted then fresh_entries = false end
 end
 -- One HMGET and one HSET per 500 prompts rather than an HSETNX each: Redis's cost per command
 -- called from Lua is several times its cost per field.
@@ -135,12 +150,14 @@ end
 local done, failed, hits, kinds, stale = 0, 0, 0, {}, {}
 for lo = 1, n, 500 do
   local hi = math.min(lo + 499, n)
-  local indices = {}
-  for e = lo, hi do indices[#indices + 1] = ARGV[at + 2 * e] end
-  local have = redis.call('HMGET', results, unpack(indices))
-  local plain = x == 0 and evicted == 0
-  for i = 1, plain and #have or 0 do
-    if have[i] then plain = false end
+  local indices, have, plain = {}, {}, fresh_entries
+  if not plain then
+    for e = lo, hi do indices[#indices + 1] = ARGV[at + 2 * e] end
+    have = redis.call('HMGET', results, unpack(indices))
+    plain = x == 0 and evicted == 0
+    for i = 1, plain and #have or 0 do
+      if have[i] then plain = false end
+    end
   end
   if plain then
     redis.call('HSET', results, unpack(ARGV, at + 2 * lo, at + 2 * hi + 1))
@@ -192,6 +209,21 @@ for lo = 1, n, 500 do
     end
   end
 end
+-- The partly answered entries' marks: each written left marked, each made whole unmarked
+-- (looked for only while the job has some). A job from before the marks keeps none.
+local marked = partial
+if partial and #marks > 0 then
+  for k = 1, #marks, 500 do
+    marked = marked + redis.call('HSET', chunks, unpack(marks, k, math.min(k + 499, #marks)))
+  end
+end
+if partial and partial > 0 then
+  local unmark = {}
+  for i, id in ipairs(whole) do unmark[i] = '~' .. id end
+  for lo = 1, #unmark, 500 do
+    marked = marked - redis.call('HDEL', chunks, unpack(unmark, lo, math.min(lo + 499, #unmark)))
+  end
+end
 for kind, count in pairs(kinds) do
   redis.call('HINCRBY', meta, FAILED_KIND_PREFIX .. kind, count)
 end
@@ -222,6 +254,10 @@ for c = 1, 7 do
     counts[#counts + 1] = COUNTED[c]
     counts[#counts + 1] = string.format('%d', tonumber(known[2 + c] or '0') + moved[c])
   end
+end
+if marked ~= partial then
+  counts[#counts + 1] = META.PARTIAL
+  counts[#counts + 1] = string.format('%d', marked)
 end
 local over = known[12] and true or false
 if done + failed > 0 then
