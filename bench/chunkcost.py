@@ -3,7 +3,7 @@ instant endpoints, 2 workers; the default batch of 32, and 256 with 4 in flight)
 and chunk 16 alternated, each row's prompts/s, Redis CPU and commands a prompt (Lua's
 included, from INFO commandstats), and with ``--top`` the commands that cost most.
 
-    python -m bench.chunkcost [N] [--rounds 2] [--top]
+    python -m bench.chunkcost [N] [--rounds 2] [--top] [--chunks 1,16]
 """
 
 from __future__ import annotations
@@ -59,13 +59,13 @@ async def _row(
         await r.aclose()
 
 
-async def main(n: int, rounds: int, top: bool) -> None:
+async def main(n: int, rounds: int, top: bool, chunks: tuple[int, ...]) -> None:
     prompts = prompt_set(n)
     with Bench() as bench:
         fleet = new_fleet(2, INSTANT).start()
         try:
             for k in range(rounds):
-                for chunk in (1, 16):
+                for chunk in chunks:
                     for batch, env in ROWS:
                         got = await _row(bench.url, fleet, prompts, env, chunk, top)
                         print(f"round {k + 1}, batch {batch:>3}, chunk {chunk:>2}: {got}")
@@ -78,5 +78,6 @@ if __name__ == "__main__":
     p.add_argument("n", type=int, nargs="?", default=100_000)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--top", action="store_true")
+    p.add_argument("--chunks", default="1,16", help="the chunk sizes to run, comma-separated")
     a = p.parse_args()
-    asyncio.run(main(a.n, a.rounds, a.top))
+    asyncio.run(main(a.n, a.rounds, a.top, tuple(int(c) for c in a.chunks.split(","))))
