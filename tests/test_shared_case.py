@@ -1,10 +1,10 @@
 """The shared case of issue 21: on one fleet of two models and one Redis, a job answered partly
 from the response cache, a plain job, a job for the other model, a job of questions over
 documents (its prompts carrying affinity keys, each document's given to one endpoint; it and the
-plain job of one project), and a job
-deleted mid-run and queued again under its name with another input, one endpoint unusable (a
-wrong key), with Redis restarted in the middle. No output holds a wrong answer or another
-model's, and every job's counts equal its total. Real processes throughout."""
+plain job of one project), and a job spread over three shards, deleted mid-run and queued
+again under its name with another input over two, one endpoint unusable (a wrong key), with
+Redis restarted in the middle. No output holds a wrong answer or another model's, and every
+job's counts equal its total. Real processes throughout."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ import pytest
 import redis
 
 from swarm_queue.common.keys import Keys, lane_name
+from swarm_queue.common.shards import aimed_names
 from swarm_queue.sim.text import completion_for
 from tests.harness import MAX_TOKENS, Fleet, FleetFactory, command, wrong_key_endpoint
 from tests.helpers import wait_count
@@ -85,7 +86,8 @@ def test_jobs_of_two_models_a_broken_endpoint_a_requeued_job_and_a_redis_restart
         _enqueue(fleet, _write(tmp_path / "other.txt", other_in), "other", "--model", "n")
         _enqueue(fleet, _write(tmp_path / "affine.txt", affine_in), "affine", "--model", "m",
                  "--project", "lab")  # fmt: skip
-        _enqueue(fleet, _write(tmp_path / "reused.txt", old_in), "reused", "--model", "m")
+        _enqueue(fleet, _write(tmp_path / "reused.txt", old_in), "reused", "--model", "m",
+                 "--shards", "3")  # fmt: skip
         locked = stack.enter_context(wrong_key_endpoint())
         broken = fleet.worker("w1", [0], burst=False, SWARM_ENDPOINTS=f"{fleet.url(0)},{locked}")
         healthy = fleet.worker("w2", [1, 2], burst=False)
@@ -95,7 +97,8 @@ def test_jobs_of_two_models_a_broken_endpoint_a_requeued_job_and_a_redis_restart
         fleet.sim.send_signal(signal.SIGSTOP)
         try:
             _cmd(fleet, "swarm-jobs", "--delete", "reused", "--force")
-            _enqueue(fleet, _write(tmp_path / "new.txt", new_in), "reused", "--model", "m")
+            _enqueue(fleet, _write(tmp_path / "new.txt", new_in), "reused", "--model", "m",
+                     "--shards", "2")  # fmt: skip
         finally:
             fleet.sim.send_signal(signal.SIGCONT)
         collectors = {
@@ -118,7 +121,16 @@ def test_jobs_of_two_models_a_broken_endpoint_a_requeued_job_and_a_redis_restart
         assert "endpoint unusable" in fleet.logs[1].read_text()
         assert healthy.wait(timeout=60) == 0
         with redis.Redis.from_url(server.url) as client:
-            metas = {j: client.hgetall(keys.meta(j)) for j in collectors}
+            metas = {j: client.hgetall(keys.meta(j)) for j in collectors if j != "reused"}
+            # The requeued job's counts are its two shards' together; its first layout's
+            # third shard went with the delete, and nothing wrote it again.
+            shards = [client.hgetall(keys.meta(name)) for name in aimed_names("reused", 2)]
+            metas["reused"] = {
+                field: b"%d" % sum(int(m.get(field, 0)) for m in shards)
+                for field in (b"done", b"failed")
+            }
+            gone = set(aimed_names("reused", 3)) - set(aimed_names("reused", 2))
+            assert gone and not any(client.exists(keys.meta(name)) for name in gone)
             owners = client.hgetall(keys.owners("affine"))
     finally:
         stack.close()
