@@ -134,9 +134,10 @@ def _with_nan(raw: bytes, decoder: msgspec.json.Decoder[T]) -> T | None:
     if b"NaN" not in raw and b"Infinity" not in raw:
         return None
     try:
-        return msgspec.convert(json.loads(raw), decoder.type)
+        read: T = msgspec.convert(json.loads(raw), decoder.type)
     except (ValueError, msgspec.ValidationError):
         return None
+    return read
 
 
 def _status_error(
