@@ -13,6 +13,7 @@ import redis
 
 from swarm_queue.common.errors import StoreUnavailable
 from swarm_queue.common.keys import Keys
+from swarm_queue.common.room import SHARE
 from swarm_queue.common.settings import Settings
 from swarm_queue.common.shards import Shards
 from swarm_queue.common.store import JobStore
@@ -142,6 +143,38 @@ def test_one_job_sharded_over_the_three_primaries_holds_a_third_on_each_and_is_e
             assert client.hlen(keys.results(name)) == share
             done, failed = (int(x or 0) for x in client.hmget(keys.meta(name), ["done", "failed"]))
             assert done + failed == share
+
+
+def test_a_sharded_job_keeps_room_on_each_primary_for_the_answers_of_its_own_shard(
+    cluster: RedisClusterProcs, fleet_factory: FleetFactory, prefix: str
+) -> None:
+    """Each primary has room for the answers of its own shard of a job over the three, not for
+    the whole job's: all of it is queued, no worker running (before, the node of shard 0 was
+    asked to hold the whole job's answers, and the producer waited for ever)."""
+    keys = Keys(prefix)
+    n, job = 3000, "roomy"
+    fleet = fleet_factory(1, url=cluster.url)
+    fleet.env["SWARM_REDIS_CLUSTER"] = "1"
+    clients = [redis.Redis(port=node.port) for node in cluster.nodes]
+    producer = None
+    try:
+        for client in clients:  # 8 MiB free under the share of maxmemory a producer fills
+            used = int(client.info("memory")["used_memory"])
+            client.config_set("maxmemory", int((used + 8 * 2**20) / SHARE))
+        # An answer is taken for 4,300 bytes (max_tokens 1,000) until some are measured: a
+        # shard's 1,000 need 4.3 MB of a node's 8, the job's 3,000 need 12.9.
+        producer = fleet.enqueue(job, n, set(), "--shards", "auto", "--max-tokens", "1000")
+        assert producer.wait(timeout=90) == 0, (fleet.tmp / f"enqueue-{job}.log").read_text()
+    finally:
+        if producer is not None and producer.poll() is None:
+            producer.kill()
+        for client in clients:
+            client.config_set("maxmemory", 0)
+            client.close()
+    layout = Shards.of(job, 3, 16)
+    for name, share in zip(layout.names, layout.shares(n), strict=True):
+        with redis.Redis(port=cluster.nodes[cluster.node_of(keys.meta(name))].port) as client:
+            assert int(client.hget(keys.meta(name), "enqueued") or 0) == share
 
 
 async def test_a_client_not_told_of_the_cluster_says_so(

@@ -321,7 +321,7 @@ class _Feeder:
             if self.window is not None:
                 await _wait_for_room(self.store, self.job, self.token, upto, self.window)
             size = lambda: sum(len(encode(it)) for it in items)  # noqa: E731
-            await self.room.wait(len(items), size, self.keep_lock)
+            await self.room.wait(len(items), size, self.keep_lock, items[0].index)
             try:
                 size_of = self.stored.chunk if self.stored is not None else 1
                 await self.store.add_items(

@@ -7,7 +7,9 @@ answers always land (see ``lua/commit.lua``). And a producer waits before each c
 Redis server holds, besides what it holds now, the chunk and an answer for every prompt of the
 job still unanswered, within :data:`SHARE` of ``maxmemory``: the job's default window, derived
 from ``maxmemory`` and the size of its answers (measured once it has some, bounded from
-``max_tokens`` before). A Redis without ``maxmemory`` is not limited here.
+``max_tokens`` before). A Redis without ``maxmemory`` is not limited here. A job spread over
+several shards (:mod:`common.shards`) is checked on the server its chunk goes to, for the
+answers of its shards that server holds: on a Cluster, each node for its own.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import time
 from collections.abc import Awaitable, Callable
 
 from swarm_queue.common.models import JobSpec
+from swarm_queue.common.shards import Shards
 from swarm_queue.common.store import Memory, ProducerStore
 
 __all__ = ["SHARE", "Room"]
@@ -57,21 +60,26 @@ class Room:
         self._said_at = -math.inf
         self._unlimited_until = -math.inf
         self._policy_said = False
+        self._layout: Shards | None = None
 
     async def wait(
         self,
         prompts: int,
         size: Callable[[], int],
         keep_alive: Callable[[], Awaitable[None]],
+        first: int = 0,
     ) -> None:
         """Return once ``prompts`` more prompts of ``size()`` bytes (measured only under a
-        maxmemory) leave room for every answer of the job to come; ``keep_alive`` is called
-        while waiting (the producer's lock)."""
+        maxmemory), from index ``first``, leave room for every answer to come of the job on
+        the server they go to; ``keep_alive`` is called while waiting (the producer's lock)."""
         if time.monotonic() < self._unlimited_until:
             return
         prompt_bytes = -1
+        if self._layout is None:
+            self._layout = await self.store.layout(self.job)
+        shard = self._layout.name_of(first)
         while True:
-            mem = await self.store.memory(self.job)
+            mem = await self.store.memory(shard)
             if mem is None:
                 # The ACL forbids INFO: no room check, said once (a full Redis then refuses
                 # writes and the producer waits, as without a maxmemory check).
@@ -88,10 +96,9 @@ class Room:
             if prompt_bytes < 0:
                 prompt_bytes = size()
             self._check_policy(mem)
-            status = await self.store.status(self.job)
-            if status.cancelled:
+            unanswered, cancelled = await self.store.unanswered_beside(self._layout, shard)
+            if cancelled:
                 return
-            unanswered = max(0, status.enqueued - status.done - status.failed)
             # The answers' size is measured only when the estimate says to wait.
             if self._fits(mem, unanswered, prompts, prompt_bytes):
                 return

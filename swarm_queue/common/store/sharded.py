@@ -172,6 +172,21 @@ class Sharded(Registry, Feeding, Status, Results):
         parts = [await Status.status(self, name, rate=rate) for name in layout.names]
         return parts[0] if layout.shards == 1 else combined(job, parts)
 
+    async def unanswered_beside(self, layout: Shards, name: str) -> tuple[int, bool]:
+        """Of ``layout``'s job, the prompts queued and not yet answered in its shards on the
+        Redis server holding shard ``name`` (a Cluster node; one server holds them all), and
+        whether the job was cancelled: the answers that server must keep room for (see
+        :mod:`common.room`)."""
+        names = layout.names
+        if isinstance(self.redis, RedisCluster):
+            node = self.redis.get_node_from_key(self.keys.meta(name)).name
+            names = [
+                n for n in names if self.redis.get_node_from_key(self.keys.meta(n)).name == node
+            ]
+        parts = [await Status.status(self, n, rate=False) for n in names]
+        unanswered = sum(max(0, p.enqueued - p.done - p.failed) for p in parts)
+        return unanswered, any(p.cancelled for p in parts)
+
     async def read_endpoints(self, job: str) -> list[EndpointStats]:
         layout = await self.layout(job)
         if layout.shards == 1:
