@@ -197,6 +197,23 @@ async def test_a_copy_of_a_whole_chunk_answered_in_part_before_keeps_the_first_a
     assert (await store.redis.xpending(store.keys.stream("c"), GROUP))["pending"] == 0
 
 
+async def test_a_whole_chunk_answered_in_part_by_a_worker_from_before_the_marks_counts_once(
+    store: JobStore,
+) -> None:
+    """A worker from before the marks (a fleet mid-upgrade) answers 3 prompts of a chunk and
+    marks nothing; a copy of the whole chunk then takes the unread path: each prompt is still
+    counted once (8 done, not 11)."""
+    await enqueue_prompts(store, _spec(chunk=8), prompts(16))
+    gen = (await store.load_spec("c")).generation
+    [(eid, _)] = await store.read_new("c", "w|x", 1)
+    old = {str(i): encode(Result(index=i, text=f"old {i}")) for i in (0, 3, 6)}
+    await store.redis.hset(store.keys.results("c"), mapping=old)  # (as its commit wrote them)
+    await store.redis.hset(store.keys.meta("c"), "done", 3)
+    whole = [(eid, Result(index=i, text=f"copy {i}", finish_reason="stop"), None) for i in range(8)]
+    assert (await store.commit("c", whole, gen=gen)).done == 5
+    assert (await store.status("c", rate=False)).done == 8
+
+
 async def test_a_retry_of_some_prompts_of_a_chunk_queues_each_again_alone(
     make_settings: Callable[..., Settings], store: JobStore, sim_fleet: Callable[..., SimFleet]
 ) -> None:

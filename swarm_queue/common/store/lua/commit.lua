@@ -160,8 +160,9 @@ for lo = 1, n, 500 do
     end
   end
   if plain then
-    redis.call('HSET', results, unpack(ARGV, at + 2 * lo, at + 2 * hi + 1))
-    done = done + hi - lo + 1
+    -- (HSET counts the fields it added: were one written already, by a worker from before
+    -- the marks beside this one on the job, it is counted once still)
+    done = done + redis.call('HSET', results, unpack(ARGV, at + 2 * lo, at + 2 * hi + 1))
   else
     local again = evicted > 0 and redis.call('HMGET', reopened, unpack(indices)) or {}
     local fresh, lost, hit, moved, reclosed = {}, {}, {}, {}, {}
