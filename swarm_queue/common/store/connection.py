@@ -31,6 +31,7 @@ from swarm_queue.common.errors import (
     StoreUnavailable,
 )
 from swarm_queue.common.redisurl import mask_url
+from swarm_queue.common.store.packing import packed_by_hiredis
 
 __all__ = [
     "NO_CLIENT_SETINFO",
@@ -358,10 +359,12 @@ def connect(
                 redis_connect_func=retry.on_connect,
                 **options,
             )
-            client = aioredis.Redis(connection_pool=pool)
+            client = packed_by_hiredis(aioredis.Redis(connection_pool=pool))
             client.auto_close_connection_pool = True  # (closed with the client, as from_url's)
         else:
-            client = aioredis.from_url(url, redis_connect_func=retry.on_connect, **options)
+            client = packed_by_hiredis(
+                aioredis.from_url(url, redis_connect_func=retry.on_connect, **options)
+            )
     except ValueError as exc:
         raise StoreUnavailable(f"invalid Redis URL {mask_url(url)}: {exc}") from None
     _RETRIES[client] = retry
