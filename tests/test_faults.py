@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import redis
 
+from swarm_queue.common.keys import Keys
 from tests.harness import FleetFactory, check_output, collect
 from tests.helpers import wait_count, wait_until
 from tests.servers import redis_server
@@ -155,6 +156,11 @@ def test_redis_restarted_mid_job_everyone_reconnects_and_nothing_is_lost(
     try:
         fleet = fleet_factory(2, url=server.url)
         producer = fleet.enqueue("restart", n, poison)
+        # (a --burst worker started before the job exists has nothing to drain and ends at
+        # once, never meeting the restart: seen once, on a loaded machine)
+        with redis.Redis.from_url(server.url) as client:
+            meta = Keys(fleet.prefix).meta("restart")
+            wait_until("the job created", lambda: client.exists(meta))
         workers = [fleet.worker("w1", [0]), fleet.worker("w2", [1])]
         collector = fleet.collect("restart")
         # Both workers up (a loaded machine starts one late: it would first meet Redis after
