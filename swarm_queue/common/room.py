@@ -67,7 +67,7 @@ class Room:
         prompts: int,
         size: Callable[[], int],
         keep_alive: Callable[[], Awaitable[None]],
-        first: int = 0,
+        first: int,
     ) -> None:
         """Return once ``prompts`` more prompts of ``size()`` bytes (measured only under a
         maxmemory), from index ``first``, leave room for every answer to come of the job on
