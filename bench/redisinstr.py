@@ -5,10 +5,11 @@ start and dumped once the job is collected. An instruction count does not move w
 the machine is doing, as CPU seconds do (they moved 1.4x between rounds on a busy day here),
 so two revisions compare in one round each.
 
-    python -m bench.redisinstr [N]
+    python -m bench.redisinstr [N] [--keep DIR]
 
 Needs valgrind and a redis-server on PATH (callgrind slows Redis some 50 times: N defaults to
-20,000). Reports instructions a prompt (Ir) and Redis commands a prompt.
+20,000). Reports instructions a prompt (Ir) and Redis commands a prompt; ``--keep DIR`` keeps
+each row's dump there (``callgrind_annotate --inclusive=yes DIR/batch-32.out`` tells where).
 """
 
 from __future__ import annotations
@@ -51,9 +52,14 @@ def _callgrind(pid: int, *args: str) -> None:
     subprocess.run(["callgrind_control", *args, str(pid)], check=True, capture_output=True)
 
 
+def _last_dump(out: Path, pid: int) -> Path:
+    """The last dump callgrind wrote for ``pid``."""
+    return sorted(out.parent.glob(f"{out.name}.{pid}.*"), key=lambda p: p.stat().st_mtime)[-1]
+
+
 def _dumped_ir(out: Path, pid: int) -> int:
     """The instructions of the last dump callgrind wrote for ``pid``."""
-    dumps = sorted(out.parent.glob(f"{out.name}.{pid}.*"), key=lambda p: p.stat().st_mtime)
+    dumps = [_last_dump(out, pid)]
     text = dumps[-1].read_text(errors="replace")
     found = re.search(r"^(?:summary|totals): (\d+)", text, re.M)
     if found is None:
@@ -62,7 +68,12 @@ def _dumped_ir(out: Path, pid: int) -> int:
 
 
 async def _row(
-    server: EmbeddedRedis, out: Path, fleet: SimFleetProc, prompts: list[str], env: dict[str, str]
+    server: EmbeddedRedis,
+    out: Path,
+    fleet: SimFleetProc,
+    prompts: list[str],
+    env: dict[str, str],
+    keep: Path | None,
 ) -> str:
     n = len(prompts)
     assert server.proc is not None
@@ -76,6 +87,10 @@ async def _row(
         )
         await asyncio.to_thread(_callgrind, pid, "--dump")
         ir = await asyncio.to_thread(_dumped_ir, out, pid)
+        if keep is not None:
+            keep.mkdir(parents=True, exist_ok=True)
+            batch = env.get("SWARM_BATCH_SIZE", "32")
+            shutil.copyfile(_last_dump(out, pid), keep / f"batch-{batch}.out")
         stats = await r.info("commandstats")
         calls = sum(int(v["calls"]) for k, v in stats.items() if "config" not in k)
         await r.flushall()
@@ -85,7 +100,7 @@ async def _row(
         await r.aclose()
 
 
-async def main(n: int) -> None:
+async def main(n: int, keep: Path | None) -> None:
     prompts = prompt_set(n)
     with tempfile.TemporaryDirectory(prefix="swarm-instr-") as tmp:
         out = Path(tmp) / "callgrind.out"
@@ -94,7 +109,7 @@ async def main(n: int) -> None:
             fleet = new_fleet(2, INSTANT).start()
             try:
                 for batch, env in ROWS:
-                    got = await _row(server, out, fleet, prompts, env)
+                    got = await _row(server, out, fleet, prompts, env, keep)
                     print(f"batch {batch:>3}, {n:,} prompts: {got}", flush=True)
             finally:
                 fleet.stop()
@@ -105,5 +120,6 @@ async def main(n: int) -> None:
 if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("n", type=int, nargs="?", default=20_000)
+    p.add_argument("--keep", type=Path, help="a directory to keep each row's callgrind dump in")
     a = p.parse_args()
-    asyncio.run(main(a.n))
+    asyncio.run(main(a.n, a.keep))

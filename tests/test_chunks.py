@@ -200,11 +200,12 @@ async def test_a_copy_of_a_whole_chunk_answered_in_part_before_keeps_the_first_a
 async def test_a_whole_chunk_answered_in_part_by_a_worker_from_before_the_marks_counts_once(
     store: JobStore,
 ) -> None:
-    """A worker from before the marks (a fleet mid-upgrade) answers 3 prompts of a chunk and
-    marks nothing; a copy of the whole chunk then takes the unread path: each prompt is still
-    counted once (8 done, not 11)."""
+    """A worker from before the marks (a fleet mid-upgrade, on a job queued before its chunks
+    were packed) answers 3 prompts of a chunk and marks nothing; a copy of the whole chunk
+    then takes the unread path: each prompt is still counted once (8 done, not 11)."""
     await enqueue_prompts(store, _spec(chunk=8), prompts(16))
     gen = (await store.load_spec("c")).generation
+    await store.redis.hdel(store.keys.meta("c"), Meta.PACKED)  # (a job from before)
     [(eid, _)] = await store.read_new("c", "w|x", 1)
     old = {str(i): encode(Result(index=i, text=f"old {i}")) for i in (0, 3, 6)}
     await store.redis.hset(store.keys.results("c"), mapping=old)  # (as its commit wrote them)

@@ -18,6 +18,7 @@ import pytest
 import redis
 
 from swarm_queue.common.embedded import free_port
+from swarm_queue.common.store.resultfields import split_chunk
 from swarm_queue.sim.launch import launch
 from swarm_queue.sim.text import completion_for
 from tests.harness import BIN
@@ -148,7 +149,9 @@ def test_slurm_job_outlives_an_allocation_cut_short(
     )
     # The script's model reached the server, and its log went where the script says.
     assert (tmp_path / "logs" / "localhost" / "engine-0.log").exists()
-    sample = msgspec.msgpack.decode(client.hget(f"{prefix}:{{long}}:results", "0"))
+    results, chunk = f"{prefix}:{{long}}:results", int(client.hget(meta, "chunk") or 1)
+    raw = client.hget(results, "0")  # (its own field, or its chunk's)
+    sample = msgspec.msgpack.decode(raw or split_chunk(client.hget(results, "c0"), chunk)[0])
     assert sample["model"] == "org/served-model"
 
 

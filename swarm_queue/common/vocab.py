@@ -6,7 +6,14 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-__all__ = ["FAILED_KIND_PREFIX", "RETRYABLE_KINDS", "FailureKind", "Meta", "failed_field"]
+__all__ = [
+    "FAILED_KIND_PREFIX",
+    "RESULT_CHUNK_PREFIX",
+    "RETRYABLE_KINDS",
+    "FailureKind",
+    "Meta",
+    "failed_field",
+]
 
 
 class FailureKind(StrEnum):
@@ -78,6 +85,11 @@ class Meta(StrEnum):
     # until it is whole), written 0 at its creation: while none is, a commit of whole entries
     # still pending writes without reading for earlier answers (lua/commit.lua).
     PARTIAL = "partial"
+    # Written 1 at the job's creation: a whole chunk answered in one commit may keep its
+    # results in one field of the results hash (:data:`RESULT_CHUNK_PREFIX` and its first
+    # index; common/store/resultfields.py), which every reader of this version looks for.
+    # A job from before has none: its readers know only a field an index.
+    PACKED = "packed"
     # An embeddings job's dimension, fixed by its first answer: a vector of another is
     # the endpoint's failure, never a result
     DIM = "dim"
@@ -88,6 +100,9 @@ class Meta(StrEnum):
 # two commands, which at every commit were a tenth of Redis's commands a prompt (issue 50),
 # and what it leaves meanwhile is a few hundred acknowledged prompts' entries.
 TRIM_EVERY = 512
+
+# A whole chunk's results, kept together: the results hash's field ``c<first index>``.
+RESULT_CHUNK_PREFIX = "c"
 
 # Per-kind failure counters are meta fields ``failed:<kind>``.
 FAILED_KIND_PREFIX = "failed:"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import Any, Self
 
 import msgspec
@@ -19,7 +20,9 @@ from swarm_queue.common.store.connection import (
     connection_losses,
     reachable,
 )
+from swarm_queue.common.store.resultfields import block_of, chunk_field, split_chunk
 from swarm_queue.common.store.scripts import Scripts
+from swarm_queue.common.vocab import Meta
 
 __all__ = ["ACL_COMMANDS", "Memory", "StoreBase", "acl_rules", "spec_of"]
 
@@ -150,6 +153,33 @@ class StoreBase:
         StoreUnavailable after the client's patience."""
         async with redis_errors(self.url):
             await self.redis.ping()
+
+    async def result_blobs(self, job: str, indices: Sequence[int]) -> list[bytes | None]:
+        """The raw result of each of ``indices`` (None where there is none), wherever it is
+        kept: in its own field, or in its chunk's (common/store/resultfields.py). The one
+        reader of a job's results hash: a field an index first, with the job's chunk in the
+        same round trip; then, for a job that packs its chunks, the chunks of those missing."""
+        if not indices:
+            return []
+        key = self.keys.results(job)
+        async with redis_errors(self.url, job):
+            async with self.redis.pipeline(transaction=False) as pipe:
+                pipe.hmget(self.keys.meta(job), [Meta.CHUNK, Meta.PACKED])
+                pipe.hmget(key, [str(i) for i in indices])
+                (chunk_raw, packed), got = await pipe.execute()
+            out: list[bytes | None] = list(got)
+            chunk = int(chunk_raw or 1)
+            if packed != b"1" or chunk < 2 or all(b is not None for b in out):
+                return out
+            blocks = sorted(
+                {block_of(i, chunk) for i, b in zip(indices, out, strict=True) if b is None}
+            )
+            fields = await self.redis.hmget(key, [chunk_field(b) for b in blocks])
+        held = {b: split_chunk(v, chunk) for b, v in zip(blocks, fields, strict=True) if v}
+        for k, i in enumerate(indices):
+            if out[k] is None and (found := held.get(block_of(i, chunk))) is not None:
+                out[k] = found[i % chunk]
+        return out
 
     def script_keys(self, job: str) -> list[str]:
         """KEYS of the commit and retry scripts, in their order: results, meta, stream, failed,

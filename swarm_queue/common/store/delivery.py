@@ -194,7 +194,7 @@ class Delivery(StoreBase):
             return set()
         async with redis_errors(self.url, job):
             evicted = int(await self.redis.hget(self.keys.meta(job), Meta.EVICTED) or 0)
-            have = await self.redis.hmget(self.keys.results(job), [str(i) for i in indices])
+        have = await self.result_blobs(job, indices)
         return {i for i, h in zip(indices, have, strict=True) if h is not None or i < evicted}
 
     async def chunk_sizes(self, job: str, entry_ids: Sequence[bytes], chunk: int) -> list[int]:
@@ -296,6 +296,7 @@ class Delivery(StoreBase):
         totals = [0, 0, 0, 0]
         for entry_id, held in by_entry.items():
             heads += [entry_id, len(held)]
+            held.sort(key=lambda rp: rp[0].index)  # (a whole chunk's field is in index order)
             for result, payload in held:
                 prompts += [result.index, encode(result)]
                 kind = result.error_kind or "error" if not result.ok else "+" * result.cached

@@ -132,4 +132,13 @@ class Feeding(StoreBase):
         async with redis_errors(self.url, job):
             held = int(await self.redis.hlen(key))
             used = int(await self.redis.memory_usage(key, samples=50) or 0) if held else 0
+            if held:
+                # A field may hold a chunk's results (common/store/resultfields.py): the
+                # answers held are those counted but below the eviction mark.
+                counts = await self.redis.hmget(
+                    self.keys.meta(job), [Meta.PACKED, Meta.DONE, Meta.FAILED, Meta.EVICTED]
+                )
+                if counts[0] == b"1":
+                    done, failed, evicted = (int(c or 0) for c in counts[1:])
+                    held = max(held, done + failed - evicted)
         return held, used

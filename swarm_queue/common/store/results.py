@@ -18,9 +18,7 @@ class Results(StoreBase):
 
     async def fetch_results(self, job: str, start: int, count: int) -> list[bytes | None]:
         """Raw result blobs for indices ``start .. start+count-1`` (None where not yet written)."""
-        fields = [str(i) for i in range(start, start + count)]
-        async with redis_errors(self.url, job):
-            return list(await self.redis.hmget(self.keys.results(job), fields))
+        return await self.result_blobs(job, range(start, start + count))
 
     async def read_results(self, job: str, total: int, chunk: int = 2000) -> list[Result]:
         """Every result of ``job`` in index order; an index with none (evicted by a collector)

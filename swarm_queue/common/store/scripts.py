@@ -2,13 +2,14 @@
 
 Each file opens with its KEYS/ARGV contract. The loader writes each meta field a script names
 (``META.DONE``) as the string :mod:`common.vocab` gives it (``'done'``), so the names Python
-reads are the names Lua writes, puts the failure-kind prefix, the lanes' prefix and the trim
-period in front, and then those functions of ``lua/lib/`` the script calls:
-``clock.lua`` (Redis's own time: no caller's clock is stored or compared), ``streams.lua`` (how
-far the consumer group has read, trimming its acknowledged head) and ``jobs.lua`` (whether work
-in hand still belongs to the job's generation). What runs at every call is only what the
-script uses: a table of every field, or a closure of every function, built at each call was
-a sixth of a bare call's work and fed Lua's collector (issue 50).
+reads are the names Lua writes, puts the failure-kind prefix, the lanes' prefix, the trim
+period and the prefix of a chunk's results field in front, and then those functions of
+``lua/lib/`` the script calls: ``clock.lua`` (Redis's own time: no caller's clock is stored or
+compared), ``streams.lua`` (how far the consumer group has read, trimming its acknowledged
+head) and ``jobs.lua`` (whether work in hand still belongs to the job's generation). What runs
+at every call is only what the script uses: a table of every field, or a closure of every
+function, built at each call was a sixth of a bare call's work and fed Lua's collector
+(issue 50).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import NoScriptError
 
 from swarm_queue.common.keys import LANE_PREFIX
-from swarm_queue.common.vocab import FAILED_KIND_PREFIX, TRIM_EVERY, Meta
+from swarm_queue.common.vocab import FAILED_KIND_PREFIX, RESULT_CHUNK_PREFIX, TRIM_EVERY, Meta
 
 __all__ = ["SCRIPT_NAMES", "Script", "Scripts", "source"]
 
@@ -111,6 +112,7 @@ def source(name: str) -> str:
     head = (
         f"local FAILED_KIND_PREFIX = {_lua_string(FAILED_KIND_PREFIX)}\n"
         f"local LANE_PREFIX = {_lua_string(LANE_PREFIX)}\nlocal TRIM_EVERY = {TRIM_EVERY:d}\n"
+        f"local RESULT_CHUNK_PREFIX = {_lua_string(RESULT_CHUNK_PREFIX)}\n"
     )
     lib = "".join(text + "\n" for n, text in library if n in used)
     return _META_FIELD.sub(_meta_field, head + lib + body)

@@ -43,10 +43,7 @@ class StepMap(StoreBase):
 
     async def results_at(self, job: str, indices: Sequence[int]) -> list[bytes | None]:
         """Raw result blobs of ``indices`` (None where there is none)."""
-        if not indices:
-            return []
-        async with redis_errors(self.url, job):
-            return list(await self.redis.hmget(self.keys.results(job), [str(i) for i in indices]))
+        return await self.result_blobs(job, indices)
 
     async def step_indices(self, job: str, origins: Sequence[int]) -> list[int | None]:
         """Each input index's item index in step ``job`` (None: not queued there)."""

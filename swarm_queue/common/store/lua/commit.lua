@@ -54,7 +54,7 @@ local group, now = ARGV[1], now_s()
 local COUNTED = {
   META.DONE, META.FAILED, META.CACHE_HITS, META.PROMPT_TOKENS, META.COMPLETION_TOKENS,
   META.CACHED_TOKENS, META.REASONING_TOKENS, META.TOTAL, META.FIRST_RESULT_S, META.FINISHED_S,
-  META.CHUNK, META.PARTIAL,
+  META.CHUNK, META.PARTIAL, META.PACKED,
 }
 local gone, evicted, known = generation_error(meta, ARGV[2], COUNTED)
 if gone then return gone end
@@ -81,6 +81,14 @@ at = at + 2 * #entries - 1
 -- were so recorded has none (0), its sizes all in the hash.
 local chunk = tonumber(known[13] or '0')
 local partial = tonumber(known[14] or '')
+-- A job that packs its chunks keeps a whole chunk answered in one commit in one field (its
+-- first index a multiple of the chunk; common/store/resultfields.py); none holds a failure.
+local packed = chunk > 1 and known[15] == '1'
+local function aligned(id)  -- the first index of a producer's chunk entry on a block, or nil
+  if not packed or string.sub(id, 1, 2) ~= '0-' then return nil end
+  local first = tonumber(string.match(id, '%-(%d+)$')) - 1
+  return first % chunk == 0 and first or nil
+end
 local whole, open, held, ended, marks = {}, {}, {}, {}, {}
 for k = 16, 15 + m do
   open[#open + 1] = ARGV[k]
@@ -102,6 +110,10 @@ for lo = 1, #open, 500 do
     local size = tonumber(sizes[i] or '')
     if not size then size = string.match(id, '^0%-') and math.max(chunk, 1) or 1 end
     local complete = true
+    local block = aligned(id)
+    if block and redis.call('HEXISTS', results, RESULT_CHUNK_PREFIX .. block) == 1 then
+      size = 1  -- (answered whole, in its chunk's field: a copy's commit, nothing new)
+    end
     if size > 1 and not (e and e[3] == size) then  -- a chunk (ID 0-(first+1)) not all here
       local here = {}
       if e then
@@ -146,14 +158,59 @@ for _, e in ipairs(fresh_entries and evicted > 0 and entries or {}) do
 end
 -- One HMGET and one HSET per 500 prompts rather than an HSETNX each: Redis's cost per command
 -- called from Lua is several times its cost per field.
--- When every result is new and plain (the common case), they are written as they came.
+-- When every result is new and plain (the common case), they are written as they came: a
+-- whole chunk on a block into its chunk's field, where the job packs its chunks.
 local done, failed, hits, kinds, stale = 0, 0, 0, {}, {}
-for lo = 1, n, 500 do
+local covered = {}  -- prompt number -> true where its chunk's field holds it already
+if packed and not fresh_entries then
+  local names, which = {}, {}
+  for _, e in ipairs(entries) do
+    local block = aligned(e[1])
+    if block then
+      names[#names + 1] = RESULT_CHUNK_PREFIX .. block
+      which[#names] = e
+    end
+  end
+  for lo = 1, #names, 500 do
+    local got = redis.call('HMGET', results, unpack(names, lo, math.min(lo + 499, #names)))
+    for i, value in ipairs(got) do
+      local e = which[lo + i - 1]
+      for f = value and e[2] or 1, value and e[2] + e[3] - 1 or 0 do covered[f] = true end
+    end
+  end
+end
+if fresh_entries and packed then
+  local head = '\193\220' .. string.char(math.floor(chunk / 256) % 256, chunk % 256)
+  local fields, singles = {}, {}
+  for _, e in ipairs(entries) do
+    local block = e[3] == chunk and aligned(e[1])
+    if block then
+      local parts = {head}
+      for f = e[2], e[2] + e[3] - 1 do parts[#parts + 1] = ARGV[at + 2 * f + 1] end
+      fields[#fields + 1] = RESULT_CHUNK_PREFIX .. block
+      fields[#fields + 1] = table.concat(parts)
+    else
+      for f = e[2], e[2] + e[3] - 1 do
+        singles[#singles + 1] = ARGV[at + 2 * f]
+        singles[#singles + 1] = ARGV[at + 2 * f + 1]
+      end
+    end
+  end
+  for lo = 1, #fields, 1000 do
+    local hi = math.min(lo + 999, #fields)
+    done = done + chunk * redis.call('HSET', results, unpack(fields, lo, hi))
+  end
+  for lo = 1, #singles, 1000 do
+    done = done + redis.call('HSET', results, unpack(singles, lo, math.min(lo + 999, #singles)))
+  end
+end
+for lo = 1, fresh_entries and packed and 0 or n, 500 do
   local hi = math.min(lo + 499, n)
   local indices, have, plain = {}, {}, fresh_entries
   if not plain then
     for e = lo, hi do indices[#indices + 1] = ARGV[at + 2 * e] end
     have = redis.call('HMGET', results, unpack(indices))
+    for e = lo, hi do have[e - lo + 1] = have[e - lo + 1] or covered[e] or false end
     plain = x == 0 and evicted == 0
     for i = 1, plain and #have or 0 do
       if have[i] then plain = false end

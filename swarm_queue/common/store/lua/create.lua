@@ -8,7 +8,9 @@ local meta = KEYS[1]
 if redis.call('HSETNX', meta, META.SPEC, ARGV[1]) == 0 then
   return {0, redis.call('HGET', meta, META.SPEC)}
 end
-redis.call('HSET', meta, META.GENERATION, ARGV[2], META.CHUNK, ARGV[4], META.PARTIAL, '0')
+redis.call(
+  'HSET', meta, META.GENERATION, ARGV[2], META.CHUNK, ARGV[4], META.PARTIAL, '0', META.PACKED, '1'
+)
 if ARGV[3] ~= '' then redis.call('HSET', meta, META.REDUCE, ARGV[3]) end
 if ARGV[5] ~= '1' then redis.call('HSET', meta, META.SHARDS, ARGV[5]) end
 return {1, ARGV[1]}

@@ -9,9 +9,23 @@
 -- ARGV: [1] generation, [2] start, [3] end
 -- Returns the eviction mark.
 local results, meta, failed_h = KEYS[1], KEYS[2], KEYS[3]
-local gone = generation_error(meta, ARGV[1])
+local gone, _, known = generation_error(meta, ARGV[1], {META.CHUNK, META.PACKED})
 if gone then return gone end
 local lo, hi = tonumber(ARGV[2]), tonumber(ARGV[3])
+-- A chunk's field (a job that packs its chunks: common/store/resultfields.py) goes once every
+-- index of it is below `end`; it never holds a failure. One below `start` went before.
+local chunk = tonumber(known[3] or '1') or 1
+if chunk > 1 and known[4] == '1' then
+  local fields = {}
+  for first = lo - lo % chunk, hi - chunk, chunk do
+    fields[#fields + 1] = RESULT_CHUNK_PREFIX .. first
+    if #fields == 5000 then
+      redis.call('HDEL', results, unpack(fields))
+      fields = {}
+    end
+  end
+  if #fields > 0 then redis.call('HDEL', results, unpack(fields)) end
+end
 for first = lo, hi - 1, 5000 do
   local fields = {}
   for i = first, math.min(first + 4999, hi - 1) do fields[#fields + 1] = tostring(i) end

@@ -1,0 +1,132 @@
+"""A whole chunk answered in one commit is kept in one field of its job's results hash (issue
+50: one field, one argument and one hash entry a chunk where there were one a prompt), and
+every reader finds an index's result there or in its own field; first write wins across both,
+eviction frees both. Against a real Redis (common/store/resultfields.py, lua/commit.lua)."""
+
+from __future__ import annotations
+
+from swarm_queue.common.feed import enqueue_prompts
+from swarm_queue.common.models import JobSpec, Result, SamplingParams, decode_result
+from swarm_queue.common.store import JobStore
+from swarm_queue.common.store.resultfields import split_chunk
+from swarm_queue.common.vocab import FailureKind, Meta
+from tests.harness import MAX_TOKENS
+from tests.helpers import prompts
+
+
+def _spec(chunk: int = 8) -> JobSpec:
+    return JobSpec(job="c", params=SamplingParams(max_tokens=MAX_TOKENS), chunk=chunk)
+
+
+def _answers(
+    eid: bytes, indices: range | tuple[int, ...], text: str
+) -> list[tuple[bytes, Result, None]]:
+    return [(eid, Result(index=i, text=f"{text} {i}", finish_reason="stop"), None) for i in indices]
+
+
+async def _fields(store: JobStore) -> list[bytes]:
+    return sorted(await store.redis.hkeys(store.keys.results("c")))
+
+
+async def _texts(store: JobStore, start: int, count: int) -> list[str | None]:
+    blobs = await store.fetch_results("c", start, count)
+    return [None if b is None else decode_result(b).text for b in blobs]
+
+
+async def test_a_whole_chunk_answered_in_one_commit_is_one_field_read_back_in_order(
+    store: JobStore,
+) -> None:
+    await enqueue_prompts(store, _spec(), prompts(24))
+    gen = (await store.load_spec("c")).generation
+    taken = await store.read_new("c", "w|x", 2)
+    assert [eid for eid, _ in taken] == [b"0-1", b"0-9"]
+    # (the second chunk's answers come out of order: the field is in index order)
+    answers = _answers(b"0-1", range(8), "a") + _answers(b"0-9", range(15, 7, -1), "a")
+    assert (await store.commit("c", answers, gen=gen)).done == 16
+    assert await _fields(store) == [b"c0", b"c8"]
+    assert await _texts(store, 0, 24) == [f"a {i}" for i in range(16)] + [None] * 8
+    assert await _texts(store, 5, 6) == [f"a {i}" for i in range(5, 11)]
+    assert (await store.status("c", rate=False)).done == 16
+
+
+async def test_a_copy_of_a_chunk_kept_in_one_field_writes_and_counts_nothing(
+    store: JobStore,
+) -> None:
+    """A speculative copy of the whole chunk, and one of part of it, after the chunk was
+    answered whole: nothing written, nothing counted, no chunk marked partly answered."""
+    await enqueue_prompts(store, _spec(), prompts(16))
+    gen = (await store.load_spec("c")).generation
+    [(eid, _)] = await store.read_new("c", "w|x", 1)
+    assert (await store.commit("c", _answers(eid, range(8), "first"), gen=gen)).done == 8
+    assert (await store.commit("c", _answers(eid, range(8), "copy"), gen=gen)).done == 0
+    assert (await store.commit("c", _answers(eid, (1, 4), "part"), gen=gen)).done == 0
+    assert await _fields(store) == [b"c0"]
+    assert await _texts(store, 0, 8) == [f"first {i}" for i in range(8)]
+    assert await store.redis.hget(store.keys.meta("c"), Meta.PARTIAL) == b"0"
+    assert await store.answered("c", list(range(10))) == set(range(8))
+    assert (await store.status("c", rate=False)).done == 8
+
+
+async def test_a_chunk_answered_in_parts_is_a_field_a_prompt_and_reads_beside_packed_ones(
+    store: JobStore,
+) -> None:
+    await enqueue_prompts(store, _spec(), prompts(16))
+    gen = (await store.load_spec("c")).generation
+    [(first, _), (second, _)] = await store.read_new("c", "w|x", 2)
+    assert (await store.commit("c", _answers(first, range(8), "whole"), gen=gen)).done == 8
+    assert (await store.commit("c", _answers(second, (9, 12), "part"), gen=gen)).done == 2
+    rest = (8, 10, 11, 13, 14, 15)
+    assert (await store.commit("c", _answers(second, rest, "rest"), gen=gen)).done == 6
+    assert await _fields(store) == sorted([b"c0", *(str(i).encode() for i in range(8, 16))])
+    want = [f"whole {i}" for i in range(8)]
+    want += [f"{'part' if i in (9, 12) else 'rest'} {i}" for i in range(8, 16)]
+    assert await _texts(store, 0, 16) == want
+    assert (await store.status("c", rate=False)).done == 16
+
+
+async def test_a_job_queued_before_chunks_were_packed_keeps_a_field_a_prompt(
+    store: JobStore,
+) -> None:
+    """Its collector may be of the version before, which reads a field an index only."""
+    await enqueue_prompts(store, _spec(), prompts(8))
+    gen = (await store.load_spec("c")).generation
+    await store.redis.hdel(store.keys.meta("c"), Meta.PACKED)
+    [(eid, _)] = await store.read_new("c", "w|x", 1)
+    assert (await store.commit("c", _answers(eid, range(8), "a"), gen=gen)).done == 8
+    assert await _fields(store) == sorted(str(i).encode() for i in range(8))
+
+
+async def test_eviction_frees_a_chunks_field_once_every_index_of_it_is_written_out(
+    store: JobStore,
+) -> None:
+    await enqueue_prompts(store, _spec(), prompts(24))
+    gen = (await store.load_spec("c")).generation
+    taken = await store.read_new("c", "w|x", 3)
+    answers = [
+        a for k, (eid, _) in enumerate(taken) for a in _answers(eid, range(8 * k, 8 * k + 8), "a")
+    ]
+    assert (await store.commit("c", answers, gen=gen)).done == 24
+    assert await store.evict_results("c", 0, 12, gen=gen) == 12
+    assert await _fields(store) == [b"c16", b"c8"]  # (8..15 is not all written out yet)
+    assert await store.evict_results("c", 12, 20, gen=gen) == 20
+    assert await _fields(store) == [b"c16"]
+    assert await store.evict_results("c", 20, 24, gen=gen) == 24
+    assert await _fields(store) == []
+
+
+async def test_a_damaged_chunk_field_fails_its_own_prompts_and_no_other(store: JobStore) -> None:
+    await enqueue_prompts(store, _spec(), prompts(16))
+    gen = (await store.load_spec("c")).generation
+    taken = await store.read_new("c", "w|x", 2)
+    answers = _answers(taken[0][0], range(8), "a") + _answers(taken[1][0], range(8, 16), "a")
+    assert (await store.commit("c", answers, gen=gen)).done == 16
+    await store.redis.hset(store.keys.results("c"), "c0", b"\xc1\xdc\x00\x08 cut short")
+    results = await store.read_results("c", 16)
+    assert [r.error_kind for r in results[:8]] == [FailureKind.BAD_ENTRY] * 8
+    assert all("unreadable result in Redis" in (r.error or "") for r in results[:8])
+    assert [r.text for r in results[8:]] == [f"a {i}" for i in range(8, 16)]
+
+
+def test_a_chunks_field_of_another_size_than_its_jobs_chunk_reads_as_damaged() -> None:
+    assert split_chunk(b"\xc1\x92\xa1a\xa1b", 2) == [b"\xa1a", b"\xa1b"]
+    assert split_chunk(b"\xc1\x92\xa1a\xa1b", 3) == [b"\xc1\x92\xa1a\xa1b"] * 3
