@@ -8,7 +8,7 @@ from __future__ import annotations
 from swarm_queue.common.feed import enqueue_prompts
 from swarm_queue.common.models import JobSpec, Result, SamplingParams, decode_result
 from swarm_queue.common.store import JobStore
-from swarm_queue.common.store.resultfields import split_chunk
+from swarm_queue.common.store.resultfields import pack_chunk, split_chunk
 from swarm_queue.common.vocab import FailureKind, Meta
 from tests.harness import MAX_TOKENS
 from tests.helpers import prompts
@@ -42,7 +42,7 @@ async def test_a_whole_chunk_answered_in_one_commit_is_one_field_read_back_in_or
     assert [eid for eid, _ in taken] == [b"0-1", b"0-9"]
     # (the second chunk's answers come out of order: the field is in index order)
     answers = _answers(b"0-1", range(8), "a") + _answers(b"0-9", range(15, 7, -1), "a")
-    assert (await store.commit("c", answers, gen=gen)).done == 16
+    assert (await store.commit("c", answers, gen=gen, chunk=8)).done == 16
     assert await _fields(store) == [b"c0", b"c8"]
     assert await _texts(store, 0, 24) == [f"a {i}" for i in range(16)] + [None] * 8
     assert await _texts(store, 5, 6) == [f"a {i}" for i in range(5, 11)]
@@ -57,9 +57,9 @@ async def test_a_copy_of_a_chunk_kept_in_one_field_writes_and_counts_nothing(
     await enqueue_prompts(store, _spec(), prompts(16))
     gen = (await store.load_spec("c")).generation
     [(eid, _)] = await store.read_new("c", "w|x", 1)
-    assert (await store.commit("c", _answers(eid, range(8), "first"), gen=gen)).done == 8
-    assert (await store.commit("c", _answers(eid, range(8), "copy"), gen=gen)).done == 0
-    assert (await store.commit("c", _answers(eid, (1, 4), "part"), gen=gen)).done == 0
+    assert (await store.commit("c", _answers(eid, range(8), "first"), gen=gen, chunk=8)).done == 8
+    assert (await store.commit("c", _answers(eid, range(8), "copy"), gen=gen, chunk=8)).done == 0
+    assert (await store.commit("c", _answers(eid, (1, 4), "part"), gen=gen, chunk=8)).done == 0
     assert await _fields(store) == [b"c0"]
     assert await _texts(store, 0, 8) == [f"first {i}" for i in range(8)]
     assert await store.redis.hget(store.keys.meta("c"), Meta.PARTIAL) == b"0"
@@ -73,10 +73,10 @@ async def test_a_chunk_answered_in_parts_is_a_field_a_prompt_and_reads_beside_pa
     await enqueue_prompts(store, _spec(), prompts(16))
     gen = (await store.load_spec("c")).generation
     [(first, _), (second, _)] = await store.read_new("c", "w|x", 2)
-    assert (await store.commit("c", _answers(first, range(8), "whole"), gen=gen)).done == 8
-    assert (await store.commit("c", _answers(second, (9, 12), "part"), gen=gen)).done == 2
+    assert (await store.commit("c", _answers(first, range(8), "whole"), gen=gen, chunk=8)).done == 8
+    assert (await store.commit("c", _answers(second, (9, 12), "part"), gen=gen, chunk=8)).done == 2
     rest = (8, 10, 11, 13, 14, 15)
-    assert (await store.commit("c", _answers(second, rest, "rest"), gen=gen)).done == 6
+    assert (await store.commit("c", _answers(second, rest, "rest"), gen=gen, chunk=8)).done == 6
     assert await _fields(store) == sorted([b"c0", *(str(i).encode() for i in range(8, 16))])
     want = [f"whole {i}" for i in range(8)]
     want += [f"{'part' if i in (9, 12) else 'rest'} {i}" for i in range(8, 16)]
@@ -92,7 +92,7 @@ async def test_a_job_queued_before_chunks_were_packed_keeps_a_field_a_prompt(
     gen = (await store.load_spec("c")).generation
     await store.redis.hdel(store.keys.meta("c"), Meta.PACKED)
     [(eid, _)] = await store.read_new("c", "w|x", 1)
-    assert (await store.commit("c", _answers(eid, range(8), "a"), gen=gen)).done == 8
+    assert (await store.commit("c", _answers(eid, range(8), "a"), gen=gen, chunk=8)).done == 8
     assert await _fields(store) == sorted(str(i).encode() for i in range(8))
 
 
@@ -105,7 +105,7 @@ async def test_eviction_frees_a_chunks_field_once_every_index_of_it_is_written_o
     answers = [
         a for k, (eid, _) in enumerate(taken) for a in _answers(eid, range(8 * k, 8 * k + 8), "a")
     ]
-    assert (await store.commit("c", answers, gen=gen)).done == 24
+    assert (await store.commit("c", answers, gen=gen, chunk=8)).done == 24
     assert await store.evict_results("c", 0, 12, gen=gen) == 12
     assert await _fields(store) == [b"c16", b"c8"]  # (8..15 is not all written out yet)
     assert await store.evict_results("c", 12, 20, gen=gen) == 20
@@ -119,7 +119,7 @@ async def test_a_damaged_chunk_field_fails_its_own_prompts_and_no_other(store: J
     gen = (await store.load_spec("c")).generation
     taken = await store.read_new("c", "w|x", 2)
     answers = _answers(taken[0][0], range(8), "a") + _answers(taken[1][0], range(8, 16), "a")
-    assert (await store.commit("c", answers, gen=gen)).done == 16
+    assert (await store.commit("c", answers, gen=gen, chunk=8)).done == 16
     await store.redis.hset(store.keys.results("c"), "c0", b"\xc1\xdc\x00\x08 cut short")
     results = await store.read_results("c", 16)
     assert [r.error_kind for r in results[:8]] == [FailureKind.BAD_ENTRY] * 8
@@ -128,5 +128,55 @@ async def test_a_damaged_chunk_field_fails_its_own_prompts_and_no_other(store: J
 
 
 def test_a_chunks_field_of_another_size_than_its_jobs_chunk_reads_as_damaged() -> None:
-    assert split_chunk(b"\xc1\x92\xa1a\xa1b", 2) == [b"\xa1a", b"\xa1b"]
-    assert split_chunk(b"\xc1\x92\xa1a\xa1b", 3) == [b"\xc1\x92\xa1a\xa1b"] * 3
+    field = pack_chunk([b"\xa1a", b"\xa1b"])
+    assert field == b"\xc1\x92\xc4\x02\xa1a\xc4\x02\xa1b"
+    assert split_chunk(field, 2) == [b"\xa1a", b"\xa1b"]
+    assert split_chunk(field, 3) == [field] * 3
+
+
+async def test_a_chunk_sent_whole_after_some_of_it_was_answered_writes_only_the_rest(
+    store: JobStore,
+) -> None:
+    """The worker sends the whole chunk as one field; 3 of its prompts were answered before:
+    the commit takes it apart and writes, and counts, only the other 5 (first write wins)."""
+    await enqueue_prompts(store, _spec(), prompts(8))
+    gen = (await store.load_spec("c")).generation
+    [(eid, _)] = await store.read_new("c", "w|x", 1)
+    assert (await store.commit("c", _answers(eid, (0, 3, 6), "first"), gen=gen)).done == 3
+    assert (await store.commit("c", _answers(eid, range(8), "copy"), gen=gen, chunk=8)).done == 5
+    assert await _fields(store) == sorted(str(i).encode() for i in range(8))
+    assert await _texts(store, 0, 8) == [
+        f"{'first' if i in (0, 3, 6) else 'copy'} {i}" for i in range(8)
+    ]
+    status = await store.status("c", rate=False)
+    assert (status.done, status.pending, status.in_flight) == (8, 0, 0)
+
+
+async def test_a_chunk_sent_whole_beside_a_failure_is_written_a_prompt_a_field(
+    store: JobStore,
+) -> None:
+    await enqueue_prompts(store, _spec(), prompts(16))
+    gen = (await store.load_spec("c")).generation
+    [(first, _), (second, _)] = await store.read_new("c", "w|x", 2)
+    failure = Result(index=9, error="server said 500", error_kind=FailureKind.SERVER_ERROR)
+    answers = _answers(first, range(8), "a") + _answers(second, (8, *range(10, 16)), "a")
+    answers.append((second, failure, b"its entry"))
+    commit = await store.commit("c", answers, gen=gen, chunk=8)
+    assert (commit.done, commit.failed) == (15, 1)
+    assert await _fields(store) == sorted(str(i).encode() for i in range(16))
+    texts = await _texts(store, 0, 16)
+    assert texts == [None if i == 9 else f"a {i}" for i in range(16)]
+    assert await store.failed_indices("c") == [(9, FailureKind.SERVER_ERROR)]
+
+
+async def test_a_late_copy_of_a_chunk_collected_and_evicted_writes_and_counts_nothing(
+    store: JobStore,
+) -> None:
+    await enqueue_prompts(store, _spec(), prompts(16))
+    gen = (await store.load_spec("c")).generation
+    [(eid, _)] = await store.read_new("c", "w|x", 1)
+    assert (await store.commit("c", _answers(eid, range(8), "a"), gen=gen, chunk=8)).done == 8
+    assert await store.evict_results("c", 0, 8, gen=gen) == 8
+    assert (await store.commit("c", _answers(eid, range(8), "late"), gen=gen, chunk=8)).done == 0
+    assert await _fields(store) == []
+    assert (await store.status("c", rate=False)).done == 8

@@ -417,6 +417,7 @@ class BatchPath:
                         moves_on=spec.flow is not None,
                         failures_move=spec.flow is not None and spec.flow.failures,
                         whole=whole or (),
+                        chunk=spec.chunk,
                     )
                 )
             except StoreUnavailable as exc:

@@ -15,7 +15,8 @@ from swarm_queue.common.keys import GROUP
 from swarm_queue.common.models import Result, Usage, encode
 from swarm_queue.common.store.base import StoreBase
 from swarm_queue.common.store.boundary import redis_errors
-from swarm_queue.common.store.entries import id_key, requeued
+from swarm_queue.common.store.entries import id_key, index_of, requeued
+from swarm_queue.common.store.resultfields import pack_chunk
 from swarm_queue.common.vocab import Meta
 
 __all__ = ["RELEASED_IDLE_MS", "Commit", "Delivery"]
@@ -266,6 +267,7 @@ class Delivery(StoreBase):
         moves_on: bool = False,
         failures_move: bool = False,
         whole: Sequence[bytes] = (),
+        chunk: int = 1,
     ) -> Commit:
         """Write each result under its index (first write wins) and ack its entry, atomically.
 
@@ -278,11 +280,13 @@ class Delivery(StoreBase):
         Tokens count as results do: each result's own usage once it is written (so a copy
         that lost counts nothing), and ``rest``, those of the batch's requests that no result
         carries. ``whole``: chunks taken again whose every prompt had its result already,
-        acknowledged with nothing written.
+        acknowledged with nothing written. ``chunk``: the job's (``JobSpec.chunk``); a whole
+        chunk on its block whose every prompt was answered goes as its chunk's field.
         """
         # (lua/commit.lua's arguments: two a prompt, index and result, grouped by entry and
-        # numbered in that order; each entry's ID and count; the few prompts that carry more,
-        # apart.)
+        # numbered in that order, but for a whole chunk answered: one, its field
+        # (store/resultfields.py); each entry's ID and count; the few prompts that carry
+        # more, apart.)
         by_entry: dict[bytes, list[tuple[Result, bytes | None]]] = {}
         indices: set[int] = set()
         for entry_id, result, payload in entries:
@@ -295,10 +299,15 @@ class Delivery(StoreBase):
         own: list[str] = []
         totals = [0, 0, 0, 0]
         for entry_id, held in by_entry.items():
-            heads += [entry_id, len(held)]
             held.sort(key=lambda rp: rp[0].index)  # (a whole chunk's field is in index order)
+            blobs = [encode(result) for result, _ in held]
+            if _packs(entry_id, held, chunk, moves_on):
+                heads += [entry_id, len(held), pack_chunk(blobs)]
+            else:
+                heads += [entry_id, len(held), ""]
+                for (result, _), blob in zip(held, blobs, strict=True):
+                    prompts += [result.index, blob]
             for result, payload in held:
-                prompts += [result.index, encode(result)]
                 kind = result.error_kind or "error" if not result.ok else "+" * result.cached
                 if moves_on or kind:
                     extras += [len(own) + 1, kind, payload or b""]
@@ -320,6 +329,23 @@ class Delivery(StoreBase):
             done, failed, hits, *kinds = await self.scripts.commit(keys=keys, args=args)
         by_kind = {_text(k): int(n) for k, n in zip(kinds[::2], kinds[1::2], strict=True)}
         return Commit(int(done), int(failed), by_kind, int(hits))
+
+
+def _packs(
+    entry_id: bytes, held: list[tuple[Result, bytes | None]], chunk: int, moves_on: bool
+) -> bool:
+    """Whether an entry's results go as its chunk's field: a producer's whole chunk on its
+    block (indices ``first .. first+chunk-1``, sorted), every prompt answered by an endpoint,
+    of a job whose answers do not move on."""
+    if chunk < 2 or moves_on or len(held) != chunk or not entry_id.startswith(b"0-"):
+        return False
+    first = index_of(entry_id)
+    return (
+        first % chunk == 0
+        and held[0][0].index == first
+        and held[-1][0].index == first + chunk - 1
+        and all(r.ok and not r.cached for r, _ in held)
+    )
 
 
 def _text(raw: bytes | str) -> str:

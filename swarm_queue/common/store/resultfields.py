@@ -2,9 +2,11 @@
 whole chunk answered in one commit of a job created to allow it (``Meta.PACKED``), in its
 chunk's field (``"c16"``: :data:`~common.vocab.RESULT_CHUNK_PREFIX` and the chunk's first
 index, a multiple of the job's chunk). A chunk's field holds :data:`RESULTS_MARK` and a
-msgpack array of its results' own msgpack, in index order: one field, one argument and one
-hash entry a chunk where there were one a prompt (issue 50). Only lua/commit.lua writes
-either; :meth:`common.store.base.StoreBase.result_blobs` reads both."""
+msgpack array of its results' own msgpack, each as bytes (bin), in index order: one field,
+one argument and one hash entry a chunk where there were one a prompt (issue 50). A worker
+packs it (:func:`pack_chunk`), lua/commit.lua writes it as it came, or each result apart
+where the chunk was answered before; :meth:`common.store.base.StoreBase.result_blobs` reads
+both."""
 
 from __future__ import annotations
 
@@ -18,7 +20,8 @@ __all__ = ["RESULTS_MARK", "block_of", "chunk_field", "pack_chunk", "split_chunk
 
 # A byte no msgpack object starts with: what tells a chunk's results from a result.
 RESULTS_MARK = b"\xc1"
-_raws = msgspec.msgpack.Decoder(list[msgspec.Raw])
+_blobs = msgspec.msgpack.Decoder(list[bytes])
+_encoder = msgspec.msgpack.Encoder()
 
 
 def chunk_field(first: int) -> str:
@@ -32,9 +35,8 @@ def block_of(index: int, chunk: int) -> int:
 
 
 def pack_chunk(blobs: Sequence[bytes]) -> bytes:
-    """A chunk's field as lua/commit.lua writes it (what tests and tools compare with)."""
-    n = len(blobs)
-    return RESULTS_MARK + b"\xdc" + n.to_bytes(2, "big") + b"".join(blobs)
+    """A chunk's field holding ``blobs``, its results' msgpack in index order."""
+    return RESULTS_MARK + _encoder.encode(list(blobs))
 
 
 def split_chunk(value: bytes, chunk: int) -> list[bytes]:
@@ -43,9 +45,9 @@ def split_chunk(value: bytes, chunk: int) -> list[bytes]:
     (``models.result_or_failure``), and none of another chunk."""
     try:
         if value[:1] == RESULTS_MARK:
-            raws = _raws.decode(value[1:])
-            if len(raws) == chunk:
-                return [bytes(r) for r in raws]
+            blobs = _blobs.decode(value[1:])
+            if len(blobs) == chunk:
+                return blobs
     except msgspec.DecodeError:
         pass
     return [value] * chunk

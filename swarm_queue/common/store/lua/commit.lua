@@ -22,15 +22,20 @@
 -- entries each still pending (its XACK acknowledged every one), none below the eviction mark,
 -- while no entry of the job is partly answered, finds none of its prompts answered, and
 -- writes them without reading for them first (the common case; a job from before the marks
--- has no PARTIAL, and is always read for).
+-- has no PARTIAL, and is always read for). A whole chunk on its block, every prompt of it
+-- answered, comes as its chunk's field (one argument, common/store/resultfields.py) and is
+-- so written, in a job that packs its chunks (meta PACKED); else, and where any of it may
+-- have an answer already, it is taken apart and each prompt's written as any other's.
 -- Tokens count as results do: each prompt's own usage only when its result is new (a copy's
 -- answer, already written by the other copy, adds nothing), plus the request's tokens that no
 -- result of it carries (a list whose server gave no usage per prompt) by the share of its
 -- results that are new. Four counts each: prompt, completion, and of them cached and
 -- reasoning (0 where not reported).
--- The arguments are few per prompt (two: index and result), because Redis's cost of a
--- script grows with its argument count more than with anything it does: ten a prompt cost
--- 1.6x the Redis CPU of two at batch 256 (bench/chunkcost.py). What few prompts carry (a
+-- The arguments are few per prompt (two: index and result; a whole chunk's one), because
+-- Redis's cost of a script grows with its argument count more than with anything it does: ten
+-- a prompt cost 1.6x the Redis CPU of two at batch 256 (bench/chunkcost.py), and a chunk's
+-- field in one argument 0.68x the instructions a prompt of its two a prompt (issue 50,
+-- bench/redisinstr.py). What few prompts carry (a
 -- failure's kind, an entry kept) comes apart, and each prompt's usage is summed, its detail
 -- read only when some result of the commit is not new.
 -- KEYS: [1] results, [2] meta, [3] stream, [4] failed, [5] cached, [6] running, [7] reopened,
@@ -41,9 +46,12 @@
 --       prompt's own counts, 'p c k r' or '' for none, joined by ',', [14] m, [15] x, then m
 --       entry IDs to acknowledge if whole (a chunk taken again whose prompts were all
 --       answered before), then x triples: prompt number (1..n), failure kind ('' on success, '+' on an
---       answer from the response cache), the entry payload to keep; then E, E pairs: an
---       entry's ID and the count of its prompts here; then n pairs, index and result blob,
---       the entries' prompts in the entries' order. Indices are distinct.
+--       answer from the response cache), the entry payload to keep; then E, E triples: an
+--       entry's ID, the count of its prompts here, and '' or, for a whole chunk on its block
+--       answered (a producer's entry 0-(first+1), first a multiple of the chunk, no prompt
+--       failed), its chunk's field (common/store/resultfields.py); then a pair, index and
+--       result blob, for each prompt of the entries that came as ''. Prompts are numbered
+--       (1..n) in the entries' order, each entry's in index order; indices are distinct.
 -- Returns {new results done, new results failed, new of them from the cache, then kind,
 -- count for each kind failed}.
 local results, meta, stream, failed_h, cached_h = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
@@ -64,15 +72,67 @@ local extra = {}
 local at = 16 + m
 for k = at, at + 3 * x - 1, 3 do extra[tonumber(ARGV[k])] = k end
 at = at + 3 * x
--- Each entry: its ID, its first prompt's number, how many. Prompt e's index is ARGV[at + 2e],
--- its blob next to it.
-local entries, first = {}, 1
-for k = at + 1, at + 2 * tonumber(ARGV[at]), 2 do
-  local c = tonumber(ARGV[k + 1])
-  entries[#entries + 1] = {ARGV[k], first, c}
+-- Each entry: its ID, its first prompt's number, how many, and its chunk's field if it came
+-- as one. Prompt e's index is A[off + 2e], its blob next to it: ARGV's pairs, or where some
+-- entry came as its field, a table of every prompt's (built only where one is read apart).
+local entries, first, fields_came = {}, 1, false
+for k = at + 1, at + 3 * tonumber(ARGV[at]), 3 do
+  local c, field = tonumber(ARGV[k + 1]), ARGV[k + 2]
+  entries[#entries + 1] = {ARGV[k], first, c, field ~= '' and field or nil}
+  fields_came = fields_came or field ~= ''
   first = first + c
 end
-at = at + 2 * #entries - 1
+at = at + 3 * #entries + 1  -- (the first pair)
+local A, off = ARGV, at - 2
+-- A chunk's field's results, each after its index (`index`, index + 1...), appended to `out`:
+-- RESULTS_MARK and a msgpack array of bin (common/store/resultfields.py).
+local function unpack_field(value, index, out)
+  local function int(pos, bytes)
+    local v = 0
+    for i = pos, pos + bytes - 1 do v = v * 256 + string.byte(value, i) end
+    return v
+  end
+  local tag, pos, count = string.byte(value, 2), 3, 0
+  if tag >= 144 and tag <= 159 then
+    count = tag - 144
+  elseif tag == 220 then
+    count, pos = int(3, 2), 5
+  else
+    count, pos = int(3, 4), 7
+  end
+  for k = 0, count - 1 do
+    local t, len = string.byte(value, pos), 0
+    if t == 196 then
+      len, pos = int(pos + 1, 1), pos + 2
+    elseif t == 197 then
+      len, pos = int(pos + 1, 2), pos + 3
+    else
+      len, pos = int(pos + 1, 4), pos + 5
+    end
+    out[#out + 1] = string.format('%d', index + k)
+    out[#out + 1] = string.sub(value, pos, pos + len - 1)
+    pos = pos + len
+  end
+end
+local function entry_first(id) return tonumber(string.match(id, '%-(%d+)$')) - 1 end
+-- Every prompt's index and blob in one table, those of the entries that came as fields
+-- unpacked: what reading or writing a prompt apart needs.
+local function apart()
+  if A ~= ARGV or not fields_came then return end
+  local P, k = {}, at
+  for _, e in ipairs(entries) do
+    if e[4] then
+      unpack_field(e[4], entry_first(e[1]), P)
+    else
+      for _ = 1, e[3] do
+        P[#P + 1] = ARGV[k]
+        P[#P + 1] = ARGV[k + 1]
+        k = k + 2
+      end
+    end
+  end
+  A, off = P, -1
+end
 -- The entries whose every prompt has a result once this commit is written: each all of whose
 -- prompts are here (the common case: a whole chunk, or one prompt; nothing read for it),
 -- else a chunk whose other prompts were answered before (or collected: below the eviction
@@ -86,7 +146,7 @@ local partial = tonumber(known[14] or '')
 local packed = chunk > 1 and known[15] == '1'
 local function aligned(id)  -- the first index of a producer's chunk entry on a block, or nil
   if not packed or string.sub(id, 1, 2) ~= '0-' then return nil end
-  local first = tonumber(string.match(id, '%-(%d+)$')) - 1
+  local first = entry_first(id)
   return first % chunk == 0 and first or nil
 end
 local whole, open, held, ended, marks = {}, {}, {}, {}, {}
@@ -117,7 +177,8 @@ for lo = 1, #open, 500 do
     if size > 1 and not (e and e[3] == size) then  -- a chunk (ID 0-(first+1)) not all here
       local here = {}
       if e then
-        for f = e[2], e[2] + e[3] - 1 do here[ARGV[at + 2 * f]] = true end
+        apart()
+        for f = e[2], e[2] + e[3] - 1 do here[A[off + 2 * f]] = true end
       end
       local rest = {}
       local first = tonumber(string.match(id, '%-(%d+)$')) - 1
@@ -179,20 +240,20 @@ if packed and not fresh_entries then
     end
   end
 end
-if fresh_entries and packed then
-  local head = '\193\220' .. string.char(math.floor(chunk / 256) % 256, chunk % 256)
-  local fields, singles = {}, {}
+if fresh_entries and packed and A == ARGV then
+  local fields, singles, k = {}, {}, at
   for _, e in ipairs(entries) do
-    local block = e[3] == chunk and aligned(e[1])
+    local block = e[4] and e[3] == chunk and aligned(e[1])
     if block then
-      local parts = {head}
-      for f = e[2], e[2] + e[3] - 1 do parts[#parts + 1] = ARGV[at + 2 * f + 1] end
       fields[#fields + 1] = RESULT_CHUNK_PREFIX .. block
-      fields[#fields + 1] = table.concat(parts)
+      fields[#fields + 1] = e[4]
+    elseif e[4] then  -- (not on a block of this job's chunk: each result apart)
+      unpack_field(e[4], entry_first(e[1]), singles)
     else
-      for f = e[2], e[2] + e[3] - 1 do
-        singles[#singles + 1] = ARGV[at + 2 * f]
-        singles[#singles + 1] = ARGV[at + 2 * f + 1]
+      for _ = 1, e[3] do
+        singles[#singles + 1] = ARGV[k]
+        singles[#singles + 1] = ARGV[k + 1]
+        k = k + 2
       end
     end
   end
@@ -204,11 +265,13 @@ if fresh_entries and packed then
     done = done + redis.call('HSET', results, unpack(singles, lo, math.min(lo + 999, #singles)))
   end
 end
-for lo = 1, fresh_entries and packed and 0 or n, 500 do
+local direct = fresh_entries and packed and A == ARGV
+if not direct then apart() end
+for lo = 1, direct and 0 or n, 500 do
   local hi = math.min(lo + 499, n)
   local indices, have, plain = {}, {}, fresh_entries
   if not plain then
-    for e = lo, hi do indices[#indices + 1] = ARGV[at + 2 * e] end
+    for e = lo, hi do indices[#indices + 1] = A[off + 2 * e] end
     have = redis.call('HMGET', results, unpack(indices))
     for e = lo, hi do have[e - lo + 1] = have[e - lo + 1] or covered[e] or false end
     plain = x == 0 and evicted == 0
@@ -219,12 +282,12 @@ for lo = 1, fresh_entries and packed and 0 or n, 500 do
   if plain then
     -- (HSET counts the fields it added: were one written already, by a worker from before
     -- the marks beside this one on the job, it is counted once still)
-    done = done + redis.call('HSET', results, unpack(ARGV, at + 2 * lo, at + 2 * hi + 1))
+    done = done + redis.call('HSET', results, unpack(A, off + 2 * lo, off + 2 * hi + 1))
   else
     local again = evicted > 0 and redis.call('HMGET', reopened, unpack(indices)) or {}
     local fresh, lost, hit, moved, reclosed = {}, {}, {}, {}, {}
     for e = lo, hi do
-      local index = ARGV[at + 2 * e]
+      local index = A[off + 2 * e]
       local open = evicted == 0 or tonumber(index) >= evicted
       if not open and again[e - lo + 1] then  -- (rare: find the entry it came in)
         for _, en in ipairs(entries) do
@@ -236,7 +299,7 @@ for lo = 1, fresh_entries and packed and 0 or n, 500 do
       else
         if tonumber(index) < evicted then reclosed[#reclosed + 1] = index end
         fresh[#fresh + 1] = index
-        fresh[#fresh + 1] = ARGV[at + 2 * e + 1]
+        fresh[#fresh + 1] = A[off + 2 * e + 1]
         local k = extra[e]
         local kind = k and ARGV[k + 1] or ''
         if landed and (kind == '' or kind == '+' or failures_land) then
