@@ -3,7 +3,9 @@ collector is the one process a job of 10^8 prompts goes through at the end (docs
 A job of N prompts is answered first (2 instant endpoints, one ``swarm-worker --burst``),
 then collected by the command as a user runs it (its start included), with and without
 ``--evict``, alternated. The simulator's answers are short (about 230 bytes a line): a
-line's cost grows with its text, so longer answers are written at fewer lines a second.
+line's cost grows with its text, so longer answers are written at fewer lines a second. Each
+row also says what the answers took in Redis before they were collected (``MEMORY USAGE`` of
+the results hash, every field counted).
 
     python -m bench.collectrate [N] [--rounds 2]
 """
@@ -20,6 +22,7 @@ import time
 from pathlib import Path
 
 from bench.harness import INSTANT, Bench, new_fleet, prompt_set
+from swarm_queue.common.jobspec import DEFAULT_CHUNK
 from swarm_queue.common.models import JobSpec, SamplingParams
 from swarm_queue.common.settings import Settings
 from swarm_queue.common.store import JobStore
@@ -45,12 +48,15 @@ async def main(n: int, rounds: int) -> None:
             for k in range(rounds):
                 for args in ROWS:
                     job = f"c{k}{'e' if args else ''}"
-                    spec = JobSpec(job=job, params=SamplingParams(max_tokens=16))
+                    spec = JobSpec(  # (queued as swarm-enqueue queues it)
+                        job=job, params=SamplingParams(max_tokens=16), chunk=DEFAULT_CHUNK
+                    )
                     await enqueue_prompts(store, spec, ((p, None) for p in prompts))
                     worker = subprocess.run(
                         [BIN / "swarm-worker", "--burst"], env=env, capture_output=True
                     )
                     assert worker.returncode == 0, worker.stderr[-2000:]
+                    held = await store.redis.memory_usage(store.keys.results(job), samples=0)
                     out = Path(tmp) / f"{job}.jsonl"
                     t0 = time.monotonic()
                     done = subprocess.run(
@@ -65,7 +71,8 @@ async def main(n: int, rounds: int) -> None:
                     print(
                         f"round {k + 1}, {' '.join(args) or 'kept':8s}: "
                         f"{n / wall:9,.0f} lines/s ({out.stat().st_size / n:,.0f} bytes a line, "
-                        f"{wall:.2f} s with the process's start)",
+                        f"{wall:.2f} s with the process's start; the answers held "
+                        f"{int(held or 0) / n:,.0f} bytes each in Redis)",
                         flush=True,
                     )
                     out.unlink()

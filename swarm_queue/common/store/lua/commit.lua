@@ -240,7 +240,8 @@ if packed and not fresh_entries then
     end
   end
 end
-if fresh_entries and packed and A == ARGV then
+local direct = fresh_entries and packed and A == ARGV
+if direct then
   local fields, singles, k = {}, {}, at
   for _, e in ipairs(entries) do
     local block = e[4] and e[3] == chunk and aligned(e[1])
@@ -265,7 +266,6 @@ if fresh_entries and packed and A == ARGV then
     done = done + redis.call('HSET', results, unpack(singles, lo, math.min(lo + 999, #singles)))
   end
 end
-local direct = fresh_entries and packed and A == ARGV
 if not direct then apart() end
 for lo = 1, direct and 0 or n, 500 do
   local hi = math.min(lo + 499, n)
