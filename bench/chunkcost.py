@@ -1,7 +1,8 @@
 """What Redis spends a prompt with and without chunked entries: scenario 4's two rows (2
 instant endpoints, 2 workers; the default batch of 32, and 256 with 4 in flight) for chunk 1
 and chunk 16 alternated, each row's prompts/s, Redis CPU and commands a prompt (Lua's
-included, from INFO commandstats), and with ``--top`` the commands that cost most.
+included, from INFO commandstats), the worker processes' CPU a prompt, and with ``--top`` the
+commands that cost most.
 
     python -m bench.chunkcost [N] [--rounds 2] [--top] [--chunks 1,16]
 """
@@ -45,7 +46,8 @@ async def _row(
         stats = await r.info("commandstats")
         calls = sum(int(v["calls"]) for k, v in stats.items() if "config" not in k)
         line = (f"{n / run.wall_s:9,.0f} prompts/s  {spent / n * 1e6:5.1f} us  "
-                f"{calls / n:5.2f} commands a prompt")  # fmt: skip
+                f"{calls / n:5.2f} commands a prompt, "
+                f"workers {run.worker_cpu_s / n * 1e6:5.1f} us")  # fmt: skip
         if top:
             worst = sorted(stats.items(), key=lambda kv: -float(kv[1]["usec"]))[:8]
             line += "".join(

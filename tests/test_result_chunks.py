@@ -20,8 +20,26 @@ def _spec(chunk: int = 8) -> JobSpec:
 
 def _answers(
     eid: bytes, indices: range | tuple[int, ...], text: str
-) -> list[tuple[bytes, Result, None]]:
+) -> list[tuple[bytes, Result, bytes | None]]:
     return [(eid, Result(index=i, text=f"{text} {i}", finish_reason="stop"), None) for i in indices]
+
+
+class _Job:
+    """Job ``c`` of chunks of 8, its first entries read by one consumer, committed as a worker
+    commits (``chunk``: the job's, which lets it send a whole chunk as its field)."""
+
+    def __init__(self, store: JobStore, gen: str, eids: list[bytes]) -> None:
+        self.store, self.gen, self.eids = store, gen, eids
+
+    @classmethod
+    async def queued(cls, store: JobStore, n: int, take: int) -> _Job:
+        await enqueue_prompts(store, _spec(), prompts(n))
+        gen = (await store.load_spec("c")).generation
+        return cls(store, gen, [eid for eid, _ in await store.read_new("c", "w|x", take)])
+
+    async def done(self, answers: list[tuple[bytes, Result, bytes | None]], chunk: int = 8) -> int:
+        """How many results the commit of ``answers`` wrote that were new."""
+        return (await self.store.commit("c", answers, gen=self.gen, chunk=chunk)).done
 
 
 async def _fields(store: JobStore) -> list[bytes]:
@@ -36,13 +54,11 @@ async def _texts(store: JobStore, start: int, count: int) -> list[str | None]:
 async def test_a_whole_chunk_answered_in_one_commit_is_one_field_read_back_in_order(
     store: JobStore,
 ) -> None:
-    await enqueue_prompts(store, _spec(), prompts(24))
-    gen = (await store.load_spec("c")).generation
-    taken = await store.read_new("c", "w|x", 2)
-    assert [eid for eid, _ in taken] == [b"0-1", b"0-9"]
+    job = await _Job.queued(store, 24, 2)
+    assert job.eids == [b"0-1", b"0-9"]
     # (the second chunk's answers come out of order: the field is in index order)
     answers = _answers(b"0-1", range(8), "a") + _answers(b"0-9", range(15, 7, -1), "a")
-    assert (await store.commit("c", answers, gen=gen, chunk=8)).done == 16
+    assert await job.done(answers) == 16
     assert await _fields(store) == [b"c0", b"c8"]
     assert await _texts(store, 0, 24) == [f"a {i}" for i in range(16)] + [None] * 8
     assert await _texts(store, 5, 6) == [f"a {i}" for i in range(5, 11)]
@@ -54,12 +70,11 @@ async def test_a_copy_of_a_chunk_kept_in_one_field_writes_and_counts_nothing(
 ) -> None:
     """A speculative copy of the whole chunk, and one of part of it, after the chunk was
     answered whole: nothing written, nothing counted, no chunk marked partly answered."""
-    await enqueue_prompts(store, _spec(), prompts(16))
-    gen = (await store.load_spec("c")).generation
-    [(eid, _)] = await store.read_new("c", "w|x", 1)
-    assert (await store.commit("c", _answers(eid, range(8), "first"), gen=gen, chunk=8)).done == 8
-    assert (await store.commit("c", _answers(eid, range(8), "copy"), gen=gen, chunk=8)).done == 0
-    assert (await store.commit("c", _answers(eid, (1, 4), "part"), gen=gen, chunk=8)).done == 0
+    job = await _Job.queued(store, 16, 1)
+    [eid] = job.eids
+    assert await job.done(_answers(eid, range(8), "first")) == 8
+    assert await job.done(_answers(eid, range(8), "copy")) == 0
+    assert await job.done(_answers(eid, (1, 4), "part")) == 0
     assert await _fields(store) == [b"c0"]
     assert await _texts(store, 0, 8) == [f"first {i}" for i in range(8)]
     assert await store.redis.hget(store.keys.meta("c"), Meta.PARTIAL) == b"0"
@@ -70,13 +85,12 @@ async def test_a_copy_of_a_chunk_kept_in_one_field_writes_and_counts_nothing(
 async def test_a_chunk_answered_in_parts_is_a_field_a_prompt_and_reads_beside_packed_ones(
     store: JobStore,
 ) -> None:
-    await enqueue_prompts(store, _spec(), prompts(16))
-    gen = (await store.load_spec("c")).generation
-    [(first, _), (second, _)] = await store.read_new("c", "w|x", 2)
-    assert (await store.commit("c", _answers(first, range(8), "whole"), gen=gen, chunk=8)).done == 8
-    assert (await store.commit("c", _answers(second, (9, 12), "part"), gen=gen, chunk=8)).done == 2
+    job = await _Job.queued(store, 16, 2)
+    first, second = job.eids
+    assert await job.done(_answers(first, range(8), "whole")) == 8
+    assert await job.done(_answers(second, (9, 12), "part")) == 2
     rest = (8, 10, 11, 13, 14, 15)
-    assert (await store.commit("c", _answers(second, rest, "rest"), gen=gen, chunk=8)).done == 6
+    assert await job.done(_answers(second, rest, "rest")) == 6
     assert await _fields(store) == sorted([b"c0", *(str(i).encode() for i in range(8, 16))])
     want = [f"whole {i}" for i in range(8)]
     want += [f"{'part' if i in (9, 12) else 'rest'} {i}" for i in range(8, 16)]
@@ -88,38 +102,32 @@ async def test_a_job_queued_before_chunks_were_packed_keeps_a_field_a_prompt(
     store: JobStore,
 ) -> None:
     """Its collector may be of the version before, which reads a field an index only."""
-    await enqueue_prompts(store, _spec(), prompts(8))
-    gen = (await store.load_spec("c")).generation
+    job = await _Job.queued(store, 8, 1)
     await store.redis.hdel(store.keys.meta("c"), Meta.PACKED)
-    [(eid, _)] = await store.read_new("c", "w|x", 1)
-    assert (await store.commit("c", _answers(eid, range(8), "a"), gen=gen, chunk=8)).done == 8
+    assert await job.done(_answers(job.eids[0], range(8), "a")) == 8
     assert await _fields(store) == sorted(str(i).encode() for i in range(8))
 
 
 async def test_eviction_frees_a_chunks_field_once_every_index_of_it_is_written_out(
     store: JobStore,
 ) -> None:
-    await enqueue_prompts(store, _spec(), prompts(24))
-    gen = (await store.load_spec("c")).generation
-    taken = await store.read_new("c", "w|x", 3)
+    job = await _Job.queued(store, 24, 3)
     answers = [
-        a for k, (eid, _) in enumerate(taken) for a in _answers(eid, range(8 * k, 8 * k + 8), "a")
+        a for k, eid in enumerate(job.eids) for a in _answers(eid, range(8 * k, 8 * k + 8), "a")
     ]
-    assert (await store.commit("c", answers, gen=gen, chunk=8)).done == 24
-    assert await store.evict_results("c", 0, 12, gen=gen) == 12
+    assert await job.done(answers) == 24
+    assert await store.evict_results("c", 0, 12, gen=job.gen) == 12
     assert await _fields(store) == [b"c16", b"c8"]  # (8..15 is not all written out yet)
-    assert await store.evict_results("c", 12, 20, gen=gen) == 20
+    assert await store.evict_results("c", 12, 20, gen=job.gen) == 20
     assert await _fields(store) == [b"c16"]
-    assert await store.evict_results("c", 20, 24, gen=gen) == 24
+    assert await store.evict_results("c", 20, 24, gen=job.gen) == 24
     assert await _fields(store) == []
 
 
 async def test_a_damaged_chunk_field_fails_its_own_prompts_and_no_other(store: JobStore) -> None:
-    await enqueue_prompts(store, _spec(), prompts(16))
-    gen = (await store.load_spec("c")).generation
-    taken = await store.read_new("c", "w|x", 2)
-    answers = _answers(taken[0][0], range(8), "a") + _answers(taken[1][0], range(8, 16), "a")
-    assert (await store.commit("c", answers, gen=gen, chunk=8)).done == 16
+    job = await _Job.queued(store, 16, 2)
+    answers = _answers(job.eids[0], range(8), "a") + _answers(job.eids[1], range(8, 16), "a")
+    assert await job.done(answers) == 16
     await store.redis.hset(store.keys.results("c"), "c0", b"\xc1\xdc\x00\x08 cut short")
     results = await store.read_results("c", 16)
     assert [r.error_kind for r in results[:8]] == [FailureKind.BAD_ENTRY] * 8
@@ -139,11 +147,10 @@ async def test_a_chunk_sent_whole_after_some_of_it_was_answered_writes_only_the_
 ) -> None:
     """The worker sends the whole chunk as one field; 3 of its prompts were answered before:
     the commit takes it apart and writes, and counts, only the other 5 (first write wins)."""
-    await enqueue_prompts(store, _spec(), prompts(8))
-    gen = (await store.load_spec("c")).generation
-    [(eid, _)] = await store.read_new("c", "w|x", 1)
-    assert (await store.commit("c", _answers(eid, (0, 3, 6), "first"), gen=gen)).done == 3
-    assert (await store.commit("c", _answers(eid, range(8), "copy"), gen=gen, chunk=8)).done == 5
+    job = await _Job.queued(store, 8, 1)
+    [eid] = job.eids
+    assert await job.done(_answers(eid, (0, 3, 6), "first"), chunk=1) == 3
+    assert await job.done(_answers(eid, range(8), "copy")) == 5
     assert await _fields(store) == sorted(str(i).encode() for i in range(8))
     assert await _texts(store, 0, 8) == [
         f"{'first' if i in (0, 3, 6) else 'copy'} {i}" for i in range(8)
@@ -155,13 +162,12 @@ async def test_a_chunk_sent_whole_after_some_of_it_was_answered_writes_only_the_
 async def test_a_chunk_sent_whole_beside_a_failure_is_written_a_prompt_a_field(
     store: JobStore,
 ) -> None:
-    await enqueue_prompts(store, _spec(), prompts(16))
-    gen = (await store.load_spec("c")).generation
-    [(first, _), (second, _)] = await store.read_new("c", "w|x", 2)
+    job = await _Job.queued(store, 16, 2)
+    first, second = job.eids
     failure = Result(index=9, error="server said 500", error_kind=FailureKind.SERVER_ERROR)
     answers = _answers(first, range(8), "a") + _answers(second, (8, *range(10, 16)), "a")
     answers.append((second, failure, b"its entry"))
-    commit = await store.commit("c", answers, gen=gen, chunk=8)
+    commit = await store.commit("c", answers, gen=job.gen, chunk=8)
     assert (commit.done, commit.failed) == (15, 1)
     assert await _fields(store) == sorted(str(i).encode() for i in range(16))
     texts = await _texts(store, 0, 16)
@@ -172,11 +178,10 @@ async def test_a_chunk_sent_whole_beside_a_failure_is_written_a_prompt_a_field(
 async def test_a_late_copy_of_a_chunk_collected_and_evicted_writes_and_counts_nothing(
     store: JobStore,
 ) -> None:
-    await enqueue_prompts(store, _spec(), prompts(16))
-    gen = (await store.load_spec("c")).generation
-    [(eid, _)] = await store.read_new("c", "w|x", 1)
-    assert (await store.commit("c", _answers(eid, range(8), "a"), gen=gen, chunk=8)).done == 8
-    assert await store.evict_results("c", 0, 8, gen=gen) == 8
-    assert (await store.commit("c", _answers(eid, range(8), "late"), gen=gen, chunk=8)).done == 0
+    job = await _Job.queued(store, 16, 1)
+    [eid] = job.eids
+    assert await job.done(_answers(eid, range(8), "a")) == 8
+    assert await store.evict_results("c", 0, 8, gen=job.gen) == 8
+    assert await job.done(_answers(eid, range(8), "late")) == 0
     assert await _fields(store) == []
     assert (await store.status("c", rate=False)).done == 8

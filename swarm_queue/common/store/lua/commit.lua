@@ -115,22 +115,26 @@ local function unpack_field(value, index, out)
   end
 end
 local function entry_first(id) return tonumber(string.match(id, '%-(%d+)$')) - 1 end
+-- Appends entry e's prompts, each index and blob, to `out`: from its field, or from ARGV's
+-- pairs at `k`. Returns where the next entry's pairs start.
+local function prompts_of(e, k, out)
+  if e[4] then
+    unpack_field(e[4], entry_first(e[1]), out)
+    return k
+  end
+  for _ = 1, e[3] do
+    out[#out + 1] = ARGV[k]
+    out[#out + 1] = ARGV[k + 1]
+    k = k + 2
+  end
+  return k
+end
 -- Every prompt's index and blob in one table, those of the entries that came as fields
 -- unpacked: what reading or writing a prompt apart needs.
 local function apart()
   if A ~= ARGV or not fields_came then return end
   local P, k = {}, at
-  for _, e in ipairs(entries) do
-    if e[4] then
-      unpack_field(e[4], entry_first(e[1]), P)
-    else
-      for _ = 1, e[3] do
-        P[#P + 1] = ARGV[k]
-        P[#P + 1] = ARGV[k + 1]
-        k = k + 2
-      end
-    end
-  end
+  for _, e in ipairs(entries) do k = prompts_of(e, k, P) end
   A, off = P, -1
 end
 -- The entries whose every prompt has a result once this commit is written: each all of whose
@@ -248,14 +252,8 @@ if direct then
     if block then
       fields[#fields + 1] = RESULT_CHUNK_PREFIX .. block
       fields[#fields + 1] = e[4]
-    elseif e[4] then  -- (not on a block of this job's chunk: each result apart)
-      unpack_field(e[4], entry_first(e[1]), singles)
-    else
-      for _ = 1, e[3] do
-        singles[#singles + 1] = ARGV[k]
-        singles[#singles + 1] = ARGV[k + 1]
-        k = k + 2
-      end
+    else  -- (a field not on a block of this job's chunk is written apart too)
+      k = prompts_of(e, k, singles)
     end
   end
   for lo = 1, #fields, 1000 do
