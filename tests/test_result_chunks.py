@@ -5,13 +5,18 @@ eviction frees both. Against a real Redis (common/store/resultfields.py, lua/com
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from swarm_queue.common.feed import enqueue_prompts
 from swarm_queue.common.models import JobSpec, Result, SamplingParams, decode_result
+from swarm_queue.common.settings import Settings
 from swarm_queue.common.store import JobStore
 from swarm_queue.common.store.resultfields import pack_chunk, split_chunk
 from swarm_queue.common.vocab import FailureKind, Meta
+from swarm_queue.sim.server import SimFleet
+from swarm_queue.sim.text import completion_for
 from tests.harness import MAX_TOKENS
-from tests.helpers import prompts
+from tests.helpers import collect_lines, prompts, run_engine
 
 
 def _spec(chunk: int = 8) -> JobSpec:
@@ -63,6 +68,30 @@ async def test_a_whole_chunk_answered_in_one_commit_is_one_field_read_back_in_or
     assert await _texts(store, 0, 24) == [f"a {i}" for i in range(16)] + [None] * 8
     assert await _texts(store, 5, 6) == [f"a {i}" for i in range(5, 11)]
     assert (await store.status("c", rate=False)).done == 16
+
+
+async def test_a_worker_keeps_each_whole_chunk_it_answers_in_the_chunks_field(
+    make_settings: Callable[..., Settings], store: JobStore, sim_fleet: Callable[..., SimFleet]
+) -> None:
+    """Batches of 20 take chunks of 8 whole (and one at the end, of 4, not on its own block's
+    size): each whole chunk's answers in one field, the last chunk's a field a prompt, every
+    line exact and in order."""
+    n = 100
+    await enqueue_prompts(store, _spec(), prompts(n))
+    async with sim_fleet(2) as fleet:
+        await run_engine(make_settings(batch_size=20, speculate=0), store, fleet.urls)
+    fields = await _fields(store)
+    assert sorted(f for f in fields if f.startswith(b"c")) == sorted(
+        f"c{first}".encode() for first in range(0, 96, 8)
+    )
+    assert sorted(f for f in fields if not f.startswith(b"c")) == sorted(
+        str(i).encode() for i in range(96, 100)
+    )
+    lines = await collect_lines(store, "c")
+    assert [x["index"] for x in lines] == list(range(n))
+    for x, (prompt, _) in zip(lines, prompts(n), strict=True):
+        assert x["text"] == completion_for(prompt, MAX_TOKENS)[0], x["index"]
+    assert (await store.status("c", rate=False)).done == n
 
 
 async def test_a_copy_of_a_chunk_kept_in_one_field_writes_and_counts_nothing(
