@@ -214,3 +214,19 @@ async def test_a_late_copy_of_a_chunk_collected_and_evicted_writes_and_counts_no
     assert await job.done(_answers(eid, range(8), "late")) == 0
     assert await _fields(store) == []
     assert (await store.status("c", rate=False)).done == 8
+
+
+async def test_what_a_producer_learns_an_answer_costs_counts_answers_not_fields(
+    store: JobStore,
+) -> None:
+    """The room a producer leaves for answers (common/room.py) is their count times what one
+    costs: 16 answers in 2 fields are 16 answers, each about its own size."""
+    job = await _Job.queued(store, 16, 2)
+    answers = _answers(job.eids[0], range(8), "a" * 400) + _answers(
+        job.eids[1], range(8, 16), "a" * 400
+    )
+    assert await job.done(answers) == 16
+    assert await _fields(store) == [b"c0", b"c8"]
+    held, used = await store.result_bytes("c")
+    assert held == 16
+    assert 400 < used / held < 700
