@@ -185,7 +185,7 @@ for lo = 1, #open, 500 do
         for f = e[2], e[2] + e[3] - 1 do here[A[off + 2 * f]] = true end
       end
       local rest = {}
-      local first = tonumber(string.match(id, '%-(%d+)$')) - 1
+      local first = entry_first(id)
       for index = first, first + size - 1 do
         local name = tostring(index)
         if index >= evicted and not here[name] then rest[#rest + 1] = name end
@@ -219,7 +219,7 @@ for lo = 1, #whole, 500 do
 end
 local fresh_entries = partial == 0 and m == 0 and x == 0 and #open == 0 and acked == #entries
 for _, e in ipairs(fresh_entries and evicted > 0 and entries or {}) do
-  if tonumber(string.match(e[1], '%-(%d+)$')) - 1 < evicted then fresh_entries = false end
+  if entry_first(e[1]) < evicted then fresh_entries = false end
 end
 -- One HMGET and one HSET per 500 prompts rather than an HSETNX each: Redis's cost per command
 -- called from Lua is several times its cost per field.
