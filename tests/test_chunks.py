@@ -197,6 +197,38 @@ async def test_a_copy_of_a_whole_chunk_answered_in_part_before_keeps_the_first_a
     assert (await store.redis.xpending(store.keys.stream("c"), GROUP))["pending"] == 0
 
 
+async def test_a_late_copy_of_a_short_chunk_made_whole_before_leaves_no_mark(
+    store: JobStore,
+) -> None:
+    """A chunk of another size than the job's (its last, of 4) answered in two commits loses
+    its size record once whole; a late copy's commit of part of it then writes and counts
+    nothing and leaves no partial mark (it once took the chunk for one of 16, waited for
+    prompts that do not exist, and left the job's PARTIAL at 1 for good)."""
+    await enqueue_prompts(store, _spec(chunk=16), prompts(20))
+    gen = (await store.load_spec("c")).generation
+    meta, chunks = store.keys.meta("c"), store.keys.chunks("c")
+    taken = await store.read_new("c", "w|x", 2)
+    assert [eid for eid, _ in taken] == [b"0-1", b"0-17"]
+    assert await store.redis.hgetall(chunks) == {b"0-17": b"4"}
+
+    def answers(indices: range, text: str) -> list[tuple[bytes, Result, None]]:
+        return [
+            (b"0-17", Result(index=i, text=f"{text} {i}", finish_reason="stop"), None)
+            for i in indices
+        ]
+
+    assert (await store.commit("c", answers(range(16, 18), "first"), gen=gen)).done == 2
+    assert await store.redis.hget(chunks, "~0-17") == b"1"
+    assert (await store.commit("c", answers(range(18, 20), "first"), gen=gen)).done == 2
+    assert await store.redis.hgetall(chunks) == {}
+    late = await store.commit("c", answers(range(18, 20), "late"), gen=gen)
+    assert (late.done, late.failed) == (0, 0)
+    assert await store.redis.hgetall(chunks) == {}
+    assert await store.redis.hget(meta, Meta.PARTIAL) == b"0"
+    blobs = await store.redis.hmget(store.keys.results("c"), [str(i) for i in range(16, 20)])
+    assert [decode_result(b).text for b in blobs] == [f"first {i}" for i in range(16, 20)]
+
+
 async def test_a_whole_chunk_answered_in_part_by_a_worker_from_before_the_marks_counts_once(
     store: JobStore,
 ) -> None:

@@ -199,7 +199,9 @@ for lo = 1, #open, 500 do
     if complete then
       whole[#whole + 1] = id
       if sizes[i] then ended[#ended + 1] = id end
-    elseif e then
+    elseif e and #redis.call('XPENDING', stream, group, id, id, 1) > 0 then
+      -- (only while pending: a chunk acknowledged was made whole, and lost its size record,
+      -- so a late copy's commit of part of it takes it for one of the job's chunk)
       marks[#marks + 1] = '~' .. id
       marks[#marks + 1] = '1'
     end
