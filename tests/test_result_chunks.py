@@ -16,7 +16,7 @@ from swarm_queue.common.vocab import FailureKind, Meta
 from swarm_queue.sim.server import SimFleet
 from swarm_queue.sim.text import completion_for
 from tests.harness import MAX_TOKENS
-from tests.helpers import collect_lines, prompts, run_engine
+from tests.helpers import collect_lines, output_lines, prompts, run_engine
 
 
 def _spec(chunk: int = 8) -> JobSpec:
@@ -124,7 +124,68 @@ async def test_a_chunk_answered_in_parts_is_a_field_a_prompt_and_reads_beside_pa
     want = [f"whole {i}" for i in range(8)]
     want += [f"{'part' if i in (9, 12) else 'rest'} {i}" for i in range(8, 16)]
     assert await _texts(store, 0, 16) == want
+    # (read again: by the chunks' fields first now that the reader knows the job packs them)
+    assert await _texts(store, 0, 16) == want
+    assert await _texts(store, 6, 4) == want[6:10]
     assert (await store.status("c", rate=False)).done == 16
+
+
+async def test_a_read_of_the_leading_results_finds_each_in_either_layout_up_to_the_first_gap(
+    store: JobStore,
+) -> None:
+    """Chunks of 8: the first whole (its field), the next three answered in parts (a field a
+    prompt), the fourth but one prompt, the fifth whole. The leading results are every one
+    up to the gap, whichever field holds it; a full read finds the fifth chunk's too."""
+    job = await _Job.queued(store, 48, 5)
+    e = job.eids
+    assert await job.done(_answers(e[0], range(8), "w")) == 8
+    for k in (1, 2, 3):
+        lo = 8 * k
+        assert await job.done(_answers(e[k], range(lo, lo + 3), "p")) == 3
+        assert await job.done(_answers(e[k], range(lo + 3, lo + 8), "p")) == 5
+    assert await job.done(_answers(e[4], range(33, 40), "p")) == 7
+    assert await _texts(store, 0, 8) == [f"w {i}" for i in range(8)]  # (learns the layout)
+    want = [f"w {i}" for i in range(8)] + [f"p {i}" for i in range(8, 32)]
+    leading = await store.fetch_results("c", 0, 48, leading=True)
+    assert [decode_result(b).text for b in leading[:32]] == want
+    assert leading[32] is None
+    assert (
+        await _texts(store, 0, 48) == want + [None] + [f"p {i}" for i in range(33, 40)] + [None] * 8
+    )
+    assert [x.text for x in await output_lines(store, "c")] == want
+
+
+async def test_a_reader_that_knew_a_jobs_chunks_reads_the_job_queued_again_by_its_own(
+    store: JobStore,
+) -> None:
+    """A reader learns a job packs chunks of 8, the job is deleted and queued again under its
+    name with chunks of 4 (and then once more packing none): each time it reads the new
+    job's answers, each at its own index, none of the old job's."""
+    job = await _Job.queued(store, 16, 2)
+    assert (
+        await job.done(
+            _answers(job.eids[0], range(8), "old") + _answers(job.eids[1], range(8, 16), "old")
+        )
+        == 16
+    )
+    assert await _texts(store, 0, 16) == [f"old {i}" for i in range(16)]
+    for chunk, packs in ((4, True), (4, False)):
+        await store.delete_job("c")
+        spec = JobSpec(job="c", params=SamplingParams(max_tokens=MAX_TOKENS), chunk=chunk)
+        await enqueue_prompts(store, spec, prompts(16))
+        if not packs:
+            await store.redis.hdel(store.keys.meta("c"), Meta.PACKED)
+        gen = (await store.load_spec("c")).generation
+        eids = [eid for eid, _ in await store.read_new("c", "w|x", 3)]
+        text = f"new{chunk}{packs}"
+        answers = [
+            a for k, eid in enumerate(eids) for a in _answers(eid, range(4 * k, 4 * k + 4), text)
+        ]
+        assert (await store.commit("c", answers, gen=gen, chunk=chunk)).done == 12
+        fields = [f for f in await _fields(store) if f.startswith(b"c")]
+        assert fields == ([b"c0", b"c4", b"c8"] if packs else [])
+        assert await _texts(store, 0, 16) == [f"{text} {i}" for i in range(12)] + [None] * 4
+        assert await _texts(store, 2, 9) == [f"{text} {i}" for i in range(2, 11)]
 
 
 async def test_a_job_queued_before_chunks_were_packed_keeps_a_field_a_prompt(

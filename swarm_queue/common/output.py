@@ -145,7 +145,7 @@ class JobOutput(ABC, Generic[Row]):
         """Up to ``count`` rows of ``job`` from input ``start`` on, up to the first not there
         yet: by default its results, each begun by :meth:`start`."""
         rows = []
-        for i, blob in enumerate(await store.fetch_results(job, start, count), start):
+        for i, blob in enumerate(await store.fetch_results(job, start, count, leading=True), start):
             if blob is None:
                 break
             rows.append(self.start(result_or_failure(i, blob)))

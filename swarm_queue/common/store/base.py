@@ -58,6 +58,7 @@ class StoreBase:
         self.url = url
         self.scripts = Scripts(redis)
         self._warned: set[str] = set()  # bad records already logged once
+        self._packing: dict[str, int] = {}  # job -> its chunk, where it was seen packing them
 
     @classmethod
     def from_settings(
@@ -154,32 +155,101 @@ class StoreBase:
         async with redis_errors(self.url):
             await self.redis.ping()
 
-    async def result_blobs(self, job: str, indices: Sequence[int]) -> list[bytes | None]:
+    async def result_blobs(
+        self, job: str, indices: Sequence[int], *, leading: bool = False
+    ) -> list[bytes | None]:
         """The raw result of each of ``indices`` (None where there is none), wherever it is
         kept: in its own field, or in its chunk's (common/store/resultfields.py). The one
-        reader of a job's results hash: a field an index first, with the job's chunk in the
-        same round trip; then, for a job that packs its chunks, the chunks of those missing."""
+        reader of a job's results hash. A job last seen packing its chunks is read by its
+        chunks' fields first (a sixteenth of the fields a poll asks for), then the fields of
+        the indices those did not hold; any other by its indices' fields, then the chunks'
+        fields of those missing. The job's layout is read in the same round trip as the
+        first fields, and a layout that is not the one assumed is read again by it.
+        ``leading``: only the results up to the first one missing are wanted (a collector's,
+        which stops there): those after it may be left None."""
         if not indices:
             return []
         key = self.keys.results(job)
         async with redis_errors(self.url, job):
-            async with self.redis.pipeline(transaction=False) as pipe:
-                pipe.hmget(self.keys.meta(job), [Meta.CHUNK, Meta.PACKED])
-                pipe.hmget(key, [str(i) for i in indices])
-                (chunk_raw, packed), got = await pipe.execute()
-            out: list[bytes | None] = list(got)
-            chunk = int(chunk_raw or 1)
-            if packed != b"1" or chunk < 2 or all(b is not None for b in out):
+            chunk, blocks, got = await self._first_read(job, indices)
+            if blocks:
+                out = self._from_chunks(indices, blocks, got, chunk)
+                await self._loose(key, indices, out, chunk, leading)
+                return out
+            out = list(got)
+            if not chunk or all(b is not None for b in out):
                 return out
             blocks = sorted(
                 {block_of(i, chunk) for i, b in zip(indices, out, strict=True) if b is None}
             )
             fields = await self.redis.hmget(key, [chunk_field(b) for b in blocks])
-        held = {b: split_chunk(v, chunk) for b, v in zip(blocks, fields, strict=True) if v}
-        for k, i in enumerate(indices):
-            if out[k] is None and (found := held.get(block_of(i, chunk))) is not None:
-                out[k] = found[i % chunk]
+        for k, b in enumerate(self._from_chunks(indices, blocks, fields, chunk)):
+            out[k] = out[k] if out[k] is not None else b
         return out
+
+    async def _first_read(
+        self, job: str, indices: Sequence[int]
+    ) -> tuple[int, list[int], list[bytes | None]]:
+        """The job's chunk if it packs them (else 0), with the fields read beside it: its
+        chunks' (the blocks, returned) where the job was seen packing them last and still
+        does, else its indices' (no blocks). A layout other than the one assumed is learned,
+        and the fields read again by it."""
+        key = self.keys.results(job)
+        for _ in range(3):
+            assumed = self._packing.get(job, 0)
+            blocks = sorted({block_of(i, assumed) for i in indices}) if assumed else []
+            async with self.redis.pipeline(transaction=False) as pipe:
+                pipe.hmget(self.keys.meta(job), [Meta.CHUNK, Meta.PACKED])
+                pipe.hmget(key, [chunk_field(b) for b in blocks] or [str(i) for i in indices])
+                (chunk_raw, packed), got = await pipe.execute()
+            chunk = int(chunk_raw or 1) if packed == b"1" else 0
+            chunk = chunk if chunk > 1 else 0
+            if chunk == assumed or not blocks:  # (read by index: any layout's first read)
+                self._learn_packing(job, chunk)
+                return chunk, blocks, got
+            self._learn_packing(job, chunk)
+        return chunk, [], await self.redis.hmget(key, [str(i) for i in indices])
+
+    async def _loose(
+        self, key: str, indices: Sequence[int], out: list[bytes | None], chunk: int, leading: bool
+    ) -> None:
+        """Fill ``out`` (``indices``' results as their chunks' fields held them) from the
+        indices' own fields, for the chunks that held none. ``leading``: only the results up
+        to the first missing one are wanted, so the chunks are read in order, 1, 2, 4... at a
+        time, up to one with a prompt unanswered (the rest are left None): a collector's poll
+        does not read a field for each prompt of the chunks not answered yet."""
+        todo = sorted({block_of(indices[k], chunk) for k, b in enumerate(out) if b is None})
+        step = 1 if leading else len(todo)
+        while todo:
+            now, todo = set(todo[:step]), todo[step:]
+            ks = [k for k, b in enumerate(out) if b is None and block_of(indices[k], chunk) in now]
+            loose = await self.redis.hmget(key, [str(indices[k]) for k in ks])
+            for k, b in zip(ks, loose, strict=True):
+                out[k] = b
+            if leading and any(b is None for b in loose):
+                return
+            step *= 2
+
+    @staticmethod
+    def _from_chunks(
+        indices: Sequence[int], blocks: list[int], fields: list[bytes | None], chunk: int
+    ) -> list[bytes | None]:
+        """Each of ``indices``' result held by ``blocks``' chunk fields (read as ``fields``)."""
+        held = {b: split_chunk(v, chunk) for b, v in zip(blocks, fields, strict=True) if v}
+        out: list[bytes | None] = []
+        for i in indices:
+            found = held.get(block_of(i, chunk))
+            out.append(None if found is None else found[i % chunk])
+        return out
+
+    def _learn_packing(self, job: str, chunk: int) -> None:
+        """Remember whether ``job`` packs its chunks (``chunk``: its chunk, else 0)."""
+        if not chunk:
+            self._packing.pop(job, None)
+            return
+        if len(self._packing) >= 4096:  # (a store that reads many jobs: forget the oldest)
+            del self._packing[next(iter(self._packing))]
+        self._packing[job] = chunk
 
     def script_keys(self, job: str) -> list[str]:
         """KEYS of the commit and retry scripts, in their order: results, meta, stream, failed,

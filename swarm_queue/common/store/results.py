@@ -16,9 +16,12 @@ __all__ = ["Results"]
 class Results(StoreBase):
     """A job's results hash and the failed prompts kept beside it."""
 
-    async def fetch_results(self, job: str, start: int, count: int) -> list[bytes | None]:
-        """Raw result blobs for indices ``start .. start+count-1`` (None where not yet written)."""
-        return await self.result_blobs(job, range(start, start + count))
+    async def fetch_results(
+        self, job: str, start: int, count: int, *, leading: bool = False
+    ) -> list[bytes | None]:
+        """Raw result blobs for indices ``start .. start+count-1`` (None where not yet written;
+        ``leading``: past the first not yet written, any may be None)."""
+        return await self.result_blobs(job, range(start, start + count), leading=leading)
 
     async def read_results(self, job: str, total: int, chunk: int = 2000) -> list[Result]:
         """Every result of ``job`` in index order; an index with none (evicted by a collector)

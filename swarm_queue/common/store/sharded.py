@@ -196,14 +196,18 @@ class Sharded(Registry, Feeding, Status, Results):
             stats += await Status.read_endpoints(self, name)
         return merged_endpoints(stats)
 
-    async def fetch_results(self, job: str, start: int, count: int) -> list[bytes | None]:
+    async def fetch_results(
+        self, job: str, start: int, count: int, *, leading: bool = False
+    ) -> list[bytes | None]:
         layout = await self.layout(job)
         if layout.shards == 1:
-            return await super().fetch_results(job, start, count)
+            return await super().fetch_results(job, start, count, leading=leading)
         out: list[bytes | None] = []
         for lo, hi in layout.runs(start, start + count):
-            out += await super().fetch_results(layout.name_of(lo), lo, hi - lo)
-        return out
+            out += await super().fetch_results(layout.name_of(lo), lo, hi - lo, leading=leading)
+            if leading and None in out:
+                break
+        return out + [None] * (count - len(out))
 
     async def evict_results(self, job: str, start: int, end: int, *, gen: str) -> int:
         """Each shard's results among ``start .. end-1`` evicted, and every shard's mark
