@@ -67,7 +67,10 @@ local COUNTED = {
 local gone, evicted, known = generation_error(meta, ARGV[2], COUNTED)
 if gone then return gone end
 local failures_land = ARGV[3] == '1'
-local n, m, x = tonumber(ARGV[4]), tonumber(ARGV[14]), tonumber(ARGV[15])
+-- A count, 0 for none (nil, or a field HMGET found false), without Lua 5.1's strtod for the
+-- zeros most are: a string's tonumber costs several times a comparison of interned strings.
+local function count(s) return (not s or s == '0') and 0 or tonumber(s) end
+local n, m, x = tonumber(ARGV[4]), count(ARGV[14]), count(ARGV[15])
 local extra = {}
 local at = 16 + m
 for k = at, at + 3 * x - 1, 3 do extra[tonumber(ARGV[k])] = k end
@@ -144,7 +147,7 @@ end
 -- otherwise, or one if swarm-retry queued it (ID round-(index+1)); a job from before chunks
 -- were so recorded has none (0), its sizes all in the hash.
 local chunk = tonumber(known[13] or '0')
-local partial = tonumber(known[14] or '')
+local partial = known[14] == '0' and 0 or tonumber(known[14] or '')
 -- A job that packs its chunks keeps a whole chunk answered in one commit in one field (its
 -- first index a multiple of the chunk; common/store/resultfields.py); none holds a failure.
 local packed = chunk > 1 and known[15] == '1'
@@ -349,7 +352,7 @@ for kind, count in pairs(kinds) do
   redis.call('HINCRBY', meta, FAILED_KIND_PREFIX .. kind, count)
 end
 -- The prompts' own tokens: their sum when every result is new, else those of the new ones.
-local tokens = {tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(ARGV[11]), tonumber(ARGV[12])}
+local tokens = {count(ARGV[9]), count(ARGV[10]), count(ARGV[11]), count(ARGV[12])}
 if next(stale) and ARGV[13] ~= '' then
   tokens = {0, 0, 0, 0}
   local e = 0
@@ -368,12 +371,12 @@ end
 -- its request's tokens whole.)
 local share = n > 0 and (done + failed) / n or 1
 local moved = {done, failed, hits}
-for t = 1, 4 do moved[3 + t] = tokens[t] + math.floor(tonumber(ARGV[4 + t]) * share + 0.5) end
+for t = 1, 4 do moved[3 + t] = tokens[t] + math.floor(count(ARGV[4 + t]) * share + 0.5) end
 local counts = {}
 for c = 1, 7 do
   if moved[c] > 0 then
     counts[#counts + 1] = COUNTED[c]
-    counts[#counts + 1] = string.format('%d', tonumber(known[2 + c] or '0') + moved[c])
+    counts[#counts + 1] = string.format('%d', count(known[2 + c]) + moved[c])
   end
 end
 if marked ~= partial then
@@ -389,7 +392,7 @@ if done + failed > 0 then
     counts[#counts + 1] = now
   end
   local total = tonumber(known[10] or '')
-  local finished = tonumber(known[3] or '0') + done + tonumber(known[4] or '0') + failed
+  local finished = count(known[3]) + done + count(known[4]) + failed
   if total and not known[12] and finished >= total then
     counts[#counts + 1] = META.FINISHED_S
     counts[#counts + 1] = now
@@ -399,7 +402,7 @@ end
 if #counts > 0 then redis.call('HSET', meta, unpack(counts)) end
 -- The acknowledged head leaves the stream when the results pass a multiple of TRIM_EVERY,
 -- and at every commit of a finished job (a late copy's acknowledgement).
-local before = tonumber(known[3] or '0') + tonumber(known[4] or '0')
+local before = count(known[3]) + count(known[4])
 if over or math.floor(before / TRIM_EVERY) ~= math.floor((before + done + failed) / TRIM_EVERY) then
   trim_acked(stream, group)
 end

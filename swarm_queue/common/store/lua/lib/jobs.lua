@@ -10,7 +10,7 @@
 -- `extra`: meta fields read in the same HMGET, returned third (their values from index 3).
 local function generation_error(meta, gen, extra)
   local have = redis.call('HMGET', meta, META.GENERATION, META.EVICTED, unpack(extra or {}))
-  local evicted = tonumber(have[2] or '0')
+  local evicted = have[2] and tonumber(have[2]) or 0
   if have[1] == gen then return nil, evicted, have end
   return redis.error_reply('GONE ' .. meta .. ' is not of generation ' .. gen), evicted, have
 end
