@@ -1,8 +1,9 @@
 """What Redis spends a prompt with and without chunked entries: scenario 4's two rows (2
 instant endpoints, 2 workers; the default batch of 32, and 256 with 4 in flight) for chunk 1
-and chunk 16 alternated, each row's prompts/s, Redis CPU and commands a prompt (Lua's
-included, from INFO commandstats), the worker processes' CPU a prompt, and with ``--top`` the
-commands that cost most.
+and chunk 16 alternated, each row's prompts/s, Redis CPU a prompt (and of it, the part spent
+in the kernel: its system calls), commands a prompt (Lua's included, from INFO
+commandstats), the worker processes' CPU a prompt, and with ``--top`` the commands that cost
+most.
 
     python -m bench.chunkcost [N] [--rounds 2] [--top] [--chunks 1,16]
 """
@@ -38,14 +39,17 @@ async def _row(
     try:
         await r.config_resetstat()
         before = await redis_cpu_s(r)
+        sys_before = float((await r.info("cpu"))["used_cpu_sys"])
         run = await run_swarm(
             url, "b-chunk", fleet, [[u] for u in fleet.urls], prompts, 16,
             worker_env=env, chunk=chunk,
         )  # fmt: skip
         spent = await redis_cpu_s(r) - before
+        in_kernel = float((await r.info("cpu"))["used_cpu_sys"]) - sys_before
         stats = await r.info("commandstats")
         calls = sum(int(v["calls"]) for k, v in stats.items() if "config" not in k)
-        line = (f"{n / run.wall_s:9,.0f} prompts/s  {spent / n * 1e6:5.1f} us  "
+        line = (f"{n / run.wall_s:9,.0f} prompts/s  {spent / n * 1e6:5.1f} us "
+                f"({in_kernel / n * 1e6:4.1f} in the kernel)  "
                 f"{calls / n:5.2f} commands a prompt, "
                 f"workers {run.worker_cpu_s / n * 1e6:5.1f} us")  # fmt: skip
         if top:
