@@ -369,6 +369,7 @@ if next(stale) and ARGV[13] ~= '' then
 end
 -- (A commit of no results, a flow's batch whose answers were committed as they came, counts
 -- its request's tokens whole.)
+local before = count(known[3]) + count(known[4])  -- (results the job had: done and failed)
 local share = n > 0 and (done + failed) / n or 1
 local moved = {done, failed, hits}
 for t = 1, 4 do moved[3 + t] = tokens[t] + math.floor(count(ARGV[4 + t]) * share + 0.5) end
@@ -392,7 +393,7 @@ if done + failed > 0 then
     counts[#counts + 1] = now
   end
   local total = tonumber(known[10] or '')
-  local finished = count(known[3]) + done + count(known[4]) + failed
+  local finished = before + done + failed
   if total and not known[12] and finished >= total then
     counts[#counts + 1] = META.FINISHED_S
     counts[#counts + 1] = now
@@ -402,7 +403,6 @@ end
 if #counts > 0 then redis.call('HSET', meta, unpack(counts)) end
 -- The acknowledged head leaves the stream when the results pass a multiple of TRIM_EVERY,
 -- and at every commit of a finished job (a late copy's acknowledgement).
-local before = count(known[3]) + count(known[4])
 if over or math.floor(before / TRIM_EVERY) ~= math.floor((before + done + failed) / TRIM_EVERY) then
   trim_acked(stream, group)
 end

@@ -18,10 +18,7 @@ if type(got) == 'table' and got.err then return got end
 local marks = not generation_error(KEYS[3], ARGV[4]) and {} or nil
 local out = {marks and 1 or 0}
 for _, e in ipairs(got and got[1][2] or {}) do
-  local f, d, a = e[2] or {}, false, false  -- (its fields: 'd', and 'a' where it has a key)
-  for j = 1, #f, 2 do
-    if f[j] == 'd' then d = f[j + 1] elseif f[j] == 'a' then a = f[j + 1] end
-  end
+  local d, a = entry_field(e, 'd'), entry_field(e, 'a')
   out[#out + 1] = e[1]
   out[#out + 1] = d
   out[#out + 1] = a

@@ -43,11 +43,14 @@ local function trim_acked(stream, group)
   redis.call('XTRIM', stream, 'MINID', floor)
 end
 
--- A stream entry's fields as a table (name -> value), from its reply {ID, {name, value...}}.
-local function entry_fields(e)
-  local fields, out = e[2] or {}, {}
-  for f = 1, #fields, 2 do out[fields[f]] = fields[f + 1] end
-  return out
+-- A stream entry's field `name` (false where it has none), from its reply {ID, {name,
+-- value...}}: read in place, with no table of its fields made (a read's every entry).
+local function entry_field(e, name)
+  local fields = e[2] or {}
+  for f = 1, #fields, 2 do
+    if fields[f] == name then return fields[f + 1] end
+  end
+  return false
 end
 
 -- An XCLAIM reply as entry ID, payload, entry ID, payload... ('' where the entry is gone: a
@@ -57,7 +60,7 @@ local function claimed_flat(reply)
   for _, e in ipairs(reply) do
     if e then
       out[#out + 1] = e[1]
-      out[#out + 1] = entry_fields(e)['d'] or ''
+      out[#out + 1] = entry_field(e, 'd') or ''
     end
   end
   return out
