@@ -223,7 +223,6 @@ class RedisClusterProcs:
         self.node_timeout_s = node_timeout_ms / 1000
         self.nodes = [
             redis_server(
-                free_port(pair=10_000),
                 appendonly=replicas,
                 extra_args=(
                     "--cluster-enabled",

@@ -90,7 +90,11 @@ class EmbeddedRedis:
                 "install Redis, or set SWARM_REDIS_URL"
             )
         self.binary = binary
-        self.port = port or free_port()
+        # A port picked here is picked again if another process takes it before the server
+        # binds it; a cluster node's bus port (10,000 above) must be free too.
+        self._pair = 10_000 if "--cluster-enabled" in extra_args else 0
+        self._picked = port is None
+        self.port = port or free_port(self._pair)
         self.appendonly = appendonly
         self.extra_args = extra_args  # more redis-server options, e.g. ("--maxmemory", "2mb")
         self._tmp = None if workdir else tempfile.TemporaryDirectory(prefix="swarm-redis-")
@@ -102,6 +106,22 @@ class EmbeddedRedis:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self, timeout_s: float = 10.0) -> EmbeddedRedis:
+        """Start the server and wait until it answers; a port this object picked that was taken
+        meanwhile is picked again (a few times), a port given is not."""
+        tries = 5 if self._picked else 1
+        while not self._start(timeout_s):
+            tries -= 1
+            if not tries:
+                raise RuntimeError(
+                    f"redis-server could not bind port {self.port}: {self._log_tail()}"
+                )
+            self.port = free_port(self._pair)
+        return self
+
+    def _start(self, timeout_s: float) -> bool:
+        """Start once: True when this server answers, False when its port was taken."""
+        log = Path(self.workdir) / "redis.log"
+        log.unlink(missing_ok=True)
         args = [
             self.binary,
             "--port",
@@ -115,21 +135,33 @@ class EmbeddedRedis:
             "--dir",
             self.workdir,
             "--logfile",
-            str(Path(self.workdir) / "redis.log"),
+            str(log),
             *self.extra_args,
         ]
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(
-                    f"redis-server exited with {self.proc.returncode}; see {self.workdir}/redis.log"
-                )
-            if _pings(self.port):
-                return self
+                tail = self._log_tail()
+                self.proc = None
+                if "already in use" in tail:
+                    return False
+                raise RuntimeError(f"redis-server exited: {tail}")
+            # Another server on the port answers too: only once this one logged that it is
+            # ready is the port its own.
+            if _ready(log) and _pings(self.port):
+                return True
             time.sleep(0.05)
         self.stop()
-        raise RuntimeError(f"redis-server did not answer on port {self.port}")
+        raise RuntimeError(f"redis-server did not answer on port {self.port}: {self._log_tail()}")
+
+    def _log_tail(self, lines: int = 3) -> str:
+        """The last lines of the server's log, where it says why it stopped."""
+        try:
+            text = (Path(self.workdir) / "redis.log").read_text(errors="replace")
+        except OSError:
+            return f"no log in {self.workdir}"
+        return " | ".join(text.strip().splitlines()[-lines:]) or "an empty log"
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -151,6 +183,14 @@ class EmbeddedRedis:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _ready(log: Path) -> bool:
+    """Whether the server writing ``log`` has bound its port and loaded its data."""
+    try:
+        return b"Ready to accept connections" in log.read_bytes()
+    except OSError:
+        return False
 
 
 def _pings(port: int) -> bool:
