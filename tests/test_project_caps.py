@@ -123,6 +123,9 @@ async def test_a_look_at_a_job_whose_project_is_at_its_cap_waits_a_poll_not_spin
         async def settle(self, spec: JobSpec, granted: int) -> None:
             return None
 
+        def capped(self, spec: JobSpec) -> bool:
+            return True
+
     intake.caps = Full()
     assert await intake.next([await store.load_spec("j")], 200) is None
     assert slept == [0.2]

@@ -114,6 +114,34 @@ async def test_a_take_reads_new_entries_and_marks_them_running_as_a_start_would(
         await store.take_new("j", "c1", 2, gen=gen)
 
 
+async def test_a_commit_carrying_a_read_returns_the_next_entries_marked_as_a_take_would(
+    store: JobStore,
+) -> None:
+    """A slot's commit may bring its next batch in the same call: the read is take_new's
+    (entries marked running, pending to the reader), its counts and failures' kinds as any
+    commit's; a commit refused as of another generation reads nothing."""
+    await enqueue_prompts(store, spec(), prompts(5))
+    gen = await gen_of(store, "j")
+    entries, _ = await store.take_new("j", "c1", 2, gen=gen)
+    answers = [
+        (entries[0][0], Result(index=0, text="a"), None),
+        (entries[1][0], Result(index=1, error="bad", error_kind="rejected"), entries[1][1]),
+    ]
+    c = await store.commit("j", answers, gen=gen, read=("c1", 2))
+    assert (c.done, c.failed, c.failed_by_kind) == (1, 1, {"rejected": 1})
+    assert [(eid, key) for eid, _, key in c.taken] == [(b"0-3", ""), (b"0-4", "")]
+    assert [msgspec.msgpack.decode(p)[0] for _, p, _ in c.taken] == [2, 3]
+    assert c.marked == {b"0-3", b"0-4"}
+    assert await store.redis.hgetall(store.keys.running("j")) == {b"0-3": b"1", b"0-4": b"1"}
+    pending = await store.redis.xpending_range(store.keys.stream("j"), "workers", "-", "+", 9)
+    assert [(p["message_id"], p["consumer"]) for p in pending] == [(b"0-3", b"c1"), (b"0-4", b"c1")]
+    with pytest.raises(JobGoneError):
+        await store.commit("j", [], gen="another", read=("c2", 2))
+    assert (
+        len(await store.redis.xpending_range(store.keys.stream("j"), "workers", "-", "+", 9)) == 2
+    )
+
+
 async def test_a_commit_counts_the_own_tokens_of_its_new_results_only(store: JobStore) -> None:
     """Results that carry their own usage (a chat answer each) count it when written: a commit
     half of whose results another copy wrote first counts the other half's tokens, whatever

@@ -143,7 +143,7 @@ class BatchPath:
         sorted_ = Triage(deliveries, self.settings.max_deliveries)
         # Everything taken stays ours until done: refreshed claims, and never restarted by a
         # sibling slot's reclaim while it waits for its turn here.
-        heartbeat = asyncio.create_task(self._keep_claimed(spec, ids))
+        heartbeat = asyncio.create_task(self.intake.keep_claimed(spec, ids))
         self.intake.hand(job).update(ids)
         self.figures.job(job, time.monotonic())  # its rate counts from its first batch
         try:
@@ -257,8 +257,11 @@ class BatchPath:
             tally.take(r for _, r, _ in results)  # what each carries counts with it
         if results or early is None:
             # Shielded: once results exist, finishing the (atomic) commit beats redoing them.
-            commit = await self._commit(spec, results, tally.rest)
+            # It may bring this slot's next batch (see Intake.read_ahead).
+            read = None if copy or self.engine.stopping else self.intake.read_ahead(spec)
+            commit = await self._commit(spec, results, tally.rest, read=read)
             committed(commit)
+            await self.intake.arrived(spec, commit.taken, commit.marked)
         if keys and answers:
             await self.cache.keep(keys, answers)
 
@@ -400,6 +403,7 @@ class BatchPath:
         results: list[tuple[bytes, Result, bytes | None]],
         rest: Usage | None = None,
         whole: list[bytes] | None = None,
+        read: tuple[str, int] | None = None,
     ) -> Commit:
         """Commit, retrying through a Redis outage: the results are computed and the commit is
         idempotent (first write wins), so keeping them beats redoing the batch. Shielded, so a
@@ -418,6 +422,7 @@ class BatchPath:
                         failures_move=spec.flow is not None and spec.flow.failures,
                         whole=whole or (),
                         chunk=spec.chunk,
+                        read=read,
                     )
                 )
             except StoreUnavailable as exc:
@@ -431,17 +436,3 @@ class BatchPath:
                     exc,
                 )
                 await asyncio.sleep(self._backoff(attempt))
-
-    async def _keep_claimed(self, spec: JobSpec, ids: list[bytes]) -> None:
-        """Refresh our claim on a long batch so no other worker takes it as orphaned (a job
-        gone meanwhile has nothing left to claim: its batch learns so at its commit). Only
-        what is still in hand: a refresh of entries the batch gave back would take them back
-        from the fleet (their release undone, nobody to run them for the claim idle time:
-        seen, 21 prompts of 600 so)."""
-        period = self.settings.claim_idle_ms / 3000
-        while True:
-            await asyncio.sleep(period)
-            held = self.intake.hand(spec.job)
-            mine = [i for i in ids if i in held]
-            with contextlib.suppress(StoreUnavailable, JobGoneError):
-                await self.store.touch(spec.job, self.consumer, mine, gen=spec.generation)

@@ -27,6 +27,10 @@ class Caps(Protocol):
         """The lines granted are taken (now counted by Redis), or were not taken at all."""
         ...
 
+    def capped(self, spec: JobSpec) -> bool:
+        """Whether a look for ``spec``'s lines must ask for a grant first."""
+        ...
+
 
 class _NoCaps:
     """No project capped: every look takes a whole batch."""
@@ -36,6 +40,9 @@ class _NoCaps:
 
     async def settle(self, spec: JobSpec, granted: int) -> None:
         return None
+
+    def capped(self, spec: JobSpec) -> bool:
+        return False
 
 
 NO_CAPS: Caps = _NoCaps()
@@ -59,6 +66,9 @@ class ProjectCaps:
     async def read(self) -> None:
         """Read the caps again (an operator may have set or lifted one)."""
         self.caps = await self.store.project_caps()
+
+    def capped(self, spec: JobSpec) -> bool:
+        return bool(spec.project) and spec.project in self.caps
 
     async def grant(self, spec: JobSpec, want: int) -> int:
         cap = self.caps.get(spec.project) if spec.project else None

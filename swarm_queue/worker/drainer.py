@@ -199,6 +199,7 @@ class EndpointDrainer:
             for task in helpers:
                 task.cancel()
             await asyncio.gather(*helpers, return_exceptions=True)
+            await asyncio.shield(self.intake.release_ahead())  # (no slot will run them)
             await self.circuit.close()
 
     async def _hand_on(self, waiting: int) -> None:
@@ -250,6 +251,8 @@ class EndpointDrainer:
     async def _slot(self, slot: int) -> None:
         try:
             await self._slot_loop(slot)
+            while self.engine.stopping and (got := self.intake.pop_ahead()):  # (in hand too)
+                await self.path.process(got.spec, got.deliveries, fresh=True, marked=got.marked)
         finally:
             self.lookout.leave(slot)
 
@@ -262,6 +265,7 @@ class EndpointDrainer:
         ):
             try:
                 if self.circuit.is_open:
+                    await self.intake.release_ahead()  # (the fleet's to run meanwhile)
                     # (at start, the endpoint is probed once before the job list decides)
                     if self.circuit.probed and await self._nothing_left():
                         return

@@ -1,18 +1,21 @@
 """Where a drain loop's next batch comes from, job by job in service order: its own
-unacknowledged entries first (a restarted worker's leftovers, taken back at once), then the
-sources of :mod:`worker.sources` in the order its ``plan`` gives (orphaned or released
-entries, the endpoint's lane, new ones; then other lanes' and speculative copies).
+unacknowledged entries first (a restarted worker's leftovers, taken back at once), then a
+batch a slot's commit read for it (:meth:`Intake.read_ahead`), then the sources of
+:mod:`worker.sources` in the order its ``plan`` gives (orphaned or released entries, the
+endpoint's lane, new ones; then other lanes' and speculative copies).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Set
 from typing import NamedTuple, TypeVar
 
+from swarm_queue.common.errors import JobGoneError, StoreUnavailable
 from swarm_queue.common.keys import group_of, lane_name
 from swarm_queue.common.models import JobSpec
 from swarm_queue.common.settings import Settings
@@ -149,6 +152,10 @@ class Intake:
         self._losses = 0  # the store's connection losses when last looked at
         self._recovery_lock = asyncio.Lock()
         self._recovered: deque[tuple[JobSpec, list[Delivery]]] = deque()
+        # Batches a slot's commit read for it (see :meth:`read_ahead`), served first; and the
+        # job this endpoint serves alone, the one job a read ahead may be of.
+        self._ahead: deque[Taken] = deque()
+        self._sole: str | None = None
         self.reclaimed = Reclaimed(store, consumer, settings, label, self.looks.reclaim)
         self.stolen = Stolen(store, consumer, settings, label, self.lane)
         self.copies = Copies(store, consumer, settings, self.looks.copies)
@@ -167,8 +174,12 @@ class Intake:
 
     def forget(self, job: str) -> None:
         """``job`` is no longer served: if it is taken up again, its entries left pending to
-        this consumer are taken back first, as at a start."""
+        this consumer are taken back first, as at a start (its batches read ahead are
+        dropped: a job over has nothing left to run)."""
         self._ready.discard(job)
+        for taken in [t for t in self._ahead if t.job == job]:
+            self._ahead.remove(taken)
+            self.hand(job).difference_update(eid for eid, _, _ in taken.deliveries)
 
     def look_again(self) -> None:
         """After Redis trouble (a read whose reply was lost leaves entries pending for this
@@ -193,6 +204,12 @@ class Intake:
                 await self._recover(spec)
         if self._recovered:
             return Taken(*self._recovered.popleft())
+        self._sole = jobs[0].job if len(jobs) == 1 else None
+        while self._ahead:
+            taken = self._ahead.popleft()
+            if jobs and (taken.job, taken.spec.generation) == (jobs[0].job, jobs[0].generation):
+                return taken
+            await self._release([taken])  # (its job no longer first here: the fleet's)
         if not jobs:
             if block_ms:
                 await self.sleep(block_ms / 1000)
@@ -240,6 +257,14 @@ class Intake:
                     self.watch.found_none(job, sent, self.settings.poll_ms if watched else None)
         else:
             entries = await self.store.read_keyed(job, self.consumer, batch, block_ms=block_ms)
+        return await self._arrived(spec, entries, marked)
+
+    async def _arrived(
+        self, spec: JobSpec, entries: list[tuple[bytes, bytes | None, str]], marked: Set[bytes]
+    ) -> Taken | None:
+        """New entries of ``spec``'s job just read (``marked`` running by the read), as this
+        slot takes them: those whose affinity key is another endpoint's handed to its lane."""
+        job = spec.job
         gone: set[bytes] = set()
         if keyed := [(e, k) for e, _, k in entries if k]:
             self.affine.add(job)
@@ -253,7 +278,64 @@ class Intake:
         taken = self._held(spec, [(e, payload, 0) for e, payload, _ in entries if e not in gone])
         if taken is None:
             return None
-        return taken._replace(fresh=True, marked=frozenset(marked.difference(gone)))
+        return taken._replace(fresh=True, marked=frozenset(marked) - gone)
+
+    async def keep_claimed(self, spec: JobSpec, ids: list[bytes]) -> None:
+        """Refresh our claim on a long batch so no other worker takes it as orphaned (a job
+        gone meanwhile has nothing left to claim: its batch learns so at its commit). Only
+        what is still in hand: a refresh of entries the batch gave back would take them back
+        from the fleet (their release undone, nobody to run them for the claim idle time:
+        seen, 21 prompts of 600 so)."""
+        period = self.settings.claim_idle_ms / 3000
+        while True:
+            await asyncio.sleep(period)
+            held = self.hand(spec.job)
+            mine = [i for i in ids if i in held]
+            with contextlib.suppress(StoreUnavailable, JobGoneError):
+                await self.store.touch(spec.job, self.consumer, mine, gen=spec.generation)
+
+    def read_ahead(self, spec: JobSpec) -> tuple[str, int] | None:
+        """The read a commit of ``spec``'s batch may carry (``WorkerStore.commit(read=)``):
+        this consumer and a batch's entries, where the slot's next batch would be the job's
+        new entries anyway: the one job this endpoint serves, plain (no cap to ask, no steps
+        moving on, no affinity keys seen, not swarm-retry's entries), its queue not known
+        empty. One round trip and one script a batch where there were two."""
+        job = spec.job
+        if (
+            job != self._sole
+            or self._ahead
+            or self.caps.capped(spec)
+            or spec.flow is not None
+            or job in self.affine
+            or job in self.singles
+            or self.watch.quiet(job)
+        ):
+            return None
+        return self.consumer, -(-self.settings.batch_size // spec.chunk)
+
+    async def arrived(
+        self, spec: JobSpec, taken: list[tuple[bytes, bytes | None, str]], marked: Set[bytes]
+    ) -> None:
+        """What a commit's read brought: the next batch of a slot, served first."""
+        if taken and (got := await self._arrived(spec, taken, marked)) is not None:
+            self._ahead.append(got)
+
+    def pop_ahead(self) -> Taken | None:
+        """A batch read ahead, taken out of the queue (None: none waits)."""
+        return self._ahead.popleft() if self._ahead else None
+
+    async def release_ahead(self) -> None:
+        """Give the batches read ahead back to the fleet (a stop, the endpoint failing): no
+        run of theirs began, so none is a death."""
+        ahead, self._ahead = list(self._ahead), deque()
+        await self._release(ahead)
+
+    async def _release(self, batches: list[Taken]) -> None:
+        for taken in batches:
+            ids = [eid for eid, _, _ in taken.deliveries]
+            with contextlib.suppress(StoreUnavailable, JobGoneError):
+                await self.store.release(taken.job, self.consumer, ids, gen=taken.spec.generation)
+            self.hand(taken.job).difference_update(ids)
 
     def _held(self, spec: JobSpec, deliveries: list[Delivery]) -> Taken | None:
         """``deliveries`` of ``spec``'s job as this slot takes them, marked in hand at once

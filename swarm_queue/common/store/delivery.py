@@ -47,6 +47,10 @@ class Commit(msgspec.Struct, frozen=True):
     failed_by_kind: dict[str, int] = msgspec.field(default_factory=dict)
     # Of ``done``, the answers that came from the response cache.
     cache_hits: int = 0
+    # A read riding with the commit (``commit(read=...)``): the new entries it took, each
+    # ID, payload and affinity key, and the IDs it marked running (as ``take_new``'s).
+    taken: list[tuple[bytes, bytes | None, str]] = msgspec.field(default_factory=list)
+    marked: frozenset[bytes] = frozenset()
 
 
 class Delivery(StoreBase):
@@ -86,12 +90,9 @@ class Delivery(StoreBase):
         of generation ``gen``. Returns the entries and the IDs marked."""
         keys = [self.keys.stream(job), self.keys.running(job), self.keys.meta(job)]
         async with redis_errors(self.url, job):
-            marked, *flat = await self.scripts.take(keys=keys, args=[GROUP, consumer, count, gen])
-        entries = [
-            (eid, payload, (key or b"").decode())
-            for eid, payload, key in zip(flat[::3], flat[1::3], flat[2::3], strict=True)
-        ]
-        return entries, {eid for eid, _, key in entries if not key} if marked else set()
+            flat = await self.scripts.take(keys=keys, args=[GROUP, consumer, count, gen])
+        entries, marked = _taken(flat)
+        return entries, set(marked)
 
     async def claim_own_pending(
         self,
@@ -268,6 +269,7 @@ class Delivery(StoreBase):
         failures_move: bool = False,
         whole: Sequence[bytes] = (),
         chunk: int = 1,
+        read: tuple[str, int] | None = None,
     ) -> Commit:
         """Write each result under its index (first write wins) and ack its entry, atomically.
 
@@ -282,6 +284,8 @@ class Delivery(StoreBase):
         carries. ``whole``: chunks taken again whose every prompt had its result already,
         acknowledged with nothing written. ``chunk``: the job's (``JobSpec.chunk``); a whole
         chunk on its block whose every prompt was answered goes as its chunk's field.
+        ``read``: a consumer and a count: that consumer's next read of the job's new
+        entries, as :meth:`take_new`'s, made in the same call (``Commit.taken``).
         """
         # (lua/commit.lua's arguments: two a prompt, index and result, grouped by entry and
         # numbered in that order, but for a whole chunk answered: one, its field
@@ -325,10 +329,26 @@ class Delivery(StoreBase):
         keys = self.script_keys(job)
         if moves_on:
             keys.append(self.keys.landed(job))
+        if read is not None:
+            args += [*read]
         async with redis_errors(self.url, job):
-            done, failed, hits, *kinds = await self.scripts.commit(keys=keys, args=args)
+            done, failed, hits, k, *tail = await self.scripts.commit(keys=keys, args=args)
+        kinds, flat = tail[: int(k)], tail[int(k) :]
         by_kind = {_text(k): int(n) for k, n in zip(kinds[::2], kinds[1::2], strict=True)}
-        return Commit(int(done), int(failed), by_kind, int(hits))
+        if not flat:
+            return Commit(int(done), int(failed), by_kind, int(hits))
+        taken, marked = _taken(flat)
+        return Commit(int(done), int(failed), by_kind, int(hits), taken, marked)
+
+
+def _taken(flat: list[Any]) -> tuple[list[tuple[bytes, bytes | None, str]], frozenset[bytes]]:
+    """A read's reply (``lib/streams.lua``'s ``read_new``): its entries, and those marked."""
+    marked, rest = flat[0], flat[1:]
+    entries = [
+        (eid, payload, (key or b"").decode())
+        for eid, payload, key in zip(rest[::3], rest[1::3], rest[2::3], strict=True)
+    ]
+    return entries, frozenset(eid for eid, _, key in entries if not key) if marked else frozenset()
 
 
 def _packs(

@@ -52,8 +52,10 @@
 --       failed), its chunk's field (common/store/resultfields.py); then a pair, index and
 --       result blob, for each prompt of the entries that came as ''. Prompts are numbered
 --       (1..n) in the entries' order, each entry's in index order; indices are distinct.
--- Returns {new results done, new results failed, new of them from the cache, then kind,
--- count for each kind failed}.
+--       Then, optionally, a read riding with the commit: the consumer, how many entries.
+-- Returns {new results done, new results failed, new of them from the cache, 2k, then kind,
+-- count for each of the k kinds failed}, then for a read, take.lua's reply (nothing where the
+-- read failed: the job's stream gone).
 local results, meta, stream, failed_h, cached_h = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local running, reopened, chunks, landed = KEYS[6], KEYS[7], KEYS[8], KEYS[9]
 local group, now = ARGV[1], now_s()
@@ -86,6 +88,8 @@ for k = at + 1, at + 3 * tonumber(ARGV[at]), 3 do
   first = first + c
 end
 at = at + 3 * #entries + 1  -- (the first pair)
+local read_at = at  -- (past the pairs: a read riding with the commit, if any)
+for _, e in ipairs(entries) do read_at = read_at + (e[4] and 0 or 2 * e[3]) end
 local A, off = ARGV, at - 2
 -- A chunk's field's results, each after its index (`index`, index + 1...), appended to `out`:
 -- RESULTS_MARK and a msgpack array of bin (common/store/resultfields.py).
@@ -406,9 +410,16 @@ if #counts > 0 then redis.call('HSET', meta, unpack(counts)) end
 if over or math.floor(before / TRIM_EVERY) ~= math.floor((before + done + failed) / TRIM_EVERY) then
   trim_acked(stream, group)
 end
-local out = {done, failed, hits}
+local out = {done, failed, hits, 0}
 for kind, count in pairs(kinds) do
   out[#out + 1] = kind
   out[#out + 1] = count
+end
+out[4] = #out - 4
+-- The committer's next read, in the same call (one round trip and one script a batch where
+-- there were two): the job is of its generation, so what it reads is marked running.
+if ARGV[read_at] then
+  local got = read_new(stream, running, group, ARGV[read_at], ARGV[read_at + 1], true)
+  for i = 1, got.err and 0 or #got do out[#out + 1] = got[i] end
 end
 return out

@@ -7,25 +7,10 @@
 -- and are marked by their start where they run. A worker that dies between this read and
 -- its request leaves a mark, as if it had died running them: their next taker runs them one
 -- by one (worker/deliveries.py), answered still, each once.
+-- (lib/streams.lua's read_new; a commit may read so too: lua/commit.lua)
 -- KEYS: [1] stream, [2] running, [3] meta
 -- ARGV: [1] group, [2] consumer, [3] count, [4] generation
 -- Returns {1 if marked else 0, then each entry's ID, payload (nil if none), affinity key
 -- (nil if none)}, or XREADGROUP's error as it gave it (NOGROUP: the job's stream is gone).
-local got = redis.pcall(
-  'XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', ARGV[3], 'STREAMS', KEYS[1], '>'
-)
-if type(got) == 'table' and got.err then return got end
-local marks = not generation_error(KEYS[3], ARGV[4]) and {} or nil
-local out = {marks and 1 or 0}
-for _, e in ipairs(got and got[1][2] or {}) do
-  local d, a = entry_field(e, 'd'), entry_field(e, 'a')
-  out[#out + 1] = e[1]
-  out[#out + 1] = d
-  out[#out + 1] = a
-  if marks and not a then
-    marks[#marks + 1] = e[1]
-    marks[#marks + 1] = 1
-  end
-end
-if marks and #marks > 0 then redis.call('HSET', KEYS[2], unpack(marks)) end
-return out
+local mark = not generation_error(KEYS[3], ARGV[4])
+return read_new(KEYS[1], KEYS[2], ARGV[1], ARGV[2], ARGV[3], mark)

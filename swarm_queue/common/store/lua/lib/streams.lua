@@ -78,3 +78,30 @@ local function still_held(stream, group, consumer, first)
   end
   return ids
 end
+
+-- Up to `count` never-delivered entries of `stream` for `consumer` of `group`, flat: {1 if
+-- marked else 0, then each entry's ID, payload (false if none), affinity key (false if
+-- none)}, or XREADGROUP's error as it gave it (NOGROUP: the stream is gone). With `mark`
+-- (the job is of the reader's generation), each entry without an affinity key is marked
+-- running in `running` (1: a first delivery), as a start before its request would: a key's
+-- entry may go to another endpoint's lane, and is marked by its start where it runs.
+local function read_new(stream, running, group, consumer, count, mark)
+  local got = redis.pcall(
+    'XREADGROUP', 'GROUP', group, consumer, 'COUNT', count, 'STREAMS', stream, '>'
+  )
+  if type(got) == 'table' and got.err then return got end
+  local marks = mark and {} or nil
+  local out = {mark and 1 or 0}
+  for _, e in ipairs(got and got[1][2] or {}) do
+    local d, a = entry_field(e, 'd'), entry_field(e, 'a')
+    out[#out + 1] = e[1]
+    out[#out + 1] = d
+    out[#out + 1] = a
+    if marks and not a then
+      marks[#marks + 1] = e[1]
+      marks[#marks + 1] = '1'
+    end
+  end
+  if marks and #marks > 0 then redis.call('HSET', running, unpack(marks)) end
+  return out
+end
