@@ -73,7 +73,6 @@ class Meta(StrEnum):
     RETRY_ROUND = "retry_round"  # swarm-retry rounds so far: the ms part of requeued entry IDs
     SEALED_S = "sealed_s"
     FIRST_RESULT_S = "first_result_s"
-    LAST_RESULT_S = "last_result_s"
     FINISHED_S = "finished_s"  # every prompt has a result
     CANCELLED_S = "cancelled_s"  # swarm-cancel
     REDUCED_S = "reduced_s"  # the reduce output is written

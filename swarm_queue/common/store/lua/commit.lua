@@ -58,7 +58,7 @@
 -- read failed: the job's stream gone).
 local results, meta, stream, failed_h, cached_h = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local running, reopened, chunks, landed = KEYS[6], KEYS[7], KEYS[8], KEYS[9]
-local group, now = ARGV[1], now_s()
+local group = ARGV[1]
 -- The counters this commit moves, read with the generation: written back once at the end
 -- (the script is atomic: a read and a write are an increment), not an HINCRBY each.
 local COUNTED = {
@@ -389,10 +389,12 @@ if marked ~= partial then
   counts[#counts + 1] = string.format('%d', marked)
 end
 local over = known[12] and true or false
+-- Redis's clock is asked only for the job's first result and its last (a TIME and its
+-- string a commit were a thirtieth of Redis's work a batch at the default batch).
 if done + failed > 0 then
-  counts[#counts + 1] = META.LAST_RESULT_S
-  counts[#counts + 1] = now
+  local now
   if not known[11] then
+    now = now_s()
     counts[#counts + 1] = META.FIRST_RESULT_S
     counts[#counts + 1] = now
   end
@@ -400,7 +402,7 @@ if done + failed > 0 then
   local finished = before + done + failed
   if total and not known[12] and finished >= total then
     counts[#counts + 1] = META.FINISHED_S
-    counts[#counts + 1] = now
+    counts[#counts + 1] = now or now_s()
     over = true
   end
 end
