@@ -17,6 +17,7 @@ from swarm_queue.common.models import JobSpec, SamplingParams
 from swarm_queue.common.settings import Settings
 from swarm_queue.common.store import JobStore
 from swarm_queue.producer.output import follow_output, output_for, write_output
+from swarm_queue.sim.text import completion_for
 from swarm_queue.worker.endpoint import EndpointClient
 from swarm_queue.worker.engine import Engine
 
@@ -104,6 +105,18 @@ async def collect_lines(store: JobStore, job: str, fmt: str = "jsonl") -> list[d
     buf = io.BytesIO()
     await write_output(store, job, buf, fmt)
     return [msgspec.json.decode(line) for line in buf.getvalue().splitlines()]
+
+
+async def assert_answered_in_order(
+    store: JobStore, job: str, n: int, max_tokens: int, asked: int
+) -> None:
+    """``job``'s output holds :func:`prompts`' ``n`` answered in order, each as swarm-sim
+    answers it in ``max_tokens`` tokens, and its endpoints were ``asked`` each prompt once."""
+    lines = await collect_lines(store, job)
+    assert [x["index"] for x in lines] == list(range(n))
+    for x, (prompt, _) in zip(lines, prompts(n), strict=True):
+        assert x["text"] == completion_for(prompt, max_tokens)[0], x["index"]
+    assert asked == n  # each prompt sent once
 
 
 async def output_lines(store: JobStore, job: str) -> list[Any]:

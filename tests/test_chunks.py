@@ -37,7 +37,13 @@ from tests.harness import (
     check_output,
     over_context,
 )
-from tests.helpers import collect_lines, prompts, run_engine, wait_until
+from tests.helpers import (
+    assert_answered_in_order,
+    collect_lines,
+    prompts,
+    run_engine,
+    wait_until,
+)
 
 POISON = "<poison>"
 
@@ -58,11 +64,7 @@ async def test_a_chunked_job_is_answered_exactly_in_order_an_entry_a_chunk(
         # (no speculative copies at the tail: each prompt is then sent exactly once)
         await run_engine(make_settings(batch_size=40, speculate=0), store, fleet.urls)
         asked = sum(len(r.get("prompt", [])) for e in fleet.endpoints for r in e.received)
-    lines = await collect_lines(store, "c")
-    assert [x["index"] for x in lines] == list(range(n))
-    for x, (prompt, _) in zip(lines, prompts(n), strict=True):
-        assert x["text"] == completion_for(prompt, MAX_TOKENS)[0], x["index"]
-    assert asked == n  # each prompt sent once
+    await assert_answered_in_order(store, "c", n, MAX_TOKENS, asked)
     status = await store.status("c", rate=False)
     assert (status.done, status.failed, status.total) == (n, 0, n)
     # Every chunk acknowledged and trimmed with its last answer.

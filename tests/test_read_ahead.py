@@ -15,9 +15,8 @@ from swarm_queue.common.settings import Settings
 from swarm_queue.common.store import JobStore
 from swarm_queue.producer.enqueue import enqueue_prompts
 from swarm_queue.sim.server import SimFleet
-from swarm_queue.sim.text import completion_for
 from swarm_queue.worker.intake import Intake, Taken
-from tests.helpers import collect_lines, prompts, run_engine
+from tests.helpers import assert_answered_in_order, prompts, run_engine
 
 MAX_TOKENS = 12
 
@@ -67,11 +66,7 @@ async def test_a_lone_jobs_batches_each_come_with_the_commit_of_the_one_before(
         settings = make_settings(batch_size=32, inflight=1, speculate=0)
         await run_engine(settings, store, fleet.urls)
         asked = sum(len(r.get("prompt", [])) for e in fleet.endpoints for r in e.received)
-    lines = await collect_lines(store, "r")
-    assert [x["index"] for x in lines] == list(range(n))
-    for x, (prompt, _) in zip(lines, prompts(n), strict=True):
-        assert x["text"] == completion_for(prompt, MAX_TOKENS)[0], x["index"]
-    assert asked == n  # each prompt sent once
+    await assert_answered_in_order(store, "r", n, MAX_TOKENS, asked)
     # 20 batches of 2 entries: the first taken, each next one read by the commit before it.
     assert sum(takes) == 2 and sum(reads) == 38, (takes, reads)
     status = await store.status("r", rate=False)
