@@ -5,6 +5,7 @@ answers on the port is only taken for this one once this one said it is ready.""
 
 from __future__ import annotations
 
+import random
 import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -60,3 +61,17 @@ def test_a_port_given_and_taken_fails_with_the_servers_own_reason() -> None:
                 server.start()
         finally:
             server.close()
+
+
+def test_ports_picked_one_after_another_before_any_is_bound_all_differ(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Seen in CI: a fleet's four endpoints given the same port twice (free when each was
+    picked, as none was bound yet), its simulator exiting at once."""
+    first = free_port()
+    with socket.socket() as s:  # (a port free now that this process has not given out)
+        s.bind(("127.0.0.1", 0))
+        other = s.getsockname()[1]
+    picks = iter([first, other])
+    monkeypatch.setattr(random, "randrange", lambda lo, hi: next(picks))
+    assert free_port() == other

@@ -11,6 +11,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections import deque
 from pathlib import Path
 
 __all__ = ["EmbeddedRedis", "find_redis_server", "free_port"]
@@ -51,22 +52,32 @@ def _bindable(*ports: int) -> bool:
     return True
 
 
+# The ports this process gave out lately: several picked before any is bound (a fleet's
+# four endpoints) must differ (seen in CI: the same port twice in four picks).
+_given: deque[int] = deque(maxlen=1_024)
+
+
 def free_port(pair: int = 0) -> int:
-    """A port free on 127.0.0.1 now, for a server about to listen on it; with ``pair``, the
-    port that far above it free too (a Redis Cluster node's bus port, 10,000 above). Picked
-    below the kernel's range for outgoing connections where there is room: a port in that
-    range may be taken by any connection opened before the server binds it (seen in the
-    suite: a worker's metrics port, a cluster node's bus port); else the kernel's pick."""
+    """A port free on 127.0.0.1 now, for a server about to listen on it, and none this process
+    gave out lately; with ``pair``, the port that far above it free too (a Redis Cluster
+    node's bus port, 10,000 above). Picked below the kernel's range for outgoing connections
+    where there is room: a port in that range may be taken by any connection opened before
+    the server binds it (seen in the suite: a worker's metrics port, a cluster node's bus
+    port); else the kernel's pick."""
     high = _outgoing_low() - pair
     for _ in range(64 if high - _LISTEN_LOW >= 1_000 else 0):
         port = random.randrange(_LISTEN_LOW, high)
-        if _bindable(port, port + pair):
+        if port not in _given and _bindable(port, port + pair):
+            _given.append(port)
             return port
     while True:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             found: int = s.getsockname()[1]
-        if not pair or (found + pair < 65_536 and _bindable(found + pair)):
+        if found not in _given and (
+            not pair or (found + pair < 65_536 and _bindable(found + pair))
+        ):
+            _given.append(found)
             return found
 
 
