@@ -75,6 +75,11 @@ def queued(spec: JobSpec) -> Queued:
     return Queued(spec.job, spec.priority, unit, place, spec.project, spec.deadline_s)
 
 
+def _entries(prompts: int, spec: JobSpec) -> int:
+    """How many of ``spec``'s entries hold ``prompts`` prompts: a chunk each, rounded up."""
+    return -(-prompts // spec.chunk)
+
+
 T = TypeVar("T")
 
 
@@ -311,7 +316,7 @@ class Intake:
             or self.watch.quiet(job)
         ):
             return None
-        return self.consumer, -(-self.settings.batch_size // spec.chunk)
+        return self.consumer, _entries(self.settings.batch_size, spec)
 
     async def arrived(
         self, spec: JobSpec, taken: list[tuple[bytes, bytes | None, str]], marked: Set[bytes]
@@ -386,7 +391,7 @@ class Intake:
         project's cap leaves: a batch when uncapped), so as many entries as hold them (a
         chunk's prompts: :mod:`common.store.entries`): what it gives, marked in hand."""
         job = spec.job
-        prompts, batch = batch, -(-batch // spec.chunk)
+        prompts, batch = batch, _entries(batch, spec)
         if source is Source.NEW and job in self.singles:
             batch = prompts  # (its new entries are swarm-retry's now: a prompt each)
         if source is Source.RECLAIMED:
