@@ -110,11 +110,11 @@ async def test_a_document_asked_on_both_sides_of_a_chunk_boundary_carries_one_ke
     assert keys[0] == keys[3] == keys[4] and keys[1] == keys[2] != keys[0]
 
 
-async def test_a_take_marks_running_only_the_entries_without_an_affinity_key(
+async def test_a_take_runs_at_once_only_the_entries_without_an_affinity_key(
     store: JobStore,
 ) -> None:
-    """A keyed entry may go to another endpoint's lane as it is read: its mark is made by
-    the start where it runs, never by the read that routes it."""
+    """A keyed entry may go to another endpoint's lane as it is read: it runs from the start
+    where it runs, never from the read that routes it (taken over, it counts no death)."""
     doc, other = documents(2, 3000)
     spec = JobSpec(job="c", params=SamplingParams(max_tokens=8))
     asked = [f"{doc} q0", f"{other} q0", f"{doc} q1", f"{other} q1"]
@@ -122,7 +122,9 @@ async def test_a_take_marks_running_only_the_entries_without_an_affinity_key(
     gen = (await store.load_spec("c")).generation
     entries, marked = await store.take_new("c", "w|http://a", 10, gen=gen)
     assert len(entries) == 4 and all(key for _, _, key in entries)
-    assert marked == set() and await store.redis.hlen(store.keys.running("c")) == 0
+    assert marked == set()
+    over = await store.autoclaim("c", "w|http://b", 0, 10)
+    assert [deaths for _, _, deaths in over] == [0, 0, 0, 0]
 
 
 # -- the routing, on Redis -----------------------------------------------------------------
@@ -146,6 +148,7 @@ async def test_each_new_key_goes_to_the_live_lane_holding_fewest_and_stays_there
     assert len(kept) == 8  # its four documents, twice each
     given = {lane: await store.take_lane("r", lane, f"w|{lane}", 100) for lane in lanes}
     assert given[mine] == [] and [len(given[x]) for x in lanes if x != mine] == [8, 8]
+    assert {n for taken in given.values() for _, _, n in taken} == {0}  # (none ran: no death)
     by_key = dict(zip([e for e, _, _ in read], [k for _, _, k in read], strict=True))
     for lane, taken in given.items():
         assert len({by_key[e] for e, _, _ in taken}) in (0, 4), lane

@@ -67,8 +67,10 @@ async def test_an_endpoint_takes_its_own_lane_and_others_wait(
     assert (status.pending, status.in_flight) == (4, 0)  # queued in lanes, in no one's hands
     # C served none of these turns before: nothing for it (the lanes' wait is long).
     assert await c.next([turn], None, idle=True) is None
-    assert _indices(await a.next([turn], None)) == [0, 2]
-    assert _indices(await b.next([turn], None)) == [1, 3]
+    got = [await a.next([turn], None), await b.next([turn], None)]
+    assert [_indices(t) for t in got] == [[0, 2], [1, 3]]
+    # (Queued in a lane is not running: taken from it, a turn counts no death.)
+    assert [d for t in got if t is not None for _, _, d in t.deliveries] == [0, 0, 0, 0]
     assert await a.next([turn], None) is None
     status = await store.status(turn.job)
     assert (status.pending, status.in_flight) == (0, 4)
@@ -156,7 +158,6 @@ async def test_turns_handed_on_by_a_busy_engine_go_at_once_to_an_endpoint_with_n
     with pytest.raises(JobGoneError):
         await store.give_back(turn.job, "w/" + A, ids, idle_ms=30_000, gen="another")
     assert await store.give_back(turn.job, "w/" + A, ids, idle_ms=30_000, gen=turn.generation) == 3
-    assert await store.redis.hlen(store.keys.running(turn.job)) == 0
     held = await store.redis.xpending_range(
         store.keys.stream(turn.job), GROUP, "-", "+", 9, OPEN_LANE
     )
@@ -164,6 +165,8 @@ async def test_turns_handed_on_by_a_busy_engine_go_at_once_to_an_endpoint_with_n
     assert await store.autoclaim(turn.job, "w/x", 120_000, 8) == []
     a.engine_busy = lambda: True
     assert await a.next([turn], None, idle=False) is None
-    assert _indices(await c.next([turn], None, idle=True)) == [0, 1, 2]
+    handed = await c.next([turn], None, idle=True)
+    assert _indices(handed) == [0, 1, 2]
+    assert handed is not None and [d for _, _, d in handed.deliveries] == [0, 0, 0]  # no death
     # C holds them now: A handing them on again changes nothing.
     assert await store.give_back(turn.job, "w/" + A, ids, idle_ms=30_000, gen=turn.generation) == 0

@@ -90,36 +90,40 @@ async def test_a_copy_that_lost_counts_none_of_its_requests_tokens(store: JobSto
     assert (status.done, status.prompt_tokens, status.completion_tokens) == (4, 40, 16)
 
 
-async def test_a_take_reads_new_entries_and_marks_them_running_as_a_start_would(
+async def test_a_take_reads_new_entries_running_at_once_and_a_death_counts_where_none_ended(
     store: JobStore,
 ) -> None:
-    """One call a batch where there were two: each entry read marked running 1 (its first
-    delivery), its commit clearing the mark; the read of a job queued again under its name
-    (another generation) marks nothing (the start before sending refuses it); a stream gone
-    under the reader is the job gone."""
-    await enqueue_prompts(store, spec(), prompts(3))
+    """One call a batch where there were two: entries taken run at once, as after a start,
+    with no mark written (an entry pending with none counts as running once): a worker that
+    dies holding one leaves one death, its commit or a release none. The take of a job queued
+    again under its name (another generation) runs nothing (the start before sending refuses
+    it) and counts no death; a stream gone under the reader is the job gone."""
+    await enqueue_prompts(store, spec(), prompts(4))
     gen = await gen_of(store, "j")
-    entries, marked = await store.take_new("j", "c1", 2, gen=gen)
-    assert [(eid, key) for eid, _, key in entries] == [(b"0-1", ""), (b"0-2", "")]
-    assert [msgspec.msgpack.decode(p)[0] for _, p, _ in entries] == [0, 1]
-    assert marked == {b"0-1", b"0-2"}
-    assert await store.redis.hgetall(store.keys.running("j")) == {b"0-1": b"1", b"0-2": b"1"}
+    entries, marked = await store.take_new("j", "c1", 3, gen=gen)
+    assert [(eid, key) for eid, _, key in entries] == [(b"0-1", ""), (b"0-2", ""), (b"0-3", "")]
+    assert [msgspec.msgpack.decode(p)[0] for _, p, _ in entries] == [0, 1, 2]
+    assert marked == {b"0-1", b"0-2", b"0-3"}
     await store.commit("j", [(b"0-1", Result(index=0, text="a"), None)], gen=gen)
-    assert await store.redis.hgetall(store.keys.running("j")) == {b"0-2": b"1"}
-    rest, marked = await store.take_new("j", "c2", 2, gen="another")
-    assert [eid for eid, _, _ in rest] == [b"0-3"] and marked == set()
-    assert b"0-3" not in await store.redis.hgetall(store.keys.running("j"))
+    assert await store.release("j", "c1", [b"0-3"], gen=gen) == 1
+    # c1 dies holding 0-2: a reclaim finds one death there, none on 0-3 (given back).
+    taken = await store.autoclaim("j", "c2", 0, 9)
+    assert [(eid, n) for eid, _, n in taken] == [(b"0-2", 1), (b"0-3", 0)]
+    rest, marked = await store.take_new("j", "c3", 2, gen="another")
+    assert [eid for eid, _, _ in rest] == [b"0-4"] and marked == set()
+    assert [(eid, n) for eid, _, n in await store.autoclaim("j", "c4", 0, 9)][-1] == (b"0-4", 0)
     await store.redis.delete(store.keys.stream("j"))
     with pytest.raises(JobGoneError):
         await store.take_new("j", "c1", 2, gen=gen)
 
 
-async def test_a_commit_carrying_a_read_returns_the_next_entries_marked_as_a_take_would(
+async def test_a_commit_carrying_a_read_returns_the_next_entries_running_as_a_take_would(
     store: JobStore,
 ) -> None:
-    """A slot's commit may bring its next batch in the same call: the read is take_new's
-    (entries marked running, pending to the reader), its counts and failures' kinds as any
-    commit's; a commit refused as of another generation reads nothing."""
+    """A slot's commit may bring its next batch in the same round trip: the read is take_new's
+    (entries running at once, pending to the reader), its counts and failures' kinds as any
+    commit's; a commit refused as of another generation gives what its read took back to the
+    fleet at once, no death counted."""
     await enqueue_prompts(store, spec(), prompts(5))
     gen = await gen_of(store, "j")
     entries, _ = await store.take_new("j", "c1", 2, gen=gen)
@@ -132,14 +136,28 @@ async def test_a_commit_carrying_a_read_returns_the_next_entries_marked_as_a_tak
     assert [(eid, key) for eid, _, key in c.taken] == [(b"0-3", ""), (b"0-4", "")]
     assert [msgspec.msgpack.decode(p)[0] for _, p, _ in c.taken] == [2, 3]
     assert c.marked == {b"0-3", b"0-4"}
-    assert await store.redis.hgetall(store.keys.running("j")) == {b"0-3": b"1", b"0-4": b"1"}
     pending = await store.redis.xpending_range(store.keys.stream("j"), "workers", "-", "+", 9)
     assert [(p["message_id"], p["consumer"]) for p in pending] == [(b"0-3", b"c1"), (b"0-4", b"c1")]
     with pytest.raises(JobGoneError):
         await store.commit("j", [], gen="another", read=("c2", 2))
-    assert (
-        len(await store.redis.xpending_range(store.keys.stream("j"), "workers", "-", "+", 9)) == 2
-    )
+    # c2's read took 0-5 for a generation not its own: handed back at once, no death.
+    taken = await store.autoclaim("j", "c3", 60_000, 9)
+    assert [(eid, n) for eid, _, n in taken] == [(b"0-5", 0)]
+
+
+async def test_a_commit_carrying_a_read_to_a_redis_that_lost_its_scripts_commits_and_reads(
+    store: JobStore,
+) -> None:
+    """A Redis restarted (or a replica promoted) knows no script: the commit sent with its
+    read in one round trip is sent again as text, the read's entries kept, none lost."""
+    await enqueue_prompts(store, spec(), prompts(4))
+    gen = await gen_of(store, "j")
+    entries, _ = await store.take_new("j", "c1", 2, gen=gen)
+    await store.redis.script_flush()
+    answers = [(eid, Result(index=i, text=f"t{i}"), None) for i, (eid, _, _) in enumerate(entries)]
+    c = await store.commit("j", answers, gen=gen, read=("c1", 2))
+    assert c.done == 2 and [eid for eid, _, _ in c.taken] == [b"0-3", b"0-4"]
+    assert (await store.status("j")).done == 2
 
 
 async def test_a_commit_counts_the_own_tokens_of_its_new_results_only(store: JobStore) -> None:

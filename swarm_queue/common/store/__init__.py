@@ -15,7 +15,8 @@ Layout of one job (keys from :class:`common.keys.Keys`, all in the job's hash sl
 * hash ``results``: decimal index -> msgpack :class:`~common.models.Result`; first write wins.
 * hash ``meta``: the fields of :class:`common.vocab.Meta` (spec, counters, timestamps).
 * hash ``running``: entry ID -> runs started and never finished (see ``JobStore.start``);
-  a count left behind is a worker that died running the entry.
+  a count left behind is a worker that died running the entry. An entry pending with none
+  counts one, its read's: a read writes 0 only for what it hands on (``lua/lib/streams.lua``).
 
 Rooms: ``connection`` (client, retry, the error boundary), ``scripts`` and ``lua/`` (the atomic
 steps), ``entries`` (entry IDs and payloads), and the parts of :class:`JobStore`:

@@ -16,6 +16,7 @@ from swarm_queue.common.models import PromptItem, decode_item
 
 __all__ = [
     "CHUNK_MARK",
+    "deaths",
     "decode_entry",
     "encode_chunk",
     "entry_payloads",
@@ -34,6 +35,14 @@ def id_key(entry_id: bytes) -> tuple[int, int]:
     """Sort key of an entry ID: Redis orders IDs by (milliseconds, sequence)."""
     ms, _, seq = entry_id.partition(b"-")
     return int(ms), int(seq)
+
+
+def deaths(mark: bytes | None) -> int:
+    """How often workers died running an entry just taken over, from its ``running`` mark:
+    its runs begun and never finished. An entry pending with no mark counts one, its read's
+    (a read marks only what it does not run: ``lua/lib/streams.lua``'s ``read_new``), so the
+    common read and commit write no mark at all."""
+    return 1 if mark is None else int(mark)
 
 
 def index_of(entry_id: bytes | str) -> int:

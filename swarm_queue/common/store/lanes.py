@@ -18,7 +18,7 @@ import msgspec
 from swarm_queue.common.keys import GROUP, OPEN_LANE
 from swarm_queue.common.store.base import StoreBase
 from swarm_queue.common.store.boundary import redis_errors
-from swarm_queue.common.store.entries import id_key
+from swarm_queue.common.store.entries import deaths, id_key
 
 __all__ = ["Hungry", "Lanes"]
 
@@ -59,7 +59,7 @@ class Lanes(StoreBase):
             return set()
         args = [GROUP, lane, len(live), *live, *(x for pair in keyed for x in pair)]
         async with redis_errors(self.url, job):
-            keys = [self.keys.stream(job), self.keys.owners(job)]
+            keys = [self.keys.stream(job), self.keys.owners(job), self.keys.running(job)]
             return set(await self.scripts.route(keys=keys, args=args))
 
     async def keyed(self, job: str) -> bool:
@@ -130,6 +130,6 @@ class Lanes(StoreBase):
         ids, payloads = flat[::2], flat[1::2]
         marks = await self.redis.hmget(self.keys.running(job), ids)
         return [
-            (eid, payload or None, int(n or 0))
+            (eid, payload or None, deaths(n))
             for eid, payload, n in zip(ids, payloads, marks, strict=True)
         ]

@@ -16,14 +16,14 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import cache
 from importlib.resources import files
 from typing import Any
 
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
-from redis.exceptions import NoScriptError
+from redis.exceptions import NoScriptError, ResponseError
 
 from swarm_queue.common.keys import LANE_PREFIX
 from swarm_queue.common.vocab import FAILED_KIND_PREFIX, RESULT_CHUNK_PREFIX, TRIM_EVERY, Meta
@@ -138,6 +138,34 @@ class Script:
             return await self.client.evalsha(self.sha, len(keys), *keys, *args)
         except NoScriptError:
             return await self.client.eval(self.text, len(keys), *keys, *args)
+
+    async def pipelined(
+        self, keys: Sequence[Any], args: Sequence[Any], *more: Callable[[Any], Any]
+    ) -> tuple[Any, list[Any]]:
+        """The script and, right after it in the same round trip, the commands each of
+        ``more`` queues on the pipeline: the script's reply, or its error as an exception (not
+        raised, so that what the others did is known), and theirs (errors as exceptions). A
+        cluster's pipelines take no script (redis-py): there, the script first, on its own."""
+        alone = isinstance(self.client, RedisCluster)
+        reply: Any = await self._reply(keys, args) if alone else None
+        async with self.client.pipeline(transaction=False) as pipe:
+            if not alone:
+                pipe.evalsha(self.sha, len(keys), *keys, *args)
+            for queue in more:
+                queue(pipe)
+            rest = await pipe.execute(raise_on_error=False)
+        if not alone:
+            reply, *rest = rest
+        if isinstance(reply, NoScriptError):
+            reply = await self._reply(keys, args)
+        return reply, rest
+
+    async def _reply(self, keys: Sequence[Any], args: Sequence[Any]) -> Any:
+        """The script's reply, or its error reply as an exception, not raised."""
+        try:
+            return await self(keys, args)
+        except ResponseError as exc:
+            return exc
 
 
 class Scripts:

@@ -152,7 +152,7 @@ class Steps(StepMap):
         :class:`JobGoneError` when ``target`` is not of generation ``gen``."""
         k = self.keys
         keys = [k.meta(target), k.stream(target), k.fed(target), k.dropped(target)]
-        keys.append(k.landed(source))
+        keys += [k.landed(source), k.running(target)]
         args: list[bytes | str | int] = [gen, first, PUMP_GROUP, GROUP, len(acked), *acked]
         for m in moves:
             if m.item is not None:

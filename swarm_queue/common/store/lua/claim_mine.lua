@@ -35,9 +35,7 @@ for i = 1, #ids, 500 do
 end
 if idle ~= '' then
   for _, id in ipairs(ids) do
-    if not lost and redis.call('HINCRBY', running, id, -1) <= 0 then
-      redis.call('HDEL', running, id)
-    end
+    if not lost then unmark(running, id) end
     if KEYS[4] then
       redis.call('HINCRBY', KEYS[4], id .. '|n', 1)
       if tonumber(ARGV[6]) > 0 then redis.call('HINCRBY', KEYS[4], id .. '|t', ARGV[6]) end

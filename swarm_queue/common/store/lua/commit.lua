@@ -54,10 +54,9 @@
 --       failed), its chunk's field (common/store/resultfields.py); then a pair, index and
 --       result blob, for each prompt of the entries that came as ''. Prompts are numbered
 --       (1..n) in the entries' order, each entry's in index order; indices are distinct.
---       Then, optionally, a read riding with the commit: the consumer, how many entries.
 -- Returns {new results done, new results failed, new of them from the cache, 2k, then kind,
--- count for each of the k kinds failed}, then for a read, take.lua's reply (nothing where the
--- read failed: the job's stream gone).
+-- count for each of the k kinds failed}. (A slot's next read goes in the same round trip, a
+-- plain XREADGROUP right after: common/store/delivery.py.)
 local results, meta, stream, failed_h, cached_h = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local running, reopened, chunks, landed = KEYS[6], KEYS[7], KEYS[8], KEYS[9]
 local group = ARGV[1]
@@ -77,10 +76,9 @@ local function count(s) return (not s or s == '0') and 0 or tonumber(s) end
 local n, m, x = tonumber(ARGV[4]), count(ARGV[14]), count(ARGV[15])
 -- What every commit ends with, once its results are written (`done`, `failed`, `hits` new
 -- of them; `kinds`: kind -> count failed; `tokens`: the new results' own four counts;
--- `marked`: the job's partly answered entries now; `read_at`: where a read riding with the
--- commit is in ARGV): the job's counters moved, its first and last result's time, the
--- stream's acknowledged head trimmed, the reply, the read.
-local function finish(done, failed, hits, kinds, tokens, marked, read_at)
+-- `marked`: the job's partly answered entries now): the job's counters moved, its first
+-- and last result's time, the stream's acknowledged head trimmed, the reply.
+local function finish(done, failed, hits, kinds, tokens, marked)
   -- (A commit of no results, a flow's batch whose answers were committed as they came, counts
   -- its request's tokens whole.)
   local before = count(known[3]) + count(known[4])  -- (results the job had: done and failed)
@@ -129,12 +127,6 @@ local function finish(done, failed, hits, kinds, tokens, marked, read_at)
     out[#out + 1] = count
   end
   out[4] = #out - 4
-  -- The committer's next read, in the same call (one round trip and one script a batch where
-  -- there were two): the job is of its generation, so what it reads is marked running.
-  if ARGV[read_at] then
-    local got = read_new(stream, running, group, ARGV[read_at], ARGV[read_at + 1], true)
-    for i = 1, got.err and 0 or #got do out[#out + 1] = got[i] end
-  end
   return out
 end
 -- The common case first, with none of the rest's tables: every entry (at most 500: one call
@@ -147,8 +139,8 @@ end
 local chunk_s, E = known[13], tonumber(ARGV[16 + m + 3 * x])
 if m == 0 and x == 0 and not landed and known[14] == '0' and known[15] == '1'
     and chunk_s and chunk_s ~= '1' and E <= 500 then
-  local chunk, ids, fields, past = tonumber(chunk_s), {}, {}, 17 + 3 * E
-  for k = 17, past - 1, 3 do
+  local chunk, ids, fields = tonumber(chunk_s), {}, {}
+  for k = 17, 16 + 3 * E, 3 do
     local id, field = ARGV[k], ARGV[k + 2]
     local first = ARGV[k + 1] == chunk_s and field ~= '' and string.sub(id, 1, 2) == '0-'
       and tonumber(string.sub(id, 3)) - 1
@@ -164,7 +156,7 @@ if m == 0 and x == 0 and not landed and known[14] == '0' and known[15] == '1'
     redis.call('HDEL', running, unpack(ids))
     local done = chunk * redis.call('HSET', results, unpack(fields))
     local tokens = {count(ARGV[9]), count(ARGV[10]), count(ARGV[11]), count(ARGV[12])}
-    return finish(done, 0, 0, {}, tokens, 0, past)
+    return finish(done, 0, 0, {}, tokens, 0)
   end
 end
 local extra = {}
@@ -182,8 +174,6 @@ for k = at + 1, at + 3 * tonumber(ARGV[at]), 3 do
   first = first + c
 end
 at = at + 3 * #entries + 1  -- (the first pair)
-local read_at = at  -- (past the pairs: a read riding with the commit, if any)
-for _, e in ipairs(entries) do read_at = read_at + (e[4] and 0 or 2 * e[3]) end
 local A, off = ARGV, at - 2
 -- A chunk's field's results, each after its index (`index`, index + 1...), appended to `out`:
 -- RESULTS_MARK and a msgpack array of bin (common/store/resultfields.py).
@@ -419,10 +409,10 @@ if partial and #marks > 0 then
   end
 end
 if partial and partial > 0 then
-  local unmark = {}
-  for i, id in ipairs(whole) do unmark[i] = '~' .. id end
-  for lo = 1, #unmark, 500 do
-    marked = marked - redis.call('HDEL', chunks, unpack(unmark, lo, math.min(lo + 499, #unmark)))
+  local unmarks = {}
+  for i, id in ipairs(whole) do unmarks[i] = '~' .. id end
+  for lo = 1, #unmarks, 500 do
+    marked = marked - redis.call('HDEL', chunks, unpack(unmarks, lo, math.min(lo + 499, #unmarks)))
   end
 end
 for kind, count in pairs(kinds) do
@@ -444,4 +434,4 @@ if next(stale) and ARGV[13] ~= '' then
     end
   end
 end
-return finish(done, failed, hits, kinds, tokens, marked, read_at)
+return finish(done, failed, hits, kinds, tokens, marked)

@@ -20,7 +20,5 @@ for i = 1, #ids, 500 do
   args[#args + 1] = 'JUSTID'
   redis.call(unpack(args))
 end
-for _, id in ipairs(ids) do
-  if redis.call('HINCRBY', running, id, -1) <= 0 then redis.call('HDEL', running, id) end
-end
+for _, id in ipairs(ids) do unmark(running, id) end
 return #ids

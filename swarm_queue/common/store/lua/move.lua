@@ -7,8 +7,10 @@
 -- it once more when the step before is finished. An item marked for a lane ('@' and the
 -- lane) is handed to that lane as it is queued (read by the lane consumer: see lanes.py), as
 -- long as no entry is left undelivered before it (the read takes the oldest): else it is
--- queued for any endpoint, like the ones after it in this call.
--- KEYS: [1] next meta, [2] next stream, [3] next fed, [4] next dropped, [5] landed
+-- queued for any endpoint, like the ones after it in this call; marked not running there (0:
+-- an entry pending with no mark counts as running once, see lib/streams.lua's read_new).
+-- KEYS: [1] next meta, [2] next stream, [3] next fed, [4] next dropped, [5] landed, [6] next
+--       running
 -- ARGV: [1] next generation, [2] first index, [3] landed's group, [4] the next stream's group,
 --       [5] n landed IDs to acknowledge, then those IDs, then per input index three: origin,
 --       '+' (queued), '@' and a lane (queued for that lane) or '-' (dropped), payload or reason
@@ -38,10 +40,12 @@ local queued = 0
 for t = first, #ARGV, 3 do
   local mark = ARGV[t + 1]
   if mark ~= '-' then
-    redis.call('XADD', stream, string.format('0-%d', have + 1), 'd', ARGV[t + 2])
+    local id = string.format('0-%d', have + 1)
+    redis.call('XADD', stream, id, 'd', ARGV[t + 2])
     if handing and mark ~= '+' then
       redis.call('XREADGROUP', 'GROUP', ARGV[4], string.sub(mark, 2), 'COUNT', 1,
         'STREAMS', stream, '>')
+      redis.call('HSET', KEYS[6], id, 0)
     else
       handing = false  -- left undelivered: a later read would take it, not its own entry
     end

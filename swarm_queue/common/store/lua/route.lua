@@ -3,8 +3,9 @@
 -- takes the entries first (any other endpoint only late). A key not given yet, or given to a
 -- lane no longer live, is given to the live lane holding the fewest of the job's keys (the
 -- reader's own on a tie), so each engine gets its share. An entry for the reader's own lane
--- stays with it; the others are claimed to their lanes.
--- KEYS: [1] stream, [2] owners
+-- stays with it; the others are claimed to their lanes, marked not running (0: an entry
+-- pending with no mark counts as running once, see lib/streams.lua's read_new).
+-- KEYS: [1] stream, [2] owners, [3] running
 -- ARGV: [1] group, [2] the reader's lane, [3] n, then the n live lanes, then pairs: entry ID,
 --       key
 -- Returns the IDs handed to other lanes.
@@ -32,6 +33,7 @@ for i = 4 + n, #ARGV, 2 do
   end
   if owner ~= mine then
     redis.call('XCLAIM', stream, group, owner, 0, id, 'JUSTID')
+    redis.call('HSET', KEYS[3], id, 0)
     handed[#handed + 1] = id
   end
 end
