@@ -673,7 +673,8 @@ def _section(sc: Scenario) -> list[str]:
 
 def update_report(text: str, scenarios: list[Scenario], command: str) -> str:
     """``text`` (the report) with each scenario's section replaced by this run's, or added
-    before the defaults note; the section says which command measured it."""
+    before the defaults note; the section says which command measured it. What was written
+    under the old section's checks (earlier runs, their revisions) stays under the new."""
     for sc in scenarios:
         section = _section(sc)
         section[2] = f"{sc.note} Measured separately, with `{command}`."
@@ -684,8 +685,21 @@ def update_report(text: str, scenarios: list[Scenario], command: str) -> str:
             text = text[:at] + block + text[at:] if at >= 0 else text + "\n" + block
             continue
         end = text.find("\n## ", start + 1)
-        text = text[:start] + block + text[end + 1 if end >= 0 else len(text) :]
+        end = end + 1 if end >= 0 else len(text)
+        text = text[:start] + block + _prose(text[start:end]) + text[end:]
     return text
+
+
+def _prose(section: str) -> str:
+    """What a section holds under its checks (and its plot): written by hand, kept."""
+    lines = section.splitlines(keepends=True)
+    checks = [i for i, line in enumerate(lines) if line.startswith(("- met: ", "- **not met**: "))]
+    if not checks:
+        return ""
+    rest = lines[checks[-1] + 1 :]
+    while rest and (not rest[0].strip() or rest[0].startswith("![")):
+        rest = rest[1:]
+    return "".join(rest) + ("\n" if rest else "")
 
 
 def _note(key: str, value: Any) -> str:

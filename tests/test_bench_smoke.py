@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from bench.run import SCENARIOS
+from bench.rows import Scenario
+from bench.run import SCENARIOS, update_report
 from bench.startup import ROUTES
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -142,3 +143,20 @@ def test_the_start_up_scenario_times_every_route_and_probes_before_the_first_req
         assert all(0 < seconds < 60 for seconds in first.values()), first
         assert gauges != gauges or 0 < gauges < 60, gauges  # (NaN != NaN)
         assert max(first["/health"], first["/v1/models"]) <= first["/v1/completions"]
+
+
+def test_a_section_measured_again_keeps_what_was_written_under_its_checks() -> None:
+    """`bench.run --only NAME` replaces a scenario's table and checks; the paragraphs under
+    them (earlier runs, their revisions) are a reader's history and stay."""
+    sc = Scenario(name="fleet_scale", title="9. A thousand endpoints", note="One job.")
+    sc.checks["every prompt answered"] = True
+    old = (
+        "# Benchmarks\n\n## 9. A thousand endpoints\n\nOne job.\n\n| old table |\n\n"
+        "- met: every prompt answered\n\nRun on 2026-11-29 at abc1234: 544 clients.\n\n"
+        "## 10. Start-up\n\nIts text.\n"
+    )
+    new = update_report(old, [sc], "python -m bench.run --only fleet_scale")
+    assert "| old table |" not in new
+    assert new.count("Run on 2026-11-29 at abc1234: 544 clients.\n") == 1
+    assert new.index("- met: every prompt answered") < new.index("Run on 2026-11-29")
+    assert new.index("Run on 2026-11-29") < new.index("## 10. Start-up\n\nIts text.\n")
