@@ -74,6 +74,20 @@ local failures_land = ARGV[3] == '1'
 -- zeros most are: a string's tonumber costs several times a comparison of interned strings.
 local function count(s) return (not s or s == '0') and 0 or tonumber(s) end
 local n, m, x = tonumber(ARGV[4]), count(ARGV[14]), count(ARGV[15])
+-- The job's chunk (its meta's; a job from before chunks were so recorded has none, 0, its
+-- entries' sizes all in the chunks hash), and its entries partly answered (nil: a job from
+-- before those marks, always read for).
+local chunk = tonumber(known[13] or '0')
+local partial = known[14] == '0' and 0 or tonumber(known[14] or '')
+-- A job that packs its chunks keeps a whole chunk answered in one commit in one field (its
+-- first index a multiple of the chunk; common/store/resultfields.py); none holds a failure.
+local packed = chunk > 1 and known[15] == '1'
+local function entry_first(id) return tonumber(string.match(id, '%-(%d+)$')) - 1 end
+local function aligned(id)  -- the first index of a producer's chunk entry on a block, or nil
+  if not packed or string.sub(id, 1, 2) ~= '0-' then return nil end
+  local first = entry_first(id)
+  return first % chunk == 0 and first or nil
+end
 -- What every commit ends with, once its results are written (`done`, `failed`, `hits` new
 -- of them; `kinds`: kind -> count failed; `tokens`: the new results' own four counts;
 -- `marked`: the job's partly answered entries now): the job's counters moved, its first
@@ -92,7 +106,6 @@ local function finish(done, failed, hits, kinds, tokens, marked)
       counts[#counts + 1] = string.format('%d', count(known[2 + c]) + moved[c])
     end
   end
-  local partial = known[14] == '0' and 0 or tonumber(known[14] or '')
   if marked ~= partial then
     counts[#counts + 1] = META.PARTIAL
     counts[#counts + 1] = string.format('%d', marked)
@@ -136,15 +149,13 @@ end
 -- acknowledged it: no commit wrote any of it before). Else (or an entry acknowledged
 -- already: a copy's commit) the rest below, which acknowledges again (no change) and reads
 -- for what is written already.
-local chunk_s, E = known[13], tonumber(ARGV[16 + m + 3 * x])
-if m == 0 and x == 0 and not landed and known[14] == '0' and known[15] == '1'
-    and chunk_s and chunk_s ~= '1' and E <= 500 then
-  local chunk, ids, fields = tonumber(chunk_s), {}, {}
+local E = tonumber(ARGV[16 + m + 3 * x])
+if m == 0 and x == 0 and not landed and partial == 0 and packed and E <= 500 then
+  local ids, fields = {}, {}
   for k = 17, 16 + 3 * E, 3 do
     local id, field = ARGV[k], ARGV[k + 2]
-    local first = ARGV[k + 1] == chunk_s and field ~= '' and string.sub(id, 1, 2) == '0-'
-      and tonumber(string.sub(id, 3)) - 1
-    if not first or first % chunk ~= 0 or first < evicted then
+    local first = ARGV[k + 1] == known[13] and field ~= '' and aligned(id)
+    if not first or first < evicted then
       ids = nil
       break
     end
@@ -205,7 +216,6 @@ local function unpack_field(value, index, out)
     pos = pos + len
   end
 end
-local function entry_first(id) return tonumber(string.match(id, '%-(%d+)$')) - 1 end
 -- Appends entry e's prompts, each index and blob, to `out`: from its field, or from ARGV's
 -- pairs at `k`. Returns where the next entry's pairs start.
 local function prompts_of(e, k, out)
@@ -231,19 +241,8 @@ end
 -- The entries whose every prompt has a result once this commit is written: each all of whose
 -- prompts are here (the common case: a whole chunk, or one prompt; nothing read for it),
 -- else a chunk whose other prompts were answered before (or collected: below the eviction
--- mark). An entry holds the job's chunk (its meta's) of prompts unless the chunks hash says
--- otherwise, or one if swarm-retry queued it (ID round-(index+1)); a job from before chunks
--- were so recorded has none (0), its sizes all in the hash.
-local chunk = tonumber(known[13] or '0')
-local partial = known[14] == '0' and 0 or tonumber(known[14] or '')
--- A job that packs its chunks keeps a whole chunk answered in one commit in one field (its
--- first index a multiple of the chunk; common/store/resultfields.py); none holds a failure.
-local packed = chunk > 1 and known[15] == '1'
-local function aligned(id)  -- the first index of a producer's chunk entry on a block, or nil
-  if not packed or string.sub(id, 1, 2) ~= '0-' then return nil end
-  local first = entry_first(id)
-  return first % chunk == 0 and first or nil
-end
+-- mark). An entry holds the job's chunk of prompts unless the chunks hash says otherwise,
+-- or one if swarm-retry queued it (ID round-(index+1)).
 local whole, open, held, ended, marks = {}, {}, {}, {}, {}
 for k = 16, 15 + m do
   open[#open + 1] = ARGV[k]
