@@ -50,9 +50,14 @@ class Commit(msgspec.Struct, frozen=True):
     # Of ``done``, the answers that came from the response cache.
     cache_hits: int = 0
     # A read riding with the commit (``commit(read=...)``): the new entries it took, each
-    # ID, payload and affinity key, and the IDs running now (as ``take_new``'s).
+    # ID, payload and affinity key.
     taken: list[tuple[bytes, bytes | None, str]] = msgspec.field(default_factory=list)
-    marked: frozenset[bytes] = frozenset()
+
+    @property
+    def marked(self) -> frozenset[bytes]:
+        """The entries ``taken`` that run now (as ``take_new``'s): all but an affinity key's
+        (see ``lua/lib/streams.lua``'s ``read_new``); the commit was of their generation."""
+        return frozenset(eid for eid, _, key in self.taken if not key)
 
 
 class Delivery(StoreBase):
@@ -335,10 +340,7 @@ class Delivery(StoreBase):
                 reply, taken = await self._commit_reading(job, keys, args, *read)
                 done, failed, hits, _, *kinds = reply
         by_kind = {_text(k): int(n) for k, n in zip(kinds[::2], kinds[1::2], strict=True)}
-        # (What a read after a commit of this generation takes runs now, but an affinity
-        # key's entry: see lua/lib/streams.lua's read_new.)
-        marked = frozenset(eid for eid, _, key in taken if not key)
-        return Commit(int(done), int(failed), by_kind, int(hits), taken, marked)
+        return Commit(int(done), int(failed), by_kind, int(hits), taken)
 
     async def _commit_reading(
         self, job: str, keys: list[str], args: list[Any], consumer: str, count: int
