@@ -11,7 +11,7 @@ import msgspec
 import pytest
 import redis
 
-from swarm_queue.common.errors import StoreUnavailable
+from swarm_queue.common.errors import StoreRefused, StoreUnavailable
 from swarm_queue.common.keys import Keys
 from swarm_queue.common.room import SHARE
 from swarm_queue.common.settings import Settings
@@ -187,5 +187,19 @@ async def test_a_client_not_told_of_the_cluster_says_so(
     try:
         with pytest.raises(StoreUnavailable, match="set SWARM_REDIS_CLUSTER=1"):
             await store.status(elsewhere)
+    finally:
+        await store.close()
+
+
+async def test_a_client_told_of_a_cluster_where_there_is_none_says_so(
+    redis_url: str, prefix: str
+) -> None:
+    """A mistyped SWARM_REDIS_CLUSTER=1 on a plain Redis is refused with what to change, not
+    waited for as an outage (before: "unavailable" for ever)."""
+    settings = Settings(redis_url=redis_url, prefix=prefix, redis_cluster=True)
+    store = JobStore.from_settings(settings, patient=False)
+    try:
+        with pytest.raises(StoreRefused, match=r"no cluster .*unset SWARM_REDIS_CLUSTER"):
+            await store.status("j")
     finally:
         await store.close()

@@ -184,3 +184,31 @@ async def test_redis_pys_own_failure_inside_the_client_is_an_outage_and_ours_a_b
     with pytest.raises(AttributeError):
         async with redis_errors("redis://127.0.0.1:1/0"):
             Reinitialising().name  # type: ignore[attr-defined]  # noqa: B018
+
+
+async def test_a_command_the_cluster_client_wont_send_is_refused_a_lost_cluster_waited() -> None:
+    """redis-py's cluster client raises one class for a cluster it cannot reach and for a
+    command it will not send: the second, taken for an outage, was retried and said for ever
+    as "waits for Redis". A command of keys in two slots is refused for what it is; a slot
+    without its primary (a failover) and a cluster not reached are outages, waited out."""
+    from redis.asyncio.cluster import RedisCluster
+    from redis.exceptions import SlotNotCoveredError
+
+    from swarm_queue.common.embedded import free_port
+    from swarm_queue.common.errors import StoreRefused, StoreUnavailable
+    from swarm_queue.common.store.boundary import redis_errors
+
+    url = "redis://127.0.0.1:1/0"
+    client = RedisCluster(host="127.0.0.1", port=free_port())  # (nothing listens there)
+    try:
+        with pytest.raises(StoreRefused, match="will not send the command: EVALSHA - all keys"):
+            async with redis_errors(url):
+                await client._determine_slot("EVALSHA", "0" * 40, 2, "{a}x", "{b}y")
+        with pytest.raises(StoreUnavailable, match="cannot be connected"):
+            async with redis_errors(url):
+                await client.initialize()
+        with pytest.raises(StoreUnavailable, match="is not covered"):
+            async with redis_errors(url):
+                raise SlotNotCoveredError('Slot "5" is not covered by the cluster.')
+    finally:
+        await client.aclose()

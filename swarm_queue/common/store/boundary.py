@@ -67,8 +67,8 @@ async def redis_errors(url: str, job: str = "", *keys: str) -> AsyncIterator[Non
         if never is not None:
             raise StoreUnreached(f"Redis at {mask_url(url)} unreachable: {never}") from None
         raise StoreUnavailable(f"Redis at {mask_url(url)} unavailable: {exc}") from None
-    except RedisClusterException as exc:  # no node of the cluster reachable, most often
-        raise StoreUnavailable(f"Redis Cluster at {mask_url(url)}: {exc}") from None
+    except RedisClusterException as exc:
+        raise _cluster_refusal(exc, url) from None
     except RedisError as exc:  # anything else redis-py raises (a reply it cannot parse...)
         raise StoreRefused(f"Redis at {mask_url(url)}: {type(exc).__name__}: {exc}") from None
     except (AttributeError, KeyError, TypeError) as exc:
@@ -107,6 +107,35 @@ def _error_reply(exc: ResponseError, url: str, job: str, keys: tuple[str, ...]) 
         "answer once written out, a running job's too), delete finished jobs with "
         "swarm-jobs --delete-finished, or give Redis more maxmemory"
     )
+
+
+# redis-py's cluster client raises RedisClusterException of its own: for a cluster it cannot
+# reach or whose slots are not all served (a failover under way: an outage, waited out), and
+# for a command it will not send at all, which no wait fixes (these words are its messages).
+_CLUSTER_REFUSALS = (
+    "all keys must map to the same key slot",
+    "Missing key",
+    "Invalid args in command",
+    "is not implemented",
+    "Too many targets",
+    "in cluster mode",  # (an argument it takes no more: 'db', a Unix socket, transactions)
+    "requires at least one node",
+)
+
+
+def _cluster_refusal(exc: RedisClusterException, url: str) -> Exception:
+    """The store error a cluster client's own exception stands for (see :func:`redis_errors`):
+    a refusal of the command itself is :class:`StoreRefused` (seen: a pipeline refusing a
+    script, said for ever as "waits for Redis"); else an outage."""
+    where = f"Redis Cluster at {mask_url(url)}"
+    if "Cluster mode is not enabled" in str(exc):
+        return StoreRefused(
+            f"{where}: this Redis is no cluster ({exc}): unset SWARM_REDIS_CLUSTER, or point "
+            "SWARM_REDIS_URL at a node of the cluster"
+        )
+    if any(words in str(exc) for words in _CLUSTER_REFUSALS):
+        return StoreRefused(f"{where}: its client will not send the command: {exc}")
+    return StoreUnavailable(f"{where}: {exc}")
 
 
 def _raised_in_redis_py(exc: BaseException) -> bool:
