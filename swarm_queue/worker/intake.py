@@ -247,7 +247,7 @@ class Intake:
         job a blocking read waits on when the walk finds nothing."""
         job = spec.job
         marked: set[bytes] = set()
-        if block_ms is None:  # (marked running as it is read: see lua/take.lua)
+        if block_ms is None:  # (running from its read: see WorkerStore.take_new)
             asked = self.watch.clock()
             async with self.watch.turn(job):  # (one look at a time; none after one finds none)
                 if self.watch.quiet(job) or self.watch.none_since(job, asked):

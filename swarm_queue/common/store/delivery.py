@@ -16,7 +16,7 @@ from swarm_queue.common.errors import JobGoneError
 from swarm_queue.common.keys import GROUP
 from swarm_queue.common.models import Result, Usage, encode
 from swarm_queue.common.store.base import StoreBase
-from swarm_queue.common.store.boundary import redis_errors
+from swarm_queue.common.store.boundary import redis_errors, replies
 from swarm_queue.common.store.entries import deaths, id_key, index_of, requeued
 from swarm_queue.common.store.resultfields import pack_chunk
 from swarm_queue.common.vocab import Meta
@@ -55,8 +55,8 @@ class Commit(msgspec.Struct, frozen=True):
 
     @property
     def marked(self) -> frozenset[bytes]:
-        """The entries ``taken`` that run now (as ``take_new``'s): all but an affinity key's
-        (see ``lua/lib/streams.lua``'s ``read_new``); the commit was of their generation."""
+        """The entries ``taken`` that run now (as :meth:`Delivery.take_new`'s): all but an
+        affinity key's; the commit was of their generation."""
         return frozenset(eid for eid, _, key in self.taken if not key)
 
 
@@ -87,14 +87,27 @@ class Delivery(StoreBase):
     async def take_new(
         self, job: str, consumer: str, count: int, *, gen: str
     ) -> tuple[list[tuple[bytes, bytes | None, str]], set[bytes]]:
-        """As :meth:`read_keyed` without waiting, and the entries running at once as
-        :meth:`start` would (``lua/take.lua``): those without an affinity key, if the job is
-        of generation ``gen``. Returns the entries and the IDs marked."""
-        keys = [self.keys.stream(job), self.keys.running(job), self.keys.meta(job)]
+        """As :meth:`read_keyed` without waiting, with the job's generation read in the same
+        round trip: the entries, and those running at once as :meth:`start` would run them
+        (all but an affinity key's, which run from their start where they run). Nothing is
+        written: an entry pending with no mark counts as running once (see
+        :func:`~common.store.entries.deaths`). A job of another generation than ``gen`` (queued
+        again under its name) has what the read took handed back at once, no death counted,
+        and is :class:`JobGoneError`, as a stream gone under the reader is."""
         async with redis_errors(self.url, job):
-            flat = await self.scripts.take(keys=keys, args=[GROUP, consumer, count, gen])
-        entries, marked = _taken(flat)
-        return entries, set(marked)
+            async with self.redis.pipeline(transaction=False) as pipe:
+                pipe.hget(self.keys.meta(job), Meta.GENERATION)
+                pipe.xreadgroup(GROUP, consumer, {self.keys.stream(job): ">"}, count=count)
+                have, read = replies(await pipe.execute(raise_on_error=False))
+            for reply in (have, read):
+                if isinstance(reply, Exception):
+                    raise reply
+            taken = _read(read)
+            if have is None or have.decode() != gen:
+                if taken:
+                    await self._hand_back(job, consumer, [eid for eid, _, _ in taken])
+                raise JobGoneError(job)
+        return taken, {eid for eid, _, key in taken if not key}
 
     async def claim_own_pending(
         self,
@@ -368,16 +381,6 @@ class Delivery(StoreBase):
         if gen is not None:
             with contextlib.suppress(JobGoneError):
                 await self.release(job, consumer, ids, gen=gen.decode())
-
-
-def _taken(flat: list[Any]) -> tuple[list[tuple[bytes, bytes | None, str]], frozenset[bytes]]:
-    """A read's reply (``lib/streams.lua``'s ``read_new``): its entries, and those running."""
-    marked, rest = flat[0], flat[1:]
-    entries = [
-        (eid, payload, (key or b"").decode())
-        for eid, payload, key in zip(rest[::3], rest[1::3], rest[2::3], strict=True)
-    ]
-    return entries, frozenset(eid for eid, _, key in entries if not key) if marked else frozenset()
 
 
 def _read(reply: Any) -> list[tuple[bytes, bytes | None, str]]:

@@ -40,8 +40,8 @@ def id_key(entry_id: bytes) -> tuple[int, int]:
 def deaths(mark: bytes | None) -> int:
     """How often workers died running an entry just taken over, from its ``running`` mark:
     its runs begun and never finished. An entry pending with no mark counts one, its read's
-    (a read marks only what it does not run: ``lua/lib/streams.lua``'s ``read_new``), so the
-    common read and commit write no mark at all."""
+    (a read is a plain XREADGROUP, and marks are written only where that is not so: what is
+    handed on, given back or taken over), so the common read and commit write no mark."""
     return 1 if mark is None else int(mark)
 
 

@@ -55,7 +55,6 @@ SCRIPT_NAMES = (
     "seal",
     "stage",
     "start",
-    "take",
     "tool_ask",
     "tool_hold",
     "tool_rate",
@@ -201,7 +200,6 @@ class Scripts:
     seal: Script
     stage: Script
     start: Script
-    take: Script
     tool_ask: Script
     tool_hold: Script
     tool_rate: Script

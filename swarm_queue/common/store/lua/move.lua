@@ -8,7 +8,7 @@
 -- lane) is handed to that lane as it is queued (read by the lane consumer: see lanes.py), as
 -- long as no entry is left undelivered before it (the read takes the oldest): else it is
 -- queued for any endpoint, like the ones after it in this call; marked not running there (0:
--- an entry pending with no mark counts as running once, see lib/streams.lua's read_new).
+-- an entry pending with no mark counts as running once: common/store/entries.py's deaths).
 -- KEYS: [1] next meta, [2] next stream, [3] next fed, [4] next dropped, [5] landed, [6] next
 --       running
 -- ARGV: [1] next generation, [2] first index, [3] landed's group, [4] the next stream's group,

@@ -4,7 +4,7 @@
 -- lane no longer live, is given to the live lane holding the fewest of the job's keys (the
 -- reader's own on a tie), so each engine gets its share. An entry for the reader's own lane
 -- stays with it; the others are claimed to their lanes, marked not running (0: an entry
--- pending with no mark counts as running once, see lib/streams.lua's read_new).
+-- pending with no mark counts as running once: common/store/entries.py's deaths).
 -- KEYS: [1] stream, [2] owners, [3] running
 -- ARGV: [1] group, [2] the reader's lane, [3] n, then the n live lanes, then pairs: entry ID,
 --       key

@@ -80,38 +80,9 @@ local function still_held(stream, group, consumer, first)
 end
 
 -- A run of entry `id` that ended with no death (handed back, handed on): its mark one less,
--- kept at 0 (an entry pending with no mark counts as running once: see read_new).
+-- kept at 0 (an entry pending with no mark counts as running once: its first delivery, read
+-- by a plain XREADGROUP, writes none; common/store/entries.py's deaths).
 local function unmark(running, id)
   local n = tonumber(redis.call('HGET', running, id) or '1') - 1
   redis.call('HSET', running, id, n > 0 and n or 0)
-end
-
--- Up to `count` never-delivered entries of `stream` for `consumer` of `group`, flat: {1 if
--- its entries without an affinity key run now else 0, then each entry's ID, payload (false if
--- none), affinity key (false if none)}, or XREADGROUP's error as it gave it (NOGROUP: the
--- stream is gone). An entry pending with no mark in `running` counts as running once (its
--- first delivery, as if its request were sent): so a read marks nothing for the entries its
--- reader runs, and a plain XREADGROUP reads as this does. It marks 0 (not running) what it
--- hands on: an entry with an affinity key (it may go to another endpoint's lane, and is
--- marked by its start where it runs) and, unless `mark` (the job is of the reader's
--- generation; else the start before sending refuses the batch), every entry.
-local function read_new(stream, running, group, consumer, count, mark)
-  local got = redis.pcall(
-    'XREADGROUP', 'GROUP', group, consumer, 'COUNT', count, 'STREAMS', stream, '>'
-  )
-  if type(got) == 'table' and got.err then return got end
-  local idle = {}
-  local out = {mark and 1 or 0}
-  for _, e in ipairs(got and got[1][2] or {}) do
-    local d, a = entry_field(e, 'd'), entry_field(e, 'a')
-    out[#out + 1] = e[1]
-    out[#out + 1] = d
-    out[#out + 1] = a
-    if a or not mark then
-      idle[#idle + 1] = e[1]
-      idle[#idle + 1] = '0'
-    end
-  end
-  if #idle > 0 then redis.call('HSET', running, unpack(idle)) end
-  return out
 end
