@@ -79,10 +79,15 @@ class Delivery(StoreBase):
         returns at once, else waits up to that long for some), each with its affinity key ("" for
         none: see :mod:`common.affinity`)."""
         async with redis_errors(self.url, job):
-            reply = await self.redis.xreadgroup(
-                GROUP, consumer, {self.keys.stream(job): ">"}, count=count, block=block_ms
-            )
-        return _read(reply)
+            return _read(await self._read_new(self.redis, job, consumer, count, block_ms))
+
+    def _read_new(
+        self, on: Any, job: str, consumer: str, count: int, block_ms: int | None = None
+    ) -> Any:
+        """``consumer``'s read of ``job``'s new entries, sent ``on`` the client or queued on a
+        pipeline: the one read of new entries, whoever makes it (:func:`_read` reads it)."""
+        stream = {self.keys.stream(job): ">"}
+        return on.xreadgroup(GROUP, consumer, stream, count=count, block=block_ms)
 
     async def take_new(
         self, job: str, consumer: str, count: int, *, gen: str
@@ -97,15 +102,14 @@ class Delivery(StoreBase):
         async with redis_errors(self.url, job):
             async with self.redis.pipeline(transaction=False) as pipe:
                 pipe.hget(self.keys.meta(job), Meta.GENERATION)
-                pipe.xreadgroup(GROUP, consumer, {self.keys.stream(job): ">"}, count=count)
+                self._read_new(pipe, job, consumer, count)
                 have, read = replies(await pipe.execute(raise_on_error=False))
             for reply in (have, read):
                 if isinstance(reply, Exception):
                     raise reply
             taken = _read(read)
             if have is None or have.decode() != gen:
-                if taken:
-                    await self._hand_back(job, consumer, [eid for eid, _, _ in taken])
+                await self._hand_back(job, consumer, taken)
                 raise JobGoneError(job)
         return taken, {eid for eid, _, key in taken if not key}
 
@@ -363,22 +367,25 @@ class Delivery(StoreBase):
         carrying it cost Redis at the default batch). A commit refused as of another
         generation (the job queued again under its name) hands what the read took back to
         the fleet at once, no death counted; a stream gone (NOGROUP) read nothing."""
-        stream = self.keys.stream(job)
         reply, (read,) = await self.scripts.commit.pipelined(
-            keys, args, lambda pipe: pipe.xreadgroup(GROUP, consumer, {stream: ">"}, count=count)
+            keys, args, lambda pipe: self._read_new(pipe, job, consumer, count)
         )
         taken = [] if isinstance(read, Exception) else _read(read)
         if isinstance(reply, Exception):
-            if taken:
-                await self._hand_back(job, consumer, [eid for eid, _, _ in taken])
+            await self._hand_back(job, consumer, taken)
             raise reply
         return reply, taken
 
-    async def _hand_back(self, job: str, consumer: str, ids: list[bytes]) -> None:
+    async def _hand_back(
+        self, job: str, consumer: str, taken: list[tuple[bytes, bytes | None, str]]
+    ) -> None:
         """Entries a read took for a generation of ``job`` that is not the reader's: given back
         under the generation the job has now (none to give back to: the job is gone)."""
+        if not taken:
+            return
         gen = await self.redis.hget(self.keys.meta(job), Meta.GENERATION)
         if gen is not None:
+            ids = [eid for eid, _, _ in taken]
             with contextlib.suppress(JobGoneError):
                 await self.release(job, consumer, ids, gen=gen.decode())
 
